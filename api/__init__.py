@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI). Not built yet: see issue 3."""

@@ -1,0 +1,1 @@
+"""Sandbox executor: runs untrusted environment code in hardened Docker containers."""

@@ -1,0 +1,154 @@
+"""The Docker edge of Sandpit: the only module (with ``images``) that imports ``docker``.
+
+It creates the Docker client, translates ``docker.errors.*`` into
+:mod:`sandpit.executor.errors` (:func:`map_docker_errors`), builds the hardened container
+specification every sandbox gets (:func:`container_spec`), and finds/removes sandboxes
+by label (:func:`list_sandboxes`, :func:`reap`). Labels: ``sandpit=1`` on everything,
+``sandpit.tenant=<tenant id>``, ``sandpit.sandbox=<sandbox id>``, ``sandpit.pool=<pool id>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import Ulimit
+
+from .errors import DockerUnavailable, ImageError
+from .profiles import MiB, ResourceProfile
+from .settings import ExecutorSettings
+
+log = logging.getLogger(__name__)
+
+LABEL = "sandpit"
+LABEL_TENANT = "sandpit.tenant"
+LABEL_SANDBOX = "sandpit.sandbox"
+LABEL_POOL = "sandpit.pool"
+SOCKET_MOUNT = "/run/sandpit"
+RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/runner.py"]
+
+
+@contextlib.contextmanager
+def map_docker_errors(action: str) -> Iterator[None]:
+    """Translate Docker SDK/transport errors raised inside the block.
+
+    Raises:
+        ImageError: the image does not exist (``docker.errors.ImageNotFound``).
+        DockerUnavailable: any other API or connection error, message prefixed by ``action``.
+    """
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise ImageError(f"{action}: {exc.explanation or exc}. Build it with `sandpit image build`.") from exc
+    except docker.errors.DockerException as exc:
+        raise DockerUnavailable(f"{action}: {exc}") from exc
+    except requests.exceptions.RequestException as exc:
+        raise DockerUnavailable(f"{action}: Docker Engine unreachable: {exc}") from exc
+
+
+def make_client(settings: ExecutorSettings, timeout_s: float = 60.0) -> docker.DockerClient:
+    """A Docker client for ``settings.docker_host`` (or the environment's default).
+
+    Raises:
+        DockerUnavailable: the engine does not answer a ping. Run ``scripts/ensure-docker``.
+    """
+    with map_docker_errors("connecting to the Docker Engine"):
+        if settings.docker_host:
+            client = docker.DockerClient(base_url=settings.docker_host, timeout=int(timeout_s))
+        else:
+            client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    return client
+
+
+def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, image: str,
+                   tenant: str, sandbox_id: str, pool_id: str, uid: int, socket_dir: str,
+                   token: str, limits_json: str) -> dict[str, Any]:
+    """Keyword arguments for ``client.containers.create`` giving a hardened sandbox.
+
+    No network (``network_mode=none``), read-only root, size-capped noexec tmpfs for /tmp
+    and /work, non-root ``uid`` (group ``sandbox_gid``), every capability dropped,
+    ``no-new-privileges``, Docker's default seccomp profile (never overridden), memory
+    with swap equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the
+    protocol socket directory as the only host path (read-only).
+    """
+    memory = profile.sandbox_memory_bytes(settings.sessions_per_sandbox)
+    tmpfs_opts = f"rw,nosuid,nodev,noexec,size={profile.tmpfs_mib}m"
+    spec: dict[str, Any] = {
+        "image": image,
+        "command": RUNNER_CMD,
+        "name": f"sandpit-{sandbox_id}",
+        "hostname": "sandbox",
+        "detach": True,
+        "user": f"{uid}:{settings.sandbox_gid}",
+        "environment": {"SANDPIT_TOKEN": token, "SANDPIT_LIMITS": limits_json,
+                        "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock"},
+        "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id},
+        "network_mode": "none",
+        "read_only": True,
+        "tmpfs": {"/tmp": f"{tmpfs_opts},mode=1777", "/work": f"{tmpfs_opts},mode=1733"},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "mem_limit": memory,
+        "memswap_limit": memory,
+        "nano_cpus": int(profile.cpus * 1e9),
+        "pids_limit": profile.pids,
+        "ulimits": [
+            Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
+            Ulimit(name="nproc", soft=profile.pids, hard=profile.pids),
+            Ulimit(name="fsize", soft=profile.fsize_mib * MiB, hard=profile.fsize_mib * MiB),
+            Ulimit(name="core", soft=0, hard=0),
+        ],
+        "ipc_mode": "private",
+        "volumes": {socket_dir: {"bind": SOCKET_MOUNT, "mode": "ro"}},
+        "log_config": {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        "stop_signal": "SIGKILL",
+    }
+    if settings.runtime != "runc":
+        spec["runtime"] = settings.runtime
+    return spec
+
+
+def list_sandboxes(client: docker.DockerClient, **labels: str) -> list[Any]:
+    """Every container (running or not) carrying ``sandpit=1`` and the given labels
+    (keyword ``tenant=...``, ``pool=...``, ``sandbox=...``)."""
+    filters = [f"{LABEL}=1"] + [f"{LABEL}.{k}={v}" for k, v in labels.items()]
+    with map_docker_errors("listing sandboxes"):
+        return client.containers.list(all=True, filters={"label": filters})
+
+
+def remove_container(client: docker.DockerClient, container_id: str) -> None:
+    """Force-remove a container (and its anonymous volumes); missing is not an error."""
+    with contextlib.suppress(docker.errors.NotFound), map_docker_errors(f"removing {container_id[:12]}"):
+        client.api.remove_container(container_id, force=True, v=True)
+
+
+def reap(client: docker.DockerClient, *, exclude_pool: str | None = None) -> int:
+    """Remove every sandbox container except those of pool ``exclude_pool``; returns how many."""
+    removed = 0
+    for container in list_sandboxes(client):
+        if exclude_pool and container.labels.get(LABEL_POOL) == exclude_pool:
+            continue
+        remove_container(client, container.id)
+        removed += 1
+    if removed:
+        log.info("reaped %d leftover sandbox container(s)", removed)
+    return removed
+
+
+def container_outcome(client: docker.DockerClient, container_id: str) -> tuple[str, bool]:
+    """(Docker state status, OOM-killed flag) of a container; ``("missing", False)`` if gone."""
+    try:
+        with map_docker_errors("inspecting container"):
+            attrs = client.api.inspect_container(container_id)
+    except DockerUnavailable:
+        return "missing", False
+    except docker.errors.NotFound:
+        return "missing", False
+    state = attrs.get("State") or {}
+    return str(state.get("Status", "unknown")), bool(state.get("OOMKilled"))

@@ -1,0 +1,77 @@
+"""Exceptions raised by the executor (failures of Sandpit itself, never of user code).
+
+A tool call that times out, runs out of memory or raises is a normal *result*
+(:class:`sandpit.executor.results.CallResult` with ``status="timeout"`` etc.), not an
+exception. Everything below is a failure to provide the sandbox at all::
+
+    ExecutorError
+    ├── DockerUnavailable        engine not reachable / API error (wraps docker.errors.*)
+    ├── ImageError               sandbox image missing or its build failed
+    ├── ProfileError             resource profile unknown or above the operator's limits
+    ├── CapacityError            no sandbox can be placed now (carries retry_after_s)
+    ├── SandboxStartError        container did not come up and say hello in time
+    ├── SandboxLost              container/runner died or stopped answering mid-request
+    └── SessionError             request the session cannot serve (closed, open failed)
+        └── SessionClosed
+
+Each carries the data a caller needs (``retry_after_s``, ``status``, ``sandbox_id``...).
+The Docker SDK's own exceptions never cross this package's boundary: they are translated
+in :func:`sandpit.executor.engine.map_docker_errors`.
+"""
+
+from __future__ import annotations
+
+
+class ExecutorError(Exception):
+    """Base class of every executor failure."""
+
+
+class DockerUnavailable(ExecutorError):
+    """The Docker Engine could not be reached or refused an API call."""
+
+
+class ImageError(ExecutorError):
+    """The sandbox image is missing or could not be built."""
+
+
+class ProfileError(ExecutorError, ValueError):
+    """A resource profile is unknown, malformed, or exceeds the operator's maximum."""
+
+
+class CapacityError(ExecutorError):
+    """No sandbox capacity right now. ``retry_after_s`` is a hint in seconds."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SandboxStartError(ExecutorError):
+    """A container was created but its runner did not connect and say hello in time."""
+
+    def __init__(self, message: str, sandbox_id: str, logs: str = "") -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+        self.logs = logs
+
+
+class SandboxLost(ExecutorError):
+    """The sandbox stopped answering or disappeared during a request.
+
+    ``status`` is what the interrupted tool call reports: ``timeout`` when the host-side
+    watchdog gave up on an unresponsive runner, ``oom`` when the container was OOM-killed,
+    ``crashed`` otherwise.
+    """
+
+    def __init__(self, message: str, sandbox_id: str, status: str = "crashed") -> None:
+        super().__init__(message)
+        self.sandbox_id = sandbox_id
+        self.status = status
+
+
+class SessionError(ExecutorError):
+    """The session cannot serve this request (``reason`` says why)."""
+
+
+class SessionClosed(SessionError):
+    """The session was closed; create a new one."""

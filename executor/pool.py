@@ -1,0 +1,351 @@
+"""SandboxPool: warm pool, placement of sessions into sandboxes, idle reaping, cleanup.
+
+* Warm pool: for every key ``(tenant, profile, runtime, image)`` that has been used (or
+  :meth:`SandboxPool.warm`-ed) a background thread keeps ``pool_size`` started, idle
+  sandboxes ready, starting at most ``pool_refill_concurrency`` containers at once.
+  Containers carry their tenant label from creation, so a warm sandbox can only ever
+  serve the tenant it was started for.
+* Placement: a session goes to a live sandbox of its key with a free slot (fullest
+  first, up to ``sessions_per_sandbox``), else to a warm one, else a new one is started;
+  beyond ``max_sandboxes`` :class:`CapacityError` is raised (with ``retry_after_s``).
+* Sandboxes with no session return to the warm set; those beyond ``pool_size`` are
+  removed after ``idle_timeout_s``. Dead sandboxes are removed at once.
+* Leaks: every container is labeled ``sandpit=1``/``sandpit.pool=<id>``; start-up reaps
+  leftovers of earlier runs (``reap_on_start``); :meth:`close` removes every container
+  this pool started.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import docker
+
+from . import engine
+from .errors import CapacityError, ExecutorError, SandboxLost, SessionError
+from .images import resolve_image
+from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
+from .results import check_encoded
+from .sandbox import PoolKey, Sandbox
+from .session import Session, SessionOpenError
+from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
+
+log = logging.getLogger(__name__)
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+
+class SandboxPool:
+    """Owns every sandbox of this process. Use as a context manager (or start/close)."""
+
+    def __init__(self, settings: ExecutorSettings | None = None, image_settings: ImageSettings | None = None,
+                 client: docker.DockerClient | None = None) -> None:
+        self.settings = settings or get_settings()
+        self.image_settings = image_settings or get_image_settings()
+        self.id = secrets.token_hex(4)
+        self._client = client
+        self.image = ""
+        self._lock = threading.Condition()
+        self._idle: dict[PoolKey, collections.deque[Sandbox]] = collections.defaultdict(collections.deque)
+        self._active: dict[PoolKey, list[Sandbox]] = collections.defaultdict(list)
+        self._all: dict[str, Sandbox] = {}
+        self._starting: collections.Counter[PoolKey] = collections.Counter()
+        self._wanted: dict[PoolKey, ResourceProfile] = {}
+        self._uids_in_use: set[int] = set()
+        self._next_uid = secrets.randbelow(self.settings.uid_count)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._starter: ThreadPoolExecutor | None = None
+        self.started_ms: collections.deque[float] = collections.deque(maxlen=1000)
+        self.failures: collections.Counter[str] = collections.Counter()
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> SandboxPool:
+        """Connect to Docker, resolve the image, reap leftovers, start background threads.
+
+        Raises:
+            DockerUnavailable: engine unreachable. ImageError: image not built.
+        """
+        if self._client is None:
+            self._client = engine.make_client(self.settings)
+        self.image = resolve_image(self._client, self.settings.image, self.image_settings)
+        if self.settings.reap_on_start:
+            engine.reap(self._client, exclude_pool=self.id)
+        self._starter = ThreadPoolExecutor(self.settings.pool_refill_concurrency, thread_name_prefix="sandpit-start")
+        for target in (self._refill_loop, self._idle_loop):
+            thread = threading.Thread(target=target, name=f"sandpit-{target.__name__}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __enter__(self) -> SandboxPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop background work and remove every container this pool started."""
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._starter is not None:
+            self._starter.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            sandboxes = list(self._all.values())
+            self._all.clear()
+            self._idle.clear()
+            self._active.clear()
+        for sandbox in sandboxes:
+            sandbox.destroy()
+        if self._client is not None:
+            for container in engine.list_sandboxes(self._client, pool=self.id):
+                engine.remove_container(self._client, container.id)
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            raise ExecutorError("pool not started")
+        return self._client
+
+    # -- public API --------------------------------------------------------------------
+    def profile(self, name: str | None = None, overrides: ProfileOverrides | None = None) -> ResourceProfile:
+        """Resolve a named profile (default: ``default_profile``) lowered by ``overrides``.
+
+        Raises: ProfileError."""
+        return resolve_profile(self.settings.profiles, self.settings.max_profile,
+                               name or self.settings.default_profile, overrides)
+
+    def open_session(self, *, tenant: str, source: str, class_name: str,
+                     init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
+                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None) -> Session:
+        """Instantiate ``class_name`` from ``source`` with ``init_config`` in a sandbox of
+        ``tenant`` (EnvScaler: ``cls(init_config)`` or ``cls()`` + setattr per key) and,
+        if given, restore ``snapshot`` (encoded attributes) on top.
+
+        Raises:
+            SessionOpenError: the environment code failed (status error/timeout/oom/crashed).
+            CapacityError: no sandbox can be placed (``max_sandboxes`` reached).
+            ProfileError, DockerUnavailable, ImageError, SandboxStartError.
+            ValueError: bad arguments (empty tenant, oversize source, non-dict config).
+        """
+        if not tenant or len(tenant) > 128:
+            raise ValueError("tenant must be a non-empty string of at most 128 characters")
+        if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
+            raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
+        if not isinstance(class_name, str) or not class_name.isidentifier():
+            raise ValueError("class_name must be a Python identifier")
+        if init_config is not None and not isinstance(init_config, dict):
+            raise ValueError("init_config must be an object")
+        session = Session(pool=self, session_id=session_id or secrets.token_hex(8), tenant=tenant,
+                          profile=profile or self.profile(), source=source, class_name=class_name,
+                          init_config=init_config or {})
+        with session._lock:
+            self._place(session, snapshot=check_encoded(snapshot or {}, "snapshot"), first=True)
+        return session
+
+    def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
+             timeout_s: float = 120.0) -> int:
+        """Register ``(tenant, profile)`` for warm-keeping and wait until ``count``
+        (default ``pool_size``) idle sandboxes are ready. Returns how many are idle."""
+        profile = profile or self.profile()
+        key = self._key(tenant, profile)
+        want = self.settings.pool_size if count is None else count
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._wanted[key] = profile
+            self._lock.notify_all()
+            while len(self._idle[key]) < want and time.monotonic() < deadline and not self._stop.is_set():
+                self._lock.wait(0.1)
+            return len(self._idle[key])
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for metrics: sandboxes by state, sessions, starts, failures by status."""
+        with self._lock:
+            return {
+                "sandboxes": len(self._all),
+                "idle": sum(len(q) for q in self._idle.values()),
+                "active": sum(len(v) for v in self._active.values()),
+                "starting": sum(self._starting.values()),
+                "sessions": sum(len(s.sessions) for s in self._all.values()),
+                "failures": dict(self.failures),
+            }
+
+    # -- placement -------------------------------------------------------------------
+    def _key(self, tenant: str, profile: ResourceProfile) -> PoolKey:
+        return (tenant, profile.name, self.settings.runtime, self.image)
+
+    def _place(self, session: Session, snapshot: dict[str, list[Any]], first: bool = False) -> None:
+        """Open ``session`` in some sandbox (``session._lock`` held by the caller)."""
+        for attempt in range(3):
+            sandbox = self._reserve(session)
+            try:
+                reply = sandbox.request("open", session=session.id, source=session.source,
+                                        class_name=session.class_name, init_config=session.init_config,
+                                        snapshot=snapshot or None)
+            except SandboxLost as exc:
+                self._forget(sandbox, session.id)
+                self.failures[exc.status] += 1
+                if attempt == 2:
+                    raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
+                continue
+            except (ValueError, TypeError) as exc:
+                self._release(sandbox, session.id, close=False)
+                raise ValueError(f"init_config is not JSON-encodable: {exc}") from exc
+            status = reply.get("status")
+            if status == "ok":
+                session._attach(sandbox, check_encoded(reply.get("snapshot") or {}, "snapshot"))
+                return
+            self._release(sandbox, session.id, close=False)
+            if status == "fault":
+                raise SessionError(f"sandbox refused to open the session: {reply.get('message')}")
+            self.failures[str(status)] += 1
+            raise SessionOpenError(str(status), str(reply.get("observation", "")), reply.get("traceback"))
+        raise AssertionError("unreachable")
+
+    def _reserve(self, session: Session) -> Sandbox:
+        key = self._key(session.tenant, session.profile)
+        per = self.settings.sessions_per_sandbox
+        with self._lock:
+            self._wanted.setdefault(key, session.profile)
+            candidates = [s for s in self._active[key] if s.alive and len(s.sessions) < per]
+            if candidates:
+                sandbox = max(candidates, key=lambda s: len(s.sessions))
+            else:
+                sandbox = None
+                while self._idle[key]:
+                    candidate = self._idle[key].popleft()
+                    if candidate.alive:
+                        sandbox = candidate
+                        break
+                    self._drop_locked(candidate)
+                self._lock.notify_all()  # refill
+                if sandbox is None:
+                    if len(self._all) + sum(self._starting.values()) >= self.settings.max_sandboxes:
+                        raise CapacityError(
+                            f"all {self.settings.max_sandboxes} sandboxes are in use", retry_after_s=1.0)
+                    self._starting[key] += 1
+                    uid = self._take_uid_locked()
+                else:
+                    self._active[key].append(sandbox)
+            if sandbox is not None:
+                sandbox.sessions.add(session.id)
+                return sandbox
+        try:
+            sandbox = self._start_sandbox(key, session.profile, uid)
+        finally:
+            with self._lock:
+                self._starting[key] -= 1
+        with self._lock:
+            self._all[sandbox.id] = sandbox
+            self._active[key].append(sandbox)
+            sandbox.sessions.add(session.id)
+        return sandbox
+
+    def _start_sandbox(self, key: PoolKey, profile: ResourceProfile, uid: int) -> Sandbox:
+        try:
+            sandbox = Sandbox.start(client=self.client, settings=self.settings, profile=profile, image=self.image,
+                                    tenant=key[0], pool_id=self.id, uid=uid)
+        except BaseException:
+            with self._lock:
+                self._uids_in_use.discard(uid)
+            self.failures["start"] += 1
+            raise
+        self.started_ms.append(sandbox.started_ms)
+        return sandbox
+
+    def _take_uid_locked(self) -> int:
+        for _ in range(self.settings.uid_count):
+            uid = self.settings.uid_base + self._next_uid
+            self._next_uid = (self._next_uid + 1) % self.settings.uid_count
+            if uid not in self._uids_in_use:
+                self._uids_in_use.add(uid)
+                return uid
+        raise CapacityError("no free sandbox uid", retry_after_s=1.0)
+
+    def _release(self, sandbox: Sandbox, session_id: str, close: bool = True) -> None:
+        """Free ``session_id``'s slot; a sandbox left empty becomes warm (same key)."""
+        if close and sandbox.alive:
+            try:
+                sandbox.request("close", session=session_id, timeout_s=sandbox.watchdog_grace_s + 5)
+            except SandboxLost:
+                pass
+        with self._lock:
+            sandbox.sessions.discard(session_id)
+            if not sandbox.alive:
+                self._drop_locked(sandbox)
+            elif not sandbox.sessions and sandbox in self._active[sandbox.key]:
+                self._active[sandbox.key].remove(sandbox)
+                sandbox.idle_since = time.monotonic()
+                self._idle[sandbox.key].append(sandbox)
+            self._lock.notify_all()
+
+    def _forget(self, sandbox: Sandbox, session_id: str) -> None:
+        """The sandbox died under ``session_id``: destroy it and drop it from the pool."""
+        sandbox.destroy()
+        with self._lock:
+            sandbox.sessions.discard(session_id)
+            self._drop_locked(sandbox)
+
+    def _drop_locked(self, sandbox: Sandbox) -> None:
+        self._all.pop(sandbox.id, None)
+        self._uids_in_use.discard(sandbox.uid)
+        if sandbox in self._active[sandbox.key]:
+            self._active[sandbox.key].remove(sandbox)
+        if sandbox in self._idle[sandbox.key]:
+            self._idle[sandbox.key].remove(sandbox)
+        if not sandbox.destroyed:
+            threading.Thread(target=sandbox.destroy, daemon=True).start()
+
+    # -- background --------------------------------------------------------------------
+    def _refill_loop(self) -> None:
+        while not self._stop.is_set():
+            jobs: list[tuple[PoolKey, ResourceProfile, int]] = []
+            with self._lock:
+                for key, profile in self._wanted.items():
+                    deficit = self.settings.pool_size - len(self._idle[key]) - self._starting[key]
+                    room = self.settings.max_sandboxes - len(self._all) - sum(self._starting.values())
+                    for _ in range(max(0, min(deficit, room, self.settings.pool_refill_concurrency))):
+                        self._starting[key] += 1
+                        jobs.append((key, profile, self._take_uid_locked()))
+                if not jobs:
+                    self._lock.wait(0.5)
+                    continue
+            futures = [self._starter.submit(self._start_sandbox, *job) for job in jobs]  # type: ignore[union-attr]
+            for (key, _, _), future in zip(jobs, futures, strict=True):
+                try:
+                    sandbox = future.result()
+                except Exception as exc:  # noqa: BLE001 - logged, retried after a pause
+                    log.warning("warm sandbox start failed: %s", exc)
+                    with self._lock:
+                        self._starting[key] -= 1
+                    self._stop.wait(1.0)
+                    continue
+                with self._lock:
+                    self._starting[key] -= 1
+                    if self._stop.is_set():
+                        sandbox.destroy()
+                        continue
+                    self._all[sandbox.id] = sandbox
+                    sandbox.idle_since = time.monotonic()
+                    self._idle[key].append(sandbox)
+                    self._lock.notify_all()
+
+    def _idle_loop(self) -> None:
+        while not self._stop.wait(min(5.0, self.settings.idle_timeout_s / 2)):
+            now = time.monotonic()
+            with self._lock:
+                for key, queue in list(self._idle.items()):
+                    keep = self.settings.pool_size if key in self._wanted else 0
+                    for sandbox in list(queue):
+                        if not sandbox.alive:
+                            self._drop_locked(sandbox)
+                        elif len(queue) > keep and now - sandbox.idle_since > self.settings.idle_timeout_s:
+                            self._drop_locked(sandbox)

@@ -1,0 +1,116 @@
+"""Resource profiles: the limits one sandbox and each session in it run under.
+
+A profile is named in settings (``ExecutorSettings.profiles``; ``default`` gives the
+issue's defaults: 256 MiB, 0.5 CPU, 64 pids, 64 MiB tmpfs, 10 s per call). A caller may
+*lower* any field of a named profile (:func:`resolve_profile` with overrides); only an
+operator raises limits, by defining profiles in settings, and no profile may exceed
+``ExecutorSettings.max_profile``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ProfileError
+
+MiB = 1024 * 1024
+
+
+class ResourceProfile(BaseModel):
+    """Limits for a sandbox (container cgroup) and for each session (child process)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "default"
+    """Profile name; part of the warm-pool key."""
+    memory_mib: Annotated[int, Field(ge=32, le=65536)] = 256
+    """Per session: RLIMIT_DATA of the session process (MiB); over it a call reports
+    ``oom``. Per sandbox: the container's memory limit is ``memory_mib`` plus 32 MiB per
+    session slot (runner and idle sessions), with swap equal to memory (no swap)."""
+    cpus: Annotated[float, Field(gt=0, le=64)] = 0.5
+    """CPU quota of the whole sandbox, in CPUs (CFS quota; 0.5 = half a core)."""
+    pids: Annotated[int, Field(ge=8, le=32768)] = 64
+    """Max processes+threads in the sandbox (pids cgroup); a fork bomb stops here."""
+    tmpfs_mib: Annotated[int, Field(ge=1, le=65536)] = 64
+    """Size cap of each tmpfs (/tmp and the session work root /work), MiB."""
+    call_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """Wall-clock limit of one tool call (and of instantiation), seconds; over it the
+    session process is killed and the call reports ``timeout``."""
+    output_cap_bytes: Annotated[int, Field(ge=0, le=64 * MiB)] = 64 * 1024
+    """Captured stdout and stderr per call, each, bytes; the rest is dropped and counted."""
+    observation_cap_bytes: Annotated[int, Field(ge=1024, le=64 * MiB)] = MiB
+    """Max characters of one observation; longer ones are truncated with a marker."""
+    nofile: Annotated[int, Field(ge=16, le=65536)] = 256
+    """RLIMIT_NOFILE of every process in the sandbox."""
+    fsize_mib: Annotated[int, Field(ge=1, le=65536)] = 64
+    """RLIMIT_FSIZE (largest file a process may write), MiB."""
+
+    def sandbox_memory_bytes(self, sessions_per_sandbox: int) -> int:
+        """Container memory limit in bytes for a sandbox holding up to that many sessions."""
+        return (self.memory_mib + 32 * max(1, sessions_per_sandbox)) * MiB
+
+    def runner_limits(self, sessions_per_sandbox: int, spare_child: bool) -> dict:
+        """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``)."""
+        return {
+            "call_timeout_s": self.call_timeout_s,
+            "session_memory_bytes": self.memory_mib * MiB,
+            "output_cap_bytes": self.output_cap_bytes,
+            "observation_cap_bytes": self.observation_cap_bytes,
+            "session_nofile": self.nofile,
+            "max_sessions": sessions_per_sandbox,
+            "spare_child": spare_child,
+        }
+
+
+class ProfileOverrides(BaseModel):
+    """Caller-side lowering of a named profile; every field may only go down."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mib: Annotated[int, Field(ge=32)] | None = None
+    cpus: Annotated[float, Field(gt=0)] | None = None
+    pids: Annotated[int, Field(ge=8)] | None = None
+    tmpfs_mib: Annotated[int, Field(ge=1)] | None = None
+    call_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    output_cap_bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+LIMIT_FIELDS = ("memory_mib", "cpus", "pids", "tmpfs_mib", "call_timeout_s", "output_cap_bytes",
+                "observation_cap_bytes", "nofile", "fsize_mib")
+
+
+def check_within(profile: ResourceProfile, ceiling: ResourceProfile) -> None:
+    """Raise :class:`ProfileError` naming the first field of ``profile`` above ``ceiling``."""
+    for field in LIMIT_FIELDS:
+        if getattr(profile, field) > getattr(ceiling, field):
+            raise ProfileError(
+                f"profile {profile.name!r}: {field}={getattr(profile, field)} exceeds the "
+                f"operator maximum {getattr(ceiling, field)}")
+
+
+def resolve_profile(profiles: dict[str, ResourceProfile], ceiling: ResourceProfile,
+                    name: str, overrides: ProfileOverrides | None = None) -> ResourceProfile:
+    """Return the named profile, lowered by ``overrides``.
+
+    Raises:
+        ProfileError: unknown name, an override above the named profile's value, or a
+            result above the operator's ``ceiling``.
+    """
+    base = profiles.get(name)
+    if base is None:
+        raise ProfileError(f"unknown resource profile {name!r}; known: {sorted(profiles)}")
+    check_within(base, ceiling)
+    if overrides is None:
+        return base
+    changes = overrides.model_dump(exclude_none=True)
+    for field, value in changes.items():
+        if value > getattr(base, field):
+            raise ProfileError(
+                f"{field}={value} is above profile {name!r}'s {getattr(base, field)}; "
+                "callers may only lower limits")
+    if not changes:
+        return base
+    suffix = ",".join(f"{k}={v}" for k, v in sorted(changes.items()))
+    return base.model_copy(update={**changes, "name": f"{name}[{suffix}]"})

@@ -1,0 +1,197 @@
+"""One sandbox: a hardened container running the runner, and the channel to it.
+
+Lifecycle: :meth:`Sandbox.start` (create container → runner connects to the protocol
+socket → hello with the per-container token) → requests → :meth:`Sandbox.destroy`.
+A sandbox belongs to exactly one tenant (label ``sandpit.tenant``) and hosts up to
+``sessions_per_sandbox`` sessions of that tenant.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+import docker
+
+from sandpit.sandbox_images.runner import protocol
+
+from . import engine
+from .channel import RunnerChannel
+from .errors import SandboxLost, SandboxStartError
+from .profiles import ResourceProfile
+from .settings import ExecutorSettings
+
+log = logging.getLogger(__name__)
+PoolKey = tuple[str, str, str, str]  # (tenant, profile name, runtime, image)
+
+
+class Sandbox:
+    """A running sandbox container. Create with :meth:`start`; thread-safe requests."""
+
+    def __init__(self, *, sandbox_id: str, container_id: str, tenant: str, profile: ResourceProfile,
+                 key: PoolKey, uid: int, socket_dir: Path, channel: RunnerChannel,
+                 client: docker.DockerClient, watchdog_grace_s: float, started_ms: float) -> None:
+        self.id = sandbox_id
+        self.container_id = container_id
+        self.tenant = tenant
+        self.profile = profile
+        self.key = key
+        self.uid = uid
+        self.socket_dir = socket_dir
+        self.channel = channel
+        self.client = client
+        self.watchdog_grace_s = watchdog_grace_s
+        self.started_ms = started_ms
+        """Milliseconds from ``docker create`` to the runner's hello."""
+        self.sessions: set[str] = set()
+        self.idle_since = time.monotonic()
+        self._destroy_lock = threading.Lock()
+        self.destroyed = False
+
+    @classmethod
+    def start(cls, *, client: docker.DockerClient, settings: ExecutorSettings, profile: ResourceProfile,
+              image: str, tenant: str, pool_id: str, uid: int) -> Sandbox:
+        """Create and start a sandbox; returns once its runner has said hello.
+
+        Raises:
+            SandboxStartError: the runner did not connect within ``startup_timeout_s``
+                (the container is removed; its logs are attached).
+            DockerUnavailable / ImageError: the engine refused to create the container.
+        """
+        sandbox_id = secrets.token_hex(6)
+        socket_dir = settings.run_dir / sandbox_id
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        socket_dir.mkdir(mode=0o750)
+        sock_path = socket_dir / "runner.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        container_id = ""
+        t0 = time.perf_counter()
+        try:
+            listener.bind(str(sock_path))
+            if os.geteuid() == 0:  # only the sandbox group may connect
+                os.chown(socket_dir, 0, settings.sandbox_gid)
+                os.chown(sock_path, 0, settings.sandbox_gid)
+                os.chmod(sock_path, 0o660)
+            else:  # development without root: the container uid must still reach it
+                os.chmod(socket_dir, 0o755)
+                os.chmod(sock_path, 0o666)
+            listener.listen(1)
+            token = secrets.token_urlsafe(32)
+            limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child)
+            spec = engine.container_spec(
+                settings=settings, profile=profile, image=image, tenant=tenant, sandbox_id=sandbox_id,
+                pool_id=pool_id, uid=uid, socket_dir=str(socket_dir), token=token,
+                limits_json=json.dumps(limits))
+            spec.pop("detach")
+            with engine.map_docker_errors("creating a sandbox container"):
+                container = client.containers.create(**spec)
+                container_id = container.id
+                container.start()
+            conn = _accept(listener, client, container_id, sandbox_id, settings.startup_timeout_s)
+            try:
+                conn.settimeout(max(1.0, settings.startup_timeout_s))
+                hello = protocol.recv_frame(conn, 4096)
+                if hello.get("op") != "hello" or not hmac.compare_digest(str(hello.get("token", "")), token):
+                    raise SandboxStartError("runner hello had a wrong token", sandbox_id)
+            except (OSError, EOFError, protocol.ProtocolViolation) as exc:
+                conn.close()
+                raise SandboxStartError(f"runner handshake failed: {exc}", sandbox_id) from exc
+            started_ms = (time.perf_counter() - t0) * 1000.0
+            channel = RunnerChannel(conn, sandbox_id, settings.max_frame_bytes)
+        except BaseException:
+            if container_id:
+                engine.remove_container(client, container_id)
+            _remove_socket_dir(socket_dir)
+            raise
+        finally:
+            listener.close()
+            try:
+                sock_path.unlink()
+            except OSError:
+                pass
+        key: PoolKey = (tenant, profile.name, settings.runtime, image)
+        return cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
+                   key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
+                   watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
+
+    @property
+    def alive(self) -> bool:
+        return not self.destroyed and self.channel.alive
+
+    def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict:
+        """One runner request. Default timeout: two call timeouts (a re-create plus the
+        call itself) plus the watchdog grace.
+
+        Raises:
+            SandboxLost: the runner died or exceeded the timeout; ``status`` tells which
+                (an OOM-killed container reports ``oom``). The sandbox is destroyed.
+        """
+        if timeout_s is None:
+            timeout_s = 2 * self.profile.call_timeout_s + self.watchdog_grace_s
+        try:
+            return self.channel.request(op, timeout_s, **fields)
+        except SandboxLost as exc:
+            status = exc.status
+            if status != "timeout":
+                _, oom_killed = engine.container_outcome(self.client, self.container_id)
+                status = "oom" if oom_killed else "crashed"
+            self.destroy()
+            raise SandboxLost(str(exc), self.id, status=status) from exc
+
+    def destroy(self) -> None:
+        """Force-remove the container and its socket directory; idempotent."""
+        with self._destroy_lock:
+            if self.destroyed:
+                return
+            self.destroyed = True
+        self.channel.close()
+        engine.remove_container(self.client, self.container_id)
+        _remove_socket_dir(self.socket_dir)
+
+
+def _accept(listener: socket.socket, client: docker.DockerClient, container_id: str,
+            sandbox_id: str, timeout_s: float) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    listener.settimeout(0.05)
+    checks = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+            return conn
+        except TimeoutError:
+            pass
+        checks += 1
+        if checks % 10 == 0:  # every ~0.5 s: fail fast if the container already exited
+            status, _ = engine.container_outcome(client, container_id)
+            if status in ("exited", "dead", "missing"):
+                raise SandboxStartError(f"sandbox container {status} before its runner connected; logs:\n"
+                                        f"{_logs(client, container_id)}", sandbox_id)
+        if time.monotonic() > deadline:
+            raise SandboxStartError(f"runner did not connect within {timeout_s:g} s; logs:\n"
+                                    f"{_logs(client, container_id)}", sandbox_id)
+
+
+def _logs(client: docker.DockerClient, container_id: str) -> str:
+    try:
+        return client.api.logs(container_id, tail=40).decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return "<logs unavailable>"
+
+
+def _remove_socket_dir(path: Path) -> None:
+    for child in (path / "runner.sock",):
+        try:
+            child.unlink()
+        except OSError:
+            pass
+    try:
+        path.rmdir()
+    except OSError:
+        pass

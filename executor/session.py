@@ -1,0 +1,197 @@
+"""Host-side handle of one session (one environment instance in a sandbox).
+
+The handle keeps the session's last good snapshot (the encoded state after the last
+``ok``/``error`` call), updated from every call's delta. If the sandbox dies (timeout
+kill by the watchdog, OOM kill, crash, ``docker kill``, engine restart) the failed call
+reports its status, and the next request transparently re-creates the session in a
+sandbox of the same tenant and profile from that snapshot (``CallResult.recovered``).
+Requests on one session are serialized; different sessions run concurrently.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation
+
+from .errors import SandboxLost, SessionClosed, SessionError
+from .profiles import ResourceProfile
+from .results import CallResult, Snapshot, StateDelta, check_encoded
+
+if TYPE_CHECKING:
+    from .pool import SandboxPool
+    from .sandbox import Sandbox
+
+MAX_TOOL_NAME = 128
+
+
+class SessionOpenError(SessionError):
+    """The environment could not be instantiated (its code raised, timed out, ran out of
+    memory, or ``class_name`` is missing). ``status``/``observation``/``traceback`` say how."""
+
+    def __init__(self, status: str, observation: str, traceback: str | None = None) -> None:
+        super().__init__(observation)
+        self.status = status
+        self.observation = observation
+        self.traceback = traceback
+
+
+class Session:
+    """A live environment instance. Obtain from :meth:`SandboxPool.open_session`."""
+
+    def __init__(self, *, pool: SandboxPool, session_id: str, tenant: str, profile: ResourceProfile,
+                 source: str, class_name: str, init_config: dict[str, Any]) -> None:
+        self.id = session_id
+        self.tenant = tenant
+        self.profile = profile
+        self.source = source
+        self.class_name = class_name
+        self.init_config = init_config
+        self._pool = pool
+        self._sandbox: Sandbox | None = None
+        self._snapshot: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+        self.recoveries = 0
+        """How many times the session was re-created in a new sandbox."""
+
+    # -- placement (called with self._lock held) -------------------------------------
+    def _attach(self, sandbox: Sandbox, snapshot: dict[str, list[Any]]) -> None:
+        self._sandbox = sandbox
+        self._snapshot = snapshot
+
+    def _ensure_placed(self) -> bool:
+        if self._sandbox is not None and self._sandbox.alive:
+            return False
+        if self._sandbox is not None:
+            self._pool._forget(self._sandbox, self.id)
+        self._sandbox = None
+        self._pool._place(self, snapshot=self._snapshot)
+        self.recoveries += 1
+        return True
+
+    def _request(self, op: str, **fields: Any) -> tuple[dict, bool]:
+        if self.closed:
+            raise SessionClosed(f"session {self.id} is closed")
+        recovered = self._ensure_placed()
+        assert self._sandbox is not None
+        reply = self._sandbox.request(op, session=self.id, **fields)
+        if reply.get("status") == "fault":
+            raise SessionError(f"sandbox refused {op!r}: {reply.get('message')}")
+        return reply, recovered
+
+    # -- public API --------------------------------------------------------------------
+    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
+        """Execute the tool call ``getattr(instance, name)(**arguments)`` (EnvScaler).
+
+        Returns a :class:`CallResult`; ``rejected`` without touching the sandbox when
+        ``name`` is not a public identifier (dunders, ``_private``), ``arguments`` is not
+        a dict, or it is not JSON-encodable (NaN, objects).
+
+        Raises:
+            SessionClosed: after :meth:`close`.
+            CapacityError: the session had to be re-placed and no sandbox is available.
+        """
+        started = time.perf_counter()
+        arguments = {} if arguments is None else arguments
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > MAX_TOOL_NAME:
+            return _rejected(f"Error: {str(name)[:MAX_TOOL_NAME]!r} is not a public tool name", started)
+        if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
+            return _rejected("Error: arguments must be an object with string keys", started)
+        with self._lock:
+            try:
+                reply, recovered = self._request("call", name=name, arguments=arguments)
+            except (ValueError, TypeError) as exc:
+                return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
+            except SandboxLost as exc:
+                self._lose()
+                return CallResult(status=exc.status, observation=_lost_message(exc.status),  # type: ignore[arg-type]
+                                  duration_ms=_ms(started))
+            try:
+                delta = reply.get("delta") or {}
+                changed = check_encoded(delta.get("set") or {}, "delta")
+                deleted = [k for k in delta.get("del") or [] if isinstance(k, str)]
+            except ProtocolViolation as exc:
+                raise SessionError(f"sandbox sent a malformed delta: {exc}") from exc
+            status = reply.get("status")
+            if status in ("ok", "error"):
+                self._snapshot.update(changed)
+                for key in deleted:
+                    self._snapshot.pop(key, None)
+            return CallResult(
+                status=status, observation=str(reply.get("observation", "")), duration_ms=_ms(started),
+                tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
+                stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
+                observation_truncated=bool(reply.get("observation_truncated")),
+                delta=StateDelta(set=changed, deleted=deleted), recovered=recovered)
+
+    def state(self) -> dict[str, Any]:
+        """The current state as JSON: every public attribute; opaque ones rendered by the
+        sandbox as ``{"__class__": ..., <public attrs>}`` (never unpickled on the host)."""
+        with self._lock:
+            try:
+                reply, _ = self._request("state")
+            except SandboxLost:
+                self._lose()
+                reply, _ = self._request("state")
+            state = reply.get("state")
+            if not isinstance(state, dict):
+                raise SessionError("sandbox sent a malformed state")
+            return state
+
+    def snapshot(self) -> Snapshot:
+        """The last good snapshot (host copy; no sandbox round trip)."""
+        with self._lock:
+            return Snapshot(attributes=dict(self._snapshot))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Put the instance into ``snapshot``'s state (attributes not in it are deleted).
+
+        Raises:
+            SessionError: the snapshot could not be applied (e.g. an opaque entry fails to
+                unpickle inside the sandbox); the session keeps its previous state.
+        """
+        attributes = check_encoded(snapshot.attributes, "snapshot")
+        with self._lock:
+            try:
+                reply, _ = self._request("restore", snapshot=attributes)
+            except SandboxLost:
+                self._lose()
+                self._snapshot = dict(attributes)
+                self._ensure_placed()
+                return
+            if reply.get("status") != "ok":
+                raise SessionError(f"restore failed: {reply.get('observation') or reply.get('message')}")
+            self._snapshot = check_encoded(reply.get("snapshot") or {}, "snapshot")
+
+    def close(self) -> None:
+        """End the session: its process, work directory and slot are freed. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            self._pool._release(sandbox, self.id)
+
+    def _lose(self) -> None:
+        if self._sandbox is not None:
+            self._pool._forget(self._sandbox, self.id)
+        self._sandbox = None
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+def _rejected(message: str, started: float) -> CallResult:
+    return CallResult(status="rejected", observation=message, duration_ms=_ms(started))
+
+
+def _lost_message(status: str) -> str:
+    return {
+        "timeout": "Error: the sandbox stopped responding and was killed; the session will be restored from its last snapshot",
+        "oom": "Error: the sandbox ran out of memory and was killed; the session will be restored from its last snapshot",
+    }.get(status, "Error: the sandbox died; the session will be restored from its last snapshot")

@@ -1,0 +1,116 @@
+"""Executor settings (environment variables prefixed ``SANDPIT_EXECUTOR_``).
+
+Read through :func:`get_settings` (cached) so tests and the CLI can override them; nothing
+here creates a Docker client at import time. Profiles are JSON, e.g.
+``SANDPIT_EXECUTOR_PROFILES='{"default": {"memory_mib": 512}}'``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .profiles import ResourceProfile, check_within
+
+
+def _default_run_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/sandpit")
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "sandpit"
+
+
+class ExecutorSettings(BaseSettings):
+    """Where sandboxes run and how many; every field documents its unit."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDPIT_EXECUTOR_", extra="forbid")
+
+    docker_host: str | None = None
+    """Docker Engine URL (``unix:///var/run/docker.sock``); ``None`` = DOCKER_HOST or the default."""
+    runtime: Literal["runc", "runsc"] = "runc"
+    """OCI runtime for sandboxes: ``runc`` (Docker's default) or ``runsc`` (gVisor)."""
+    image: str | None = None
+    """Sandbox image reference; ``None`` = the tag built from ``sandbox_images/`` by
+    ``sandpit image build`` (content-hash tag)."""
+    run_dir: Path = Field(default_factory=_default_run_dir)
+    """Host directory holding one protocol-socket directory per sandbox."""
+    pool_size: Annotated[int, Field(ge=0, le=1024)] = 2
+    """Warm (started, idle) sandboxes kept ready per (tenant, profile, runtime, image)."""
+    pool_refill_concurrency: Annotated[int, Field(ge=1, le=64)] = 2
+    """Containers started in parallel by the background refill."""
+    sessions_per_sandbox: Annotated[int, Field(ge=1, le=256)] = 1
+    """Placement: sessions of one tenant hosted by one sandbox (1 = container per session)."""
+    max_sandboxes: Annotated[int, Field(ge=1, le=100000)] = 64
+    """Hard cap on live sandboxes (warm + busy); beyond it placement raises CapacityError."""
+    idle_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    """A sandbox with no session for this long (seconds) is removed, beyond the warm quota."""
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    """Max seconds from ``docker create`` until the runner says hello."""
+    watchdog_grace_s: Annotated[float, Field(ge=0)] = 5.0
+    """Seconds the host waits beyond a call's own timeout before declaring the runner
+    unresponsive and killing the container."""
+    spare_child: bool = True
+    """Keep one pre-started (code-free) session process per sandbox with a free slot, so
+    opening a session does not wait for the Python interpreter to start (~8 MiB each)."""
+    reap_on_start: bool = True
+    """Remove every ``sandpit=1`` container left by earlier runs when a pool starts."""
+    default_profile: str = "default"
+    profiles: dict[str, ResourceProfile] = Field(
+        default_factory=lambda: {"default": ResourceProfile()})
+    """Named profiles an operator offers; callers pick one and may lower it."""
+    max_profile: ResourceProfile = ResourceProfile(
+        name="max", memory_mib=8192, cpus=2.0, pids=1024, tmpfs_mib=2048, call_timeout_s=600.0,
+        output_cap_bytes=16 * 1024 * 1024, observation_cap_bytes=16 * 1024 * 1024,
+        nofile=4096, fsize_mib=2048)
+    """Operator ceiling: no profile may exceed any of these values."""
+    uid_base: Annotated[int, Field(ge=1000)] = 20000
+    uid_count: Annotated[int, Field(ge=1)] = 40000
+    """Each sandbox runs as its own non-root uid from [uid_base, uid_base+uid_count), so
+    RLIMIT_NPROC and file ownership never span two sandboxes."""
+    sandbox_gid: Annotated[int, Field(ge=1000)] = 10001
+    """Group shared by sandbox processes; owns the protocol socket directories."""
+    max_frame_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    """Largest protocol frame accepted from a runner (bytes); bigger kills the sandbox."""
+
+    @model_validator(mode="after")
+    def _profiles_within_ceiling(self) -> "ExecutorSettings":
+        if self.default_profile not in self.profiles:
+            raise ValueError(f"default_profile {self.default_profile!r} is not in profiles")
+        for name, profile in self.profiles.items():
+            if profile.name != name:
+                self.profiles[name] = profile.model_copy(update={"name": name})
+            check_within(self.profiles[name], self.max_profile)
+        return self
+
+
+class ImageSettings(BaseSettings):
+    """How the sandbox image is built (``SANDPIT_IMAGE_`` prefix)."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDPIT_IMAGE_", extra="forbid")
+
+    repository: str = "sandpit-sandbox"
+    """Repository name of the sandbox image; the tag is a content hash."""
+    pull_base: str | None = "python:3.11-slim-bookworm"
+    """A registry image tried first as the base; ``None`` skips the pull."""
+    pull_timeout_s: Annotated[float, Field(gt=0)] = 20.0
+    debian_suite: str = "bookworm"
+    debian_mirror: str = "http://deb.debian.org/debian"
+    """Mirror for ``debootstrap`` when the base image cannot be pulled."""
+    cache_dir: Path = Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "sandpit"
+
+
+@lru_cache
+def get_settings() -> ExecutorSettings:
+    """The process-wide executor settings (cached; tests call ``cache_clear()``)."""
+    return ExecutorSettings()
+
+
+@lru_cache
+def get_image_settings() -> ImageSettings:
+    """The process-wide image-build settings (cached)."""
+    return ImageSettings()

@@ -1,0 +1,137 @@
+"""Length-prefixed JSON framing shared by the host executor and the in-sandbox runner.
+
+Stdlib only: this file is copied into the sandbox image and also imported on the host
+as ``sandpit.sandbox_images.runner.protocol``. It never executes or unpickles anything.
+
+Wire format: a frame is a 4-byte big-endian unsigned length ``n`` followed by ``n`` bytes
+of UTF-8 JSON encoding one object. A frame larger than the reader's ``max_frame`` bytes,
+or one that is not a JSON object, raises :class:`ProtocolViolation`; the peer that sent it
+is then treated as broken (the runner kills a misbehaving child, the host kills a
+misbehaving sandbox). JSON is parsed with ``parse_constant`` refusing NaN/Infinity and
+a nesting-depth bound, so a hostile peer cannot smuggle non-standard values or blow the
+parser's stack.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+HEADER = struct.Struct(">I")
+#: Default cap on one frame, in bytes (64 MiB): state snapshots are the largest frames.
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+#: Maximum nesting depth of arrays/objects accepted in a frame.
+MAX_DEPTH = 200
+
+
+class ProtocolViolation(Exception):
+    """The peer sent bytes that are not a well-formed, in-limit frame."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise ProtocolViolation(f"non-standard JSON constant {name!r} in frame")
+
+
+def _check_depth(payload: bytes, limit: int) -> None:
+    """Reject payloads nested deeper than ``limit`` before handing them to ``json``.
+
+    Counts brackets outside of strings in one linear pass, so the check costs O(n) and
+    never recurses.
+    """
+    if payload.count(b"[") + payload.count(b"{") <= limit:
+        return
+    depth = 0
+    in_string = False
+    escaped = False
+    for byte in payload:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                raise ProtocolViolation(f"frame nested deeper than {limit} levels")
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+
+
+def encode(message: dict) -> bytes:
+    """Serialize one message to a frame (header + compact JSON). Raises ``ValueError``
+    for NaN/Infinity and ``TypeError`` for non-JSON values."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    data = body.encode("utf-8")
+    return HEADER.pack(len(data)) + data
+
+
+def decode_payload(payload: bytes, max_depth: int = MAX_DEPTH) -> dict:
+    """Parse one frame body. Raises :class:`ProtocolViolation` unless it is a JSON object."""
+    _check_depth(payload, max_depth)
+    try:
+        message = json.loads(payload.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolViolation(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolViolation("frame is not a JSON object")
+    return message
+
+
+class FrameBuffer:
+    """Incremental frame reader for non-blocking sockets.
+
+    ``feed(data)`` appends received bytes and returns the list of complete messages.
+    ``max_frame`` is in bytes; a larger declared length raises :class:`ProtocolViolation`
+    immediately, before the body is buffered.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict]:
+        self._buf += data
+        messages: list[dict] = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf, 0)
+            if length > self.max_frame:
+                raise ProtocolViolation(
+                    f"frame of {length} bytes exceeds the {self.max_frame}-byte limit"
+                )
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            payload = bytes(self._buf[HEADER.size:end])
+            del self._buf[:end]
+            messages.append(decode_payload(payload))
+        return messages
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+
+def recv_exact(sock, n: int) -> bytes:
+    """Read exactly ``n`` bytes from a blocking socket; raises ``EOFError`` on close."""
+    chunks = []
+    remaining = n
+    while remaining:
+        chunk = sock.recv(min(remaining, 1 << 20))
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(sock, max_frame: int = DEFAULT_MAX_FRAME) -> dict:
+    """Blocking read of one frame. Raises ``EOFError`` or :class:`ProtocolViolation`."""
+    (length,) = HEADER.unpack(recv_exact(sock, HEADER.size))
+    if length > max_frame:
+        raise ProtocolViolation(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
+    return decode_payload(recv_exact(sock, length))

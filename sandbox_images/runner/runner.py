@@ -1,0 +1,659 @@
+"""Sandbox runner: PID 1 of every sandbox container (stdlib only, never runs env code).
+
+It connects to the host's protocol endpoint (a Unix socket bind-mounted at
+``/run/sandpit/runner.sock``), proves itself with the per-container token, then serves
+length-prefixed JSON requests (``protocol.py``) from one single-threaded event loop:
+
+    host socket ──► runner (this file, trusted) ──► session child 1 (untrusted env code)
+                                               ├──► session child 2 ...
+                                               └──► spare child (started ahead, no code yet)
+
+Every session is its own child process (``session.py``), own process group, own private
+working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
+RLIMIT_DATA as its memory limit. The host channel is never inherited by a child; each
+child's stdout/stderr are pipes read here and capped per call, so nothing the environment
+prints can forge a protocol message. Replies from a child are matched by a random
+request id; a malformed or oversize frame kills the child.
+
+Failure handling (a result, never a runner crash):
+- call exceeds ``call_timeout_s``: SIGKILL the child's process group → ``timeout``;
+- MemoryError / cgroup OOM kill → ``oom``; any other death → ``crashed``;
+in each case the session is re-created from its source and restored to the last good
+snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
+After every call, processes that the call left behind (same session id, or escaped into
+a session of their own) are killed.
+
+Host requests (each has an integer ``id``; each reply echoes it):
+  open {session, source, class_name, init_config, snapshot?} -> {status, observation?, snapshot?}
+  call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
+  state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
+  restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
+  ping {} -> {status, sessions}
+A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
+bad fields); ``message`` says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import protocol  # noqa: E402
+
+SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
+SESSION_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session.py")
+WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
+TMP_ROOT = "/tmp"
+CHILD_MAX_FRAME = 64 * 1024 * 1024
+CHILD_SEND_TIMEOUT_S = 5.0
+OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+def _oom_kills() -> int:
+    """Cgroup OOM-kill counter of this container (v2 or v1); 0 when unavailable."""
+    for path in OOM_FILES:
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _process_sessions() -> dict[int, int]:
+    """Map pid -> session id for every process visible in this pid namespace."""
+    out: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(b")") + 2:].split()
+        if len(fields) > 3:
+            out[int(entry)] = int(fields[3])
+    return out
+
+
+class Child:
+    """A session child process and its three channels."""
+
+    def __init__(self, limits: dict) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": WORK_ROOT,
+            "PYTHONHASHSEED": "0",  # deterministic set/dict-of-str ordering for replays
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "0",
+            "MALLOC_ARENA_MAX": "2",
+            "SANDPIT_SESSION_LIMITS": json.dumps(limits),
+        }
+        actions = [
+            (os.POSIX_SPAWN_DUP2, devnull, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+            (os.POSIX_SPAWN_DUP2, child.fileno(), 3),
+        ]
+        try:
+            self.pid = os.posix_spawn(
+                sys.executable, [sys.executable, "-s", "-S", "-B", SESSION_SCRIPT], env,
+                file_actions=actions, setsid=True)
+        finally:
+            child.close()
+            os.close(out_w)
+            os.close(err_w)
+            os.close(devnull)
+        try:  # first candidate for the kernel OOM killer, before the runner
+            with open(f"/proc/{self.pid}/oom_score_adj", "w") as handle:
+                handle.write("1000")
+        except OSError:
+            pass
+        parent.settimeout(CHILD_SEND_TIMEOUT_S)
+        self.sock = parent
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
+        self.out_r = out_r
+        self.err_r = err_r
+        self.frames = protocol.FrameBuffer(CHILD_MAX_FRAME)
+        self.alive = True
+
+    def send(self, message: dict) -> None:
+        self.sock.sendall(protocol.encode(message))
+
+    def kill(self) -> None:
+        if self.alive:
+            self.alive = False
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for fd in (self.out_r, self.err_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.sock.close()
+
+
+class Capture:
+    """A capped byte buffer for one stream of one call (cap in bytes)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def take(self) -> str:
+        text = self.data.decode("utf-8", "replace")
+        if self.dropped:
+            text += f"\n...[{self.dropped} bytes dropped]"
+        self.data = bytearray()
+        self.dropped = 0
+        return text
+
+
+class Session:
+    def __init__(self, sid: str, spec: dict, workdir: str, limits: dict) -> None:
+        self.sid = sid
+        self.spec = spec  # source, class_name, init_config
+        self.workdir = workdir
+        self.child: Child | None = None
+        self.queue: collections.deque = collections.deque()
+        self.current: dict | None = None  # in-flight item
+        self.snapshot: dict = {}
+        self.broken: str | None = None
+        self.opened = False
+        self.out = Capture(limits["output_cap_bytes"])
+        self.err = Capture(limits["output_cap_bytes"])
+
+
+class Runner:
+    def __init__(self, sock: socket.socket, limits: dict) -> None:
+        self.host = sock  # blocking: read only when the selector reports it readable
+        self.limits = limits
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.host, selectors.EVENT_READ, ("host", None))
+        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", protocol.DEFAULT_MAX_FRAME)))
+        self.sessions: dict[str, Session] = {}
+        self.by_pid: dict[int, Session] = {}
+        self.spare: Child | None = None
+        self.closed: set[str] = set()
+        self.timeout_s = float(limits["call_timeout_s"])
+        self.running = True
+
+    # -- children --------------------------------------------------------------------
+    def _session_limits(self) -> dict:
+        return {
+            "session_memory_bytes": self.limits["session_memory_bytes"],
+            "observation_cap_bytes": self.limits["observation_cap_bytes"],
+            "session_nofile": self.limits.get("session_nofile", 256),
+        }
+
+    def _take_child(self) -> Child:
+        child = self.spare if self.spare is not None and self.spare.alive else Child(self._session_limits())
+        self.spare = None
+        self._ensure_spare()
+        return child
+
+    def _ensure_spare(self) -> None:
+        if self.limits.get("spare_child", True) and (self.spare is None or not self.spare.alive):
+            if len(self.sessions) < int(self.limits.get("max_sessions", 1)):
+                self.spare = Child(self._session_limits())
+
+    def _attach(self, session: Session, child: Child) -> None:
+        session.child = child
+        self.by_pid[child.pid] = session
+        self.sel.register(child.sock, selectors.EVENT_READ, ("ctrl", session))
+        self.sel.register(child.out_r, selectors.EVENT_READ, ("out", session))
+        self.sel.register(child.err_r, selectors.EVENT_READ, ("err", session))
+
+    def _detach(self, session: Session) -> None:
+        child = session.child
+        if child is None:
+            return
+        for obj in (child.sock, child.out_r, child.err_r):
+            try:
+                self.sel.unregister(obj)
+            except (KeyError, ValueError, OSError):
+                pass
+        child.kill()
+        self.by_pid.pop(child.pid, None)
+        session.child = None
+
+    # -- host side -------------------------------------------------------------------
+    def reply(self, message: dict) -> None:
+        self.host.sendall(protocol.encode(message))
+
+    def fault(self, request_id: object, message: str) -> None:
+        self.reply({"id": request_id, "status": "fault", "message": message})
+
+    def on_host_message(self, msg: dict) -> None:
+        rid = msg.get("id")
+        op = msg.get("op")
+        if op == "ping":
+            self.reply({"id": rid, "status": "ok", "sessions": len(self.sessions), "pid": os.getpid()})
+            return
+        sid = msg.get("session")
+        if not isinstance(sid, str) or not sid or len(sid) > 128:
+            self.fault(rid, "field 'session' must be a non-empty string")
+            return
+        if op == "open":
+            self.open_session(rid, sid, msg)
+            return
+        session = self.sessions.get(sid)
+        if session is None:
+            self.fault(rid, f"unknown session {sid!r}")
+            return
+        if op == "close":
+            self.close_session(session)
+            self.reply({"id": rid, "status": "ok"})
+            return
+        if op not in ("call", "state", "snapshot", "restore"):
+            self.fault(rid, f"unknown op {op!r}")
+            return
+        session.queue.append({"rid": rid, "msg": msg})
+        self.pump(session)
+
+    def open_session(self, rid: object, sid: str, msg: dict) -> None:
+        if sid in self.sessions:
+            self.fault(rid, f"session {sid!r} already exists")
+            return
+        if len(self.sessions) >= int(self.limits.get("max_sessions", 1)):
+            self.fault(rid, "sandbox is full")
+            return
+        if sid in self.closed:
+            self.fault(rid, f"session {sid!r} was closed; session ids are single-use")
+            return
+        spec = {k: msg.get(k) for k in ("source", "class_name", "init_config")}
+        if not isinstance(spec["source"], str) or not isinstance(spec["class_name"], str):
+            self.fault(rid, "fields 'source' and 'class_name' must be strings")
+            return
+        if spec["init_config"] is not None and not isinstance(spec["init_config"], dict):
+            self.fault(rid, "field 'init_config' must be an object")
+            return
+        workdir = os.path.join(WORK_ROOT, secrets.token_hex(16))
+        os.mkdir(workdir, 0o700)
+        session = Session(sid, spec, workdir, self.limits)
+        self.sessions[sid] = session
+        session.queue.append({"internal": "init", "rid": rid, "snapshot": msg.get("snapshot")})
+        self.pump(session)
+
+    def close_session(self, session: Session) -> None:
+        self._detach(session)
+        self.sessions.pop(session.sid, None)
+        self.closed.add(session.sid)
+        for item in session.queue:
+            if item.get("rid") is not None:
+                self.fault(item["rid"], "session closed")
+        session.queue.clear()
+        shutil.rmtree(session.workdir, ignore_errors=True)
+        self.sweep_strays()
+        if not self.sessions:
+            self._wipe_tmp()
+        self._ensure_spare()
+
+    @staticmethod
+    def _wipe_tmp() -> None:
+        try:
+            entries = os.listdir(TMP_ROOT)
+        except OSError:
+            return
+        for entry in entries:
+            path = os.path.join(TMP_ROOT, entry)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+    # -- dispatch to child -----------------------------------------------------------
+    def pump(self, session: Session) -> None:
+        """Send the next queued item to the session's child if it is idle; start a child
+        (init from source + restore of the last snapshot) first when it has none."""
+        while session.current is None and session.queue:
+            item = session.queue[0]
+            is_init = item.get("internal") == "init"
+            msg = item.get("msg")
+            if session.broken and not is_init:
+                session.queue.popleft()
+                self.reply({"id": item["rid"], "status": "crashed",
+                            "observation": f"Error: session cannot be restored: {session.broken}"})
+                continue
+            if msg is not None and msg["op"] == "snapshot":
+                session.queue.popleft()
+                self.reply({"id": item["rid"], "status": "ok", "snapshot": session.snapshot})
+                continue
+            if session.child is None:
+                if not is_init:
+                    session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
+                self._attach(session, self._take_child())
+                continue
+            session.queue.popleft()
+            token = secrets.token_hex(16)
+            if is_init:
+                request = {"op": "init", "id": token, "workdir": session.workdir, **session.spec,
+                           "snapshot": item.get("snapshot")}
+            else:
+                request = {"op": msg["op"], "id": token}
+                if msg["op"] == "call":
+                    request["name"] = msg.get("name")
+                    request["arguments"] = msg.get("arguments")
+                    self._drain(session, discard=True)  # output between calls belongs to nobody
+                elif msg["op"] == "restore":
+                    if not isinstance(msg.get("snapshot"), dict):
+                        self.fault(item["rid"], "field 'snapshot' must be an object")
+                        continue
+                    request["snapshot"] = msg["snapshot"]
+            item["token"] = token
+            item["deadline"] = time.monotonic() + self.timeout_s
+            item["oom_before"] = _oom_kills()
+            session.current = item
+            try:
+                session.child.send(request)
+            except (OSError, ValueError, TypeError):
+                self.child_failed(session, "crashed", note="request could not be delivered")
+
+    def _drain(self, session: Session, discard: bool = False) -> None:
+        child = session.child
+        if child is None:
+            return
+        for fd, capture in ((child.out_r, session.out), (child.err_r, session.err)):
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                if not discard:
+                    capture.add(chunk)
+        if discard:
+            session.out.take()
+            session.err.take()
+
+    def on_child_message(self, session: Session, msg: dict) -> None:
+        item = session.current
+        if item is None or msg.get("id") != item["token"]:
+            return  # unsolicited or stale frame: ignored, cannot answer anything
+        session.current = None
+        status = msg.get("status")
+        if status not in ("ok", "error", "rejected", "oom"):
+            self.child_failed(session, "crashed", item=item, note="malformed reply from session")
+            return
+        if status == "oom":
+            session.current = item
+            self.child_failed(session, "oom", item=item)
+            return
+        kind = item.get("internal") or item["msg"]["op"]
+        rid = item.get("rid")
+        if kind == "init":
+            if status != "ok":
+                if item.get("rid") is None:  # a respawn failed: the session is unusable
+                    session.broken = str(msg.get("observation"))[:2000]
+                    self._detach(session)
+                else:
+                    self.reply({"id": rid, "status": status, "observation": msg.get("observation"),
+                                "traceback": msg.get("traceback")})
+                    self.close_session(session)
+                    return
+            else:
+                delta = msg.get("delta") or {}
+                session.snapshot = dict(delta.get("set") or {})
+                session.opened = True
+                if rid is not None:
+                    self.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
+        elif kind == "call":
+            self._drain(session)
+            delta = msg.get("delta") or {"set": {}, "del": []}
+            if status in ("ok", "error"):
+                for key, value in (delta.get("set") or {}).items():
+                    session.snapshot[key] = value
+                for key in delta.get("del") or []:
+                    session.snapshot.pop(key, None)
+            out = {
+                "id": rid, "status": status, "observation": msg.get("observation"),
+                "duration_ms": msg.get("duration_ms"), "stdout": session.out.take(),
+                "stderr": session.err.take(), "delta": delta,
+            }
+            for extra in ("traceback", "observation_truncated"):
+                if msg.get(extra):
+                    out[extra] = msg[extra]
+            self.reply(out)
+            self.sweep_strays(session)
+        elif kind == "state":
+            self.reply({"id": rid, "status": "ok", "state": msg.get("state")})
+        elif kind == "restore":
+            delta = msg.get("delta") or {}
+            session.snapshot = dict(delta.get("set") or {})
+            self.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
+        self.pump(session)
+
+    def child_failed(self, session: Session, status: str, item: dict | None = None, note: str = "") -> None:
+        """The child timed out, ran out of memory or died: kill it, answer the in-flight
+        request with ``status``, and schedule re-creation from the last good snapshot."""
+        item = item or session.current
+        session.current = None
+        if status == "crashed" and item is not None and _oom_kills() > item.get("oom_before", 0):
+            status = "oom"
+        if session.child is not None:
+            self._drain(session)
+        self._detach(session)
+        self.sweep_strays()
+        messages = {
+            "timeout": f"Error: tool call exceeded the {self.timeout_s:g} s time limit",
+            "oom": "Error: session ran out of memory",
+            "crashed": "Error: session process died" + (f" ({note})" if note else ""),
+        }
+        if item is not None:
+            kind = item.get("internal") or item["msg"]["op"]
+            rid = item.get("rid")
+            if kind == "init" and rid is not None and not session.opened:
+                self.reply({"id": rid, "status": status, "observation": messages[status]})
+                self.close_session(session)
+                return
+            if kind == "init" and rid is None:
+                session.broken = messages[status]
+            elif rid is not None:
+                self.reply({"id": rid, "status": status, "observation": messages[status],
+                            "stdout": session.out.take(), "stderr": session.err.take(),
+                            "delta": {"set": {}, "del": []}})
+        if session.sid in self.sessions and not session.broken:
+            session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
+            self.pump(session)
+
+    def sweep_strays(self, session: Session | None = None) -> None:
+        """Kill processes a call left behind: members of ``session``'s process group other
+        than the child itself, and any process outside every known session.
+
+        Only when the runner is PID 1 of its own pid namespace (always, in a sandbox):
+        elsewhere /proc would show processes that are not ours."""
+        if os.getpid() != 1:
+            return
+        known = {s.child.pid for s in self.sessions.values() if s.child is not None}
+        if self.spare is not None:
+            known.add(self.spare.pid)
+        me = os.getpid()
+        for pid, sid in _process_sessions().items():
+            if pid == me or pid in known:
+                continue
+            if sid in known and (session is None or session.child is None or sid != session.child.pid):
+                continue  # belongs to another, still running session
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    # -- loop ------------------------------------------------------------------------
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            session = self.by_pid.get(pid)
+            if session is not None and session.child is not None and session.child.pid == pid:
+                session.child.alive = False
+                if session.current is not None:
+                    self.child_failed(session, "crashed")
+                else:
+                    self._detach(session)
+            if self.spare is not None and self.spare.pid == pid:
+                self.spare.alive = False
+                self.spare.kill()
+                self.spare = None
+
+    def check_deadlines(self) -> float:
+        now = time.monotonic()
+        wait = 1.0
+        for session in list(self.sessions.values()):
+            item = session.current
+            if item is None:
+                continue
+            remaining = item["deadline"] - now
+            if remaining <= 0:
+                self.child_failed(session, "timeout")
+            else:
+                wait = min(wait, remaining)
+        return wait
+
+    def on_readable(self, kind: str, session: Session | None, obj) -> None:
+        if kind == "host":
+            try:
+                data = self.host.recv(1 << 20)
+            except BlockingIOError:
+                return
+            if not data:
+                self.running = False
+                return
+            for msg in self.host_frames.feed(data):
+                try:
+                    self.on_host_message(msg)
+                except Exception as exc:  # noqa: BLE001 - a bad request must not kill the runner
+                    sys.stderr.write(f"sandpit-runner: request failed: {exc!r}\n")
+                    self.fault(msg.get("id"), f"runner error: {type(exc).__name__}: {exc}")
+            return
+        assert session is not None
+        child = session.child
+        if child is None:
+            return
+        if kind == "ctrl":
+            try:
+                data = child.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                if session.current is not None:
+                    self.child_failed(session, "crashed", note="closed its control channel")
+                else:
+                    self._detach(session)
+                return
+            try:
+                messages = child.frames.feed(data)
+            except protocol.ProtocolViolation as exc:
+                self.child_failed(session, "crashed", note=str(exc)[:200])
+                return
+            for msg in messages:
+                if session.child is not child:
+                    break
+                self.on_child_message(session, msg)
+            return
+        fd = child.out_r if kind == "out" else child.err_r
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            return
+        (session.out if kind == "out" else session.err).add(chunk)
+
+    def run(self) -> None:
+        self._ensure_spare()
+        while self.running:
+            timeout = self.check_deadlines()
+            for key, _ in self.sel.select(timeout):
+                kind, session = key.data
+                try:
+                    self.on_readable(kind, session, key.fileobj)
+                except protocol.ProtocolViolation as exc:
+                    sys.stderr.write(f"sandpit-runner: host protocol violation: {exc}\n")
+                    self.running = False
+                    break
+            self.reap()
+
+
+def connect(path: str, deadline_s: float) -> socket.socket:
+    end = time.monotonic() + deadline_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if time.monotonic() > end or exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+                raise
+            time.sleep(0.01)
+
+
+def main() -> None:
+    token = os.environ.pop("SANDPIT_TOKEN", "")
+    limits = json.loads(os.environ.pop("SANDPIT_LIMITS", "{}"))
+    limits.setdefault("call_timeout_s", 10.0)
+    limits.setdefault("session_memory_bytes", 256 * 1024 * 1024)
+    limits.setdefault("output_cap_bytes", 64 * 1024)
+    limits.setdefault("observation_cap_bytes", 1024 * 1024)
+    try:  # non-dumpable: sessions (same uid) cannot read our memory, environ or fds
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except Exception:
+        pass
+    os.umask(0o077)
+    sock = connect(SOCKET_PATH, 30.0)
+    sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
+    Runner(sock, limits).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+"""Session child: the one process in a sandbox that executes untrusted environment code.
+
+Stdlib only; runs inside the sandbox container as a child of the runner (``runner.py``),
+one process per session. It is started before any untrusted code exists ("spare"), then
+receives an ``init`` request carrying the environment source. From then on it serves one
+request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON frames, see
+``protocol.py``). fd 0 is /dev/null and fds 1/2 are pipes the runner reads and caps, so
+nothing the environment prints can reach the protocol channel.
+
+Semantics follow EnvScaler:
+- instance creation: ``cls(init_config)`` when ``__init__`` takes a positional parameter,
+  otherwise ``cls()`` followed by ``setattr(instance, key, value)`` for every config key;
+- tool call: ``getattr(instance, name)(**arguments)``; observation ``str(result)``; an
+  exception becomes the observation ``"Error: <Type>: <message>"`` plus a bounded
+  traceback and the episode goes on;
+- state: the instance's public attributes (``vars(instance)`` minus names starting ``_``).
+
+State encoding (one entry per public attribute), used for deltas, snapshots and restore:
+``["j", value]`` JSON-native value (exact types: dict with str keys, list, str, int,
+float (finite), bool, None); ``["p", base64]`` pickle (opaque, only ever decoded inside a
+sandbox); ``["u", repr]`` neither (cannot be restored; the attribute keeps whatever
+``init`` produced).
+
+What this process reports is trusted only as far as its own session: the runner matches
+replies by a random per-request id and kills the process on any protocol violation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import resource
+import sys
+import time
+import traceback
+import types
+
+CTRL_FD = 3
+MODULE_NAME = "sandpit_env"
+JSON_SCALARS = (str, int, float, bool, type(None))
+TRACEBACK_LIMIT_BYTES = 4096
+UNSERIALIZABLE_REPR_BYTES = 1024
+VIEW_MAX_DEPTH = 12
+VIEW_MAX_ITEMS = 10000
+
+HEADER_SIZE = 4
+
+
+def _json_native(value: object) -> bool:
+    """True when ``value`` round-trips through JSON with exact types (iterative walk)."""
+    stack = [value]
+    seen = 0
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        seen += 1
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is float:
+            if item != item or item in (float("inf"), float("-inf")):
+                return False
+            continue
+        if kind is dict:
+            for key, sub in item.items():
+                if type(key) is not str:
+                    return False
+                stack.append(sub)
+            continue
+        if kind is list:
+            stack.extend(item)
+            continue
+        return False
+    return True
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encode_value(value: object, cached: tuple[str, str] | None) -> tuple[str, str]:
+    """Encode one attribute. Returns ``(kind, text)``; for ``"j"`` the text is JSON."""
+    try:
+        text = _dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = None
+    if text is not None:
+        if cached is not None and cached[0] == "j" and cached[1] == text:
+            return cached
+        if _json_native(value):
+            return ("j", text)
+    try:
+        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except MemoryError:
+        raise
+    except Exception:  # unpicklable: locks, generators, modules, lambdas...
+        return ("u", _bounded_repr(value))
+    encoded = base64.b64encode(blob).decode("ascii")
+    if cached is not None and cached[0] == "p" and cached[1] == encoded:
+        return cached
+    return ("p", encoded)
+
+
+def _bounded_repr(value: object) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a hostile __repr__
+        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    return text[:UNSERIALIZABLE_REPR_BYTES]
+
+
+def view(value: object, depth: int = 0) -> object:
+    """Best-effort JSON rendering of any value, for showing opaque state to clients.
+
+    Objects with ``__dict__`` become ``{"__class__": name, <public attrs>...}``; sets and
+    tuples become lists; dict keys become strings; anything else becomes its repr.
+    Bounded by depth and item count so a cyclic or huge structure still renders.
+    """
+    if value is None or type(value) in (str, int, bool):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if depth >= VIEW_MAX_DEPTH:
+        return _bounded_repr(value)
+    if isinstance(value, dict):
+        return {str(k): view(v, depth + 1) for k, v in list(value.items())[:VIEW_MAX_ITEMS]}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)[:VIEW_MAX_ITEMS]
+        if isinstance(value, (set, frozenset)):
+            try:
+                items = sorted(items)
+            except TypeError:
+                pass
+        return [view(v, depth + 1) for v in items]
+    if isinstance(value, (str, int)):  # subclasses such as enums
+        return value if not hasattr(value, "name") else str(value)
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        out: dict[str, object] = {"__class__": type(value).__name__}
+        for key, sub in list(attrs.items())[:VIEW_MAX_ITEMS]:
+            if not str(key).startswith("_"):
+                out[str(key)] = view(sub, depth + 1)
+        return out
+    return _bounded_repr(value)
+
+
+class Session:
+    """One environment instance and its encoded-state cache."""
+
+    def __init__(self, ctrl_fd: int, limits: dict) -> None:
+        self.fd = ctrl_fd
+        self.limits = limits
+        self.instance: object | None = None
+        self.cache: dict[str, tuple[str, str]] = {}
+
+    # -- framing ---------------------------------------------------------------------
+    def _read_exact(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = os.read(self.fd, min(n, 1 << 20))
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def recv(self) -> dict:
+        length = int.from_bytes(self._read_exact(HEADER_SIZE), "big")
+        return json.loads(self._read_exact(length).decode("utf-8"))
+
+    def send_text(self, body: str) -> None:
+        data = body.encode("utf-8", "surrogatepass")
+        payload = len(data).to_bytes(HEADER_SIZE, "big") + data
+        view_ = memoryview(payload)
+        while view_:
+            written = os.write(self.fd, view_)
+            view_ = view_[written:]
+
+    def reply(self, request_id: str, fields: dict, raw: dict[str, str] | None = None) -> None:
+        """Send ``fields`` plus pre-serialized JSON members ``raw`` (name -> JSON text)."""
+        body = _dumps({"id": request_id, **fields})
+        if raw:
+            extra = ",".join(f"{_dumps(k)}:{v}" for k, v in raw.items())
+            body = body[:-1] + "," + extra + "}"
+        self.send_text(body)
+
+    # -- state -----------------------------------------------------------------------
+    def public_attrs(self) -> dict[str, object]:
+        attrs = getattr(self.instance, "__dict__", None)
+        if not isinstance(attrs, dict):
+            return {}
+        return {k: v for k, v in list(attrs.items()) if isinstance(k, str) and not k.startswith("_")}
+
+    def delta_json(self, full: bool = False) -> str:
+        """Re-encode the state; return a JSON object ``{"set": {...}, "del": [...]}``
+        holding only what changed since the last call (everything when ``full``)."""
+        current = self.public_attrs()
+        changed: list[str] = []
+        new_cache: dict[str, tuple[str, str]] = {}
+        for name, value in current.items():
+            old = self.cache.get(name)
+            enc = encode_value(value, old)
+            new_cache[name] = enc
+            if full or enc is not old:
+                if enc[0] == "j":
+                    changed.append(f'{_dumps(name)}:["j",{enc[1]}]')
+                else:
+                    changed.append(f"{_dumps(name)}:{_dumps([enc[0], enc[1]])}")
+        removed = [] if full else [k for k in self.cache if k not in new_cache]
+        self.cache = new_cache
+        return '{"set":{' + ",".join(changed) + '},"del":' + _dumps(removed) + "}"
+
+    def state_json(self) -> str:
+        parts = []
+        for name, value in self.public_attrs().items():
+            enc = self.cache.get(name)
+            if enc is not None and enc[0] == "j":
+                parts.append(f"{_dumps(name)}:{enc[1]}")
+            else:
+                parts.append(f"{_dumps(name)}:{_dumps(view(value))}")
+        return "{" + ",".join(parts) + "}"
+
+    def apply_snapshot(self, snapshot: dict) -> None:
+        """Set every restorable attribute from ``snapshot`` and drop public attributes it
+        does not name (``"u"`` entries keep the value ``init`` produced)."""
+        attrs = self.public_attrs()
+        for name in attrs:
+            if name not in snapshot:
+                delattr(self.instance, name)
+        for name, entry in snapshot.items():
+            kind, data = entry[0], entry[1]
+            if kind == "j":
+                setattr(self.instance, name, data)
+            elif kind == "p":
+                setattr(self.instance, name, pickle.loads(base64.b64decode(data)))
+
+    # -- operations ------------------------------------------------------------------
+    def op_init(self, msg: dict) -> None:
+        workdir = msg["workdir"]
+        os.chdir(workdir)
+        os.environ["HOME"] = workdir
+        os.environ["TMPDIR"] = workdir
+        module = types.ModuleType(MODULE_NAME)
+        module.__file__ = "<environment>"
+        sys.modules[MODULE_NAME] = module
+        code = compile(msg["source"], "<environment>", "exec")
+        exec(code, module.__dict__)  # noqa: S102 - this is the sandbox
+        cls = module.__dict__.get(msg["class_name"])
+        if not isinstance(cls, type):
+            raise LookupError(f"class {msg['class_name']!r} is not defined by the environment code")
+        config = msg.get("init_config") or {}
+        if _takes_positional(cls):
+            self.instance = cls(config)
+        else:
+            self.instance = cls()
+            for key, value in config.items():
+                setattr(self.instance, key, value)
+        if msg.get("snapshot"):
+            self.apply_snapshot(msg["snapshot"])
+
+    def op_call(self, msg: dict) -> tuple[str, str, str | None]:
+        name = msg["name"]
+        arguments = msg["arguments"]
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            return "rejected", f"Error: {name!r} is not a public tool name", None
+        if not isinstance(arguments, dict):
+            return "rejected", "Error: arguments must be a JSON object", None
+        tool = getattr(type(self.instance), name, None)
+        bound = getattr(self.instance, name, None) if tool is not None else None
+        if bound is None or not callable(bound) or isinstance(tool, (property, type)):
+            return "rejected", f"Error: {name!r} is not a tool of this environment", None
+        result = bound(**arguments)
+        return "ok", str(result), None
+
+
+def _takes_positional(cls: type) -> bool:
+    init = cls.__dict__.get("__init__")
+    for klass in cls.__mro__:
+        if "__init__" in klass.__dict__:
+            init = klass.__dict__["__init__"]
+            break
+    code = getattr(init, "__code__", None)
+    if code is None:
+        return False
+    return code.co_argcount >= 2 or bool(code.co_flags & 0x04)  # CO_VARARGS
+
+
+def _bounded_traceback(exc: BaseException) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
+    text = "".join(line for line in lines if "sandbox_images/runner" not in line and "/opt/sandpit/" not in line)
+    if len(text) > TRACEBACK_LIMIT_BYTES:
+        text = "...\n" + text[-TRACEBACK_LIMIT_BYTES:]
+    return text
+
+
+def _error_observation(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable exception>"
+    return f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
+
+
+def _cap(text: str, limit: int) -> tuple[str, bool]:
+    if len(text) <= limit:
+        return text, False
+    return text[:limit] + f"\n...[truncated {len(text) - limit} characters]", True
+
+
+def harden(limits: dict) -> None:
+    """Per-session limits, set before any untrusted code exists. Hard limits equal soft
+    ones so the environment cannot raise them again."""
+    memory = int(limits.get("session_memory_bytes", 0))
+    if memory > 0:
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    nofile = int(limits.get("session_nofile", 256))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    try:  # non-dumpable: other sessions (same uid) cannot ptrace us or read /proc/<pid>/*
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = 1, SIGKILL: die with the runner
+    except Exception:  # pragma: no cover - ctypes missing: limits still hold
+        pass
+
+
+def serve(session: Session) -> None:
+    max_obs = int(session.limits.get("observation_cap_bytes", 1 << 20))
+    while True:
+        try:
+            msg = session.recv()
+        except (EOFError, OSError):
+            return
+        request_id = msg.get("id", "")
+        op = msg.get("op")
+        try:
+            if op == "init":
+                try:
+                    session.op_init(msg)
+                except MemoryError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - reported, not fatal
+                    session.reply(request_id, {
+                        "status": "error", "observation": _error_observation(exc),
+                        "traceback": _bounded_traceback(exc)})
+                    return
+                session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
+            elif op == "call":
+                started = time.perf_counter()
+                traceback_text = None
+                try:
+                    status, observation, traceback_text = session.op_call(msg)
+                except MemoryError:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - EnvScaler: errors are observations
+                    status, observation = "error", _error_observation(exc)
+                    traceback_text = _bounded_traceback(exc)
+                duration_ms = (time.perf_counter() - started) * 1000.0
+                observation, truncated = _cap(observation, max_obs)
+                _flush_std()
+                fields = {"status": status, "observation": observation, "duration_ms": duration_ms}
+                if truncated:
+                    fields["observation_truncated"] = True
+                if traceback_text:
+                    fields["traceback"] = traceback_text
+                session.reply(request_id, fields, {"delta": session.delta_json()})
+            elif op == "state":
+                session.reply(request_id, {"status": "ok"}, {"state": session.state_json()})
+            elif op == "restore":
+                session.apply_snapshot(msg["snapshot"])
+                session.cache = {}
+                session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
+            else:
+                session.reply(request_id, {"status": "rejected", "observation": f"unknown op {op!r}"})
+        except MemoryError:
+            _flush_std()
+            try:
+                session.reply(request_id, {"status": "oom", "observation": "Error: MemoryError: session memory limit reached"})
+            finally:
+                os._exit(0)
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def main() -> None:
+    limits = json.loads(os.environ.pop("SANDPIT_SESSION_LIMITS", "{}"))
+    harden(limits)
+    sys.argv = ["environment"]
+    serve(Session(CTRL_FD, limits))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
