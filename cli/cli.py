@@ -54,18 +54,19 @@ def image_tag() -> None:
 
 
 @app.command("sandboxes")
-def sandboxes(reap: bool = typer.Option(False, help="Force-remove every listed container.")) -> None:
-    """List every container labeled sandpit=1 (optionally remove them all)."""
+def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owning process is gone."),
+              all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones.")) -> None:
+    """List every container labeled sandpit=1 (optionally reap leftovers)."""
     try:
         client = engine.make_client(get_settings())
         found = engine.list_sandboxes(client)
-        table = Table("container", "sandbox", "tenant", "status")
+        table = Table("container", "sandbox", "tenant", "owner", "status")
         for c in found:
             table.add_row(c.short_id, c.labels.get(engine.LABEL_SANDBOX, ""),
-                          c.labels.get(engine.LABEL_TENANT, ""), c.status)
+                          c.labels.get(engine.LABEL_TENANT, ""), c.labels.get(engine.LABEL_OWNER, ""), c.status)
         Console().print(table)
         if reap:
-            typer.echo(f"removed {engine.reap(client)} container(s)")
+            typer.echo(f"removed {engine.reap(client, everything=all_)} container(s)")
     except ExecutorError as exc:
         _fail(exc)
 

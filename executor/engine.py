@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ LABEL = "sandpit"
 LABEL_TENANT = "sandpit.tenant"
 LABEL_SANDBOX = "sandpit.sandbox"
 LABEL_POOL = "sandpit.pool"
+LABEL_OWNER = "sandpit.owner"
 SOCKET_MOUNT = "/run/sandpit"
 RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/runner.py"]
 
@@ -88,7 +91,8 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "user": f"{uid}:{settings.sandbox_gid}",
         "environment": {"SANDPIT_TOKEN": token, "SANDPIT_LIMITS": limits_json,
                         "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock"},
-        "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id},
+        "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id,
+                   LABEL_OWNER: owner_id()},
         "network_mode": "none",
         "read_only": True,
         "tmpfs": {"/tmp": f"{tmpfs_opts},mode=1777", "/work": f"{tmpfs_opts},mode=1733"},
@@ -128,11 +132,41 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
         client.api.remove_container(container_id, force=True, v=True)
 
 
-def reap(client: docker.DockerClient, *, exclude_pool: str | None = None) -> int:
-    """Remove every sandbox container except those of pool ``exclude_pool``; returns how many."""
+def _start_time(pid: int) -> str | None:
+    try:
+        raw = open(f"/proc/{pid}/stat", "rb").read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2:].split()[19].decode()
+
+
+def owner_id(pid: int | None = None) -> str:
+    """``<hostname>:<pid>:<process start time>`` of the process owning new sandboxes."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+
+
+def owner_alive(owner: str) -> bool:
+    """False when ``owner`` is empty or names a process on this host that no longer
+    exists (pid gone or reused: start time differs). Other hosts' sandboxes count as alive."""
+    if not owner:
+        return False  # no owner label: not made by a live Sandpit process
+    host, _, rest = owner.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return host != socket.gethostname()
+    return _start_time(int(pid_text)) == started
+
+
+def reap(client: docker.DockerClient, *, exclude_pool: str | None = None, everything: bool = False) -> int:
+    """Remove leftover sandboxes: those whose owning process (label ``sandpit.owner``) is
+    dead, or every sandbox when ``everything``; never those of ``exclude_pool``. Several
+    Sandpit processes can share one engine without reaping each other. Returns the count."""
     removed = 0
     for container in list_sandboxes(client):
         if exclude_pool and container.labels.get(LABEL_POOL) == exclude_pool:
+            continue
+        if not everything and owner_alive(container.labels.get(LABEL_OWNER, "")):
             continue
         remove_container(client, container.id)
         removed += 1
