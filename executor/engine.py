@@ -33,6 +33,7 @@ LABEL_SANDBOX = "sandpit.sandbox"
 LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
 SOCKET_MOUNT = "/run/sandpit"
+CPU_PERIOD_US = 10_000
 RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/runner.py"]
 
 
@@ -100,7 +101,10 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "security_opt": ["no-new-privileges:true"],
         "mem_limit": memory,
         "memswap_limit": memory,
-        "nano_cpus": int(profile.cpus * 1e9),
+        # 10 ms CFS period instead of the default 100 ms: same CPU share, but a sandbox
+        # that hits its quota stalls for at most ~(1 - cpus) * 10 ms, not up to 50 ms.
+        "cpu_period": CPU_PERIOD_US,
+        "cpu_quota": max(1000, int(profile.cpus * CPU_PERIOD_US)),
         "pids_limit": profile.pids,
         "ulimits": [
             Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),

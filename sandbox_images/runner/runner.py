@@ -205,6 +205,7 @@ class Runner:
         self.by_pid: dict[int, Session] = {}
         self.spare: Child | None = None
         self.closed: set[str] = set()
+        self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
 
@@ -375,7 +376,6 @@ class Runner:
                     request["snapshot"] = msg["snapshot"]
             item["token"] = token
             item["deadline"] = time.monotonic() + self.timeout_s
-            item["oom_before"] = _oom_kills()
             session.current = item
             try:
                 session.child.send(request)
@@ -464,8 +464,10 @@ class Runner:
         request with ``status``, and schedule re-creation from the last good snapshot."""
         item = item or session.current
         session.current = None
-        if status == "crashed" and item is not None and _oom_kills() > item.get("oom_before", 0):
+        oom_now = _oom_kills()
+        if status == "crashed" and oom_now > self.oom_seen:
             status = "oom"
+        self.oom_seen = oom_now
         if session.child is not None:
             self._drain(session)
         self._detach(session)
@@ -504,6 +506,12 @@ class Runner:
         if self.spare is not None:
             known.add(self.spare.pid)
         me = os.getpid()
+        try:
+            pids = {int(e) for e in os.listdir("/proc") if e.isdigit()}
+        except OSError:
+            return
+        if pids <= known | {me}:
+            return  # nothing but the runner, its sessions and the spare
         for pid, sid in _process_sessions().items():
             if pid == me or pid in known:
                 continue
