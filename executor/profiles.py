@@ -51,8 +51,9 @@ class ResourceProfile(BaseModel):
         """Container memory limit in bytes for a sandbox holding up to that many sessions."""
         return (self.memory_mib + 32 * max(1, sessions_per_sandbox)) * MiB
 
-    def runner_limits(self, sessions_per_sandbox: int, spare_child: bool) -> dict:
-        """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``)."""
+    def runner_limits(self, sessions_per_sandbox: int, spare_child: bool, poll_interval_s: float = 1.0) -> dict:
+        """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``);
+        ``poll_interval_s`` bounds how long its event loop sleeps without an event."""
         return {
             "call_timeout_s": self.call_timeout_s,
             "session_memory_bytes": self.memory_mib * MiB,
@@ -61,6 +62,7 @@ class ResourceProfile(BaseModel):
             "session_nofile": self.nofile,
             "max_sessions": sessions_per_sandbox,
             "spare_child": spare_child,
+            "poll_interval_s": poll_interval_s,
         }
 
 

@@ -84,7 +84,8 @@ class Sandbox:
                 os.chmod(sock_path, 0o666)
             listener.listen(1)
             token = secrets.token_urlsafe(32)
-            limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child)
+            poll = settings.runsc_poll_interval_s if settings.runtime == "runsc" else 1.0
+            limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child, poll)
             spec = engine.container_spec(
                 settings=settings, profile=profile, image=image, tenant=tenant, sandbox_id=sandbox_id,
                 pool_id=pool_id, uid=uid, socket_dir=str(socket_dir), token=token,

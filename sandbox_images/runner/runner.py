@@ -545,7 +545,7 @@ class Runner:
 
     def check_deadlines(self) -> float:
         now = time.monotonic()
-        wait = 1.0
+        wait = float(self.limits.get("poll_interval_s", 1.0))
         for session in list(self.sessions.values()):
             item = session.current
             if item is None:
