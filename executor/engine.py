@@ -138,7 +138,8 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
 
 def _start_time(pid: int) -> str | None:
     try:
-        raw = open(f"/proc/{pid}/stat", "rb").read()
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
     except OSError:
         return None
     return raw[raw.rfind(b")") + 2:].split()[19].decode()
