@@ -57,6 +57,8 @@ WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
 TMP_ROOT = "/tmp"
 CHILD_MAX_FRAME = 64 * 1024 * 1024
 CHILD_SEND_TIMEOUT_S = 5.0
+SPAWN_RETRY_S = 2.0
+SWEEP_MAX_PASSES = 1000
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -119,6 +121,11 @@ class Child:
             self.pid = os.posix_spawn(
                 sys.executable, [sys.executable, "-s", "-S", "-B", SESSION_SCRIPT], env,
                 file_actions=actions, setsid=True)
+        except BaseException:  # e.g. EAGAIN at the pids limit: keep no fds of a failed spawn
+            parent.close()
+            os.close(out_r)
+            os.close(err_r)
+            raise
         finally:
             child.close()
             os.close(out_w)
@@ -218,7 +225,7 @@ class Runner:
         }
 
     def _take_child(self) -> Child:
-        child = self.spare if self.spare is not None and self.spare.alive else Child(self._session_limits())
+        child = self.spare if self.spare is not None and self.spare.alive else self._spawn()
         self.spare = None
         self._ensure_spare()
         return child
@@ -226,7 +233,36 @@ class Runner:
     def _ensure_spare(self) -> None:
         if self.limits.get("spare_child", True) and (self.spare is None or not self.spare.alive):
             if len(self.sessions) < int(self.limits.get("max_sessions", 1)):
-                self.spare = Child(self._session_limits())
+                try:
+                    self.spare = Child(self._session_limits())
+                except OSError:  # pids limit reached: the spare is only an optimisation
+                    self.spare = None
+
+    def _spawn(self) -> Child:
+        """A new session process. At the pids limit (processes just killed, e.g. a fork
+        bomb's, are not reaped yet) collect exited strays and retry for up to SPAWN_RETRY_S."""
+        deadline = time.monotonic() + SPAWN_RETRY_S
+        while True:
+            try:
+                return Child(self._session_limits())
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise
+                self._reap_untracked()
+                time.sleep(0.005)
+
+    def _reap_untracked(self) -> None:
+        """Reap exited children that are neither a session's process nor the spare (those
+        are left to :meth:`reap`, which acts on their death)."""
+        tracked = set(self.by_pid)
+        if self.spare is not None:
+            tracked.add(self.spare.pid)
+        for pid in _process_sessions():
+            if pid != os.getpid() and pid not in tracked:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
 
     def _attach(self, session: Session, child: Child) -> None:
         session.child = child
@@ -512,15 +548,22 @@ class Runner:
             return
         if pids <= known | {me}:
             return  # nothing but the runner, its sessions and the spare
-        for pid, sid in _process_sessions().items():
-            if pid == me or pid in known:
-                continue
-            if sid in known and (session is None or session.child is None or sid != session.child.pid):
-                continue  # belongs to another, still running session
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        signalled: set[int] = set()
+        for _ in range(SWEEP_MAX_PASSES):  # until a pass finds no new pid: strays that fork
+            fresh = False  # between our /proc scan and the kill survive a single pass
+            for pid, sid in _process_sessions().items():
+                if pid == me or pid in known or pid in signalled:
+                    continue
+                if sid in known and (session is None or session.child is None or sid != session.child.pid):
+                    continue  # belongs to another, still running session
+                signalled.add(pid)
+                fresh = True
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if not fresh:
+                return
 
     # -- loop ------------------------------------------------------------------------
     def reap(self) -> None:
@@ -658,6 +701,9 @@ def main() -> None:
     except Exception:
         pass
     os.umask(0o077)
+    # PID 1 of the sandbox: with no handler, signals from sessions (same uid) are ignored by
+    # the kernel; Python's default SIGINT handler would let a session stop the runner.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     sock = connect(SOCKET_PATH, 30.0)
     sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
     Runner(sock, limits).run()
