@@ -132,7 +132,8 @@ def list_sandboxes(client: docker.DockerClient, **labels: str) -> list[Any]:
 
 def remove_container(client: docker.DockerClient, container_id: str) -> None:
     """Force-remove a container (and its anonymous volumes); missing is not an error."""
-    with contextlib.suppress(docker.errors.NotFound), map_docker_errors(f"removing {container_id[:12]}"):
+    # suppress innermost: map_docker_errors would turn NotFound into DockerUnavailable
+    with map_docker_errors(f"removing {container_id[:12]}"), contextlib.suppress(docker.errors.NotFound):
         client.api.remove_container(container_id, force=True, v=True)
 
 

@@ -267,8 +267,10 @@ class Session:
         if not isinstance(arguments, dict):
             return "rejected", "Error: arguments must be a JSON object", None
         tool = getattr(type(self.instance), name, None)
-        bound = getattr(self.instance, name, None) if tool is not None else None
-        if bound is None or not callable(bound) or isinstance(tool, (property, type)):
+        if tool is None or isinstance(tool, (property, type)):  # before getattr: never run a getter
+            return "rejected", f"Error: {name!r} is not a tool of this environment", None
+        bound = getattr(self.instance, name, None)
+        if bound is None or not callable(bound):
             return "rejected", f"Error: {name!r} is not a tool of this environment", None
         result = bound(**arguments)
         return "ok", str(result), None
