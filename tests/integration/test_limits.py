@@ -1,0 +1,247 @@
+"""Resource limits and container hardening, observed from inside a real sandbox.
+
+Every test runs code as a tool of the probe environment (see ``conftest.PROBE_SOURCE``),
+i.e. exactly where an environment's own code runs. The fast profile gives 2 s per call,
+128 MiB per session, 8 MiB tmpfs and an 8 KiB output cap.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sandpit.executor.profiles import MiB
+
+pytestmark = pytest.mark.docker
+
+
+def test_infinite_loop_times_out_and_its_mutation_is_discarded(open_env, probe, fast_profile) -> None:
+    session = open_env(init_config={"counter": 5})
+    assert session.call("bump", {"by": 2}).observation == "7"
+    before = session.state()
+    snapshot = session.snapshot()
+
+    started = time.monotonic()
+    result = probe.run(session, "self.counter = 999\nself.log.append('mutated')\nwhile True:\n    pass\n")
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout", result
+    assert elapsed <= fast_profile.call_timeout_s + 1.0, elapsed
+    assert elapsed >= fast_profile.call_timeout_s * 0.9
+    assert result.observation == "Error: tool call exceeded the 2 s time limit"
+    assert result.delta.set == {}
+
+    assert session.snapshot() == snapshot
+    after = session.call("bump", {"by": 1})
+    assert after.status == "ok" and after.observation == "8", after
+    assert not after.recovered  # recreated inside the same sandbox, not a new one
+    assert session.state() == {**before, "counter": 8, "log": [2, 1]}
+
+
+def test_sleeping_call_times_out_too(open_env, probe, fast_profile) -> None:
+    session = open_env()
+    started = time.monotonic()
+    assert probe.run(session, "import time\ntime.sleep(60)\n").status == "timeout"
+    assert time.monotonic() - started <= fast_profile.call_timeout_s + 1.0
+    assert session.call("bump", {}).observation == "1"
+
+
+@pytest.mark.parametrize("bomb", [
+    "x = bytearray(1 << 30)\n",
+    "chunks = []\nwhile True:\n    chunks.append(bytearray(10 * 1024 * 1024))\n",
+    "chunks = []\nwhile True:\n    chunks.append(b'x' * (10 * 1024 * 1024))\n",
+], ids=["1GiB", "10MB-bytearrays", "10MB-bytes"])
+def test_memory_bomb_reports_oom_and_the_session_recovers(open_env, probe, bomb) -> None:
+    session = open_env()
+    session.call("bump", {"by": 3})
+    sandbox_id = session._sandbox.id
+    result = probe.run(session, "self.counter = -1\n" + bomb)
+    assert result.status == "oom", result
+    assert result.observation.startswith("Error: "), result.observation
+    after = session.call("bump", {"by": 1})
+    assert (after.status, after.observation) == ("ok", "4")
+    assert session._sandbox.id == sandbox_id  # only the session process died, not the sandbox
+    # and it can use memory again
+    assert probe.ok(session, "result = len(bytearray(50 * 1024 * 1024))") == str(50 * MiB)
+
+
+def test_shared_memory_bomb_hits_the_container_limit_not_the_runner(open_env, probe) -> None:
+    """MAP_SHARED memory is not counted by RLIMIT_DATA: the container's memory cgroup
+    stops it; the kernel must pick the session process, never the runner."""
+    session = open_env()
+    session.call("bump", {"by": 3})
+    sandbox_id = session._sandbox.id
+    result = probe.run(session, (
+        "import mmap\n"
+        "m = mmap.mmap(-1, 1 << 30)\n"
+        "for offset in range(0, 1 << 30, 4096):\n"
+        "    m[offset] = 1\n"))
+    assert result.status in ("oom", "crashed"), result
+    after = session.call("bump", {"by": 1})
+    assert (after.status, after.observation) == ("ok", "4")
+    assert session._sandbox.id == sandbox_id and not after.recovered
+
+
+def _pids_current_path(container_id: str) -> Path | None:
+    for candidate in (f"/sys/fs/cgroup/pids/docker/{container_id}/pids.current",
+                      f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/pids.current",
+                      f"/sys/fs/cgroup/docker/{container_id}/pids.current"):
+        if Path(candidate).exists():
+            return Path(candidate)
+    return None
+
+
+FORK_BOMB = """
+def processes():
+    return sum(1 for entry in os.listdir('/proc') if entry.isdigit())
+
+self.counter = -1
+peak = 0
+while True:
+    try:
+        os.fork()  # parent and child both go on forking
+    except OSError:
+        count = processes()
+        if count > peak:
+            peak = count
+            try:
+                with open('peak-%d' % os.getpid(), 'w') as handle:
+                    handle.write(str(peak))
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.slow
+def test_fork_bomb_is_contained_and_the_sandbox_keeps_serving(open_env, probe, fast_profile) -> None:
+    session = open_env()
+    session.call("bump", {"by": 3})
+    sandbox = session._sandbox
+    pids_file = _pids_current_path(sandbox.container_id)
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set() and pids_file is not None:
+            try:
+                samples.append(int(pids_file.read_text()))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = probe.run(session, FORK_BOMB)
+    finally:
+        done.set()
+        sampler.join()
+    assert result.status in ("timeout", "crashed", "oom"), result
+
+    after = session.call("bump", {"by": 1})
+    assert (after.status, after.observation) == ("ok", "4"), after
+    assert session._sandbox is sandbox and not after.recovered, "the runner must survive a fork bomb"
+
+    peaks = json.loads(probe.ok(session, (
+        "import json\n"
+        "result = json.dumps([int(open(n).read()) for n in os.listdir('.') if n.startswith('peak-')])")))
+    assert peaks, "the bomb never hit the limit"
+    assert max(peaks) <= fast_profile.pids
+    if pids_file is not None:
+        assert samples and max(samples) <= fast_profile.pids, samples
+        assert max(samples) >= fast_profile.pids // 2, "the bomb did not get going"
+    # every bomb process is gone (zombies included: the runner reaps what it killed)
+    alive = [p for p in probe.processes(session) if p[1] != "Z"]
+    assert [p[0] for p in alive][0] == 1 and len(alive) == 2, alive
+
+
+def test_no_network_but_loopback(open_env, probe) -> None:
+    session = open_env()
+    lines = probe.ok(session, "result = open('/proc/net/dev').read()").splitlines()[2:]
+    assert [line.split(":")[0].strip() for line in lines] == ["lo"]
+    observation = probe.run(session, (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "s.settimeout(1)\n"
+        "s.connect(('1.1.1.1', 53))\n")).observation
+    assert observation.startswith("Error: OSError: [Errno 101]"), observation  # network unreachable
+
+
+def test_unprivileged_no_capabilities_no_new_privileges(open_env, probe) -> None:
+    session = open_env()
+    ids = json.loads(probe.ok(session, "import json\nresult = json.dumps([os.getuid(), os.geteuid(), os.getgid()])"))
+    assert ids[0] != 0 and ids[1] != 0 and ids[2] != 0
+    status = dict(
+        line.split(":\t", 1) for line in probe.ok(session, "result = open('/proc/self/status').read()").splitlines()
+        if ":\t" in line)
+    for field in ("CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"):
+        assert int(status[field], 16) == 0, (field, status[field])
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Seccomp"].strip() == "2"  # Docker's default seccomp filter is on
+    assert probe.run(session, "os.setuid(0)").observation.startswith("Error: PermissionError")
+
+
+@pytest.mark.parametrize("path", ["/escape.txt", "/opt/escape.txt", "/opt/sandpit/runner/runner.py",
+                                  "/usr/lib/python3.11/os.py", "/etc/passwd"])
+def test_root_filesystem_is_read_only(open_env, probe, path) -> None:
+    session = open_env()
+    result = probe.run(session, f"open({path!r}, 'a').write('x')")
+    assert result.status == "error"
+    assert result.observation.startswith(("Error: OSError: [Errno 30]", "Error: PermissionError")), result.observation
+    root = probe.ok(session, "result = [l for l in open('/proc/self/mounts') if l.split()[1] == '/'][0]")
+    assert "ro" in root.split()[3].split(","), root
+
+
+@pytest.mark.parametrize("directory", ["/tmp", "."], ids=["tmp", "workdir"])
+def test_tmpfs_is_capped(open_env, probe, fast_profile, directory) -> None:
+    session = open_env()
+    result = probe.run(session, (
+        f"path = os.path.join({directory!r}, 'filler')\n"
+        "try:\n"
+        "    with open(path, 'wb') as handle:\n"
+        f"        for _ in range({fast_profile.tmpfs_mib + 2}):\n"
+        "            handle.write(b'x' * (1 << 20))\n"
+        "            handle.flush()\n"
+        "finally:\n"
+        "    written = os.path.getsize(path)\n"
+        "    os.unlink(path)\n"))
+    assert result.status == "error"
+    assert result.observation.startswith(f"Error: OSError: [Errno {errno.ENOSPC}]"), result.observation
+    assert session.call("bump", {}).observation == "1"
+
+
+def test_tmpfs_is_noexec(open_env, probe) -> None:
+    session = open_env()
+    result = probe.run(session, (
+        "import shutil, subprocess\n"
+        "shutil.copy('/bin/true', '/tmp/mytrue')\n"
+        "os.chmod('/tmp/mytrue', 0o755)\n"
+        "subprocess.run(['/tmp/mytrue'], check=True)\n"))
+    assert result.observation.startswith("Error: PermissionError"), result.observation
+
+
+def test_output_is_capped_per_call_with_a_dropped_marker(open_env, probe, fast_profile) -> None:
+    session = open_env()
+    cap = fast_profile.output_cap_bytes
+    result = probe.run(session, (
+        "import sys\n"
+        "print('y' * 10_000_000)\n"
+        "sys.stderr.write('e' * 3_000_000)\n"
+        "result = 'done'\n"))
+    assert (result.status, result.observation) == ("ok", "done")
+    assert result.stdout == "y" * cap + f"\n...[{10_000_001 - cap} bytes dropped]"
+    assert result.stderr == "e" * cap + f"\n...[{3_000_000 - cap} bytes dropped]"
+    # the next call starts with empty buffers
+    quiet = probe.run(session, "print('hello')")
+    assert (quiet.stdout, quiet.stderr) == ("hello\n", "")
+
+
+def test_observation_is_capped(open_env, probe, fast_profile) -> None:
+    session = open_env()
+    limit = fast_profile.observation_cap_bytes
+    result = probe.run(session, f"result = 'o' * {limit + 5000}")
+    assert result.status == "ok" and result.observation_truncated
+    assert result.observation == "o" * limit + "\n...[truncated 5000 characters]"

@@ -1,0 +1,119 @@
+"""Framing shared by host and runner: length prefix, size cap, strict JSON, depth bound."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner.protocol import FrameBuffer, ProtocolViolation
+
+
+def frame(body: bytes) -> bytes:
+    return protocol.HEADER.pack(len(body)) + body
+
+
+def test_encode_is_length_prefixed_compact_utf8_json() -> None:
+    data = protocol.encode({"id": 1, "text": "héllo"})
+    (length,) = protocol.HEADER.unpack(data[:4])
+    assert length == len(data) - 4
+    assert data[4:] == '{"id":1,"text":"héllo"}'.encode()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_encode_refuses_non_finite_floats(value: float) -> None:
+    with pytest.raises(ValueError):
+        protocol.encode({"x": [value]})
+
+
+def test_encode_refuses_non_json_values() -> None:
+    with pytest.raises(TypeError):
+        protocol.encode({"x": object()})
+
+
+def test_frame_buffer_reassembles_byte_by_byte_and_several_per_chunk() -> None:
+    messages = [{"id": i, "payload": "x" * i} for i in range(5)]
+    stream = b"".join(protocol.encode(m) for m in messages)
+    buf = FrameBuffer()
+    out: list[dict] = []
+    for i in range(len(stream)):
+        out += buf.feed(stream[i:i + 1])
+    assert out == messages
+    assert buf.pending == 0
+    assert FrameBuffer().feed(stream) == messages
+
+
+def test_frame_buffer_rejects_oversize_header_before_body_arrives() -> None:
+    buf = FrameBuffer(max_frame=100)
+    with pytest.raises(ProtocolViolation, match="exceeds the 100-byte limit"):
+        buf.feed(protocol.HEADER.pack(101))  # no body at all: refused on the header alone
+    assert FrameBuffer(max_frame=100).feed(frame(b'{"a":"' + b"x" * 92 + b'"}')) == [{"a": "x" * 92}]
+
+
+def test_frame_buffer_rejects_maximal_declared_length() -> None:
+    with pytest.raises(ProtocolViolation):
+        FrameBuffer().feed(b"\xff\xff\xff\xff")
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_decode_refuses_non_standard_constants(constant: bytes) -> None:
+    with pytest.raises(ProtocolViolation, match="non-standard JSON constant"):
+        protocol.decode_payload(b'{"x": [1, ' + constant + b"]}")
+
+
+@pytest.mark.parametrize("payload", [b"[1, 2]", b'"text"', b"42", b"null"])
+def test_decode_refuses_non_objects(payload: bytes) -> None:
+    with pytest.raises(ProtocolViolation, match="not a JSON object"):
+        protocol.decode_payload(payload)
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xfe{}", b'{"a": ', b"", b"{'a': 1}"])
+def test_decode_refuses_invalid_json_and_utf8(payload: bytes) -> None:
+    with pytest.raises(ProtocolViolation, match="not valid JSON"):
+        protocol.decode_payload(payload)
+
+
+def test_depth_limit_refuses_deep_nesting_without_recursing() -> None:
+    depth = 100_000  # would blow the json module's stack if it got that far
+    payload = b'{"a":' + b"[" * depth + b"]" * depth + b"}"
+    with pytest.raises(ProtocolViolation, match="nested deeper than"):
+        protocol.decode_payload(payload)
+    with pytest.raises(ProtocolViolation):
+        FrameBuffer().feed(frame(payload))
+
+
+def test_depth_limit_boundary() -> None:
+    def nested(levels: int) -> bytes:  # the outer object is one level
+        return b'{"a":' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+
+    assert protocol.decode_payload(nested(protocol.MAX_DEPTH)) == json.loads(nested(protocol.MAX_DEPTH))
+    with pytest.raises(ProtocolViolation):
+        protocol.decode_payload(nested(protocol.MAX_DEPTH + 1))
+
+
+def test_brackets_inside_strings_do_not_count_towards_depth() -> None:
+    text = '[{"\\"[' * 1000  # brackets, quotes and escapes, all inside one string
+    message = {"s": text}
+    assert protocol.decode_payload(json.dumps(message).encode()) == message
+
+
+def test_recv_frame_over_a_socket_pair() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(protocol.encode({"id": 7, "op": "ping"}) + protocol.HEADER.pack(10_000))
+        assert protocol.recv_frame(right) == {"id": 7, "op": "ping"}
+        with pytest.raises(ProtocolViolation):
+            protocol.recv_frame(right, max_frame=1000)
+        left.close()
+        with pytest.raises(EOFError):
+            protocol.recv_frame(right)
+
+
+def test_recv_frame_eof_mid_body() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(protocol.HEADER.pack(50) + b'{"a":')
+        left.close()
+        with pytest.raises(EOFError):
+            protocol.recv_frame(right)

@@ -1,0 +1,241 @@
+"""Pure helpers of the in-sandbox session child (imported, never run as a process here):
+state encoding, bounded rendering, tool-name checks, EnvScaler init detection."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import threading
+
+import pytest
+from sandpit.executor.results import check_encoded
+from sandpit.sandbox_images.runner import session as child
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation
+
+
+@pytest.mark.parametrize("value", [None, True, 0, -5, 2**70, 1.5, "", "ü", [], {}, {"a": [1, {"b": None}]}])
+def test_json_native_values(value: object) -> None:
+    assert child._json_native(value)
+
+
+@pytest.mark.parametrize("value", [
+    (1, 2), {1: "int key"}, {"a": (1,)}, [float("nan")], {"x": float("inf")}, {1, 2}, b"bytes",
+    [object()], {"nested": [{"deep": frozenset()}]},
+])
+def test_non_json_native_values(value: object) -> None:
+    assert not child._json_native(value)
+
+
+def test_json_native_walk_is_iterative() -> None:
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert child._json_native(deep)  # no RecursionError
+
+
+class Tag(str):
+    pass
+
+
+def test_str_subclass_is_not_json_native() -> None:
+    # json.dumps accepts it, but it would come back as a plain str: must be pickled
+    assert not child._json_native(Tag("x"))
+    kind, _ = child.encode_value(Tag("x"), None)
+    assert kind == "p"
+
+
+def test_encode_value_kinds() -> None:
+    assert child.encode_value({"a": [1, 2]}, None) == ("j", '{"a":[1,2]}')
+    kind, data = child.encode_value((1, {2, 3}), None)
+    assert kind == "p" and pickle.loads(base64.b64decode(data)) == (1, {2, 3})  # noqa: S301 - our own bytes
+    kind, data = child.encode_value(threading.Lock(), None)
+    assert kind == "u" and "lock" in data
+    kind, data = child.encode_value(float("nan"), None)
+    assert kind == "p"  # NaN is kept exactly, but never as JSON
+
+
+def test_encode_value_reuses_the_cached_tuple_when_unchanged() -> None:
+    cached = child.encode_value([1, 2, 3], None)
+    assert child.encode_value([1, 2, 3], cached) is cached
+    assert child.encode_value([1, 2, 4], cached) is not cached
+    pcached = child.encode_value((1,), None)
+    assert child.encode_value((1,), pcached) is pcached
+
+
+def test_unrepresentable_values_are_bounded() -> None:
+    class Hostile:
+        def __reduce__(self):
+            raise TypeError("no pickling")
+
+        def __repr__(self):
+            raise RuntimeError("no repr either")
+
+    kind, data = child.encode_value(Hostile(), None)
+    assert kind == "u"
+    assert data == "<unrepresentable Hostile: RuntimeError>"
+
+    class Huge:
+        def __reduce__(self):
+            raise TypeError("no")
+
+        def __repr__(self):
+            return "x" * 100_000
+
+    assert len(child.encode_value(Huge(), None)[1]) == child.UNSERIALIZABLE_REPR_BYTES
+
+
+def test_view_renders_opaque_state_bounded() -> None:
+    class Point:
+        def __init__(self) -> None:
+            self.x = 1
+            self._hidden = 2
+            self.tags = {"b", "a"}
+
+    assert child.view(Point()) == {"__class__": "Point", "x": 1, "tags": ["a", "b"]}
+    cyclic: list = []
+    cyclic.append(cyclic)
+    rendered = child.view(cyclic)  # terminates and is JSON
+    json.dumps(rendered)
+    depth = 0
+    while isinstance(rendered, list):
+        rendered, depth = rendered[0], depth + 1
+    assert depth == child.VIEW_MAX_DEPTH and isinstance(rendered, str)
+    assert child.view(float("nan")) == "nan"
+    assert len(child.view(list(range(child.VIEW_MAX_ITEMS + 50)))) == child.VIEW_MAX_ITEMS
+
+
+def test_takes_positional_follows_envscaler_semantics() -> None:
+    class WithConfig:
+        def __init__(self, init_config):
+            pass
+
+    class NoArgs:
+        def __init__(self):
+            pass
+
+    class VarArgs:
+        def __init__(self, *args):
+            pass
+
+    class Inherits(WithConfig):
+        pass
+
+    class Plain:
+        pass
+
+    assert child._takes_positional(WithConfig)
+    assert not child._takes_positional(NoArgs)
+    assert child._takes_positional(VarArgs)
+    assert child._takes_positional(Inherits)
+    assert not child._takes_positional(Plain)
+
+
+def test_error_observation_and_bounded_traceback() -> None:
+    def recurse(n: int, message: str) -> None:
+        if n == 0:
+            raise ValueError(message)
+        recurse(n - 1, message)
+
+    for message in ("bad input", "bad input " + "y" * 10_000):
+        try:
+            recurse(200, message)
+        except ValueError as exc:
+            assert child._error_observation(exc) == f"Error: ValueError: {message}"
+            text = child._bounded_traceback(exc)
+        assert len(text) <= child.TRACEBACK_LIMIT_BYTES + len("...\n")
+        assert text.count("in recurse") <= 8  # only the last frames
+    assert text.startswith("...\n")
+    assert "ValueError: bad input" in child._bounded_traceback(_raised(ValueError("bad input")))
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError
+
+    assert child._error_observation(Unprintable()) == "Error: Unprintable: <unprintable exception>"
+    assert child._error_observation(KeyError()) == "Error: KeyError"
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001 - returns it with a traceback
+        return caught
+
+
+def test_cap_truncates_with_marker() -> None:
+    assert child._cap("abc", 3) == ("abc", False)
+    text, truncated = child._cap("abcdef", 4)
+    assert truncated and text == "abcd\n...[truncated 2 characters]"
+
+
+class Shop:
+    limit = 5
+
+    def __init__(self) -> None:
+        self.stock = {"a": 1}
+        self.reads = 0
+        self._private = "hidden"
+
+    def buy(self, item: str) -> int:
+        self.stock[item] -= 1
+        return self.stock[item]
+
+    @property
+    def total(self):
+        self.reads += 1  # a getter with a side effect
+        return lambda: sum(self.stock.values())
+
+    class Nested:
+        pass
+
+
+def make_session() -> child.Session:
+    session = child.Session(ctrl_fd=-1, limits={})
+    session.instance = Shop()
+    return session
+
+
+@pytest.mark.parametrize("name", ["__class__", "__init__", "_private", "limit", "stock", "missing", "total",
+                                  "Nested", "not an identifier", 42])
+def test_op_call_rejects_everything_but_public_methods(name: object) -> None:
+    session = make_session()
+    status, observation, _ = session.op_call({"name": name, "arguments": {}})
+    assert status == "rejected", observation
+    assert observation.startswith("Error: ")
+
+
+def test_rejected_property_is_not_evaluated() -> None:
+    session = make_session()
+    assert session.op_call({"name": "total", "arguments": {}})[0] == "rejected"
+    assert session.instance.reads == 0
+
+
+def test_op_call_rejects_non_object_arguments_and_calls_tools() -> None:
+    session = make_session()
+    assert session.op_call({"name": "buy", "arguments": ["a"]})[0] == "rejected"
+    assert session.op_call({"name": "buy", "arguments": {"item": "a"}}) == ("ok", "0", None)
+
+
+def test_delta_and_snapshot_round_trip() -> None:
+    session = make_session()
+    full = json.loads(session.delta_json(full=True))
+    assert full == {"set": {"stock": ["j", {"a": 1}], "reads": ["j", 0]}, "del": []}
+    session.instance.stock["a"] = 9
+    session.instance.extra = (1, 2)
+    del session.instance.reads
+    delta = json.loads(session.delta_json())
+    assert delta["set"]["stock"] == ["j", {"a": 9}]
+    assert delta["set"]["extra"][0] == "p"
+    assert delta["del"] == ["reads"]
+    assert json.loads(session.state_json()) == {"stock": {"a": 9}, "extra": [1, 2]}
+    session.apply_snapshot(full["set"])
+    assert vars(session.instance) == {"stock": {"a": 1}, "reads": 0, "_private": "hidden"}
+
+
+def test_check_encoded_refuses_malformed_entries() -> None:
+    good = {"a": ["j", {"x": 1}], "b": ["p", "AAAA"], "c": ["u", "<lock>"]}
+    assert check_encoded(good, "snapshot") is good
+    for bad in ({"a": ["j"]}, {"a": ["x", 1]}, {"a": ["p", 5]}, {"a": "j"}, ["j", 1]):
+        with pytest.raises(ProtocolViolation):
+            check_encoded(bad, "snapshot")
