@@ -16,7 +16,6 @@ import logging
 import typer
 from rich.console import Console
 from rich.table import Table
-
 from sandpit.executor import engine
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.images import build_image, sandbox_tag

@@ -16,7 +16,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
 from sandpit.sandbox_images import DEFINITION_DIR
 
 from .pool import SandboxPool

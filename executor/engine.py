@@ -105,7 +105,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         # that hits its quota stalls for at most ~(1 - cpus) * 10 ms, not up to 50 ms.
         "cpu_period": CPU_PERIOD_US,
         "cpu_quota": max(1000, int(profile.cpus * CPU_PERIOD_US)),
-        "pids_limit": profile.pids,
+        "pids_limit": profile.pids + (settings.runsc_pids_headroom if settings.runtime == "runsc" else 0),
         "ulimits": [
             Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
             Ulimit(name="nproc", soft=profile.pids, hard=profile.pids),

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import docker
 import docker.errors
-
 from sandpit.sandbox_images import DEFINITION_DIR, RUNNER_FILES
 
 from .engine import map_docker_errors

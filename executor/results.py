@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import docker
-
 from sandpit.sandbox_images.runner import protocol
 
 from . import engine

@@ -57,6 +57,13 @@ class ExecutorSettings(BaseSettings):
     spare_child: bool = True
     """Keep one pre-started (code-free) session process per sandbox with a free slot, so
     opening a session does not wait for the Python interpreter to start (~8 MiB each)."""
+    runsc_pids_headroom: Annotated[int, Field(ge=0, le=4096)] = 192
+    """Under gVisor the container's pids cgroup also counts the sentry's and gofer's host
+    threads (about 30 idle, 60+ under load); with only the profile's pids the Go runtime
+    of the sentry fails to start a thread and the whole sandbox exits. This many extra pids
+    are added to the cgroup limit for runsc only; the processes of untrusted code stay
+    bounded by the profile's pids through RLIMIT_NPROC, which gVisor enforces itself."""
+
     runsc_poll_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.05
     """Under gVisor, the runner's event loop wakes at least this often (seconds): Debian's
     runsc (2022-12) can miss epoll wake-ups on the host-backed protocol socket, which
@@ -84,7 +91,7 @@ class ExecutorSettings(BaseSettings):
     """Largest protocol frame accepted from a runner (bytes); bigger kills the sandbox."""
 
     @model_validator(mode="after")
-    def _profiles_within_ceiling(self) -> "ExecutorSettings":
+    def _profiles_within_ceiling(self) -> ExecutorSettings:
         if self.default_profile not in self.profiles:
             raise ValueError(f"default_profile {self.default_profile!r} is not in profiles")
         for name, profile in self.profiles.items():

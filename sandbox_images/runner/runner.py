@@ -438,6 +438,26 @@ class Runner:
             session.out.take()
             session.err.take()
 
+    def _read_final_frames(self, session: Session) -> None:
+        """Process the frames a child wrote before it exited (e.g. its ``oom`` reply just
+        before ``os._exit``), which may still sit in the socket when its death is reaped."""
+        child = session.child
+        while child is not None and session.child is child and session.current is not None:
+            try:
+                data = child.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError, OSError):
+                return
+            if not data:
+                return
+            try:
+                messages = child.frames.feed(data)
+            except protocol.ProtocolViolation:
+                return
+            for msg in messages:
+                if session.child is not child:
+                    return
+                self.on_child_message(session, msg)
+
     def on_child_message(self, session: Session, msg: dict) -> None:
         item = session.current
         if item is None or msg.get("id") != item["token"]:
@@ -576,8 +596,13 @@ class Runner:
                 return
             session = self.by_pid.get(pid)
             if session is not None and session.child is not None and session.child.pid == pid:
-                session.child.alive = False
+                child = session.child
+                child.alive = False
                 if session.current is not None:
+                    self._read_final_frames(session)  # a reply sent just before exiting wins
+                if session.child is not child:
+                    pass  # that reply already failed the child over to a new one
+                elif session.current is not None:
                     self.child_failed(session, "crashed")
                 else:
                     self._detach(session)

@@ -291,9 +291,25 @@ def _takes_positional(cls: type) -> bool:
 def _bounded_traceback(exc: BaseException) -> str:
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
     text = "".join(line for line in lines if "sandbox_images/runner" not in line and "/opt/sandpit/" not in line)
-    if len(text) > TRACEBACK_LIMIT_BYTES:
-        text = "...\n" + text[-TRACEBACK_LIMIT_BYTES:]
+    if len(text) > TRACEBACK_LIMIT_BYTES:  # keep where it started and where it failed
+        head = TRACEBACK_LIMIT_BYTES // 4
+        tail = TRACEBACK_LIMIT_BYTES - head
+        text = text[:head] + f"\n...[{len(text) - TRACEBACK_LIMIT_BYTES} characters cut]...\n" + text[-tail:]
     return text
+
+
+def _reap_children() -> None:
+    """Collect exited children the environment forked and never waited for, so that
+    zombies do not hold pids of the sandbox's pids cgroup until the session ends."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except OSError:
+            return
+        if pid == 0:
+            return
 
 
 def _error_observation(exc: BaseException) -> str:
@@ -338,6 +354,7 @@ def serve(session: Session) -> None:
             return
         request_id = msg.get("id", "")
         op = msg.get("op")
+        _reap_children()
         try:
             if op == "init":
                 try:

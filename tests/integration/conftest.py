@@ -199,10 +199,33 @@ def open_env(pool: SandboxPool, fast_profile: ResourceProfile) -> Iterator[OpenE
         assert all(session.id not in sandbox.sessions for sandbox in list(target._all.values()))
 
 
+FORK_BOMB = """
+def processes():
+    return sum(1 for entry in os.listdir('/proc') if entry.isdigit())
+
+self.counter = -1
+peak = 0
+while True:
+    try:
+        os.fork()  # parent and child both go on forking
+    except OSError:
+        count = processes()
+        if count > peak:
+            peak = count
+            try:
+                with open('peak-%d' % os.getpid(), 'w') as handle:
+                    handle.write(str(peak))
+            except OSError:
+                pass
+"""
+"""Snippet: forks until EAGAIN, recording the peak process count seen in files ``peak-<pid>``."""
+
+
 class Probe:
     """Helpers around :data:`PROBE_SOURCE` (``run`` executes a snippet as a tool body)."""
 
     source = PROBE_SOURCE
+    FORK_BOMB = FORK_BOMB
 
     @staticmethod
     def run(session: Session, code: str) -> CallResult:

@@ -8,26 +8,19 @@ from collections.abc import Iterator
 
 import pytest
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.profiles import ResourceProfile
 
 pytestmark = [pytest.mark.docker, pytest.mark.gvisor, pytest.mark.slow]
 
 
-# Under runsc the container's pids cgroup holds the gVisor sentry's and gofer's host
-# threads (about 30 idle, up to 64 under load), not the sandboxed processes (those are
-# bounded inside gVisor by RLIMIT_NPROC). With the default profile's pids=64 the Go
-# runtime of the sentry intermittently fails to start a thread and the whole sandbox
-# exits with status 2 (seen after ~30% of timeouts). These tests therefore run under an
-# operator profile with room for the sentry; see the test report for the executor issue.
-GVISOR_PIDS = 256
+# Under runsc the pids cgroup also holds the sentry's threads; the executor adds
+# ``runsc_pids_headroom`` for them, so these tests use the default profile (pids=64).
 
 
 @pytest.fixture(scope="module")
 def gvisor_pool(leak_check, pool_settings, docker_client) -> Iterator[SandboxPool]:
     if "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("runsc runtime not registered with Docker")
-    settings = pool_settings("gvisor", runtime="runsc", pool_size=0,
-                             profiles={"default": ResourceProfile(pids=GVISOR_PIDS)})
+    settings = pool_settings("gvisor", runtime="runsc", pool_size=0)
     with SandboxPool(settings) as gvisor:
         yield gvisor
 
@@ -63,3 +56,21 @@ def test_timeouts_and_crashes_recover_in_the_same_gvisor_sandbox(open_env, probe
         after = session.call("bump", {"by": 1})
         assert (after.status, after.observation, after.recovered) == ("ok", str(expected), False), after
     assert session._sandbox is sandbox
+
+
+def test_fork_bomb_under_gvisor_is_contained(open_env, probe, gvisor_pool, docker_client) -> None:
+    """Under runsc (ptrace platform) every sandboxed process has host stub processes in the
+    container's cgroups, and RLIMIT_NPROC is not enforced: a fork bomb exhausts the
+    sandbox's pids or memory and the whole sandbox dies. It stays contained: the call
+    reports a failure status, the dead container is removed, and the session continues
+    on a fresh sandbox from its last snapshot."""
+    session = open_env(on=gvisor_pool, init_config={"counter": 1})
+    session.call("bump", {"by": 1})
+    sandbox = session._sandbox
+    result = probe.run(session, probe.FORK_BOMB)
+    assert result.status in ("timeout", "crashed", "oom"), result
+    after = session.call("bump", {"by": 1})
+    assert (after.status, after.observation) == ("ok", "3"), after
+    if session._sandbox is not sandbox:
+        assert after.recovered
+        assert not docker_client.containers.list(all=True, filters={"id": sandbox.container_id})

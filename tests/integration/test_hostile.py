@@ -275,3 +275,21 @@ def test_runner_secrets_are_out_of_reach(open_env, probe) -> None:
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "if libc.ptrace(16, 1, 0, 0) != 0:\n"  # PTRACE_ATTACH
         "    raise PermissionError(ctypes.get_errno())\n")).observation.startswith("Error: PermissionError")
+
+
+def test_exited_children_of_a_tool_do_not_stay_zombies(open_env, probe) -> None:
+    """A tool that forks children and never waits for them: the session collects them at
+    its next request, so they do not hold pids of the sandbox until the session ends."""
+    session = open_env()
+    probe.ok(session, "for _ in range(5):\n    if os.fork() == 0:\n        os._exit(0)\nresult = 'forked'\n")
+    zombies = [p for p in probe.processes(session) if p[1] == "Z"]
+    assert zombies == [], zombies
+
+
+def test_long_tracebacks_keep_their_start_and_their_end(open_env, probe) -> None:
+    session = open_env()
+    result = probe.run(session, "raise ValueError('start ' + 'x' * 20000 + ' end')")
+    assert result.status == "error"
+    assert result.traceback is not None and len(result.traceback) < 4096 + 200
+    assert "Traceback (most recent call last)" in result.traceback  # the head survives
+    assert result.traceback.rstrip().endswith("x end")  # and the failing line's message

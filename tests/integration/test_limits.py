@@ -94,25 +94,6 @@ def _pids_current_path(container_id: str) -> Path | None:
     return None
 
 
-FORK_BOMB = """
-def processes():
-    return sum(1 for entry in os.listdir('/proc') if entry.isdigit())
-
-self.counter = -1
-peak = 0
-while True:
-    try:
-        os.fork()  # parent and child both go on forking
-    except OSError:
-        count = processes()
-        if count > peak:
-            peak = count
-            try:
-                with open('peak-%d' % os.getpid(), 'w') as handle:
-                    handle.write(str(peak))
-            except OSError:
-                pass
-"""
 
 
 @pytest.mark.slow
@@ -135,7 +116,7 @@ def test_fork_bomb_is_contained_and_the_sandbox_keeps_serving(open_env, probe, f
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        result = probe.run(session, FORK_BOMB)
+        result = probe.run(session, probe.FORK_BOMB)
     finally:
         done.set()
         sampler.join()

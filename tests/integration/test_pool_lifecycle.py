@@ -10,7 +10,6 @@ from contextlib import contextmanager
 
 import docker
 import pytest
-
 from sandpit.executor import engine
 from sandpit.executor.errors import CapacityError
 from sandpit.executor.pool import SandboxPool

@@ -87,6 +87,14 @@ def test_gvisor_runtime_is_passed_through() -> None:
     assert make_spec(ExecutorSettings(runtime="runsc"))["runtime"] == "runsc"
 
 
+def test_gvisor_gets_pids_headroom_for_its_own_threads_but_nproc_stays() -> None:
+    spec = make_spec(ExecutorSettings(runtime="runsc", runsc_pids_headroom=100))
+    nproc = next(u for u in spec["ulimits"] if u.name == "nproc")
+    assert spec["pids_limit"] == ResourceProfile().pids + 100
+    assert nproc.soft == nproc.hard == ResourceProfile().pids
+    assert make_spec(ExecutorSettings(runsc_pids_headroom=100))["pids_limit"] == ResourceProfile().pids
+
+
 def test_owner_id_and_liveness() -> None:
     me = engine.owner_id()
     host, pid, started = me.split(":")

@@ -143,9 +143,10 @@ def test_error_observation_and_bounded_traceback() -> None:
         except ValueError as exc:
             assert child._error_observation(exc) == f"Error: ValueError: {message}"
             text = child._bounded_traceback(exc)
-        assert len(text) <= child.TRACEBACK_LIMIT_BYTES + len("...\n")
+        assert len(text) <= child.TRACEBACK_LIMIT_BYTES + 64  # + the "characters cut" marker
         assert text.count("in recurse") <= 8  # only the last frames
-    assert text.startswith("...\n")
+    assert text.startswith("Traceback (most recent call last):")  # head kept
+    assert "characters cut]" in text and text.rstrip().endswith("y" * 20)  # tail kept
     assert "ValueError: bad input" in child._bounded_traceback(_raised(ValueError("bad input")))
 
     class Unprintable(Exception):
