@@ -136,20 +136,46 @@ class SandboxPool:
             ProfileError, DockerUnavailable, ImageError, SandboxStartError.
             ValueError: bad arguments (empty tenant, oversize source, non-dict config).
         """
-        if not tenant or len(tenant) > 128:
-            raise ValueError("tenant must be a non-empty string of at most 128 characters")
-        if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
-            raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
-        if not isinstance(class_name, str) or not class_name.isidentifier():
-            raise ValueError("class_name must be a Python identifier")
-        if init_config is not None and not isinstance(init_config, dict):
-            raise ValueError("init_config must be an object")
+        _check_open_arguments(tenant, source, class_name, init_config)
         session = Session(pool=self, session_id=session_id or secrets.token_hex(8), tenant=tenant,
                           profile=profile or self.profile(), source=source, class_name=class_name,
                           init_config=init_config or {})
         with session._lock:
             self._place(session, snapshot=check_encoded(snapshot or {}, "snapshot"), first=True)
         return session
+
+    def describe(self, *, tenant: str, source: str, class_name: str,
+                 profile: ResourceProfile | None = None) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas of ``class_name`` in ``source``, derived inside a
+        sandbox of ``tenant`` without instantiating the class (registration has no
+        ``init_config``; ``__init__`` never runs). A short-lived describe-only session:
+        opened (the module is executed, under the profile's ``call_timeout_s``), asked
+        once, closed; its sandbox returns to the warm pool.
+
+        Returns:
+            The tool list, shape and rules as in :meth:`Session.describe`.
+
+        Raises:
+            SessionOpenError: the module raised, timed out, ran out of memory or crashed
+                at import, or ``class_name`` is missing or not a class (``status``,
+                ``observation``, ``traceback``).
+            ToolSchemaError (a SessionOpenError): more than ``schemas.MAX_TOOLS`` public
+                methods or schemas over ``schemas.MAX_SCHEMAS_BYTES`` (``rejected``), or
+                introspection raised/timed out.
+            SessionError: the sandbox's reply is malformed.
+            CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
+            ValueError: bad arguments (empty tenant, oversize source, bad class name).
+        """
+        _check_open_arguments(tenant, source, class_name, None)
+        session = Session(pool=self, session_id=secrets.token_hex(8), tenant=tenant,
+                          profile=profile or self.profile(), source=source, class_name=class_name,
+                          init_config={}, describe_only=True)
+        with session._lock:
+            self._place(session, snapshot={}, first=True)
+        try:
+            return session.describe()
+        finally:
+            session.close()
 
     def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
              timeout_s: float = 120.0) -> int:
@@ -186,10 +212,11 @@ class SandboxPool:
         """Open ``session`` in some sandbox (``session._lock`` held by the caller)."""
         for attempt in range(3):
             sandbox = self._reserve(session)
+            fields: dict[str, Any] = {"describe_only": True} if session.describe_only else {}
             try:
                 reply = sandbox.request("open", session=session.id, source=session.source,
                                         class_name=session.class_name, init_config=session.init_config,
-                                        snapshot=snapshot or None)
+                                        snapshot=snapshot or None, **fields)
             except SandboxLost as exc:
                 self._forget(sandbox, session.id)
                 self.failures[exc.status] += 1
@@ -349,3 +376,15 @@ class SandboxPool:
                             self._drop_locked(sandbox)
                         elif len(queue) > keep and now - sandbox.idle_since > self.settings.idle_timeout_s:
                             self._drop_locked(sandbox)
+
+
+def _check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
+    """Raise ValueError naming the first bad argument of open_session/describe."""
+    if not isinstance(tenant, str) or not tenant or len(tenant) > 128:
+        raise ValueError("tenant must be a non-empty string of at most 128 characters")
+    if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
+        raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
+    if not isinstance(class_name, str) or not class_name.isidentifier():
+        raise ValueError("class_name must be a Python identifier")
+    if init_config is not None and not isinstance(init_config, dict):
+        raise ValueError("init_config must be an object")

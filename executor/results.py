@@ -8,9 +8,11 @@ restorable; the attribute keeps what instantiation produced).
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sandpit.sandbox_images.runner import schemas
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
@@ -28,6 +30,107 @@ def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:
                 or (entry[0] != "j" and not isinstance(entry[1], str))):
             raise ProtocolViolation(f"{what}: malformed entry for attribute {key!r}")
     return mapping
+
+
+_TOOL_KEYS = {"type", "function"}
+_FUNCTION_KEYS = {"name", "description", "parameters"}
+_PARAMETERS_KEYS = {"type", "properties", "required", "additionalProperties"}
+_SCHEMA_KEYS = {"type", "description", "items", "enum", "anyOf", "default"}
+
+
+def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
+    """Validate the tool schemas a sandbox derived (``describe``); nothing it sends is trusted.
+
+    Accepts exactly the shape :mod:`sandpit.sandbox_images.runner.schemas` produces: a list
+    of at most ``MAX_TOOLS`` ``{"type": "function", "function": {"name", "description",
+    "parameters"}}``; unique names matching ``TOOL_NAME``; descriptions of at most
+    ``MAX_DESCRIPTION_CHARS``; ``parameters`` ``{"type": "object", "properties",
+    "required", "additionalProperties": bool}`` with at most ``MAX_PARAMS`` properties,
+    ``required`` naming only properties; each property a schema of ``type`` (one of
+    ``JSON_TYPES``), ``description``, ``items``, ``enum`` (JSON scalars), ``anyOf`` and
+    ``default`` (JSON of at most ``MAX_DEFAULT_CHARS``), nested at most
+    ``MAX_SCHEMA_DEPTH`` deep. Returns ``tools`` unchanged.
+
+    Raises:
+        ProtocolViolation: anything else, naming the offending tool and field.
+    """
+    if not isinstance(tools, list):
+        raise ProtocolViolation("tools is not a list")
+    if len(tools) > schemas.MAX_TOOLS:
+        raise ProtocolViolation(f"more than {schemas.MAX_TOOLS} tools")
+    names: set[str] = set()
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        _keys(tool, _TOOL_KEYS, _TOOL_KEYS, where)
+        if tool["type"] != "function":
+            raise ProtocolViolation(f"{where}.type is not 'function'")
+        function = tool["function"]
+        _keys(function, _FUNCTION_KEYS, _FUNCTION_KEYS, f"{where}.function")
+        name = function["name"]
+        if not isinstance(name, str) or not schemas.TOOL_NAME.fullmatch(name) or name in names:
+            raise ProtocolViolation(f"{where}.function.name is not a valid, unique tool name")
+        names.add(name)
+        where = f"tool {name!r}"
+        _text(function["description"], f"{where}: description")
+        parameters = function["parameters"]
+        _keys(parameters, _PARAMETERS_KEYS, _PARAMETERS_KEYS, f"{where}: parameters")
+        properties, required = parameters["properties"], parameters["required"]
+        if parameters["type"] != "object" or not isinstance(properties, dict) \
+                or len(properties) > schemas.MAX_PARAMS or type(parameters["additionalProperties"]) is not bool:
+            raise ProtocolViolation(f"{where}: malformed parameters object")
+        if (not isinstance(required, list) or len(set(map(str, required))) != len(required)
+                or not all(isinstance(r, str) and r in properties for r in required)):
+            raise ProtocolViolation(f"{where}: 'required' must list distinct properties")
+        for param, schema in properties.items():
+            if not param.isidentifier() or len(param) > 128:
+                raise ProtocolViolation(f"{where}: parameter name {param[:64]!r} is not an identifier")
+            if not isinstance(schema, dict) or "description" not in schema:
+                raise ProtocolViolation(f"{where}: parameter {param!r} has no description")
+            _check_schema(schema, f"{where}: parameter {param!r}", 0)
+    return tools
+
+
+def _keys(value: object, required: set[str], allowed: set[str], where: str) -> None:
+    if not isinstance(value, dict) or not required <= value.keys() or not value.keys() <= allowed:
+        raise ProtocolViolation(f"{where} must be an object with keys {sorted(required)}")
+
+
+def _text(value: object, where: str) -> None:
+    if not isinstance(value, str) or len(value) > schemas.MAX_DESCRIPTION_CHARS:
+        raise ProtocolViolation(f"{where} is not a string of at most {schemas.MAX_DESCRIPTION_CHARS} characters")
+
+
+def _check_schema(schema: object, where: str, depth: int) -> None:
+    """One parameter schema (recursively through ``items``/``anyOf``)."""
+    if depth > schemas.MAX_SCHEMA_DEPTH + 1:
+        raise ProtocolViolation(f"{where}: schema nested too deeply")
+    _keys(schema, set(), _SCHEMA_KEYS, where)
+    assert isinstance(schema, dict)
+    if "type" in schema and schema["type"] not in schemas.JSON_TYPES:
+        raise ProtocolViolation(f"{where}: unknown type")
+    if "description" in schema:
+        _text(schema["description"], f"{where}: description")
+    if "items" in schema:
+        _check_schema(schema["items"], where, depth + 1)
+    if "anyOf" in schema:
+        members = schema["anyOf"]
+        if not isinstance(members, list) or not 2 <= len(members) <= schemas.MAX_ANY_OF:
+            raise ProtocolViolation(f"{where}: malformed anyOf")
+        for member in members:
+            _check_schema(member, where, depth + 1)
+    if "enum" in schema:
+        values = schema["enum"]
+        if (not isinstance(values, list) or not 1 <= len(values) <= schemas.MAX_ENUM_VALUES
+                or not all(v is None or type(v) in (str, int, float, bool) for v in values)
+                or sum(len(v) for v in values if isinstance(v, str)) > schemas.MAX_ENUM_CHARS):
+            raise ProtocolViolation(f"{where}: malformed enum")
+    if "default" in schema:
+        try:
+            size = len(json.dumps(schema["default"], allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            size = schemas.MAX_DEFAULT_CHARS + 1
+        if size > schemas.MAX_DEFAULT_CHARS:
+            raise ProtocolViolation(f"{where}: default is not JSON of at most {schemas.MAX_DEFAULT_CHARS} characters")
 
 
 class StateDelta(BaseModel):

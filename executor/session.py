@@ -6,10 +6,17 @@ kill by the watchdog, OOM kill, crash, ``docker kill``, engine restart) the fail
 reports its status, and the next request transparently re-creates the session in a
 sandbox of the same tenant and profile from that snapshot (``CallResult.recovered``).
 Requests on one session are serialized; different sessions run concurrently.
+
+:meth:`Session.describe` returns the environment's OpenAI tool schemas, derived inside
+the sandbox (``sandbox_images/runner/schemas.py``) and validated here
+(:func:`~sandpit.executor.results.check_tool_schemas`). :meth:`SandboxPool.describe`
+uses a *describe-only* session: the module is loaded and the class found, but never
+instantiated; such a session only answers ``describe``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -18,18 +25,23 @@ from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 from .errors import SandboxLost, SessionClosed, SessionError
 from .profiles import ResourceProfile
-from .results import CallResult, Snapshot, StateDelta, check_encoded
+from .results import CallResult, Snapshot, StateDelta, check_encoded, check_tool_schemas
 
 if TYPE_CHECKING:
     from .pool import SandboxPool
     from .sandbox import Sandbox
 
+log = logging.getLogger(__name__)
 MAX_TOOL_NAME = 128
+MAX_ERROR_CHARS = 4096
 
 
 class SessionOpenError(SessionError):
     """The environment could not be instantiated (its code raised, timed out, ran out of
-    memory, or ``class_name`` is missing). ``status``/``observation``/``traceback`` say how."""
+    memory, or ``class_name`` is missing or not a class); in describe-only mode, the module
+    could not be loaded or the class found. ``status`` (``error``, ``timeout``, ``oom``,
+    ``crashed``, ``rejected``), ``observation`` (``"Error: <Type>: <message>"``) and
+    ``traceback`` (bounded, or None) say how."""
 
     def __init__(self, status: str, observation: str, traceback: str | None = None) -> None:
         super().__init__(observation)
@@ -38,17 +50,26 @@ class SessionOpenError(SessionError):
         self.traceback = traceback
 
 
+class ToolSchemaError(SessionOpenError):
+    """The environment's tool schemas could not be derived: the class has more public
+    methods than ``schemas.MAX_TOOLS`` or its schemas exceed ``schemas.MAX_SCHEMAS_BYTES``
+    (``status="rejected"``), or introspecting it raised (``error``), timed out, ran out of
+    memory or crashed. A subclass of :class:`SessionOpenError`, with the same fields."""
+
+
 class Session:
     """A live environment instance. Obtain from :meth:`SandboxPool.open_session`."""
 
     def __init__(self, *, pool: SandboxPool, session_id: str, tenant: str, profile: ResourceProfile,
-                 source: str, class_name: str, init_config: dict[str, Any]) -> None:
+                 source: str, class_name: str, init_config: dict[str, Any], describe_only: bool = False) -> None:
         self.id = session_id
         self.tenant = tenant
         self.profile = profile
         self.source = source
         self.class_name = class_name
         self.init_config = init_config
+        self.describe_only = describe_only
+        """Loaded without instantiation: only :meth:`describe` is served (calls are rejected)."""
         self._pool = pool
         self._sandbox: Sandbox | None = None
         self._snapshot: dict[str, list[Any]] = {}
@@ -100,6 +121,8 @@ class Session:
             return _rejected(f"Error: {str(name)[:MAX_TOOL_NAME]!r} is not a public tool name", started)
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
             return _rejected("Error: arguments must be an object with string keys", started)
+        if self.describe_only:
+            return _rejected("Error: this session only describes the environment; it has no instance", started)
         with self._lock:
             try:
                 reply, recovered = self._request("call", name=name, arguments=arguments)
@@ -140,6 +163,50 @@ class Session:
             if not isinstance(state, dict):
                 raise SessionError("sandbox sent a malformed state")
             return state
+
+    def describe(self) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas of the environment's tools, derived inside the
+        sandbox from the instance's class (``type(instance)``; the class itself for a
+        describe-only session). One round trip, bounded by the profile's
+        ``call_timeout_s``; the state is not touched.
+
+        Returns:
+            ``[{"type": "function", "function": {"name": str, "description": str,
+            "parameters": {"type": "object", "properties": {name: schema}, "required":
+            [name, ...], "additionalProperties": bool}}}, ...]``, public methods in
+            definition order (most-derived class first); rules and caps in
+            :mod:`sandpit.sandbox_images.runner.schemas`. Notes on methods that could only
+            be partly described are logged at INFO level.
+
+        Raises:
+            ToolSchemaError: too many tools or too large (``rejected``), introspection
+                raised (``error``), timed out, ran out of memory or crashed.
+            SessionError: the sandbox's reply is not a valid tool list (sizes, types,
+                shape; see :func:`check_tool_schemas`). SessionClosed: after :meth:`close`.
+            CapacityError: the session had to be re-placed and no sandbox is available.
+            SandboxLost: the sandbox died again after being replaced once.
+        """
+        with self._lock:
+            try:
+                reply, _ = self._request("describe")
+            except SandboxLost:
+                self._lose()
+                reply, _ = self._request("describe")
+            status = reply.get("status")
+            if status != "ok":
+                traceback = reply.get("traceback")
+                raise ToolSchemaError(str(status)[:32], str(reply.get("observation", ""))[:MAX_ERROR_CHARS],
+                                      traceback[:2 * MAX_ERROR_CHARS] if isinstance(traceback, str) else None)
+            try:
+                tools = check_tool_schemas(reply.get("tools"))
+                notes = reply.get("notes") or []
+                if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+                    raise ProtocolViolation("notes is not a list of strings")
+            except ProtocolViolation as exc:
+                raise SessionError(f"sandbox sent malformed tool schemas: {exc}") from exc
+            for note in notes[:64]:
+                log.info("session %s (%s): %s", self.id, self.class_name, note[:512])
+            return tools
 
     def snapshot(self) -> Snapshot:
         """The last good snapshot (host copy; no sandbox round trip)."""

@@ -61,11 +61,14 @@ def _check_depth(payload: bytes, limit: int) -> None:
             depth -= 1
 
 
-def encode(message: dict) -> bytes:
+def encode(message: dict, errors: str = "strict") -> bytes:
     """Serialize one message to a frame (header + compact JSON). Raises ``ValueError``
-    for NaN/Infinity and ``TypeError`` for non-JSON values."""
+    for NaN/Infinity and ``TypeError`` for non-JSON values. A string holding a lone
+    surrogate (which UTF-8 cannot carry) raises ``UnicodeEncodeError`` (a ValueError),
+    or becomes ``?`` with ``errors="replace"`` (what the runner uses: a session's text
+    must never stop PID 1)."""
     body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    data = body.encode("utf-8")
+    data = body.encode("utf-8", errors)
     return HEADER.pack(len(data)) + data
 
 

@@ -24,8 +24,11 @@ After every call, processes that the call left behind (same session id, or escap
 a session of their own) are killed.
 
 Host requests (each has an integer ``id``; each reply echoes it):
-  open {session, source, class_name, init_config, snapshot?} -> {status, observation?, snapshot?}
+  open {session, source, class_name, init_config, snapshot?, describe_only?}
+      -> {status, observation?, snapshot?}   (describe_only: load the class, never instantiate)
   call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
+  describe {session} -> {status, tools, notes} or {status, observation, traceback?}
+      (OpenAI tool schemas of the class; the encoded tools are at most DESCRIBE_MAX_BYTES)
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
@@ -59,6 +62,8 @@ CHILD_MAX_FRAME = 64 * 1024 * 1024
 CHILD_SEND_TIMEOUT_S = 5.0
 SPAWN_RETRY_S = 2.0
 SWEEP_MAX_PASSES = 1000
+DESCRIBE_MAX_BYTES = 4_194_304  # == schemas.MAX_SCHEMAS_BYTES (a unit test checks)
+DESCRIBE_MAX_NOTES = 64  # == schemas.MAX_NOTES (a unit test checks)
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -286,7 +291,9 @@ class Runner:
 
     # -- host side -------------------------------------------------------------------
     def reply(self, message: dict) -> None:
-        self.host.sendall(protocol.encode(message))
+        # "replace": a lone surrogate that a session escaped into its JSON (valid JSON,
+        # not encodable as UTF-8) becomes "?" instead of an exception in PID 1
+        self.host.sendall(protocol.encode(message, errors="replace"))
 
     def fault(self, request_id: object, message: str) -> None:
         self.reply({"id": request_id, "status": "fault", "message": message})
@@ -312,7 +319,7 @@ class Runner:
             self.close_session(session)
             self.reply({"id": rid, "status": "ok"})
             return
-        if op not in ("call", "state", "snapshot", "restore"):
+        if op not in ("call", "state", "snapshot", "restore", "describe"):
             self.fault(rid, f"unknown op {op!r}")
             return
         session.queue.append({"rid": rid, "msg": msg})
@@ -329,6 +336,7 @@ class Runner:
             self.fault(rid, f"session {sid!r} was closed; session ids are single-use")
             return
         spec = {k: msg.get(k) for k in ("source", "class_name", "init_config")}
+        spec["describe_only"] = msg.get("describe_only") is True
         if not isinstance(spec["source"], str) or not isinstance(spec["class_name"], str):
             self.fault(rid, "fields 'source' and 'class_name' must be strings")
             return
@@ -405,6 +413,8 @@ class Runner:
                     request["name"] = msg.get("name")
                     request["arguments"] = msg.get("arguments")
                     self._drain(session, discard=True)  # output between calls belongs to nobody
+                elif msg["op"] == "describe":
+                    self._drain(session, discard=True)
                 elif msg["op"] == "restore":
                     if not isinstance(msg.get("snapshot"), dict):
                         self.fault(item["rid"], "field 'snapshot' must be an object")
@@ -509,6 +519,9 @@ class Runner:
             self.sweep_strays(session)
         elif kind == "state":
             self.reply({"id": rid, "status": "ok", "state": msg.get("state")})
+        elif kind == "describe":
+            self._drain(session, discard=True)  # what introspection printed is nobody's output
+            self.reply(_describe_reply(rid, status, msg))
         elif kind == "restore":
             delta = msg.get("delta") or {}
             session.snapshot = dict(delta.get("set") or {})
@@ -696,6 +709,30 @@ class Runner:
                     self.running = False
                     break
             self.reap()
+
+
+def _describe_reply(rid: object, status: object, msg: dict) -> dict:
+    """The host reply to a ``describe`` answered by a child. Nothing the child sends is
+    trusted: ``tools`` must be a list and encode to at most DESCRIBE_MAX_BYTES, ``notes``
+    a short list of strings, an error's observation/traceback are cut to 4 KiB; anything
+    else becomes an ``error`` result (the host validates each schema's shape)."""
+    if status != "ok":
+        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:4096]}
+        if isinstance(msg.get("traceback"), str):
+            out["traceback"] = msg["traceback"][:8192]
+        return out
+    tools = msg.get("tools")
+    notes = msg.get("notes")
+    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > DESCRIBE_MAX_NOTES:
+        return {"id": rid, "status": "error", "observation": "Error: malformed describe reply from the session"}
+    try:
+        size = len(protocol.encode({"tools": tools}, errors="replace"))
+    except (TypeError, ValueError, RecursionError):
+        size = DESCRIBE_MAX_BYTES + 1
+    if size > DESCRIBE_MAX_BYTES + 64:  # frame header and key
+        return {"id": rid, "status": "error",
+                "observation": f"Error: tool schemas exceed {DESCRIBE_MAX_BYTES} bytes"}
+    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:512] for n in notes]}
 
 
 def connect(path: str, deadline_s: float) -> socket.socket:

@@ -13,13 +13,17 @@ Semantics follow EnvScaler:
 - tool call: ``getattr(instance, name)(**arguments)``; observation ``str(result)``; an
   exception becomes the observation ``"Error: <Type>: <message>"`` plus a bounded
   traceback and the episode goes on;
-- state: the instance's public attributes (``vars(instance)`` minus names starting ``_``).
+- state: the instance's public attributes (``vars(instance)`` minus names starting ``_``);
+- tools: ``describe`` answers the OpenAI tool schemas of the class (``schemas.py``). An
+  ``init`` with ``describe_only`` loads the module and checks the class but never
+  instantiates it (registration has no ``init_config``); such a session only describes.
 
 State encoding (one entry per public attribute), used for deltas, snapshots and restore:
 ``["j", value]`` JSON-native value (exact types: dict with str keys, list, str, int,
 float (finite), bool, None); ``["p", base64]`` pickle (opaque, only ever decoded inside a
 sandbox); ``["u", repr]`` neither (cannot be restored; the attribute keeps whatever
-``init`` produced).
+``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
+``"j"`` value, which UTF-8 cannot carry, arrives as ``?``.
 
 What this process reports is trusted only as far as its own session: the runner matches
 replies by a random per-request id and kills the process on any protocol violation.
@@ -46,6 +50,10 @@ VIEW_MAX_DEPTH = 12
 VIEW_MAX_ITEMS = 10000
 
 HEADER_SIZE = 4
+IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
+"""Debian-packaged libraries of the image (``base.json``'s ``include``, e.g. mpmath). The
+child runs with ``-S`` (no ``site``), so this is appended to ``sys.path`` explicitly, after
+the standard library. Not a boundary: environment code could append it itself."""
 
 
 def _json_native(value: object) -> bool:
@@ -152,6 +160,8 @@ class Session:
         self.fd = ctrl_fd
         self.limits = limits
         self.instance: object | None = None
+        self.cls: type | None = None
+        self.describe_only = False
         self.cache: dict[str, tuple[str, str]] = {}
 
     # -- framing ---------------------------------------------------------------------
@@ -170,7 +180,7 @@ class Session:
         return json.loads(self._read_exact(length).decode("utf-8"))
 
     def send_text(self, body: str) -> None:
-        data = body.encode("utf-8", "surrogatepass")
+        data = body.encode("utf-8", "replace")  # a lone surrogate (not UTF-8) becomes "?"
         payload = len(data).to_bytes(HEADER_SIZE, "big") + data
         view_ = memoryview(payload)
         while view_:
@@ -246,9 +256,17 @@ class Session:
         sys.modules[MODULE_NAME] = module
         code = compile(msg["source"], "<environment>", "exec")
         exec(code, module.__dict__)  # noqa: S102 - this is the sandbox
-        cls = module.__dict__.get(msg["class_name"])
-        if not isinstance(cls, type):
-            raise LookupError(f"class {msg['class_name']!r} is not defined by the environment code")
+        name = msg["class_name"]
+        if name not in module.__dict__:
+            raise LookupError(f"class {name!r} is not defined by the environment code")
+        cls = module.__dict__[name]
+        if not issubclass(type(cls), type):  # its real type: a forged __class__ does not count
+            raise TypeError(f"{name!r} is not a class (the environment code binds it to a "
+                            f"{type(cls).__name__})")
+        self.cls = cls
+        if msg.get("describe_only"):
+            self.describe_only = True
+            return
         config = msg.get("init_config") or {}
         if _takes_positional(cls):
             self.instance = cls(config)
@@ -259,7 +277,21 @@ class Session:
         if msg.get("snapshot"):
             self.apply_snapshot(msg["snapshot"])
 
+    def op_describe(self) -> tuple[str, str, list[str]]:
+        """Tool schemas of the class (``describe_only``) or of the instance's type:
+        ``("ok", JSON text of the tool list, notes)``, or ``("rejected", observation, [])``
+        when the class exceeds a cap of ``schemas.py``."""
+        schemas = _schemas()
+        target = self.cls if self.describe_only else type(self.instance)
+        try:
+            tools, notes = schemas.describe_class(target)  # type: ignore[arg-type]
+        except schemas.SchemaLimitError as exc:
+            return "rejected", _error_observation(exc), []
+        return "ok", _dumps(tools), notes
+
     def op_call(self, msg: dict) -> tuple[str, str, str | None]:
+        if self.describe_only:
+            return "rejected", "Error: this session only describes the environment; it has no instance", None
         name = msg["name"]
         arguments = msg["arguments"]
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
@@ -274,6 +306,16 @@ class Session:
             return "rejected", f"Error: {name!r} is not a tool of this environment", None
         result = bound(**arguments)
         return "ok", str(result), None
+
+
+def _schemas() -> types.ModuleType:
+    """The schema module, imported on first use (sessions that only call never pay for
+    ``inspect``/``typing``): a sibling file in the sandbox, a package module on the host."""
+    if __package__:
+        from . import schemas
+    else:  # run as a script: its directory is sys.path[0]
+        import schemas  # type: ignore[no-redef]
+    return schemas
 
 
 def _takes_positional(cls: type) -> bool:
@@ -386,6 +428,8 @@ def serve(session: Session) -> None:
                 if traceback_text:
                     fields["traceback"] = traceback_text
                 session.reply(request_id, fields, {"delta": session.delta_json()})
+            elif op == "describe":
+                _describe(session, request_id)
             elif op == "state":
                 session.reply(request_id, {"status": "ok"}, {"state": session.state_json()})
             elif op == "restore":
@@ -402,6 +446,29 @@ def serve(session: Session) -> None:
                 os._exit(0)
 
 
+def _describe(session: Session, request_id: str) -> None:
+    """Answer ``describe``: ``{status: ok, tools, notes}``; a cap exceeded is ``rejected``;
+    anything the class raises (even SystemExit) is ``error`` with a bounded traceback;
+    MemoryError propagates (``oom``)."""
+    try:
+        status, text, notes = session.op_describe()
+    except MemoryError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - hostile classes: reported, not fatal
+        status, text, notes = "error", _error_observation(exc)[:TRACEBACK_LIMIT_BYTES], []
+        traceback_text: str | None = _bounded_traceback(exc)
+    else:
+        traceback_text = None
+    _flush_std()
+    if status == "ok":
+        session.reply(request_id, {"status": "ok", "notes": notes}, {"tools": text})
+    else:
+        fields = {"status": status, "observation": text}
+        if traceback_text:
+            fields["traceback"] = traceback_text
+        session.reply(request_id, fields)
+
+
 def _flush_std() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -414,6 +481,8 @@ def main() -> None:
     limits = json.loads(os.environ.pop("SANDPIT_SESSION_LIMITS", "{}"))
     harden(limits)
     sys.argv = ["environment"]
+    if os.path.isdir(IMAGE_PACKAGES) and IMAGE_PACKAGES not in sys.path:
+        sys.path.append(IMAGE_PACKAGES)
     serve(Session(CTRL_FD, limits))
     os._exit(0)
 

@@ -1,0 +1,709 @@
+"""OpenAI function-calling tool schemas of an environment class, derived by introspection.
+
+Stdlib only (Python 3.11). Inside a sandbox, the session child (``session.py``) runs
+:func:`describe_class` on the untrusted environment class: nothing here ever runs on the
+host with untrusted code. The host imports this module only for its caps (to validate what
+a sandbox returns) and in unit tests, on trusted test classes.
+
+Tools are the class's *public methods*: plain functions, staticmethods and classmethods
+found in the ``__dict__`` of every class of the MRO except ``object``, whose name does not
+start with ``_``. Order: definition order of each class ``__dict__``, most-derived class
+first (an override keeps the subclass's position; inherited methods follow). Properties,
+nested classes, other descriptors and data attributes are not tools. Class internals are
+read through ``type``'s own descriptors, so a metaclass's ``__getattr__``,
+``__getattribute__`` or ``__dir__`` is never called, and no getter runs.
+
+One entry per tool::
+
+    {"type": "function", "function": {
+        "name": <method name>,
+        "description": <docstring summary (text before the first section), whitespace-
+                        normalized, at most MAX_DESCRIPTION_CHARS characters, "" if none>,
+        "parameters": {"type": "object",
+                       "properties": {<param>: {<type keys>, "description": str, "default"?}},
+                       "required": [<params without a default>],
+                       "additionalProperties": <True iff the method takes **kwargs>}}}
+
+Parameters come from ``inspect.signature`` (``self``/``cls``, ``*args``, ``**kwargs`` and
+positional-only parameters are skipped: a call passes arguments by name). Types come from
+``typing.get_type_hints``, falling back to the raw annotations, to a parse (never an
+evaluation) of annotations that are strings, and, without an annotation, to the type
+written in the docstring (``name (type): ...``, ``:type name:``). Mapping (see
+:func:`annotation_schema`): str/bytes ``string``, int ``integer``, float ``number``, bool
+``boolean``, None ``null``; list/tuple/set/Sequence/Iterable ``array`` with ``items`` when
+the element type is known; dict/Mapping ``object``; ``Optional[X]``/``X | None`` is X's
+schema; other unions ``anyOf``; ``Literal`` and ``Enum`` subclasses ``enum`` (+ ``type``
+when the values share one); ``Annotated[X, ...]`` and ``NewType`` map to X; ``Any`` and
+anything unknown get no ``type`` key. ``default`` is given when the default value is
+JSON-native (an Enum member gives its value).
+
+Docstrings: Google (``Args:``/``Arguments:``/``Parameters:``/``Keyword Args:`` sections,
+``name (type): text`` or ``name: text``, indented continuation lines; BFCL's docstrings
+are of this kind, and their leading ``[Optional]`` marker is dropped), reST (``:param [type] name: text``, ``:type name: type``) and NumPy
+(``Parameters`` underlined by dashes, ``name : type`` then indented text).
+
+Caps: at most MAX_TOOLS tools (more public methods raise :class:`SchemaLimitError`),
+descriptions cut at MAX_DESCRIPTION_CHARS, at most MAX_DOC_SCAN_CHARS of a docstring are
+read, the encoded result is at most MAX_SCHEMAS_BYTES (else :class:`SchemaLimitError`).
+A method that cannot be introspected (its signature raises, more than MAX_PARAMS
+parameters, ...) is still listed, with no known parameters and ``additionalProperties``
+true, and a note says why.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import collections.abc
+import dataclasses
+import enum
+import inspect
+import json
+import re
+import types
+import typing
+
+MAX_TOOLS = 512
+"""Most public methods a class may have; more raise :class:`SchemaLimitError`."""
+MAX_DESCRIPTION_CHARS = 4096
+"""Longest tool or parameter description, characters; longer ones are cut."""
+MAX_PARAMS = 128
+"""Most parameters described per tool; a method with more gets the fallback schema."""
+MAX_ENUM_VALUES = 256
+"""Most ``enum`` values (Literal/Enum); with more, only the type is given."""
+MAX_ENUM_CHARS = 64 * 1024
+"""Most characters of all string ``enum`` values of one schema together; more: type only."""
+MAX_SCHEMA_DEPTH = 6
+"""Deepest nesting of ``items``/``anyOf`` in one parameter schema; deeper is ``{}``."""
+MAX_ANY_OF = 32
+"""Most members of one ``anyOf``; a larger union is ``{}`` (anything)."""
+MAX_DEFAULT_CHARS = 1024
+"""Longest JSON encoding of a ``default``; longer defaults are left out."""
+MAX_DOC_SCAN_CHARS = 256 * 1024
+"""Characters of a docstring that are parsed; the rest is ignored."""
+MAX_ANNOTATION_CHARS = 1000
+"""Longest string annotation that is parsed; longer ones are unknown types."""
+MAX_SCHEMAS_BYTES = 4 * 1024 * 1024
+"""Largest UTF-8 JSON encoding of the whole tool list; larger raises SchemaLimitError."""
+MAX_NOTES = 64
+"""Most notes returned (each at most MAX_NOTE_CHARS characters)."""
+MAX_NOTE_CHARS = 512
+MAX_NAME_CHARS = 64
+TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+"""Public method names that are valid OpenAI function names (``^[a-zA-Z0-9_-]{1,64}$``)."""
+JSON_TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
+
+_class_dict = type.__dict__["__dict__"].__get__
+_class_mro = type.__dict__["__mro__"].__get__
+_EMPTY = inspect.Parameter.empty
+_SKIPPED_KINDS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
+                  inspect.Parameter.POSITIONAL_ONLY)
+
+
+class SchemaLimitError(ValueError):
+    """The class exceeds a cap (too many tools, result too large); the message says which."""
+
+
+# -- annotations -> JSON schema ----------------------------------------------------------
+_SIMPLE: dict[object, str] = {str: "string", bytes: "string", int: "integer", float: "number",
+                              bool: "boolean", type(None): "null"}
+_ARRAY_TYPES = (list, tuple, set, frozenset, collections.deque)
+_ARRAY_ABCS = {collections.abc.Sequence, collections.abc.MutableSequence, collections.abc.Set,
+               collections.abc.MutableSet, collections.abc.Iterable, collections.abc.Collection,
+               collections.abc.Iterator}
+_OBJECT_ABCS = {collections.abc.Mapping, collections.abc.MutableMapping}
+_ARRAY_NAMES = {"list", "List", "tuple", "Tuple", "set", "Set", "frozenset", "FrozenSet", "Sequence",
+                "MutableSequence", "Iterable", "Collection", "AbstractSet", "MutableSet", "deque",
+                "Deque", "Iterator"}
+_OBJECT_NAMES = {"dict", "Dict", "Mapping", "MutableMapping", "DefaultDict", "defaultdict", "OrderedDict",
+                 "Counter", "ChainMap", "TypedDict"}
+_NAME_SCHEMAS: dict[str, dict] = {
+    "str": {"type": "string"}, "bytes": {"type": "string"}, "int": {"type": "integer"},
+    "float": {"type": "number"}, "bool": {"type": "boolean"}, "None": {"type": "null"},
+    "NoneType": {"type": "null"}, "Any": {}, "object": {}, "string": {"type": "string"},
+    "integer": {"type": "integer"}, "number": {"type": "number"}, "boolean": {"type": "boolean"},
+}
+
+
+def annotation_schema(annotation: object, depth: int = 0) -> dict:
+    """JSON schema (without ``description``) for a type annotation: a type, a typing
+    construct, or a string (parsed with ``ast``, never evaluated). Unknown -> ``{}``."""
+    if depth > MAX_SCHEMA_DEPTH or annotation is _EMPTY or annotation is typing.Any or annotation is object:
+        return {}
+    if annotation is None:
+        return {"type": "null"}
+    if isinstance(annotation, str):
+        return string_annotation_schema(annotation, depth)
+    if isinstance(annotation, typing.ForwardRef):
+        return string_annotation_schema(annotation.__forward_arg__, depth)
+    try:
+        simple = _SIMPLE.get(annotation)
+    except TypeError:  # unhashable annotation
+        simple = None
+    if simple is not None:
+        return {"type": simple}
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return annotation_schema(args[0], depth) if args else {}
+    if origin is typing.Literal:
+        return _enum_schema(list(args))
+    if origin is typing.Union or origin is types.UnionType:
+        members = [a for a in args if a is not type(None) and a is not None]
+        return _union_schema([annotation_schema(a, depth + 1) for a in members])
+    if isinstance(annotation, typing.NewType):
+        return annotation_schema(annotation.__supertype__, depth + 1)
+    if isinstance(annotation, typing.TypeVar):
+        if annotation.__bound__ is not None:
+            return annotation_schema(annotation.__bound__, depth + 1)
+        if annotation.__constraints__:
+            return _union_schema([annotation_schema(a, depth + 1) for a in annotation.__constraints__])
+        return {}
+    base = origin if origin is not None else annotation
+    if not isinstance(base, type):
+        return {}
+    if issubclass(base, enum.Enum):
+        return _enum_schema([member.value for member in list(base)[:MAX_ENUM_VALUES + 1]])
+    if issubclass(base, bool):
+        return {"type": "boolean"}
+    if issubclass(base, (str, bytes, bytearray)):
+        return {"type": "string"}
+    if issubclass(base, int):
+        return {"type": "integer"}
+    if issubclass(base, float):
+        return {"type": "number"}
+    if issubclass(base, dict) or base in _OBJECT_ABCS or dataclasses.is_dataclass(base):
+        return {"type": "object"}
+    if issubclass(base, _ARRAY_TYPES) or base in _ARRAY_ABCS:
+        return _array_schema([annotation_schema(a, depth + 1) if a is not Ellipsis else None for a in args],
+                             tuple_like=issubclass(base, tuple))
+    return {}
+
+
+def _union_schema(members: list[dict]) -> dict:
+    """Schemas of a union's non-None members -> one schema: ``Optional[X]`` is X's schema,
+    several members ``anyOf``, no member (``None`` alone) ``null``, Any among them ``{}``."""
+    if not members:
+        return {"type": "null"}
+    unique: list[dict] = []
+    for member in members:
+        if member == {}:
+            return {}  # Any in a union: anything goes
+        if member not in unique:
+            unique.append(member)
+    if len(unique) == 1:
+        return unique[0]
+    if len(unique) > MAX_ANY_OF:
+        return {}
+    return {"anyOf": unique}
+
+
+def _array_schema(items: list[dict | None], tuple_like: bool) -> dict:
+    """``list[X]``/``set[X]``/``tuple[X, ...]`` -> items X; ``tuple[A, B]`` -> items A
+    when A == B, else ``anyOf``; no argument -> no ``items``."""
+    known = [item for item in items if item is not None]
+    if not known:
+        return {"type": "array"}
+    if not tuple_like or len(known) == 1:
+        element = known[0]
+    else:
+        element = _union_schema(known)
+    return {"type": "array", "items": element} if element else {"type": "array"}
+
+
+def _json_scalar(value: object) -> bool:
+    kind = type(value)
+    if kind is float:
+        return value == value and value not in (float("inf"), float("-inf"))  # type: ignore[comparison-overlap]
+    return kind is str or kind is int or kind is bool or value is None
+
+
+def _enum_schema(values: list) -> dict:
+    """``enum`` of JSON scalar values (Enum members give their value) with the common
+    ``type`` when there is one. Non-JSON or too many values: only the common type."""
+    values = [v.value if isinstance(v, enum.Enum) else v for v in values]
+    kinds = set()
+    for value in values:
+        if not _json_scalar(value):
+            return {}
+        kinds.add({str: "string", bool: "boolean", int: "integer", float: "number"}.get(type(value), "null"))
+    if kinds == {"integer", "number"}:
+        kinds = {"number"}
+    schema: dict = {"type": kinds.pop()} if len(kinds) == 1 else {}
+    if values and len(values) <= MAX_ENUM_VALUES and sum(
+            len(v) for v in values if isinstance(v, str)) <= MAX_ENUM_CHARS:
+        unique = []
+        for value in values:
+            if not any(type(value) is type(seen) and value == seen for seen in unique):
+                unique.append(value)
+        schema["enum"] = unique
+    return schema
+
+
+def string_annotation_schema(text: str, depth: int = 0) -> dict:
+    """Schema for an annotation written as text (``"Optional[List[str]]"``, ``"int | None"``,
+    a docstring's ``"str, optional"`` or ``"int or None"``). Parsed with ``ast``; names are
+    matched by spelling, never looked up or evaluated."""
+    text = text.strip()
+    if not text or len(text) > MAX_ANNOTATION_CHARS or depth > MAX_SCHEMA_DEPTH:
+        return {}
+    text = re.sub(r"(,\s*)?\boptional\b\.?$", "", text, flags=re.I).strip()
+    text = re.sub(r"\s+or\s+", " | ", text)
+    try:
+        node = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return {}
+    return _node_schema(node, depth)
+
+
+def _node_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _union_members(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _union_members(node.left) + _union_members(node.right)
+    return [node]
+
+
+def _is_none(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Constant) and node.value is None) or _node_name(node) == "NoneType"
+
+
+def _node_schema(node: ast.expr, depth: int) -> dict:
+    if depth > MAX_SCHEMA_DEPTH:
+        return {}
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return {"type": "null"}
+        if isinstance(node.value, str):
+            return string_annotation_schema(node.value, depth + 1)
+        return {}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        members = _union_members(node)
+        return _union_schema([_node_schema(m, depth + 1) for m in members if not _is_none(m)])
+    name = _node_name(node)
+    if name is not None:
+        if name in _NAME_SCHEMAS:
+            return dict(_NAME_SCHEMAS[name])
+        if name in _ARRAY_NAMES:
+            return {"type": "array"}
+        if name in _OBJECT_NAMES:
+            return {"type": "object"}
+        return {}
+    if not isinstance(node, ast.Subscript):
+        return {}
+    base = _node_name(node.value)
+    args = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if base == "Optional":
+        return _node_schema(args[0], depth + 1)
+    if base == "Union":
+        return _union_schema([_node_schema(a, depth + 1) for a in args if not _is_none(a)])
+    if base == "Annotated":
+        return _node_schema(args[0], depth + 1)
+    if base == "Literal":
+        values = []
+        for arg in args:
+            try:
+                values.append(ast.literal_eval(arg))  # literals only: never evaluates code
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                return {}
+        return _enum_schema(values)
+    if base in _ARRAY_NAMES:
+        items: list[dict | None] = [None if isinstance(a, ast.Constant) and a.value is Ellipsis
+                                    else _node_schema(a, depth + 1) for a in args]
+        return _array_schema(items, tuple_like=base in ("tuple", "Tuple"))
+    if base in _OBJECT_NAMES:
+        return {"type": "object"}
+    return {}
+
+
+# -- docstrings ------------------------------------------------------------------------------
+_GOOGLE_SECTION = re.compile(
+    r"(args|arguments|parameters|params|keyword args|keyword arguments|other parameters|kwargs|"
+    r"returns?|yields?|raises?|except(?:ions?)?|examples?|notes?|attributes|see also|warnings?|"
+    r"todo|references?|response|side effects?)\s*:\s*", re.I)
+_PARAM_SECTIONS = {"args", "arguments", "parameters", "params", "keyword args", "keyword arguments",
+                   "other parameters", "kwargs"}
+_NUMPY_SECTION = re.compile(
+    r"(parameters|other parameters|returns?|yields?|raises?|examples?|notes?|attributes|see also|"
+    r"warnings?|references?)\s*", re.I)
+_DASHES = re.compile(r"-{3,}\s*")
+# Item heads (the part before the first colon) are matched only when at most _HEAD_CHARS
+# long, so no regex ever runs on a long line: parsing stays linear in the docstring.
+_HEAD_CHARS = 256
+_GOOGLE_HEAD = re.compile(r"\*{0,2}(\w+)(?:\s*\((.*)\))?\s*")
+_NUMPY_HEAD = re.compile(r"\*{0,2}(\w+)")
+_REST_PARAM_FIELDS = {"param", "parameter", "arg", "argument", "key", "keyword"}
+_OPTIONAL_MARK = re.compile(r"^\[optional\]\s*", re.I)
+
+
+class DocParam:
+    """One documented parameter: its docstring type (text or None) and description lines."""
+
+    __slots__ = ("type", "lines", "chars")
+
+    def __init__(self, type_text: str | None) -> None:
+        self.type = type_text
+        self.lines: list[str] = []
+        self.chars = 0
+
+    def start(self, text: str | None) -> None:
+        """(Re)start the description with its first line (``None``: empty so far)."""
+        self.lines, self.chars = [], 0
+        if text:
+            self.append(text)
+
+    def append(self, text: str) -> None:
+        """Add a continuation line; beyond MAX_DESCRIPTION_CHARS lines are dropped (O(1))."""
+        if self.chars <= MAX_DESCRIPTION_CHARS:
+            self.lines.append(text)
+            self.chars += len(text) + 1
+
+    @property
+    def description(self) -> str:
+        """Whitespace-normalized text, without BFCL's leading ``[Optional]`` marker
+        (optionality is what ``required`` says)."""
+        return _OPTIONAL_MARK.sub("", _normalize(" ".join(self.lines)), count=1)
+
+
+def _google_item(text: str) -> tuple[str, str | None, str] | None:
+    """``name (type): text`` / ``name: text`` -> ``(name, type or None, text)``."""
+    colon = text.find(":", 0, _HEAD_CHARS)
+    if colon < 0:
+        return None
+    match = _GOOGLE_HEAD.fullmatch(text[:colon])
+    rest = text[colon + 1:]
+    if match is None or (rest and not rest[0].isspace()):  # "http://..." is not an item
+        return None
+    return match.group(1), match.group(2), rest.strip()
+
+
+def _numpy_item(text: str) -> tuple[str, str | None] | None:
+    """``name : type`` / ``name`` -> ``(name, type or None)``."""
+    head, _, type_text = text.partition(":")
+    head = head.strip()
+    match = _NUMPY_HEAD.fullmatch(head) if len(head) <= _HEAD_CHARS else None
+    return (match.group(1), type_text.strip() or None) if match else None
+
+
+def _rest_field(text: str) -> tuple[list[str], str] | None:
+    """``:word [word...]: text`` -> ``(words, text)``."""
+    end = text.find(":", 1, _HEAD_CHARS)
+    words = text[1:end].split() if end > 1 and not text[1].isspace() else []
+    if not words or not words[0].isidentifier():
+        return None
+    return words, text[end + 1:].strip()
+
+
+def _normalize(text: str) -> str:
+    text = " ".join(text.split())
+    return text[:MAX_DESCRIPTION_CHARS]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, DocParam]]:
+    """Split a docstring into ``(summary, {param name: DocParam})``.
+
+    The summary is the text before the first section (Google ``Args:``/``Returns:``/...,
+    a reST ``:field:`` line, a NumPy underlined header), whitespace-normalized and cut at
+    MAX_DESCRIPTION_CHARS. Only the first MAX_DOC_SCAN_CHARS characters are read.
+    """
+    if not isinstance(doc, str) or not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc[:MAX_DOC_SCAN_CHARS]).splitlines()
+    summary: list[str] = []
+    params: dict[str, DocParam] = {}
+    mode = "summary"  # summary | google | numpy | rest | other
+    section_indent = 0
+    item_indent: int | None = None
+    current: DocParam | None = None
+    summary_chars = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        indent = _indent(line)
+        i += 1
+        nxt = lines[i] if i < len(lines) else ""
+        if not stripped:
+            if mode == "summary":
+                summary.append("")
+            continue
+        # structure that starts a section, wherever we are
+        if (_NUMPY_SECTION.fullmatch(stripped) and _DASHES.fullmatch(nxt.strip())
+                and (mode == "summary" or indent <= section_indent)):
+            name = stripped.lower()
+            mode = "numpy" if name in ("parameters", "other parameters") else "other"
+            section_indent, item_indent, current = indent, None, None
+            i += 1  # the dashes
+            continue
+        if _GOOGLE_SECTION.fullmatch(stripped) and (mode in ("summary", "rest") or indent <= section_indent):
+            name = stripped.rstrip(":").strip().lower()
+            mode = "google" if name in _PARAM_SECTIONS else "other"
+            section_indent, item_indent, current = indent, None, None
+            continue
+        field = _rest_field(stripped) if stripped.startswith(":") else None
+        if field is not None:
+            mode, section_indent, current = "rest", indent, None
+            words, text = field
+            name = words[-1].lstrip("*")
+            if len(words) >= 2 and name.isidentifier():
+                if words[0] in _REST_PARAM_FIELDS:
+                    current = params.setdefault(name, DocParam(None))
+                    if len(words) > 2:
+                        current.type = " ".join(words[1:-1])
+                    current.start(text)
+                elif words[0] == "type" and len(words) == 2:
+                    params.setdefault(name, DocParam(None)).type = text or None
+            continue
+        if mode == "summary":
+            if summary_chars <= MAX_DESCRIPTION_CHARS:
+                summary.append(stripped)
+                summary_chars += len(stripped) + 1
+            continue
+        if mode == "rest":
+            if current is not None and indent > section_indent:
+                current.append(stripped)
+            else:
+                current = None
+            continue
+        if indent <= section_indent and mode in ("google", "other") and mode != "numpy":
+            mode, current = "other", None  # text after the section, at its level: not ours
+            continue
+        if mode == "google":
+            if item_indent is None:
+                item_indent = indent
+            if indent <= item_indent:
+                item = _google_item(stripped) if indent == item_indent else None
+                if item is not None:
+                    name, type_text, text = item
+                    current = params.setdefault(name, DocParam(None))
+                    if type_text:
+                        current.type = type_text
+                    current.start(text)
+                else:
+                    current = None
+            elif current is not None:
+                current.append(stripped)
+            continue
+        if mode == "numpy":
+            if indent <= section_indent:
+                numpy_item = _numpy_item(stripped)
+                if numpy_item is not None:
+                    name, type_text = numpy_item
+                    current = params.setdefault(name, DocParam(None))
+                    current.type = type_text
+                    current.start(None)
+                else:
+                    current = None
+            elif current is not None:
+                current.append(stripped)
+            continue
+    return _normalize(" ".join(summary)), params
+
+
+# -- classes -> tools --------------------------------------------------------------------------
+def public_methods(cls: type) -> list[tuple[str, str, object]]:
+    """``[(name, kind, function)]`` of the public methods of ``cls`` in tool order; kind
+    is ``method``, ``static`` or ``class``; ``function`` is the underlying function.
+
+    Raises:
+        SchemaLimitError: more than MAX_TOOLS public methods.
+        TypeError: ``cls`` is not a class.
+    """
+    if not issubclass(type(cls), type):  # its real type: a forged __class__ does not count
+        raise TypeError(f"expected a class, got {type(cls).__name__}")
+    seen: set[str] = set()
+    found: list[tuple[str, str, object]] = []
+    for klass in _class_mro(cls):
+        if klass is object:
+            continue
+        for name, value in list(_class_dict(klass).items()):
+            if type(name) is not str or name in seen:
+                continue
+            seen.add(name)
+            if name.startswith("_"):
+                continue
+            kind = _method_kind(value)
+            if kind is None:
+                continue
+            found.append((name, kind[0], kind[1]))
+            if len(found) > MAX_TOOLS:
+                raise SchemaLimitError(
+                    f"the class has more than {MAX_TOOLS} public methods; at most {MAX_TOOLS} tools can be described")
+    return found
+
+
+def _method_kind(value: object) -> tuple[str, object] | None:
+    """Classify a class-``__dict__`` value without running any code of it."""
+    kind = type(value)
+    if kind is types.FunctionType:
+        return "method", value
+    if issubclass(kind, staticmethod):
+        return "static", value.__func__  # type: ignore[attr-defined]
+    if issubclass(kind, classmethod):
+        return "class", value.__func__  # type: ignore[attr-defined]
+    if issubclass(kind, (type, property)) or not callable(value):
+        return None
+    # Other callables, e.g. functools.lru_cache wrappers: methods if they bind like one;
+    # data descriptors (cached_property, slots) are attributes, not tools. Looked up in
+    # the type's own dicts (as Python does for descriptors), never via its metaclass.
+    if _type_defines(kind, "__set__") or _type_defines(kind, "__delete__"):
+        return None
+    return ("method", value) if _type_defines(kind, "__get__") else ("static", value)
+
+
+def _type_defines(kind: type, name: str) -> bool:
+    return any(name in _class_dict(klass) for klass in _class_mro(kind))
+
+
+def _inherited_doc(cls: type, name: str) -> str | None:
+    for klass in _class_mro(cls)[1:]:
+        if klass is object:
+            continue
+        value = _class_dict(klass).get(name)
+        if value is None:
+            continue
+        kind = _method_kind(value)
+        if kind is not None:
+            doc = getattr(kind[1], "__doc__", None)
+            if isinstance(doc, str) and doc.strip():
+                return doc
+    return None
+
+
+def _default(value: object) -> tuple[bool, object]:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if not _json_native(value):
+        return False, None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False, None
+    return len(text) <= MAX_DEFAULT_CHARS, value
+
+
+def _json_native(value: object, depth: int = 0) -> bool:
+    if depth > 16:
+        return False
+    if _json_scalar(value):
+        return True
+    if type(value) is list:
+        return len(value) <= MAX_ENUM_VALUES and all(_json_native(v, depth + 1) for v in value)
+    if type(value) is dict:
+        return len(value) <= MAX_ENUM_VALUES and all(
+            type(k) is str and _json_native(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _fallback(name: str, description: str) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": True}}}
+
+
+def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[str]) -> dict:
+    """The tool entry for one public method (see the module docstring); problems that
+    only affect parameters are appended to ``notes`` and give the fallback schema."""
+    doc = getattr(function, "__doc__", None)
+    if not isinstance(doc, str) or not doc.strip():
+        doc = _inherited_doc(cls, name)
+    summary, documented = parse_docstring(doc)
+    try:
+        signature = inspect.signature(function)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        _note(notes, f"{name}: signature unavailable ({type(exc).__name__}); parameters not described")
+        return _fallback(name, summary)
+    parameters = list(signature.parameters.values())
+    if kind in ("method", "class") and parameters and parameters[0].kind in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        parameters = parameters[1:]  # self / cls
+    if len(parameters) > MAX_PARAMS:
+        _note(notes, f"{name}: more than {MAX_PARAMS} parameters; parameters not described")
+        return _fallback(name, summary)
+    try:
+        hints: dict = typing.get_type_hints(inspect.unwrap(function))  # type: ignore[arg-type]
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - unresolvable names: fall back to the raw annotations
+        hints = {}
+    properties: dict[str, dict] = {}
+    required: list[str] = []
+    extra = False
+    for param in parameters:
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = True
+            continue
+        if param.kind in _SKIPPED_KINDS:
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                _note(notes, f"{name}: positional-only parameter {param.name!r} cannot be passed by name")
+            continue
+        doc_param = documented.get(param.name)
+        annotation = hints.get(param.name, param.annotation)
+        try:
+            if annotation is _EMPTY and doc_param is not None and doc_param.type:
+                schema = string_annotation_schema(doc_param.type)
+            else:
+                schema = annotation_schema(annotation)
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a hostile annotation: type unknown
+            _note(notes, f"{name}: type of {param.name!r} unavailable ({type(exc).__name__})")
+            schema = {}
+        schema["description"] = doc_param.description if doc_param is not None else ""
+        if param.default is _EMPTY:
+            required.append(param.name)
+        else:
+            ok, value = _default(param.default)
+            if ok:
+                schema["default"] = value
+        properties[param.name] = schema
+    return {"type": "function", "function": {
+        "name": name, "description": summary,
+        "parameters": {"type": "object", "properties": properties, "required": required,
+                       "additionalProperties": extra}}}
+
+
+def _note(notes: list[str], text: str) -> None:
+    if len(notes) < MAX_NOTES:
+        notes.append(text[:MAX_NOTE_CHARS])
+
+
+def describe_class(cls: type) -> tuple[list[dict], list[str]]:
+    """Tool schemas of every public method of ``cls`` plus notes on what could not be
+    described. Returns ``(tools, notes)``; ``tools`` is in tool order (module docstring).
+
+    Raises:
+        SchemaLimitError: more than MAX_TOOLS public methods, or the encoded tools would
+            exceed MAX_SCHEMAS_BYTES.
+        TypeError: ``cls`` is not a class.
+    """
+    notes: list[str] = []
+    tools: list[dict] = []
+    size = 2
+    for name, kind, function in public_methods(cls):
+        if not TOOL_NAME.fullmatch(name):
+            _note(notes, f"{name[:MAX_NAME_CHARS]!r}: not a valid function name (ASCII letters, digits, "
+                         f"underscores, at most {MAX_NAME_CHARS}); not described")
+            continue
+        try:
+            tool = tool_schema(cls, name, kind, function, notes)
+        except (SchemaLimitError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a hostile method must not hide the others
+            _note(notes, f"{name}: introspection failed ({type(exc).__name__}); parameters not described")
+            tool = _fallback(name, "")
+        size += len(json.dumps(tool, ensure_ascii=False, allow_nan=False).encode("utf-8")) + 1
+        if size > MAX_SCHEMAS_BYTES:
+            raise SchemaLimitError(f"the tool schemas exceed {MAX_SCHEMAS_BYTES} bytes")
+        tools.append(tool)
+    return tools, notes
