@@ -84,3 +84,96 @@ def demo(sessions: int = typer.Option(2, min=1, max=32, help="Concurrent episode
 
 if __name__ == "__main__":  # pragma: no cover
     app()
+
+
+db_app = typer.Typer(help="Control database (SQLite file by default, PostgreSQL by URL).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
+    """Apply database migrations (creates the SQLite file and its directory if needed)."""
+    from sandpit.api.db import upgrade
+    from sandpit.api.settings import get_api_settings
+
+    url = get_api_settings().resolved_database_url()
+    upgrade(url, revision)
+    console.print(f"database at {revision}: {url}")
+
+
+@app.command("serve")
+def serve(host: str | None = typer.Option(None, help="Bind address (default SANDPIT_HOST)."),
+          port: int | None = typer.Option(None, help="Port (default SANDPIT_PORT)."),
+          log_level: str = typer.Option("warning", help="uvicorn log level.")) -> None:
+    """Run the HTTP API (uvicorn). Refuses to start on an unmigrated database."""
+    import uvicorn
+    from sandpit.api.app import create_app
+    from sandpit.api.db import make_engine, require_current
+    from sandpit.api.errors import DatabaseNotMigrated
+    from sandpit.api.settings import get_api_settings
+
+    settings = get_api_settings()
+    engine = make_engine(settings.resolved_database_url())
+    try:
+        require_current(engine)
+    except DatabaseNotMigrated as exc:
+        _fail(exc)
+    finally:
+        engine.dispose()
+    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port,
+                log_level=log_level, access_log=False)
+
+
+import_app = typer.Typer(help="Import third-party environment suites through the API.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("bfcl")
+def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit API base URL."),
+                replay: bool = typer.Option(True, help="Replay every ground-truth trajectory in fresh envs."),
+                limit: int | None = typer.Option(None, min=1, help="Replay only the first N episodes."),
+                concurrency: int = typer.Option(4, min=1, max=64, help="Episodes replayed at once."),
+                api_key: str | None = typer.Option(None, envvar="SANDPIT_API_KEY", help="API key, if required.")) -> None:
+    """Register BFCL v4 multi-turn environments (bfcl-eval wheel) and replay their ground truth."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from sandpit.api.bfcl import BfclImportError, fetch_wheel, load_suite
+    from sandpit.api.bfcl_replay import register_environments, replay_suite
+    from sandpit.api.client import Client, SandpitError
+
+    try:
+        suite = load_suite(fetch_wheel())
+        with Client(url, api_key=api_key, timeout=120) as client:
+            console.print(f"BFCL {suite.version}: {len(suite.environments)} environments, {len(suite.episodes)} episodes")
+            ids = register_environments(client, suite)
+            console.print(f"registered {len(ids)} environments (tools derived in sandboxes)")
+            if not replay:
+                return
+            total = min(limit or len(suite.episodes), len(suite.episodes))
+            with Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console) as progress:
+                task = progress.add_task("episodes", total=total)
+                summary, _ = replay_suite(client, suite, ids, concurrency=concurrency, limit=limit,
+                                          on_episode=lambda _r: progress.advance(task))
+    except (BfclImportError, SandpitError) as exc:
+        _fail(exc)
+        return
+    table = Table(title=f"BFCL {suite.version} multi-turn base replay")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("environments", str(summary.environments))
+    table.add_row("episodes", str(summary.episodes))
+    table.add_row("episodes failed (API errors)", str(len(summary.failed_episodes)))
+    table.add_row("steps", str(summary.steps))
+    for status_name, count in sorted(summary.statuses.items()):
+        table.add_row(f"steps {status_name}", str(count))
+    table.add_row("step latency p50 (ms)", f"{summary.step_p50_ms:.1f}")
+    table.add_row("step latency p99 (ms)", f"{summary.step_p99_ms:.1f}")
+    table.add_row("steps/s", f"{summary.steps_per_s:.0f}")
+    table.add_row("wall time (s)", f"{summary.wall_s:.1f}")
+    Console().print(table)
+    for episode_id, refused in summary.refusals.items():
+        console.print(f"[cyan]{episode_id}[/cyan] ground truth refused by the tool schema: {'; '.join(refused)[:300]}")
+    for episode_id, error in list(summary.failed_episodes.items())[:10]:
+        console.print(f"[yellow]{episode_id}[/yellow]: {error}")
+    if summary.failed_episodes:
+        raise typer.Exit(1)

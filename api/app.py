@@ -1,0 +1,65 @@
+"""The FastAPI application: ``create_app(settings)`` wires database, executor pool and
+service in the lifespan (nothing is created at import time).
+
+Start-up refuses an unmigrated database (:class:`DatabaseNotMigrated`: run
+``sandpit db upgrade``), reaps sandboxes left by dead API processes, starts the warm pool
+and the janitor. Shutdown closes every session and sandbox; the state of every env stays
+in the database and resumes on the next start.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.settings import ExecutorSettings, get_settings
+
+from .db import make_engine, make_sessionmaker, require_current
+from .errors import register_handlers
+from .metrics import Metrics
+from .routes import environments, envs, health
+from .service import EnvService
+from .settings import ApiSettings, get_api_settings
+
+
+def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None) -> FastAPI:
+    """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
+    the database is behind."""
+    settings = settings or get_api_settings()
+    executor_settings = executor_settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.resolved_database_url())
+        try:
+            require_current(engine)
+            sessions = make_sessionmaker(engine)
+            pool = SandboxPool(executor_settings).start()
+            try:
+                metrics = Metrics(pool.stats)
+                service = EnvService(settings, sessions, pool, metrics)
+                app.state.sessions, app.state.pool, app.state.metrics, app.state.service = sessions, pool, metrics, service
+                service.start()
+                if settings.warm_on_start and executor_settings.pool_size:
+                    threading.Thread(target=pool.warm, args=(settings.tenant,), daemon=True,
+                                     name="sandpit-warm").start()
+                try:
+                    yield
+                finally:
+                    service.close()
+            finally:
+                pool.close()
+        finally:
+            engine.dispose()
+
+    app = FastAPI(title="Sandpit", version="0.1.0", lifespan=lifespan,
+                  summary="Sandboxed execution of LLM-synthesized tool environments")
+    app.state.settings = settings
+    register_handlers(app, settings.capacity_retry_after_s)
+    app.include_router(health.router)
+    app.include_router(environments.router)
+    app.include_router(envs.router)
+    return app

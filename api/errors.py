@@ -1,0 +1,156 @@
+"""API errors and the one table that maps them to HTTP statuses.
+
+Exception tree (services raise these; routes never build HTTP errors themselves)::
+
+    ApiError                      status  code
+    ├── NotFound                  404     not_found        unknown id (or another tenant's)
+    ├── InvalidRequest            422     invalid_request  names the offending ``field``
+    │   └── UnknownTool           422     unknown_tool
+    ├── Conflict                  409     conflict         e.g. restore past the end
+    ├── PayloadTooLarge           413     payload_too_large
+    ├── NoCapacity                503     no_capacity      with ``Retry-After``
+    └── ServiceUnavailable        503     unavailable      Docker Engine or DB down
+    DatabaseNotMigrated           (start-up only: the server refuses to start)
+
+Executor errors are translated at the edge by :func:`register_handlers`:
+``CapacityError`` -> 503 ``no_capacity``, ``DockerUnavailable``/``SandboxLost`` -> 503,
+``ProfileError`` -> 422. Request validation errors -> 422 naming the field. Anything else
+is a bug: logged with its traceback and answered 500 ``internal`` without details.
+Every error body is ``{"error": {"code", "message", "field"}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sandpit.executor.errors import CapacityError, DockerUnavailable, ExecutorError, ProfileError, SandboxLost
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("sandpit.api")
+
+
+class DatabaseNotMigrated(RuntimeError):
+    """The control database is not at the newest migration (message says what to run)."""
+
+
+class ApiError(Exception):
+    """Base of errors a request can end in; ``status``/``code`` come from :data:`TABLE`."""
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after = retry_after
+
+
+class NotFound(ApiError):
+    """Unknown id, or an id that belongs to another tenant (indistinguishable on purpose)."""
+
+
+class InvalidRequest(ApiError):
+    """The request is well-formed JSON but not acceptable; ``field`` names the part."""
+
+
+class UnknownTool(InvalidRequest):
+    """The tool name is not a public method of the environment."""
+
+
+class Conflict(ApiError):
+    """The request contradicts the resource's state (restore past the end, expired env)."""
+
+
+class PayloadTooLarge(ApiError):
+    """Code, init_config, arguments or the whole body is over its configured cap."""
+
+
+class NoCapacity(ApiError):
+    """No sandbox capacity right now; retry after ``retry_after`` seconds."""
+
+
+class ServiceUnavailable(ApiError):
+    """A dependency (Docker Engine, database) is unreachable."""
+
+
+TABLE: dict[type[ApiError], tuple[int, str]] = {
+    NotFound: (404, "not_found"),
+    UnknownTool: (422, "unknown_tool"),
+    InvalidRequest: (422, "invalid_request"),
+    Conflict: (409, "conflict"),
+    PayloadTooLarge: (413, "payload_too_large"),
+    NoCapacity: (503, "no_capacity"),
+    ServiceUnavailable: (503, "unavailable"),
+}
+"""Error class -> (HTTP status, error code). The only place statuses are decided."""
+
+
+def status_of(exc: ApiError) -> tuple[int, str]:
+    """Look ``exc`` up in :data:`TABLE` by its most specific class."""
+    for cls in type(exc).__mro__:
+        if cls in TABLE:
+            return TABLE[cls]
+    return 500, "internal"
+
+
+def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    """The JSON error body every non-2xx response carries."""
+    return {"error": {"code": code, "message": message, "field": field}}
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """Render an :class:`ApiError` (with ``Retry-After`` when it has one)."""
+    status, code = status_of(exc)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(error_body(code, exc.message, exc.field), status_code=status, headers=headers)
+
+
+def translate_executor_error(exc: ExecutorError, retry_after: int) -> ApiError:
+    """Executor failures as API errors (the executor knows nothing about HTTP)."""
+    if isinstance(exc, CapacityError):
+        return NoCapacity(f"no sandbox capacity: {exc}", retry_after=retry_after)
+    if isinstance(exc, ProfileError):
+        return InvalidRequest(str(exc), field="profile")
+    if isinstance(exc, (DockerUnavailable, SandboxLost)):
+        return ServiceUnavailable(f"sandbox backend unavailable: {exc}", retry_after=retry_after)
+    return ServiceUnavailable(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
+
+
+def _field_of(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or None
+
+
+def register_handlers(app: FastAPI, retry_after: int) -> None:
+    """Install the exception handlers (by class, so subclasses are covered)."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(ExecutorError)
+    async def _executor_error(_request: Request, exc: ExecutorError) -> JSONResponse:
+        return error_response(translate_executor_error(exc, retry_after))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = _field_of(tuple(first.get("loc", ())))
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more problem(s))"
+        return JSONResponse(error_body("invalid_request", message, field), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=exc)
+        return JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)

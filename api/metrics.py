@@ -1,0 +1,55 @@
+"""Prometheus metrics of one app instance (its own registry, so several apps can run in
+one process, e.g. in tests).
+
+``sandpit_step_seconds`` histogram by status · ``sandpit_live_envs`` envs in sandboxes ·
+``sandpit_pool_sandboxes`` by state (idle/active/starting) · ``sandpit_sandbox_failures_total``
+by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
+offered for storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+STEP_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            stats = self.stats()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the pool is closing
+            return
+        family = GaugeMetricFamily("sandpit_pool_sandboxes", "Sandbox containers by state", labels=["state"])
+        for state in ("idle", "active", "starting"):
+            family.add_metric([state], float(stats.get(state, 0)))
+        yield family
+        yield GaugeMetricFamily("sandpit_pool_sessions", "Sessions placed in sandboxes",
+                                value=float(stats.get("sessions", 0)))
+
+
+class Metrics:
+    """The app's metrics; ``render()`` gives the exposition text for ``/metrics``."""
+
+    def __init__(self, pool_stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.step_seconds = Histogram("sandpit_step_seconds", "Step latency through the API, seconds",
+                                      ["status"], buckets=STEP_BUCKETS, registry=self.registry)
+        self.live_envs = Gauge("sandpit_live_envs", "Envs currently placed in a sandbox", registry=self.registry)
+        self.failures = Counter("sandpit_sandbox_failures_total", "Tool calls that ended in a sandbox failure",
+                                ["status"], registry=self.registry)
+        self.snapshot_bytes = Counter("sandpit_snapshot_bytes_total",
+                                      "Compressed state bytes offered for storage (before de-duplication)",
+                                      registry=self.registry)
+        self.registry.register(_PoolCollector(pool_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,121 @@
+"""``/v1/envs``: create, read, list, delete envs; step, reset, state, trajectory,
+restore and fork."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from ..deps import PageDep, ServiceDep, TenantDep
+from ..errors import InvalidRequest
+from ..models import Env
+from ..schemas import (
+    EnvCreate,
+    EnvPublic,
+    EnvsPublic,
+    ForkRequest,
+    ResetRequest,
+    RestoreRequest,
+    StateView,
+    StepRequest,
+    StepResult,
+    Trajectory,
+    TrajectoryStep,
+)
+from ..service import EnvService
+from ..strict_json import StrictJSONRoute
+from ..tools import parse_step
+
+router = APIRouter(prefix="/v1/envs", tags=["envs"], route_class=StrictJSONRoute)
+INCLUDES = {"state_diff", "state"}
+
+
+def _public(service: EnvService, row: Env, tools: bool = False) -> EnvPublic:
+    return EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
+                     status=service.env_status(row), init_config=row.init_config, created_at=row.created_at,
+                     expires_at=row.expires_at, forked_from=row.forked_from, forked_at_step=row.forked_at_step,
+                     tools=service.tools_of(row) if tools else [])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic)
+def create_env(body: EnvCreate, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
+    """Instantiate an environment (registered, or inline code) in a sandbox; step 0 is stored."""
+    row = service.create_env(tenant, environment_id=body.environment_id, source_code=body.source_code,
+                             class_name=body.class_name, init_config=body.init_config,
+                             profile=body.profile.model_dump(exclude_none=True) if body.profile else None)
+    return _public(service, row, tools=True)
+
+
+@router.get("/{env_id}", response_model=EnvPublic)
+def get_env(env_id: str, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
+    """One env with its tools."""
+    return _public(service, service.get_env(tenant, env_id), tools=True)
+
+
+@router.get("", response_model=EnvsPublic)
+def list_envs(page: PageDep, service: ServiceDep, tenant: TenantDep) -> EnvsPublic:
+    """The tenant's envs, newest first (``limit``/``offset``)."""
+    rows, total = service.list_envs(tenant, page.limit, page.offset)
+    return EnvsPublic(data=[_public(service, r) for r in rows], count=total)
+
+
+@router.delete("/{env_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_env(env_id: str, service: ServiceDep, tenant: TenantDep) -> Response:
+    """Delete an env: its sandbox session, trajectory and snapshots."""
+    service.delete_env(tenant, env_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{env_id}/step", response_model=StepResult, response_class=Response)
+def step(env_id: str, body: StepRequest, service: ServiceDep, tenant: TenantDep,
+         include: Annotated[str | None, Query(max_length=64)] = None) -> Response:
+    """Run one tool call (``{"name","arguments"}`` or an OpenAI tool call); committed before the reply."""
+    wanted = set(filter(None, (include or "").split(",")))
+    if not wanted <= INCLUDES:
+        raise InvalidRequest(f"include may name {sorted(INCLUDES)}, got {sorted(wanted - INCLUDES)}", field="include")
+    settings = service.settings
+    call = parse_step(body, settings.max_arguments_bytes, settings.max_json_depth)
+    out = service.step(tenant, env_id, call, want_diff="state_diff" in wanted, want_state="state" in wanted)
+    r = out.result
+    result = StepResult(env_id=out.env_id, episode=out.episode, step=out.step, observation=r.observation,
+                        status=r.status, duration_ms=r.duration_ms, stdout=r.stdout, stderr=r.stderr,
+                        recovered=out.recovered, state_diff=EnvService.diff(out) if "state_diff" in wanted else None,
+                        state=out.state_after if "state" in wanted else None)
+    # serialized once here (the hot path): no second validation by the response model
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+@router.post("/{env_id}/reset", response_model=EnvPublic)
+def reset(env_id: str, service: ServiceDep, tenant: TenantDep, body: ResetRequest | None = None) -> EnvPublic:
+    """Begin the next episode (optionally with a new ``init_config``)."""
+    return _public(service, service.reset(tenant, env_id, body.init_config if body else None))
+
+
+@router.get("/{env_id}/state", response_model=StateView)
+def get_state(env_id: str, service: ServiceDep, tenant: TenantDep,
+              step: Annotated[int | None, Query(ge=0)] = None) -> StateView:
+    """State at the head, or at ``?step=k`` of the current episode."""
+    row, number, state = service.state(tenant, env_id, step)
+    return StateView(env_id=row.id, episode=row.episode, step=number, state=state)
+
+
+@router.get("/{env_id}/trajectory", response_model=Trajectory)
+def trajectory(env_id: str, service: ServiceDep, tenant: TenantDep) -> Trajectory:
+    """Every step of the current episode: action, observation, status, duration."""
+    row, steps = service.trajectory(tenant, env_id)
+    return Trajectory(env_id=row.id, episode=row.episode,
+                      steps=[TrajectoryStep.model_validate(s, from_attributes=True) for s in steps])
+
+
+@router.post("/{env_id}/restore", response_model=EnvPublic)
+def restore(env_id: str, body: RestoreRequest, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
+    """Go back to step ``k`` of the episode (later steps are discarded; 409 past the head)."""
+    return _public(service, service.restore(tenant, env_id, body.step))
+
+
+@router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic)
+def fork(env_id: str, body: ForkRequest, service: ServiceDep, tenant: TenantDep) -> EnvsPublic:
+    """``count`` new envs sharing this env's history up to ``step`` (head by default)."""
+    rows = service.fork(tenant, env_id, body.step, body.count)
+    return EnvsPublic(data=[_public(service, r) for r in rows], count=len(rows))

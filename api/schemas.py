@@ -1,0 +1,190 @@
+"""Request and response models: the HTTP contract (OpenAPI is generated from these).
+
+Requests forbid unknown fields; every field documents units and limits. Response
+families per resource: ``EnvironmentPublic`` / ``EnvironmentsPublic(data, count)``,
+``EnvPublic`` / ``EnvsPublic``, ``StepResult``, ``StateView``, ``Trajectory``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvironmentCreate(_Request):
+    """Register environment code. Its tools are derived inside a sandbox."""
+
+    name: Annotated[str | None, Field(max_length=200)] = None
+    source_code: Annotated[str, Field(min_length=1)]
+    """Python module source defining ``class_name`` (size cap: ``SANDPIT_MAX_CODE_BYTES``)."""
+    class_name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    description: Annotated[str | None, Field(max_length=20000)] = None
+
+
+class EnvironmentPublic(BaseModel):
+    id: str
+    name: str | None
+    class_name: str
+    code_sha256: str
+    tools: list[dict[str, Any]]
+    """OpenAI function-calling schemas (EnvScaler-compatible), derived in a sandbox."""
+    description: str | None
+    created_at: datetime
+
+
+class EnvironmentsPublic(BaseModel):
+    data: list[EnvironmentPublic]
+    count: int
+    """Total matching objects (not just this page)."""
+
+
+class ProfileRequest(_Request):
+    """Lowering overrides of the resource profile (raising is refused with 422)."""
+
+    memory_mib: Annotated[int | None, Field(ge=16)] = None
+    cpus: Annotated[float | None, Field(gt=0, le=64)] = None
+    call_timeout_s: Annotated[float | None, Field(gt=0, le=3600)] = None
+
+
+class EnvCreate(_Request):
+    """Create an env from a registered environment, or from inline code."""
+
+    environment_id: str | None = None
+    source_code: Annotated[str | None, Field(min_length=1)] = None
+    class_name: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
+    init_config: dict[str, Any] = Field(default_factory=dict)
+    """EnvScaler ``init_config``: ``cls(init_config)``, else ``cls()`` + setattr per key."""
+    profile: ProfileRequest | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvCreate:
+        if (self.environment_id is None) == (self.source_code is None):
+            raise ValueError("give exactly one of environment_id or source_code (+ class_name)")
+        if self.source_code is not None and self.class_name is None:
+            raise ValueError("class_name is required with source_code")
+        if self.environment_id is not None and self.class_name is not None:
+            raise ValueError("class_name is only for inline source_code")
+        return self
+
+
+class EnvPublic(BaseModel):
+    id: str
+    environment_id: str
+    episode: int
+    """Starts at 1; each reset begins the next episode."""
+    step: int
+    """Last acknowledged step of the episode (0 = just instantiated)."""
+    status: Literal["live", "evicted", "closed"]
+    """live: in a sandbox now; evicted: state in the database, restored on next use."""
+    init_config: dict[str, Any]
+    created_at: datetime
+    expires_at: datetime
+    forked_from: str | None = None
+    forked_at_step: int | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class EnvsPublic(BaseModel):
+    data: list[EnvPublic]
+    count: int
+
+
+class FunctionCall(_Request):
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    arguments: str | dict[str, Any] = "{}"
+    """JSON string (as chat-completions emits it) or an object."""
+
+
+class StepRequest(BaseModel):
+    """A tool call: ``{"name", "arguments"}`` or an OpenAI tool call
+    ``{"type": "function", "function": {"name", "arguments": "<json string>"}}`` (``id``
+    is accepted and ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str | None, Field(min_length=1, max_length=128)] = None
+    arguments: Any = None
+    type: Literal["function"] | None = None
+    function: FunctionCall | None = None
+    id: Annotated[str | None, Field(max_length=256)] = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StepRequest:
+        if self.function is not None:
+            if self.name is not None or self.arguments is not None:
+                raise ValueError("give either name/arguments or an OpenAI tool call, not both")
+        elif self.name is None:
+            raise ValueError("name is required")
+        return self
+
+
+class StepResult(BaseModel):
+    env_id: str
+    episode: int
+    step: int
+    observation: str
+    status: Status
+    duration_ms: float
+    """Wall-clock time of the tool call in the sandbox round trip, milliseconds."""
+    stdout: str = ""
+    stderr: str = ""
+    recovered: bool = False
+    """The env was restored into a (new) sandbox from its last snapshot before this call."""
+    state_diff: dict[str, Any] | None = None
+    """With ``?include=state_diff``: EnvScaler ``get_state_diff`` shape."""
+    state: dict[str, Any] | None = None
+    """With ``?include=state``: the state after the step."""
+
+
+class ResetRequest(_Request):
+    init_config: dict[str, Any] | None = None
+    """New ``init_config``; the env's current one when omitted."""
+
+
+class RestoreRequest(_Request):
+    step: Annotated[int, Field(ge=0)]
+
+
+class ForkRequest(_Request):
+    step: Annotated[int | None, Field(ge=0)] = None
+    """Fork point in the current episode; the head when omitted."""
+    count: Annotated[int, Field(ge=1)] = 1
+
+
+class StateView(BaseModel):
+    env_id: str
+    episode: int
+    step: int
+    state: dict[str, Any]
+    """Public attributes. Opaque values read from storage show as ``{"$opaque": "pickle",
+    "bytes": n}``; the current state of a live env is rendered inside its sandbox."""
+
+
+class TrajectoryStep(BaseModel):
+    step: int
+    action: dict[str, Any] | None
+    observation: str
+    status: Status
+    duration_ms: float
+    created_at: datetime
+
+
+class Trajectory(BaseModel):
+    env_id: str
+    episode: int
+    steps: list[TrajectoryStep]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "not_ready"]
+    checks: dict[str, str] = Field(default_factory=dict)
+
