@@ -1,0 +1,1187 @@
+"""Python client for Sandpit's HTTP API: `Client` (sync), `AsyncClient` (async) and `RLEnv`.
+
+Both clients share everything but the transport: request builders (`_Call`: method, path,
+query, JSON body, response parser) and the error mapping live once in this module; the
+sync and async surfaces are one-line methods that hand a `_Call` to their transport.
+
+Exception tree (every error the client raises on purpose is a `SandpitError`)::
+
+    SandpitError                status_code (None without a response), code, message, field
+    ├── SandpitConnectionError  no HTTP response: connect/read failure or timeout; request_sent
+    ├── InvalidResponse         a 2xx body that is not JSON or not the documented shape
+    ├── InvalidRequest          400, 422 (field names the offending input)
+    ├── Unauthorized            401, 403
+    ├── NotFound                404 (unknown id, or another tenant's)
+    ├── Conflict                409
+    ├── PayloadTooLarge         413
+    ├── RateLimited             429; retry_after (seconds)
+    ├── Unavailable             503; retry_after (seconds)
+    └── ServerError             any other 5xx
+
+Retries (tenacity): 429 and 503 are retried for every call, since the server guarantees it
+did nothing, sleeping what `Retry-After` says, until the total sleep would exceed
+`max_retry_wait_s`; then the last error is raised. Transport failures before the request was
+sent (connect error or timeout, pool timeout) are retried for every call, at most 3 attempts.
+Failures after it was sent (read timeout, dropped connection) are retried only for GET: a
+step, create, reset, restore or fork may have happened, so it raises `SandpitConnectionError`
+with `request_sent=True` instead of risking doing it twice.
+
+Usage::
+
+    with Client("http://127.0.0.1:8000", api_key="...") as client:
+        environment = client.environments.create(source_code, "OrderDesk")
+        env = client.envs.create(environment.id, init_config={"products": {}})
+        result = env.step("add_to_cart", customer_id="C1", product_id="P1")
+        result.status, result.observation
+        env.delete()
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Generic, Literal, Self, TypeVar
+from urllib.parse import quote
+
+import httpx
+import tenacity
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "AsyncClient",
+    "AsyncEnvHandle",
+    "Client",
+    "Conflict",
+    "Env",
+    "EnvHandle",
+    "Environment",
+    "InvalidRequest",
+    "InvalidResponse",
+    "NotFound",
+    "Page",
+    "PayloadTooLarge",
+    "Profile",
+    "RLEnv",
+    "RateLimited",
+    "SandpitConnectionError",
+    "SandpitError",
+    "ServerError",
+    "StateView",
+    "StepResult",
+    "ToolAction",
+    "tool_call_body",
+    "Trajectory",
+    "TrajectoryStep",
+    "Unauthorized",
+    "Unavailable",
+]
+
+USER_AGENT = "sandpit-python-client/0.1"
+_MAX_MESSAGE_CHARS = 2000
+_MIN_RETRY_SLEEP_S = 0.05  # floor for `Retry-After: 0`, so a busy server is not hammered
+_MAX_BACKOFF_S = 5.0  # without Retry-After: 0.25 s, 0.5 s, 1 s, ... capped here
+_TRANSPORT_ATTEMPTS = 3
+
+StepStatus = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
+EnvStatus = Literal["live", "evicted", "closed"]
+Include = Literal["state_diff", "state"]
+_INCLUDE_VALUES = frozenset({"state_diff", "state"})
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class SandpitError(Exception):
+    """Base of every error the client raises on purpose.
+
+    Attributes:
+        status_code: HTTP status of the response, or None when there was no response.
+        code: machine-readable code from the error body (`{"error": {"code", ...}}`), or
+            `http_<status>` when the body did not have one.
+        message: human-readable text from the server (capped at 2000 characters).
+        field: the request field the error is about (422), else None.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, code: str = "error",
+                 field: str | None = None) -> None:
+        self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.field = field
+        where = f" (field {field!r})" if field else ""
+        prefix = f"HTTP {status_code} {code}" if status_code is not None else code
+        super().__init__(f"{prefix}: {message}{where}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # keyword-only constructors: rebuild without __init__ so errors survive pickling
+        # (multiprocessing / Ray rollout workers send them across processes)
+        return (_unpickle_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _unpickle_error(cls: type[SandpitError], args: tuple[Any, ...], state: dict[str, Any]) -> SandpitError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class SandpitConnectionError(SandpitError):
+    """No HTTP response: the connection failed, dropped or timed out.
+
+    Attributes:
+        request_sent: False when the request certainly never reached the server (connect
+            error or timeout); True when it may have been processed (read timeout, dropped
+            connection) — for a step, the step may or may not have happened.
+        retry_safe: True when repeating the request cannot do anything twice (it was never
+            sent, or it is a GET).
+    """
+
+    def __init__(self, message: str, *, request_sent: bool, retry_safe: bool) -> None:
+        super().__init__(message, code="connection_error")
+        self.request_sent = request_sent
+        self.retry_safe = retry_safe
+
+
+class InvalidResponse(SandpitError):
+    """A 2xx response whose body is not JSON or does not match the documented shape."""
+
+
+class InvalidRequest(SandpitError):
+    """400 or 422: the request was refused as invalid; `field` names the offending input."""
+
+
+class Unauthorized(SandpitError):
+    """401 or 403: missing, unknown or revoked API key."""
+
+
+class NotFound(SandpitError):
+    """404: unknown id (ids of other tenants are reported the same way)."""
+
+
+class Conflict(SandpitError):
+    """409: the resource is not in a state that allows the call (e.g. a closed env)."""
+
+
+class PayloadTooLarge(SandpitError):
+    """413: the request body (source code, init_config, arguments) exceeds a server limit."""
+
+
+class _RetryAfterError(SandpitError):
+    """An error the server asks to retry later; `retry_after` is in seconds (None if not sent)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, code: str = "error",
+                 field: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, status_code=status_code, code=code, field=field)
+        self.retry_after = retry_after
+
+
+class RateLimited(_RetryAfterError):
+    """429: a tenant quota was hit; nothing was done. `retry_after`: seconds, or None."""
+
+
+class Unavailable(_RetryAfterError):
+    """503: no capacity right now; nothing was done. `retry_after`: seconds, or None."""
+
+
+class ServerError(SandpitError):
+    """Any 5xx other than 503: a failure of Sandpit itself."""
+
+
+_STATUS_ERRORS: dict[int, type[SandpitError]] = {
+    400: InvalidRequest, 401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict,
+    413: PayloadTooLarge, 422: InvalidRequest, 429: RateLimited, 503: Unavailable,
+}
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[:_MAX_MESSAGE_CHARS] + "..."
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """`Retry-After` as seconds from now: delta-seconds (fractions accepted) or an HTTP date."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return max(seconds, 0.0)
+
+
+def _error_from_response(response: httpx.Response) -> SandpitError:
+    """Map a non-2xx response to the exception tree, whatever its body looks like."""
+    status = response.status_code
+    code, message, field = f"http_{status}", "", None
+    try:
+        body: Any = json.loads(response.content)
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        if isinstance(error.get("code"), str):
+            code = error["code"]
+        if isinstance(error.get("message"), str):
+            message = error["message"]
+        if isinstance(error.get("field"), str):
+            field = error["field"]
+    elif isinstance(error, str):
+        message = error
+    elif isinstance(body, dict) and "detail" in body:  # a framework default error body
+        message = str(body["detail"])
+    elif response.content:
+        message = response.content.decode("utf-8", "replace").strip()
+    message = _clip(message or response.reason_phrase or "no message")
+    cls = _STATUS_ERRORS.get(status) or (ServerError if status >= 500 else SandpitError)
+    if issubclass(cls, _RetryAfterError):
+        return cls(message, status_code=status, code=code, field=field,
+                   retry_after=_parse_retry_after(response.headers.get("Retry-After")))
+    return cls(message, status_code=status, code=code, field=field)
+
+
+# --------------------------------------------------------------------------- models
+
+
+class _ResponseModel(BaseModel):
+    """Responses ignore unknown fields so the server may add some."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Environment(_ResponseModel):
+    """Registered environment code (`/v1/environments`)."""
+
+    id: str
+    name: str | None = None
+    class_name: str
+    code_sha256: str
+    """Hex SHA-256 of `source_code`."""
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """OpenAI function-calling tool schemas, ready to pass as `tools=` to a chat completion."""
+    created_at: datetime
+
+
+class Env(_ResponseModel):
+    """A live instance (session) of an environment (`/v1/envs`)."""
+
+    id: str
+    environment_id: str | None = None
+    step: int
+    """Steps taken in the current episode (0 right after create, reset or a restore to 0)."""
+    episode: int
+    status: EnvStatus
+    created_at: datetime
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """OpenAI function-calling tool schemas."""
+
+
+class StepResult(_ResponseModel):
+    """The outcome of one tool call. A tool that raised is `status="error"`, not an exception."""
+
+    env_id: str
+    step: int
+    """Step number of this call in the episode (1 for the first call)."""
+    observation: str
+    """`str(result)` of the tool, or `Error: <Type>: <message>`."""
+    status: StepStatus
+    duration_ms: float
+    """Wall time of the call in the sandbox, milliseconds."""
+    state_diff: dict[str, Any] | None = None
+    """EnvScaler `get_state_diff` shape (`added`/`removed`/`changed`), if asked with include."""
+    state: dict[str, Any] | None = None
+    """Public attributes after the call, if asked with include."""
+
+
+class StateView(_ResponseModel):
+    """The state (public attributes) of an env after a given step of its current episode."""
+
+    env_id: str
+    episode: int
+    step: int
+    state: dict[str, Any]
+
+
+class ToolAction(_ResponseModel):
+    """A tool call as recorded in a trajectory."""
+
+    name: str
+    arguments: Any = Field(default_factory=dict)
+    """A dict for a well-formed call; for a `rejected` one, whatever the server recorded
+    (e.g. the model's malformed JSON string)."""
+
+
+class TrajectoryStep(_ResponseModel):
+    """One recorded step of a trajectory; `duration_ms` in milliseconds."""
+
+    step: int
+    action: ToolAction | None = None
+    """None where the server recorded no action."""
+    observation: str
+    status: StepStatus
+    duration_ms: float
+    created_at: datetime
+
+
+class Trajectory(_ResponseModel):
+    """Every step of the current episode of an env, in order."""
+
+    env_id: str
+    episode: int
+    steps: list[TrajectoryStep]
+
+
+class Page(_ResponseModel, Generic[T]):
+    """One page of a listing: `data` (at most `limit` items) and `count` (the total)."""
+
+    data: list[T]
+    count: int
+
+
+class Profile(BaseModel):
+    """Resource overrides for a new env; each field may only lower the server's profile.
+
+    Unknown fields are refused (a typo must not silently fall back to the default).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mib: int | None = None
+    """Memory limit of the env's sandbox, MiB."""
+    cpus: float | None = None
+    """CPU quota, in CPUs (0.5 = half a core)."""
+    call_timeout_s: float | None = None
+    """Wall-time limit of one tool call, seconds; past it the step has `status="timeout"`."""
+
+
+# --------------------------------------------------------------------------- requests (shared)
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One API call, independent of the transport: what to send and how to read the answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    params: Mapping[str, str] | None = None
+    retry_busy: bool = True
+    """Retry 429/503 within the wait budget (off for readiness probes)."""
+
+    @property
+    def idempotent(self) -> bool:
+        return self.method == "GET"
+
+
+def _model_parser(model: type[M]) -> Callable[[httpx.Response], M]:
+    def parse(response: httpx.Response) -> M:
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise _invalid_response(response, model.__name__, exc) from exc
+    return parse
+
+
+def _page_parser(model: type[M]) -> Callable[[httpx.Response], Page[M]]:
+    return _model_parser(Page[model])  # type: ignore[valid-type]
+
+
+def _no_content(response: httpx.Response) -> None:
+    return None
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = json.loads(response.content)
+    except ValueError as exc:
+        raise _invalid_response(response, "JSON object", exc) from exc
+    if not isinstance(body, dict):
+        raise _invalid_response(response, "JSON object", None)
+    return body
+
+
+def _invalid_response(response: httpx.Response, expected: str, exc: Exception | None) -> InvalidResponse:
+    request = response.request
+    detail = ""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False, include_input=False)
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in errors[:5])
+        if len(errors) > 5:
+            detail += f"; and {len(errors) - 5} more"
+    elif exc is not None:
+        detail = str(exc)
+    else:
+        detail = "wrong JSON type"
+    return InvalidResponse(
+        _clip(f"{request.method} {request.url.path}: response is not a valid {expected}: {detail}"),
+        status_code=response.status_code, code="invalid_response")
+
+
+def _seg(value: str) -> str:
+    """An id as one path segment: `/`, `..` and the like cannot change the route."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"id must be a non-empty string, not {value!r}")
+    return quote(value, safe="")
+
+
+def _page_params(limit: int | None, offset: int | None) -> dict[str, str] | None:
+    params = {k: str(v) for k, v in (("limit", limit), ("offset", offset)) if v is not None}
+    return params or None
+
+
+def _include_params(include: Iterable[Include] | None) -> dict[str, str] | None:
+    if not include:
+        return None
+    values = [include] if isinstance(include, str) else list(include)
+    unknown = [v for v in values if v not in _INCLUDE_VALUES]
+    if unknown:
+        raise ValueError(f"include accepts {sorted(_INCLUDE_VALUES)}, not {unknown}")
+    return {"include": ",".join(dict.fromkeys(values))}
+
+
+def tool_call_body(call: object) -> tuple[str, dict[str, Any]]:
+    """Turn a tool call into a step request body; returns `(tool name, body)`.
+
+    Accepted shapes:
+      - `{"name": str, "arguments": dict}` (arguments optional);
+      - an OpenAI chat tool call `{"type": "function", "function": {"name", "arguments"}}`;
+      - a Responses-API function call `{"name": str, "arguments": "<json string>"}`;
+      - any object with `.function.name` / `.function.arguments` (openai SDK
+        `ChatCompletionMessageToolCall`) or with `.name` / `.arguments`.
+
+    Arguments given as a JSON string are sent as the OpenAI form untouched, so a model's
+    malformed JSON is judged by the server (a `rejected` step the episode can go on from),
+    not by an exception here.
+
+    Raises:
+        TypeError: `call` has no string tool name, or arguments neither a string nor a mapping.
+    """
+    if isinstance(call, Mapping):
+        function = call.get("function")
+        if function is not None:
+            if not isinstance(function, Mapping):
+                raise TypeError("tool call 'function' must be an object with 'name' and 'arguments'")
+            return _tool_call_parts(function.get("name"), function.get("arguments"))
+        return _tool_call_parts(call.get("name"), call.get("arguments"))
+    function = getattr(call, "function", None)
+    if function is not None:
+        return _tool_call_parts(getattr(function, "name", None), getattr(function, "arguments", None))
+    if hasattr(call, "name") and hasattr(call, "arguments"):
+        return _tool_call_parts(call.name, call.arguments)
+    raise TypeError(f"not a tool call: {type(call).__name__} has neither .function nor .name/.arguments")
+
+
+def _tool_call_parts(name: object, arguments: object) -> tuple[str, dict[str, Any]]:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"tool call name must be a non-empty string, not {name!r}")
+    if isinstance(arguments, str):
+        return name, {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, Mapping):
+        raise TypeError(f"tool call arguments must be a JSON string or a mapping, not {type(arguments).__name__}")
+    return name, {"name": name, "arguments": dict(arguments)}
+
+
+def _health() -> _Call[dict[str, Any]]:
+    return _Call("GET", "/healthz", _json_object)
+
+
+def _ready() -> _Call[None]:
+    return _Call("GET", "/readyz", _no_content, retry_busy=False)
+
+
+def _environment_create(source_code: str, class_name: str, name: str | None,
+                        description: str | None) -> _Call[Environment]:
+    body = {"name": name, "source_code": source_code, "class_name": class_name, "description": description}
+    return _Call("POST", "/v1/environments", _model_parser(Environment), json=body)
+
+
+def _environment_get(environment_id: str) -> _Call[Environment]:
+    return _Call("GET", f"/v1/environments/{_seg(environment_id)}", _model_parser(Environment))
+
+
+def _environment_list(limit: int | None, offset: int | None) -> _Call[Page[Environment]]:
+    return _Call("GET", "/v1/environments", _page_parser(Environment), params=_page_params(limit, offset))
+
+
+def _environment_delete(environment_id: str) -> _Call[None]:
+    return _Call("DELETE", f"/v1/environments/{_seg(environment_id)}", _no_content)
+
+
+def _env_create(environment_id: str | None, source_code: str | None, class_name: str | None,
+                init_config: Mapping[str, Any] | None,
+                profile: Profile | Mapping[str, Any] | None) -> _Call[Env]:
+    if (environment_id is None) == (source_code is None):
+        raise ValueError("give either environment_id or source_code (with class_name), not both or neither")
+    if source_code is not None and not class_name:
+        raise ValueError("source_code needs class_name")
+    body: dict[str, Any] = (
+        {"environment_id": environment_id} if environment_id is not None
+        else {"source_code": source_code, "class_name": class_name})
+    body["init_config"] = dict(init_config or {})
+    if profile is not None:
+        checked = profile if isinstance(profile, Profile) else Profile.model_validate(profile)
+        body["profile"] = checked.model_dump(exclude_none=True)
+    return _Call("POST", "/v1/envs", _model_parser(Env), json=body)
+
+
+def _env_get(env_id: str) -> _Call[Env]:
+    return _Call("GET", f"/v1/envs/{_seg(env_id)}", _model_parser(Env))
+
+
+def _env_list(limit: int | None, offset: int | None) -> _Call[Page[Env]]:
+    return _Call("GET", "/v1/envs", _page_parser(Env), params=_page_params(limit, offset))
+
+
+def _env_delete(env_id: str) -> _Call[None]:
+    return _Call("DELETE", f"/v1/envs/{_seg(env_id)}", _no_content)
+
+
+def _env_step(env_id: str, call: object, include: Iterable[Include] | None) -> _Call[StepResult]:
+    _, body = tool_call_body(call)
+    return _Call("POST", f"/v1/envs/{_seg(env_id)}/step", _model_parser(StepResult), json=body,
+                 params=_include_params(include))
+
+
+def _env_reset(env_id: str, init_config: Mapping[str, Any] | None) -> _Call[Env]:
+    body = {"init_config": None if init_config is None else dict(init_config)}
+    return _Call("POST", f"/v1/envs/{_seg(env_id)}/reset", _model_parser(Env), json=body)
+
+
+def _env_state(env_id: str, step: int | None) -> _Call[StateView]:
+    params = None if step is None else {"step": str(step)}
+    return _Call("GET", f"/v1/envs/{_seg(env_id)}/state", _model_parser(StateView), params=params)
+
+
+def _env_trajectory(env_id: str) -> _Call[Trajectory]:
+    return _Call("GET", f"/v1/envs/{_seg(env_id)}/trajectory", _model_parser(Trajectory))
+
+
+def _env_restore(env_id: str, step: int) -> _Call[Env]:
+    return _Call("POST", f"/v1/envs/{_seg(env_id)}/restore", _model_parser(Env), json={"step": step})
+
+
+def _env_fork(env_id: str, step: int | None, count: int) -> _Call[Page[Env]]:
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
+    return _Call("POST", f"/v1/envs/{_seg(env_id)}/fork", _page_parser(Env),
+                 json={"step": step, "count": count})
+
+
+# --------------------------------------------------------------------------- transports
+
+
+def _connection_error(exc: httpx.RequestError, call: _Call[Any]) -> SandpitError:
+    if isinstance(exc, httpx.DecodingError):
+        return InvalidResponse(_clip(f"{call.method} {call.path}: undecodable response body: {exc}"),
+                               code="invalid_response")
+    unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+    after_send = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.ReadError
+                            | httpx.WriteError | httpx.RemoteProtocolError | httpx.CloseError)
+    retry_safe = unsent or (after_send and call.idempotent)
+    what = "could not connect" if unsent else "no response"
+    return SandpitConnectionError(
+        _clip(f"{call.method} {call.path}: {what}: {type(exc).__name__}: {exc}"),
+        request_sent=not unsent, retry_safe=retry_safe)
+
+
+def _retry_sleep(state: tenacity.RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome else None
+    if isinstance(exc, _RetryAfterError) and exc.retry_after is not None:
+        return max(exc.retry_after, _MIN_RETRY_SLEEP_S)
+    return float(min(0.25 * 2 ** (state.attempt_number - 1), _MAX_BACKOFF_S))
+
+
+class _RetryPolicy:
+    """What to retry and for how long; shared by both transports."""
+
+    def __init__(self, max_retry_wait_s: float) -> None:
+        if max_retry_wait_s < 0:
+            raise ValueError("max_retry_wait_s must be >= 0")
+        self.max_retry_wait_s = max_retry_wait_s
+
+    def kwargs(self, call: _Call[Any]) -> dict[str, Any]:
+        def should_retry(exc: BaseException) -> bool:
+            if isinstance(exc, RateLimited | Unavailable):
+                return call.retry_busy
+            return isinstance(exc, SandpitConnectionError) and exc.retry_safe
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            exc = state.outcome.exception() if state.outcome else None
+            if isinstance(exc, SandpitConnectionError) and state.attempt_number >= _TRANSPORT_ATTEMPTS:
+                return True
+            return state.idle_for + _retry_sleep(state) > self.max_retry_wait_s
+
+        return {"retry": tenacity.retry_if_exception(should_retry), "stop": stop,
+                "wait": _retry_sleep, "reraise": True}
+
+
+def _result(call: _Call[T], response: httpx.Response) -> T:
+    if response.is_success:
+        return call.parse(response)
+    raise _error_from_response(response)
+
+
+def _http_kwargs(base_url: str, api_key: str | None, timeout: float,
+                 headers: Mapping[str, str] | None) -> dict[str, Any]:
+    merged = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+    if api_key:
+        merged["Authorization"] = f"Bearer {api_key}"
+    return {"base_url": base_url, "headers": merged, "timeout": httpx.Timeout(timeout),
+            "follow_redirects": False}
+
+
+class _SyncTransport:
+    def __init__(self, http: httpx.Client, policy: _RetryPolicy) -> None:
+        self.http = http
+        self.policy = policy
+
+    def run(self, call: _Call[T]) -> T:
+        result: T = tenacity.Retrying(**self.policy.kwargs(call))(self._once, call)
+        return result
+
+    def _once(self, call: _Call[T]) -> T:
+        try:
+            response = self.http.request(call.method, call.path, params=call.params, json=call.json)
+        except httpx.RequestError as exc:
+            raise _connection_error(exc, call) from exc
+        return _result(call, response)
+
+
+class _AsyncTransport:
+    def __init__(self, http: httpx.AsyncClient, policy: _RetryPolicy) -> None:
+        self.http = http
+        self.policy = policy
+
+    async def run(self, call: _Call[T]) -> T:
+        result: T = await tenacity.AsyncRetrying(**self.policy.kwargs(call))(self._once, call)
+        return result
+
+    async def _once(self, call: _Call[T]) -> T:
+        try:
+            response = await self.http.request(call.method, call.path, params=call.params, json=call.json)
+        except httpx.RequestError as exc:
+            raise _connection_error(exc, call) from exc
+        return _result(call, response)
+
+
+# --------------------------------------------------------------------------- sync surface
+
+
+class EnvHandle:
+    """A live env on the server; every method is one HTTP call.
+
+    `env` is the `Env` as of create/get/reset/restore/refresh (its `step` is not advanced by
+    `step()`; use the `StepResult`). All methods raise `SandpitError` subclasses: `NotFound`
+    once the env is deleted, `Conflict` for a closed/evicted env, `SandpitConnectionError`
+    without a response (see the module docstring for what is retried).
+    """
+
+    def __init__(self, transport: _SyncTransport, env: Env) -> None:
+        self._t = transport
+        self.env = env
+
+    @property
+    def id(self) -> str:
+        """The env id (`/v1/envs/{id}`)."""
+        return self.env.id
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """OpenAI tool schemas of the env's tools."""
+        return self.env.tools
+
+    def __repr__(self) -> str:
+        return f"EnvHandle(id={self.id!r}, environment_id={self.env.environment_id!r})"
+
+    def step(self, name: str, /, **arguments: Any) -> StepResult:
+        """Call tool `name` with keyword `arguments` (any names, including `name`).
+
+        Returns the `StepResult`; a tool that raised, timed out or was refused is a result
+        with that `status`, not an exception. Never retried after the request was sent.
+        """
+        return self._t.run(_env_step(self.id, {"name": name, "arguments": arguments}, None))
+
+    def step_call(self, call: object, *, include: Iterable[Include] | None = None) -> StepResult:
+        """Run a tool call given as a dict or an openai SDK object (see `tool_call_body`).
+
+        Args:
+            call: `{"name", "arguments"}`, an OpenAI tool call dict, or an object with
+                `.function.name` / `.function.arguments`.
+            include: any of `"state_diff"`, `"state"`: also return the diff / the state
+                after the call.
+
+        Raises:
+            TypeError: `call` is not a tool call; ValueError: unknown `include` value.
+        """
+        return self._t.run(_env_step(self.id, call, include))
+
+    def reset(self, init_config: Mapping[str, Any] | None = None) -> Env:
+        """Start a new episode (step 0); `init_config` None keeps the env's current one."""
+        self.env = self._t.run(_env_reset(self.id, init_config))
+        return self.env
+
+    def state(self, step: int | None = None) -> dict[str, Any]:
+        """The state (public attributes) after `step` of this episode (None: the latest)."""
+        return self.state_view(step).state
+
+    def state_view(self, step: int | None = None) -> StateView:
+        """Like `state()`, with the episode and step the state belongs to."""
+        return self._t.run(_env_state(self.id, step))
+
+    def trajectory(self) -> Trajectory:
+        """Every step of the current episode: action, observation, status, duration (ms)."""
+        return self._t.run(_env_trajectory(self.id))
+
+    def restore(self, step: int) -> Env:
+        """Rewind the current episode to right after `step` (0: the initial state)."""
+        self.env = self._t.run(_env_restore(self.id, step))
+        return self.env
+
+    def fork(self, step: int | None = None, count: int = 1) -> list[EnvHandle]:
+        """`count` new envs, each a copy of this one as of `step` (None: the latest step).
+
+        Raises:
+            ValueError: `count` < 1 (checked before sending).
+        """
+        page = self._t.run(_env_fork(self.id, step, count))
+        return [EnvHandle(self._t, env) for env in page.data]
+
+    def refresh(self) -> Env:
+        """Re-read the env (`GET /v1/envs/{id}`) and return it."""
+        self.env = self._t.run(_env_get(self.id))
+        return self.env
+
+    def delete(self) -> None:
+        """Close and delete the env; afterwards every call raises `NotFound`."""
+        self._t.run(_env_delete(self.id))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.delete()
+        except NotFound:
+            pass
+
+
+class _Environments:
+    """`client.environments`: registered environment code."""
+
+    def __init__(self, transport: _SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, source_code: str, class_name: str, *, name: str | None = None,
+               description: str | None = None) -> Environment:
+        """Register `source_code` whose class `class_name` is the environment.
+
+        Raises:
+            InvalidRequest: the code is refused (the field and the reason are in the error).
+            PayloadTooLarge: the code exceeds the server's size limit.
+        """
+        return self._t.run(_environment_create(source_code, class_name, name, description))
+
+    def get(self, environment_id: str) -> Environment:
+        """One environment. Raises `NotFound`."""
+        return self._t.run(_environment_get(environment_id))
+
+    def list(self, limit: int | None = None, offset: int | None = None) -> Page[Environment]:
+        """A page of the tenant's environments (server default limit when None)."""
+        return self._t.run(_environment_list(limit, offset))
+
+    def delete(self, environment_id: str) -> None:
+        """Delete an environment. Raises `NotFound`; `Conflict` if the server refuses."""
+        self._t.run(_environment_delete(environment_id))
+
+
+class _Envs:
+    """`client.envs`: live env instances."""
+
+    def __init__(self, transport: _SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, environment_id: str | None = None, *, source_code: str | None = None,
+               class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
+               profile: Profile | Mapping[str, Any] | None = None) -> EnvHandle:
+        """Start an env from a registered environment, or from `source_code` + `class_name`.
+
+        Args:
+            init_config: the environment's initial configuration (default `{}`).
+            profile: lowered limits (`Profile` or a dict of its fields).
+
+        Raises:
+            ValueError: neither or both of environment_id / source_code.
+            pydantic.ValidationError: `profile` has unknown or mistyped fields.
+            NotFound, InvalidRequest, PayloadTooLarge, Unavailable (after retries), ...
+        """
+        return EnvHandle(self._t, self._t.run(_env_create(environment_id, source_code, class_name,
+                                                          init_config, profile)))
+
+    def get(self, env_id: str) -> EnvHandle:
+        """A handle on an existing env. Raises `NotFound`."""
+        return EnvHandle(self._t, self._t.run(_env_get(env_id)))
+
+    def list(self, limit: int | None = None, offset: int | None = None) -> Page[Env]:
+        """A page of the tenant's envs; `client.envs.get(env.id)` gives a handle."""
+        return self._t.run(_env_list(limit, offset))
+
+    def delete(self, env_id: str) -> None:
+        """Close and delete an env. Raises `NotFound`."""
+        self._t.run(_env_delete(env_id))
+
+
+class Client:
+    """Synchronous Sandpit client over one `httpx.Client` (a context manager closes it).
+
+    Args:
+        base_url: e.g. `http://127.0.0.1:8000` (paths `/v1/...` are appended).
+        api_key: sent as `Authorization: Bearer <api_key>` when given.
+        timeout: seconds for connect, read, write and pool each; a step that takes longer
+            raises `SandpitConnectionError(request_sent=True)` and is not retried.
+        max_retry_wait_s: total seconds one call may spend sleeping between retries (429/503
+            honoring Retry-After; transport failures that are safe to repeat); 0 disables.
+        transport: an httpx transport (tests, proxies); default a normal connection pool.
+        headers: extra headers for every request.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
+                 max_retry_wait_s: float = 30.0, *, transport: httpx.BaseTransport | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        policy = _RetryPolicy(max_retry_wait_s)
+        self._http = httpx.Client(transport=transport, **_http_kwargs(base_url, api_key, timeout, headers))
+        self._t = _SyncTransport(self._http, policy)
+        self.environments = _Environments(self._t)
+        self.envs = _Envs(self._t)
+
+    def health(self) -> dict[str, Any]:
+        """`GET /healthz`: the process is up. Raises `SandpitError` otherwise."""
+        return self._t.run(_health())
+
+    def ready(self) -> bool:
+        """`GET /readyz`: True when the server can take work, False on 503 (not retried)."""
+        try:
+            self._t.run(_ready())
+        except Unavailable:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the connection pool; the client is unusable afterwards."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- async surface
+
+
+class AsyncEnvHandle:
+    """Async `EnvHandle`: the same methods, awaited; same results and errors."""
+
+    def __init__(self, transport: _AsyncTransport, env: Env) -> None:
+        self._t = transport
+        self.env = env
+
+    @property
+    def id(self) -> str:
+        """The env id (`/v1/envs/{id}`)."""
+        return self.env.id
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """OpenAI tool schemas of the env's tools."""
+        return self.env.tools
+
+    def __repr__(self) -> str:
+        return f"AsyncEnvHandle(id={self.id!r}, environment_id={self.env.environment_id!r})"
+
+    async def step(self, name: str, /, **arguments: Any) -> StepResult:
+        """See `EnvHandle.step`."""
+        return await self._t.run(_env_step(self.id, {"name": name, "arguments": arguments}, None))
+
+    async def step_call(self, call: object, *, include: Iterable[Include] | None = None) -> StepResult:
+        """See `EnvHandle.step_call`."""
+        return await self._t.run(_env_step(self.id, call, include))
+
+    async def reset(self, init_config: Mapping[str, Any] | None = None) -> Env:
+        """See `EnvHandle.reset`."""
+        self.env = await self._t.run(_env_reset(self.id, init_config))
+        return self.env
+
+    async def state(self, step: int | None = None) -> dict[str, Any]:
+        """See `EnvHandle.state`."""
+        return (await self.state_view(step)).state
+
+    async def state_view(self, step: int | None = None) -> StateView:
+        """See `EnvHandle.state_view`."""
+        return await self._t.run(_env_state(self.id, step))
+
+    async def trajectory(self) -> Trajectory:
+        """See `EnvHandle.trajectory`."""
+        return await self._t.run(_env_trajectory(self.id))
+
+    async def restore(self, step: int) -> Env:
+        """See `EnvHandle.restore`."""
+        self.env = await self._t.run(_env_restore(self.id, step))
+        return self.env
+
+    async def fork(self, step: int | None = None, count: int = 1) -> list[AsyncEnvHandle]:
+        """See `EnvHandle.fork`."""
+        page = await self._t.run(_env_fork(self.id, step, count))
+        return [AsyncEnvHandle(self._t, env) for env in page.data]
+
+    async def refresh(self) -> Env:
+        """See `EnvHandle.refresh`."""
+        self.env = await self._t.run(_env_get(self.id))
+        return self.env
+
+    async def delete(self) -> None:
+        """See `EnvHandle.delete`."""
+        await self._t.run(_env_delete(self.id))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            await self.delete()
+        except NotFound:
+            pass
+
+
+class _AsyncEnvironments:
+    """`async_client.environments`; see `Client.environments` for arguments and errors."""
+
+    def __init__(self, transport: _AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, source_code: str, class_name: str, *, name: str | None = None,
+                     description: str | None = None) -> Environment:
+        """See `Client.environments.create`."""
+        return await self._t.run(_environment_create(source_code, class_name, name, description))
+
+    async def get(self, environment_id: str) -> Environment:
+        """See `Client.environments.get`."""
+        return await self._t.run(_environment_get(environment_id))
+
+    async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Environment]:
+        """See `Client.environments.list`."""
+        return await self._t.run(_environment_list(limit, offset))
+
+    async def delete(self, environment_id: str) -> None:
+        """See `Client.environments.delete`."""
+        await self._t.run(_environment_delete(environment_id))
+
+
+class _AsyncEnvs:
+    """`async_client.envs`; see `Client.envs` for arguments and errors."""
+
+    def __init__(self, transport: _AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, environment_id: str | None = None, *, source_code: str | None = None,
+                     class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
+                     profile: Profile | Mapping[str, Any] | None = None) -> AsyncEnvHandle:
+        """See `Client.envs.create`."""
+        call = _env_create(environment_id, source_code, class_name, init_config, profile)
+        return AsyncEnvHandle(self._t, await self._t.run(call))
+
+    async def get(self, env_id: str) -> AsyncEnvHandle:
+        """See `Client.envs.get`."""
+        return AsyncEnvHandle(self._t, await self._t.run(_env_get(env_id)))
+
+    async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Env]:
+        """See `Client.envs.list`."""
+        return await self._t.run(_env_list(limit, offset))
+
+    async def delete(self, env_id: str) -> None:
+        """See `Client.envs.delete`."""
+        await self._t.run(_env_delete(env_id))
+
+
+class AsyncClient:
+    """Asynchronous Sandpit client over one `httpx.AsyncClient`; arguments as `Client`.
+
+    Use `async with AsyncClient(...) as client:` or `await client.aclose()`.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
+                 max_retry_wait_s: float = 30.0, *, transport: httpx.AsyncBaseTransport | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        policy = _RetryPolicy(max_retry_wait_s)
+        self._http = httpx.AsyncClient(transport=transport,
+                                       **_http_kwargs(base_url, api_key, timeout, headers))
+        self._t = _AsyncTransport(self._http, policy)
+        self.environments = _AsyncEnvironments(self._t)
+        self.envs = _AsyncEnvs(self._t)
+
+    async def health(self) -> dict[str, Any]:
+        """See `Client.health`."""
+        return await self._t.run(_health())
+
+    async def ready(self) -> bool:
+        """See `Client.ready`."""
+        try:
+            await self._t.run(_ready())
+        except Unavailable:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        """Close the connection pool; the client is unusable afterwards."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+# --------------------------------------------------------------------------- RL adapter
+
+RewardFn = Callable[[Mapping[str, Any], Mapping[str, Any], StepResult], float]
+"""`reward_fn(state_before, state_after, step_result) -> reward` for `RLEnv`."""
+
+
+class RLEnv:
+    """A gymnasium-style episode loop over one Sandpit env (EnvScaler interaction).
+
+    `reset()` creates the env on first use (from `environment_id`, or from `source_code` +
+    `class_name`) and afterwards starts a new episode on it. `step(action)` runs one tool call
+    and returns `(observation, reward, terminated, truncated, info)`:
+
+    - `observation`: the tool's observation text (an error is an observation too);
+    - `reward`: `reward_fn(state_before, state_after, step_result)` when given (the client
+      then asks the server for the state with each step), else 0.0;
+    - `terminated`: the tool called is in `terminal_tools` (e.g. `{"submit_answer"}`);
+    - `truncated`: this episode has taken `max_steps` steps;
+    - `info`: `env_id`, `step` (server's step number), `status` (ok/error/timeout/oom/
+      crashed/rejected), `duration_ms` (milliseconds), `state_diff` when returned.
+
+    After `terminated` or `truncated`, `step()` raises `RuntimeError` until `reset()`.
+    `close()` (or leaving a `with` block) deletes the env. Server errors propagate as
+    `SandpitError`s.
+    """
+
+    def __init__(self, client: Client, environment_id: str | None = None, *,
+                 source_code: str | None = None, class_name: str | None = None,
+                 init_config: Mapping[str, Any] | None = None, max_steps: int = 50,
+                 reward_fn: RewardFn | None = None, terminal_tools: Iterable[str] = (),
+                 profile: Profile | Mapping[str, Any] | None = None) -> None:
+        if (environment_id is None) == (source_code is None):
+            raise ValueError("give either environment_id or source_code (with class_name)")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
+        self.client = client
+        self.environment_id = environment_id
+        self.source_code = source_code
+        self.class_name = class_name
+        self.init_config: dict[str, Any] = dict(init_config or {})
+        self.max_steps = max_steps
+        self.reward_fn = reward_fn
+        self.terminal_tools = frozenset(terminal_tools)
+        self.profile = profile
+        self._handle: EnvHandle | None = None
+        self._steps = 0
+        self._done = True
+        self._state: dict[str, Any] = {}
+
+    @property
+    def handle(self) -> EnvHandle | None:
+        """The underlying env, once `reset()` created it."""
+        return self._handle
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """OpenAI tool schemas (empty before the first `reset()`)."""
+        return self._handle.tools if self._handle else []
+
+    def reset(self, init_config: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; `init_config` None uses the one given to the constructor.
+
+        Returns `("Environment ready.", info)`, info = `env_id`, `episode`, `step` (0), `tools`.
+        """
+        config = self.init_config if init_config is None else dict(init_config)
+        if self._handle is None:
+            self._handle = self.client.envs.create(
+                self.environment_id, source_code=self.source_code, class_name=self.class_name,
+                init_config=config, profile=self.profile)
+            env = self._handle.env
+        else:
+            env = self._handle.reset(config)
+        self._steps = 0
+        self._done = False
+        self._state = self._handle.state() if self.reward_fn is not None else {}
+        info = {"env_id": env.id, "episode": env.episode, "step": env.step, "tools": env.tools}
+        return "Environment ready.", info
+
+    def step(self, action: object) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run `action` (`{"name", "arguments"}` or an OpenAI tool call, dict or object).
+
+        Raises:
+            RuntimeError: no episode is running (before `reset()`, or after it ended).
+            TypeError: `action` is not a tool call.
+        """
+        if self._handle is None or self._done:
+            raise RuntimeError("no episode running: call reset() first")
+        name, _ = tool_call_body(action)
+        include: tuple[Include, ...] = ("state",) if self.reward_fn is not None else ()
+        result = self._handle.step_call(action, include=include)
+        self._steps += 1
+        reward = 0.0
+        if self.reward_fn is not None:
+            after = result.state if result.state is not None else self._handle.state()
+            reward = float(self.reward_fn(self._state, after, result))
+            self._state = after
+        terminated = name in self.terminal_tools
+        truncated = self._steps >= self.max_steps
+        self._done = terminated or truncated
+        info: dict[str, Any] = {"env_id": result.env_id, "step": result.step, "status": result.status,
+                                "duration_ms": result.duration_ms}
+        if result.state_diff is not None:
+            info["state_diff"] = result.state_diff
+        return result.observation, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """Delete the env (if one was created); a later `reset()` creates a new one."""
+        handle, self._handle = self._handle, None
+        self._done = True
+        if handle is not None:
+            try:
+                handle.delete()
+            except NotFound:
+                pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
