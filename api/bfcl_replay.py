@@ -1,0 +1,152 @@
+"""BFCL import and replay through the API (``sandpit import bfcl``).
+
+Registers every BFCL environment combination of :func:`sandpit.api.bfcl.load_suite`
+through ``POST /v1/environments`` (tools derived in a sandbox), then replays each
+episode's ground-truth trajectory in a fresh env (``POST /v1/envs`` + one ``step`` per
+call), ``concurrency`` episodes at a time, and summarizes: episodes, steps, statuses,
+client-side step latency p50/p99 (milliseconds, HTTP round trip), wall time.
+Everything runs through the HTTP API, so BFCL code only ever executes in sandboxes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bfcl import BfclEpisode, BfclSuite
+from .client import Client, InvalidRequest, SandpitError
+
+
+@dataclass
+class EpisodeReplay:
+    """Outcome of one replayed episode."""
+
+    episode_id: str
+    env_id: str | None
+    steps: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    """Ground-truth calls the API refused with 422 (not run; the episode went on)."""
+    error: str | None = None
+    """Why the episode could not be replayed (API error), or None."""
+    final_state: dict[str, Any] | None = None
+
+
+@dataclass
+class ReplaySummary:
+    """Totals of a replay run (latencies in milliseconds, wall time in seconds)."""
+
+    environments: int
+    episodes: int
+    steps: int
+    statuses: dict[str, int]
+    failed_episodes: dict[str, str]
+    refusals: dict[str, list[str]]
+    """Episode id -> ground-truth calls refused with 422 (schema mismatch)."""
+    step_p50_ms: float
+    step_p99_ms: float
+    wall_s: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.wall_s if self.wall_s else 0.0
+
+
+def register_environments(client: Client, suite: BfclSuite) -> dict[str, str]:
+    """Register each BFCL environment (reusing ones already registered with the same
+    name and code); returns environment name -> environment id.
+    Raises :class:`SandpitError` when the API refuses one (message names it)."""
+    ids: dict[str, str] = {}
+    existing: dict[tuple[str | None, str], str] = {}
+    offset = 0
+    while True:  # reuse what an earlier import registered (same name, same code)
+        page = client.environments.list(limit=500, offset=offset)
+        existing.update({(e.name, e.code_sha256): e.id for e in page.data})
+        offset += len(page.data)
+        if not page.data or offset >= page.count:
+            break
+    for name, environment in suite.environments.items():
+        digest = hashlib.sha256(environment.source_code.encode("utf-8")).hexdigest()
+        if (name, digest) in existing:
+            ids[name] = existing[(name, digest)]
+            continue
+        try:
+            created = client.environments.create(environment.source_code, environment.class_name, name=name,
+                                                 description=f"BFCL {suite.version}: {', '.join(environment.classes)}")
+        except SandpitError as exc:
+            raise SandpitError(f"registering {name} failed: {exc}", status_code=exc.status_code, code=exc.code,
+                               field=exc.field) from exc
+        ids[name] = created.id
+    return ids
+
+
+def replay_episode(client: Client, episode: BfclEpisode, environment_id: str, *, keep: bool = False,
+                   want_state: bool = False) -> EpisodeReplay:
+    """Replay one episode's ground truth in a fresh env; API errors end the episode and
+    are reported in ``error`` (never raised). The env is deleted unless ``keep``."""
+    outcome = EpisodeReplay(episode.id, None)
+    handle = None
+    try:
+        handle = client.envs.create(environment_id, init_config=episode.init_config)
+        outcome.env_id = handle.id
+        for turn in episode.turns:
+            for call in turn:
+                started = time.perf_counter()
+                try:
+                    result = handle.step_call({"name": call.name, "arguments": call.arguments})
+                except InvalidRequest as exc:  # e.g. a ground-truth argument of the wrong type
+                    outcome.statuses["refused (422)"] += 1
+                    outcome.refusals.append(f"{call.name}: {exc.message}")
+                    continue
+                outcome.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+                outcome.steps += 1
+                outcome.statuses[result.status] += 1
+        if want_state:
+            outcome.final_state = handle.state()
+    except SandpitError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if handle is not None and not keep:
+            try:
+                handle.delete()
+            except SandpitError:
+                pass
+    return outcome
+
+
+def replay_suite(client: Client, suite: BfclSuite, environment_ids: dict[str, str], *, concurrency: int = 4,
+                 limit: int | None = None, on_episode: Callable[[EpisodeReplay], None] | None = None
+                 ) -> tuple[ReplaySummary, list[EpisodeReplay]]:
+    """Replay ``limit`` (default all) episodes, ``concurrency`` at a time."""
+    episodes = list(suite.episodes[:limit] if limit else suite.episodes)
+    started = time.perf_counter()
+    results: list[EpisodeReplay] = []
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as workers:
+        futures = [workers.submit(replay_episode, client, ep, environment_ids[ep.environment_name])
+                   for ep in episodes]
+        for future in as_completed(futures):
+            result = future.result()
+            results.append(result)
+            if on_episode is not None:
+                on_episode(result)
+    wall = time.perf_counter() - started
+    latencies = sorted(ms for r in results for ms in r.latencies_ms)
+    statuses: Counter[str] = Counter()
+    for r in results:
+        statuses.update(r.statuses)
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
+
+    summary = ReplaySummary(environments=len(environment_ids), episodes=len(results),
+                            steps=sum(r.steps for r in results), statuses=dict(statuses),
+                            failed_episodes={r.episode_id: r.error for r in results if r.error},
+                            refusals={r.episode_id: r.refusals for r in results if r.refusals},
+                            step_p50_ms=pct(0.5), step_p99_ms=pct(0.99), wall_s=wall)
+    return summary, results
