@@ -1,0 +1,198 @@
+"""Fixtures for API tests: a real ``sandpit serve`` process (uvicorn, real SQLite file,
+real Docker Engine) on a loopback port, and an httpx client to it.
+
+Servers run as subprocesses so tests can ``kill -9`` and restart them. Every sandbox they
+create is labeled with their pid as owner; the parent conftest's leak check fails the run
+if any container of a dead owner is left (a graceful stop removes them; after ``kill -9``
+the next server's start-up reaper does).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sandpit.api.db import upgrade
+
+COUNTER_SOURCE = '''
+from typing import Dict, List, Optional
+
+
+class Counter:
+    """A counter with a record store: tools change one value or one record."""
+
+    def __init__(self, init_config: dict):
+        self.count: int = init_config.get("count", 0)
+        self.records: Dict[str, dict] = init_config.get("records", {})
+        self.log: List[str] = []
+
+    def bump(self, by: int = 1) -> int:
+        """Add to the counter.
+
+        Args:
+            by (int): how much to add.
+        """
+        self.count += by
+        self.log.append(f"bump {by}")
+        return self.count
+
+    def set_record(self, key: str, value: str, size: Optional[int] = None) -> str:
+        """Create or replace one record.
+
+        Args:
+            key (str): record id.
+            value (str): new value.
+            size (int): optional padding length.
+        """
+        self.records[key] = {"value": value, "pad": "x" * (size or 0)}
+        return f"stored {key}"
+
+    def get_record(self, key: str) -> dict:
+        """Return one record.
+
+        Args:
+            key (str): record id.
+        """
+        return self.records[key]
+
+    def fail(self, message: str) -> str:
+        """Raise an error with `message`."""
+        raise ValueError(message)
+
+    def spin(self) -> None:
+        """Never returns."""
+        while True:
+            pass
+
+    def weird(self) -> str:
+        """Return text with a lone surrogate."""
+        return "bad \\ud800 text"
+
+    def _secret(self) -> str:
+        return "private"
+
+    @property
+    def total(self) -> int:
+        return self.count
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ApiServer:
+    """A ``sandpit serve`` subprocess on 127.0.0.1 with its own data directory."""
+
+    def __init__(self, data_dir: Path, **env: str) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), "SANDPIT_EXECUTOR_POOL_SIZE": "1",
+                    "SANDPIT_JANITOR_INTERVAL_S": "0.5", **env}
+        self.process: subprocess.Popen | None = None
+        self.log_path = data_dir / "server.log"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "sandpit.db"
+
+    def start(self, timeout_s: float = 60.0) -> ApiServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        upgrade(f"sqlite:///{self.db_path}")
+        with self.log_path.open("ab") as log:  # the child keeps its own copy of the fd
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", "from sandpit.cli import app; app()", "serve", "--port", str(self.port)],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"server exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"server did not answer within {timeout_s} s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM -> lifespan shutdown closes every sandbox)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown at all."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator[ApiServer]:
+    """One API server per test module."""
+    instance = ApiServer(tmp_path_factory.mktemp("api")).start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def api(server: ApiServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def counter_env_id(server: ApiServer) -> str:
+    """A registered Counter environment on the module's server."""
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        response = client.post("/v1/environments", json={"name": "counter", "source_code": COUNTER_SOURCE,
+                                                         "class_name": "Counter"})
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+
+@pytest.fixture(scope="session")
+def counter_source() -> str:
+    """Source of the Counter test environment (untrusted code: it only runs in sandboxes)."""
+    return COUNTER_SOURCE
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, leak_check, sandbox_image) -> Iterator:
+    """``make_server(**env)`` -> a started :class:`ApiServer` of this test (stopped after)."""
+    started: list[ApiServer] = []
+
+    def make(**env: str) -> ApiServer:
+        instance = ApiServer(tmp_path / f"server{len(started)}", **env)
+        started.append(instance)
+        return instance.start()
+
+    yield make
+    for instance in started:
+        instance.stop()

@@ -1,0 +1,93 @@
+"""The Python client (sync, async, RL adapter) against the real server, and BFCL episodes
+replayed through the API ending in the same states as stepping the class directly in a
+sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from sandpit.api import bfcl
+from sandpit.api.bfcl_replay import register_environments, replay_episode
+from sandpit.api.client import AsyncClient, Client, NotFound, RLEnv
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.settings import ExecutorSettings
+
+pytestmark = pytest.mark.docker
+
+
+def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:
+    with Client(server.url) as client:
+        env = client.envs.create(counter_env_id, init_config={"count": 1})
+        assert env.step("bump", by=2).observation == "3"
+        forks = env.fork(count=2)
+        assert [f.state()["count"] for f in forks] == [3, 3]
+        action = env.trajectory().steps[0].action
+        assert action is not None and (action.name, action.arguments) == ("bump", {"by": 2})
+        env.restore(0)
+        assert env.state()["count"] == 1
+        for handle in (env, *forks):
+            handle.delete()
+        with pytest.raises(NotFound):
+            client.envs.get(env.id)
+
+        rewards = []
+        rl = RLEnv(client, counter_env_id, init_config={"count": 0}, max_steps=3,
+                   reward_fn=lambda before, after, result: float(after["count"] >= 2))
+        observation, info = rl.reset()
+        assert info["env_id"]
+        for _ in range(3):
+            observation, reward, terminated, truncated, info = rl.step({"name": "bump", "arguments": {"by": 1}})
+            rewards.append(reward)
+        assert rewards == [0.0, 1.0, 1.0] and truncated and not terminated
+        rl.close()
+
+
+def test_async_client(server, counter_env_id: str) -> None:
+    async def run() -> list[str]:
+        async with AsyncClient(server.url) as client:
+            handles = await asyncio.gather(*(client.envs.create(counter_env_id) for _ in range(4)))
+            results = await asyncio.gather(*(h.step("bump", by=i) for i, h in enumerate(handles)))
+            for handle in handles:
+                await handle.delete()
+            return [r.observation for r in results]
+
+    assert asyncio.run(run()) == ["0", "1", "2", "3"]
+
+
+@pytest.fixture(scope="module")
+def suite() -> bfcl.BfclSuite:
+    wheel = bfcl.cached_wheel()
+    if wheel is None:
+        if os.environ.get("SANDPIT_REQUIRE_DOCKER"):
+            pytest.fail("bfcl-eval wheel not cached: run scripts/setup")
+        pytest.skip("bfcl-eval wheel not cached: run scripts/setup")
+    return bfcl.load_suite(wheel)
+
+
+@pytest.mark.slow
+def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite: bfcl.BfclSuite) -> None:
+    sample = []
+    seen: set[str] = set()
+    for episode in suite.episodes:  # one episode per environment combination, 8 in all
+        if episode.environment_name not in seen and len(sample) < 8:
+            seen.add(episode.environment_name)
+            sample.append(episode)
+    with Client(server.url, timeout=120) as client:
+        ids = register_environments(client, suite)
+        assert register_environments(client, suite) == ids  # idempotent
+        replays = [replay_episode(client, ep, ids[ep.environment_name], want_state=True) for ep in sample]
+    with SandboxPool(ExecutorSettings(pool_size=0)) as pool:
+        for episode, replay in zip(sample, replays, strict=True):
+            assert replay.error is None and replay.statuses.get("ok", 0) == replay.steps > 0, replay
+            environment = suite.environments[episode.environment_name]
+            session = pool.open_session(tenant="direct", source=environment.source_code,
+                                        class_name=environment.class_name, init_config=episode.init_config)
+            try:
+                for turn in episode.turns:
+                    for call in turn:
+                        assert session.call(call.name, call.arguments).status == "ok"
+                assert session.state() == replay.final_state, episode.id
+            finally:
+                session.close()

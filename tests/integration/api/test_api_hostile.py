@@ -1,0 +1,135 @@
+"""Hostile and malformed requests: every one gets a 4xx in the error shape, nothing runs,
+nothing is half-created, and the env keeps working."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def env_id(server, counter_env_id: str) -> str:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        return client.post("/v1/envs", json={"environment_id": counter_env_id}).json()["id"]
+
+
+def _error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, (response.status_code, response.text)
+    body = response.json()["error"]
+    assert set(body) == {"code", "message", "field"} and body["message"]
+    if code is not None:
+        assert body["code"] == code, body
+    return body
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"name": "__class__", "arguments": {}}, "name"),
+    ({"name": "__init__", "arguments": {"init_config": {}}}, "name"),
+    ({"name": "_secret", "arguments": {}}, "name"),
+    ({"name": "total", "arguments": {}}, "name"),
+    ({"name": "records", "arguments": {}}, "name"),
+    ({"name": "no_such_tool", "arguments": {}}, "name"),
+    ({"name": "__import__('os').system('id')", "arguments": {}}, "name"),
+])
+def test_unknown_and_private_tools_are_422(api: httpx.Client, env_id: str, body: dict, field: str) -> None:
+    assert _error(api.post(f"/v1/envs/{env_id}/step", json=body), 422, "unknown_tool")["field"] == field
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"name": "bump", "arguments": [1, 2]}, "arguments"),
+    ({"name": "bump", "arguments": "by=1"}, "arguments"),
+    ({"name": "bump", "arguments": {"by": "one"}}, "arguments.by"),
+    ({"name": "bump", "arguments": {"by": 1, "extra": 2}}, "arguments"),
+    ({"name": "set_record", "arguments": {"key": "k"}}, "arguments"),
+    ({"name": 42, "arguments": {}}, "name"),
+    ({"arguments": {}}, None),
+    ({"name": "bump", "arguments": {}, "surprise": 1}, "surprise"),
+    ({"type": "function", "function": {"name": "bump", "arguments": "{not json"}}, "function.arguments"),
+    ({"type": "function", "function": {"name": "bump", "arguments": "[1]"}}, "function.arguments"),
+    ({"type": "function", "function": {"name": "bump", "arguments": "NaN"}}, "function.arguments"),
+    ({"type": "function", "function": {"name": "bump", "arguments": '{"by": Infinity}'}}, "function.arguments"),
+])
+def test_malformed_tool_calls_are_422_naming_the_field(api: httpx.Client, env_id: str, body: dict,
+                                                       field: str | None) -> None:
+    error = _error(api.post(f"/v1/envs/{env_id}/step", json=body), 422)
+    if field is not None:
+        assert error["field"] == field, error
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"name": "bump", "arguments": {"by": NaN}}',
+    b'{"name": "bump", "arguments": {"by": -Infinity}}',
+    b'{"name": "bump", "arguments": ' + b'{"a":' * 5000 + b'1' + b'}' * 5000 + b'}',
+    b'{"name": "bump", "arguments": ' + b'[' * 100000 + b']' * 100000 + b'}',
+    b'not json at all',
+    b'{"name": "bump", "arguments": {}',
+    b'\xff\xfe\x00garbage',
+    b'',
+])
+def test_broken_json_bodies_are_4xx(api: httpx.Client, env_id: str, raw: bytes) -> None:
+    response = api.post(f"/v1/envs/{env_id}/step", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code in (400, 422), (response.status_code, response.text)
+    assert "error" in response.json()
+
+
+def test_oversized_payloads_are_413(api: httpx.Client, env_id: str, counter_env_id: str) -> None:
+    big = "x" * (300 * 1024)
+    _error(api.post(f"/v1/envs/{env_id}/step", json={"name": "set_record", "arguments": {"key": "k", "value": big}}),
+           413, "payload_too_large")
+    _error(api.post("/v1/environments", json={"source_code": "#" * (3 * 1024 * 1024), "class_name": "C"}),
+           413, "payload_too_large")
+    _error(api.post("/v1/envs", json={"environment_id": counter_env_id, "init_config": {"blob": "y" * (5 * 1024 * 1024)}}),
+           413)
+    _error(api.post("/v1/envs", content=b"{" + b" " * (9 * 1024 * 1024) + b"}",
+                    headers={"content-type": "application/json"}), 413)
+
+
+def test_unknown_ids_conflicts_and_bad_parameters(api: httpx.Client, env_id: str, counter_env_id: str) -> None:
+    for path in ("/v1/envs/env_nope", "/v1/envs/env_nope/state", "/v1/envs/env_nope/trajectory",
+                 "/v1/environments/envr_nope", "/v1/envs/" + "x" * 5000):
+        _error(api.get(path), 404)
+    _error(api.post("/v1/envs/env_nope/step", json={"name": "bump"}), 404)
+    _error(api.post("/v1/envs", json={"environment_id": "envr_nope"}), 404)
+    _error(api.post(f"/v1/envs/{env_id}/restore", json={"step": 10**6}), 409, "conflict")
+    _error(api.post(f"/v1/envs/{env_id}/restore", json={"step": -1}), 422)
+    _error(api.post(f"/v1/envs/{env_id}/fork", json={"count": 0}), 422)
+    _error(api.post(f"/v1/envs/{env_id}/fork", json={"count": 10**6}), 422)
+    _error(api.post(f"/v1/envs/{env_id}/fork", json={"step": 10**6, "count": 1}), 409)
+    _error(api.get(f"/v1/envs/{env_id}/state", params={"step": 10**6}), 409)
+    _error(api.get(f"/v1/envs/{env_id}/state", params={"step": "x"}), 422)
+    _error(api.post(f"/v1/envs/{env_id}/step", json={"name": "bump"}, params={"include": "secrets"}), 422)
+    _error(api.get("/v1/envs", params={"limit": 0}), 422)
+    _error(api.post("/v1/envs", json={"source_code": "class C: pass"}), 422)
+    _error(api.post("/v1/envs", json={"environment_id": "a", "source_code": "b", "class_name": "C"}), 422)
+    assert _error(api.post("/v1/envs", json={"environment_id": counter_env_id, "profile": {"memory_mib": 10**9}}),
+                  422)["field"] == "profile"
+
+
+@pytest.mark.parametrize("source, class_name", [
+    ("def broken(:\n", "C"),
+    ("raise RuntimeError('at import')\n", "C"),
+    ("class D:\n    pass\n", "C"),
+    ("C = 5\n", "C"),
+    ("import os\nos._exit(3)\n", "C"),
+    ("class C:\n    def __init__(self, init_config):\n        raise ValueError('no')\n", "C"),
+])
+def test_bad_environment_code_is_422_with_the_sandbox_observation(api: httpx.Client, source: str,
+                                                                  class_name: str) -> None:
+    body = {"source_code": source, "class_name": class_name}
+    registered = api.post("/v1/environments", json=body)
+    inline = api.post("/v1/envs", json=body)
+    if "__init__" in source:  # importable and describable, fails only when instantiated
+        assert registered.status_code == 201, registered.text
+        assert _error(inline, 422)["field"] == "init_config"
+        assert api.delete(f"/v1/environments/{registered.json()['id']}").status_code == 204
+    else:
+        assert _error(registered, 422)["field"] == "source_code"
+        _error(inline, 422)
+    _error(api.post("/v1/environments", json={**body, "class_name": "not an identifier"}), 422)
+
+
+def test_the_env_still_works_after_all_that(api: httpx.Client, env_id: str) -> None:
+    result = api.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {"by": 2}}).json()
+    assert (result["status"], result["observation"], result["step"]) == ("ok", "2", 1)
