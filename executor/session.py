@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from sandpit.sandbox_images.runner.protocol import ProtocolViolation
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
 from .errors import SandboxLost, SessionClosed, SessionError
 from .profiles import ResourceProfile
@@ -134,7 +134,16 @@ class Session:
                                   duration_ms=_ms(started))
             try:
                 delta = reply.get("delta") or {}
-                changed = check_encoded(delta.get("set") or {}, "delta")
+                raw = delta.get("set") or {}
+                if not isinstance(raw, dict):
+                    raise ProtocolViolation("delta 'set' is not an object")
+                keyed = {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == 2 and v[0] == "k"}
+                changed = check_encoded({k: v for k, v in raw.items() if k not in keyed}, "delta")
+                for key, entry in keyed.items():  # large JSON objects arrive as key-level changes
+                    merged = apply_keyed(self._snapshot.get(key), entry[1])
+                    if merged is None:
+                        raise ProtocolViolation(f"delta: keyed change of {key!r} does not apply")
+                    changed[key] = merged
                 deleted = [k for k in delta.get("del") or [] if isinstance(k, str)]
             except ProtocolViolation as exc:
                 raise SessionError(f"sandbox sent a malformed delta: {exc}") from exc

@@ -138,3 +138,23 @@ def recv_frame(sock, max_frame: int = DEFAULT_MAX_FRAME) -> dict:
     if length > max_frame:
         raise ProtocolViolation(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
     return decode_payload(recv_exact(sock, length))
+
+
+def apply_keyed(base: object, change: object) -> list | None:
+    """Apply a keyed delta entry's payload (``["k", {"set": {key: value}, "del": [key]}]``,
+    sent for large JSON-object attributes instead of the whole value) to the attribute's
+    previous encoding ``["j", {...}]``. Returns the new ``["j", merged]`` (a new dict; the
+    base is not modified), or None when the change does not apply (malformed, or the base
+    is not a JSON object): the caller treats that as a protocol violation."""
+    if not (isinstance(base, list) and len(base) == 2 and base[0] == "j" and isinstance(base[1], dict)):
+        return None
+    if not isinstance(change, dict):
+        return None
+    sets, dels = change.get("set"), change.get("del")
+    if not isinstance(sets, dict) or not isinstance(dels, list) or not all(isinstance(k, str) for k in dels):
+        return None
+    merged = dict(base[1])
+    merged.update(sets)
+    for key in dels:
+        merged.pop(key, None)
+    return ["j", merged]

@@ -504,6 +504,11 @@ class Runner:
             delta = msg.get("delta") or {"set": {}, "del": []}
             if status in ("ok", "error"):
                 for key, value in (delta.get("set") or {}).items():
+                    if isinstance(value, list) and len(value) == 2 and value[0] == "k":
+                        value = protocol.apply_keyed(session.snapshot.get(key), value[1])
+                        if value is None:  # our snapshot can no longer follow the session
+                            self.child_failed(session, "crashed", item=item, note="malformed keyed delta")
+                            return
                     session.snapshot[key] = value
                 for key in delta.get("del") or []:
                     session.snapshot.pop(key, None)

@@ -110,6 +110,49 @@ def encode_value(value: object, cached: tuple[str, str] | None) -> tuple[str, st
     return ("p", encoded)
 
 
+KEYED_MIN_BYTES = 32 * 1024
+"""JSON objects whose encoding is at least this large are tracked key by key: a call that
+changes a few records sends ``["k", {"set": {key: value}, "del": [key]}]`` instead of the
+whole object (runner and host merge it into their snapshots)."""
+_MISSING = object()
+
+
+def keyed_delta(value: dict, previous: dict) -> str | None:
+    """Key-level changes of a large JSON object since ``previous`` (a private JSON copy
+    of its last encoding, updated in place). Returns ``""`` when nothing changed, the
+    JSON text of a ``["k", ...]`` entry otherwise, or None when the object is no longer
+    JSON-native (the caller re-encodes it whole).
+
+    Equality is Python's ``==`` (C speed): a change that keeps values equal but alters
+    their type (``1`` -> ``1.0`` or ``True``) inside a record, or only reorders keys, is not
+    seen until that record changes otherwise (a top-level value's type change is seen)."""
+    if value == previous:
+        return ""
+    sets: list[tuple[str, str]] = []
+    added = 0
+    for key, item in value.items():
+        if type(key) is not str:
+            return None
+        before = previous.get(key, _MISSING)
+        if before is _MISSING:
+            added += 1
+        elif type(before) is type(item) and before == item:
+            continue
+        if not _json_native(item):
+            return None
+        try:
+            sets.append((key, _dumps(item)))
+        except (TypeError, ValueError, RecursionError):
+            return None
+    removed = [key for key in previous if key not in value] if len(previous) + added != len(value) else []
+    for key, text in sets:
+        previous[key] = json.loads(text)
+    for key in removed:
+        del previous[key]
+    body = ",".join(f"{_dumps(key)}:{text}" for key, text in sets)
+    return '["k",{"set":{' + body + '},"del":' + _dumps(removed) + "}]"
+
+
 def _bounded_repr(value: object) -> str:
     try:
         text = repr(value)
@@ -210,8 +253,18 @@ class Session:
         new_cache: dict[str, tuple[str, str]] = {}
         for name, value in current.items():
             old = self.cache.get(name)
-            enc = encode_value(value, old)
-            new_cache[name] = enc
+            if not full and old is not None and old[0] == "K" and type(value) is dict:
+                part = keyed_delta(value, old[1])  # type: ignore[arg-type]
+                if part is not None:
+                    new_cache[name] = old
+                    if part:
+                        changed.append(f"{_dumps(name)}:{part}")
+                    continue
+            enc = encode_value(value, old if old is not None and old[0] != "K" else None)
+            if enc[0] == "j" and type(value) is dict and len(enc[1]) >= KEYED_MIN_BYTES:
+                new_cache[name] = ("K", json.loads(enc[1]))  # type: ignore[assignment]
+            else:
+                new_cache[name] = enc
             if full or enc is not old:
                 if enc[0] == "j":
                     changed.append(f'{_dumps(name)}:["j",{enc[1]}]')

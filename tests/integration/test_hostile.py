@@ -293,3 +293,22 @@ def test_long_tracebacks_keep_their_start_and_their_end(open_env, probe) -> None
     assert result.traceback is not None and len(result.traceback) < 4096 + 200
     assert "Traceback (most recent call last)" in result.traceback  # the head survives
     assert result.traceback.rstrip().endswith("x end")  # and the failing line's message
+
+
+def test_a_forged_keyed_delta_crashes_only_that_call(open_env, probe) -> None:
+    """Environment code runs in the session process and can rewrite its own deltas: a
+    keyed change for an attribute that is not a JSON object cannot corrupt the runner's
+    or the host's snapshot; the call reports crashed and the session restarts cleanly."""
+    session = open_env(init_config={"counter": 2})
+    forged = probe.run(session, (
+        "import gc, sys\n"
+        "child = sys.modules['__main__']\n"
+        "for obj in gc.get_objects():\n"
+        "    if type(obj).__name__ == 'Session' and hasattr(obj, 'delta_json'):\n"
+        "        obj.delta_json = lambda full=False: '{\"set\":{\"counter\":[\"k\",{\"set\":{\"a\":1},\"del\":[]}]},\"del\":[]}'\n"
+        "self.counter = 50\n"
+        "result = 'forged'\n"))
+    assert forged.status == "crashed", forged
+    after = session.call("bump", {"by": 1})
+    assert (after.status, after.observation) == ("ok", "3"), after
+    assert session.state()["counter"] == 3

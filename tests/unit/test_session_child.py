@@ -240,3 +240,52 @@ def test_check_encoded_refuses_malformed_entries() -> None:
     for bad in ({"a": ["j"]}, {"a": ["x", 1]}, {"a": ["p", 5]}, {"a": "j"}, ["j", 1]):
         with pytest.raises(ProtocolViolation):
             check_encoded(bad, "snapshot")
+
+
+def _keyed_session(records: dict) -> child.Session:
+    class Store:  # trusted test class: our code, run on the host on purpose
+        def __init__(self) -> None:
+            self.count = 0
+            self.records = records
+
+    session = child.Session.__new__(child.Session)
+    session.instance, session.cache, session.limits = Store(), {}, {}
+    return session
+
+
+def test_large_objects_travel_as_key_level_deltas_that_merge_back_exactly() -> None:
+    from sandpit.sandbox_images.runner.protocol import apply_keyed
+
+    records = {f"r{i:04d}": {"value": i, "pad": "p" * 40} for i in range(2000)}
+    session = _keyed_session(records)
+    snapshot = json.loads(session.delta_json(full=True))["set"]
+    assert snapshot["records"][0] == "j"
+    assert json.loads(session.delta_json()) == {"set": {}, "del": []}  # unchanged: nothing sent
+
+    records["r0001"]["value"] = -1  # in-place change of one record
+    records["zz"] = {"value": None}
+    del records["r0002"]
+    records["r0003"] = {"value": True, "pad": ""}
+    delta = json.loads(session.delta_json())
+    kind, change = delta["set"]["records"]
+    assert kind == "k" and set(change["set"]) == {"r0001", "zz", "r0003"} and change["del"] == ["r0002"]
+    merged = apply_keyed(snapshot["records"], change)
+    assert merged == ["j", records] and list(merged[1]) == list(records)
+
+    records["r0004"] = {"value": float("nan")}  # no longer JSON: the whole value is re-encoded
+    kind, _ = json.loads(session.delta_json())["set"]["records"]
+    assert kind == "p"
+
+
+@pytest.mark.parametrize("base, change", [
+    (["p", "abc"], {"set": {}, "del": []}),
+    (["j", [1, 2]], {"set": {}, "del": []}),
+    (None, {"set": {}, "del": []}),
+    (["j", {}], {"set": [], "del": []}),
+    (["j", {}], {"set": {}, "del": [1]}),
+    (["j", {}], "nope"),
+])
+def test_keyed_deltas_that_do_not_apply_are_refused(base, change) -> None:
+    from sandpit.sandbox_images.runner.protocol import apply_keyed
+
+    assert apply_keyed(base, change) is None
