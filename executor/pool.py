@@ -255,7 +255,8 @@ class SandboxPool:
                     self._drop_locked(candidate)
                 self._lock.notify_all()  # refill
                 if sandbox is None:
-                    if len(self._all) + sum(self._starting.values()) >= self.settings.max_sandboxes:
+                    if (len(self._all) + sum(self._starting.values()) >= self.settings.max_sandboxes
+                            and not self._reclaim_idle_locked(key)):
                         raise CapacityError(
                             f"all {self.settings.max_sandboxes} sandboxes are in use", retry_after_s=1.0)
                     self._starting[key] += 1
@@ -320,6 +321,15 @@ class SandboxPool:
         with self._lock:
             sandbox.sessions.discard(session_id)
             self._drop_locked(sandbox)
+
+    def _reclaim_idle_locked(self, key: PoolKey) -> bool:
+        """At capacity: destroy the longest-idle warm sandbox kept for another (tenant,
+        profile), so a request of ``key`` can start one. False when none is idle."""
+        idle = [s for k, queue in self._idle.items() if k != key for s in queue]
+        if not idle:
+            return False
+        self._drop_locked(min(idle, key=lambda s: s.idle_since or 0.0))
+        return True
 
     def _drop_locked(self, sandbox: Sandbox) -> None:
         self._all.pop(sandbox.id, None)

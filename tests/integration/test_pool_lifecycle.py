@@ -153,3 +153,18 @@ def test_hostile_open_arguments_are_refused_before_any_container_starts() -> Non
             with pytest.raises(ValueError):
                 pool.open_session(**kwargs)  # type: ignore[arg-type]
         assert pool.stats()["sandboxes"] == 0
+
+
+def test_at_capacity_an_idle_sandbox_of_another_profile_or_tenant_is_reclaimed() -> None:
+    with make_pool(max_sandboxes=1) as pool:
+        first = pool.open_session(tenant="t-reclaim", source=COUNTER, class_name="Counter")
+        first.close()  # its sandbox is now warm for (t-reclaim, default profile)
+        lowered = pool.profile(overrides=ProfileOverrides(call_timeout_s=3))
+        other = pool.open_session(tenant="t-reclaim", source=COUNTER, class_name="Counter", profile=lowered)
+        assert other.call("add").status == "ok"
+        with pytest.raises(CapacityError):  # busy, not idle: nothing to reclaim
+            pool.open_session(tenant="t-reclaim-b", source=COUNTER, class_name="Counter")
+        other.close()
+        tenant_b = pool.open_session(tenant="t-reclaim-b", source=COUNTER, class_name="Counter")
+        assert tenant_b.call("add").status == "ok"
+        tenant_b.close()
