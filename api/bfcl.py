@@ -851,6 +851,20 @@ def _json(value: object, fail: Callable[[str], BfclImportError]) -> JsonValue:
     raise fail(f"a {type(value).__name__} value is not JSON")
 
 
+def embedded_modules(composite: str) -> dict[str, str]:
+    """The BFCL module sources a composite environment embeds (its ``_install(name,
+    source)`` string literals), read with ``ast`` only: dotted name -> source. These are
+    what the static policy judges; the composite wrapper around them is Sandpit's own
+    generated glue (it must ``exec`` them inside the sandbox)."""
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(composite)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_install"
+                and len(node.args) == 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                                                for a in node.args)):
+            found[node.args[0].value] = node.args[1].value
+    return found
+
+
 # -- command line ---------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sandpit.api.bfcl fetch [--cache DIR]``: cache the wheel, print its path.
