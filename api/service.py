@@ -34,7 +34,7 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult, Snapshot
 from sandpit.executor.session import Session, SessionOpenError
-from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -43,12 +43,15 @@ from . import models
 from .diff import state_diff
 from .errors import Conflict, InvalidRequest, NoCapacity, NotFound, PayloadTooLarge, ServiceUnavailable
 from .metrics import Metrics
+from .policy_report import check_source, policy_summary
 from .settings import ApiSettings
 from .store import PendingBlobs, StateCache, apply_delta, encode_state, load_state, state_view
 from .tools import ToolCall, ToolSet, json_size
 
 log = logging.getLogger("sandpit.api")
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
+STEPS = models.Step.__table__
+ENVS = models.Env.__table__
 CAPACITY_ATTEMPTS = 4
 
 
@@ -186,17 +189,24 @@ class EnvService:
                              retry_after=self.settings.capacity_retry_after_s) from None
 
     def create_environment(self, tenant: str, *, name: str | None, source_code: str, class_name: str,
-                           description: str | None, inline: bool = False) -> models.Environment:
-        """Register code; its tools are derived by introspecting the class in a sandbox.
-
-        Raises PayloadTooLarge (code over cap), InvalidRequest (the code fails to load or
-        has no such class; the message carries the sandbox's observation), NoCapacity."""
+                           description: str | None, inline: bool = False,
+                           policy: str = "standard") -> models.Environment:
+        """Register code: the static ``policy`` must pass (errors reject, warnings are
+        kept in the report), then its tools are derived by introspecting the class in a
+        sandbox. Raises PayloadTooLarge (code over cap), InvalidRequest (policy errors;
+        or the code fails to load or has no such class: the message carries the
+        sandbox's observation), NoCapacity."""
         self._check_code(source_code)
+        report = check_source(source_code, policy)
+        if not report.passed:
+            raise InvalidRequest(f"static policy {policy!r} rejected the code: {policy_summary(report)}",
+                                 field="source_code")
         tools = self._derive_tools(tenant, source_code, class_name)
         row = models.Environment(
             id=new_id("envr"), tenant=tenant, name=name, class_name=class_name, source_code=source_code,
             code_sha256=hashlib.sha256(source_code.encode("utf-8", "surrogatepass")).hexdigest(),
-            tools=tools, description=description, inline=inline, created_at=_now())
+            tools=tools, description=description, inline=inline, policy=policy,
+            policy_report=report.to_dict(), created_at=_now())
         with self._write() as db:
             db.add(row)
         return row
@@ -227,8 +237,11 @@ class EnvService:
             row = self.get_environment(tenant, environment_id, db)
             users = db.scalar(select(func.count()).select_from(models.Env)
                               .where(models.Env.environment_id == row.id)) or 0
-            if users:
-                raise Conflict(f"environment {environment_id!r} is used by {users} env(s); delete them first")
+            scenarios = db.scalar(select(func.count()).select_from(models.Scenario)
+                                  .where(models.Scenario.environment_id == row.id)) or 0
+            if users or scenarios:
+                raise Conflict(f"environment {environment_id!r} is used by {users} env(s) and {scenarios} "
+                               "scenario(s); delete them first")
             db.delete(row)
         self._toolsets.pop(environment_id, None)
 
@@ -264,12 +277,23 @@ class EnvService:
         raise AssertionError("unreachable")
 
     def create_env(self, tenant: str, *, environment_id: str | None, source_code: str | None,
-                   class_name: str | None, init_config: dict[str, Any], profile: dict[str, Any] | None) -> models.Env:
-        """Instantiate an environment in a sandbox and commit step 0 (its initial state).
+                   class_name: str | None, init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
+                   scenario_id: str | None = None) -> models.Env:
+        """Instantiate an environment (registered, inline, or a scenario's with the
+        scenario's ``init_config`` unless one is given) in a sandbox and commit step 0.
 
-        Raises NotFound (environment), PayloadTooLarge, InvalidRequest (instantiation
-        failed: the message carries the observation; or a profile above the operator's),
-        NoCapacity."""
+        Raises NotFound (environment, scenario), PayloadTooLarge, InvalidRequest
+        (instantiation failed: the message carries the observation; policy errors in
+        inline code; a profile above the operator's), NoCapacity."""
+        if scenario_id is not None:
+            with self._db() as db:
+                scenario = db.get(models.Scenario, scenario_id)
+            if scenario is None or scenario.tenant != tenant:
+                raise NotFound(f"scenario {scenario_id[:64]!r} not found")
+            environment_id = scenario.environment_id
+            if init_config is None:
+                init_config = scenario.init_config
+        init_config = {} if init_config is None else init_config
         self._check_config(init_config)
         if environment_id is not None:
             environment = self.get_environment(tenant, environment_id)
@@ -289,7 +313,8 @@ class EnvService:
             now = _now()
             row = models.Env(id=env_id, tenant=tenant, environment_id=environment.id, init_config=init_config,
                              profile=profile, episode=1, step=0, closed=False, created_at=now, last_used_at=now,
-                             expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s))
+                             expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
+                             scenario_id=scenario_id)
             with self._write() as db:
                 pending.write(db)
                 db.add(row)
@@ -452,13 +477,12 @@ class EnvService:
                 now = _now()
                 with self._write() as db:  # Core statements: no unit-of-work overhead
                     pending.write(db)
-                    db.execute(insert(models.Step), [{
+                    db.execute(STEPS.insert(), [{
                         "env_id": env_id, "episode": entry.episode, "step": number,
                         "action": {"name": call.name, "arguments": call.arguments}, "observation": observation,
                         "status": result.status, "duration_ms": result.duration_ms, "state_root": after.root,
                         "created_at": now}])
-                    db.execute(update(models.Env).where(models.Env.id == env_id)
-                               .values(step=number, last_used_at=now))
+                    db.execute(ENVS.update().where(ENVS.c.id == env_id).values(step=number, last_used_at=now))
             except BaseException:
                 self._drop_live(env_id)  # the sandbox is ahead of the database: resync on next use
                 raise
@@ -600,7 +624,8 @@ class EnvService:
                                 init_config=row.init_config, profile=row.profile, episode=1, step=point,
                                 closed=False, created_at=now, last_used_at=now,
                                 expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
-                                forked_from=env_id, forked_at_step=point) for _ in range(count)]
+                                forked_from=env_id, forked_at_step=point, scenario_id=row.scenario_id)
+                     for _ in range(count)]
             db.add_all(forks)
             db.flush()
             db.execute(models.Step.__table__.insert(), [
