@@ -10,6 +10,10 @@
   beyond ``max_sandboxes`` :class:`CapacityError` is raised (with ``retry_after_s``).
 * Sandboxes with no session return to the warm set; those beyond ``pool_size`` are
   removed after ``idle_timeout_s``. Dead sandboxes are removed at once.
+* One-shot jobs (:meth:`SandboxPool.run_checks`, :meth:`SandboxPool.execute`,
+  :meth:`SandboxPool.execute_many`) take a slot of a sandbox of the caller's tenant like a
+  session does, for the duration of the call; inside, each runs in a fresh process (a
+  pre-started spare) that never served an environment.
 * Leaks: every container is labeled ``sandpit=1``/``sandpit.pool=<id>``; start-up reaps
   leftovers of earlier runs (``reap_on_start``); :meth:`close` removes every container
   this pool started.
@@ -27,11 +31,11 @@ from typing import Any
 
 import docker
 
-from . import engine
+from . import engine, jobs
 from .errors import CapacityError, ExecutorError, SandboxLost, SessionError
 from .images import resolve_image
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
-from .results import check_encoded
+from .results import CheckResult, ExecResult, check_encoded
 from .sandbox import PoolKey, Sandbox
 from .session import Session, SessionOpenError
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
@@ -63,6 +67,9 @@ class SandboxPool:
         self._starter: ThreadPoolExecutor | None = None
         self.started_ms: collections.deque[float] = collections.deque(maxlen=1000)
         self.failures: collections.Counter[str] = collections.Counter()
+        self.check_restarts = 0
+        """Fresh processes check batches needed after a check timed out, crashed or ran
+        out of memory (all calls of this pool)."""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> SandboxPool:
@@ -177,6 +184,154 @@ class SandboxPool:
         finally:
             session.close()
 
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
+                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+                   per_check_timeout_s: float | None = None) -> list[CheckResult]:
+        """EnvScaler rule-based reward: run every check function against a pair of states
+        in one fresh process of a sandbox of ``tenant`` (never an environment's process).
+
+        Each ``check_func`` source is executed in a module namespace of its own whose
+        global ``initial_state`` is a private deep copy of ``initial_state``, then
+        ``check_func(<private deep copy of final_state>)`` is called; what one check does
+        to its copies never reaches another. Only a returned ``True`` passes. A check that
+        exceeds ``per_check_timeout_s``, calls ``os._exit``, is killed or runs out of
+        memory gets that status, and the checks after it run on in a fresh process; the
+        whole call is bounded by ``per_check_timeout_s * len(checks) + 5`` seconds.
+        Checks of one call share their process (a hostile check may disturb the later
+        checks of the same call, nothing else).
+
+        Args:
+            checks: ``[{"check_item": str, "check_func": str}]`` (ScenGenerator's
+                ``checklist_with_func``), at most 256, each source at most 64 KiB.
+            initial_state, final_state: JSON objects (attribute name -> value), at most
+                16 MiB of JSON each; they travel as JSON (tuples become lists).
+            profile: limits of the sandbox and of the check process (default profile).
+            per_check_timeout_s: wall-clock limit per check, seconds; default
+                ``min(5, profile.call_timeout_s)``; at most ``profile.call_timeout_s``.
+
+        Returns:
+            One :class:`CheckResult` per check, in order (``[]`` for no checks, without
+            touching a sandbox). If the sandbox itself dies, every check reports its
+            status (``crashed``, ``oom`` or ``timeout``).
+
+        Raises:
+            ValueError: bad arguments (caps, types, timeout above the profile's).
+            SessionError: the sandbox refused the batch or answered malformed data.
+            CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
+        """
+        jobs.check_tenant(tenant)
+        profile = profile or self.profile()
+        timeout_s = jobs.check_checks(checks, initial_state, final_state, profile, per_check_timeout_s)
+        if not checks:
+            return []
+        budget_s = timeout_s * len(checks) + jobs.BATCH_SLACK_S
+        slot = _Slot(self, tenant, profile)
+        try:
+            sandbox = slot.get()
+            try:
+                reply = sandbox.request(
+                    "checks", timeout_s=budget_s + self.settings.watchdog_grace_s + 5.0, time_limit_s=timeout_s,
+                    checks=[{"check_func": c["check_func"]} for c in checks],
+                    initial_state=initial_state, final_state=final_state)
+            except SandboxLost as exc:
+                slot.lost(sandbox)
+                self.failures[exc.status] += 1
+                return jobs.lost_checks(checks, exc.status, f"the sandbox was lost: {exc}")
+        finally:
+            slot.release()
+        results, restarts = jobs.parse_check_results(reply, checks)
+        with self._lock:
+            self.check_restarts += restarts
+        return results
+
+    def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
+                timeout_s: float | None = None, profile: ResourceProfile | None = None) -> ExecResult:
+        """Run ``code`` as a Python script in a fresh process of a sandbox of ``tenant``,
+        like ``python3 -I main.py`` (``__name__ == "__main__"``, ``sys.argv == ["main.py"]``,
+        neither the script's nor the runner's directory on ``sys.path``), in an empty
+        working directory of its own holding ``files``, with ``stdin`` on standard input
+        (empty when None). The process has the profile's memory limit (RLIMIT_DATA:
+        ``memory_mib``); its stdout and stderr are captured up to the profile's
+        ``output_cap_bytes`` each. Processes it leaves behind are killed when it exits; its
+        working directory is removed. Reuses a warm sandbox and its pre-started process:
+        no container is started per call when one is warm.
+
+        Args:
+            code: Python source, at most 4 MiB.
+            stdin: text on standard input, at most 4 MiB.
+            files: ``{relative path: text}`` written into the working directory first; at
+                most 64 files, 4 MiB each, 8 MiB in all (and half the profile's
+                ``tmpfs_mib``); no absolute paths, no ``..``, no empty components.
+            timeout_s: wall-clock limit, seconds; default and maximum: the profile's
+                ``call_timeout_s``.
+            profile: limits (default profile).
+
+        Returns:
+            An :class:`ExecResult`; a script that fails, times out, runs out of memory or
+            is killed is a result (``error``/``timeout``/``oom``/``crashed``).
+
+        Raises:
+            ValueError: bad arguments (caps, hostile paths, timeout above the profile's).
+            SessionError: the sandbox refused the run or answered malformed data.
+            CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
+        """
+        jobs.check_tenant(tenant)
+        profile = profile or self.profile()
+        request = jobs.check_exec(code, stdin, files, timeout_s, profile)
+        slot = _Slot(self, tenant, profile)
+        try:
+            return self._exec(slot, request)
+        finally:
+            slot.release()
+
+    def execute_many(self, *, tenant: str, snippets: list[dict[str, Any]], concurrency: int = 4,
+                     profile: ResourceProfile | None = None) -> list[ExecResult]:
+        """Run each snippet as :meth:`execute` does, each in a fresh process, at most
+        ``concurrency`` at once, all in one sandbox of ``tenant`` (so they share its CPU
+        quota, memory and pids limits, which still hold: a memory-hungry snippet can push
+        a concurrent one into ``oom``, and each snippet's ``timeout_s`` runs while it
+        shares the CPU). If the sandbox dies, the snippets running in it report that
+        status and the rest go on in another sandbox.
+
+        Args:
+            snippets: ``[{"code": str, "stdin"?: str, "files"?: {path: text},
+                "timeout_s"?: float}]``, at most 1024, each as in :meth:`execute`.
+            concurrency: snippets running at once, 1 to 8.
+            profile: limits (default profile).
+
+        Returns:
+            One :class:`ExecResult` per snippet, in the order given.
+
+        Raises:
+            ValueError: bad arguments, naming the snippet. SessionError, CapacityError,
+                ProfileError, DockerUnavailable, ImageError, SandboxStartError.
+        """
+        jobs.check_tenant(tenant)
+        profile = profile or self.profile()
+        requests = jobs.check_snippets(snippets, concurrency, profile)
+        if not requests:
+            return []
+        slot = _Slot(self, tenant, profile)
+        try:
+            if concurrency == 1 or len(requests) == 1:
+                return [self._exec(slot, request) for request in requests]
+            with ThreadPoolExecutor(min(concurrency, len(requests)), thread_name_prefix="sandpit-exec") as workers:
+                return list(workers.map(lambda request: self._exec(slot, request), requests))
+        finally:
+            slot.release()
+
+    def _exec(self, slot: _Slot, request: jobs.ExecRequest) -> ExecResult:
+        sandbox = slot.get()
+        started = time.perf_counter()
+        try:
+            reply = sandbox.request("exec", timeout_s=request.timeout_s + self.settings.watchdog_grace_s + 5.0,
+                                    **request.fields())
+        except SandboxLost as exc:
+            slot.lost(sandbox)
+            self.failures[exc.status] += 1
+            return jobs.lost_exec(exc.status, f"the sandbox was lost: {exc}", (time.perf_counter() - started) * 1000)
+        return jobs.parse_exec_result(reply, slot.profile, (time.perf_counter() - started) * 1000.0)
+
     def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
              timeout_s: float = 120.0) -> int:
         """Register ``(tenant, profile)`` for warm-keeping and wait until ``count``
@@ -202,6 +357,7 @@ class SandboxPool:
                 "starting": sum(self._starting.values()),
                 "sessions": sum(len(s.sessions) for s in self._all.values()),
                 "failures": dict(self.failures),
+                "check_restarts": self.check_restarts,
             }
 
     # -- placement -------------------------------------------------------------------
@@ -238,10 +394,15 @@ class SandboxPool:
         raise AssertionError("unreachable")
 
     def _reserve(self, session: Session) -> Sandbox:
-        key = self._key(session.tenant, session.profile)
+        return self._reserve_slot(session.tenant, session.profile, session.id)
+
+    def _reserve_slot(self, tenant: str, profile: ResourceProfile, slot_id: str) -> Sandbox:
+        """A sandbox of ``(tenant, profile)`` with ``slot_id`` added to its sessions: a
+        live one with a free slot, else a warm one, else a new one. Raises CapacityError."""
+        key = self._key(tenant, profile)
         per = self.settings.sessions_per_sandbox
         with self._lock:
-            self._wanted.setdefault(key, session.profile)
+            self._wanted.setdefault(key, profile)
             candidates = [s for s in self._active[key] if s.alive and len(s.sessions) < per]
             if candidates:
                 sandbox = max(candidates, key=lambda s: len(s.sessions))
@@ -264,17 +425,17 @@ class SandboxPool:
                 else:
                     self._active[key].append(sandbox)
             if sandbox is not None:
-                sandbox.sessions.add(session.id)
+                sandbox.sessions.add(slot_id)
                 return sandbox
         try:
-            sandbox = self._start_sandbox(key, session.profile, uid)
+            sandbox = self._start_sandbox(key, profile, uid)
         finally:
             with self._lock:
                 self._starting[key] -= 1
         with self._lock:
             self._all[sandbox.id] = sandbox
             self._active[key].append(sandbox)
-            sandbox.sessions.add(session.id)
+            sandbox.sessions.add(slot_id)
         return sandbox
 
     def _start_sandbox(self, key: PoolKey, profile: ResourceProfile, uid: int) -> Sandbox:
@@ -386,6 +547,43 @@ class SandboxPool:
                             self._drop_locked(sandbox)
                         elif len(queue) > keep and now - sandbox.idle_since > self.settings.idle_timeout_s:
                             self._drop_locked(sandbox)
+
+
+class _Slot:
+    """One sandbox slot of ``(tenant, profile)`` held for the duration of a one-shot call
+    (taken on first use, shared by the call's threads). A sandbox that dies is forgotten
+    and the next :meth:`get` takes a slot elsewhere; :meth:`release` frees the slot
+    (the sandbox goes back to the warm pool when nothing else uses it)."""
+
+    def __init__(self, pool: SandboxPool, tenant: str, profile: ResourceProfile) -> None:
+        self.pool = pool
+        self.tenant = tenant
+        self.profile = profile
+        self._lock = threading.Lock()
+        self._sandbox: Sandbox | None = None
+        self._id = ""
+
+    def get(self) -> Sandbox:
+        with self._lock:
+            if self._sandbox is not None and not self._sandbox.alive:
+                self.pool._forget(self._sandbox, self._id)
+                self._sandbox = None
+            if self._sandbox is None:
+                self._id = "job-" + secrets.token_hex(8)
+                self._sandbox = self.pool._reserve_slot(self.tenant, self.profile, self._id)
+            return self._sandbox
+
+    def lost(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            if self._sandbox is sandbox:
+                self.pool._forget(sandbox, self._id)
+                self._sandbox = None
+
+    def release(self) -> None:
+        with self._lock:
+            sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            self.pool._release(sandbox, self._id, close=False)
 
 
 def _check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:

@@ -180,3 +180,72 @@ class CallResult(BaseModel):
     recovered: bool = False
     """True when the session was re-created from its last snapshot before this call
     (its sandbox had died or been evicted)."""
+
+
+class CheckResult(BaseModel):
+    """Outcome of one check function (EnvScaler rule-based reward): ``check_func(final_state)``
+    with ``initial_state`` as a global of its module, in a sandbox process that never ran
+    environment code. Only a returned ``True`` (a real bool) passes
+    (``calculate_reward``); a check that raises, returns a non-bool, times out or dies is
+    a result here, not an exception."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    check_item: str
+    """The check's description, as given."""
+    passed: bool
+    """True only when ``status == "ok"`` and the check returned ``True``."""
+    status: Status
+    """ok (returned a bool) | error (raised, or returned a non-bool) | timeout (exceeded
+    ``per_check_timeout_s``, or not run because the batch's time budget ran out) | oom
+    (MemoryError, or killed by the kernel's OOM killer) | crashed (its process died:
+    ``os._exit``, a signal, a broken result channel) | rejected (does not compile, or
+    defines no callable ``check_func``)."""
+    result: str | None = None
+    """``repr`` of what ``check_func`` returned, at most 1 KiB (``...`` marks a cut);
+    None when it returned nothing (it raised, timed out, died, or never ran)."""
+    error: str | None = None
+    """Why it did not pass, None for ``ok`` (including a clean ``False``): ``returned int
+    1, not a bool``, ``Error: KeyError: 'x'``, ``timed out after 2 s``, ``no check_func
+    defined``, ``syntax error: ... (line N)``, ``the check process crashed (...)``;
+    at most 4 KiB."""
+    traceback: str | None = None
+    """Bounded traceback (last frames, at most ~4 KiB) when the check raised."""
+    stdout: str = ""
+    """What this check printed, at most 4 KiB (and at most the profile's
+    ``output_cap_bytes``) per stream; a cut is marked ``...[N bytes dropped]``."""
+    stderr: str = ""
+    duration_ms: float
+    """Time spent on this check in its sandbox process (deep copies of both states
+    included), milliseconds; for timeouts and crashes, the time until it was stopped."""
+
+
+class ExecResult(BaseModel):
+    """Outcome of one script run (:meth:`SandboxPool.execute`): like ``python3 -I main.py``
+    in a fresh sandbox process and an empty working directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status
+    """ok (exit status 0) | error (non-zero exit status; an uncaught exception exits 1) |
+    timeout (killed at ``timeout_s``) | oom (an uncaught MemoryError: the allocation went
+    over the profile's ``memory_mib``, exit status 1; or killed by the kernel's OOM
+    killer) | crashed (killed by a signal, e.g. ``os.kill(os.getpid(), 9)`` or a
+    segfault; or the sandbox died). ``rejected`` is never produced: bad arguments raise
+    ValueError."""
+    exit_code: int | None
+    """The process's exit status; ``-N`` when killed by signal N; None on timeout or when
+    the sandbox was lost."""
+    stdout: str = ""
+    """Captured stdout (UTF-8, invalid bytes replaced), at most the profile's
+    ``output_cap_bytes`` bytes; the rest was dropped (``stdout_truncated``)."""
+    stderr: str = ""
+    """Captured stderr, same cap (``stderr_truncated``); an uncaught exception's traceback
+    is here, as Python prints it."""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float
+    """Host-measured round trip of the run (request to reply), milliseconds."""
+    error: str | None = None
+    """Why it is not ``ok``, in words (``exited with status 3``, ``timed out after 2 s``,
+    ``killed by signal SIGKILL``, ...); None for ``ok``."""

@@ -25,7 +25,11 @@ MAX_DEPTH = 200
 
 
 class ProtocolViolation(Exception):
-    """The peer sent bytes that are not a well-formed, in-limit frame."""
+    """The peer sent bytes that are not a well-formed, in-limit frame. Raised by
+    :meth:`FrameBuffer.feed`, ``messages`` holds the frames that were complete and valid
+    before the offending one (in order)."""
+
+    messages: list[dict] = []
 
 
 def _refuse_constant(name: str) -> float:
@@ -89,7 +93,8 @@ class FrameBuffer:
 
     ``feed(data)`` appends received bytes and returns the list of complete messages.
     ``max_frame`` is in bytes; a larger declared length raises :class:`ProtocolViolation`
-    immediately, before the body is buffered.
+    immediately, before the body is buffered. The exception's ``messages`` are the valid
+    frames of ``data`` that preceded the bad one.
     """
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -99,18 +104,22 @@ class FrameBuffer:
     def feed(self, data: bytes) -> list[dict]:
         self._buf += data
         messages: list[dict] = []
-        while len(self._buf) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._buf, 0)
-            if length > self.max_frame:
-                raise ProtocolViolation(
-                    f"frame of {length} bytes exceeds the {self.max_frame}-byte limit"
-                )
-            end = HEADER.size + length
-            if len(self._buf) < end:
-                break
-            payload = bytes(self._buf[HEADER.size:end])
-            del self._buf[:end]
-            messages.append(decode_payload(payload))
+        try:
+            while len(self._buf) >= HEADER.size:
+                (length,) = HEADER.unpack_from(self._buf, 0)
+                if length > self.max_frame:
+                    raise ProtocolViolation(
+                        f"frame of {length} bytes exceeds the {self.max_frame}-byte limit"
+                    )
+                end = HEADER.size + length
+                if len(self._buf) < end:
+                    break
+                payload = bytes(self._buf[HEADER.size:end])
+                del self._buf[:end]
+                messages.append(decode_payload(payload))
+        except ProtocolViolation as exc:
+            exc.messages = messages
+            raise
         return messages
 
     @property

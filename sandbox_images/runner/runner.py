@@ -32,6 +32,8 @@ Host requests (each has an integer ``id``; each reply echoes it):
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
+  exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
+      time_limit_s}: one-shot jobs, each in a fresh process of its own (``jobs.py``)
 A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
 bad fields); ``message`` says why.
 """
@@ -52,10 +54,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import jobs  # noqa: E402
 import protocol  # noqa: E402
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
-SESSION_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session.py")
+RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
+SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import session; session.main()"
+"""How a session process starts: ``session.py`` imported as a module (not run as a
+script), so its bytecode compiled into the image is used instead of compiling it anew in
+every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
 TMP_ROOT = "/tmp"
 CHILD_MAX_FRAME = 64 * 1024 * 1024
@@ -124,7 +131,7 @@ class Child:
         ]
         try:
             self.pid = os.posix_spawn(
-                sys.executable, [sys.executable, "-s", "-S", "-B", SESSION_SCRIPT], env,
+                sys.executable, [sys.executable, "-s", "-S", "-B", "-c", SESSION_BOOT], env,
                 file_actions=actions, setsid=True)
         except BaseException:  # e.g. EAGAIN at the pids limit: keep no fds of a failed spawn
             parent.close()
@@ -220,6 +227,7 @@ class Runner:
         self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
+        self.jobs = jobs.Jobs(self, WORK_ROOT, _oom_kills)
 
     # -- children --------------------------------------------------------------------
     def _session_limits(self) -> dict:
@@ -234,6 +242,17 @@ class Runner:
         self.spare = None
         self._ensure_spare()
         return child
+
+    def take_child(self) -> Child:
+        """A fresh process for a one-shot job (the spare when there is one). Raises
+        OSError when none can be started (pids limit)."""
+        return self._take_child()
+
+    def jobs_ended(self) -> None:
+        """A one-shot job finished: wipe /tmp when nothing else runs, keep a spare."""
+        if not self.sessions and not self.jobs.active:
+            self._wipe_tmp()
+        self._ensure_spare()
 
     def _ensure_spare(self) -> None:
         if self.limits.get("spare_child", True) and (self.spare is None or not self.spare.alive):
@@ -259,7 +278,7 @@ class Runner:
     def _reap_untracked(self) -> None:
         """Reap exited children that are neither a session's process nor the spare (those
         are left to :meth:`reap`, which acts on their death)."""
-        tracked = set(self.by_pid)
+        tracked = set(self.by_pid) | self.jobs.pids()
         if self.spare is not None:
             tracked.add(self.spare.pid)
         for pid in _process_sessions():
@@ -303,6 +322,9 @@ class Runner:
         op = msg.get("op")
         if op == "ping":
             self.reply({"id": rid, "status": "ok", "sessions": len(self.sessions), "pid": os.getpid()})
+            return
+        if op in ("exec", "checks"):
+            self.jobs.start(rid, msg)
             return
         sid = msg.get("session")
         if not isinstance(sid, str) or not sid or len(sid) > 128:
@@ -360,7 +382,7 @@ class Runner:
         session.queue.clear()
         shutil.rmtree(session.workdir, ignore_errors=True)
         self.sweep_strays()
-        if not self.sessions:
+        if not self.sessions and not self.jobs.active:
             self._wipe_tmp()
         self._ensure_spare()
 
@@ -576,7 +598,7 @@ class Runner:
         elsewhere /proc would show processes that are not ours."""
         if os.getpid() != 1:
             return
-        known = {s.child.pid for s in self.sessions.values() if s.child is not None}
+        known = {s.child.pid for s in self.sessions.values() if s.child is not None} | self.jobs.pids()
         if self.spare is not None:
             known.add(self.spare.pid)
         me = os.getpid()
@@ -607,11 +629,14 @@ class Runner:
     def reap(self) -> None:
         while True:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if pid in self.jobs.by_pid:
+                self.jobs.on_exit(pid, wait_status)
+                continue
             session = self.by_pid.get(pid)
             if session is not None and session.child is not None and session.child.pid == pid:
                 child = session.child
@@ -641,9 +666,22 @@ class Runner:
                 self.child_failed(session, "timeout")
             else:
                 wait = min(wait, remaining)
+        job_wait = self.jobs.check_deadlines(now)
+        if job_wait is not None:
+            wait = min(wait, job_wait)
         return wait
 
     def on_readable(self, kind: str, session: Session | None, obj) -> None:
+        if kind == "wake":  # SIGCHLD: the loop goes on to reap()
+            try:
+                while obj.recv(4096):
+                    pass
+            except OSError:
+                pass
+            return
+        if kind.startswith("job-"):
+            self.jobs.on_readable(kind, session)
+            return
         if kind == "host":
             try:
                 data = self.host.recv(1 << 20)
@@ -701,7 +739,20 @@ class Runner:
             return
         (session.out if kind == "out" else session.err).add(chunk)
 
+    def _wake_on_child_exit(self) -> None:
+        """Make a child's exit wake the event loop (SIGCHLD through a wakeup fd), so a
+        job's exit status is collected at once, not at the next poll. Signals from
+        sessions are then no longer ignored for SIGCHLD only, which just wakes the loop."""
+        reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        reader.setblocking(False)
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+        self._wakeup = (reader, writer)
+        self.sel.register(reader, selectors.EVENT_READ, ("wake", None))
+
     def run(self) -> None:
+        self._wake_on_child_exit()
         self._ensure_spare()
         while self.running:
             timeout = self.check_deadlines()

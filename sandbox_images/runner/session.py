@@ -2,7 +2,8 @@
 
 Stdlib only; runs inside the sandbox container as a child of the runner (``runner.py``),
 one process per session. It is started before any untrusted code exists ("spare"), then
-receives an ``init`` request carrying the environment source. From then on it serves one
+receives an ``init`` request carrying the environment source (or, as its first and only
+request, a one-shot ``exec``/``checks`` job, handed over to ``oneshot.py``). From then on it serves one
 request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON frames, see
 ``protocol.py``). fd 0 is /dev/null and fds 1/2 are pipes the runner reads and caps, so
 nothing the environment prints can reach the protocol channel.
@@ -31,15 +32,15 @@ replies by a random per-request id and kills the process on any protocol violati
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import pickle
 import resource
 import sys
 import time
-import traceback
 import types
+
+# pickle, base64 and traceback are imported where used: most sessions never need them,
+# and every spare process would pay for them at start (CPU of the sandbox's quota).
 
 CTRL_FD = 3
 MODULE_NAME = "sandpit_env"
@@ -98,6 +99,9 @@ def encode_value(value: object, cached: tuple[str, str] | None) -> tuple[str, st
             return cached
         if _json_native(value):
             return ("j", text)
+    import base64
+    import pickle
+
     try:
         blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except MemoryError:
@@ -287,6 +291,9 @@ class Session:
     def apply_snapshot(self, snapshot: dict) -> None:
         """Set every restorable attribute from ``snapshot`` and drop public attributes it
         does not name (``"u"`` entries keep the value ``init`` produced)."""
+        import base64
+        import pickle
+
         attrs = self.public_attrs()
         for name in attrs:
             if name not in snapshot:
@@ -371,6 +378,16 @@ def _schemas() -> types.ModuleType:
     return schemas
 
 
+def _oneshot() -> types.ModuleType:
+    """The one-shot job module (scripts, check functions), imported on first use like
+    :func:`_schemas`."""
+    if __package__:
+        from . import oneshot
+    else:
+        import oneshot  # type: ignore[no-redef]
+    return oneshot
+
+
 def _takes_positional(cls: type) -> bool:
     init = cls.__dict__.get("__init__")
     for klass in cls.__mro__:
@@ -384,6 +401,8 @@ def _takes_positional(cls: type) -> bool:
 
 
 def _bounded_traceback(exc: BaseException) -> str:
+    import traceback
+
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
     text = "".join(line for line in lines if "sandbox_images/runner" not in line and "/opt/sandpit/" not in line)
     if len(text) > TRACEBACK_LIMIT_BYTES:  # keep where it started and where it failed
@@ -449,6 +468,8 @@ def serve(session: Session) -> None:
             return
         request_id = msg.get("id", "")
         op = msg.get("op")
+        if op in ("exec", "checks") and session.cls is None:  # a fresh spare's one-shot job
+            _oneshot().run_job(msg, session.fd)  # never returns
         _reap_children()
         try:
             if op == "init":

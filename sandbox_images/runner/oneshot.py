@@ -1,0 +1,489 @@
+"""One-shot jobs of a fresh sandbox process: scripts (``exec``) and check functions (``checks``).
+
+Stdlib only. Runs inside a sandbox, in a process the runner took from its pre-started
+spares (``session.py``, which hands its first request over to :func:`run_job` when that
+request is ``exec`` or ``checks``): such a process never served an environment and
+serves this one job only, then exits. The host imports this module for its caps and its
+path check (:func:`check_file_path`), never to run anything.
+
+``exec`` (``{workdir, code, stdin, files}``): ``code`` runs as a script, like ``python3 -I
+main.py``: ``__name__ == "__main__"`` in a fresh ``__main__`` module, ``sys.argv ==
+["main.py"]``, ``sys.path`` without the script's or the runner's directory, the working
+directory ``workdir`` (empty but for ``files``, written here first), ``stdin`` on fd 0
+(an anonymous in-memory file), ``exit``/``quit`` builtins. The outcome is the process's
+own: exit status (``SystemExit`` as Python maps it; an uncaught exception prints its
+traceback on stderr and exits 1), stdout and stderr (pipes the runner reads). The only
+frame sent on the control channel is ``{"id", "status": "oom"}`` just before exiting on
+an uncaught ``MemoryError``, which the runner reports as ``oom`` instead of ``error``.
+
+``checks`` (``{workdir, initial_state, final_state, checks: [{index, check_func}]}``),
+EnvScaler's rule-based reward: for each check in order, ``check_func`` source is executed
+in a module namespace of its own whose global ``initial_state`` is a private deep copy
+(a JSON round trip) of the initial state, then ``check_func(<private copy of the final
+state>)`` is called. One frame per check, in order: ``{"id", "index", "status", "passed",
+"result", "error", "traceback", "duration_ms"}``; after each, the process waits for the
+runner's go-ahead ``{"op": "next", "index"}`` (so the runner attributes output to the right
+check and times each check from its own start). Only ``True`` (a real bool) passes:
+
+    status    passed  when
+    ok        True    returned True
+    ok        False   returned False (error None)
+    error     False   raised (``Error: <Type>: <message>``, traceback), or returned a
+                      non-bool (``returned int 1, not a bool``)
+    rejected  False   syntax error, or no callable ``check_func`` defined
+    oom       False   MemoryError (``fatal``: the process exits, the runner goes on with
+                      the next check in a fresh process)
+
+Timeouts and deaths (``os._exit``, signals, the kernel's OOM killer) are seen and reported
+by the runner, which also continues with the next check in a fresh process. Checks of one
+batch share this process (its modules, threads and file descriptors): a hostile check can
+disturb the later checks of the *same* batch, never another job or session.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import sys
+import time
+import types
+
+# traceback and linecache are imported when an exception is reported (start-up cost).
+
+MAX_CHECKS = 256
+"""Checks in one ``checks`` request."""
+MAX_CHECK_SOURCE_BYTES = 64 * 1024
+"""UTF-8 size of one ``check_func`` source."""
+MAX_CHECK_ITEM_CHARS = 4096
+"""Length of one ``check_item`` (the check's description; never sent to the sandbox)."""
+MAX_STATE_BYTES = 16 * 1024 * 1024
+"""JSON size of ``initial_state`` and of ``final_state``, each."""
+RESULT_REPR_CHARS = 1024
+"""A check's returned value is reported as its ``repr``, cut to this many characters."""
+ERROR_CHARS = 4096
+"""Cap on one check's ``error`` text."""
+TRACEBACK_CHARS = 4096
+"""Cap on one check's traceback (head and tail are kept)."""
+BATCH_SLACK_S = 5.0
+"""A check batch may take ``timeout_s`` per check plus this many seconds in all (process
+starts after timeouts and crashes); checks not started by then are not run."""
+CHECK_OUTPUT_CAP_BYTES = 4096
+"""What one check prints is kept up to this many bytes per stream (and at most the
+profile's ``output_cap_bytes``); the rest is dropped and marked."""
+
+MAX_CODE_BYTES = 4 * 1024 * 1024
+"""UTF-8 size of an ``exec`` script."""
+MAX_STDIN_BYTES = 4 * 1024 * 1024
+"""UTF-8 size of an ``exec`` job's stdin."""
+MAX_FILES = 64
+"""Files written into an ``exec`` job's working directory."""
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""UTF-8 size of one file."""
+MAX_FILES_TOTAL_BYTES = 8 * 1024 * 1024
+"""UTF-8 size of all files of one job (the work tmpfs may be smaller: the profile's
+``tmpfs_mib``)."""
+MAX_PATH_CHARS = 1024
+MAX_PATH_DEPTH = 16
+MAX_NAME_BYTES = 255
+
+SCRIPT_NAME = "main.py"
+CHECK_FILENAME = "<check_func>"
+HEADER_SIZE = 4
+
+
+def check_file_path(path: object) -> str:
+    """Validate one key of an ``exec`` job's ``files``: a relative POSIX path inside the
+    working directory. Returns it unchanged.
+
+    Rejected (``ValueError`` naming the path): not a string; empty; longer than
+    ``MAX_PATH_CHARS``; absolute; empty, ``.`` or ``..`` components (so also ``a//b`` and a
+    trailing ``/``); more than ``MAX_PATH_DEPTH`` components; a component over
+    ``MAX_NAME_BYTES`` bytes; NUL, other control characters, backslashes, or text that
+    is not encodable as UTF-8 (lone surrogates).
+    """
+    if not isinstance(path, str):
+        raise ValueError(f"file path {path!r} is not a string")
+    shown = repr(path[:80])
+    if not path or len(path) > MAX_PATH_CHARS:
+        raise ValueError(f"file path {shown} must have 1 to {MAX_PATH_CHARS} characters")
+    if any(ord(ch) < 0x20 or ch in "\x7f\\" for ch in path):
+        raise ValueError(f"file path {shown} contains a control character or a backslash")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"file path {shown} is not valid text") from None
+    if path.startswith("/"):
+        raise ValueError(f"file path {shown} is absolute; paths are relative to the working directory")
+    parts = path.split("/")
+    if len(parts) > MAX_PATH_DEPTH:
+        raise ValueError(f"file path {shown} is nested deeper than {MAX_PATH_DEPTH} levels")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ValueError(f"file path {shown} has an empty, '.' or '..' component")
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ValueError(f"file path {shown} has a component over {MAX_NAME_BYTES} bytes")
+    return path
+
+
+def check_files(files: object) -> dict[str, str]:
+    """Validate an ``exec`` job's ``files`` (``{relative path: text}``) against every cap
+    above; a path may not be both a file and a directory (``a`` and ``a/b``). Returns
+    ``files`` unchanged. Raises ``ValueError`` naming the first offending entry."""
+    if not isinstance(files, dict):
+        raise ValueError("files must be an object mapping relative paths to text")
+    if len(files) > MAX_FILES:
+        raise ValueError(f"at most {MAX_FILES} files may be given (got {len(files)})")
+    total = 0
+    for path, text in files.items():
+        check_file_path(path)
+        if not isinstance(text, str):
+            raise ValueError(f"file {path[:80]!r}: content must be text")
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"file {path[:80]!r}: content is not valid text") from None
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"file {path[:80]!r} has {size} bytes; at most {MAX_FILE_BYTES} are allowed")
+        total += size
+    if total > MAX_FILES_TOTAL_BYTES:
+        raise ValueError(f"files total {total} bytes; at most {MAX_FILES_TOTAL_BYTES} are allowed")
+    for path in files:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            if "/".join(parts[:depth]) in files:
+                raise ValueError(f"file path {path[:80]!r} lies under {'/'.join(parts[:depth])[:80]!r}, "
+                                 "which is a file")
+    return files
+
+
+def bounded_repr(value: object, limit: int = RESULT_REPR_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters; a hostile ``__repr__`` that raises
+    gives ``<unrepresentable T: E>``."""
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
+    if type(text) is not str:  # a str subclass from a hostile __repr__
+        text = str.__str__(text) if isinstance(text, str) else "<unrepresentable>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def error_text(exc: BaseException) -> str:
+    """``Error: <Type>: <message>`` (EnvScaler's observation of an exception), capped."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = "<unprintable exception>"
+    text = f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
+    return text[:ERROR_CHARS]
+
+
+def bounded_traceback(exc: BaseException, skip: int = 0) -> str:
+    """The traceback of ``exc`` without its first ``skip`` frames (ours), last 8 frames,
+    at most ``TRACEBACK_CHARS`` characters (head and tail kept)."""
+    import traceback
+
+    tb = exc.__traceback__
+    for _ in range(skip):
+        if tb is not None:
+            tb = tb.tb_next
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb, limit=-8))
+    except Exception:  # noqa: BLE001 - a hostile exception's __str__
+        text = f"{type(exc).__name__}: <unprintable>\n"
+    if len(text) > TRACEBACK_CHARS:
+        head = TRACEBACK_CHARS // 4
+        text = (text[:head] + f"\n...[{len(text) - TRACEBACK_CHARS} characters cut]...\n"
+                + text[-(TRACEBACK_CHARS - head):])
+    return text
+
+
+def classify(value: object) -> tuple[str, bool, str | None]:
+    """EnvScaler ``calculate_reward`` on one returned value: ``(status, passed, error)``.
+    Only ``True`` itself passes; ``False`` is a clean failure; anything else (``1``,
+    ``"yes"``, ``None``, a bool subclass) is an ``error`` naming what came back."""
+    if value is True:
+        return "ok", True, None
+    if value is False:
+        return "ok", False, None
+    if value is None:
+        return "error", False, "returned None, not a bool"
+    return "error", False, f"returned {type(value).__name__} {bounded_repr(value, 200)}, not a bool"
+
+
+def syntax_error_text(exc: SyntaxError | ValueError) -> str:
+    """``syntax error: <msg> (line N)`` for a source that does not compile (a NUL byte
+    raises ValueError)."""
+    if isinstance(exc, SyntaxError):
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        return f"syntax error: {exc.msg}{where}"[:ERROR_CHARS]
+    return f"syntax error: {exc}"[:ERROR_CHARS]
+
+
+def run_check(source: str, initial_text: str, final_text: str) -> dict:
+    """Run one check (see the module docstring) and return its result fields (without
+    ``id``/``index``). ``MemoryError`` propagates: the caller reports it and exits."""
+    started = time.perf_counter()
+    out: dict = {"status": "ok", "passed": False, "result": None, "error": None, "traceback": None}
+    try:
+        code = compile(source, CHECK_FILENAME, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        out.update(status="rejected", error=syntax_error_text(exc))
+        return _timed(out, started)
+    namespace: dict = {"__name__": "check_func_module", "__builtins__": builtins,
+                       "initial_state": json.loads(initial_text)}
+    try:
+        exec(code, namespace)  # noqa: S102 - this is the sandbox
+        check_func = namespace.get("check_func")
+        if check_func is None:
+            out.update(status="rejected", error="no check_func defined")
+            return _timed(out, started)
+        if not callable(check_func):
+            out.update(status="rejected", error=f"check_func is a {type(check_func).__name__}, not a function")
+            return _timed(out, started)
+        value = check_func(json.loads(final_text))
+        out["result"] = bounded_repr(value)
+        out["status"], out["passed"], out["error"] = classify(value)
+    except MemoryError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - EnvScaler: an error is a failed check
+        _register_source(CHECK_FILENAME, source)
+        out.update(status="error", passed=False, error=error_text(exc),
+                   traceback=bounded_traceback(exc, skip=1))
+    return _timed(out, started)
+
+
+def _timed(out: dict, started: float) -> dict:
+    out["duration_ms"] = (time.perf_counter() - started) * 1000.0
+    return out
+
+
+# -- process side ----------------------------------------------------------------------
+class _Channel:
+    """Frames to the runner over the control fd, with the functions captured at start so
+    a check that patches ``os`` or ``json`` later cannot change how results are sent."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._write = os.write
+        self._read = os.read
+        self._dumps = json.dumps
+
+    def wait(self) -> int | None:
+        """Block until the runner's go-ahead arrives and return the index of the check it
+        names (the last one, if several frames came together); None when the channel is
+        closed or the frame is not a go-ahead."""
+        data = self._read(self.fd, 4096)
+        index = None
+        while len(data) >= HEADER_SIZE:
+            end = HEADER_SIZE + int.from_bytes(data[:HEADER_SIZE], "big")
+            try:
+                index = json.loads(data[HEADER_SIZE:end])["index"]
+            except (ValueError, KeyError, TypeError):
+                return None
+            data = data[end:]
+        return index if type(index) is int else None
+
+    def send(self, message: dict) -> None:
+        data = self._dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace")
+        view = memoryview(len(data).to_bytes(HEADER_SIZE, "big") + data)
+        while view:
+            view = view[self._write(self.fd, view):]
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _enter_workdir(workdir: str) -> None:
+    os.chdir(workdir)
+    os.environ["HOME"] = workdir
+    os.environ["TMPDIR"] = workdir
+    os.environ["PWD"] = workdir
+
+
+def _script_environment(workdir: str) -> types.ModuleType:
+    """Make this process look like ``python3 -I main.py`` just started: a fresh
+    ``__main__``, ``sys.argv``, a ``sys.path`` without the runner's directory, no runner
+    modules in ``sys.modules``, and the ``exit``/``quit`` builtins ``site`` would add."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
+    for name in ("oneshot", "session", "schemas", "protocol"):
+        sys.modules.pop(name, None)
+    main = types.ModuleType("__main__")
+    main.__file__ = os.path.join(workdir, SCRIPT_NAME)
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__spec__ = None
+    main.__loader__ = None
+    sys.modules["__main__"] = main
+    sys.argv = [SCRIPT_NAME]
+    sys.orig_argv = [sys.executable, "-I", SCRIPT_NAME]
+    try:
+        import _sitebuiltins
+
+        builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
+        builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - exit() is a convenience
+        pass
+    return main
+
+
+def _stdin_from(text: str) -> None:
+    """Put ``text`` on fd 0 as an anonymous in-memory file (read from its start)."""
+    data = text.encode("utf-8")
+    try:
+        fd = os.memfd_create("stdin", 0)
+    except (AttributeError, OSError):  # no memfd (old gVisor): an unlinked file in the workdir
+        fd = os.open(".stdin", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.unlink(".stdin")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def _write_files(files: dict[str, str]) -> None:
+    for path, text in check_files(files).items():
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        with open(path, "x", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The exit status Python gives a ``SystemExit`` (printing a non-int code to stderr)."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def run_script(msg: dict, channel: _Channel) -> int:
+    """Serve one ``exec`` request; returns the exit status for the interpreter's normal
+    shutdown (which runs ``atexit`` handlers, joins threads and flushes, as Python does)."""
+    token = msg.get("id")
+    _enter_workdir(msg["workdir"])
+    try:
+        _write_files(msg.get("files") or {})
+        _stdin_from(msg.get("stdin") or "")
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"sandpit: could not prepare the working directory: {exc}\n")
+        return 1
+    source = msg["code"]
+    main = _script_environment(msg["workdir"])
+    del msg
+    try:
+        code = compile(source, SCRIPT_NAME, "exec", dont_inherit=True)
+        exec(code, main.__dict__)  # noqa: S102 - this is the sandbox
+    except SystemExit as exc:
+        return _exit_status(exc)
+    except BaseException as exc:  # noqa: BLE001 - Python's own top level: print and exit 1
+        _register_source(SCRIPT_NAME, source)
+        _print_uncaught(exc)
+        if isinstance(exc, MemoryError):
+            _flush_std()
+            try:
+                channel.send({"id": token, "status": "oom"})
+            except Exception:  # noqa: BLE001 - the script may have closed the channel
+                pass
+        return 1
+    return 0
+
+
+def _register_source(filename: str, source: str) -> None:
+    """Let tracebacks show the lines of ``source`` (compiled as ``filename``)."""
+    try:
+        import linecache
+
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    except Exception:  # noqa: BLE001 - only decoration
+        pass
+
+
+def _print_uncaught(exc: BaseException) -> None:
+    """Report an uncaught exception as the interpreter would (``sys.excepthook``, which
+    the script may have replaced), without this module's frame."""
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None and tb.tb_frame.f_code.co_filename == __file__ else tb
+    try:
+        if sys.excepthook is sys.__excepthook__:  # Python's own, but with the script's lines
+            import traceback
+
+            traceback.print_exception(type(exc), exc.with_traceback(tb), tb)  # (from linecache)
+        else:
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+    except BaseException:  # noqa: BLE001
+        try:
+            sys.stderr.write(f"{type(exc).__name__}\n")
+        except BaseException:  # noqa: BLE001
+            pass
+
+
+def run_checks(msg: dict, channel: _Channel) -> None:
+    """Serve one ``checks`` request: one result frame per check, in order (module
+    docstring), each check after the first on the runner's go-ahead naming it
+    (``{"op": "next", "index"}``), so that what a check prints is all in the pipes
+    before the next one starts (and a check that forked does not run the rest twice).
+    Returns when all are sent or the channel closes; exits after a ``MemoryError``."""
+    token = msg.get("id")
+    _enter_workdir(msg["workdir"])
+    sys.argv = ["check_func"]
+    initial_text = json.dumps(msg["initial_state"])
+    final_text = json.dumps(msg["final_state"])
+    checks = {item["index"]: item["check_func"] for item in msg["checks"]}
+    index = msg["checks"][0]["index"]
+    del msg
+    while True:
+        try:
+            out = run_check(checks[index], initial_text, final_text)
+        except MemoryError:
+            out = None
+        if out is None:
+            _flush_std()
+            try:
+                channel.send({"id": token, "index": index, "status": "oom", "passed": False, "result": None,
+                              "error": "Error: MemoryError: the check ran out of memory", "traceback": None,
+                              "duration_ms": 0.0, "fatal": True})
+            finally:
+                os._exit(0)
+        _flush_std()
+        channel.send({"id": token, "index": index, **out})
+        if index == max(checks):
+            return
+        index = channel.wait()
+        if index not in checks:
+            return
+
+
+def run_job(msg: dict, ctrl_fd: int) -> None:
+    """Entry point from ``session.py`` for a spare whose first request is ``exec`` or
+    ``checks``. Never returns: ``exec`` ends through ``SystemExit`` (normal interpreter
+    shutdown), ``checks`` through ``os._exit``."""
+    channel = _Channel(ctrl_fd)
+    try:
+        os.set_inheritable(ctrl_fd, False)  # processes the job starts never get the channel
+    except OSError:
+        pass
+    if msg.get("op") == "exec":
+        status = run_script(msg, channel)
+        raise SystemExit(status)
+    try:
+        run_checks(msg, channel)
+    except BaseException:  # noqa: BLE001 - a broken channel: the runner sees the exit
+        pass
+    _flush_std()
+    os._exit(0)
