@@ -19,8 +19,9 @@ from sandpit.executor.settings import ExecutorSettings, get_settings
 
 from .db import make_engine, make_sessionmaker, require_current
 from .errors import register_handlers
+from .evaluation import EvaluationService
 from .metrics import Metrics
-from .routes import environments, envs, health
+from .routes import environments, envs, health, scenarios, validation
 from .service import EnvService
 from .settings import ApiSettings, get_api_settings
 
@@ -42,6 +43,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 metrics = Metrics(pool.stats)
                 service = EnvService(settings, sessions, pool, metrics)
                 app.state.sessions, app.state.pool, app.state.metrics, app.state.service = sessions, pool, metrics, service
+                app.state.evaluation = EvaluationService(service)
                 service.start()
                 if settings.warm_on_start and executor_settings.pool_size:
                     threading.Thread(target=pool.warm, args=(settings.tenant,), daemon=True,
@@ -62,4 +64,6 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     app.include_router(health.router)
     app.include_router(environments.router)
     app.include_router(envs.router)
+    app.include_router(scenarios.router)
+    app.include_router(validation.router)
     return app

@@ -6,12 +6,18 @@ from typing import Annotated
 
 from fastapi import Depends, Query, Request
 
+from .evaluation import EvaluationService
 from .service import EnvService
 
 
 def get_service(request: Request) -> EnvService:
     """The app's :class:`EnvService` (created in the lifespan)."""
     return request.app.state.service
+
+
+def get_evaluation(request: Request) -> EvaluationService:
+    """The app's :class:`EvaluationService` (created in the lifespan)."""
+    return request.app.state.evaluation
 
 
 def get_tenant(request: Request) -> str:
@@ -30,5 +36,6 @@ class Page:
 
 
 ServiceDep = Annotated[EnvService, Depends(get_service)]
+EvaluationDep = Annotated[EvaluationService, Depends(get_evaluation)]
 TenantDep = Annotated[str, Depends(get_tenant)]
 PageDep = Annotated[Page, Depends(Page)]

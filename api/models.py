@@ -35,6 +35,10 @@ class Environment(Base):
     description: Mapped[str | None] = mapped_column(Text)
     inline: Mapped[bool] = mapped_column(Boolean, default=False)
     """Created implicitly by ``POST /v1/envs`` with inline ``source_code``."""
+    policy: Mapped[str] = mapped_column(String(32), default="standard")
+    """Static policy the code was checked with (``sandpit.executor.policy``)."""
+    policy_report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The static policy report (findings with rule, line, column, severity)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_environments_tenant_code", "tenant", "code_sha256", "class_name"),)
@@ -60,6 +64,8 @@ class Env(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     forked_from: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     forked_at_step: Mapped[int | None] = mapped_column(Integer)
+    scenario_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    """The scenario the env was created from (its checks give ``evaluate`` its reward)."""
 
 
 class Step(Base):
@@ -89,3 +95,36 @@ class Blob(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
     size: Mapped[int] = mapped_column(Integer)
     """Uncompressed size, bytes."""
+
+
+class Scenario(Base):
+    """An EnvScaler ScenGenerator scenario: a task on an environment, its initial state
+    and a checklist whose check functions give the rule-based reward."""
+
+    __tablename__ = "scenarios"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    environment_id: Mapped[str] = mapped_column(ForeignKey("environments.id", ondelete="RESTRICT"), index=True)
+    task: Mapped[str] = mapped_column(Text)
+    init_config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    checklist: Mapped[list[str]] = mapped_column(JSON)
+    checklist_with_func: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    """``[{"check_item": str, "check_func": str}]``."""
+    external_id: Mapped[str | None] = mapped_column(String(200))
+    """Identifier in the imported file (EnvScaler ``task_id``/index), if any."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Evaluation(Base):
+    """Result of ``POST /v1/envs/{id}/evaluate``: per-check outcomes and the reward."""
+
+    __tablename__ = "env_evaluations"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    env_id: Mapped[str] = mapped_column(ForeignKey("envs.id", ondelete="CASCADE"), index=True)
+    episode: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    reward: Mapped[float] = mapped_column(Float)
+    results: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

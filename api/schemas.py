@@ -28,6 +28,8 @@ class EnvironmentCreate(_Request):
     """Python module source defining ``class_name`` (size cap: ``SANDPIT_MAX_CODE_BYTES``)."""
     class_name: Annotated[str, Field(pattern=NAME_PATTERN)]
     description: Annotated[str | None, Field(max_length=20000)] = None
+    policy: Literal["strict", "standard", "audit"] = "standard"
+    """Static policy: ``standard`` rejects errors and reports warnings (see /v1/validate)."""
 
 
 class EnvironmentPublic(BaseModel):
@@ -38,6 +40,8 @@ class EnvironmentPublic(BaseModel):
     tools: list[dict[str, Any]]
     """OpenAI function-calling schemas (EnvScaler-compatible), derived in a sandbox."""
     description: str | None
+    policy: str = "standard"
+    policy_report: dict[str, Any] | None = None
     created_at: datetime
 
 
@@ -61,14 +65,17 @@ class EnvCreate(_Request):
     environment_id: str | None = None
     source_code: Annotated[str | None, Field(min_length=1)] = None
     class_name: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
-    init_config: dict[str, Any] = Field(default_factory=dict)
+    scenario_id: str | None = None
+    """Create from a scenario: its environment, and its ``init_config`` unless one is given."""
+    init_config: dict[str, Any] | None = None
     """EnvScaler ``init_config``: ``cls(init_config)``, else ``cls()`` + setattr per key."""
     profile: ProfileRequest | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvCreate:
-        if (self.environment_id is None) == (self.source_code is None):
-            raise ValueError("give exactly one of environment_id or source_code (+ class_name)")
+        given = [self.environment_id is not None, self.source_code is not None, self.scenario_id is not None]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of environment_id, scenario_id or source_code (+ class_name)")
         if self.source_code is not None and self.class_name is None:
             raise ValueError("class_name is required with source_code")
         if self.environment_id is not None and self.class_name is not None:
@@ -90,6 +97,7 @@ class EnvPublic(BaseModel):
     expires_at: datetime
     forked_from: str | None = None
     forked_at_step: int | None = None
+    scenario_id: str | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -188,3 +196,139 @@ class Health(BaseModel):
     status: Literal["ok", "not_ready"]
     checks: dict[str, str] = Field(default_factory=dict)
 
+
+
+# -- validation, rewards, scenarios, execution (EnvScaler ScenGenerator formats) ----------
+PolicyName = Literal["strict", "standard", "audit"]
+
+
+class CheckSpec(_Request):
+    """One checklist item with its check function (EnvScaler ``checklist_with_func``)."""
+
+    check_item: Annotated[str, Field(max_length=4000)]
+    check_func: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
+    """Python source defining ``check_func(final_state) -> bool`` (``initial_state`` is a global)."""
+
+
+class ScenarioCreate(_Request):
+    environment_id: str
+    task: Annotated[str, Field(max_length=100_000)]
+    init_config: dict[str, Any] = Field(default_factory=dict)
+    checklist: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=256)
+    checklist_with_func: list[CheckSpec] = Field(default_factory=list, max_length=256)
+    external_id: Annotated[str | None, Field(max_length=200)] = None
+
+
+class ScenarioPublic(BaseModel):
+    id: str
+    environment_id: str
+    task: str
+    init_config: dict[str, Any]
+    checklist: list[str]
+    checklist_with_func: list[dict[str, Any]]
+    external_id: str | None
+    created_at: datetime
+
+
+class ScenariosPublic(BaseModel):
+    data: list[ScenarioPublic]
+    count: int
+
+
+class EvaluateRequest(_Request):
+    """Checks to run; the env's scenario checklist when omitted."""
+
+    checks: list[CheckSpec] | None = Field(default=None, max_length=256)
+
+
+class CheckOutcome(BaseModel):
+    check_item: str
+    passed: bool
+    error: str | None = None
+    """Why it did not pass (raised, returned a non-bool, timed out...)."""
+    status: Status = "ok"
+    duration_ms: float = 0.0
+
+
+class EvaluationPublic(BaseModel):
+    id: str
+    env_id: str
+    episode: int
+    step: int
+    reward: float
+    """EnvScaler ``calculate_reward``: passed / total (0.0 with no checks)."""
+    passed: int
+    total: int
+    results: list[CheckOutcome]
+    created_at: datetime
+
+
+class SmokeCall(_Request):
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class StatePair(_Request):
+    initial_state: dict[str, Any] = Field(default_factory=dict)
+    final_state: dict[str, Any] = Field(default_factory=dict)
+
+
+class ValidateRequest(_Request):
+    """``environment``: policy + load, instantiate, derive tools, smoke calls in a sandbox.
+    ``check_function``: policy + run against ``cases`` in a sandbox. ``snippet``: policy only."""
+
+    kind: Literal["environment", "check_function", "snippet"]
+    source_code: Annotated[str, Field(min_length=1)]
+    class_name: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
+    init_config: dict[str, Any] = Field(default_factory=dict)
+    smoke_calls: list[SmokeCall] = Field(default_factory=list, max_length=64)
+    cases: list[StatePair] = Field(default_factory=list, max_length=64)
+    policy: PolicyName = "standard"
+
+
+class SmokeResult(BaseModel):
+    name: str
+    status: Status
+    observation: str
+    state_diff: dict[str, Any] | None = None
+
+
+class ValidateResult(BaseModel):
+    kind: str
+    verdict: Literal["valid", "invalid"]
+    reasons: list[str]
+    """Why the verdict is ``invalid`` (empty when valid)."""
+    policy_report: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
+    instantiation: dict[str, Any] | None = None
+    """``{"status", "observation"}`` of creating the instance with ``init_config``."""
+    smoke: list[SmokeResult] = Field(default_factory=list)
+    cases: list[CheckOutcome] = Field(default_factory=list)
+
+
+class ExecuteRequest(_Request):
+    code: Annotated[str, Field(min_length=1)]
+    stdin: Annotated[str | None, Field(max_length=1024 * 1024)] = None
+    timeout_s: Annotated[float | None, Field(gt=0, le=600)] = None
+    memory_mb: Annotated[int | None, Field(ge=16)] = None
+    files: dict[Annotated[str, Field(max_length=255)], Annotated[str, Field(max_length=1024 * 1024)]] = Field(
+        default_factory=dict, max_length=64)
+
+
+class ExecuteBatchRequest(_Request):
+    snippets: list[ExecuteRequest] = Field(min_length=1, max_length=64)
+    concurrency: Annotated[int, Field(ge=1, le=16)] = 4
+
+
+class ExecuteResult(BaseModel):
+    status: Status
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float
+
+
+class ExecuteBatchResult(BaseModel):
+    results: list[ExecuteResult]

@@ -15,7 +15,7 @@ router = APIRouter(prefix="/v1/environments", tags=["environments"], route_class
 def create_environment(body: EnvironmentCreate, service: ServiceDep, tenant: TenantDep) -> EnvironmentPublic:
     """Register environment code; its tools (OpenAI schemas) are derived inside a sandbox."""
     row = service.create_environment(tenant, name=body.name, source_code=body.source_code,
-                                     class_name=body.class_name, description=body.description)
+                                     class_name=body.class_name, description=body.description, policy=body.policy)
     return EnvironmentPublic.model_validate(row, from_attributes=True)
 
 

@@ -7,13 +7,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from ..deps import PageDep, ServiceDep, TenantDep
+from ..deps import EvaluationDep, PageDep, ServiceDep, TenantDep
 from ..errors import InvalidRequest
 from ..models import Env
 from ..schemas import (
     EnvCreate,
     EnvPublic,
     EnvsPublic,
+    EvaluateRequest,
+    EvaluationPublic,
     ForkRequest,
     ResetRequest,
     RestoreRequest,
@@ -35,6 +37,7 @@ def _public(service: EnvService, row: Env, tools: bool = False) -> EnvPublic:
     return EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
                      status=service.env_status(row), init_config=row.init_config, created_at=row.created_at,
                      expires_at=row.expires_at, forked_from=row.forked_from, forked_at_step=row.forked_at_step,
+                     scenario_id=row.scenario_id,
                      tools=service.tools_of(row) if tools else [])
 
 
@@ -42,7 +45,7 @@ def _public(service: EnvService, row: Env, tools: bool = False) -> EnvPublic:
 def create_env(body: EnvCreate, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
     """Instantiate an environment (registered, or inline code) in a sandbox; step 0 is stored."""
     row = service.create_env(tenant, environment_id=body.environment_id, source_code=body.source_code,
-                             class_name=body.class_name, init_config=body.init_config,
+                             class_name=body.class_name, init_config=body.init_config, scenario_id=body.scenario_id,
                              profile=body.profile.model_dump(exclude_none=True) if body.profile else None)
     return _public(service, row, tools=True)
 
@@ -119,3 +122,10 @@ def fork(env_id: str, body: ForkRequest, service: ServiceDep, tenant: TenantDep)
     """``count`` new envs sharing this env's history up to ``step`` (head by default)."""
     rows = service.fork(tenant, env_id, body.step, body.count)
     return EnvsPublic(data=[_public(service, r) for r in rows], count=len(rows))
+
+
+@router.post("/{env_id}/evaluate", response_model=EvaluationPublic)
+def evaluate(env_id: str, evaluation: EvaluationDep, tenant: TenantDep,
+             body: EvaluateRequest | None = None) -> EvaluationPublic:
+    """Reward: check functions (given, or the env's scenario's) on its initial and current state."""
+    return evaluation.evaluate(tenant, env_id, body.checks if body else None)
