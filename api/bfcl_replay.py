@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bfcl import BfclEpisode, BfclSuite
+from .bfcl import BfclEpisode, BfclSuite, embedded_modules
 from .client import Client, InvalidRequest, SandpitError
 
 
@@ -58,6 +58,30 @@ class ReplaySummary:
         return self.steps / self.wall_s if self.wall_s else 0.0
 
 
+def check_policy(suite: BfclSuite) -> dict[str, int]:
+    """Judge every BFCL module the environments embed with the ``standard`` static policy
+    (``ast``/RestrictedPython compile only, nothing runs). Returns counts by rule of the
+    findings; raises :class:`SandpitError` naming the module when one has an error."""
+    from collections import Counter as _Counter
+
+    from sandpit.executor.policy import check_source
+
+    totals: _Counter[str] = _Counter()
+    seen: set[str] = set()
+    for environment in suite.environments.values():
+        for dotted, source in embedded_modules(environment.source_code).items():
+            if dotted in seen:
+                continue
+            seen.add(dotted)
+            report = check_source(source, "standard", filename=dotted)
+            if not report.passed:
+                first = next(f for f in report.findings if f.severity == "error")
+                raise SandpitError(f"{dotted} fails the standard policy: line {first.line} {first.rule}: "
+                                   f"{first.message}")
+            totals.update(f"{f.rule} ({f.severity})" for f in report.findings)
+    return dict(totals)
+
+
 def register_environments(client: Client, suite: BfclSuite) -> dict[str, str]:
     """Register each BFCL environment (reusing ones already registered with the same
     name and code); returns environment name -> environment id.
@@ -77,8 +101,11 @@ def register_environments(client: Client, suite: BfclSuite) -> dict[str, str]:
             ids[name] = existing[(name, digest)]
             continue
         try:
+            # BFCL's modules passed `standard` in check_policy(); the generated wrapper that
+            # installs them inside the sandbox (exec/compile by design) is registered `audit`
             created = client.environments.create(environment.source_code, environment.class_name, name=name,
-                                                 description=f"BFCL {suite.version}: {', '.join(environment.classes)}")
+                                                 description=f"BFCL {suite.version}: {', '.join(environment.classes)}",
+                                                 policy="audit")
         except SandpitError as exc:
             raise SandpitError(f"registering {name} failed: {exc}", status_code=exc.status_code, code=exc.code,
                                field=exc.field) from exc

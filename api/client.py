@@ -276,6 +276,54 @@ class Environment(_ResponseModel):
     created_at: datetime
 
 
+class Scenario(_ResponseModel):
+    """An EnvScaler scenario (`/v1/scenarios`): task, initial config, checklist."""
+
+    id: str
+    environment_id: str
+    task: str
+    init_config: dict[str, Any] = Field(default_factory=dict)
+    checklist: list[str] = Field(default_factory=list)
+    checklist_with_func: list[dict[str, Any]] = Field(default_factory=list)
+    external_id: str | None = None
+    created_at: datetime
+
+
+class CheckOutcome(_ResponseModel):
+    """One check function's result in an evaluation."""
+
+    check_item: str
+    passed: bool
+    error: str | None = None
+    status: str = "ok"
+    duration_ms: float = 0.0
+
+
+class Evaluation(_ResponseModel):
+    """`POST /v1/envs/{id}/evaluate`: per-check results and `reward = passed / total`."""
+
+    id: str
+    env_id: str
+    episode: int
+    step: int
+    reward: float
+    passed: int
+    total: int
+    results: list[CheckOutcome]
+
+
+class ExecResult(_ResponseModel):
+    """`POST /v1/execute`: a snippet's output (each stream capped; `*_truncated` says so)."""
+
+    status: Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float = 0.0
+
+
 class Env(_ResponseModel):
     """A live instance (session) of an environment (`/v1/envs`)."""
 
@@ -508,9 +556,39 @@ def _ready() -> _Call[None]:
 
 
 def _environment_create(source_code: str, class_name: str, name: str | None,
-                        description: str | None) -> _Call[Environment]:
-    body = {"name": name, "source_code": source_code, "class_name": class_name, "description": description}
+                        description: str | None, policy: str = "standard") -> _Call[Environment]:
+    body = {"name": name, "source_code": source_code, "class_name": class_name, "description": description,
+            "policy": policy}
     return _Call("POST", "/v1/environments", _model_parser(Environment), json=body)
+
+
+def _scenario_create(body: Mapping[str, Any]) -> _Call[Scenario]:
+    return _Call("POST", "/v1/scenarios", _model_parser(Scenario), json=dict(body))
+
+
+def _scenario_get(scenario_id: str) -> _Call[Scenario]:
+    return _Call("GET", f"/v1/scenarios/{_seg(scenario_id)}", _model_parser(Scenario))
+
+
+def _scenario_list(limit: int | None, offset: int | None) -> _Call[Page[Scenario]]:
+    return _Call("GET", "/v1/scenarios", _page_parser(Scenario), params=_page_params(limit, offset))
+
+
+def _scenario_delete(scenario_id: str) -> _Call[None]:
+    return _Call("DELETE", f"/v1/scenarios/{_seg(scenario_id)}", _no_content)
+
+
+def _env_evaluate(env_id: str, checks: list[Mapping[str, str]] | None) -> _Call[Evaluation]:
+    body = {"checks": [dict(c) for c in checks]} if checks is not None else {}
+    return _Call("POST", f"/v1/envs/{_seg(env_id)}/evaluate", _model_parser(Evaluation), json=body)
+
+
+def _validate(body: Mapping[str, Any]) -> _Call[dict[str, Any]]:
+    return _Call("POST", "/v1/validate", _json_object, json=dict(body))
+
+
+def _execute(body: Mapping[str, Any]) -> _Call[ExecResult]:
+    return _Call("POST", "/v1/execute", _model_parser(ExecResult), json=dict(body))
 
 
 def _environment_get(environment_id: str) -> _Call[Environment]:
@@ -527,15 +605,17 @@ def _environment_delete(environment_id: str) -> _Call[None]:
 
 def _env_create(environment_id: str | None, source_code: str | None, class_name: str | None,
                 init_config: Mapping[str, Any] | None,
-                profile: Profile | Mapping[str, Any] | None) -> _Call[Env]:
-    if (environment_id is None) == (source_code is None):
-        raise ValueError("give either environment_id or source_code (with class_name), not both or neither")
+                profile: Profile | Mapping[str, Any] | None, scenario_id: str | None = None) -> _Call[Env]:
+    if sum(x is not None for x in (environment_id, source_code, scenario_id)) != 1:
+        raise ValueError("give exactly one of environment_id, scenario_id or source_code (with class_name)")
     if source_code is not None and not class_name:
         raise ValueError("source_code needs class_name")
     body: dict[str, Any] = (
         {"environment_id": environment_id} if environment_id is not None
+        else {"scenario_id": scenario_id} if scenario_id is not None
         else {"source_code": source_code, "class_name": class_name})
-    body["init_config"] = dict(init_config or {})
+    if init_config is not None or scenario_id is None:  # a scenario brings its own init_config
+        body["init_config"] = dict(init_config or {})
     if profile is not None:
         checked = profile if isinstance(profile, Profile) else Profile.model_validate(profile)
         body["profile"] = checked.model_dump(exclude_none=True)
@@ -769,6 +849,11 @@ class EnvHandle:
         self.env = self._t.run(_env_get(self.id))
         return self.env
 
+    def evaluate(self, checks: list[Mapping[str, str]] | None = None) -> Evaluation:
+        """Run check functions (`[{"check_item", "check_func"}]`, or the env's scenario's
+        when None) on its initial and current state. Raises `Conflict` (no scenario)."""
+        return self._t.run(_env_evaluate(self.id, checks))
+
     def delete(self) -> None:
         """Close and delete the env; afterwards every call raises `NotFound`."""
         self._t.run(_env_delete(self.id))
@@ -791,14 +876,15 @@ class _Environments:
         self._t = transport
 
     def create(self, source_code: str, class_name: str, *, name: str | None = None,
-               description: str | None = None) -> Environment:
-        """Register `source_code` whose class `class_name` is the environment.
+               description: str | None = None, policy: str = "standard") -> Environment:
+        """Register `source_code` whose class `class_name` is the environment, checked with
+        the static `policy` (`strict` | `standard` | `audit`).
 
         Raises:
             InvalidRequest: the code is refused (the field and the reason are in the error).
             PayloadTooLarge: the code exceeds the server's size limit.
         """
-        return self._t.run(_environment_create(source_code, class_name, name, description))
+        return self._t.run(_environment_create(source_code, class_name, name, description, policy))
 
     def get(self, environment_id: str) -> Environment:
         """One environment. Raises `NotFound`."""
@@ -813,6 +899,50 @@ class _Environments:
         self._t.run(_environment_delete(environment_id))
 
 
+class _Scenarios:
+    """`client.scenarios`: EnvScaler scenarios. `create(body)` takes the server's
+    `ScenarioCreate` fields (`environment_id`, `task`, `init_config`, `checklist`,
+    `checklist_with_func`, `external_id`)."""
+
+    def __init__(self, transport: _SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, body: Mapping[str, Any]) -> Scenario:
+        """Store a scenario. Raises `NotFound` (environment), `InvalidRequest`."""
+        return self._t.run(_scenario_create(body))
+
+    def get(self, scenario_id: str) -> Scenario:
+        """One scenario. Raises `NotFound`."""
+        return self._t.run(_scenario_get(scenario_id))
+
+    def list(self, limit: int | None = None, offset: int | None = None) -> Page[Scenario]:
+        """A page of scenarios."""
+        return self._t.run(_scenario_list(limit, offset))
+
+    def delete(self, scenario_id: str) -> None:
+        """Delete a scenario. Raises `NotFound`."""
+        self._t.run(_scenario_delete(scenario_id))
+
+
+class _AsyncScenarios:
+    """`AsyncClient.scenarios`: see `_Scenarios`."""
+
+    def __init__(self, transport: _AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, body: Mapping[str, Any]) -> Scenario:
+        return await self._t.run(_scenario_create(body))
+
+    async def get(self, scenario_id: str) -> Scenario:
+        return await self._t.run(_scenario_get(scenario_id))
+
+    async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Scenario]:
+        return await self._t.run(_scenario_list(limit, offset))
+
+    async def delete(self, scenario_id: str) -> None:
+        await self._t.run(_scenario_delete(scenario_id))
+
+
 class _Envs:
     """`client.envs`: live env instances."""
 
@@ -821,8 +951,9 @@ class _Envs:
 
     def create(self, environment_id: str | None = None, *, source_code: str | None = None,
                class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
-               profile: Profile | Mapping[str, Any] | None = None) -> EnvHandle:
-        """Start an env from a registered environment, or from `source_code` + `class_name`.
+               profile: Profile | Mapping[str, Any] | None = None, scenario_id: str | None = None) -> EnvHandle:
+        """Start an env from a registered environment, a scenario (`scenario_id`: its
+        environment and, unless given, its `init_config`), or `source_code` + `class_name`.
 
         Args:
             init_config: the environment's initial configuration (default `{}`).
@@ -834,7 +965,7 @@ class _Envs:
             NotFound, InvalidRequest, PayloadTooLarge, Unavailable (after retries), ...
         """
         return EnvHandle(self._t, self._t.run(_env_create(environment_id, source_code, class_name,
-                                                          init_config, profile)))
+                                                          init_config, profile, scenario_id)))
 
     def get(self, env_id: str) -> EnvHandle:
         """A handle on an existing env. Raises `NotFound`."""
@@ -871,6 +1002,16 @@ class Client:
         self._t = _SyncTransport(self._http, policy)
         self.environments = _Environments(self._t)
         self.envs = _Envs(self._t)
+        self.scenarios = _Scenarios(self._t)
+
+    def validate(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """`POST /v1/validate` (fields as the server's `ValidateRequest`); the verdict dict."""
+        return self._t.run(_validate(body))
+
+    def execute(self, code: str, *, stdin: str | None = None, timeout_s: float | None = None,
+                files: Mapping[str, str] | None = None) -> ExecResult:
+        """Run `code` as a script in a sandbox (`POST /v1/execute`)."""
+        return self._t.run(_execute({"code": code, "stdin": stdin, "timeout_s": timeout_s, "files": dict(files or {})}))
 
     def health(self) -> dict[str, Any]:
         """`GET /healthz`: the process is up. Raises `SandpitError` otherwise."""
@@ -963,6 +1104,10 @@ class AsyncEnvHandle:
         """See `EnvHandle.delete`."""
         await self._t.run(_env_delete(self.id))
 
+    async def evaluate(self, checks: list[Mapping[str, str]] | None = None) -> Evaluation:
+        """See `EnvHandle.evaluate`."""
+        return await self._t.run(_env_evaluate(self.id, checks))
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -981,9 +1126,9 @@ class _AsyncEnvironments:
         self._t = transport
 
     async def create(self, source_code: str, class_name: str, *, name: str | None = None,
-                     description: str | None = None) -> Environment:
+                     description: str | None = None, policy: str = "standard") -> Environment:
         """See `Client.environments.create`."""
-        return await self._t.run(_environment_create(source_code, class_name, name, description))
+        return await self._t.run(_environment_create(source_code, class_name, name, description, policy))
 
     async def get(self, environment_id: str) -> Environment:
         """See `Client.environments.get`."""
@@ -1006,9 +1151,10 @@ class _AsyncEnvs:
 
     async def create(self, environment_id: str | None = None, *, source_code: str | None = None,
                      class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
-                     profile: Profile | Mapping[str, Any] | None = None) -> AsyncEnvHandle:
+                     profile: Profile | Mapping[str, Any] | None = None,
+                     scenario_id: str | None = None) -> AsyncEnvHandle:
         """See `Client.envs.create`."""
-        call = _env_create(environment_id, source_code, class_name, init_config, profile)
+        call = _env_create(environment_id, source_code, class_name, init_config, profile, scenario_id)
         return AsyncEnvHandle(self._t, await self._t.run(call))
 
     async def get(self, env_id: str) -> AsyncEnvHandle:
@@ -1039,6 +1185,17 @@ class AsyncClient:
         self._t = _AsyncTransport(self._http, policy)
         self.environments = _AsyncEnvironments(self._t)
         self.envs = _AsyncEnvs(self._t)
+        self.scenarios = _AsyncScenarios(self._t)
+
+    async def validate(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """See `Client.validate`."""
+        return await self._t.run(_validate(body))
+
+    async def execute(self, code: str, *, stdin: str | None = None, timeout_s: float | None = None,
+                      files: Mapping[str, str] | None = None) -> ExecResult:
+        """See `Client.execute`."""
+        return await self._t.run(_execute({"code": code, "stdin": stdin, "timeout_s": timeout_s,
+                                            "files": dict(files or {})}))
 
     async def health(self) -> dict[str, Any]:
         """See `Client.health`."""

@@ -12,6 +12,8 @@ Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -137,13 +139,16 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
     """Register BFCL v4 multi-turn environments (bfcl-eval wheel) and replay their ground truth."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from sandpit.api.bfcl import BfclImportError, fetch_wheel, load_suite
-    from sandpit.api.bfcl_replay import register_environments, replay_suite
+    from sandpit.api.bfcl_replay import check_policy, register_environments, replay_suite
     from sandpit.api.client import Client, SandpitError
 
     try:
         suite = load_suite(fetch_wheel())
         with Client(url, api_key=api_key, timeout=120) as client:
             console.print(f"BFCL {suite.version}: {len(suite.environments)} environments, {len(suite.episodes)} episodes")
+            findings = check_policy(suite)
+            console.print("static policy `standard` on BFCL's modules: 0 errors; "
+                          + ", ".join(f"{n} {rule}" for rule, n in sorted(findings.items())))
             ids = register_environments(client, suite)
             console.print(f"registered {len(ids)} environments (tools derived in sandboxes)")
             if not replay:
@@ -177,3 +182,39 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
         console.print(f"[yellow]{episode_id}[/yellow]: {error}")
     if summary.failed_episodes:
         raise typer.Exit(1)
+
+
+@import_app.command("envscaler")
+def import_envscaler(
+        envs: Annotated[Path, typer.Option(help="EnvScaler environment metadata JSON.")],
+        scenarios: Annotated[Path | None, typer.Option(help="EnvScaler scenario metadata JSON.")] = None,
+        url: Annotated[str, typer.Option(help="Sandpit API base URL.")] = "http://127.0.0.1:8600",
+        check: Annotated[bool, typer.Option(help="Instantiate each scenario and run its checks.")] = True,
+        api_key: Annotated[str | None, typer.Option(envvar="SANDPIT_API_KEY", help="API key, if required.")] = None,
+) -> None:
+    """Import EnvScaler environments and scenarios through the API, validating each item."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from sandpit.api.client import Client, SandpitError
+    from sandpit.api.envscaler import EnvScalerFileError, import_files, load_environments, load_scenarios
+
+    try:
+        total = len(load_environments(envs)) + (len(load_scenarios(scenarios)) if scenarios else 0)
+        with Client(url, api_key=api_key, timeout=120) as client, Progress(
+                TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console) as progress:
+            task = progress.add_task("items", total=total)
+            reports = import_files(client, envs, scenarios, check=check,
+                                   on_item=lambda _r: progress.advance(task))
+    except (EnvScalerFileError, SandpitError) as exc:
+        _fail(exc)
+        return
+    table = Table(title="EnvScaler import")
+    for column in ("kind", "item", "result", "sandpit id", "reasons"):
+        table.add_column(column, overflow="fold")
+    for report in reports:
+        colour = "green" if report.status == "imported" else "red"
+        table.add_row(report.kind, report.key, f"[{colour}]{report.status}[/{colour}]", report.sandpit_id or "",
+                      "; ".join(report.reasons)[:400])
+    Console().print(table)
+    rejected = sum(1 for r in reports if r.status == "rejected")
+    console.print(f"{len(reports) - rejected} imported, {rejected} rejected")

@@ -408,7 +408,7 @@ def test_environments_crud(client: Client, double: Double) -> None:
     assert created.tools == TOOLS and isinstance(created.created_at, datetime)
     (post,) = double.calls("POST", "/v1/environments")
     assert post.body == {"name": "counter", "source_code": SOURCE, "class_name": "Counter",
-                         "description": "adds"}
+                         "description": "adds", "policy": "standard"}
     assert post.headers["authorization"] == "Bearer key-1"
     assert post.headers["content-type"] == "application/json"
 
@@ -509,9 +509,9 @@ def test_tool_arguments_may_be_called_name(client: Client, double: Double) -> No
 
 
 def test_client_side_argument_errors(client: Client, double: Double) -> None:
-    with pytest.raises(ValueError, match="either environment_id or source_code"):
+    with pytest.raises(ValueError, match="exactly one of environment_id, scenario_id or source_code"):
         client.envs.create()
-    with pytest.raises(ValueError, match="either environment_id or source_code"):
+    with pytest.raises(ValueError, match="exactly one of environment_id, scenario_id or source_code"):
         client.envs.create("e", source_code=SOURCE, class_name="Counter")
     with pytest.raises(ValueError, match="needs class_name"):
         client.envs.create(source_code=SOURCE)
