@@ -127,7 +127,8 @@ def list_sandboxes(client: docker.DockerClient, **labels: str) -> list[Any]:
     (keyword ``tenant=...``, ``pool=...``, ``sandbox=...``)."""
     filters = [f"{LABEL}=1"] + [f"{LABEL}.{k}={v}" for k, v in labels.items()]
     with map_docker_errors("listing sandboxes"):
-        return client.containers.list(all=True, filters={"label": filters})
+        # ignore_removed: a container removed between the list and its inspect is not an error
+        return client.containers.list(all=True, filters={"label": filters}, ignore_removed=True)
 
 
 def remove_container(client: docker.DockerClient, container_id: str) -> None:

@@ -282,6 +282,7 @@ def test_exited_children_of_a_tool_do_not_stay_zombies(open_env, probe) -> None:
     its next request, so they do not hold pids of the sandbox until the session ends."""
     session = open_env()
     probe.ok(session, "for _ in range(5):\n    if os.fork() == 0:\n        os._exit(0)\nresult = 'forked'\n")
+    probe.ok(session, "import time\ntime.sleep(0.3)\nresult = 'let them exit'")  # reaped when the next request starts
     zombies = [p for p in probe.processes(session) if p[1] == "Z"]
     assert zombies == [], zombies
 
