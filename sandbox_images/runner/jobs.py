@@ -84,6 +84,12 @@ class Output:
         self.data = bytearray()
         self.dropped = 0
 
+    def take(self) -> str:
+        """The text with its dropped-bytes marker, then empty the buffer (one per call)."""
+        text = self.text(marker=True)
+        self.reset()
+        return text
+
 
 class Job:
     """State of one job: its current process, work directory, deadline and results."""

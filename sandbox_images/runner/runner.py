@@ -175,29 +175,6 @@ class Child:
         self.sock.close()
 
 
-class Capture:
-    """A capped byte buffer for one stream of one call (cap in bytes)."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.dropped = 0
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def take(self) -> str:
-        text = self.data.decode("utf-8", "replace")
-        if self.dropped:
-            text += f"\n...[{self.dropped} bytes dropped]"
-        self.data = bytearray()
-        self.dropped = 0
-        return text
-
-
 class Session:
     def __init__(self, sid: str, spec: dict, workdir: str, limits: dict) -> None:
         self.sid = sid
@@ -209,8 +186,8 @@ class Session:
         self.snapshot: dict = {}
         self.broken: str | None = None
         self.opened = False
-        self.out = Capture(limits["output_cap_bytes"])
-        self.err = Capture(limits["output_cap_bytes"])
+        self.out = jobs.Output(limits["output_cap_bytes"])
+        self.err = jobs.Output(limits["output_cap_bytes"])
 
 
 class Runner:
