@@ -19,14 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from sandpit.executor.errors import CapacityError
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.session import SessionOpenError
 from sqlalchemy import func, select
 
 from . import models
 from .diff import state_diff
-from .errors import Conflict, InvalidRequest, NoCapacity, NotFound
+from .errors import Conflict, InvalidRequest, NotFound
 from .policy_report import check_source
 from .schemas import (
     CheckOutcome,
@@ -54,9 +53,6 @@ class EvaluationService:
         self.envs = envs
         self.pool = envs.pool
         self.settings = envs.settings
-
-    def _capacity(self, exc: CapacityError) -> NoCapacity:
-        return NoCapacity(f"no sandbox capacity: {exc}", retry_after=self.settings.capacity_retry_after_s)
 
     # -- scenarios ---------------------------------------------------------------------
     def create_scenario(self, tenant: str, body: ScenarioCreate) -> models.Scenario:
@@ -117,8 +113,6 @@ class EvaluationService:
         try:
             results = self.pool.run_checks(tenant=tenant, checks=checks, initial_state=initial,
                                            final_state=final, profile=profile)
-        except CapacityError as exc:
-            raise self._capacity(exc) from None
         except ValueError as exc:
             raise InvalidRequest(str(exc), field="checks") from None
         return [CheckOutcome(check_item=r.check_item, passed=r.passed, error=r.error, status=r.status,
@@ -127,7 +121,7 @@ class EvaluationService:
     def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None) -> EvaluationPublic:
         """Run check functions on the env's initial and current state; store and return
         the outcome. Raises NotFound, Conflict (no checks given and no scenario),
-        InvalidRequest (a check over the caps), NoCapacity."""
+        InvalidRequest (a check over the caps), CapacityError (503 + Retry-After)."""
         with self.envs._env_lock(env_id), self.envs._db() as db:
             row = self.envs.get_env(tenant, env_id, db)
             if checks is None:
@@ -179,16 +173,12 @@ class EvaluationService:
             result.tools = self.pool.describe(tenant=tenant, source=body.source_code, class_name=body.class_name)
         except SessionOpenError as exc:
             return [f"loading {body.class_name} failed ({exc.status}): {clean_text(exc.observation)[:2000]}"]
-        except CapacityError as exc:
-            raise self._capacity(exc) from None
         try:
             session = self.pool.open_session(tenant=tenant, source=body.source_code, class_name=body.class_name,
                                              init_config=body.init_config)
         except SessionOpenError as exc:
             result.instantiation = {"status": exc.status, "observation": clean_text(exc.observation)[:4000]}
             return [f"instantiating {body.class_name} failed ({exc.status}): {clean_text(exc.observation)[:2000]}"]
-        except CapacityError as exc:
-            raise self._capacity(exc) from None
         reasons: list[str] = []
         try:
             result.instantiation = {"status": "ok", "observation": ""}
@@ -229,7 +219,7 @@ class EvaluationService:
     # -- execute ---------------------------------------------------------------------------
     def execute(self, tenant: str, body: ExecuteRequest) -> ExecuteResult:
         """Run a snippet as a script in a fresh sandbox process. Raises InvalidRequest
-        (bad files, limits above the profile), PayloadTooLarge, NoCapacity."""
+        (bad files, limits above the profile), PayloadTooLarge, CapacityError (503 + Retry-After)."""
         self.envs._check_code(body.code)
         overrides = ProfileOverrides(memory_mib=body.memory_mb) if body.memory_mb else None
         try:
@@ -242,8 +232,6 @@ class EvaluationService:
         try:
             out = self.pool.execute(tenant=tenant, code=body.code, stdin=body.stdin, files=body.files or None,
                                     timeout_s=body.timeout_s, profile=profile)
-        except CapacityError as exc:
-            raise self._capacity(exc) from None
         except ValueError as exc:
             raise InvalidRequest(str(exc), field="files") from None
         return ExecuteResult(status=out.status, exit_code=out.exit_code, stdout=clean_text(out.stdout),

@@ -41,7 +41,7 @@ from sqlalchemy.orm import sessionmaker
 
 from . import models
 from .diff import state_diff
-from .errors import Conflict, InvalidRequest, NoCapacity, NotFound, PayloadTooLarge, ServiceUnavailable
+from .errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
 from .metrics import Metrics
 from .policy_report import check_source, policy_summary
 from .settings import ApiSettings
@@ -184,9 +184,6 @@ class EnvService:
         except SessionOpenError as exc:
             raise InvalidRequest(f"environment code failed in the sandbox ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="source_code") from None
-        except CapacityError as exc:
-            raise NoCapacity(f"no sandbox capacity to inspect the code: {exc}",
-                             retry_after=self.settings.capacity_retry_after_s) from None
 
     def create_environment(self, tenant: str, *, name: str | None, source_code: str, class_name: str,
                            description: str | None, inline: bool = False,
@@ -195,7 +192,7 @@ class EnvService:
         kept in the report), then its tools are derived by introspecting the class in a
         sandbox. Raises PayloadTooLarge (code over cap), InvalidRequest (policy errors;
         or the code fails to load or has no such class: the message carries the
-        sandbox's observation), NoCapacity."""
+        sandbox's observation), CapacityError (503 + Retry-After)."""
         self._check_code(source_code)
         report = check_source(source_code, policy)
         if not report.passed:
@@ -263,18 +260,42 @@ class EnvService:
 
     def _open(self, env_id: str, tenant: str, environment: models.Environment, init_config: dict[str, Any],
               profile: dict[str, Any] | None, snapshot: dict[str, list[Any]] | None) -> Session:
-        """Open a session, evicting idle envs to make room; NoCapacity when none frees."""
+        """Open a session, evicting idle envs to make room. Raises CapacityError when none
+        frees (the app answers 503 with Retry-After), SessionOpenError."""
         resolved = self._profile(profile)
         for attempt in range(CAPACITY_ATTEMPTS):
             try:
                 return self.pool.open_session(tenant=tenant, source=environment.source_code,
                                               class_name=environment.class_name, init_config=init_config,
                                               profile=resolved, snapshot=snapshot)
-            except CapacityError as exc:
+            except CapacityError:
                 if attempt == CAPACITY_ATTEMPTS - 1 or not self._evict_lru(exclude=env_id):
-                    raise NoCapacity(f"no sandbox capacity: {exc}",
-                                     retry_after=self.settings.capacity_retry_after_s) from None
+                    raise  # translated to 503 + Retry-After by the app's ExecutorError handler
         raise AssertionError("unreachable")
+
+    @contextmanager
+    def _new_episode(self, env_id: str, tenant: str, environment: models.Environment, init_config: dict[str, Any],
+                     profile: dict[str, Any] | None) -> Iterator[tuple[Session, StateCache, PendingBlobs]]:
+        """Instantiate ``environment`` for ``env_id`` and encode its initial state; yields
+        ``(session, state, blobs to write)``. The session is closed if the block raises.
+        Raises InvalidRequest (field ``init_config``) when the environment code fails."""
+        try:
+            session = self._open(env_id, tenant, environment, init_config, profile, None)
+        except SessionOpenError as exc:
+            raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
+                                 f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
+        try:
+            pending = PendingBlobs()
+            yield session, encode_state(session.snapshot().attributes, pending), pending
+        except BaseException:
+            session.close()
+            raise
+
+    @staticmethod
+    def _step_zero(env_id: str, episode: int, root: str, now: datetime) -> models.Step:
+        """The row of an episode's step 0 (the state right after instantiation)."""
+        return models.Step(env_id=env_id, episode=episode, step=0, action=None, observation="", status="ok",
+                           duration_ms=0.0, state_root=root, created_at=now)
 
     def create_env(self, tenant: str, *, environment_id: str | None, source_code: str | None,
                    class_name: str | None, init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
@@ -284,7 +305,7 @@ class EnvService:
 
         Raises NotFound (environment, scenario), PayloadTooLarge, InvalidRequest
         (instantiation failed: the message carries the observation; policy errors in
-        inline code; a profile above the operator's), NoCapacity."""
+        inline code; a profile above the operator's), CapacityError (503 + Retry-After)."""
         if scenario_id is not None:
             with self._db() as db:
                 scenario = db.get(models.Scenario, scenario_id)
@@ -302,14 +323,7 @@ class EnvService:
             environment = self._inline_environment(tenant, source_code, class_name)
         self._toolset(environment)
         env_id = new_id("env")
-        try:
-            session = self._open(env_id, tenant, environment, init_config, profile, None)
-        except SessionOpenError as exc:
-            raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
-                                 f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
-        try:
-            pending = PendingBlobs()
-            cache = encode_state(session.snapshot().attributes, pending)
+        with self._new_episode(env_id, tenant, environment, init_config, profile) as (session, cache, pending):
             now = _now()
             row = models.Env(id=env_id, tenant=tenant, environment_id=environment.id, init_config=init_config,
                              profile=profile, episode=1, step=0, closed=False, created_at=now, last_used_at=now,
@@ -319,11 +333,7 @@ class EnvService:
                 pending.write(db)
                 db.add(row)
                 db.flush()
-                db.add(models.Step(env_id=env_id, episode=1, step=0, action=None, observation="",
-                                   status="ok", duration_ms=0.0, state_root=cache.root, created_at=now))
-        except BaseException:
-            session.close()
-            raise
+                db.add(self._step_zero(env_id, 1, cache.root, now))
         self._set_live(env_id, LiveEnv(session, cache, 1, 0, tenant, environment.id, row.expires_at))
         return row
 
@@ -441,7 +451,7 @@ class EnvService:
         """Run one tool call and commit it (EnvScaler step: ``getattr(env, name)(**args)``).
 
         Raises NotFound, Conflict (expired), UnknownTool/InvalidRequest (422, nothing
-        runs), NoCapacity, ServiceUnavailable (database or Docker Engine failure; the
+        runs), CapacityError (503 + Retry-After), ServiceUnavailable (database or Docker Engine failure; the
         step is not acknowledged and the env resumes from its last committed state)."""
         started = time.perf_counter()
         with self._env_lock(env_id):
@@ -510,7 +520,7 @@ class EnvService:
 
     def reset(self, tenant: str, env_id: str, init_config: dict[str, Any] | None) -> models.Env:
         """Start the next episode: re-instantiate (with a new ``init_config`` if given)
-        and commit its step 0. Raises NotFound, Conflict, InvalidRequest, NoCapacity."""
+        and commit its step 0. Raises NotFound, Conflict, InvalidRequest, CapacityError (503 + Retry-After)."""
         if init_config is not None:
             self._check_config(init_config)
         with self._env_lock(env_id):
@@ -520,25 +530,15 @@ class EnvService:
             assert environment is not None
             config = row.init_config if init_config is None else init_config
             self._drop_live(env_id)
-            try:
-                session = self._open(env_id, tenant, environment, config, row.profile, None)
-            except SessionOpenError as exc:
-                raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
-                                     f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
-            try:
-                pending = PendingBlobs()
-                cache = encode_state(session.snapshot().attributes, pending)
-                episode = row.episode + 1
+            episode = row.episode + 1
+            with self._new_episode(env_id, tenant, environment, config, row.profile) as (session, cache, pending):
+                now = _now()
                 with self._write() as db:
                     pending.write(db)
-                    db.add(models.Step(env_id=env_id, episode=episode, step=0, action=None, observation="",
-                                       status="ok", duration_ms=0.0, state_root=cache.root, created_at=_now()))
+                    db.add(self._step_zero(env_id, episode, cache.root, now))
                     db.query(models.Env).filter(models.Env.id == env_id).update(
                         {models.Env.episode: episode, models.Env.step: 0, models.Env.init_config: config,
-                         models.Env.last_used_at: _now()})
-            except BaseException:
-                session.close()
-                raise
+                         models.Env.last_used_at: now})
             self._set_live(env_id, LiveEnv(session, cache, episode, 0, tenant, environment.id, row.expires_at))
             return self.get_env(tenant, env_id)
 
