@@ -765,17 +765,11 @@ class _AsyncTransport:
 # --------------------------------------------------------------------------- sync surface
 
 
-class EnvHandle:
-    """A live env on the server; every method is one HTTP call.
+class _HandleBase:
+    """What sync and async env handles share: the transport, the `Env`, and its id and tools."""
 
-    `env` is the `Env` as of create/get/reset/restore/refresh (its `step` is not advanced by
-    `step()`; use the `StepResult`). All methods raise `SandpitError` subclasses: `NotFound`
-    once the env is deleted, `Conflict` for a closed/evicted env, `SandpitConnectionError`
-    without a response (see the module docstring for what is retried).
-    """
-
-    def __init__(self, transport: _SyncTransport, env: Env) -> None:
-        self._t = transport
+    def __init__(self, transport: _SyncTransport | _AsyncTransport, env: Env) -> None:
+        self._t = transport  # type: ignore[assignment]
         self.env = env
 
     @property
@@ -789,7 +783,19 @@ class EnvHandle:
         return self.env.tools
 
     def __repr__(self) -> str:
-        return f"EnvHandle(id={self.id!r}, environment_id={self.env.environment_id!r})"
+        return f"{type(self).__name__}(id={self.id!r}, environment_id={self.env.environment_id!r})"
+
+
+class EnvHandle(_HandleBase):
+    """A live env on the server; every method is one HTTP call.
+
+    `env` is the `Env` as of create/get/reset/restore/refresh (its `step` is not advanced by
+    `step()`; use the `StepResult`). All methods raise `SandpitError` subclasses: `NotFound`
+    once the env is deleted, `Conflict` for a closed/evicted env, `SandpitConnectionError`
+    without a response (see the module docstring for what is retried).
+    """
+
+    _t: _SyncTransport
 
     def step(self, name: str, /, **arguments: Any) -> StepResult:
         """Call tool `name` with keyword `arguments` (any names, including `name`).
@@ -1040,25 +1046,10 @@ class Client:
 # --------------------------------------------------------------------------- async surface
 
 
-class AsyncEnvHandle:
+class AsyncEnvHandle(_HandleBase):
     """Async `EnvHandle`: the same methods, awaited; same results and errors."""
 
-    def __init__(self, transport: _AsyncTransport, env: Env) -> None:
-        self._t = transport
-        self.env = env
-
-    @property
-    def id(self) -> str:
-        """The env id (`/v1/envs/{id}`)."""
-        return self.env.id
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        """OpenAI tool schemas of the env's tools."""
-        return self.env.tools
-
-    def __repr__(self) -> str:
-        return f"AsyncEnvHandle(id={self.id!r}, environment_id={self.env.environment_id!r})"
+    _t: _AsyncTransport
 
     async def step(self, name: str, /, **arguments: Any) -> StepResult:
         """See `EnvHandle.step`."""
