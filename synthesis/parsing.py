@@ -95,7 +95,8 @@ def parse_module(source: str) -> ast.Module:
     try:
         return ast.parse(source)
     except SyntaxError as exc:
-        raise MalformedOutput(f"syntax error at line {exc.lineno}: {exc.msg}") from None
+        where = f" at line {exc.lineno}" if exc.lineno is not None else ""
+        raise MalformedOutput(f"syntax error{where}: {exc.msg}") from None
     except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
         raise MalformedOutput(f"the code cannot be parsed: {type(exc).__name__}") from None
 

@@ -119,10 +119,9 @@ class Pipeline:
         yield self.progress(stage, total) if self.progress else None
 
     def _input(self, stage: str, name: str) -> Any:
-        if not self.run.stage_done(stage) and stage != "skel_1_descriptions":
+        if not self.run.stage_done(stage):
             status = (self.run.manifest["stages"].get(stage) or {}).get("status", "not run")
-            if status != "partial":
-                raise StageInputMissing(f"stage {stage} is {status}: run it first")
+            raise StageInputMissing(f"stage {stage} is {status}: run (or rerun) it first")
         try:
             return self.run.read(name)
         except (OSError, ValueError):
