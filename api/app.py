@@ -1,7 +1,9 @@
 """The FastAPI application: ``create_app(settings)`` wires database, executor pool and
 service in the lifespan (nothing is created at import time).
 
-Start-up refuses an unmigrated database (:class:`DatabaseNotMigrated`: run
+Every route but ``/healthz``, ``/readyz`` (and ``/metrics`` unless
+``metrics_require_auth``) needs ``Authorization: Bearer <key>``: a tenant's API key, or the
+operator key for ``/v1/admin``. Start-up refuses an unmigrated database (:class:`DatabaseNotMigrated`: run
 ``sandpit db upgrade``), reaps sandboxes left by dead API processes, starts the warm pool
 and the janitor. Shutdown closes every session and sandbox; the state of every env stays
 in the database and resumes on the next start.
@@ -13,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings, get_settings
@@ -21,9 +24,11 @@ from .db import make_engine, make_sessionmaker, require_current
 from .errors import register_handlers
 from .evaluation import EvaluationService
 from .metrics import Metrics
-from .routes import environments, envs, health, scenarios, validation
+from .quotas import QuotaService
+from .routes import admin, environments, envs, health, scenarios, validation
 from .service import EnvService
 from .settings import ApiSettings, get_api_settings
+from .tenancy import TenantService
 
 
 def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None) -> FastAPI:
@@ -40,9 +45,14 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
             sessions = make_sessionmaker(engine)
             pool = SandboxPool(executor_settings).start()
             try:
+                anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http_threads
                 metrics = Metrics(pool.stats)
-                service = EnvService(settings, sessions, pool, metrics)
+                service = EnvService(settings, sessions, pool, metrics,
+                                     running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
+                tenants = TenantService(settings, service._db, service._write)
                 app.state.sessions, app.state.pool, app.state.metrics, app.state.service = sessions, pool, metrics, service
+                app.state.tenants = tenants
+                app.state.quotas = QuotaService(service.count_open_envs, settings)
                 app.state.evaluation = EvaluationService(service)
                 service.start()
                 if settings.warm_on_start and executor_settings.pool_size:
@@ -66,4 +76,6 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     app.include_router(envs.router)
     app.include_router(scenarios.router)
     app.include_router(validation.router)
+    app.include_router(admin.router)
+    app.include_router(admin.tenant_router)
     return app

@@ -1,4 +1,4 @@
-"""Typed dependencies for routes (``ServiceDep``, ``TenantDep``, ``PageDep``)."""
+"""Typed dependencies for routes (``ServiceDep``, ``CallerDep``, ``PageDep``, ...)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 
 from .evaluation import EvaluationService
+from .quotas import QuotaService, TenantContext
 from .service import EnvService
+from .tenancy import TenantService
 
 
 def get_service(request: Request) -> EnvService:
@@ -20,10 +22,26 @@ def get_evaluation(request: Request) -> EvaluationService:
     return request.app.state.evaluation
 
 
-def get_tenant(request: Request) -> str:
-    """The caller's tenant. Until API keys exist (multi-tenancy issue) every request
-    belongs to ``SANDPIT_TENANT``."""
-    return request.app.state.settings.tenant
+def get_tenants(request: Request) -> TenantService:
+    """The app's :class:`TenantService`."""
+    return request.app.state.tenants
+
+
+def get_quotas(request: Request) -> QuotaService:
+    """The app's :class:`QuotaService`."""
+    return request.app.state.quotas
+
+
+def get_caller(request: Request) -> TenantContext:
+    """The tenant of the request's ``Authorization: Bearer <api key>``. Raises
+    Unauthorized (401: missing, unknown, revoked or expired key), Forbidden (403: the
+    operator key on a tenant route)."""
+    return request.app.state.tenants.authenticate(request.headers.get("authorization"))
+
+
+def require_operator(request: Request) -> None:
+    """Admin routes: the operator key. Raises Unauthorized (401) or Forbidden (403)."""
+    request.app.state.tenants.require_operator(request.headers.get("authorization"))
 
 
 class Page:
@@ -37,5 +55,8 @@ class Page:
 
 ServiceDep = Annotated[EnvService, Depends(get_service)]
 EvaluationDep = Annotated[EvaluationService, Depends(get_evaluation)]
-TenantDep = Annotated[str, Depends(get_tenant)]
+TenantsDep = Annotated[TenantService, Depends(get_tenants)]
+QuotasDep = Annotated[QuotaService, Depends(get_quotas)]
+CallerDep = Annotated[TenantContext, Depends(get_caller)]
+OperatorDep = Annotated[None, Depends(require_operator)]
 PageDep = Annotated[Page, Depends(Page)]

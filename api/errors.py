@@ -8,6 +8,9 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     │   └── UnknownTool           422     unknown_tool
     ├── Conflict                  409     conflict         e.g. restore past the end
     ├── PayloadTooLarge           413     payload_too_large
+    ├── Unauthorized              401     unauthorized     missing/unknown/revoked/expired key
+    ├── Forbidden                 403     forbidden        e.g. an admin route without the operator key
+    ├── QuotaExceeded             429     quota_exceeded   names the ``limit``; with ``Retry-After``
     ├── NoCapacity                503     no_capacity      with ``Retry-After``
     └── ServiceUnavailable        503     unavailable      Docker Engine or DB down
     DatabaseNotMigrated           (start-up only: the server refuses to start)
@@ -16,7 +19,7 @@ Executor errors are translated at the edge by :func:`register_handlers`:
 ``CapacityError`` -> 503 ``no_capacity``, ``DockerUnavailable``/``SandboxLost`` -> 503,
 ``ProfileError`` -> 422. Request validation errors -> 422 naming the field. Anything else
 is a bug: logged with its traceback and answered 500 ``internal`` without details.
-Every error body is ``{"error": {"code", "message", "field"}}``.
+Every error body is ``{"error": {"code", "message", "field"}}`` (429s add ``limit``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,24 @@ class PayloadTooLarge(ApiError):
     """Code, init_config, arguments or the whole body is over its configured cap."""
 
 
+class Unauthorized(ApiError):
+    """No ``Authorization: Bearer <key>``, or a key that is unknown, revoked or expired."""
+
+
+class Forbidden(ApiError):
+    """The caller is authenticated but may not do this (admin routes need the operator key)."""
+
+
+class QuotaExceeded(ApiError):
+    """A per-tenant limit (:class:`sandpit.api.quotas.Quotas`) was hit; ``limit`` names it
+    and ``retry_after`` (seconds, always set) says when trying again can help. For fixed
+    limits (sizes, resource profile) the message says that waiting does not help."""
+
+    def __init__(self, message: str, *, limit: str, retry_after: int, field: str | None = None) -> None:
+        super().__init__(message, field=field, retry_after=max(1, int(retry_after)))
+        self.limit = limit
+
+
 class NoCapacity(ApiError):
     """No sandbox capacity right now; retry after ``retry_after`` seconds."""
 
@@ -81,6 +102,9 @@ TABLE: dict[type[ApiError], tuple[int, str]] = {
     InvalidRequest: (422, "invalid_request"),
     Conflict: (409, "conflict"),
     PayloadTooLarge: (413, "payload_too_large"),
+    Unauthorized: (401, "unauthorized"),
+    Forbidden: (403, "forbidden"),
+    QuotaExceeded: (429, "quota_exceeded"),
     NoCapacity: (503, "no_capacity"),
     ServiceUnavailable: (503, "unavailable"),
 }
@@ -95,16 +119,20 @@ def status_of(exc: ApiError) -> tuple[int, str]:
     return 500, "internal"
 
 
-def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
-    """The JSON error body every non-2xx response carries."""
-    return {"error": {"code": code, "message": message, "field": field}}
+def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The JSON error body every non-2xx response carries (``limit`` is added for 429s)."""
+    return {"error": {"code": code, "message": message, "field": field, **extra}}
 
 
 def error_response(exc: ApiError) -> JSONResponse:
     """Render an :class:`ApiError` (with ``Retry-After`` when it has one)."""
     status, code = status_of(exc)
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    return JSONResponse(error_body(code, exc.message, exc.field), status_code=status, headers=headers)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="sandpit"'
+    extra = {"limit": exc.limit} if isinstance(exc, QuotaExceeded) else {}
+    return JSONResponse(error_body(code, exc.message, exc.field, **extra), status_code=status,
+                        headers=headers or None)
 
 
 def translate_executor_error(exc: ExecutorError, retry_after: int) -> ApiError:
@@ -127,7 +155,11 @@ def register_handlers(app: FastAPI, retry_after: int) -> None:
     """Install the exception handlers (by class, so subclasses are covered)."""
 
     @app.exception_handler(ApiError)
-    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if isinstance(exc, QuotaExceeded):
+            metrics = getattr(request.app.state, "metrics", None)
+            if metrics is not None:
+                metrics.quota_rejections.labels(exc.limit).inc()
         return error_response(exc)
 
     @app.exception_handler(ExecutorError)

@@ -111,8 +111,9 @@ class EvaluationService:
         if not checks:
             return []
         try:
-            results = self.pool.run_checks(tenant=tenant, checks=checks, initial_state=initial,
-                                           final_state=final, profile=profile)
+            with self.envs.slot(tenant):
+                results = self.pool.run_checks(tenant=tenant, checks=checks, initial_state=initial,
+                                               final_state=final, profile=profile)
         except ValueError as exc:
             raise InvalidRequest(str(exc), field="checks") from None
         return [CheckOutcome(check_item=r.check_item, passed=r.passed, error=r.error, status=r.status,
@@ -158,7 +159,8 @@ class EvaluationService:
                    for f in report.findings if f.severity == "error"]
         result = ValidateResult(kind=body.kind, verdict="valid", reasons=[], policy_report=report.to_dict())
         if body.kind == "environment" and not reasons:
-            reasons += self._validate_environment(tenant, body, result)
+            with self.envs.slot(tenant):
+                reasons += self._validate_environment(tenant, body, result)
         elif body.kind == "check_function" and not reasons:
             reasons += self._validate_check(tenant, body, result)
         result.reasons = reasons
@@ -230,8 +232,9 @@ class EvaluationService:
             raise InvalidRequest(f"timeout_s {body.timeout_s:g} is above the profile's {profile.call_timeout_s:g} s",
                                  field="timeout_s")
         try:
-            out = self.pool.execute(tenant=tenant, code=body.code, stdin=body.stdin, files=body.files or None,
-                                    timeout_s=body.timeout_s, profile=profile)
+            with self.envs.slot(tenant):
+                out = self.pool.execute(tenant=tenant, code=body.code, stdin=body.stdin, files=body.files or None,
+                                        timeout_s=body.timeout_s, profile=profile)
         except ValueError as exc:
             raise InvalidRequest(str(exc), field="files") from None
         return ExecuteResult(status=out.status, exit_code=out.exit_code, stdout=clean_text(out.stdout),

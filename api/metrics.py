@@ -4,7 +4,8 @@ one process, e.g. in tests).
 ``sandpit_step_seconds`` histogram by status · ``sandpit_live_envs`` envs in sandboxes ·
 ``sandpit_pool_sandboxes`` by state (idle/active/starting) · ``sandpit_sandbox_failures_total``
 by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
-offered for storage.
+offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
+``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ class Metrics:
         self.snapshot_bytes = Counter("sandpit_snapshot_bytes_total",
                                       "Compressed state bytes offered for storage (before de-duplication)",
                                       registry=self.registry)
+        self.queue_seconds = Histogram("sandpit_call_queue_seconds",
+                                       "Time calls waited for an execution slot of the fair scheduler, seconds",
+                                       buckets=STEP_BUCKETS, registry=self.registry)
+        self.quota_rejections = Counter("sandpit_quota_rejections_total", "Requests answered 429, by limit",
+                                        ["limit"], registry=self.registry)
+        self.evaluation_episodes = Counter("sandpit_evaluation_episodes_total",
+                                           "Evaluation episodes finished, by mode and status",
+                                           ["mode", "status"], registry=self.registry)
         self.registry.register(_PoolCollector(pool_stats))
 
     def render(self) -> bytes:

@@ -128,3 +128,111 @@ class Evaluation(Base):
     reward: Mapped[float] = mapped_column(Float)
     results: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Tenant(Base):
+    """A team sharing the service. Every object's ``tenant`` column names one of these;
+    ``quotas`` holds only the limits the operator overrode (defaults come from settings)."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """Slug (``[a-z0-9][a-z0-9_-]{0,63}``), chosen by the operator."""
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    quotas: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """Overrides of :class:`sandpit.api.quotas.Quotas` fields (missing = the default)."""
+    model_base_url: Mapped[str | None] = mapped_column(String(2000))
+    """Default OpenAI-compatible endpoint for rollout evaluations of this tenant."""
+    model_api_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """Default model API key for rollouts, encrypted (:mod:`sandpit.api.secrets`); never returned."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ApiKey(Base):
+    """An API key of a tenant. Only the SHA-256 of the key is stored; the key itself is
+    shown once, at creation."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(16))
+    """First characters of the key, to recognise it in listings."""
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    """Hex SHA-256 of the whole key (keys are 256-bit random, so no salt or stretching is needed)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AuditEvent(Base):
+    """Who created, deleted or evaluated what (append-only)."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    actor: Mapped[str] = mapped_column(String(64))
+    """The API key id that made the request, or ``operator``."""
+    action: Mapped[str] = mapped_column(String(64))
+    """``<resource>.<verb>``, e.g. ``env.create``, ``evaluation.cancel``, ``api_key.revoke``."""
+    resource_id: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class EvaluationJob(Base):
+    """A batch evaluation (``/v1/evaluations``): replay or rollout over scenarios."""
+
+    __tablename__ = "evaluations"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    """``replay`` or ``rollout``."""
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    """``queued`` -> ``running`` -> ``completed`` | ``cancelled`` | ``failed``."""
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Mode parameters without secrets (model, base_url, max_steps, temperature, ...)."""
+    model_api_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The request's model API key, encrypted, so a restart can resume; never returned."""
+    concurrency: Mapped[int] = mapped_column(Integer)
+    total: Mapped[int] = mapped_column(Integer)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class EvaluationEpisode(Base):
+    """One scenario of an evaluation: its env, transcript, trajectory and reward.
+    Exactly one row per (evaluation, index); a rerun after a restart overwrites it."""
+
+    __tablename__ = "evaluation_episodes"
+
+    evaluation_id: Mapped[str] = mapped_column(ForeignKey("evaluations.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scenario_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    environment_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Replay mode: the tool calls to replay."""
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    """``pending`` | ``running`` | ``done`` | ``error`` | ``cancelled``."""
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    env_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    reward: Mapped[float | None] = mapped_column(Float)
+    passed: Mapped[int | None] = mapped_column(Integer)
+    checks_total: Mapped[int | None] = mapped_column(Integer)
+    checks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    error_status: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    transcript: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Rollout mode: every chat message (system, user, assistant with tool calls, tool)."""
+    trajectory: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Every step: action, observation, status, duration_ms."""
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Rollout mode: token totals (prompt_tokens, completion_tokens) and model requests."""
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

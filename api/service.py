@@ -23,7 +23,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +33,7 @@ from sandpit.executor.errors import CapacityError, ExecutorError, SessionClosed,
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult, Snapshot
+from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
 from sandpit.executor.session import Session, SessionOpenError
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -41,7 +42,7 @@ from sqlalchemy.orm import sessionmaker
 
 from . import models
 from .diff import state_diff
-from .errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, ServiceUnavailable
+from .errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, ServiceUnavailable
 from .metrics import Metrics
 from .policy_report import check_source, policy_summary
 from .settings import ApiSettings
@@ -108,11 +109,14 @@ class StepOutcome:
 class EnvService:
     """Environments, envs and steps (see the module docstring for the rules)."""
 
-    def __init__(self, settings: ApiSettings, sessions: sessionmaker, pool: SandboxPool, metrics: Metrics) -> None:
+    def __init__(self, settings: ApiSettings, sessions: sessionmaker, pool: SandboxPool, metrics: Metrics,
+                 scheduler: FairScheduler | None = None, running_limit: Callable[[str], int] | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.pool = pool
         self.metrics = metrics
+        self.scheduler = scheduler or FairScheduler(settings.resolved_call_slots())
+        self._running_limit = running_limit or (lambda _tenant: settings.quotas.max_running_calls)
         self._live: dict[str, LiveEnv] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._registry = threading.Lock()
@@ -159,8 +163,23 @@ class EnvService:
             with self._write_lock, self._db() as db, db.begin():
                 yield db
         else:
-            with self._write() as db:
+            with self._db() as db, db.begin():
                 yield db
+
+    @contextmanager
+    def slot(self, tenant: str) -> Iterator[None]:
+        """Hold one execution slot of the fair scheduler for ``tenant`` (every run of
+        untrusted code takes one). Raises QuotaExceeded (``max_running_calls``) when none
+        frees within ``call_queue_timeout_s``."""
+        limit = self._running_limit(tenant)
+        try:
+            with self.scheduler.slot(tenant, limit, self.settings.call_queue_timeout_s) as waited:
+                if waited > 0.001:
+                    self.metrics.queue_seconds.observe(waited)
+                yield
+        except SchedulerBusy as exc:
+            raise QuotaExceeded(f"{exc}; tenant {tenant!r} may run max_running_calls={limit} at once",
+                                limit="max_running_calls", retry_after=5) from None
 
     @contextmanager
     def _env_lock(self, env_id: str) -> Iterator[None]:
@@ -180,7 +199,8 @@ class EnvService:
 
     def _derive_tools(self, tenant: str, source_code: str, class_name: str) -> list[dict[str, Any]]:
         try:
-            return self.pool.describe(tenant=tenant, source=source_code, class_name=class_name)
+            with self.slot(tenant):
+                return self.pool.describe(tenant=tenant, source=source_code, class_name=class_name)
         except SessionOpenError as exc:
             raise InvalidRequest(f"environment code failed in the sandbox ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="source_code") from None
@@ -265,9 +285,10 @@ class EnvService:
         resolved = self._profile(profile)
         for attempt in range(CAPACITY_ATTEMPTS):
             try:
-                return self.pool.open_session(tenant=tenant, source=environment.source_code,
-                                              class_name=environment.class_name, init_config=init_config,
-                                              profile=resolved, snapshot=snapshot)
+                with self.slot(tenant):
+                    return self.pool.open_session(tenant=tenant, source=environment.source_code,
+                                                  class_name=environment.class_name, init_config=init_config,
+                                                  profile=resolved, snapshot=snapshot)
             except CapacityError:
                 if attempt == CAPACITY_ATTEMPTS - 1 or not self._evict_lru(exclude=env_id):
                     raise  # translated to 503 + Retry-After by the app's ExecutorError handler
@@ -378,6 +399,13 @@ class EnvService:
                               .order_by(models.Env.created_at.desc(), models.Env.id).limit(limit).offset(offset)).all()
         return list(rows), total
 
+    def count_open_envs(self, tenant: str) -> int:
+        """Envs of ``tenant`` that are neither deleted nor closed/expired (what the
+        ``max_live_envs`` quota counts)."""
+        with self._db() as db:
+            return db.scalar(select(func.count()).select_from(models.Env).where(
+                models.Env.tenant == tenant, models.Env.closed.is_(False), models.Env.expires_at > _now())) or 0
+
     def delete_env(self, tenant: str, env_id: str) -> None:
         """Delete an env: its session, steps and (via collection) unreferenced state blobs."""
         with self._env_lock(env_id):
@@ -470,7 +498,8 @@ class EnvService:
                     entry, restored = self._ensure_live(db, row)
             before = entry.cache
             try:
-                result = entry.session.call(call.name, call.arguments)
+                with self.slot(tenant):
+                    result = entry.session.call(call.name, call.arguments)
             except SessionClosed:
                 self._drop_live(env_id)
                 raise ServiceUnavailable("the env's session closed during the call; retry", retry_after=1) from None

@@ -11,8 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .quotas import Quotas
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -21,7 +23,7 @@ MiB = 1024 * KiB
 class ApiSettings(BaseSettings):
     """Server, database and request limits. Sizes in bytes, times in seconds."""
 
-    model_config = SettingsConfigDict(env_prefix="SANDPIT_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SANDPIT_", extra="ignore", env_nested_delimiter="__")
 
     host: str = "127.0.0.1"
     """Address ``sandpit serve`` binds to (loopback by default)."""
@@ -32,7 +34,35 @@ class ApiSettings(BaseSettings):
     """SQLAlchemy URL; default ``sqlite:///<data_dir>/sandpit.db`` (WAL mode). PostgreSQL
     works by URL (``postgresql+psycopg://...``) when its driver is installed."""
     tenant: str = "default"
-    """Tenant every object belongs to until API keys exist (multi-tenancy issue)."""
+    """Tenant whose warm pool is filled at start-up (``warm_on_start``)."""
+
+    operator_key: SecretStr | None = None
+    """The operator's key for ``/v1/admin/...`` and ``sandpit tenants`` (``Authorization:
+    Bearer <key>``). At least 24 characters; well-known placeholders (``changeme``,
+    ``secret``, ``xxx``...) are refused at start-up. Unset: the admin API answers 403."""
+    metrics_require_auth: bool = False
+    """``/metrics`` needs the operator key (else it is open, like ``/healthz``)."""
+    auth_cache_ttl_s: Annotated[float, Field(ge=0, le=300)] = 5.0
+    """How long a verified API key is trusted without reading the database again.
+    Revocation through this server takes effect at once; through another server
+    process sharing the database, within this many seconds."""
+    secrets_key: SecretStr | None = None
+    """Key that encrypts stored model API keys (rollout evaluations); default: a random
+    key kept in ``<data_dir>/secrets.key`` (mode 0600), created on first use."""
+    quotas: Quotas = Field(default_factory=Quotas)
+    """Per-tenant limits every tenant gets unless the operator overrides them for it
+    (environment: ``SANDPIT_QUOTAS__MAX_LIVE_ENVS=200``, ...)."""
+    call_slots: Annotated[int, Field(ge=0, le=4096)] = 0
+    """Tool calls (and other untrusted-code runs) executing in sandboxes at once, across
+    all tenants; the fair scheduler queues the rest per tenant. 0 = 2 x CPU cores (min 4)."""
+    call_queue_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    """A call waiting longer than this for a slot gets 429 (``max_running_calls``)."""
+    http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
+    """Worker threads for request handlers (AnyIO's default is 40, which requests of one
+    tenant waiting in the scheduler's queue could exhaust)."""
+    evaluation_workers: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Threads running evaluation episodes, across all tenants (each tenant is further
+    bounded by its ``max_evaluation_concurrency``)."""
 
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""
@@ -61,11 +91,42 @@ class ApiSettings(BaseSettings):
     """Fill the executor's warm pool for the default tenant at start-up (``/readyz``
     reports not ready until it is)."""
 
+    @field_validator("operator_key")
+    @classmethod
+    def _no_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        key = value.get_secret_value()
+        if is_placeholder(key):
+            raise ValueError("SANDPIT_OPERATOR_KEY is a placeholder or too short; use at least 24 random "
+                             "characters, e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        return value
+
+    def resolved_call_slots(self) -> int:
+        """``call_slots``, or 2 x CPU cores (at least 4) when it is 0."""
+        import os
+
+        return self.call_slots or max(4, 2 * (os.cpu_count() or 1))
+
     def resolved_database_url(self) -> str:
         """The database URL: the setting, else a SQLite file under ``data_dir``."""
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'sandpit.db'}"
+
+
+PLACEHOLDERS = ("changeme", "change-me", "change_me", "replaceme", "replace-me", "secret", "password", "passw0rd",
+                "operator", "admin", "example", "placeholder", "your-key", "yourkey", "your_key", "xxxx", "todo",
+                "dummy", "test", "default", "sandpit", "<", "...")
+
+
+def is_placeholder(key: str) -> bool:
+    """True for keys that are too short (< 24 characters), made of one repeated
+    character, or contain a well-known placeholder word."""
+    lowered = key.strip().lower()
+    if len(lowered) < 24 or len(set(lowered)) < 6:
+        return True
+    return any(word in lowered for word in PLACEHOLDERS)
 
 
 @lru_cache

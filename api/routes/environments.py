@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from ..deps import PageDep, ServiceDep, TenantDep
+from ..deps import CallerDep, PageDep, QuotasDep, ServiceDep, TenantsDep
 from ..schemas import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..strict_json import StrictJSONRoute
 
@@ -12,29 +12,37 @@ router = APIRouter(prefix="/v1/environments", tags=["environments"], route_class
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvironmentPublic)
-def create_environment(body: EnvironmentCreate, service: ServiceDep, tenant: TenantDep) -> EnvironmentPublic:
-    """Register environment code; its tools (OpenAI schemas) are derived inside a sandbox."""
-    row = service.create_environment(tenant, name=body.name, source_code=body.source_code,
-                                     class_name=body.class_name, description=body.description, policy=body.policy)
+def create_environment(body: EnvironmentCreate, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
+                       tenants: TenantsDep) -> EnvironmentPublic:
+    """Register environment code; its tools (OpenAI schemas) are derived inside a sandbox.
+    429 over the tenant's ``max_code_bytes`` or ``max_concurrent_calls``."""
+    quotas.check_size(caller, "max_code_bytes", len(body.source_code.encode("utf-8", "surrogatepass")), "source_code")
+    with quotas.call(caller):
+        row = service.create_environment(caller.tenant, name=body.name, source_code=body.source_code,
+                                         class_name=body.class_name, description=body.description, policy=body.policy)
+    tenants.audit(caller.tenant, caller.actor, "environment.create", row.id,
+                  {"class_name": row.class_name, "code_sha256": row.code_sha256})
     return EnvironmentPublic.model_validate(row, from_attributes=True)
 
 
 @router.get("/{environment_id}", response_model=EnvironmentPublic)
-def get_environment(environment_id: str, service: ServiceDep, tenant: TenantDep) -> EnvironmentPublic:
-    """One environment (404 for unknown ids)."""
-    return EnvironmentPublic.model_validate(service.get_environment(tenant, environment_id), from_attributes=True)
+def get_environment(environment_id: str, service: ServiceDep, caller: CallerDep) -> EnvironmentPublic:
+    """One environment (404 for unknown ids and other tenants' ids)."""
+    return EnvironmentPublic.model_validate(service.get_environment(caller.tenant, environment_id),
+                                            from_attributes=True)
 
 
 @router.get("", response_model=EnvironmentsPublic)
-def list_environments(page: PageDep, service: ServiceDep, tenant: TenantDep) -> EnvironmentsPublic:
-    """Registered environments, newest first (``limit``/``offset``)."""
-    rows, total = service.list_environments(tenant, page.limit, page.offset)
+def list_environments(page: PageDep, service: ServiceDep, caller: CallerDep) -> EnvironmentsPublic:
+    """The tenant's registered environments, newest first (``limit``/``offset``)."""
+    rows, total = service.list_environments(caller.tenant, page.limit, page.offset)
     return EnvironmentsPublic(data=[EnvironmentPublic.model_validate(r, from_attributes=True) for r in rows],
                               count=total)
 
 
 @router.delete("/{environment_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_environment(environment_id: str, service: ServiceDep, tenant: TenantDep) -> Response:
-    """Delete an environment (409 while envs use it)."""
-    service.delete_environment(tenant, environment_id)
+def delete_environment(environment_id: str, service: ServiceDep, caller: CallerDep, tenants: TenantsDep) -> Response:
+    """Delete an environment (409 while envs or scenarios use it)."""
+    service.delete_environment(caller.tenant, environment_id)
+    tenants.audit(caller.tenant, caller.actor, "environment.delete", environment_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
+from sandpit.executor.profiles import ProfileOverrides
 
-from ..deps import EvaluationDep, PageDep, ServiceDep, TenantDep
+from ..deps import CallerDep, EvaluationDep, PageDep, QuotasDep, ServiceDep, TenantsDep
 from ..errors import InvalidRequest
 from ..models import Env
+from ..quotas import json_bytes
 from ..schemas import (
     EnvCreate,
     EnvPublic,
@@ -42,44 +44,69 @@ def _public(service: EnvService, row: Env, tools: bool = False) -> EnvPublic:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic)
-def create_env(body: EnvCreate, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
-    """Instantiate an environment (registered, or inline code) in a sandbox; step 0 is stored."""
-    row = service.create_env(tenant, environment_id=body.environment_id, source_code=body.source_code,
-                             class_name=body.class_name, init_config=body.init_config, scenario_id=body.scenario_id,
-                             profile=body.profile.model_dump(exclude_none=True) if body.profile else None)
+def create_env(body: EnvCreate, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
+               tenants: TenantsDep) -> EnvPublic:
+    """Instantiate an environment (registered, inline code, or a scenario's) in a sandbox;
+    step 0 is stored. 429 over the tenant's ``max_live_envs``, ``max_concurrent_calls``,
+    ``max_profile`` or size quotas (nothing is created then)."""
+    if body.source_code is not None:
+        quotas.check_size(caller, "max_code_bytes", len(body.source_code.encode("utf-8", "surrogatepass")),
+                          "source_code")
+    if body.init_config is not None:
+        quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+    requested = body.profile.model_dump(exclude_none=True) if body.profile else None
+    if requested:  # above the operator's profile is a bad request (422) whatever the tenant's quota
+        service.pool.profile(overrides=ProfileOverrides(**requested))
+    default = service.pool.profile()
+    profile = quotas.profile_overrides(caller, requested,
+                                       {"memory_mib": default.memory_mib, "cpus": default.cpus,
+                                        "call_timeout_s": default.call_timeout_s})
+    with quotas.reserve_envs(caller), quotas.call(caller):
+        row = service.create_env(caller.tenant, environment_id=body.environment_id, source_code=body.source_code,
+                                 class_name=body.class_name, init_config=body.init_config,
+                                 scenario_id=body.scenario_id, profile=profile)
+    tenants.audit(caller.tenant, caller.actor, "env.create", row.id,
+                  {"environment_id": row.environment_id, "scenario_id": row.scenario_id})
     return _public(service, row, tools=True)
 
 
 @router.get("/{env_id}", response_model=EnvPublic)
-def get_env(env_id: str, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
-    """One env with its tools."""
-    return _public(service, service.get_env(tenant, env_id), tools=True)
+def get_env(env_id: str, service: ServiceDep, caller: CallerDep) -> EnvPublic:
+    """One env with its tools (404 for unknown ids and other tenants' ids)."""
+    return _public(service, service.get_env(caller.tenant, env_id), tools=True)
 
 
 @router.get("", response_model=EnvsPublic)
-def list_envs(page: PageDep, service: ServiceDep, tenant: TenantDep) -> EnvsPublic:
+def list_envs(page: PageDep, service: ServiceDep, caller: CallerDep) -> EnvsPublic:
     """The tenant's envs, newest first (``limit``/``offset``)."""
-    rows, total = service.list_envs(tenant, page.limit, page.offset)
+    rows, total = service.list_envs(caller.tenant, page.limit, page.offset)
     return EnvsPublic(data=[_public(service, r) for r in rows], count=total)
 
 
 @router.delete("/{env_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_env(env_id: str, service: ServiceDep, tenant: TenantDep) -> Response:
+def delete_env(env_id: str, service: ServiceDep, caller: CallerDep, tenants: TenantsDep) -> Response:
     """Delete an env: its sandbox session, trajectory and snapshots."""
-    service.delete_env(tenant, env_id)
+    service.delete_env(caller.tenant, env_id)
+    tenants.audit(caller.tenant, caller.actor, "env.delete", env_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{env_id}/step", response_model=StepResult, response_class=Response)
-def step(env_id: str, body: StepRequest, service: ServiceDep, tenant: TenantDep,
+def step(env_id: str, body: StepRequest, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
          include: Annotated[str | None, Query(max_length=64)] = None) -> Response:
-    """Run one tool call (``{"name","arguments"}`` or an OpenAI tool call); committed before the reply."""
+    """Run one tool call (``{"name","arguments"}`` or an OpenAI tool call); committed
+    before the reply. 429 over the tenant's ``steps_per_minute``, ``max_concurrent_calls``,
+    ``max_running_calls`` (queue wait) or ``max_arguments_bytes`` (the call does not run)."""
     wanted = set(filter(None, (include or "").split(",")))
     if not wanted <= INCLUDES:
         raise InvalidRequest(f"include may name {sorted(INCLUDES)}, got {sorted(wanted - INCLUDES)}", field="include")
     settings = service.settings
     call = parse_step(body, settings.max_arguments_bytes, settings.max_json_depth)
-    out = service.step(tenant, env_id, call, want_diff="state_diff" in wanted, want_state="state" in wanted)
+    quotas.check_size(caller, "max_arguments_bytes", json_bytes(call.arguments), "arguments")
+    with quotas.call(caller):
+        quotas.take_step(caller)
+        out = service.step(caller.tenant, env_id, call, want_diff="state_diff" in wanted,
+                           want_state="state" in wanted)
     r = out.result
     result = StepResult(env_id=out.env_id, episode=out.episode, step=out.step, observation=r.observation,
                         status=r.status, duration_ms=r.duration_ms, stdout=r.stdout, stderr=r.stderr,
@@ -90,42 +117,55 @@ def step(env_id: str, body: StepRequest, service: ServiceDep, tenant: TenantDep,
 
 
 @router.post("/{env_id}/reset", response_model=EnvPublic)
-def reset(env_id: str, service: ServiceDep, tenant: TenantDep, body: ResetRequest | None = None) -> EnvPublic:
+def reset(env_id: str, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
+          body: ResetRequest | None = None) -> EnvPublic:
     """Begin the next episode (optionally with a new ``init_config``)."""
-    return _public(service, service.reset(tenant, env_id, body.init_config if body else None))
+    if body is not None and body.init_config is not None:
+        quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+    with quotas.call(caller):
+        return _public(service, service.reset(caller.tenant, env_id, body.init_config if body else None))
 
 
 @router.get("/{env_id}/state", response_model=StateView)
-def get_state(env_id: str, service: ServiceDep, tenant: TenantDep,
+def get_state(env_id: str, service: ServiceDep, caller: CallerDep,
               step: Annotated[int | None, Query(ge=0)] = None) -> StateView:
     """State at the head, or at ``?step=k`` of the current episode."""
-    row, number, state = service.state(tenant, env_id, step)
+    row, number, state = service.state(caller.tenant, env_id, step)
     return StateView(env_id=row.id, episode=row.episode, step=number, state=state)
 
 
 @router.get("/{env_id}/trajectory", response_model=Trajectory)
-def trajectory(env_id: str, service: ServiceDep, tenant: TenantDep) -> Trajectory:
+def trajectory(env_id: str, service: ServiceDep, caller: CallerDep) -> Trajectory:
     """Every step of the current episode: action, observation, status, duration."""
-    row, steps = service.trajectory(tenant, env_id)
+    row, steps = service.trajectory(caller.tenant, env_id)
     return Trajectory(env_id=row.id, episode=row.episode,
                       steps=[TrajectoryStep.model_validate(s, from_attributes=True) for s in steps])
 
 
 @router.post("/{env_id}/restore", response_model=EnvPublic)
-def restore(env_id: str, body: RestoreRequest, service: ServiceDep, tenant: TenantDep) -> EnvPublic:
+def restore(env_id: str, body: RestoreRequest, service: ServiceDep, caller: CallerDep) -> EnvPublic:
     """Go back to step ``k`` of the episode (later steps are discarded; 409 past the head)."""
-    return _public(service, service.restore(tenant, env_id, body.step))
+    return _public(service, service.restore(caller.tenant, env_id, body.step))
 
 
 @router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic)
-def fork(env_id: str, body: ForkRequest, service: ServiceDep, tenant: TenantDep) -> EnvsPublic:
-    """``count`` new envs sharing this env's history up to ``step`` (head by default)."""
-    rows = service.fork(tenant, env_id, body.step, body.count)
+def fork(env_id: str, body: ForkRequest, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
+         tenants: TenantsDep) -> EnvsPublic:
+    """``count`` new envs sharing this env's history up to ``step`` (head by default);
+    429 when they would exceed the tenant's ``max_live_envs``."""
+    if body.count > service.settings.max_fork_count:  # a bad request (422) before any quota question
+        raise InvalidRequest(f"count {body.count} is over the maximum {service.settings.max_fork_count}", field="count")
+    with quotas.reserve_envs(caller, body.count):
+        rows = service.fork(caller.tenant, env_id, body.step, body.count)
+    tenants.audit(caller.tenant, caller.actor, "env.fork", env_id, {"forks": [r.id for r in rows]})
     return EnvsPublic(data=[_public(service, r) for r in rows], count=len(rows))
 
 
 @router.post("/{env_id}/evaluate", response_model=EvaluationPublic)
-def evaluate(env_id: str, evaluation: EvaluationDep, tenant: TenantDep,
+def evaluate(env_id: str, evaluation: EvaluationDep, caller: CallerDep, quotas: QuotasDep, tenants: TenantsDep,
              body: EvaluateRequest | None = None) -> EvaluationPublic:
     """Reward: check functions (given, or the env's scenario's) on its initial and current state."""
-    return evaluation.evaluate(tenant, env_id, body.checks if body else None)
+    with quotas.call(caller):
+        result = evaluation.evaluate(caller.tenant, env_id, body.checks if body else None)
+    tenants.audit(caller.tenant, caller.actor, "env.evaluate", env_id, {"reward": result.reward, "evaluation": result.id})
+    return result

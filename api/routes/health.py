@@ -44,5 +44,8 @@ def readyz(request: Request) -> Response:
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
-    """Prometheus exposition: step latency, live envs, pool sandboxes, sandbox failures."""
+    """Prometheus exposition: step latency, live envs, pool sandboxes, sandbox failures,
+    queue waits, quota rejections. Needs the operator key when ``metrics_require_auth``."""
+    if request.app.state.settings.metrics_require_auth:
+        request.app.state.tenants.require_operator(request.headers.get("authorization"))
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

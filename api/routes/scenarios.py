@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from ..deps import EvaluationDep, PageDep, TenantDep
+from ..deps import CallerDep, EvaluationDep, PageDep, QuotasDep, TenantsDep
 from ..models import Scenario
+from ..quotas import json_bytes
 from ..schemas import ScenarioCreate, ScenarioPublic, ScenariosPublic
 from ..strict_json import StrictJSONRoute
 
@@ -19,27 +20,36 @@ def _public(row: Scenario) -> ScenarioPublic:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ScenarioPublic)
-def create_scenario(body: ScenarioCreate, evaluation: EvaluationDep, tenant: TenantDep) -> ScenarioPublic:
-    """Store a scenario of a registered environment (check functions pass the static policy)."""
-    return _public(evaluation.create_scenario(tenant, body))
+def create_scenario(body: ScenarioCreate, evaluation: EvaluationDep, caller: CallerDep, quotas: QuotasDep,
+                    tenants: TenantsDep) -> ScenarioPublic:
+    """Store a scenario of a registered environment (check functions pass the static
+    policy). 429 over the tenant's ``max_init_config_bytes`` / ``max_code_bytes``."""
+    quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+    for index, check in enumerate(body.checklist_with_func):
+        quotas.check_size(caller, "max_code_bytes", len(check.check_func.encode("utf-8", "surrogatepass")),
+                          f"checklist_with_func.{index}.check_func")
+    row = evaluation.create_scenario(caller.tenant, body)
+    tenants.audit(caller.tenant, caller.actor, "scenario.create", row.id, {"environment_id": row.environment_id})
+    return _public(row)
 
 
 @router.get("/{scenario_id}", response_model=ScenarioPublic)
-def get_scenario(scenario_id: str, evaluation: EvaluationDep, tenant: TenantDep) -> ScenarioPublic:
-    """One scenario (404 for unknown ids)."""
-    return _public(evaluation.get_scenario(tenant, scenario_id))
+def get_scenario(scenario_id: str, evaluation: EvaluationDep, caller: CallerDep) -> ScenarioPublic:
+    """One scenario (404 for unknown ids and other tenants' ids)."""
+    return _public(evaluation.get_scenario(caller.tenant, scenario_id))
 
 
 @router.get("", response_model=ScenariosPublic)
-def list_scenarios(page: PageDep, evaluation: EvaluationDep, tenant: TenantDep,
+def list_scenarios(page: PageDep, evaluation: EvaluationDep, caller: CallerDep,
                    environment_id: Annotated[str | None, Query(max_length=64)] = None) -> ScenariosPublic:
-    """Scenarios, newest first, optionally of one environment."""
-    rows, total = evaluation.list_scenarios(tenant, page.limit, page.offset, environment_id)
+    """The tenant's scenarios, newest first, optionally of one environment."""
+    rows, total = evaluation.list_scenarios(caller.tenant, page.limit, page.offset, environment_id)
     return ScenariosPublic(data=[_public(r) for r in rows], count=total)
 
 
 @router.delete("/{scenario_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_scenario(scenario_id: str, evaluation: EvaluationDep, tenant: TenantDep) -> Response:
+def delete_scenario(scenario_id: str, evaluation: EvaluationDep, caller: CallerDep, tenants: TenantsDep) -> Response:
     """Delete a scenario."""
-    evaluation.delete_scenario(tenant, scenario_id)
+    evaluation.delete_scenario(caller.tenant, scenario_id)
+    tenants.audit(caller.tenant, caller.actor, "scenario.delete", scenario_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

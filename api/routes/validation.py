@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ..deps import EvaluationDep, TenantDep
+from ..deps import CallerDep, EvaluationDep, QuotasDep
+from ..quotas import QuotaService, TenantContext, json_bytes
 from ..schemas import (
     ExecuteBatchRequest,
     ExecuteBatchResult,
@@ -19,19 +20,45 @@ from ..strict_json import StrictJSONRoute
 router = APIRouter(prefix="/v1", tags=["validation"], route_class=StrictJSONRoute)
 
 
+def _capped(body: ExecuteRequest, caller: TenantContext, evaluation: EvaluationDep, quotas: QuotaService,
+            field_prefix: str = "") -> ExecuteRequest:
+    """``body`` within the tenant's ``max_code_bytes`` and ``max_profile`` (a limit asked
+    above the ceiling is a 429; an unasked default above it is lowered)."""
+    quotas.check_size(caller, "max_code_bytes", len(body.code.encode("utf-8", "surrogatepass")),
+                            f"{field_prefix}code")
+    default = evaluation.pool.profile()
+    overrides = QuotaService.profile_overrides(
+        caller, {k: v for k, v in (("memory_mib", body.memory_mb), ("call_timeout_s", body.timeout_s)) if v},
+        {"memory_mib": default.memory_mib, "call_timeout_s": default.call_timeout_s})
+    if not overrides:
+        return body
+    return body.model_copy(update={"memory_mb": overrides.get("memory_mib", body.memory_mb),
+                                   "timeout_s": overrides.get("call_timeout_s", body.timeout_s)})
+
+
 @router.post("/validate", response_model=ValidateResult)
-def validate(body: ValidateRequest, evaluation: EvaluationDep, tenant: TenantDep) -> ValidateResult:
+def validate(body: ValidateRequest, evaluation: EvaluationDep, caller: CallerDep, quotas: QuotasDep) -> ValidateResult:
     """Static policy report, plus a sandbox run for environments and check functions."""
-    return evaluation.validate(tenant, body)
+    quotas.check_size(caller, "max_code_bytes", len(body.source_code.encode("utf-8", "surrogatepass")), "source_code")
+    quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+    with quotas.call(caller):
+        return evaluation.validate(caller.tenant, body)
 
 
 @router.post("/execute", response_model=ExecuteResult)
-def execute(body: ExecuteRequest, evaluation: EvaluationDep, tenant: TenantDep) -> ExecuteResult:
+def execute(body: ExecuteRequest, evaluation: EvaluationDep, caller: CallerDep, quotas: QuotasDep) -> ExecuteResult:
     """Run a Python snippet as a script in a sandbox: stdout, stderr, exit code, status."""
-    return evaluation.execute(tenant, body)
+    body = _capped(body, caller, evaluation, quotas)
+    with quotas.call(caller):
+        return evaluation.execute(caller.tenant, body)
 
 
 @router.post("/execute/batch", response_model=ExecuteBatchResult)
-def execute_batch(body: ExecuteBatchRequest, evaluation: EvaluationDep, tenant: TenantDep) -> ExecuteBatchResult:
-    """Several snippets concurrently (bounded); results in request order."""
-    return ExecuteBatchResult(results=evaluation.execute_batch(tenant, body.snippets, body.concurrency))
+def execute_batch(body: ExecuteBatchRequest, evaluation: EvaluationDep, caller: CallerDep,
+                  quotas: QuotasDep) -> ExecuteBatchResult:
+    """Several snippets concurrently (bounded); results in request order. Holds
+    ``concurrency`` of the tenant's ``max_concurrent_calls``."""
+    snippets = [_capped(s, caller, evaluation, quotas, f"snippets.{i}.") for i, s in enumerate(body.snippets)]
+    concurrency = min(body.concurrency, len(snippets))
+    with quotas.call(caller, weight=concurrency):
+        return ExecuteBatchResult(results=evaluation.execute_batch(caller.tenant, snippets, concurrency))

@@ -10,6 +10,7 @@ the next server's start-up reaper does).
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -92,16 +93,42 @@ def free_port() -> int:
 
 
 class ApiServer:
-    """A ``sandpit serve`` subprocess on 127.0.0.1 with its own data directory."""
+    """A ``sandpit serve`` subprocess on 127.0.0.1 with its own data directory.
+
+    Started with a random operator key; on first start it creates tenant ``default``
+    whose API key is ``api_key`` (``headers`` carries it). ``new_tenant()`` makes more."""
 
     def __init__(self, data_dir: Path, **env: str) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.operator_key = env.pop("SANDPIT_OPERATOR_KEY", None) or secrets.token_urlsafe(32)
         self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), "SANDPIT_EXECUTOR_POOL_SIZE": "1",
-                    "SANDPIT_JANITOR_INTERVAL_S": "0.5", **env}
+                    "SANDPIT_JANITOR_INTERVAL_S": "0.5", "SANDPIT_OPERATOR_KEY": self.operator_key, **env}
+        self.api_key: str = ""
         self.process: subprocess.Popen | None = None
         self.log_path = data_dir / "server.log"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Authorization`` of tenant ``default``."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def operator_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.operator_key}"}
+
+    def client(self, api_key: str | None = None, timeout: float = 60) -> httpx.Client:
+        """An httpx client to this server with ``api_key`` (default: tenant ``default``'s)."""
+        return httpx.Client(base_url=self.url, timeout=timeout,
+                            headers={"Authorization": f"Bearer {api_key or self.api_key}"})
+
+    def new_tenant(self, tenant_id: str, quotas: dict | None = None, **fields: object) -> str:
+        """Create a tenant through the admin API; returns its API key."""
+        response = httpx.post(f"{self.url}/v1/admin/tenants", headers=self.operator_headers, timeout=30,
+                              json={"id": tenant_id, "quotas": quotas, **fields})
+        assert response.status_code == 201, response.text
+        return response.json()["api_key"]["key"]
 
     @property
     def db_path(self) -> Path:
@@ -120,6 +147,8 @@ class ApiServer:
                 raise AssertionError(f"server exited with {self.process.returncode}: {self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    if not self.api_key:
+                        self.api_key = self.new_tenant("default")
                     return self
             except httpx.TransportError:
                 pass
@@ -163,14 +192,15 @@ def server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) 
 
 @pytest.fixture
 def api(server: ApiServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    """httpx client of tenant ``default`` on the module's server."""
+    with server.client() as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def counter_env_id(server: ApiServer) -> str:
     """A registered Counter environment on the module's server."""
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    with server.client() as client:
         response = client.post("/v1/environments", json={"name": "counter", "source_code": COUNTER_SOURCE,
                                                          "class_name": "Counter"})
         assert response.status_code == 201, response.text

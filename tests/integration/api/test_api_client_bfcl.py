@@ -18,7 +18,7 @@ pytestmark = pytest.mark.docker
 
 
 def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:
-    with Client(server.url) as client:
+    with Client(server.url, api_key=server.api_key) as client:
         env = client.envs.create(counter_env_id, init_config={"count": 1})
         assert env.step("bump", by=2).observation == "3"
         forks = env.fork(count=2)
@@ -46,7 +46,7 @@ def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:
 
 def test_async_client(server, counter_env_id: str) -> None:
     async def run() -> list[str]:
-        async with AsyncClient(server.url) as client:
+        async with AsyncClient(server.url, api_key=server.api_key) as client:
             handles = await asyncio.gather(*(client.envs.create(counter_env_id) for _ in range(4)))
             results = await asyncio.gather(*(h.step("bump", by=i) for i, h in enumerate(handles)))
             for handle in handles:
@@ -74,7 +74,7 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
         if episode.environment_name not in seen and len(sample) < 8:
             seen.add(episode.environment_name)
             sample.append(episode)
-    with Client(server.url, timeout=120) as client:
+    with Client(server.url, api_key=server.api_key, timeout=120) as client:
         ids = register_environments(client, suite)
         assert register_environments(client, suite) == ids  # idempotent
         replays = [replay_episode(client, ep, ids[ep.environment_name], want_state=True) for ep in sample]

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def env_id(server, counter_env_id: str) -> str:
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    with server.client(timeout=60) as client:
         return client.post("/v1/envs", json={"environment_id": counter_env_id}).json()["id"]
 
 

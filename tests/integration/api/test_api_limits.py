@@ -19,7 +19,7 @@ def _count(db_path, table: str) -> int:
 
 def test_expired_envs_answer_409_and_deleting_envs_frees_their_state(make_server, counter_source: str) -> None:
     server = make_server(SANDPIT_ENV_MAX_LIFETIME_S="3")
-    with httpx.Client(base_url=server.url, timeout=60) as api:
+    with server.client(timeout=60) as api:
         environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                             "class_name": "Counter"}).json()["id"]
         baseline = _count(server.db_path, "blobs")
@@ -43,14 +43,15 @@ def test_expired_envs_answer_409_and_deleting_envs_frees_their_state(make_server
 
 def test_no_capacity_is_503_with_retry_after(make_server, counter_source: str) -> None:
     server = make_server(SANDPIT_EXECUTOR_MAX_SANDBOXES="1", SANDPIT_EXECUTOR_POOL_SIZE="0")
-    with httpx.Client(base_url=server.url, timeout=60) as api:
+    with server.client(timeout=60) as api:
         environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                             "class_name": "Counter"}).json()["id"]
         created = api.post("/v1/envs", json={"environment_id": environment_id, "profile": {"call_timeout_s": 4}})
         assert created.status_code == 201, created.text
         busy = created.json()["id"]
         spinning = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/envs/{busy}/step",
-                                                              json={"name": "spin"}, timeout=60))
+                                                              json={"name": "spin"}, timeout=60,
+                                                              headers=server.headers))
         spinning.start()
         time.sleep(0.5)  # the only sandbox is busy, and its env cannot be evicted mid-call
         refused = api.post("/v1/envs", json={"environment_id": environment_id})

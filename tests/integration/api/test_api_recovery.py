@@ -47,7 +47,7 @@ def test_docker_kill_mid_episode_then_the_next_step_runs_on_the_restored_state(
 def test_api_restarts_lose_no_acknowledged_step(make_server, counter_source: str) -> None:
     server = make_server()
     if True:
-        with httpx.Client(base_url=server.url, timeout=60) as api:
+        with server.client(timeout=60) as api:
             environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                                 "class_name": "Counter"}).json()["id"]
             env_ids = [_create(api, environment_id) for _ in range(4)]
@@ -55,7 +55,7 @@ def test_api_restarts_lose_no_acknowledged_step(make_server, counter_source: str
                 _bump(api, env_id, 1)
         server.stop()  # graceful restart
         server.start()
-        with httpx.Client(base_url=server.url, timeout=60) as api:
+        with server.client(timeout=60) as api:
             for env_id in env_ids:
                 assert api.get(f"/v1/envs/{env_id}").json()["status"] == "evicted"
                 assert _bump(api, env_id, 1)["observation"] == "2"
@@ -64,7 +64,7 @@ def test_api_restarts_lose_no_acknowledged_step(make_server, counter_source: str
         stop = threading.Event()
 
         def drive(env_id: str) -> None:
-            with httpx.Client(base_url=server.url, timeout=30) as client:
+            with server.client(timeout=30) as client:
                 while not stop.is_set():
                     try:
                         response = client.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {"by": 1}})
@@ -83,7 +83,7 @@ def test_api_restarts_lose_no_acknowledged_step(make_server, counter_source: str
             thread.join()
         assert all(len(steps) > 3 for steps in acknowledged.values()), acknowledged
         server.start()
-        with httpx.Client(base_url=server.url, timeout=60) as api:
+        with server.client(timeout=60) as api:
             for env_id, steps in acknowledged.items():
                 head = api.get(f"/v1/envs/{env_id}").json()["step"]
                 assert head >= steps[-1], (env_id, head, steps[-1])  # nothing acknowledged is lost
@@ -98,7 +98,7 @@ def test_idle_eviction_and_more_envs_than_sandboxes(make_server, counter_source:
     server = make_server(SANDPIT_ENV_IDLE_EVICT_S="1", SANDPIT_EXECUTOR_MAX_SANDBOXES="2",
                          SANDPIT_EXECUTOR_POOL_SIZE="0")
     if True:
-        with httpx.Client(base_url=server.url, timeout=60) as api:
+        with server.client(timeout=60) as api:
             environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                                 "class_name": "Counter"}).json()["id"]
             env_ids = [_create(api, environment_id, count=i * 10) for i in range(5)]  # > 2 sandboxes

@@ -194,11 +194,11 @@ def test_envscaler_import_reports_every_item(server) -> None:
     completed = subprocess.run(
         [sys.executable, "-c", "from sandpit.cli import app; app()", "import", "envscaler",
          "--envs", str(FIXTURES / "environments.json"), "--scenarios", str(FIXTURES / "scenarios.json"),
-         "--url", server.url], capture_output=True, text=True, timeout=300)
+         "--url", server.url, "--api-key", server.api_key], capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     output = completed.stdout + completed.stderr
     assert "2 imported, 5 rejected" in output, output  # 1 env + 1 scenario imported
-    with httpx.Client(base_url=server.url, timeout=60) as api:
+    with server.client(timeout=60) as api:
         names = [e["name"] for e in api.get("/v1/environments", params={"limit": 1000}).json()["data"]]
         assert "envscaler:library_system_001" in names and "envscaler:sneaky_env_002" not in names
         scenarios = api.get("/v1/scenarios").json()["data"]
