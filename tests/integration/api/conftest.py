@@ -226,3 +226,18 @@ def make_server(tmp_path: Path, leak_check, sandbox_image) -> Iterator:
     yield make
     for instance in started:
         instance.stop()
+
+
+@pytest.fixture(scope="module")
+def make_module_server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator:
+    """Like ``make_server``, but the servers live for the whole test module."""
+    started: list[ApiServer] = []
+
+    def make(**env: str) -> ApiServer:
+        instance = ApiServer(tmp_path_factory.mktemp("api"), **env)
+        started.append(instance)
+        return instance.start()
+
+    yield make
+    for instance in started:
+        instance.stop()
