@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import signal
 import socket
 import sqlite3
@@ -62,6 +63,10 @@ def pcts(samples: list[float]) -> dict[str, float]:
 
 
 class Server:
+    """``sandpit serve`` on a free loopback port with a random operator key; tenant
+    ``default`` (``api_key``/``headers``) gets generous quotas so that one benchmark
+    client is not throttled by the per-tenant defaults."""
+
     def __init__(self, data_dir: Path, **env: str) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -69,7 +74,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         upgrade(f"sqlite:///{data_dir / 'sandpit.db'}")
-        self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), **env}
+        self.operator_key = secrets.token_urlsafe(32)
+        self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), "SANDPIT_OPERATOR_KEY": self.operator_key, **env}
         with (data_dir / "server.log").open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "from sandpit.cli import app; app()", "serve", "--port", str(self.port)],
@@ -78,11 +84,30 @@ class Server:
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    self.api_key = self.new_tenant("default", {"max_live_envs": 1_000_000,
+                                                               "max_concurrent_calls": 1024})
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
         raise SystemExit(f"server not ready; see {data_dir / 'server.log'}")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def new_tenant(self, tenant_id: str, quotas: dict | None = None) -> str:
+        """Create a tenant; returns its API key."""
+        response = httpx.post(f"{self.url}/v1/admin/tenants", json={"id": tenant_id, "quotas": quotas}, timeout=30,
+                              headers={"Authorization": f"Bearer {self.operator_key}"})
+        if response.status_code != 201:
+            raise SystemExit(f"creating tenant {tenant_id}: {response.text}")
+        return response.json()["api_key"]["key"]
+
+    def client(self, api_key: str | None = None, **kwargs) -> httpx.Client:
+        """An httpx client authenticated as ``api_key`` (default: tenant ``default``)."""
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {api_key or self.api_key}"},
+                            **{"timeout": 120, **kwargs})
 
     def rss_mib(self) -> float:
         with open(f"/proc/{self.process.pid}/status") as handle:
@@ -132,8 +157,7 @@ def main() -> None:
         server = Server(data_dir, SANDPIT_EXECUTOR_POOL_SIZE="4", SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX="8",
                         SANDPIT_EXECUTOR_MAX_SANDBOXES="48")
         try:
-            with httpx.Client(base_url=server.url, timeout=120,
-                              limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)) as client:
+            with server.client(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)) as client:
                 environment_id = client.post("/v1/environments", json={"source_code": SOURCE,
                                                                        "class_name": "Bench"}).json()["id"]
                 create_ms = [create(client, environment_id)[1] for _ in range(20)]

@@ -30,7 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
-import httpx
 from sandpit.executor.images import resolve_image
 from sandpit.executor.settings import get_image_settings
 
@@ -85,7 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp), SANDPIT_EXECUTOR_POOL_SIZE="4")
         try:
-            with httpx.Client(base_url=server.url, timeout=120) as api:
+            with server.client() as api:
                 body = {"kind": "environment", "source_code": ENV_SOURCE, "class_name": "Counter",
                         "smoke_calls": [{"name": "bump", "arguments": {"by": 1}}]}
                 for _ in range(3):
