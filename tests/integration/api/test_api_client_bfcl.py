@@ -5,12 +5,13 @@ sandbox."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 import pytest
 from sandpit.api import bfcl
 from sandpit.api.bfcl_replay import register_environments, replay_episode
-from sandpit.api.client import AsyncClient, Client, NotFound, RLEnv
+from sandpit.api.client import AsyncClient, Client, InvalidRequest, NotFound, RLEnv
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
@@ -91,3 +92,31 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
                 assert session.state() == replay.final_state, episode.id
             finally:
                 session.close()
+
+
+def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(server, suite: bfcl.BfclSuite) -> None:
+    from sandpit.api.bfcl_scenarios import make_scenarios, replay_items
+    from sandpit.executor.policy import check_source
+
+    with Client(server.url, api_key=server.api_key, timeout=120) as client:
+        ids = register_environments(client, suite)
+        made = make_scenarios(client, suite, ids, limit=6, concurrency=3)
+        assert [m.error for m in made] == [None] * 6
+        assert [m.scenario_id for m in make_scenarios(client, suite, ids, limit=6)] == [m.scenario_id for m in made]
+        scenario = client.scenarios.get(made[0].scenario_id)
+        assert scenario.external_id == suite.episodes[0].id and scenario.task.startswith("Turn 1: ")
+        assert all(check_source(c["check_func"], "standard").passed for c in scenario.checklist_with_func)
+
+        def rewards(items: list[dict]) -> list[float]:
+            out = []
+            for item in items:
+                env = client.envs.create(scenario_id=item["scenario_id"])
+                for call in item["tool_calls"]:
+                    with contextlib.suppress(InvalidRequest):  # a ground-truth call the schema refuses
+                        env.step_call(call)
+                out.append(env.evaluate().reward)
+                env.delete()
+            return out
+
+        assert rewards(replay_items(made)) == [1.0] * 6
+        assert min(rewards(replay_items(made, drop_last_call=True))) < 1.0  # the checks see the state
