@@ -23,9 +23,10 @@ from sandpit.executor.settings import ExecutorSettings, get_settings
 from .db import make_engine, make_sessionmaker, require_current
 from .errors import register_handlers
 from .evaluation import EvaluationService
+from .evaluations import EvaluationJobs
 from .metrics import Metrics
 from .quotas import QuotaService
-from .routes import admin, environments, envs, health, scenarios, validation
+from .routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .service import EnvService
 from .settings import ApiSettings, get_api_settings
 from .tenancy import TenantService
@@ -54,13 +55,16 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 app.state.tenants = tenants
                 app.state.quotas = QuotaService(service.count_open_envs, settings)
                 app.state.evaluation = EvaluationService(service)
+                app.state.evaluations = EvaluationJobs(service, app.state.evaluation, tenants)
                 service.start()
+                app.state.evaluations.start()  # resumes unfinished evaluations
                 if settings.warm_on_start and executor_settings.pool_size:
                     threading.Thread(target=pool.warm, args=(settings.tenant,), daemon=True,
                                      name="sandpit-warm").start()
                 try:
                     yield
                 finally:
+                    app.state.evaluations.close()
                     service.close()
             finally:
                 pool.close()
@@ -76,6 +80,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     app.include_router(envs.router)
     app.include_router(scenarios.router)
     app.include_router(validation.router)
+    app.include_router(evaluations.router)
     app.include_router(admin.router)
     app.include_router(admin.tenant_router)
     return app

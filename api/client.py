@@ -38,9 +38,11 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,7 +61,11 @@ __all__ = [
     "Conflict",
     "Env",
     "EnvHandle",
+    "EpisodeResult",
     "Environment",
+    "EvaluationJob",
+    "EvaluationProgress",
+    "EvaluationSummary",
     "InvalidRequest",
     "InvalidResponse",
     "NotFound",
@@ -400,6 +406,87 @@ class Page(_ResponseModel, Generic[T]):
     count: int
 
 
+class EvaluationProgress(_ResponseModel):
+    """Episode counts of a batch evaluation so far (`/v1/evaluations/{id}`)."""
+
+    total: int
+    done: int
+    """Episodes scored."""
+    errors: int
+    """Episodes ended with an error status (no reward)."""
+    running: int
+    pending: int
+    cancelled: int
+    mean_reward: float | None = None
+    """Mean over scored and errored episodes (an error counts 0.0); None before any finished."""
+    success: int
+    """Episodes with reward 1.0."""
+
+
+class EvaluationSummary(_ResponseModel):
+    """A finished evaluation: mean reward, success rate (reward == 1.0), per-environment
+    breakdown (`{environment_id: {episodes, mean_reward, success_rate}}`), errors by
+    status and token usage."""
+
+    episodes: int
+    scored: int
+    mean_reward: float | None = None
+    success_rate: float | None = None
+    by_environment: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    errors_by_status: dict[str, int] = Field(default_factory=dict)
+    cancelled: int = 0
+    usage: dict[str, int] = Field(default_factory=dict)
+
+
+class EvaluationJob(_ResponseModel):
+    """A batch evaluation (`/v1/evaluations`): replay or rollout over scenarios."""
+
+    id: str
+    mode: Literal["replay", "rollout"]
+    status: Literal["queued", "running", "completed", "cancelled", "failed"]
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Mode parameters (model, base_url, max_steps, ...); never the API key."""
+    concurrency: int
+    total: int
+    progress: EvaluationProgress
+    summary: EvaluationSummary | None = None
+    """Set once the evaluation is completed, cancelled or failed."""
+    error: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once no episode will run any more (completed, cancelled or failed)."""
+        return self.status in ("completed", "cancelled", "failed")
+
+
+class EpisodeResult(_ResponseModel):
+    """One finished episode of an evaluation (a line of `/results`)."""
+
+    index: int
+    scenario_id: str
+    environment_id: str | None = None
+    status: Literal["done", "error", "cancelled", "pending", "running"]
+    reward: float | None = None
+    """EnvScaler reward: passed / total checks (None unless `status == "done"`)."""
+    passed: int | None = None
+    checks_total: int | None = None
+    checks: list[dict[str, Any]] | None = None
+    steps: int = 0
+    """Tool calls attempted (rejected ones included)."""
+    error_status: str | None = None
+    """`model_error`, `model_unavailable`, `no_capacity`, `env_error`, ... when `status == "error"`."""
+    error: str | None = None
+    env_id: str | None = None
+    attempt: int = 1
+    trajectory: list[dict[str, Any]] | None = None
+    """`[{step, action: {name, arguments}, observation, status, duration_ms}]`."""
+    usage: dict[str, Any] | None = None
+    transcript: list[dict[str, Any]] | None = None
+    """Rollouts, when asked with `include_transcript=True`: every chat message."""
+
+
 class Profile(BaseModel):
     """Resource overrides for a new env; each field may only lower the server's profile.
 
@@ -663,6 +750,49 @@ def _env_fork(env_id: str, step: int | None, count: int) -> _Call[Page[Env]]:
         raise ValueError(f"count must be at least 1, not {count}")
     return _Call("POST", f"/v1/envs/{_seg(env_id)}/fork", _page_parser(Env),
                  json={"step": step, "count": count})
+
+
+def _evaluation_create(body: Mapping[str, Any]) -> _Call[EvaluationJob]:
+    return _Call("POST", "/v1/evaluations", _model_parser(EvaluationJob), json=dict(body))
+
+
+def _evaluation_get(evaluation_id: str) -> _Call[EvaluationJob]:
+    return _Call("GET", f"/v1/evaluations/{_seg(evaluation_id)}", _model_parser(EvaluationJob))
+
+
+def _evaluation_list(limit: int | None, offset: int | None) -> _Call[Page[EvaluationJob]]:
+    return _Call("GET", "/v1/evaluations", _page_parser(EvaluationJob), params=_page_params(limit, offset))
+
+
+def _evaluation_cancel(evaluation_id: str) -> _Call[EvaluationJob]:
+    return _Call("POST", f"/v1/evaluations/{_seg(evaluation_id)}/cancel", _model_parser(EvaluationJob))
+
+
+def _ndjson_parser(response: httpx.Response) -> list[EpisodeResult]:
+    results = []
+    for number, line in enumerate(response.content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            results.append(EpisodeResult.model_validate_json(line))
+        except ValidationError as exc:
+            raise _invalid_response(response, f"EpisodeResult (line {number})", exc) from exc
+    return results
+
+
+def _evaluation_results(evaluation_id: str, include_transcript: bool) -> _Call[list[EpisodeResult]]:
+    params = {"include": "transcript"} if include_transcript else None
+    return _Call("GET", f"/v1/evaluations/{_seg(evaluation_id)}/results", _ndjson_parser, params=params)
+
+
+def _replay_body(episodes: Iterable[Mapping[str, Any]], options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"mode": "replay", "episodes": [dict(e) for e in episodes],
+            **{k: v for k, v in options.items() if v is not None}}
+
+
+def _rollout_body(scenario_ids: Iterable[str], model: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"mode": "rollout", "scenario_ids": list(scenario_ids), "model": model,
+            **{k: v for k, v in options.items() if v is not None}}
 
 
 # --------------------------------------------------------------------------- transports
@@ -986,6 +1116,74 @@ class _Envs:
         self._t.run(_env_delete(env_id))
 
 
+class _Evaluations:
+    """`client.evaluations`: batch evaluations that run on the server (replay or rollout).
+
+    Usage::
+
+        job = client.evaluations.rollout(scenario_ids, model="qwen3-8b", base_url="http://.../v1",
+                                         api_key=key, max_steps=30)
+        job = client.evaluations.wait(job.id)
+        job.summary.mean_reward, client.evaluations.results(job.id)
+    """
+
+    def __init__(self, transport: _SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, body: Mapping[str, Any]) -> EvaluationJob:
+        """Start an evaluation from the server's `EvaluationCreate` fields. Raises
+        `NotFound` (a scenario id; `field` names the index), `InvalidRequest`,
+        `RateLimited` (`max_active_evaluations`, `max_evaluation_concurrency`)."""
+        return self._t.run(_evaluation_create(body))
+
+    def replay(self, episodes: Iterable[Mapping[str, Any]], *, concurrency: int | None = None,
+               keep_envs: bool | None = None) -> EvaluationJob:
+        """Score given trajectories: `episodes` are `{"scenario_id", "tool_calls": [...]}`
+        (tool calls as `{"name", "arguments"}` or OpenAI tool calls)."""
+        return self.create(_replay_body(episodes, {"concurrency": concurrency, "keep_envs": keep_envs}))
+
+    def rollout(self, scenario_ids: Iterable[str], *, model: str, base_url: str | None = None,
+                api_key: str | None = None, **options: Any) -> EvaluationJob:
+        """Let the server run the agent loop with `model` at `base_url` (default: the
+        tenant's) on each scenario. `options`: `max_steps`, `temperature`, `max_tokens`,
+        `request_timeout_s`, `retries`, `retry_initial_s`, `retry_max_s`, `concurrency`,
+        `keep_envs`. The API key is sent once and never returned."""
+        return self.create(_rollout_body(scenario_ids, model, {"base_url": base_url, "api_key": api_key, **options}))
+
+    def get(self, evaluation_id: str) -> EvaluationJob:
+        """Status and progress (`summary` once finished). Raises `NotFound`."""
+        return self._t.run(_evaluation_get(evaluation_id))
+
+    def list(self, limit: int | None = None, offset: int | None = None) -> Page[EvaluationJob]:
+        """A page of the tenant's evaluations, newest first."""
+        return self._t.run(_evaluation_list(limit, offset))
+
+    def cancel(self, evaluation_id: str) -> EvaluationJob:
+        """Cancel (pending episodes are dropped, running ones stop at their next step).
+        Raises `NotFound`, `Conflict` (already completed)."""
+        return self._t.run(_evaluation_cancel(evaluation_id))
+
+    def results(self, evaluation_id: str, *, include_transcript: bool = False) -> list[EpisodeResult]:
+        """Every finished episode, in index order. Raises `NotFound`."""
+        return self._t.run(_evaluation_results(evaluation_id, include_transcript))
+
+    def wait(self, evaluation_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
+             on_progress: Callable[[EvaluationJob], None] | None = None) -> EvaluationJob:
+        """Poll every `poll_s` seconds until the evaluation is finished; returns it.
+        `on_progress(job)` sees every poll. Raises `TimeoutError` after `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.get(evaluation_id)
+            if on_progress is not None:
+                on_progress(job)
+            if job.finished:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"evaluation {evaluation_id} not finished after {timeout_s} s "
+                                   f"({job.progress.done + job.progress.errors}/{job.total} episodes)")
+            time.sleep(poll_s)
+
+
 class Client:
     """Synchronous Sandpit client over one `httpx.Client` (a context manager closes it).
 
@@ -1009,6 +1207,7 @@ class Client:
         self.environments = _Environments(self._t)
         self.envs = _Envs(self._t)
         self.scenarios = _Scenarios(self._t)
+        self.evaluations = _Evaluations(self._t)
 
     def validate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """`POST /v1/validate` (fields as the server's `ValidateRequest`); the verdict dict."""
@@ -1161,6 +1360,50 @@ class _AsyncEnvs:
         await self._t.run(_env_delete(env_id))
 
 
+class _AsyncEvaluations:
+    """`AsyncClient.evaluations`: see `_Evaluations`."""
+
+    def __init__(self, transport: _AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, body: Mapping[str, Any]) -> EvaluationJob:
+        return await self._t.run(_evaluation_create(body))
+
+    async def replay(self, episodes: Iterable[Mapping[str, Any]], *, concurrency: int | None = None,
+                     keep_envs: bool | None = None) -> EvaluationJob:
+        return await self.create(_replay_body(episodes, {"concurrency": concurrency, "keep_envs": keep_envs}))
+
+    async def rollout(self, scenario_ids: Iterable[str], *, model: str, base_url: str | None = None,
+                      api_key: str | None = None, **options: Any) -> EvaluationJob:
+        return await self.create(_rollout_body(scenario_ids, model,
+                                               {"base_url": base_url, "api_key": api_key, **options}))
+
+    async def get(self, evaluation_id: str) -> EvaluationJob:
+        return await self._t.run(_evaluation_get(evaluation_id))
+
+    async def list(self, limit: int | None = None, offset: int | None = None) -> Page[EvaluationJob]:
+        return await self._t.run(_evaluation_list(limit, offset))
+
+    async def cancel(self, evaluation_id: str) -> EvaluationJob:
+        return await self._t.run(_evaluation_cancel(evaluation_id))
+
+    async def results(self, evaluation_id: str, *, include_transcript: bool = False) -> list[EpisodeResult]:
+        return await self._t.run(_evaluation_results(evaluation_id, include_transcript))
+
+    async def wait(self, evaluation_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None,
+                   on_progress: Callable[[EvaluationJob], None] | None = None) -> EvaluationJob:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = await self.get(evaluation_id)
+            if on_progress is not None:
+                on_progress(job)
+            if job.finished:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"evaluation {evaluation_id} not finished after {timeout_s} s")
+            await asyncio.sleep(poll_s)
+
+
 class AsyncClient:
     """Asynchronous Sandpit client over one `httpx.AsyncClient`; arguments as `Client`.
 
@@ -1177,6 +1420,7 @@ class AsyncClient:
         self.environments = _AsyncEnvironments(self._t)
         self.envs = _AsyncEnvs(self._t)
         self.scenarios = _AsyncScenarios(self._t)
+        self.evaluations = _AsyncEvaluations(self._t)
 
     async def validate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """See `Client.validate`."""
