@@ -37,7 +37,16 @@ def owned(server, counter_env_id: str) -> dict[str, str]:
         for _ in range(2):
             assert api.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {"by": 1}}).status_code == 200
         assert api.post(f"/v1/envs/{env_id}/evaluate").json()["reward"] == 1.0
-    return {"environment_id": counter_env_id, "scenario_id": scenario.json()["id"], "env_id": env_id}
+        evaluation = api.post("/v1/evaluations", json={"mode": "replay", "episodes": [
+            {"scenario_id": scenario.json()["id"], "tool_calls": [{"name": "bump", "arguments": {"by": 1}}]}]})
+        assert evaluation.status_code == 201, evaluation.text
+        evaluation_id = evaluation.json()["id"]
+        deadline = time.monotonic() + 60
+        while api.get(f"/v1/evaluations/{evaluation_id}").json()["status"] not in ("completed", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    return {"environment_id": counter_env_id, "scenario_id": scenario.json()["id"], "env_id": env_id,
+            "evaluation_id": evaluation_id}
 
 
 # -- authentication ---------------------------------------------------------------------
@@ -162,10 +171,13 @@ def test_another_tenants_ids_are_404_on_every_route(server, owned: dict[str, str
         # ids in bodies: creating from another tenant's environment or scenario
         assert intruder.post("/v1/envs", json={"environment_id": owned["environment_id"]}).status_code == 404
         assert intruder.post("/v1/envs", json={"scenario_id": owned["scenario_id"]}).status_code == 404
+        replay = intruder.post("/v1/evaluations", json={"mode": "replay", "episodes": [
+            {"scenario_id": owned["scenario_id"], "tool_calls": []}]})
+        assert replay.status_code in (404, 422) and intruder.get("/v1/evaluations").json()["count"] == 0
         assert intruder.post("/v1/scenarios", json={
             "environment_id": owned["environment_id"], "task": "t", "init_config": {}, "checklist": [],
             "checklist_with_func": []}).status_code == 404
-        for listing in ("/v1/environments", "/v1/envs", "/v1/scenarios", "/v1/audit"):
+        for listing in ("/v1/environments", "/v1/envs", "/v1/scenarios", "/v1/audit", "/v1/evaluations"):
             page = intruder.get(listing, params={"limit": 1000}).json()
             seen = {item.get("id") for item in page["data"]} | {item.get("resource_id") for item in page["data"]}
             assert set(owned.values()).isdisjoint(seen), listing
@@ -202,6 +214,7 @@ def test_audit_log_says_who_did_what(server, owned: dict[str, str], other_key: s
     actions = {(e["action"], e["resource_id"]) for e in events}
     assert ("env.create", owned["env_id"]) in actions and ("scenario.create", owned["scenario_id"]) in actions
     assert ("env.evaluate", owned["env_id"]) in actions and ("environment.create", owned["environment_id"]) in actions
+    assert ("evaluation.create", owned["evaluation_id"]) in actions
     assert {e["actor"] for e in events if e["action"] == "env.create"} == {me["key_id"]}
     assert all(e["tenant"] == "default" for e in events)
     everyone = httpx.get(f"{server.url}/v1/admin/audit", headers=server.operator_headers,
