@@ -365,3 +365,28 @@ class Counter:
         self.count += by
         return self.count
 '''
+
+
+def test_cli_replay_follows_and_prints_the_summary(server: Any, api: httpx.Client, counter_env_id: str,
+                                                   tmp_path: Any) -> None:
+    from sandpit.eval_cli import eval_app
+    from typer.testing import CliRunner
+
+    sid = scenario(api, counter_env_id, "cli task")
+    trajectories = tmp_path / "trajectories.jsonl"
+    trajectories.write_text("\n".join(json.dumps(e) for e in [
+        {"scenario_id": sid, "tool_calls": [BUMP5, STORE_A]}, {"scenario_id": sid, "tool_calls": [BUMP5]}]) + "\n")
+    out = tmp_path / "results.jsonl"
+    common = ["--url", server.url, "--api-key", server.api_key]
+    run = CliRunner().invoke(eval_app, ["replay", str(trajectories), *common, "--poll", "0.2", "--results", str(out)],
+                             catch_exceptions=False)
+    assert run.exit_code == 0, run.output
+    assert "mean reward" in run.output and "0.750" in run.output and "success rate" in run.output
+    assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0, 0.5]
+
+    listed = CliRunner().invoke(eval_app, ["list", *common], catch_exceptions=False)
+    assert listed.exit_code == 0 and "completed" in listed.output
+    bad = CliRunner().invoke(eval_app, ["replay", str(tmp_path / "missing.jsonl"), *common])
+    assert bad.exit_code == 2
+    unknown = CliRunner().invoke(eval_app, ["watch", "evj_nope", *common])
+    assert unknown.exit_code == 1 and "not found" in unknown.output
