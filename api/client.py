@@ -457,8 +457,9 @@ class EvaluationJob(_ResponseModel):
 
     @property
     def finished(self) -> bool:
-        """True once no episode will run any more (completed, cancelled or failed)."""
-        return self.status in ("completed", "cancelled", "failed")
+        """True once no episode runs any more: completed, failed, or cancelled and its
+        running episodes have stopped."""
+        return self.status in ("completed", "cancelled", "failed") and self.progress.running == 0
 
 
 class EpisodeResult(_ResponseModel):

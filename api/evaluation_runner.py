@@ -206,15 +206,13 @@ class EvaluationRunner:
                 for r in rows]
 
     def _dispatch(self) -> None:
-        """Claim and start as many episodes as the bounds allow (fair across tenants)."""
+        """Claim and start as many episodes as the bounds allow (fair across tenants);
+        mark jobs with nothing left ``completed``."""
         jobs = self._active_jobs()
         by_tenant: dict[str, list[_Job]] = {}
         for job in jobs:
             by_tenant.setdefault(job.tenant, []).append(job)
         exhausted: set[str] = set()
-        for job in jobs:
-            if not self._job_running(job.id) and self._finish_if_done(job.id):
-                exhausted.add(job.id)
         progress = True
         while progress and not self._stop.is_set():
             progress = False
@@ -230,6 +228,8 @@ class EvaluationRunner:
                         progress = True
                         break
                     exhausted.add(job.id)
+                    if not self._job_running(job.id):
+                        self._finish_if_done(job.id)
 
     def _total_running(self) -> int:
         with self._lock:
@@ -245,17 +245,18 @@ class EvaluationRunner:
 
     def _claim_and_start(self, job: _Job) -> bool:
         """Claim the job's first pending episode and start its thread; False when none is pending."""
-        with self.envs._write() as db:
+        with self.envs._db() as db:  # read first: most polls find nothing and need no write
             row = db.execute(select(EP.index, EP.attempt).where(EP.evaluation_id == job.id, EP.status == "pending")
                              .order_by(EP.index).limit(1)).first()
-            if row is None:
-                return False
-            attempt = row.attempt + 1
+        if row is None:
+            return False
+        attempt = row.attempt + 1
+        with self.envs._write() as db:
             claimed = db.execute(update(EP).where(EP.evaluation_id == job.id, EP.index == row.index,
-                                                  EP.status == "pending")
+                                                  EP.status == "pending", EP.attempt == row.attempt)
                                  .values(status="running", attempt=attempt, started_at=_now(), env_id=None))
             if claimed.rowcount != 1:
-                return True  # taken meanwhile: look again
+                return True  # cancelled or taken meanwhile: look again
             db.execute(update(JOB).where(JOB.id == job.id, JOB.status == "queued").values(status="running"))
         episode = _Episode(job, row.index, attempt)
         thread = threading.Thread(target=self._run, args=(episode,), daemon=True,
@@ -364,7 +365,10 @@ class EvaluationRunner:
         environment = self.envs.get_environment(job.tenant, environment_id)
         config = job.config
         try:
-            key = self.tenants.box.decrypt(job.key_enc) if job.key_enc else self._tenant_key(job.tenant)
+            if job.key_enc:
+                key = self.tenants.box.decrypt(job.key_enc)
+            else:  # the tenant's key only ever goes to the tenant's own endpoint (checked at creation)
+                key = self._tenant_key(job.tenant) if config.get("api_key_source") == "tenant" else None
         except SecretUnavailable as exc:
             raise EpisodeFailed("secret_unavailable", str(exc)) from None
         model = ModelClient(ModelSettings(

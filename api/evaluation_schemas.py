@@ -72,8 +72,10 @@ class EvaluationCreate(_Request):
     base_url: Annotated[str | None, Field(max_length=2000)] = None
     """Rollout mode: OpenAI-compatible endpoint (``http(s)://.../v1``); default the tenant's."""
     api_key: Annotated[SecretStr | None, Field(max_length=4096)] = None
-    """Rollout mode: model API key; default the tenant's stored key. Stored encrypted so
-    the job can resume after a restart; never returned, logged or audited."""
+    """Rollout mode: model API key; default the tenant's stored key, which is only used
+    when ``base_url`` is omitted or equals the tenant's ``model_base_url`` (else no key is
+    sent). Stored encrypted so the job can resume after a restart; never returned,
+    logged or audited."""
     max_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 30
     """Rollout mode: tool calls per episode at most (rejected ones count)."""
     temperature: Annotated[float | None, Field(ge=0, le=2)] = None

@@ -63,6 +63,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _same_url(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
 class EvaluationJobs:
     """Create, read, list and cancel evaluations; stream their results. ``start()`` /
     ``close()`` run the background runner (called from the app's lifespan)."""
@@ -115,7 +119,11 @@ class EvaluationJobs:
                 raise InvalidRequest(f"the tenant's model_base_url is not usable: {exc}", field="base_url") from None
             if body.api_key is not None:
                 key_enc = self.tenants.box.encrypt(body.api_key.get_secret_value())
-            source = "request" if body.api_key is not None else "tenant" if tenant.model_api_key_enc else "none"
+            # the tenant's stored key is only ever sent to the tenant's stored endpoint: a
+            # caller-chosen base_url must not be able to collect it
+            own_endpoint = tenant.model_base_url is not None and _same_url(base_url, tenant.model_base_url)
+            source = ("request" if body.api_key is not None
+                      else "tenant" if tenant.model_api_key_enc and own_endpoint else "none")
             config.update(model=body.model, base_url=base_url, api_key_source=source, max_steps=body.max_steps,
                           temperature=body.temperature, max_tokens=body.max_tokens,
                           request_timeout_s=body.request_timeout_s, retries=body.retries,

@@ -30,8 +30,18 @@ STORE_A = {"name": "set_record", "arguments": {"key": "a", "value": "x"}}
 
 @pytest.fixture(scope="module")
 def llm() -> Any:
-    """One scripted model endpoint for the module; tests add rules keyed by their own task markers."""
-    with ScriptedLLM() as server:
+    """One scripted model endpoint for the module; tests add rules keyed by their own task
+    markers. ``llm.seen`` records ``(model, Authorization header)`` of every chat request."""
+    server = ScriptedLLM()
+    server.seen = []
+
+    @server.app.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        body = json.loads(await request.body() or b"{}")
+        server.seen.append((body.get("model"), request.headers.get("authorization")))
+        return await call_next(request)
+
+    with server:
         yield server
 
 
@@ -164,6 +174,7 @@ def test_rollout_reaches_expected_rewards(server: Any, api: httpx.Client, counte
     assert summary["mean_reward"] == pytest.approx(1.5 / 6) and summary["success_rate"] == pytest.approx(1 / 6)
     assert summary["usage"]["requests"] == sum(line["usage"]["requests"] for line in lines)
 
+    assert {auth for name, auth in llm.seen if name == model} == {f"Bearer {key}"}
     # the model API key appears nowhere: responses, audit log, server log
     for path in (f"/v1/evaluations/{job['id']}", "/v1/evaluations", f"/v1/evaluations/{job['id']}/results?include=transcript",
                  "/v1/audit"):
@@ -171,6 +182,34 @@ def test_rollout_reaches_expected_rewards(server: Any, api: httpx.Client, counte
     audit = api.get("/v1/audit", params={"action": "evaluation.create"}).json()["data"]
     assert any(e["resource_id"] == job["id"] and e["detail"]["api_key_source"] == "request" for e in audit)
     assert key not in server.log_path.read_text(errors="replace")
+
+
+def test_tenant_default_endpoint_and_key(server: Any, counter_source: str, llm: ScriptedLLM) -> None:
+    stored = "sk-tenant-" + secrets.token_hex(16)
+    api_key = server.new_tenant("evals-d")
+    patched = httpx.patch(f"{server.url}/v1/admin/tenants/evals-d", headers=server.operator_headers, timeout=30,
+                          json={"model_base_url": llm.base_url, "model_api_key": stored})
+    assert patched.status_code == 200, patched.text
+    model = "scripted-default"
+    llm.rules.append(Rule(model=model, contains=["TASK-DEFAULT"], content="nothing to do"))
+    with server.client(api_key=api_key) as api:
+        environment = api.post("/v1/environments", json={"name": "counter", "source_code": counter_source,
+                                                         "class_name": "Counter"}).json()["id"]
+        sid = scenario(api, environment, "TASK-DEFAULT")
+        job = api.post("/v1/evaluations", json={"mode": "rollout", "model": model, "scenario_ids": [sid]}).json()
+        assert job["config"]["base_url"] == llm.base_url and job["config"]["api_key_source"] == "tenant"
+        assert wait(api, job["id"])["progress"]["done"] == 1
+        assert llm.seen[-1] == (model, f"Bearer {stored}")
+        # another endpoint named by the caller never receives the tenant's stored key
+        other = llm.base_url.replace("127.0.0.1", "localhost")
+        job = api.post("/v1/evaluations", json={"mode": "rollout", "model": model, "scenario_ids": [sid],
+                                                "base_url": other}).json()
+        assert job["config"]["api_key_source"] == "none"
+        assert wait(api, job["id"])["progress"]["done"] == 1
+        assert llm.seen[-1] == (model, "Bearer EMPTY")
+        for path in ("/v1/evaluations", "/v1/audit"):
+            assert stored not in api.get(path).text
+    assert stored not in server.log_path.read_text(errors="replace")
 
 
 def test_hostile_input_is_refused_without_creating_anything(server: Any, api: httpx.Client, counter_env_id: str,
