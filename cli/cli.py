@@ -142,7 +142,10 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
                 replay: bool = typer.Option(True, help="Replay every ground-truth trajectory in fresh envs."),
                 limit: int | None = typer.Option(None, min=1, help="Replay only the first N episodes."),
                 concurrency: int = typer.Option(4, min=1, max=64, help="Episodes replayed at once."),
-                api_key: str | None = typer.Option(None, envvar="SANDPIT_API_KEY", help="API key, if required.")) -> None:
+                api_key: str | None = typer.Option(None, envvar="SANDPIT_API_KEY", help="Tenant API key."),
+                scenarios: Annotated[Path | None, typer.Option(
+                    help="Also make one scenario per episode (state checks from the ground truth) and "
+                         "write the replay evaluation input (JSON lines) to this file.")] = None) -> None:
     """Register BFCL v4 multi-turn environments (bfcl-eval wheel) and replay their ground truth."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from sandpit.api.bfcl import BfclImportError, fetch_wheel, load_suite
@@ -166,6 +169,8 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
                 task = progress.add_task("episodes", total=total)
                 summary, _ = replay_suite(client, suite, ids, concurrency=concurrency, limit=limit,
                                           on_episode=lambda _r: progress.advance(task))
+            if scenarios is not None:
+                _bfcl_scenarios(client, suite, ids, scenarios, limit, concurrency)
     except (BfclImportError, SandpitError) as exc:
         _fail(exc)
         return
@@ -189,6 +194,27 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
         console.print(f"[yellow]{episode_id}[/yellow]: {error}")
     if summary.failed_episodes:
         raise typer.Exit(1)
+
+
+def _bfcl_scenarios(client, suite, ids: dict[str, str], path: Path, limit: int | None, concurrency: int) -> None:
+    """``import bfcl --scenarios FILE``: scenarios per episode, evaluation input to FILE."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from sandpit.api.bfcl_scenarios import make_scenarios, replay_items
+
+    total = min(limit or len(suite.episodes), len(suite.episodes))
+    with Progress(TextColumn("scenarios"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("scenarios", total=total)
+        made = make_scenarios(client, suite, ids, concurrency=concurrency, limit=limit,
+                              on_episode=lambda _m: progress.advance(task))
+    items = replay_items(made)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    failed = [m for m in made if m.error]
+    console.print(f"{len(items)} scenarios (BFCL state checks); replay evaluation input: {path}"
+                  + (f"; {len(failed)} failed, e.g. {failed[0].episode.id}: {failed[0].error}" if failed else ""))
 
 
 @import_app.command("envscaler")
@@ -342,10 +368,12 @@ def tenants_revoke_key(key_id: Annotated[str, typer.Argument(help="Key id (key_.
 
 
 def _register_feature_apps() -> None:
-    """Sub-apps that live in their own modules (``sandpit synth``)."""
+    """Sub-apps that live in their own modules (``sandpit synth``, ``sandpit eval``)."""
+    from sandpit.eval_cli import eval_app
     from sandpit.synth_cli import synth_app
 
     app.add_typer(synth_app, name="synth")
+    app.add_typer(eval_app, name="eval")
 
 
 _register_feature_apps()
