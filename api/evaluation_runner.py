@@ -19,6 +19,10 @@ Exactly-once episodes:
   their job was cancelled); they rerun from scratch in a fresh env. Finished episodes are
   never rerun. One API process per database runs evaluations (like the in-process quota
   counters of :mod:`.quotas`).
+* Known gap: a process killed between an episode's env creation and the write of its id
+  into the episode row (one short transaction) leaves that env (never stepped) behind
+  until it expires; its sandbox is reaped at start-up like any other. Closing it needs
+  ``EnvService.create_env`` to accept a pre-assigned env id.
 
 Episode failures are per-episode ``error`` statuses (``error_status``): ``model_error``,
 ``model_unavailable`` (see :mod:`.rollout`), ``no_capacity`` / ``unavailable`` (sandbox
