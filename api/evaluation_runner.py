@@ -19,10 +19,9 @@ Exactly-once episodes:
   their job was cancelled); they rerun from scratch in a fresh env. Finished episodes are
   never rerun. One API process per database runs evaluations (like the in-process quota
   counters of :mod:`.quotas`).
-* Known gap: a process killed between an episode's env creation and the write of its id
-  into the episode row (one short transaction) leaves that env (never stepped) behind
-  until it expires; its sandbox is reaped at start-up like any other. Closing it needs
-  ``EnvService.create_env`` to accept a pre-assigned env id.
+* an episode's env id is written to its row *before* the env is created
+  (``EnvService.create_env(env_id=...)``), so a process killed at any point leaves no env
+  that recovery does not find and delete.
 
 Episode failures are per-episode ``error`` statuses (``error_status``): ``model_error``,
 ``model_unavailable`` (see :mod:`.rollout`), ``no_capacity`` / ``unavailable`` (sandbox
@@ -62,7 +61,7 @@ from .evaluation import EvaluationService
 from .rollout import ModelClient, ModelError, ModelSettings, StepRecord, initial_messages, run_episode
 from .schemas import StepRequest
 from .secrets import SecretUnavailable
-from .service import EnvService
+from .service import EnvService, new_id
 from .tenancy import TenantService
 from .tools import ToolCall, json_size, parse_step
 
@@ -322,16 +321,16 @@ class EvaluationRunner:
         except NotFound:
             raise EpisodeFailed("scenario_not_found", f"scenario {row.scenario_id!r} no longer exists") from None
         self._check_stop(job)
+        env_id = new_id("env")  # recorded before the env exists: recovery deletes it whatever happens next
+        episode.env_id = env_id
+        if not self._guarded(episode, env_id=env_id):  # superseded (cannot happen in one process)
+            return
         try:
-            env = self._transient(job, lambda: self.envs.create_env(
+            self._transient(job, lambda: self.envs.create_env(
                 job.tenant, environment_id=None, source_code=None, class_name=None, init_config=None,
-                profile=job.config.get("profile"), scenario_id=scenario.id))
+                profile=job.config.get("profile"), scenario_id=scenario.id, env_id=env_id))
         except (InvalidRequest, PayloadTooLarge, NotFound) as exc:
             raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
-        episode.env_id = env.id
-        if not self._guarded(episode, env_id=env.id):  # superseded (cannot happen in one process): clean up
-            self._delete_env(job.tenant, env.id)
-            return
         episode.trajectory = []
         if job.mode == "replay":
             self._replay(episode, list(row.tool_calls or []))
@@ -339,13 +338,13 @@ class EvaluationRunner:
             self._rollout(episode, scenario.environment_id, scenario.task)
         self._check_stop(job)
         try:
-            outcome = self._transient(job, lambda: self.evaluation.evaluate(job.tenant, env.id, None))
+            outcome = self._transient(job, lambda: self.evaluation.evaluate(job.tenant, env_id, None))
         except (InvalidRequest, Conflict) as exc:
             raise EpisodeFailed("check_error", f"running the checks failed: {exc.message}") from None
         except NotFound as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
         if not job.config.get("keep_envs"):
-            self._delete_env(job.tenant, env.id)
+            self._delete_env(job.tenant, env_id)
         self._complete(episode, status="done", reward=outcome.reward, passed=outcome.passed,
                        checks_total=outcome.total, checks=[r.model_dump() for r in outcome.results])
 

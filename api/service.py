@@ -320,9 +320,11 @@ class EnvService:
 
     def create_env(self, tenant: str, *, environment_id: str | None, source_code: str | None,
                    class_name: str | None, init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
-                   scenario_id: str | None = None) -> models.Env:
+                   scenario_id: str | None = None, env_id: str | None = None) -> models.Env:
         """Instantiate an environment (registered, inline, or a scenario's with the
         scenario's ``init_config`` unless one is given) in a sandbox and commit step 0.
+        ``env_id`` lets an internal caller (the evaluation runner) record the id before the
+        env exists, so a crash in between leaves nothing it cannot find (default: a new id).
 
         Raises NotFound (environment, scenario), PayloadTooLarge, InvalidRequest
         (instantiation failed: the message carries the observation; policy errors in
@@ -343,7 +345,7 @@ class EnvService:
             assert source_code is not None and class_name is not None
             environment = self._inline_environment(tenant, source_code, class_name)
         self._toolset(environment)
-        env_id = new_id("env")
+        env_id = env_id or new_id("env")
         with self._new_episode(env_id, tenant, environment, init_config, profile) as (session, cache, pending):
             now = _now()
             row = models.Env(id=env_id, tenant=tenant, environment_id=environment.id, init_config=init_config,
