@@ -3,13 +3,16 @@ under load, idle eviction, more envs than sandboxes, incremental snapshot storag
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
 
 import docker
+import docker.errors
 import httpx
 import pytest
+from sandpit.executor import engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -27,13 +30,14 @@ def _bump(api: httpx.Client, env_id: str, by: int = 1) -> dict:
 
 
 def test_docker_kill_mid_episode_then_the_next_step_runs_on_the_restored_state(
-        api: httpx.Client, counter_env_id: str, docker_client: docker.DockerClient) -> None:
+        api: httpx.Client, server, counter_env_id: str, docker_client: docker.DockerClient) -> None:
     env_id = _create(api, counter_env_id, count=10)
     _bump(api, env_id, 5)
-    containers = docker_client.containers.list(filters={"label": "sandpit=1"})
+    containers = docker_client.containers.list(filters={"label": f"sandpit.owner={engine.owner_id(server.process.pid)}"})
     assert containers
-    for container in containers:  # every sandbox of the server: ours is among them
-        container.kill()
+    for container in containers:  # every sandbox of this server (not other tests'): ours is among them
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone or already stopped
+            container.kill()
     after = _bump(api, env_id, 1)
     assert (after["status"], after["observation"], after["step"]) in {("ok", "16", 2), ("crashed", after["observation"], 2)}
     if after["status"] == "crashed":  # the kill raced the call: it reports, the next one recovers
