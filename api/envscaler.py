@@ -18,6 +18,7 @@ nothing here runs any of the code on the host.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,8 +81,28 @@ def _text(record: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def import_environment(client: Client, env_id: str, record: Any) -> ItemReport:
-    """Register one EnvScaler environment; never raises for a bad item."""
+def _existing(client: Client) -> tuple[dict[tuple[str | None, str], str], dict[tuple[str, str | None], str]]:
+    """What the tenant already has: ``(name, code_sha256) -> environment id`` and
+    ``(environment_id, external_id) -> scenario id`` (so a re-import reuses them)."""
+    environments: dict[tuple[str | None, str], str] = {}
+    scenarios: dict[tuple[str, str | None], str] = {}
+    for listing, into, key in ((client.environments.list, environments, lambda e: (e.name, e.code_sha256)),
+                               (client.scenarios.list, scenarios, lambda s: (s.environment_id, s.external_id))):
+        offset = 0
+        while True:
+            page = listing(limit=500, offset=offset)
+            for item in page.data:
+                into.setdefault(key(item), item.id)
+            offset += len(page.data)
+            if not page.data or offset >= page.count:
+                break
+    return environments, scenarios
+
+
+def import_environment(client: Client, env_id: str, record: Any,
+                       existing: dict[tuple[str | None, str], str] | None = None) -> ItemReport:
+    """Register one EnvScaler environment (reusing an identical one in ``existing``: same
+    name and code); never raises for a bad item."""
     report = ItemReport("environment", env_id)
     if not isinstance(record, dict):
         report.reject("record is not a JSON object")
@@ -95,6 +116,12 @@ def import_environment(client: Client, env_id: str, record: Any) -> ItemReport:
     if isinstance(rules, (str, list)) and rules:
         description = (description or "") + "\n\nRules:\n" + (rules if isinstance(rules, str) else
                                                                 "\n".join(map(str, rules)))
+    digest = hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
+    known = (existing or {}).get((f"envscaler:{env_id}"[:200], digest))
+    if known is not None:
+        report.sandpit_id = known
+        report.reasons.append("note: already registered (same name and code); reused")
+        return report
     try:
         created = client.environments.create(code, class_name, name=f"envscaler:{env_id}"[:200],
                                              description=description[:20000] if description else None)
@@ -113,8 +140,9 @@ def import_environment(client: Client, env_id: str, record: Any) -> ItemReport:
 
 
 def import_scenario(client: Client, key: str, record: Any, environment_ids: dict[str, str],
-                    check: bool) -> ItemReport:
-    """Store (and with ``check`` validate) one scenario; never raises for a bad item."""
+                    check: bool, existing: dict[tuple[str, str | None], str] | None = None) -> ItemReport:
+    """Store (and with ``check`` validate) one scenario, reusing one of the same
+    environment and ``external_id`` in ``existing``; never raises for a bad item."""
     report = ItemReport("scenario", key)
     if not isinstance(record, dict):
         report.reject("record is not a JSON object")
@@ -128,6 +156,11 @@ def import_scenario(client: Client, key: str, record: Any, environment_ids: dict
             "checklist_with_func": [{"check_item": c.get("check_item", ""), "check_func": c.get("check_func", "")}
                                     for c in record.get("checklist_with_func") or [] if isinstance(c, dict)],
             "external_id": str(record.get("task_id") or key)[:200]}
+    known = (existing or {}).get((body["environment_id"], body["external_id"]))
+    if known is not None:
+        report.sandpit_id = known
+        report.reasons.append("note: already imported (same environment and task id); reused")
+        return report
     try:
         scenario = client.scenarios.create(body)
     except SandpitError as exc:
@@ -155,13 +188,15 @@ def import_scenario(client: Client, key: str, record: Any, environment_ids: dict
 
 def import_files(client: Client, envs_path: Path, scenarios_path: Path | None, *, check: bool = True,
                  on_item: Callable[[ItemReport], None] | None = None) -> list[ItemReport]:
-    """Import both files; returns one report per item (environments first)."""
+    """Import both files; returns one report per item (environments first). Idempotent:
+    a rerun reuses what an earlier import of the same items registered."""
     environments = load_environments(envs_path)
     scenarios = load_scenarios(scenarios_path) if scenarios_path is not None else []
+    known_environments, known_scenarios = _existing(client)
     reports: list[ItemReport] = []
     ids: dict[str, str] = {}
     for env_id, record in environments.items():
-        report = import_environment(client, str(env_id), record)
+        report = import_environment(client, str(env_id), record, known_environments)
         if report.sandpit_id:
             ids[str(env_id)] = report.sandpit_id
         reports.append(report)
@@ -169,7 +204,7 @@ def import_files(client: Client, envs_path: Path, scenarios_path: Path | None, *
             on_item(report)
     for index, record in enumerate(scenarios):
         key = f"{record.get('env_id') if isinstance(record, dict) else '?'}#{index}"
-        report = import_scenario(client, key, record, ids, check)
+        report = import_scenario(client, key, record, ids, check, known_scenarios)
         reports.append(report)
         if on_item:
             on_item(report)

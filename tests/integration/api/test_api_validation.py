@@ -204,3 +204,9 @@ def test_envscaler_import_reports_every_item(server) -> None:
         scenarios = api.get("/v1/scenarios").json()["data"]
         assert [s["external_id"] for s in scenarios] == ["t1"]
     assert json.loads((FIXTURES / "scenarios.json").read_text())[0]["task_id"] == "t1"
+    again = subprocess.run(completed.args, capture_output=True, text=True, timeout=300)  # idempotent rerun
+    assert again.returncode == 0 and "2 imported, 5 rejected" in again.stdout + again.stderr, again.stderr
+    with server.client(timeout=60) as api:
+        assert [s["external_id"] for s in api.get("/v1/scenarios").json()["data"]] == ["t1"]
+        names = [e["name"] for e in api.get("/v1/environments", params={"limit": 1000}).json()["data"]]
+        assert names.count("envscaler:library_system_001") == 1
