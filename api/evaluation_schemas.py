@@ -148,6 +148,8 @@ class EvaluationProgress(BaseModel):
 class EnvironmentBreakdown(BaseModel):
     """Summary of one environment's episodes."""
 
+    name: str | None = None
+    """The environment's registered name (None for unnamed or deleted environments)."""
     episodes: int
     """Finished (scored or errored) episodes."""
     mean_reward: float | None

@@ -232,6 +232,8 @@ class EvaluationJobs:
         with self.envs._db() as db:
             rows = db.execute(select(EP.environment_id, EP.status, EP.reward, EP.error_status, EP.usage)
                               .where(EP.evaluation_id == evaluation_id)).all()
+            names = dict(db.execute(select(models.Environment.id, models.Environment.name).where(
+                models.Environment.id.in_({r[0] for r in rows if r[0]}))).all())
         per_env: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
         usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0, "retries": 0}
@@ -260,7 +262,8 @@ class EvaluationJobs:
 
         return EvaluationSummary(
             episodes=len(rewards), scored=scored, mean_reward=mean(rewards), success_rate=success(rewards),
-            by_environment={env: EnvironmentBreakdown(episodes=len(v), mean_reward=mean(v), success_rate=success(v))
+            by_environment={env: EnvironmentBreakdown(name=names.get(env), episodes=len(v), mean_reward=mean(v),
+                                                      success_rate=success(v))
                             for env, v in sorted(per_env.items())},
             errors_by_status=dict(sorted(errors.items())), cancelled=cancelled, usage=usage)
 

@@ -146,7 +146,8 @@ def print_summary(job: EvaluationJob) -> None:
         for column in ("environment", "episodes", "mean reward", "success rate"):
             per_env.add_column(column, justify="left" if column == "environment" else "right")
         for environment, row in summary.by_environment.items():
-            per_env.add_row(environment, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
+            label = f"{row['name']} ({environment})" if row.get("name") else environment
+            per_env.add_row(label, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                             fmt(row.get("success_rate")))
         out.print(per_env)
 

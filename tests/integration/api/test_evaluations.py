@@ -89,7 +89,7 @@ def test_replay_gives_the_known_rewards(api: httpx.Client, counter_env_id: str) 
                                                        "cancelled": 0, "mean_reward": None, "success": 1}
     summary = job["summary"]
     assert summary["mean_reward"] == pytest.approx(0.5) and summary["success_rate"] == pytest.approx(1 / 3)
-    assert summary["by_environment"] == {counter_env_id: {"episodes": 3, "mean_reward": pytest.approx(0.5),
+    assert summary["by_environment"] == {counter_env_id: {"name": "counter", "episodes": 3, "mean_reward": pytest.approx(0.5),
                                                           "success_rate": pytest.approx(1 / 3)}}
     assert summary["errors_by_status"] == {}
 
