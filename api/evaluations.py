@@ -117,6 +117,11 @@ class EvaluationJobs:
                 base_url = check_base_url(base_url)
             except ValueError as exc:
                 raise InvalidRequest(f"the tenant's model_base_url is not usable: {exc}", field="base_url") from None
+            allowed = self.settings.model_url_allow
+            if body.base_url and allowed and not any(_same_url(base_url, p) or base_url.startswith(p.rstrip("/") + "/")
+                                                     for p in allowed):
+                raise InvalidRequest("base_url is not one of the operator's allowed model endpoints "
+                                     "(SANDPIT_MODEL_URL_ALLOW)", field="base_url")
             if body.api_key is not None:
                 key_enc = self.tenants.box.encrypt(body.api_key.get_secret_value())
             # the tenant's stored key is only ever sent to the tenant's stored endpoint: a

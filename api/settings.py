@@ -60,6 +60,11 @@ class ApiSettings(BaseSettings):
     http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
     tenant waiting in the scheduler's queue could exhaust)."""
+    model_url_allow: list[str] = Field(default_factory=list)
+    """URL prefixes a rollout's caller-given ``base_url`` must start with (JSON list, e.g.
+    ``["https://api.openai.com/v1", "http://vllm.internal:8000/v1"]``); empty = any
+    http(s) URL. Keeps tenants from making the server call internal addresses. A tenant's
+    operator-set ``model_base_url`` is always allowed."""
     evaluation_workers: Annotated[int, Field(ge=1, le=1024)] = 32
     """Threads running evaluation episodes, across all tenants (each tenant is further
     bounded by its ``max_evaluation_concurrency``)."""

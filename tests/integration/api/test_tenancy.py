@@ -223,3 +223,19 @@ def test_audit_log_says_who_did_what(server, owned: dict[str, str], other_key: s
     assert any(e["action"] == "tenant.create" and e["actor"] == "operator" for e in everyone)
     assert any(e["action"] == "api_key.revoke" for e in everyone)
     assert "sk-very-secret-model-key" not in str(everyone)
+
+
+def test_operator_can_restrict_rollout_model_endpoints(make_server, counter_source: str) -> None:
+    server = make_server(SANDPIT_MODEL_URL_ALLOW='["http://127.0.0.1:9/v1"]')
+    with server.client() as api:
+        environment = api.post("/v1/environments", json={"source_code": counter_source, "class_name": "Counter"}).json()
+        scenario = api.post("/v1/scenarios", json={"environment_id": environment["id"], "task": "t", "init_config": {},
+                                                   "checklist": [], "checklist_with_func": []}).json()
+        body = {"mode": "rollout", "model": "m", "scenario_ids": [scenario["id"]], "api_key": "sk-x"}
+        for url in ("http://169.254.169.254/latest/v1", "http://127.0.0.1:9/v10", "http://127.0.0.1:90/v1"):
+            refused = api.post("/v1/evaluations", json={**body, "base_url": url})
+            assert refused.status_code == 422 and "SANDPIT_MODEL_URL_ALLOW" in refused.text, (url, refused.text)
+        assert api.get("/v1/evaluations").json()["count"] == 0
+        allowed = api.post("/v1/evaluations", json={**body, "base_url": "http://127.0.0.1:9/v1", "retries": 0})
+        assert allowed.status_code == 201, allowed.text
+        api.post(f"/v1/evaluations/{allowed.json()['id']}/cancel")
