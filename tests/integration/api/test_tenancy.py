@@ -239,3 +239,12 @@ def test_operator_can_restrict_rollout_model_endpoints(make_server, counter_sour
         allowed = api.post("/v1/evaluations", json={**body, "base_url": "http://127.0.0.1:9/v1", "retries": 0})
         assert allowed.status_code == 201, allowed.text
         api.post(f"/v1/evaluations/{allowed.json()['id']}/cancel")
+
+
+def test_metrics_can_require_the_operator_key(make_server) -> None:
+    server = make_server(SANDPIT_METRICS_REQUIRE_AUTH="true")
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    assert httpx.get(f"{server.url}/metrics", headers=server.headers).status_code == 403  # a tenant key is not enough
+    scraped = httpx.get(f"{server.url}/metrics", headers=server.operator_headers)
+    assert scraped.status_code == 200 and "sandpit_quota_rejections_total" in scraped.text
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
