@@ -51,9 +51,13 @@ def quiet_steps(server: Server, key: str, env_id: str, steps: int) -> list[float
     return latencies
 
 
-def fairness(server: Server, steps: int, noisy_count: int, call_timeout_s: float) -> dict:
+def fairness(server: Server, steps: int, noisy_count: int, call_timeout_s: float,
+             noisy_running: int | None = None) -> dict:
     quiet_key = server.new_tenant("quiet")
-    noisy_key = server.new_tenant("noisy", {"max_live_envs": noisy_count + 10, "max_concurrent_calls": 2 * noisy_count})
+    quotas = {"max_live_envs": noisy_count + 10, "max_concurrent_calls": 2 * noisy_count}
+    if noisy_running is not None:
+        quotas["max_running_calls"] = noisy_running
+    noisy_key = server.new_tenant("noisy", quotas)
     with server.client(quiet_key) as quiet:
         environment = quiet.post("/v1/environments", json={"source_code": SOURCE, "class_name": "Bench"}).json()
         quiet_env = quiet.post("/v1/envs", json={"environment_id": environment["id"]}).json()["id"]
@@ -87,7 +91,7 @@ def fairness(server: Server, steps: int, noisy_count: int, call_timeout_s: float
     return {"quiet_alone_ms": alone_p, "quiet_loaded_ms": loaded_p, "loaded_phase_s": round(loaded_s, 1),
             "p99_ratio": round(loaded_p["p99"] / alone_p["p99"], 2), "p50_ratio": round(loaded_p["p50"] / alone_p["p50"], 2),
             "noisy_calls_in_flight": noisy_count, "noisy_results": dict(statuses),
-            "noisy_call_timeout_s": call_timeout_s}
+            "noisy_call_timeout_s": call_timeout_s, "noisy_max_running_calls": noisy_running or "default"}
 
 
 def main() -> None:
@@ -95,6 +99,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="quiet steps per phase")
     parser.add_argument("--noisy", type=int, default=32, help="noisy infinite-loop steps kept in flight")
     parser.add_argument("--call-timeout", type=float, default=5.0, help="noisy envs' call timeout (s)")
+    parser.add_argument("--noisy-running", type=int, default=None,
+                        help="the noisy tenant's max_running_calls (default: the server default)")
     parser.add_argument("--eval", action="store_true", help="also measure BFCL replay evaluation throughput")
     parser.add_argument("--eval-limit", type=int, default=None, help="BFCL episodes to evaluate (default all)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "tenancy.json")
@@ -103,7 +109,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp), SANDPIT_EXECUTOR_POOL_SIZE="2", SANDPIT_EXECUTOR_MAX_SANDBOXES=str(args.noisy + 16))
         try:
-            results["fairness"] = fairness(server, args.steps, args.noisy, args.call_timeout)
+            results["fairness"] = fairness(server, args.steps, args.noisy, args.call_timeout, args.noisy_running)
             if args.eval:
                 from eval_bfcl import replay_throughput
 
