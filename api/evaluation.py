@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
@@ -38,12 +37,9 @@ from .schemas import (
     ValidateRequest,
     ValidateResult,
 )
-from .service import EnvService, clean_text, new_id
+from .service import EnvService, clean_text, new_id, owned
+from .service import utcnow as _now
 from .store import load_state, state_view
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 class EvaluationService:
@@ -77,10 +73,7 @@ class EvaluationService:
     def get_scenario(self, tenant: str, scenario_id: str) -> models.Scenario:
         """The scenario or NotFound (also for another tenant's)."""
         with self.envs._db() as db:
-            row = db.get(models.Scenario, scenario_id)
-        if row is None or row.tenant != tenant:
-            raise NotFound(f"scenario {scenario_id[:64]!r} not found")
-        return row
+            return owned(db, models.Scenario, scenario_id, tenant, "scenario")
 
     def list_scenarios(self, tenant: str, limit: int, offset: int,
                        environment_id: str | None = None) -> tuple[list[models.Scenario], int]:
@@ -98,9 +91,7 @@ class EvaluationService:
     def delete_scenario(self, tenant: str, scenario_id: str) -> None:
         """Delete a scenario; envs created from it keep running (their link is cleared)."""
         with self.envs._write() as db:
-            row = db.get(models.Scenario, scenario_id)
-            if row is None or row.tenant != tenant:
-                raise NotFound(f"scenario {scenario_id[:64]!r} not found")
+            row = owned(db, models.Scenario, scenario_id, tenant, "scenario")
             db.query(models.Env).filter(models.Env.scenario_id == scenario_id).update(
                 {models.Env.scenario_id: None}, synchronize_session=False)
             db.delete(row)

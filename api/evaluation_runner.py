@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sandpit.executor.errors import CapacityError, ExecutorError
@@ -62,6 +62,7 @@ from .rollout import ModelClient, ModelError, ModelSettings, StepRecord, initial
 from .schemas import StepRequest
 from .secrets import SecretUnavailable
 from .service import EnvService, new_id
+from .service import utcnow as _now
 from .tenancy import TenantService
 from .tools import ToolCall, json_size, parse_step
 
@@ -74,10 +75,6 @@ TRANSIENT_BACKOFF_S = 0.5
 """First wait between tries of a sandbox operation that hit a transient error (doubles)."""
 CLOSE_WAIT_S = 15.0
 T = TypeVar("T")
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 class _Interrupted(Exception):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import case, func, select, update
@@ -47,7 +46,8 @@ from .evaluation_schemas import (
     check_base_url,
 )
 from .quotas import FIXED_RETRY_AFTER_S, TenantContext
-from .service import EnvService, new_id
+from .service import EnvService, new_id, owned
+from .service import utcnow as _now
 from .tenancy import TenantService
 
 JOB = models.EvaluationJob
@@ -57,10 +57,6 @@ FINISHED_EPISODE = ("done", "error", "cancelled")
 ACTIVE_RETRY_AFTER_S = 30
 RESULTS_BATCH = 200
 ID_CHUNK = 500
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _same_url(a: str, b: str) -> bool:
@@ -182,10 +178,7 @@ class EvaluationJobs:
     # -- read ----------------------------------------------------------------------------
     def _job(self, tenant: str, evaluation_id: str) -> models.EvaluationJob:
         with self.envs._db() as db:
-            row = db.get(JOB, evaluation_id)
-        if row is None or row.tenant != tenant:
-            raise NotFound(f"evaluation {evaluation_id[:64]!r} not found")
-        return row
+            return owned(db, JOB, evaluation_id, tenant, "evaluation")
 
     def get(self, tenant: str, evaluation_id: str) -> EvaluationJobPublic:
         """The job with its progress (and summary once finished). Raises NotFound (also

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sandpit.executor.errors import CapacityError, ExecutorError, SessionClosed, SessionError
 from sandpit.executor.pool import SandboxPool
@@ -56,12 +56,26 @@ ENVS = models.Env.__table__
 CAPACITY_ATTEMPTS = 4
 
 
-def _now() -> datetime:
+def utcnow() -> datetime:
+    """The current time, timezone-aware (UTC); what every stored timestamp uses."""
     return datetime.now(UTC)
 
 
-def _aware(moment: datetime) -> datetime:
+def aware(moment: datetime) -> datetime:
+    """``moment`` with UTC attached when the database returned it naive (SQLite)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+Owned = TypeVar("Owned", models.Environment, models.Env, models.Scenario, models.EvaluationJob)
+
+
+def owned(db: DbSession, model: type[Owned], object_id: str, tenant: str, what: str) -> Owned:
+    """The ``model`` row ``object_id`` if ``tenant`` owns it. Raises NotFound, with the
+    same message for an unknown id and another tenant's (multi-tenancy: ids never leak)."""
+    row = db.get(model, object_id)
+    if row is None or row.tenant != tenant:
+        raise NotFound(f"{what} {object_id[:64]!r} not found")
+    return row
 
 
 def new_id(prefix: str) -> str:
@@ -223,7 +237,7 @@ class EnvService:
             id=new_id("envr"), tenant=tenant, name=name, class_name=class_name, source_code=source_code,
             code_sha256=hashlib.sha256(source_code.encode("utf-8", "surrogatepass")).hexdigest(),
             tools=tools, description=description, inline=inline, policy=policy,
-            policy_report=report.to_dict(), created_at=_now())
+            policy_report=report.to_dict(), created_at=utcnow())
         with self._write() as db:
             db.add(row)
         return row
@@ -233,10 +247,7 @@ class EnvService:
         if db is None:
             with self._db() as own:
                 return self.get_environment(tenant, environment_id, own)
-        row = db.get(models.Environment, environment_id)
-        if row is None or row.tenant != tenant:
-            raise NotFound(f"environment {environment_id[:64]!r} not found")
-        return row
+        return owned(db, models.Environment, environment_id, tenant, "environment")
 
     def list_environments(self, tenant: str, limit: int, offset: int) -> tuple[list[models.Environment], int]:
         """A page of registered (non-inline) environments, newest first, and the total."""
@@ -331,9 +342,7 @@ class EnvService:
         inline code; a profile above the operator's), CapacityError (503 + Retry-After)."""
         if scenario_id is not None:
             with self._db() as db:
-                scenario = db.get(models.Scenario, scenario_id)
-            if scenario is None or scenario.tenant != tenant:
-                raise NotFound(f"scenario {scenario_id[:64]!r} not found")
+                scenario = owned(db, models.Scenario, scenario_id, tenant, "scenario")
             environment_id = scenario.environment_id
             if init_config is None:
                 init_config = scenario.init_config
@@ -347,7 +356,7 @@ class EnvService:
         self._toolset(environment)
         env_id = env_id or new_id("env")
         with self._new_episode(env_id, tenant, environment, init_config, profile) as (session, cache, pending):
-            now = _now()
+            now = utcnow()
             row = models.Env(id=env_id, tenant=tenant, environment_id=environment.id, init_config=init_config,
                              profile=profile, episode=1, step=0, closed=False, created_at=now, last_used_at=now,
                              expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
@@ -377,14 +386,11 @@ class EnvService:
         if db is None:
             with self._db() as own:
                 return self.get_env(tenant, env_id, own)
-        row = db.get(models.Env, env_id)
-        if row is None or row.tenant != tenant:
-            raise NotFound(f"env {env_id[:64]!r} not found")
-        return row
+        return owned(db, models.Env, env_id, tenant, "env")
 
     def env_status(self, row: models.Env) -> str:
         """``live`` (in a sandbox), ``evicted`` (state in the DB only) or ``closed``."""
-        if row.closed or _aware(row.expires_at) <= _now():
+        if row.closed or aware(row.expires_at) <= utcnow():
             return "closed"
         return "live" if row.id in self._live else "evicted"
 
@@ -406,7 +412,7 @@ class EnvService:
         ``max_live_envs`` quota counts)."""
         with self._db() as db:
             return db.scalar(select(func.count()).select_from(models.Env).where(
-                models.Env.tenant == tenant, models.Env.closed.is_(False), models.Env.expires_at > _now())) or 0
+                models.Env.tenant == tenant, models.Env.closed.is_(False), models.Env.expires_at > utcnow())) or 0
 
     def delete_env(self, tenant: str, env_id: str) -> None:
         """Delete an env: its session, steps and (via collection) unreferenced state blobs."""
@@ -451,7 +457,7 @@ class EnvService:
 
     def _usable(self, db: DbSession, tenant: str, env_id: str) -> models.Env:
         row = self.get_env(tenant, env_id, db)
-        if row.closed or _aware(row.expires_at) <= _now():
+        if row.closed or aware(row.expires_at) <= utcnow():
             raise Conflict(f"env {env_id!r} has expired (max lifetime {self.settings.env_max_lifetime_s:g} s); "
                            "delete it and create a new one")
         return row
@@ -488,7 +494,7 @@ class EnvService:
             entry = self._live.get(env_id)
             restored = False
             if (entry is not None and not entry.session.closed and entry.tenant == tenant
-                    and entry.expires_at is not None and _aware(entry.expires_at) > _now()
+                    and entry.expires_at is not None and aware(entry.expires_at) > utcnow()
                     and entry.environment_id in self._toolsets):
                 self._toolsets[entry.environment_id].check(call)  # fast path: nothing read
             else:
@@ -515,7 +521,7 @@ class EnvService:
             number = entry.step + 1
             observation = clean_text(result.observation)
             try:
-                now = _now()
+                now = utcnow()
                 with self._write() as db:  # Core statements: no unit-of-work overhead
                     pending.write(db)
                     db.execute(STEPS.insert(), [{
@@ -563,7 +569,7 @@ class EnvService:
             self._drop_live(env_id)
             episode = row.episode + 1
             with self._new_episode(env_id, tenant, environment, config, row.profile) as (session, cache, pending):
-                now = _now()
+                now = utcnow()
                 with self._write() as db:
                     pending.write(db)
                     db.add(self._step_zero(env_id, episode, cache.root, now))
@@ -627,7 +633,7 @@ class EnvService:
                     db.execute(delete(models.Step).where(models.Step.env_id == env_id,
                                                          models.Step.episode == row.episode, models.Step.step > step))
                     db.query(models.Env).filter(models.Env.id == env_id).update(
-                        {models.Env.step: step, models.Env.last_used_at: _now()})
+                        {models.Env.step: step, models.Env.last_used_at: utcnow()})
             except BaseException:
                 self._drop_live(env_id)
                 raise
@@ -650,7 +656,7 @@ class EnvService:
             history = db.scalars(select(models.Step).where(
                 models.Step.env_id == env_id, models.Step.episode == row.episode,
                 models.Step.step <= point).order_by(models.Step.step)).all()
-            now = _now()
+            now = utcnow()
             forks = [models.Env(id=new_id("env"), tenant=tenant, environment_id=row.environment_id,
                                 init_config=row.init_config, profile=row.profile, episode=1, step=point,
                                 closed=False, created_at=now, last_used_at=now,
@@ -701,7 +707,7 @@ class EnvService:
 
     def close_expired(self) -> int:
         """Mark envs past their lifetime closed and free their sessions."""
-        now = _now()
+        now = utcnow()
         with self._write() as db:
             expired = db.scalars(select(models.Env.id).where(models.Env.closed.is_(False),
                                                              models.Env.expires_at <= now)).all()

@@ -21,7 +21,7 @@ import re
 import secrets
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,21 +31,13 @@ from . import models
 from .errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from .quotas import Quotas, TenantContext
 from .secrets import SecretBox
+from .service import aware
+from .service import utcnow as _now
 from .settings import ApiSettings
 
 TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 KEY_PREFIX = "sp_"
 OPERATOR = "operator"
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    if moment is None:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def hash_key(key: str) -> str:
@@ -128,7 +120,7 @@ class TenantService:
             raise Unauthorized("invalid API key")
         if row.revoked_at is not None:
             raise Unauthorized("API key revoked")
-        expires = _aware(row.expires_at)
+        expires = aware(row.expires_at) if row.expires_at is not None else None
         if expires is not None and expires <= _now():
             raise Unauthorized("API key expired")
         ctx = TenantContext(tenant=tenant.id, actor=row.id, quotas=self._quotas_of(tenant))
@@ -224,7 +216,7 @@ class TenantService:
             keys = db.scalars(select(models.ApiKey).where(models.ApiKey.revoked_at.is_(None))).all()
         active: dict[str, int] = {}
         for key in keys:
-            expires = _aware(key.expires_at)
+            expires = aware(key.expires_at) if key.expires_at is not None else None
             if expires is None or expires > now:
                 active[key.tenant] = active.get(key.tenant, 0) + 1
         return [(t, active.get(t.id, 0)) for t in tenants]
