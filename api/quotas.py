@@ -24,7 +24,6 @@ anything is created or run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -120,11 +119,6 @@ class TenantContext:
 class _Bucket:
     tokens: float
     stamp: float = field(default_factory=time.monotonic)
-
-
-def json_bytes(value: Any) -> int:
-    """Compact JSON size in bytes (how ``init_config`` and ``arguments`` are measured)."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 class QuotaService:

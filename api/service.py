@@ -47,7 +47,7 @@ from .metrics import Metrics
 from .policy_report import check_source, policy_summary
 from .settings import ApiSettings
 from .store import PendingBlobs, StateCache, apply_delta, encode_state, load_state, state_view
-from .tools import ToolCall, ToolSet, json_size
+from .tools import ToolCall, ToolSet, json_size, text_size
 
 log = logging.getLogger("sandpit.api")
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
@@ -204,7 +204,7 @@ class EnvService:
 
     # -- environments ------------------------------------------------------------------
     def _check_code(self, source_code: str) -> None:
-        size = len(source_code.encode("utf-8", "surrogatepass"))
+        size = text_size(source_code)
         if size > self.settings.max_code_bytes:
             raise PayloadTooLarge(f"source_code is {size} bytes, over {self.settings.max_code_bytes}",
                                   field="source_code")

@@ -11,6 +11,7 @@ checked with ``jsonschema``). Violations are :class:`InvalidRequest`/:class:`Unk
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,18 +31,27 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+def text_size(text: str) -> int:
+    """UTF-8 size of ``text`` in bytes (lone surrogates count as 3 bytes, never fail)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def json_size(value: Any) -> int:
     """Compact JSON size of ``value`` in bytes."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
-def parse_step(request: StepRequest, max_arguments_bytes: int, max_depth: int) -> ToolCall:
-    """The tool call in a step request (either form). Raises InvalidRequest / PayloadTooLarge."""
+def parse_step(request: StepRequest, max_arguments_bytes: int, max_depth: int,
+               check_size: Callable[[int], None] | None = None) -> ToolCall:
+    """The tool call in a step request (either form). ``check_size(bytes)``, when given,
+    sees the arguments' compact JSON size once it is within ``max_arguments_bytes`` (the
+    route's per-tenant quota). Raises InvalidRequest / PayloadTooLarge, or what
+    ``check_size`` raises."""
     if request.function is not None:
         name, raw = request.function.name, request.function.arguments
         field = "function.arguments"
         if isinstance(raw, str):
-            if len(raw.encode("utf-8", "surrogatepass")) > max_arguments_bytes:
+            if text_size(raw) > max_arguments_bytes:
                 raise PayloadTooLarge(f"arguments over {max_arguments_bytes} bytes", field=field)
             try:
                 arguments = strict_loads(raw.encode("utf-8", "surrogatepass") or b"{}", max_depth)
@@ -56,8 +66,11 @@ def parse_step(request: StepRequest, max_arguments_bytes: int, max_depth: int) -
             arguments = {}
     if not isinstance(arguments, dict):
         raise InvalidRequest(f"{field} must be a JSON object, got {type(arguments).__name__}", field=field)
-    if json_size(arguments) > max_arguments_bytes:
+    size = json_size(arguments)
+    if size > max_arguments_bytes:
         raise PayloadTooLarge(f"arguments over {max_arguments_bytes} bytes", field=field)
+    if check_size is not None:
+        check_size(size)
     return ToolCall(name, arguments)
 
 

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Response, status
 from ..deps import CallerDep, PageDep, QuotasDep, ServiceDep, TenantsDep
 from ..schemas import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..strict_json import StrictJSONRoute
+from ..tools import text_size
 
 router = APIRouter(prefix="/v1/environments", tags=["environments"], route_class=StrictJSONRoute)
 
@@ -16,7 +17,7 @@ def create_environment(body: EnvironmentCreate, service: ServiceDep, caller: Cal
                        tenants: TenantsDep) -> EnvironmentPublic:
     """Register environment code; its tools (OpenAI schemas) are derived inside a sandbox.
     429 over the tenant's ``max_code_bytes`` or ``max_concurrent_calls``."""
-    quotas.check_size(caller, "max_code_bytes", len(body.source_code.encode("utf-8", "surrogatepass")), "source_code")
+    quotas.check_size(caller, "max_code_bytes", text_size(body.source_code), "source_code")
     with quotas.call(caller):
         row = service.create_environment(caller.tenant, name=body.name, source_code=body.source_code,
                                          class_name=body.class_name, description=body.description, policy=body.policy)

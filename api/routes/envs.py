@@ -11,7 +11,6 @@ from sandpit.executor.profiles import ProfileOverrides
 from ..deps import CallerDep, EvaluationDep, PageDep, QuotasDep, ServiceDep, TenantsDep
 from ..errors import InvalidRequest
 from ..models import Env
-from ..quotas import json_bytes
 from ..schemas import (
     EnvCreate,
     EnvPublic,
@@ -29,7 +28,7 @@ from ..schemas import (
 )
 from ..service import EnvService
 from ..strict_json import StrictJSONRoute
-from ..tools import parse_step
+from ..tools import json_size, parse_step, text_size
 
 router = APIRouter(prefix="/v1/envs", tags=["envs"], route_class=StrictJSONRoute)
 INCLUDES = {"state_diff", "state"}
@@ -50,10 +49,10 @@ def create_env(body: EnvCreate, service: ServiceDep, caller: CallerDep, quotas: 
     step 0 is stored. 429 over the tenant's ``max_live_envs``, ``max_concurrent_calls``,
     ``max_profile`` or size quotas (nothing is created then)."""
     if body.source_code is not None:
-        quotas.check_size(caller, "max_code_bytes", len(body.source_code.encode("utf-8", "surrogatepass")),
+        quotas.check_size(caller, "max_code_bytes", text_size(body.source_code),
                           "source_code")
     if body.init_config is not None:
-        quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+        quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
     requested = body.profile.model_dump(exclude_none=True) if body.profile else None
     if requested:  # above the operator's profile is a bad request (422) whatever the tenant's quota
         service.pool.profile(overrides=ProfileOverrides(**requested))
@@ -101,8 +100,8 @@ def step(env_id: str, body: StepRequest, service: ServiceDep, caller: CallerDep,
     if not wanted <= INCLUDES:
         raise InvalidRequest(f"include may name {sorted(INCLUDES)}, got {sorted(wanted - INCLUDES)}", field="include")
     settings = service.settings
-    call = parse_step(body, settings.max_arguments_bytes, settings.max_json_depth)
-    quotas.check_size(caller, "max_arguments_bytes", json_bytes(call.arguments), "arguments")
+    call = parse_step(body, settings.max_arguments_bytes, settings.max_json_depth,
+                      lambda size: quotas.check_size(caller, "max_arguments_bytes", size, "arguments"))
     with quotas.call(caller):
         quotas.take_step(caller)
         out = service.step(caller.tenant, env_id, call, want_diff="state_diff" in wanted,
@@ -121,7 +120,7 @@ def reset(env_id: str, service: ServiceDep, caller: CallerDep, quotas: QuotasDep
           body: ResetRequest | None = None) -> EnvPublic:
     """Begin the next episode (optionally with a new ``init_config``)."""
     if body is not None and body.init_config is not None:
-        quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+        quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
     with quotas.call(caller):
         return _public(service, service.reset(caller.tenant, env_id, body.init_config if body else None))
 

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Query, Response, status
 
 from ..deps import CallerDep, EvaluationDep, PageDep, QuotasDep, TenantsDep
 from ..models import Scenario
-from ..quotas import json_bytes
 from ..schemas import ScenarioCreate, ScenarioPublic, ScenariosPublic
 from ..strict_json import StrictJSONRoute
+from ..tools import json_size, text_size
 
 router = APIRouter(prefix="/v1/scenarios", tags=["scenarios"], route_class=StrictJSONRoute)
 
@@ -24,9 +24,9 @@ def create_scenario(body: ScenarioCreate, evaluation: EvaluationDep, caller: Cal
                     tenants: TenantsDep) -> ScenarioPublic:
     """Store a scenario of a registered environment (check functions pass the static
     policy). 429 over the tenant's ``max_init_config_bytes`` / ``max_code_bytes``."""
-    quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+    quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
     for index, check in enumerate(body.checklist_with_func):
-        quotas.check_size(caller, "max_code_bytes", len(check.check_func.encode("utf-8", "surrogatepass")),
+        quotas.check_size(caller, "max_code_bytes", text_size(check.check_func),
                           f"checklist_with_func.{index}.check_func")
     row = evaluation.create_scenario(caller.tenant, body)
     tenants.audit(caller.tenant, caller.actor, "scenario.create", row.id, {"environment_id": row.environment_id})

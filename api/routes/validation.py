@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from ..deps import CallerDep, EvaluationDep, QuotasDep
-from ..quotas import QuotaService, TenantContext, json_bytes
+from ..quotas import QuotaService, TenantContext
 from ..schemas import (
     ExecuteBatchRequest,
     ExecuteBatchResult,
@@ -16,6 +16,7 @@ from ..schemas import (
     ValidateResult,
 )
 from ..strict_json import StrictJSONRoute
+from ..tools import json_size, text_size
 
 router = APIRouter(prefix="/v1", tags=["validation"], route_class=StrictJSONRoute)
 
@@ -24,7 +25,7 @@ def _capped(body: ExecuteRequest, caller: TenantContext, evaluation: EvaluationD
             field_prefix: str = "") -> ExecuteRequest:
     """``body`` within the tenant's ``max_code_bytes`` and ``max_profile`` (a limit asked
     above the ceiling is a 429; an unasked default above it is lowered)."""
-    quotas.check_size(caller, "max_code_bytes", len(body.code.encode("utf-8", "surrogatepass")),
+    quotas.check_size(caller, "max_code_bytes", text_size(body.code),
                             f"{field_prefix}code")
     default = evaluation.pool.profile()
     overrides = QuotaService.profile_overrides(
@@ -39,8 +40,8 @@ def _capped(body: ExecuteRequest, caller: TenantContext, evaluation: EvaluationD
 @router.post("/validate", response_model=ValidateResult)
 def validate(body: ValidateRequest, evaluation: EvaluationDep, caller: CallerDep, quotas: QuotasDep) -> ValidateResult:
     """Static policy report, plus a sandbox run for environments and check functions."""
-    quotas.check_size(caller, "max_code_bytes", len(body.source_code.encode("utf-8", "surrogatepass")), "source_code")
-    quotas.check_size(caller, "max_init_config_bytes", json_bytes(body.init_config), "init_config")
+    quotas.check_size(caller, "max_code_bytes", text_size(body.source_code), "source_code")
+    quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
     with quotas.call(caller):
         return evaluation.validate(caller.tenant, body)
 
