@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bfcl import BfclEpisode, BfclSuite, embedded_modules
-from .client import Client, InvalidRequest, SandpitError
+from .client import Client, InvalidRequest, SandpitError, every_item
 
 
 @dataclass
@@ -87,14 +87,8 @@ def register_environments(client: Client, suite: BfclSuite) -> dict[str, str]:
     name and code); returns environment name -> environment id.
     Raises :class:`SandpitError` when the API refuses one (message names it)."""
     ids: dict[str, str] = {}
-    existing: dict[tuple[str | None, str], str] = {}
-    offset = 0
-    while True:  # reuse what an earlier import registered (same name, same code)
-        page = client.environments.list(limit=500, offset=offset)
-        existing.update({(e.name, e.code_sha256): e.id for e in page.data})
-        offset += len(page.data)
-        if not page.data or offset >= page.count:
-            break
+    # reuse what an earlier import registered (same name, same code)
+    existing = {(e.name, e.code_sha256): e.id for e in every_item(client.environments.list)}
     for name, environment in suite.environments.items():
         digest = hashlib.sha256(environment.source_code.encode("utf-8")).hexdigest()
         if (name, digest) in existing:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .bfcl import BfclEpisode, BfclSuite
 from .bfcl_replay import replay_episode
-from .client import Client, SandpitError
+from .client import Client, SandpitError, every_item
 
 MAX_TASK_CHARS = 20_000
 
@@ -83,14 +83,7 @@ def make_scenarios(client: Client, suite: BfclSuite, environment_ids: dict[str, 
                    on_episode: Callable[[BfclScenario], None] | None = None) -> list[BfclScenario]:
     """A scenario per episode (``external_id`` = BFCL's id), reusing ones that exist.
     API errors are reported per episode, never raised."""
-    existing: dict[str, str] = {}
-    offset = 0
-    while True:
-        page = client.scenarios.list(limit=500, offset=offset)
-        existing.update({s.external_id: s.id for s in page.data if s.external_id})
-        offset += len(page.data)
-        if not page.data or offset >= page.count:
-            break
+    existing = {s.external_id: s.id for s in every_item(client.scenarios.list) if s.external_id}
     episodes = list(suite.episodes[:limit] if limit else suite.episodes)
 
     def one(episode: BfclEpisode) -> BfclScenario:

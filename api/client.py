@@ -43,7 +43,7 @@ import email.utils
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -404,6 +404,18 @@ class Page(_ResponseModel, Generic[T]):
 
     data: list[T]
     count: int
+
+
+def every_item(listing: Callable[..., Page[T]], page_size: int = 500) -> Iterator[T]:
+    """Every item of a paged listing (e.g. `client.scenarios.list`), page by page of
+    `page_size`, until `count` items were seen or a page comes back empty."""
+    offset = 0
+    while True:
+        page = listing(limit=page_size, offset=offset)
+        yield from page.data
+        offset += len(page.data)
+        if not page.data or offset >= page.count:
+            return
 
 
 class EvaluationProgress(_ResponseModel):

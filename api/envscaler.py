@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import Client, SandpitError
+from .client import Client, SandpitError, every_item
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 
@@ -86,16 +86,10 @@ def _existing(client: Client) -> tuple[dict[tuple[str | None, str], str], dict[t
     ``(environment_id, external_id) -> scenario id`` (so a re-import reuses them)."""
     environments: dict[tuple[str | None, str], str] = {}
     scenarios: dict[tuple[str, str | None], str] = {}
-    for listing, into, key in ((client.environments.list, environments, lambda e: (e.name, e.code_sha256)),
-                               (client.scenarios.list, scenarios, lambda s: (s.environment_id, s.external_id))):
-        offset = 0
-        while True:
-            page = listing(limit=500, offset=offset)
-            for item in page.data:
-                into.setdefault(key(item), item.id)
-            offset += len(page.data)
-            if not page.data or offset >= page.count:
-                break
+    for environment in every_item(client.environments.list):
+        environments.setdefault((environment.name, environment.code_sha256), environment.id)
+    for scenario in every_item(client.scenarios.list):
+        scenarios.setdefault((scenario.environment_id, scenario.external_id), scenario.id)
     return environments, scenarios
 
 

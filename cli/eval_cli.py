@@ -31,7 +31,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sandpit.api.client import Client, EvaluationJob, SandpitError
+from sandpit.api.client import Client, EvaluationJob, SandpitError, every_item
 
 eval_app = typer.Typer(help="Batch evaluations (replay or rollout) on a Sandpit server, with rewards from "
                             "the scenarios' check functions.", no_args_is_help=True)
@@ -232,13 +232,7 @@ def rollout(model: Annotated[str, typer.Option("--model", help="Model name sent 
 
 
 def _environment_scenarios(client: Client, environment_id: str) -> list[str]:
-    ids, offset = [], 0
-    while True:
-        page = client.scenarios.list(limit=1000, offset=offset)
-        ids += [s.id for s in page.data if s.environment_id == environment_id]
-        offset += len(page.data)
-        if not page.data or offset >= page.count:
-            return ids
+    return [s.id for s in every_item(client.scenarios.list, 1000) if s.environment_id == environment_id]
 
 
 @eval_app.command("watch")
