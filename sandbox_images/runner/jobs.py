@@ -40,7 +40,6 @@ import secrets
 import selectors
 import shutil
 import signal
-import socket
 import time
 
 if __package__:  # imported on the host (unit tests): a package module
@@ -213,12 +212,9 @@ class Jobs:
         if child is None:
             return
         if kind == "job-ctrl":
-            try:
-                data = child.sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            data = protocol.recv_ready(child.sock)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 self._ctrl_closed(job)
                 return
@@ -458,10 +454,7 @@ class Jobs:
         """Frames the process wrote just before exiting (still in the socket)."""
         child = job.child
         while job.ctrl_open and job.child is child:
-            try:
-                data = child.sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except OSError:
-                return
+            data = protocol.recv_ready(child.sock)
             if not data:
                 return
             self._feed(job, child, data)

@@ -15,6 +15,7 @@ parser's stack.
 from __future__ import annotations
 
 import json
+import socket
 import struct
 
 HEADER = struct.Struct(">I")
@@ -22,6 +23,21 @@ HEADER = struct.Struct(">I")
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 #: Maximum nesting depth of arrays/objects accepted in a frame.
 MAX_DEPTH = 200
+
+
+READ_CHUNK = 1 << 20
+"""Most bytes one non-blocking read takes from a socket."""
+
+
+def recv_ready(sock: socket.socket) -> bytes | None:
+    """What ``sock`` holds now, without waiting: the bytes, ``b""`` at end of stream or on
+    a socket error (the peer is gone), ``None`` when nothing has arrived yet."""
+    try:
+        return sock.recv(READ_CHUNK, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 class ProtocolViolation(Exception):

@@ -452,10 +452,7 @@ class Runner:
         before ``os._exit``), which may still sit in the socket when its death is reaped."""
         child = session.child
         while child is not None and session.child is child and session.current is not None:
-            try:
-                data = child.sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError, OSError):
-                return
+            data = protocol.recv_ready(child.sock)
             if not data:
                 return
             try:
@@ -679,12 +676,9 @@ class Runner:
         if child is None:
             return
         if kind == "ctrl":
-            try:
-                data = child.sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            data = protocol.recv_ready(child.sock)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:
                 if session.current is not None:
                     self.child_failed(session, "crashed", note="closed its control channel")
