@@ -74,7 +74,7 @@ def _timeout(value: object, profile: ResourceProfile, default: float, what: str)
 
 
 def check_checks(checks: object, initial_state: object, final_state: object, profile: ResourceProfile,
-                 per_check_timeout_s: object) -> float:
+                 per_check_timeout_s: object, source: object = None) -> float:
     """Validate :meth:`SandboxPool.run_checks` arguments; returns the per-check timeout
     in seconds (default ``min(DEFAULT_CHECK_TIMEOUT_S, call_timeout_s)``).
 
@@ -82,8 +82,9 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
         ValueError: ``checks`` is not a list of at most ``MAX_CHECKS`` objects with a
             string ``check_item`` (at most ``MAX_CHECK_ITEM_CHARS``) and a string
             ``check_func`` (at most ``MAX_CHECK_SOURCE_BYTES`` UTF-8 bytes); a state is not
-            a JSON-encodable object (finite numbers, string keys) of at most
-            ``MAX_STATE_BYTES``; the timeout is not positive or above the profile's.
+            an encoded state (:func:`check_state`) of at most ``MAX_STATE_BYTES``;
+            ``source`` is neither None nor text of at most ``MAX_CODE_BYTES``; the
+            timeout is not positive or above the profile's.
     """
     if not isinstance(checks, list):
         raise ValueError("checks must be a list of {check_item, check_func} objects")
@@ -92,28 +93,48 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
     for index, check in enumerate(checks):
         if not isinstance(check, dict) or not set(check) <= {"check_item", "check_func"}:
             raise ValueError(f"checks[{index}] must be an object with keys check_item and check_func")
-        item, source = check.get("check_item"), check.get("check_func")
+        item, check_source = check.get("check_item"), check.get("check_func")
         if not isinstance(item, str) or len(item) > oneshot.MAX_CHECK_ITEM_CHARS:
             raise ValueError(f"checks[{index}].check_item must be a string of at most "
                              f"{oneshot.MAX_CHECK_ITEM_CHARS} characters")
         _utf8_size(item, f"checks[{index}].check_item")
-        if not isinstance(source, str):
+        if not isinstance(check_source, str):
             raise ValueError(f"checks[{index}].check_func must be a string of Python source")
-        size = _utf8_size(source, f"checks[{index}].check_func")
+        size = _utf8_size(check_source, f"checks[{index}].check_func")
         if size > oneshot.MAX_CHECK_SOURCE_BYTES:
             raise ValueError(f"checks[{index}].check_func has {size} bytes; at most "
                              f"{oneshot.MAX_CHECK_SOURCE_BYTES} are allowed")
     for name, state in (("initial_state", initial_state), ("final_state", final_state)):
         check_state(state, name)
+    if source is not None:
+        if not isinstance(source, str):
+            raise ValueError("source must be the environment's Python source (a string) or None")
+        if _utf8_size(source, "source") > oneshot.MAX_CODE_BYTES:
+            raise ValueError(f"source is over {oneshot.MAX_CODE_BYTES} bytes")
     return _timeout(per_check_timeout_s, profile, DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
 
 
+def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
+    """A plain JSON state (attribute name -> JSON value, e.g. a validation case written
+    by hand) as an encoded state: every attribute ``["j", value]``. Tags of the state
+    rendering in it (``{"$set": [...]}``, ``{"$date": ...}``) become real objects in the
+    check's process (``oneshot.unrender``)."""
+    return {name: ["j", value] for name, value in state.items()}
+
+
 def check_state(state: object, name: str) -> None:
-    """A state for the checks: an object that encodes as JSON (finite numbers, text
-    encodable as UTF-8) in at most ``MAX_STATE_BYTES``. It travels as JSON, so the checks
-    see tuples as lists and non-string keys as strings. Raises ValueError."""
+    """A state for the checks: an *encoded* state (attribute name -> ``["j", value]`` |
+    ``["p", base64]`` | ``["u", rendering]``, the executor's state encoding, see
+    :mod:`sandpit.executor.results`) that encodes as JSON (finite numbers, text encodable
+    as UTF-8) in at most ``MAX_STATE_BYTES``. Pickles are restored to real objects in
+    the check's process. Raises ValueError."""
     if not isinstance(state, dict):
-        raise ValueError(f"{name} must be an object (attribute name -> JSON value)")
+        raise ValueError(f"{name} must be an object (attribute name -> encoded value)")
+    for key, entry in state.items():
+        if not isinstance(key, str) or not isinstance(entry, list) or not entry or entry[0] not in ("j", "p", "u") \
+                or (entry[0] == "p" and (len(entry) not in (2, 3) or not isinstance(entry[1], str))) \
+                or (entry[0] != "p" and len(entry) != 2):
+            raise ValueError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
     try:
         text = json.dumps(state, allow_nan=False, ensure_ascii=False)
         size = len(text.encode("utf-8"))

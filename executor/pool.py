@@ -186,28 +186,33 @@ class SandboxPool:
 
     def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
                    final_state: dict[str, Any], profile: ResourceProfile | None = None,
-                   per_check_timeout_s: float | None = None) -> list[CheckResult]:
+                   per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
         """EnvScaler rule-based reward: run every check function against a pair of states
-        in one fresh process of a sandbox of ``tenant`` (never an environment's process).
+        in a sandbox of ``tenant``, each check in a fresh process of its own.
 
-        Each ``check_func`` source is executed in a module namespace of its own whose
-        global ``initial_state`` is a private deep copy of ``initial_state``, then
-        ``check_func(<private deep copy of final_state>)`` is called; what one check does
-        to its copies never reaches another. Only a returned ``True`` passes. A check that
-        exceeds ``per_check_timeout_s``, calls ``os._exit``, is killed or runs out of
-        memory gets that status, and the checks after it run on in a fresh process; the
-        whole call is bounded by ``per_check_timeout_s * len(checks) + 5`` seconds.
-        Checks of one call share their process (a hostile check may disturb the later
-        checks of the same call, nothing else).
+        The states are restored as real Python objects in the sandbox (pickled attributes
+        are unpickled; when they hold instances of the environment's own classes, its
+        module is loaded from ``source`` there, never instantiated). Each ``check_func``
+        source is executed in a module namespace of its own whose global ``initial_state``
+        is that process's private copy of the initial state, then ``check_func(<its copy of
+        the final state>)`` is called; the checks' processes are forked one after the
+        other from one process that restored the states and never runs check code, so
+        nothing a check does reaches another check or the aggregation. Only a returned
+        ``True`` passes. A check that exceeds ``per_check_timeout_s`` gets ``timeout``
+        (the next ones run in a fresh process); one that dies gets ``crashed`` (``oom`` when
+        the kernel's OOM killer did it); the whole call is bounded by
+        ``per_check_timeout_s * len(checks) + 5`` seconds.
 
         Args:
             checks: ``[{"check_item": str, "check_func": str}]`` (ScenGenerator's
                 ``checklist_with_func``), at most 256, each source at most 64 KiB.
-            initial_state, final_state: JSON objects (attribute name -> value), at most
-                16 MiB of JSON each; they travel as JSON (tuples become lists).
-            profile: limits of the sandbox and of the check process (default profile).
+            initial_state, final_state: encoded states (attribute name -> ``["j", value]``
+                | ``["p", base64 pickle]`` | ``["u", rendering]``; :func:`jobs.encode_json_state`
+                turns a plain JSON state into one), at most 16 MiB of JSON each.
+            profile: limits of the sandbox and of the check processes (default profile).
             per_check_timeout_s: wall-clock limit per check, seconds; default
                 ``min(5, profile.call_timeout_s)``; at most ``profile.call_timeout_s``.
+            source: the environment's code (needed only when a pickle refers to its classes).
 
         Returns:
             One :class:`CheckResult` per check, in order (``[]`` for no checks, without
@@ -221,7 +226,7 @@ class SandboxPool:
         """
         jobs.check_tenant(tenant)
         profile = profile or self.profile()
-        timeout_s = jobs.check_checks(checks, initial_state, final_state, profile, per_check_timeout_s)
+        timeout_s = jobs.check_checks(checks, initial_state, final_state, profile, per_check_timeout_s, source)
         if not checks:
             return []
         budget_s = timeout_s * len(checks) + jobs.BATCH_SLACK_S
@@ -232,7 +237,8 @@ class SandboxPool:
                 reply = sandbox.request(
                     "checks", timeout_s=budget_s + self.settings.watchdog_grace_s + 5.0, time_limit_s=timeout_s,
                     checks=[{"check_func": c["check_func"]} for c in checks],
-                    initial_state=initial_state, final_state=final_state)
+                    initial_state=_without_renderings(initial_state), final_state=_without_renderings(final_state),
+                    source=source)
             except SandboxLost as exc:
                 slot.lost(sandbox)
                 self.failures[exc.status] += 1
@@ -584,6 +590,12 @@ class _Slot:
             sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             self.pool._release(sandbox, self._id, close=False)
+
+
+def _without_renderings(state: dict[str, Any]) -> dict[str, Any]:
+    """An encoded state without the renderings of pickled values (the check's process
+    restores the pickle itself; the rendering would only add to the frame)."""
+    return {name: entry[:2] if entry[0] == "p" else entry for name, entry in state.items()}
 
 
 def _check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:

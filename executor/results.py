@@ -1,9 +1,13 @@
 """Result and state models exchanged with callers of the executor.
 
-State encoding (per public attribute of the environment instance, EnvScaler "state =
-public attributes"): ``["j", <JSON value>]`` exact JSON-native value; ``["p", <base64>]``
-opaque pickle, decoded only inside a sandbox; ``["u", <repr>]`` not serializable (not
-restorable; the attribute keeps what instantiation produced).
+State encoding (per attribute of the environment instance; EnvScaler ``get_state_info``:
+``vars(instance)`` without dunder keys): ``["j", <JSON value>]`` exact JSON-native value;
+``["p", <base64>, <rendering>]`` a pickle, decoded only inside a sandbox, plus its JSON
+rendering made in the sandbox (``sandbox_images/runner/render.py``); ``["u", <rendering>]``
+not picklable (not restorable; the attribute keeps what instantiation produced). Stored
+states written before renderings existed may hold ``["p", <base64>]`` and ``["u", <repr
+string>]``. :func:`render_state` turns an encoded state into the one JSON view every
+reader sees (``GET /state``, ``include=state``, diffs).
 """
 
 from __future__ import annotations
@@ -26,10 +30,55 @@ def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:
     if not isinstance(mapping, dict):
         raise ProtocolViolation(f"{what} is not an object")
     for key, entry in mapping.items():
-        if (not isinstance(entry, list) or len(entry) != 2 or entry[0] not in ("j", "p", "u")
-                or (entry[0] != "j" and not isinstance(entry[1], str))):
-            raise ProtocolViolation(f"{what}: malformed entry for attribute {key!r}")
+        if not _valid_entry(entry):
+            raise ProtocolViolation(f"{what}: malformed entry for attribute {str(key)[:64]!r}")
     return mapping
+
+
+def _valid_entry(entry: object) -> bool:
+    if not isinstance(entry, list) or not entry:
+        return False
+    kind = entry[0]
+    if kind == "j" or kind == "u":
+        return len(entry) == 2
+    return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
+
+
+def render_entry(entry: EncodedValue) -> Any:
+    """The JSON view of one encoded attribute: a ``"j"`` value itself, the sandbox's
+    rendering of a ``"p"``/``"u"`` value; legacy entries without a rendering show as
+    ``{"$truncated": {"type": "?", "reason": "legacy", ...}}``."""
+    kind = entry[0]
+    if kind == "j":
+        return entry[1]
+    if kind == "p":
+        if len(entry) == 3:
+            return entry[2]
+        return {"$truncated": {"type": "?", "reason": "legacy",
+                               "repr": f"<pickle of {len(entry[1]) * 3 // 4} bytes, stored before renderings>"}}
+    if isinstance(entry[1], str):  # legacy: a repr string
+        return {"$repr": {"type": "?", "repr": entry[1]}}
+    return entry[1]
+
+
+def render_state(state: dict[str, EncodedValue]) -> dict[str, Any]:
+    """The JSON view of an encoded state (attribute name -> :func:`render_entry`)."""
+    return {name: render_entry(entry) for name, entry in state.items()}
+
+
+def is_truncated(view: Any) -> bool:
+    """True when a rendering holds a ``$truncated`` marker (anything was cut). Walks only
+    tags' bodies and containers (iterative)."""
+    stack = [view]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            if len(item) == 1 and "$truncated" in item:
+                return True
+            stack.extend(item.values())
+        elif type(item) is list:
+            stack.extend(item)
+    return False
 
 
 _TOOL_KEYS = {"type", "function"}

@@ -25,7 +25,7 @@ from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keye
 
 from .errors import SandboxLost, SessionClosed, SessionError
 from .profiles import ResourceProfile
-from .results import CallResult, Snapshot, StateDelta, check_encoded, check_tool_schemas
+from .results import CallResult, Snapshot, StateDelta, check_encoded, check_tool_schemas, render_state
 
 if TYPE_CHECKING:
     from .pool import SandboxPool
@@ -160,18 +160,14 @@ class Session:
                 delta=StateDelta(set=changed, deleted=deleted), recovered=recovered)
 
     def state(self) -> dict[str, Any]:
-        """The current state as JSON: every public attribute; opaque ones rendered by the
-        sandbox as ``{"__class__": ..., <public attrs>}`` (never unpickled on the host)."""
+        """The current state's JSON view (:func:`~sandpit.executor.results.render_state`):
+        every non-dunder attribute, JSON-native ones as they are, others as the rendering
+        the sandbox made of them. Built from the host's copy of the last good snapshot: no
+        sandbox round trip, and the same view a stored state of this step gives."""
         with self._lock:
-            try:
-                reply, _ = self._request("state")
-            except SandboxLost:
-                self._lose()
-                reply, _ = self._request("state")
-            state = reply.get("state")
-            if not isinstance(state, dict):
-                raise SessionError("sandbox sent a malformed state")
-            return state
+            if self.closed:
+                raise SessionClosed(f"session {self.id} is closed")
+            return render_state(self._snapshot)
 
     def describe(self) -> list[dict[str, Any]]:
         """OpenAI function-calling schemas of the environment's tools, derived inside the

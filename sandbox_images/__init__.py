@@ -5,4 +5,6 @@ stdlib-only ``runner/`` package copied into the image. Built by
 from pathlib import Path
 
 DEFINITION_DIR = Path(__file__).resolve().parent
-RUNNER_FILES = ("protocol.py", "runner.py", "session.py", "schemas.py", "jobs.py", "oneshot.py")
+RUNNER_FILES = tuple(sorted(p.name for p in (DEFINITION_DIR / "runner").glob("*.py") if p.name != "__init__.py"))
+"""The runner's modules: every ``.py`` file of ``runner/`` (the image gets the folder; this
+is the one list, used for the image's content hash and its build context)."""

@@ -20,15 +20,21 @@ Host requests (each has an integer ``id``; the reply echoes it):
       kernel's OOM killer), ``crashed`` (killed by a signal: exit_code ``-signal``; or
       the process could not be started). Output is capped at ``output_cap_bytes`` per
       stream; what is cut is dropped and flagged.
-  checks {checks: [{check_func}], initial_state, final_state, time_limit_s}
+  checks {checks: [{check_func}], initial_state, final_state, source?, time_limit_s}
       -> {status: "ok", results: [{status, passed, result, error, traceback,
           duration_ms, stdout, stderr}], restarts}
-      All checks run in one process, one after the other (``oneshot.py``; the process
-      waits for a ``{"op": "next", "index"}`` frame before each check after the first, so each
-      check's output is attributed to it); ``time_limit_s`` bounds each check. A check that times out, crashes or runs out of memory gets that
-      status and the remaining checks go on in a fresh process (``restarts`` counts
-      them). The whole batch is bounded by ``time_limit_s * len(checks) + BATCH_SLACK_S``;
-      checks not started by then are ``timeout`` ("not run").
+      The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
+      ``source`` is the environment's code, loaded only to unpickle instances of its
+      classes. One job process (``oneshot.py``'s zygote) restores the states once and
+      runs every check in a fresh process forked from it, one after the other: after each
+      result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
+      (so each check's output is attributed to it and no process of one check outlives
+      it); ``time_limit_s`` bounds each check. A check that times out gets that status
+      and the remaining checks go on in a fresh zygote (``restarts`` counts them); one
+      that dies or runs out of memory is reported by the zygote (``crashed``; ``oom``
+      when the cgroup's OOM-kill counter rose meanwhile). The whole batch is bounded by
+      ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
+      ``timeout`` ("not run").
 
 Requests that are malformed (types, caps of ``oneshot.py``) get ``status: "fault"``.
 """
@@ -56,7 +62,7 @@ JOBS_PER_SLOT = 8
 DRAIN_MAX_READS = 64
 """Reads of a pipe when a job ends (64 KiB each): bounded even if an escaped process
 keeps writing into it."""
-CHECK_STATUSES = ("ok", "error", "rejected", "oom")
+CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
 
 
 class Output:
@@ -274,6 +280,9 @@ class Jobs:
         if result is None:
             self._process_failed(job, "crashed", "the check process sent a malformed result")
             return
+        if (result["status"] == "crashed" and msg.get("signal") == signal.SIGKILL
+                and self.oom_kills() > job.oom_baseline):
+            result.update(status="oom", error="the check ran out of memory (killed by the kernel's OOM killer)")
         self._drain(job)
         result["stdout"], result["stderr"] = job.out.text(True), job.err.text(True)
         job.out.reset()
@@ -287,7 +296,9 @@ class Jobs:
         elif job.next >= len(job.results):
             self._finish_checks(job)
         else:  # the process waits for this go-ahead: its pipes now hold nothing of the next check
+            self.runner.sweep_strays()  # nothing a check left behind meets the next one
             now = time.monotonic()
+            job.oom_baseline = self.oom_kills()
             job.check_started = now
             job.deadline = min(now + job.timeout_s, job.budget_deadline)
             try:
@@ -519,10 +530,24 @@ def _checks_request(msg: dict) -> dict:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
                              f"{oneshot.MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
-    initial, final = msg.get("initial_state"), msg.get("final_state")
-    if not isinstance(initial, dict) or not isinstance(final, dict):
-        raise ValueError("fields 'initial_state' and 'final_state' must be objects")
-    return {"checks": sources, "initial_state": initial, "final_state": final}
+    initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
+    for name, state in (("initial_state", initial), ("final_state", final)):
+        if not isinstance(state, dict) or not all(_encoded_entry(entry) for entry in state.values()):
+            raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
+    if source is not None and (not isinstance(source, str)
+                               or len(source.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES):
+        raise ValueError(f"field 'source' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+    return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
+
+
+def _encoded_entry(entry: object) -> bool:
+    """One attribute of an encoded state: ``["j", value]``, ``["p", base64, ...]``, ``["u", rendering]``."""
+    if not isinstance(entry, list) or not entry:
+        return False
+    kind = entry[0]
+    if kind == "j" or kind == "u":
+        return len(entry) == 2
+    return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
 
 
 def _check_result(msg: dict, index: int) -> dict | None:

@@ -16,28 +16,47 @@ traceback on stderr and exits 1), stdout and stderr (pipes the runner reads). Th
 frame sent on the control channel is ``{"id", "status": "oom"}`` just before exiting on
 an uncaught ``MemoryError``, which the runner reports as ``oom`` instead of ``error``.
 
-``checks`` (``{workdir, initial_state, final_state, checks: [{index, check_func}]}``),
-EnvScaler's rule-based reward: for each check in order, ``check_func`` source is executed
-in a module namespace of its own whose global ``initial_state`` is a private deep copy
-(a JSON round trip) of the initial state, then ``check_func(<private copy of the final
-state>)`` is called. One frame per check, in order: ``{"id", "index", "status", "passed",
-"result", "error", "traceback", "duration_ms"}``; after each, the process waits for the
-runner's go-ahead ``{"op": "next", "index"}`` (so the runner attributes output to the right
-check and times each check from its own start). Only ``True`` (a real bool) passes:
+``checks`` (``{workdir, initial_state, final_state, source?, checks: [{index,
+check_func}]}``), EnvScaler's rule-based reward. The states are *encoded* states (one
+entry per attribute: ``["j", value]``, ``["p", base64 pickle]``, ``["u", rendering]``, see
+``session.py``) and are restored here as real Python objects: pickles are unpickled (sets,
+dates, instances...), so a check sees exactly what EnvScaler's in-process check sees
+(``isinstance(x, set)``, ``date`` comparisons, attribute access). When a pickle refers to a
+class of the environment's own module (or of a module that module creates when it loads,
+as BFCL's environments do), that module is loaded from ``source`` first (its module-level
+code runs here; the class is never instantiated and no tool is called).
+``"u"`` attributes (not picklable) arrive as their rendering. ``"j"`` values that are tags
+of ``render.py`` (only possible in states a caller wrote by hand, e.g. validation cases)
+are turned back into the objects they stand for (:func:`unrender`).
+
+This process (the *zygote*) restores both states once, then runs each check in a fresh
+process of its own, forked from it: the check's ``initial_state`` global and its
+``final_state`` argument are that process's private copy-on-write copies, and nothing a
+check does (its modules, threads, files descriptors, tracers, patched builtins, frames it
+walks) can reach another check, this process or the verdict of another check. The zygote
+never runs check code; it reads the check process's one result frame from a private
+pipe, kills the check's process group, and forwards the result (re-validated) to the
+runner. One frame per check, in order: ``{"id", "index", "status", "passed", "result",
+"error", "traceback", "duration_ms"}`` (plus ``"signal"`` when the check process was
+killed); after each, the zygote waits for the runner's go-ahead ``{"op": "next",
+"index"}`` (so the runner attributes output to the right check, sweeps leftovers, and
+times each check from its own start). Only ``True`` (a real bool) passes:
 
     status    passed  when
     ok        True    returned True
     ok        False   returned False (error None)
     error     False   raised (``Error: <Type>: <message>``, traceback), or returned a
-                      non-bool (``returned int 1, not a bool``)
+                      non-bool (``returned int 1, not a bool``), or the state could not be
+                      restored (``restoring the state failed: ...``)
     rejected  False   syntax error, or no callable ``check_func`` defined
-    oom       False   MemoryError (``fatal``: the process exits, the runner goes on with
-                      the next check in a fresh process)
+    oom       False   MemoryError in the check
+    crashed   False   the check process died without a result (``os._exit``, a signal;
+                      the runner reports ``oom`` when the kernel's OOM killer did it)
 
-Timeouts and deaths (``os._exit``, signals, the kernel's OOM killer) are seen and reported
-by the runner, which also continues with the next check in a fresh process. Checks of one
-batch share this process (its modules, threads and file descriptors): a hostile check can
-disturb the later checks of the *same* batch, never another job or session.
+Timeouts are seen by the runner, which kills this process group and goes on with the next
+check in a fresh zygote. A check's verdict is what its own ``check_func`` returned in its
+own process: a check can only ever change its own verdict, which it could do by returning
+``True``.
 """
 
 from __future__ import annotations
@@ -87,6 +106,8 @@ MAX_PATH_CHARS = 1024
 MAX_PATH_DEPTH = 16
 MAX_NAME_BYTES = 255
 
+CTRL_FD = 3
+"""The runner channel of a job process (``session.CTRL_FD``)."""
 SCRIPT_NAME = "main.py"
 CHECK_FILENAME = "<check_func>"
 HEADER_SIZE = 4
@@ -221,9 +242,153 @@ def syntax_error_text(exc: SyntaxError | ValueError) -> str:
     return f"syntax error: {exc}"[:ERROR_CHARS]
 
 
-def run_check(source: str, initial_text: str, final_text: str) -> dict:
-    """Run one check (see the module docstring) and return its result fields (without
-    ``id``/``index``). ``MemoryError`` propagates: the caller reports it and exits."""
+ENV_MODULE = "sandpit_env"
+"""Name of the environment's module in sessions (``session.MODULE_NAME``): pickles of
+instances of its classes refer to it."""
+
+
+class StateError(Exception):
+    """An encoded state could not be restored (a pickle that does not load, the
+    environment's module failing to load, a malformed entry)."""
+
+
+def _load_env_module(source: str | None) -> types.ModuleType:
+    """The environment's module, loaded from ``source`` on first use (only when a pickle
+    refers to it). Raises StateError when there is no source or it fails to load."""
+    module = sys.modules.get(ENV_MODULE)
+    if module is not None:
+        return module
+    if not source:
+        raise StateError("the state holds instances of the environment's classes, but no environment "
+                         "source was given to load them")
+    module = types.ModuleType(ENV_MODULE)
+    module.__file__ = "<environment>"
+    sys.modules[ENV_MODULE] = module
+    try:
+        exec(compile(source, "<environment>", "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - sandbox
+    except MemoryError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported as the state's error
+        del sys.modules[ENV_MODULE]
+        raise StateError(f"loading the environment's module failed: {error_text(exc)}") from None
+    return module
+
+
+def decode_state(encoded: dict, source: str | None) -> dict:
+    """Real Python objects of an encoded state (module docstring). Raises StateError;
+    MemoryError propagates."""
+    import base64
+    import io
+    import pickle
+
+    class _Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            if module == ENV_MODULE:
+                _load_env_module(source)
+            try:
+                return super().find_class(module, name)
+            except (ImportError, AttributeError):
+                # modules the environment's code creates when it loads (BFCL's embedded
+                # packages): load it, then look again
+                if not source or ENV_MODULE in sys.modules:
+                    raise
+                _load_env_module(source)
+                return super().find_class(module, name)
+
+    state: dict = {}
+    for name, entry in encoded.items():
+        kind = entry[0]
+        if kind == "j":
+            state[name] = unrender(entry[1])
+        elif kind == "p":
+            try:
+                state[name] = _Unpickler(io.BytesIO(base64.b64decode(entry[1]))).load()
+            except (MemoryError, StateError):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a pickle that does not load
+                raise StateError(f"attribute {name!r} could not be restored: {error_text(exc)}") from None
+        else:
+            state[name] = entry[1] if len(entry) > 1 else None
+    return state
+
+
+def unrender(value: object) -> object:
+    """Objects back from a rendering's tags (``render.py``) where Python can rebuild them:
+    sets, frozensets, tuples, bytes, dates and times, Decimal, Fraction, complex, UUID,
+    non-finite floats, dicts with non-str keys; ``$object`` becomes a
+    ``types.SimpleNamespace`` of its attributes, ``$enum`` its value; ``$repr``,
+    ``$cycle`` and ``$truncated`` stay as they are. Plain JSON comes back unchanged."""
+    kind = type(value)
+    if kind is list:
+        return [unrender(item) for item in value]
+    if kind is not dict:
+        return value
+    if len(value) != 1:
+        return {key: unrender(item) for key, item in value.items()}
+    tag, body = next(iter(value.items()))
+    if not (type(tag) is str and tag.startswith("$")):
+        return {tag: unrender(body)}
+    try:
+        return _unrender_tag(tag, body, value)
+    except (TypeError, ValueError, ArithmeticError):
+        return value
+
+
+def _unrender_tag(tag: str, body: object, whole: dict) -> object:
+    if tag in ("$set", "$frozenset", "$tuple") and type(body) is list:
+        items = [unrender(item) for item in body]
+        return set(items) if tag == "$set" else frozenset(items) if tag == "$frozenset" else tuple(items)
+    if tag in ("$bytes", "$bytearray") and type(body) is str:
+        import base64
+
+        data = base64.b64decode(body)
+        return data if tag == "$bytes" else bytearray(data)
+    if tag in ("$datetime", "$date", "$time") and type(body) is str:
+        import datetime
+
+        kind = {"$datetime": datetime.datetime, "$date": datetime.date, "$time": datetime.time}[tag]
+        return kind.fromisoformat(body)
+    if tag == "$timedelta" and type(body) in (int, float):
+        import datetime
+
+        return datetime.timedelta(seconds=body)
+    if tag == "$decimal" and type(body) is str:
+        import decimal
+
+        return decimal.Decimal(body)
+    if tag == "$fraction" and type(body) is str:
+        import fractions
+
+        return fractions.Fraction(body)
+    if tag == "$complex" and type(body) is list and len(body) == 2:
+        return complex(float(body[0]), float(body[1]))
+    if tag == "$uuid" and type(body) is str:
+        import uuid
+
+        return uuid.UUID(body)
+    if tag == "$float" and body in ("nan", "inf", "-inf"):
+        return float(body)
+    if tag == "$dict" and type(body) is list:
+        return {_hashable(unrender(pair[0])): unrender(pair[1]) for pair in body}
+    if tag == "$enum" and type(body) is dict:
+        return unrender(body.get("value"))
+    if tag == "$object" and type(body) is dict and type(body.get("attrs")) is dict:
+        return types.SimpleNamespace(**{k: unrender(v) for k, v in body["attrs"].items() if k.isidentifier()})
+    return whole
+
+
+def _hashable(key: object) -> object:
+    if type(key) is list:
+        return tuple(_hashable(k) for k in key)
+    if type(key) is dict:
+        return tuple(sorted((str(k), repr(v)) for k, v in key.items()))
+    return key
+
+
+def run_check(source: str, initial: object, final: object) -> dict:
+    """Run one check on ``initial`` (the ``initial_state`` global) and ``final`` (the
+    argument) in this process and return its result fields (without ``id``/``index``).
+    ``MemoryError`` propagates: the caller reports it and exits."""
     started = time.perf_counter()
     out: dict = {"status": "ok", "passed": False, "result": None, "error": None, "traceback": None}
     try:
@@ -231,8 +396,7 @@ def run_check(source: str, initial_text: str, final_text: str) -> dict:
     except (SyntaxError, ValueError) as exc:
         out.update(status="rejected", error=syntax_error_text(exc))
         return _timed(out, started)
-    namespace: dict = {"__name__": "check_func_module", "__builtins__": builtins,
-                       "initial_state": json.loads(initial_text)}
+    namespace: dict = {"__name__": "check_func_module", "__builtins__": builtins, "initial_state": initial}
     try:
         exec(code, namespace)  # noqa: S102 - this is the sandbox
         check_func = namespace.get("check_func")
@@ -242,7 +406,7 @@ def run_check(source: str, initial_text: str, final_text: str) -> dict:
         if not callable(check_func):
             out.update(status="rejected", error=f"check_func is a {type(check_func).__name__}, not a function")
             return _timed(out, started)
-        value = check_func(json.loads(final_text))
+        value = check_func(final)
         out["result"] = bounded_repr(value)
         out["status"], out["passed"], out["error"] = classify(value)
     except MemoryError:
@@ -313,7 +477,7 @@ def _script_environment(workdir: str) -> types.ModuleType:
     modules in ``sys.modules``, and the ``exit``/``quit`` builtins ``site`` would add."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    for name in ("oneshot", "session", "schemas", "protocol"):
+    for name in [f[:-3] for f in os.listdir(here) if f.endswith(".py")]:  # the runner's own modules
         sys.modules.pop(name, None)
     main = types.ModuleType("__main__")
     main.__file__ = os.path.join(workdir, SCRIPT_NAME)
@@ -434,32 +598,40 @@ def _print_uncaught(exc: BaseException) -> None:
 
 
 def run_checks(msg: dict, channel: _Channel) -> None:
-    """Serve one ``checks`` request: one result frame per check, in order (module
-    docstring), each check after the first on the runner's go-ahead naming it
-    (``{"op": "next", "index"}``), so that what a check prints is all in the pipes
-    before the next one starts (and a check that forked does not run the rest twice).
-    Returns when all are sent or the channel closes; exits after a ``MemoryError``."""
+    """Serve one ``checks`` request as the zygote (module docstring): restore both states
+    once, then one forked process per check, each after the runner's go-ahead naming it
+    (``{"op": "next", "index"}``), so what a check prints is all in the pipes before the
+    next one starts. Returns when all are sent or the channel closes; exits after a
+    ``MemoryError`` while restoring the states."""
     token = msg.get("id")
     _enter_workdir(msg["workdir"])
     sys.argv = ["check_func"]
-    initial_text = json.dumps(msg["initial_state"])
-    final_text = json.dumps(msg["final_state"])
     checks = {item["index"]: item["check_func"] for item in msg["checks"]}
     index = msg["checks"][0]["index"]
+    source = msg.get("source")
+    state_error = None
+    try:
+        initial = decode_state(msg["initial_state"], source)
+        final = decode_state(msg["final_state"], source)
+    except MemoryError:
+        initial = final = None
+        _flush_std()
+        try:
+            channel.send({"id": token, "index": index, "status": "oom", "passed": False, "result": None,
+                          "error": "Error: MemoryError: restoring the states ran out of memory",
+                          "traceback": None, "duration_ms": 0.0, "fatal": True})
+        finally:
+            os._exit(0)
+    except StateError as exc:
+        initial = final = None
+        state_error = f"restoring the state failed: {exc}"[:ERROR_CHARS]
     del msg
     while True:
-        try:
-            out = run_check(checks[index], initial_text, final_text)
-        except MemoryError:
-            out = None
-        if out is None:
-            _flush_std()
-            try:
-                channel.send({"id": token, "index": index, "status": "oom", "passed": False, "result": None,
-                              "error": "Error: MemoryError: the check ran out of memory", "traceback": None,
-                              "duration_ms": 0.0, "fatal": True})
-            finally:
-                os._exit(0)
+        if state_error is not None:
+            out = {"status": "error", "passed": False, "result": None, "error": state_error, "traceback": None,
+                   "duration_ms": 0.0}
+        else:
+            out = _forked_check(checks[index], initial, final)
         _flush_std()
         channel.send({"id": token, "index": index, **out})
         if index == max(checks):
@@ -467,6 +639,131 @@ def run_checks(msg: dict, channel: _Channel) -> None:
         index = channel.wait()
         if index not in checks:
             return
+
+
+RESULT_FRAME_MAX_BYTES = 64 * 1024
+"""Most bytes the zygote reads from a check process's result pipe."""
+
+
+def _forked_check(source: str, initial: object, final: object) -> dict:
+    """Run one check in a fresh process forked from this one; its result fields,
+    validated. The child writes one length-prefixed JSON object to a private pipe and
+    exits; it never holds the runner channel. Its process group is killed once it has
+    answered or died (a process it left holding the pipe cannot stall the zygote)."""
+    read_fd, write_fd = os.pipe()
+    _flush_std()  # nothing buffered here may be printed twice by the child
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the check process
+        try:
+            os.close(read_fd)
+            os.close(CTRL_FD)  # the runner channel stays with the zygote
+            os.setpgid(0, 0)
+            try:
+                out = run_check(source, initial, final)
+            except MemoryError:
+                out = {"status": "oom", "passed": False, "result": None,
+                       "error": "Error: MemoryError: the check ran out of memory", "traceback": None,
+                       "duration_ms": (time.perf_counter() - started) * 1000.0}
+            _flush_std()
+            data = json.dumps(out, ensure_ascii=False).encode("utf-8", "replace")
+            view = memoryview(len(data).to_bytes(HEADER_SIZE, "big") + data)
+            while view:
+                view = view[os.write(write_fd, view):]
+        except BaseException:  # noqa: BLE001 - the zygote reports the missing result
+            pass
+        os._exit(0)
+    os.close(write_fd)
+    raw, wait_status = _await_result(read_fd, pid)
+    try:
+        os.killpg(pid, 9)  # what the check left behind in its group
+    except OSError:
+        pass
+    if wait_status is None:
+        wait_status = os.waitpid(pid, 0)[1]
+    elapsed = (time.perf_counter() - started) * 1000.0
+    result = _result_fields(raw) if raw is not None else None
+    if result is not None:
+        return result
+    code = os.waitstatus_to_exitcode(wait_status)
+    out = {"status": "crashed", "passed": False, "result": None, "traceback": None, "duration_ms": elapsed,
+           "error": (f"the check process was killed by signal {-code}" if code < 0
+                     else f"the check process exited with status {code} without a result")}
+    if code < 0:
+        out["signal"] = -code
+    return out
+
+
+def _await_result(read_fd: int, pid: int) -> tuple[bytes | None, int | None]:
+    """Read the check process's one frame from ``read_fd``: ``(body, None)`` once it is
+    complete, ``(None, wait status)`` when the process died without one (or sent more than
+    RESULT_FRAME_MAX_BYTES). Polls the process every 50 ms while waiting; closes ``read_fd``."""
+    import select
+
+    buffer = b""
+    try:
+        while True:
+            readable, _, _ = select.select([read_fd], [], [], 0.05)
+            if readable:
+                chunk = os.read(read_fd, 65536)
+                buffer += chunk
+                if len(buffer) >= HEADER_SIZE:
+                    length = int.from_bytes(buffer[:HEADER_SIZE], "big")
+                    if length > RESULT_FRAME_MAX_BYTES:
+                        return None, _kill_and_wait(pid)
+                    if len(buffer) >= HEADER_SIZE + length:
+                        return buffer[HEADER_SIZE:HEADER_SIZE + length], None
+                if not chunk:
+                    return None, _kill_and_wait(pid)
+                continue
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                while True:  # what it wrote just before dying still counts
+                    readable, _, _ = select.select([read_fd], [], [], 0)
+                    chunk = os.read(read_fd, 65536) if readable else b""
+                    if not chunk:
+                        break
+                    buffer += chunk
+                if len(buffer) >= HEADER_SIZE:
+                    length = int.from_bytes(buffer[:HEADER_SIZE], "big")
+                    if length <= RESULT_FRAME_MAX_BYTES and len(buffer) >= HEADER_SIZE + length:
+                        return buffer[HEADER_SIZE:HEADER_SIZE + length], wait_status
+                return None, wait_status
+    finally:
+        os.close(read_fd)
+
+
+def _kill_and_wait(pid: int) -> int:
+    try:
+        os.killpg(pid, 9)
+    except OSError:
+        pass
+    return os.waitpid(pid, 0)[1]
+
+
+_RESULT_STATUSES = ("ok", "error", "rejected", "oom")
+
+
+def _result_fields(raw: bytes) -> dict | None:
+    """The fields of a check process's result, rebuilt with exact types and caps (None
+    when it is not a well-formed result)."""
+    try:
+        message = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if type(message) is not dict or message.get("status") not in _RESULT_STATUSES:
+        return None
+    passed, duration = message.get("passed"), message.get("duration_ms")
+    if type(passed) is not bool or type(duration) not in (int, float):
+        return None
+    out = {"status": message["status"], "passed": passed and message["status"] == "ok",
+           "duration_ms": float(duration)}
+    for name, cap in (("result", RESULT_REPR_CHARS + 8), ("error", ERROR_CHARS), ("traceback", TRACEBACK_CHARS + 200)):
+        value = message.get(name)
+        if value is not None and type(value) is not str:
+            return None
+        out[name] = value[:cap] if value is not None else None
+    return out
 
 
 def run_job(msg: dict, ctrl_fd: int) -> None:

@@ -14,15 +14,18 @@ Semantics follow EnvScaler:
 - tool call: ``getattr(instance, name)(**arguments)``; observation ``str(result)``; an
   exception becomes the observation ``"Error: <Type>: <message>"`` plus a bounded
   traceback and the episode goes on;
-- state: the instance's public attributes (``vars(instance)`` minus names starting ``_``);
+- state: ``vars(instance)`` without dunder keys (EnvScaler ``get_state_info``): ``_private``
+  attributes are state too;
 - tools: ``describe`` answers the OpenAI tool schemas of the class (``schemas.py``). An
   ``init`` with ``describe_only`` loads the module and checks the class but never
   instantiates it (registration has no ``init_config``); such a session only describes.
 
-State encoding (one entry per public attribute), used for deltas, snapshots and restore:
+State encoding (one entry per attribute), used for deltas, snapshots and restore:
 ``["j", value]`` JSON-native value (exact types: dict with str keys, list, str, int,
-float (finite), bool, None); ``["p", base64]`` pickle (opaque, only ever decoded inside a
-sandbox); ``["u", repr]`` neither (cannot be restored; the attribute keeps whatever
+float (finite), bool, None; a dict with a single ``$`` key is not JSON-native, see
+``render.py``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
+sandbox) plus its JSON rendering (``render.py``), which is what the host shows;
+``["u", rendering]`` not picklable (cannot be restored; the attribute keeps whatever
 ``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
 ``"j"`` value, which UTF-8 cannot carry, arrives as ``?``.
 
@@ -46,9 +49,9 @@ CTRL_FD = 3
 MODULE_NAME = "sandpit_env"
 JSON_SCALARS = (str, int, float, bool, type(None))
 TRACEBACK_LIMIT_BYTES = 4096
-UNSERIALIZABLE_REPR_BYTES = 1024
-VIEW_MAX_DEPTH = 12
-VIEW_MAX_ITEMS = 10000
+JSON_NATIVE_MAX_DEPTH = 100
+"""JSON values nested deeper than this are pickled (and rendered with a depth marker)
+rather than sent as ``"j"``: frames may nest at most ``protocol.MAX_DEPTH`` levels."""
 
 HEADER_SIZE = 4
 IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -58,27 +61,33 @@ the standard library. Not a boundary: environment code could append it itself.""
 
 
 def _json_native(value: object) -> bool:
-    """True when ``value`` round-trips through JSON with exact types (iterative walk)."""
-    stack = [value]
-    seen = 0
+    """True when ``value`` round-trips through JSON with exact types and reads back as
+    itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
+    ``render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
+    stack = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         kind = type(item)
-        seen += 1
         if kind is str or kind is int or kind is bool or item is None:
             continue
         if kind is float:
             if item != item or item in (float("inf"), float("-inf")):
                 return False
             continue
+        if depth >= JSON_NATIVE_MAX_DEPTH:
+            return False
         if kind is dict:
+            if len(item) == 1:
+                key = next(iter(item))
+                if type(key) is str and key.startswith("$"):
+                    return False
             for key, sub in item.items():
                 if type(key) is not str:
                     return False
-                stack.append(sub)
+                stack.append((sub, depth + 1))
             continue
         if kind is list:
-            stack.extend(item)
+            stack.extend((sub, depth + 1) for sub in item)
             continue
         return False
     return True
@@ -88,8 +97,44 @@ def _dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def encode_value(value: object, cached: tuple[str, str] | None) -> tuple[str, str]:
-    """Encode one attribute. Returns ``(kind, text)``; for ``"j"`` the text is JSON."""
+def _entry_json(enc: Encoding) -> str:
+    """Wire form of an encoding: ``["j",<json>]``, ``["p","<b64>",<rendering>]``, ``["u",<rendering>]``."""
+    if enc[0] == "j":
+        return f'["j",{enc[1]}]'
+    if enc[0] == "p":
+        return f'["p",{_dumps(enc[1])},{enc[2]}]'
+    return f'["u",{enc[1]}]'
+
+
+def decode_entry(entry: list) -> tuple[object, bool]:
+    """The value of one encoded attribute and whether it is restorable: ``"j"`` its
+    value, ``"p"`` the unpickled object, ``"u"`` its rendering (not restorable). An
+    unpickling error propagates (the caller reports it)."""
+    kind = entry[0]
+    if kind == "j":
+        return entry[1], True
+    if kind == "p":
+        import base64
+        import pickle
+
+        return pickle.loads(base64.b64decode(entry[1])), True
+    return entry[1] if len(entry) > 1 else None, False
+
+
+Encoding = tuple
+"""``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u", rendering_json_text)``
+| ``("K", private JSON copy)`` (a large JSON object tracked key by key, see keyed_delta)."""
+
+
+def _rendering(value: object) -> str:
+    """JSON text of ``value``'s rendering (``render.py``)."""
+    rendered, _truncated = _render().render(value)
+    return _dumps(rendered)
+
+
+def encode_value(value: object, cached: Encoding | None) -> Encoding:
+    """Encode one attribute (see the module docstring); returns ``cached`` itself when
+    the encoding did not change (the caller then sends nothing for it)."""
     try:
         text = _dumps(value)
     except (TypeError, ValueError, RecursionError):
@@ -106,12 +151,19 @@ def encode_value(value: object, cached: tuple[str, str] | None) -> tuple[str, st
         blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except MemoryError:
         raise
+    except RecursionError:
+        blob = None
     except Exception:  # unpicklable: locks, generators, modules, lambdas...
-        return ("u", _bounded_repr(value))
+        blob = None
+    if blob is None:
+        rendering = _rendering(value)
+        if cached is not None and cached[0] == "u" and cached[1] == rendering:
+            return cached
+        return ("u", rendering)
     encoded = base64.b64encode(blob).decode("ascii")
     if cached is not None and cached[0] == "p" and cached[1] == encoded:
         return cached
-    return ("p", encoded)
+    return ("p", encoded, _rendering(value))
 
 
 KEYED_MIN_BYTES = 32 * 1024
@@ -157,49 +209,6 @@ def keyed_delta(value: dict, previous: dict) -> str | None:
     return '["k",{"set":{' + body + '},"del":' + _dumps(removed) + "}]"
 
 
-def _bounded_repr(value: object) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a hostile __repr__
-        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
-    return text[:UNSERIALIZABLE_REPR_BYTES]
-
-
-def view(value: object, depth: int = 0) -> object:
-    """Best-effort JSON rendering of any value, for showing opaque state to clients.
-
-    Objects with ``__dict__`` become ``{"__class__": name, <public attrs>...}``; sets and
-    tuples become lists; dict keys become strings; anything else becomes its repr.
-    Bounded by depth and item count so a cyclic or huge structure still renders.
-    """
-    if value is None or type(value) in (str, int, bool):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
-    if depth >= VIEW_MAX_DEPTH:
-        return _bounded_repr(value)
-    if isinstance(value, dict):
-        return {str(k): view(v, depth + 1) for k, v in list(value.items())[:VIEW_MAX_ITEMS]}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = list(value)[:VIEW_MAX_ITEMS]
-        if isinstance(value, (set, frozenset)):
-            try:
-                items = sorted(items)
-            except TypeError:
-                pass
-        return [view(v, depth + 1) for v in items]
-    if isinstance(value, (str, int)):  # subclasses such as enums
-        return value if not hasattr(value, "name") else str(value)
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict):
-        out: dict[str, object] = {"__class__": type(value).__name__}
-        for key, sub in list(attrs.items())[:VIEW_MAX_ITEMS]:
-            if not str(key).startswith("_"):
-                out[str(key)] = view(sub, depth + 1)
-        return out
-    return _bounded_repr(value)
-
-
 class Session:
     """One environment instance and its encoded-state cache."""
 
@@ -243,16 +252,21 @@ class Session:
         self.send_text(body)
 
     # -- state -----------------------------------------------------------------------
-    def public_attrs(self) -> dict[str, object]:
-        attrs = getattr(self.instance, "__dict__", None)
+    def state_attrs(self) -> dict[str, object]:
+        """EnvScaler's state: ``vars(instance)`` without dunder keys (``_private`` kept)."""
+        try:
+            attrs = object.__getattribute__(self.instance, "__dict__")
+        except Exception:  # noqa: BLE001 - no __dict__ (slots) or a hostile descriptor
+            return {}
         if not isinstance(attrs, dict):
             return {}
-        return {k: v for k, v in list(attrs.items()) if isinstance(k, str) and not k.startswith("_")}
+        return {k: v for k, v in list(dict.items(attrs))
+                if type(k) is str and not (k.startswith("__") and k.endswith("__"))}
 
     def delta_json(self, full: bool = False) -> str:
         """Re-encode the state; return a JSON object ``{"set": {...}, "del": [...]}``
         holding only what changed since the last call (everything when ``full``)."""
-        current = self.public_attrs()
+        current = self.state_attrs()
         changed: list[str] = []
         new_cache: dict[str, tuple[str, str]] = {}
         for name, value in current.items():
@@ -270,40 +284,37 @@ class Session:
             else:
                 new_cache[name] = enc
             if full or enc is not old:
-                if enc[0] == "j":
-                    changed.append(f'{_dumps(name)}:["j",{enc[1]}]')
-                else:
-                    changed.append(f"{_dumps(name)}:{_dumps([enc[0], enc[1]])}")
+                changed.append(f"{_dumps(name)}:{_entry_json(enc)}")
         removed = [] if full else [k for k in self.cache if k not in new_cache]
         self.cache = new_cache
         return '{"set":{' + ",".join(changed) + '},"del":' + _dumps(removed) + "}"
 
     def state_json(self) -> str:
+        """The current state's rendering (what the host shows): JSON-native attributes as
+        they are, others as their ``render.py`` rendering."""
         parts = []
-        for name, value in self.public_attrs().items():
+        for name, value in self.state_attrs().items():
             enc = self.cache.get(name)
             if enc is not None and enc[0] == "j":
                 parts.append(f"{_dumps(name)}:{enc[1]}")
+            elif enc is not None and enc[0] == "K":
+                parts.append(f"{_dumps(name)}:{_dumps(value)}")
             else:
-                parts.append(f"{_dumps(name)}:{_dumps(view(value))}")
+                enc = encode_value(value, None)
+                parts.append(f"{_dumps(name)}:{enc[1] if enc[0] == 'j' else enc[-1]}")
         return "{" + ",".join(parts) + "}"
 
     def apply_snapshot(self, snapshot: dict) -> None:
-        """Set every restorable attribute from ``snapshot`` and drop public attributes it
-        does not name (``"u"`` entries keep the value ``init`` produced)."""
-        import base64
-        import pickle
-
-        attrs = self.public_attrs()
+        """Set every restorable attribute from ``snapshot`` and drop attributes it does
+        not name (``"u"`` entries keep the value ``init`` produced)."""
+        attrs = self.state_attrs()
         for name in attrs:
             if name not in snapshot:
                 delattr(self.instance, name)
         for name, entry in snapshot.items():
-            kind, data = entry[0], entry[1]
-            if kind == "j":
-                setattr(self.instance, name, data)
-            elif kind == "p":
-                setattr(self.instance, name, pickle.loads(base64.b64decode(data)))
+            value, restorable = decode_entry(entry)
+            if restorable:
+                setattr(self.instance, name, value)
 
     # -- operations ------------------------------------------------------------------
     def op_init(self, msg: dict) -> None:
@@ -376,6 +387,15 @@ def _schemas() -> types.ModuleType:
     else:  # run as a script: its directory is sys.path[0]
         import schemas  # type: ignore[no-redef]
     return schemas
+
+
+def _render() -> types.ModuleType:
+    """The rendering module, imported on first use like :func:`_schemas`."""
+    if __package__:
+        from . import render
+    else:
+        import render  # type: ignore[no-redef]
+    return render
 
 
 def _oneshot() -> types.ModuleType:

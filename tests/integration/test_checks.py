@@ -1,9 +1,11 @@
 """Check functions (EnvScaler rule-based reward) on the real engine: ``SandboxPool.run_checks``.
 
-Every check source below is untrusted code: it only ever runs inside sandboxes, in a
-fresh process of its own batch (never an environment's process). Checks that fail in
-every possible way each get their own status, the checks after them still run, and the
-sandbox keeps serving.
+Every check source below is untrusted code: it only ever runs inside sandboxes, each
+check in a fresh process of its own (forked from a process that restored the states and
+never runs check code; never an environment's process). Checks that fail in every
+possible way each get their own status, the checks after them still run, nothing one
+check does reaches another's verdict, and the sandbox keeps serving. States are restored
+as real Python objects (sets, dates, instances of the environment's classes).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import time
 
 import pytest
+from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.results import CheckResult
@@ -35,11 +38,16 @@ FALSE = check("return final_state['balance'] == 100")
 
 
 def run(pool: SandboxPool, profile: ResourceProfile, sources: list[str], timeout_s: float | None = None,
-        initial: dict | None = None, final: dict | None = None) -> list[CheckResult]:
+        initial: dict | None = None, final: dict | None = None, encoded: bool = False,
+        source: str | None = None) -> list[CheckResult]:
+    """Run ``sources`` as checks on plain JSON states (or already ``encoded`` ones)."""
     checks = [{"check_item": f"check {i}", "check_func": source} for i, source in enumerate(sources)]
-    results = pool.run_checks(tenant=TENANT, checks=checks, initial_state=INITIAL if initial is None else initial,
-                              final_state=FINAL if final is None else final, profile=profile,
-                              per_check_timeout_s=timeout_s)
+    initial = INITIAL if initial is None else initial
+    final = FINAL if final is None else final
+    if not encoded:
+        initial, final = encode_json_state(initial), encode_json_state(final)
+    results = pool.run_checks(tenant=TENANT, checks=checks, initial_state=initial, final_state=final,
+                              profile=profile, per_check_timeout_s=timeout_s, source=source)
     assert [r.check_item for r in results] == [c["check_item"] for c in checks]
     return results
 
@@ -132,13 +140,22 @@ def test_a_check_that_loops_forever_times_out_and_the_others_still_run(pool, fas
     "import os\nos._exit(3)",
     "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "import ctypes\nctypes.string_at(0)",
-    "import os\nos.close(3)\nreturn True",
+    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nreturn True",  # kills the process it came from
 ])
 def test_a_check_that_kills_its_process_crashes_alone(pool, fast_profile, death) -> None:
     results = run(pool, fast_profile, [OK, check(death), OK, FALSE])
     assert [r.status for r in results] == ["ok", "crashed", "ok", "ok"], results
-    assert results[1].error is not None and results[1].error.startswith("the check process crashed"), results[1]
+    assert results[1].error is not None and results[1].error.startswith("the check process"), results[1]
     assert [r.passed for r in results] == [True, False, True, False]
+
+
+def test_a_check_never_holds_the_runner_channel(pool, fast_profile) -> None:
+    results = run(pool, fast_profile, [
+        check("import os\nos.close(3)\nreturn True"),
+        check("import os\nos.write(3, b'\\x00\\x00\\x00\\x02{}')\nreturn True"),
+        OK])
+    assert [r.status for r in results] == ["error", "error", "ok"], results
+    assert all("Bad file descriptor" in r.error for r in results[:2])
 
 
 def test_memory_errors_are_oom_and_the_others_still_run(pool, fast_profile) -> None:
@@ -179,7 +196,7 @@ def test_checks_never_share_an_interpreter_with_environment_code(pool, fast_prof
 HOSTILE = [
     check("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),  # fork bomb
     check("import os, signal\nfor sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):\n"
-          "    os.kill(1, sig)\nos.kill(os.getppid(), signal.SIGKILL)\nreturn True"),
+          "    os.kill(1, sig)\nreturn True"),
     check("import os\nos.write(3, b'\\x00\\x00\\x00\\x05hello')\nreturn True"),  # garbage on the channel
     check("import os\nos.write(3, b'\\xff\\xff\\xff\\xff')\nreturn True"),  # oversize frame header
     check("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)"),  # infinite output
@@ -195,7 +212,7 @@ def test_hostile_checks_never_break_the_sandbox(pool, fast_profile) -> None:
     assert statuses[0] == "ok" and statuses[-1] == "ok", results
     assert statuses[1] == "timeout"  # the fork bomb
     assert statuses[2] == "ok" and results[2].passed  # signals to the runner are ignored
-    assert statuses[3] == "crashed" and statuses[4] == "crashed"  # broke its own result channel
+    assert statuses[3] == "error" and statuses[4] == "error"  # no runner channel in a check's process
     assert statuses[5] == "timeout" and results[5].stdout.endswith("bytes dropped]")
     assert statuses[6] == "ok" and statuses[7] == "ok"
     assert statuses[8] == "error" and results[8].error.startswith("Error: OSError"), results[8]
@@ -210,7 +227,7 @@ def test_hostile_checks_never_break_the_sandbox(pool, fast_profile) -> None:
         "            live.append(int(entry))\n"
         "print(json.dumps(live))\nreturn True")])
     pids = json.loads(listing[0].stdout)
-    assert len(pids) <= 3, pids  # the runner, this check's process, the spare: no stray survived
+    assert len(pids) <= 4, pids  # the runner, the checks' zygote, this check's process, the spare: no stray
 
 
 def test_argument_caps_raise_value_error(pool, fast_profile) -> None:
@@ -224,18 +241,25 @@ def test_argument_caps_raise_value_error(pool, fast_profile) -> None:
         ([{"check_item": "x", "check_func": OK, "extra": 1}], INITIAL, FINAL, None, "keys"),
         ("not a list", INITIAL, FINAL, None, "must be a list"),
         ([item], [1], FINAL, None, "initial_state must be an object"),
-        ([item], INITIAL, {"x": float("nan")}, None, "final_state is not JSON-encodable"),
-        ([item], INITIAL, {"x": object()}, None, "final_state is not JSON-encodable"),
+        ([item], INITIAL, {"x": ["j", float("nan")]}, None, "final_state is not JSON-encodable"),
+        ([item], INITIAL, {"x": ["j", object()]}, None, "final_state is not JSON-encodable"),
+        ([item], INITIAL, {"x": float("nan")}, None, "not an encoded value"),
         ([item], INITIAL, FINAL, fast_profile.call_timeout_s + 1, "above the profile"),
         ([item], INITIAL, FINAL, 0, "positive"),
         ([{"check_item": "x", "check_func": "\ud800"}], INITIAL, FINAL, None, "not valid text"),
     ]
     for checks, initial, final, timeout_s, message in cases:
+        if isinstance(initial, dict) and initial is INITIAL:
+            initial = encode_json_state(initial)
+        if isinstance(final, dict) and final is FINAL:
+            final = encode_json_state(final)
         with pytest.raises(ValueError, match=message):
             pool.run_checks(tenant=TENANT, checks=checks, initial_state=initial, final_state=final,
                             profile=fast_profile, per_check_timeout_s=timeout_s)
+    with pytest.raises(ValueError, match="source"):
+        pool.run_checks(tenant=TENANT, checks=[item], initial_state={}, final_state={}, source=5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tenant"):
-        pool.run_checks(tenant="", checks=[item], initial_state=INITIAL, final_state=FINAL)
+        pool.run_checks(tenant="", checks=[item], initial_state={}, final_state={})
     assert pool.run_checks(tenant=TENANT, checks=[], initial_state={}, final_state={}) == []
 
 
@@ -246,10 +270,121 @@ def test_throughput_of_trivial_checks(pool, fast_profile) -> None:
     rates = []
     for _ in range(5):
         started = time.perf_counter()
-        results = pool.run_checks(tenant=TENANT, checks=checks, initial_state=INITIAL, final_state=FINAL,
-                                  profile=fast_profile)
+        results = pool.run_checks(tenant=TENANT, checks=checks, initial_state=encode_json_state(INITIAL),
+                                  final_state=encode_json_state(FINAL), profile=fast_profile)
         rates.append(len(checks) / (time.perf_counter() - started))
         assert all(r.passed for r in results)
     rates.sort()
     print(f"\ncheck throughput ({len(checks)} trivial checks per call, {fast_profile.cpus} CPU sandbox): "
           f"median {rates[len(rates) // 2]:.0f} checks/s, best {rates[-1]:.0f}, worst {rates[0]:.0f}")
+
+
+# --------------------------------------------------------------------- real objects, isolation
+ENV_SOURCE = """
+import dataclasses
+from datetime import date
+
+
+@dataclasses.dataclass
+class Order:
+    id: str
+    due: date
+    tags: set
+
+    def overdue(self, today):
+        return self.due < today
+
+
+class Shop:
+    def __init__(self, init_config):
+        self.orders = {}
+"""
+
+
+def _pickled(session_state: dict) -> dict:
+    """A state encoded by a real session (what the API stores), without the renderings."""
+    return {name: entry[:2] if entry[0] == "p" else entry for name, entry in session_state.items()}
+
+
+def test_checks_see_real_sets_dates_and_environment_objects(pool, fast_profile, open_env) -> None:
+    session = pool.open_session(tenant=TENANT, source=ENV_SOURCE + """
+    def add(self, tag):
+        self.orders["O1"] = Order("O1", date(2024, 5, 1), {tag, "new"})
+        self.tags = frozenset({3, 1})
+        self.when = (date(2024, 1, 2), b"raw")
+        return "added"
+""", class_name="Shop", profile=fast_profile)
+    try:
+        initial = session.snapshot().attributes
+        assert session.call("add", {"tag": "vip"}).status == "ok"
+        final = session.snapshot().attributes
+        source = session.source
+    finally:
+        session.close()
+    assert final["orders"][0] == "p" and final["orders"][2]["O1"]["$object"]["type"] == "Order"
+    results = run(pool, fast_profile, [
+        check("return isinstance(final_state['orders']['O1'].tags, set) and 'vip' in final_state['orders']['O1'].tags"),
+        check("from datetime import date\nreturn final_state['orders']['O1'].overdue(date(2025, 1, 1))"),
+        check("return type(final_state['orders']['O1']).__name__ == 'Order' and 3 in final_state['tags']"),
+        check("from datetime import date\nreturn final_state['when'] == (date(2024, 1, 2), b'raw')"),
+        check("return initial_state['orders'] == {} and 'tags' not in initial_state"),
+    ], initial=_pickled(initial), final=_pickled(final), encoded=True, source=source)
+    assert [(r.status, r.passed) for r in results] == [("ok", True)] * 5, results
+
+
+def test_environment_objects_without_the_source_are_a_clear_error(pool, fast_profile) -> None:
+    session = pool.open_session(tenant=TENANT, source=ENV_SOURCE + """
+    def add(self):
+        self.orders["O1"] = Order("O1", date(2024, 5, 1), set())
+""", class_name="Shop", profile=fast_profile)
+    try:
+        session.call("add", {})
+        final = _pickled(session.snapshot().attributes)
+    finally:
+        session.close()
+    results = run(pool, fast_profile, [OK, OK], initial={}, final=final, encoded=True)
+    assert [r.status for r in results] == ["error", "error"]
+    assert "no environment source" in results[0].error
+
+
+def test_hand_written_states_may_use_the_renderings_tags(pool, fast_profile) -> None:
+    final = {"tags": {"$set": [1, 2]}, "day": {"$date": "2024-05-01"}, "pair": {"$tuple": [1, "a"]},
+             "plain": {"$set": [1], "other": 2}, "obj": {"$object": {"type": "P", "attrs": {"x": 1}}}}
+    results = run(pool, fast_profile, [
+        check("return final_state['tags'] == {1, 2}"),
+        check("import datetime\nreturn final_state['day'] == datetime.date(2024, 5, 1)"),
+        check("return final_state['pair'] == (1, 'a')"),
+        check("return final_state['plain'] == {'$set': [1], 'other': 2}"),
+        check("return final_state['obj'].x == 1"),
+    ], initial={}, final=final)
+    assert [(r.status, r.passed) for r in results] == [("ok", True)] * 5, results
+
+
+FLIP_OTHERS = check("""
+import sys, builtins, gc
+def tracer(frame, event, arg):
+    if event == 'return' and frame.f_code.co_name == 'check_func' and arg is False:
+        frame.f_back.f_locals['value'] = True
+    return tracer
+sys.settrace(tracer)
+sys.setprofile(tracer)
+builtins.bool = lambda *a: True
+builtins.isinstance = lambda *a: True
+import json
+json.dumps = lambda *a, **k: '{"status": "ok", "passed": true, "duration_ms": 0}'
+return True""")
+
+
+def test_nothing_a_check_does_reaches_another_checks_verdict(pool, fast_profile) -> None:
+    results = run(pool, fast_profile, [FALSE, FLIP_OTHERS, FALSE, FLIP_OTHERS, FALSE, OK])
+    assert [(r.status, r.passed) for r in results] == [
+        ("ok", False), ("ok", True), ("ok", False), ("ok", True), ("ok", False), ("ok", True)], results
+
+
+def test_each_check_runs_in_a_fresh_process(pool, fast_profile) -> None:
+    marker = check("import os, sys\nprint(os.getpid())\nsys.modules['marker'] = 1\n"
+                   "import builtins\nbuiltins.SEEN = getattr(builtins, 'SEEN', 0) + 1\nreturn builtins.SEEN == 1")
+    results = run(pool, fast_profile, [marker] * 4)
+    assert [(r.status, r.passed) for r in results] == [("ok", True)] * 4, results
+    pids = {r.stdout for r in results}
+    assert len(pids) == 4, pids

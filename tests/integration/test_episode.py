@@ -21,7 +21,7 @@ class Library:
         self.books: Dict[str, int] = dict(init_config.get("books", {}))
         self.loans: List[List[str]] = []
         self.tags = set()
-        self._audit = []  # private: not part of the state
+        self._audit = []  # private, but state all the same (EnvScaler: vars() minus dunders)
 
     def borrow(self, member: str, title: str) -> str:
         if self.books.get(title, 0) <= 0:
@@ -52,12 +52,13 @@ class Settings:
 
 def test_episode_calls_state_snapshot_restore(open_env) -> None:
     session = open_env(source=LIBRARY, class_name="Library", init_config={"books": {"Dune": 2, "Emma": 1}})
-    assert session.state() == {"books": {"Dune": 2, "Emma": 1}, "loans": [], "tags": []}
+    assert session.state() == {"books": {"Dune": 2, "Emma": 1}, "loans": [], "tags": {"$set": []}, "_audit": []}
 
     first = session.call("borrow", {"member": "ann", "title": "Dune"})
     assert first.status == "ok", first
     assert first.observation == "ann borrowed Dune"
-    assert first.delta.set == {"books": ["j", {"Dune": 1, "Emma": 1}], "loans": ["j", [["ann", "Dune"]]]}
+    assert first.delta.set == {"books": ["j", {"Dune": 1, "Emma": 1}], "loans": ["j", [["ann", "Dune"]]],
+                               "_audit": ["j", ["Dune"]]}
     assert not first.recovered and first.tool_ms is not None
 
     failed = session.call("borrow", {"member": "bob", "title": "Hamlet"})
@@ -74,11 +75,12 @@ def test_episode_calls_state_snapshot_restore(open_env) -> None:
     assert session.call("count", {}).observation == "2"
 
     state = session.state()
-    assert state == {"books": {"Dune": 1, "Emma": 1}, "loans": [["ann", "Dune"]], "tags": ["classic"]}
+    assert state == {"books": {"Dune": 1, "Emma": 1}, "loans": [["ann", "Dune"]], "tags": {"$set": ["classic"]},
+                     "_audit": ["Dune"]}
     snapshot = session.snapshot()
     assert isinstance(snapshot, Snapshot)
     assert snapshot.attributes["tags"][0] == "p"  # a set is pickled, opaque to the host
-    assert "_audit" not in snapshot.attributes
+    assert snapshot.attributes["_audit"] == ["j", ["Dune"]]
 
     for member, title in (("cy", "Dune"), ("dee", "Emma")):
         assert session.call("borrow", {"member": member, "title": title}).status == "ok"
@@ -121,7 +123,7 @@ def test_snapshot_restores_into_a_new_session(pool, fast_profile) -> None:
 def test_init_with_config_parameter_receives_the_whole_config(open_env) -> None:
     session = open_env(source=LIBRARY, class_name="Library", init_config={"books": {"X": 1}, "other": True})
     # cls(init_config): keys are not set as attributes
-    assert session.state() == {"books": {"X": 1}, "loans": [], "tags": []}
+    assert session.state() == {"books": {"X": 1}, "loans": [], "tags": {"$set": []}, "_audit": []}
 
 
 def test_init_without_parameters_sets_config_keys_as_attributes(open_env) -> None:

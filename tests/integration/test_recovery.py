@@ -77,10 +77,9 @@ def test_state_and_restore_after_a_kill(open_env, docker_client) -> None:
     snapshot = session.snapshot()
     session.call("bump", {"by": 100})
     docker_client.containers.get(session._sandbox.container_id).kill()
-    # state() re-places the session transparently (last good state includes the +100)
+    # state() is the host's copy of the last good state (the +100 included): no sandbox round trip
     assert session.state()["counter"] == 104
-    docker_client.containers.get(session._sandbox.container_id).kill()
-    session.restore(snapshot)
+    session.restore(snapshot)  # notices the dead sandbox and re-places the session
     assert session.state() == {"counter": 4, "log": [2]}
     after = session.call("bump", {"by": 1})
     assert (after.status, after.observation) == ("ok", "5")

@@ -33,9 +33,11 @@ def test_check_timeouts() -> None:
     ([{**CHECK, "check_func": "\udc80"}], {}, {}, "not valid text"),
     ([{**CHECK, "weight": 1}], {}, {}, "keys"),
     ([CHECK], None, {}, "initial_state must be an object"),
-    ([CHECK], {}, {"a": {1, 2}}, "final_state is not JSON-encodable"),
-    ([CHECK], {"a": float("inf")}, {}, "initial_state is not JSON-encodable"),
-    ([CHECK], {}, {"big": "x" * oneshot.MAX_STATE_BYTES}, "final_state has"),
+    ([CHECK], {}, {"a": {1, 2}}, r"final_state\['a'\] is not an encoded value"),
+    ([CHECK], {}, {"a": ["j", {1, 2}]}, "final_state is not JSON-encodable"),
+    ([CHECK], {"a": ["j", float("inf")]}, {}, "initial_state is not JSON-encodable"),
+    ([CHECK], {"a": ["p", 5]}, {}, r"initial_state\['a'\] is not an encoded value"),
+    ([CHECK], {}, {"big": ["j", "x" * oneshot.MAX_STATE_BYTES]}, "final_state has"),
 ])
 def test_check_arguments(checks: object, initial: object, final: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -133,7 +133,9 @@ def test_check_requests_are_validated() -> None:
         ({"checks": []}, "1 to 256"), ({"checks": [{}] * 257}, "1 to 256"), ({"checks": "x"}, "1 to 256"),
         ({"checks": [{"check_func": 1}]}, r"checks\[0\]"), ({"checks": [5]}, r"checks\[0\]"),
         ({"checks": [{"check_func": "#" * (oneshot.MAX_CHECK_SOURCE_BYTES + 1)}]}, r"checks\[0\]"),
-        ({"initial_state": []}, "must be objects"), ({"final_state": None}, "must be objects"),
+        ({"initial_state": []}, "must be an encoded state"), ({"final_state": None}, "must be an encoded state"),
+        ({"final_state": {"a": 1}}, "must be an encoded state"), ({"final_state": {"a": ["q", 1]}}, "encoded state"),
+        ({"source": 5}, "'source'"),
     ]:
         with pytest.raises(ValueError, match=message):
             jobs._checks_request({**good, **change})

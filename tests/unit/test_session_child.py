@@ -1,5 +1,6 @@
 """Pure helpers of the in-sandbox session child (imported, never run as a process here):
-state encoding, bounded rendering, tool-name checks, EnvScaler init detection."""
+state encoding (EnvScaler state: every non-dunder attribute), tool-name checks, EnvScaler
+init detection. The rendering itself is tested in ``test_render.py``."""
 
 from __future__ import annotations
 
@@ -27,11 +28,21 @@ def test_non_json_native_values(value: object) -> None:
     assert not child._json_native(value)
 
 
-def test_json_native_walk_is_iterative() -> None:
+def test_json_native_walk_is_iterative_and_bounded() -> None:
     deep: list = []
     for _ in range(100_000):
         deep = [deep]
-    assert child._json_native(deep)  # no RecursionError
+    assert not child._json_native(deep)  # no RecursionError; too deep for a frame: pickled
+    shallow: list = []
+    for _ in range(child.JSON_NATIVE_MAX_DEPTH - 1):
+        shallow = [shallow]
+    assert child._json_native(shallow)
+
+
+def test_a_dict_that_reads_like_a_tag_is_not_json_native() -> None:
+    assert not child._json_native({"$set": [1]})
+    assert not child._json_native({"outer": {"$date": "2024-01-01"}})
+    assert child._json_native({"$set": [1], "other": 2})  # two keys: not a tag
 
 
 class Tag(str):
@@ -41,18 +52,19 @@ class Tag(str):
 def test_str_subclass_is_not_json_native() -> None:
     # json.dumps accepts it, but it would come back as a plain str: must be pickled
     assert not child._json_native(Tag("x"))
-    kind, _ = child.encode_value(Tag("x"), None)
-    assert kind == "p"
+    kind, _, rendering = child.encode_value(Tag("x"), None)
+    assert kind == "p" and json.loads(rendering) == "x"
 
 
 def test_encode_value_kinds() -> None:
     assert child.encode_value({"a": [1, 2]}, None) == ("j", '{"a":[1,2]}')
-    kind, data = child.encode_value((1, {2, 3}), None)
+    kind, data, rendering = child.encode_value((1, {2, 3}), None)
     assert kind == "p" and pickle.loads(base64.b64decode(data)) == (1, {2, 3})  # noqa: S301 - our own bytes
-    kind, data = child.encode_value(threading.Lock(), None)
-    assert kind == "u" and "lock" in data
-    kind, data = child.encode_value(float("nan"), None)
-    assert kind == "p"  # NaN is kept exactly, but never as JSON
+    assert json.loads(rendering) == {"$tuple": [1, {"$set": [2, 3]}]}
+    kind, rendering = child.encode_value(threading.Lock(), None)
+    assert kind == "u" and "lock" in json.loads(rendering)["$repr"]["repr"]
+    kind, _, rendering = child.encode_value(float("nan"), None)
+    assert kind == "p" and json.loads(rendering) == {"$float": "nan"}  # kept exactly, never as JSON
 
 
 def test_encode_value_reuses_the_cached_tuple_when_unchanged() -> None:
@@ -71,38 +83,22 @@ def test_unrepresentable_values_are_bounded() -> None:
         def __repr__(self):
             raise RuntimeError("no repr either")
 
-    kind, data = child.encode_value(Hostile(), None)
+    kind, rendering = child.encode_value(Hostile(), None)
     assert kind == "u"
-    assert data == "<unrepresentable Hostile: RuntimeError>"
+    body = json.loads(rendering)["$object"]  # attributes are read without repr
+    assert body["type"].endswith("Hostile") and body["attrs"] == {}
 
     class Huge:
+        __slots__ = ()
+
         def __reduce__(self):
             raise TypeError("no")
 
         def __repr__(self):
             return "x" * 100_000
 
-    assert len(child.encode_value(Huge(), None)[1]) == child.UNSERIALIZABLE_REPR_BYTES
-
-
-def test_view_renders_opaque_state_bounded() -> None:
-    class Point:
-        def __init__(self) -> None:
-            self.x = 1
-            self._hidden = 2
-            self.tags = {"b", "a"}
-
-    assert child.view(Point()) == {"__class__": "Point", "x": 1, "tags": ["a", "b"]}
-    cyclic: list = []
-    cyclic.append(cyclic)
-    rendered = child.view(cyclic)  # terminates and is JSON
-    json.dumps(rendered)
-    depth = 0
-    while isinstance(rendered, list):
-        rendered, depth = rendered[0], depth + 1
-    assert depth == child.VIEW_MAX_DEPTH and isinstance(rendered, str)
-    assert child.view(float("nan")) == "nan"
-    assert len(child.view(list(range(child.VIEW_MAX_ITEMS + 50)))) == child.VIEW_MAX_ITEMS
+    kind, rendering = child.encode_value(Huge(), None)  # no attributes: its repr, bounded
+    assert kind == "u" and len(json.loads(rendering)["$repr"]["repr"]) <= 4096 + 3
 
 
 def test_takes_positional_follows_envscaler_semantics() -> None:
@@ -221,23 +217,27 @@ def test_op_call_rejects_non_object_arguments_and_calls_tools() -> None:
 def test_delta_and_snapshot_round_trip() -> None:
     session = make_session()
     full = json.loads(session.delta_json(full=True))
-    assert full == {"set": {"stock": ["j", {"a": 1}], "reads": ["j", 0]}, "del": []}
+    # EnvScaler's state: every non-dunder attribute, _private ones included
+    assert full == {"set": {"stock": ["j", {"a": 1}], "reads": ["j", 0], "_private": ["j", "hidden"]}, "del": []}
     session.instance.stock["a"] = 9
     session.instance.extra = (1, 2)
+    session.instance.__dunder__ = "never state"
     del session.instance.reads
     delta = json.loads(session.delta_json())
     assert delta["set"]["stock"] == ["j", {"a": 9}]
-    assert delta["set"]["extra"][0] == "p"
+    assert delta["set"]["extra"][0] == "p" and delta["set"]["extra"][2] == {"$tuple": [1, 2]}
     assert delta["del"] == ["reads"]
-    assert json.loads(session.state_json()) == {"stock": {"a": 9}, "extra": [1, 2]}
+    assert json.loads(session.state_json()) == {"stock": {"a": 9}, "_private": "hidden", "extra": {"$tuple": [1, 2]}}
     session.apply_snapshot(full["set"])
-    assert vars(session.instance) == {"stock": {"a": 1}, "reads": 0, "_private": "hidden"}
+    assert {k: v for k, v in vars(session.instance).items() if not k.startswith("__")} == {
+        "stock": {"a": 1}, "reads": 0, "_private": "hidden"}
 
 
 def test_check_encoded_refuses_malformed_entries() -> None:
-    good = {"a": ["j", {"x": 1}], "b": ["p", "AAAA"], "c": ["u", "<lock>"]}
+    good = {"a": ["j", {"x": 1}], "b": ["p", "AAAA", {"$set": []}], "c": ["u", {"$repr": {}}], "d": ["p", "AAAA"]}
     assert check_encoded(good, "snapshot") is good
-    for bad in ({"a": ["j"]}, {"a": ["x", 1]}, {"a": ["p", 5]}, {"a": "j"}, ["j", 1]):
+    for bad in ({"a": ["j"]}, {"a": ["x", 1]}, {"a": ["p", 5]}, {"a": "j"}, ["j", 1], {"a": ["p", "A", 1, 2]},
+                {"a": ["u"]}):
         with pytest.raises(ProtocolViolation):
             check_encoded(bad, "snapshot")
 
@@ -273,8 +273,8 @@ def test_large_objects_travel_as_key_level_deltas_that_merge_back_exactly() -> N
     assert merged == ["j", records] and list(merged[1]) == list(records)
 
     records["r0004"] = {"value": float("nan")}  # no longer JSON: the whole value is re-encoded
-    kind, _ = json.loads(session.delta_json())["set"]["records"]
-    assert kind == "p"
+    kind, _, rendering = json.loads(session.delta_json())["set"]["records"]
+    assert kind == "p" and rendering["r0004"] == {"value": {"$float": "nan"}}
 
 
 @pytest.mark.parametrize("base, change", [
