@@ -51,6 +51,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 service = EnvService(settings, sessions, pool, metrics,
                                      running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
                 tenants = TenantService(settings, service._db, service._write)
+                service.bind_tenants(tenants)
                 app.state.sessions, app.state.pool, app.state.metrics, app.state.service = sessions, pool, metrics, service
                 app.state.tenants = tenants
                 app.state.quotas = QuotaService(service.count_open_envs, settings)

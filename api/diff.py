@@ -1,33 +1,74 @@
-"""State diffs in EnvScaler's ``get_state_diff`` shape.
+"""State diffs in EnvScaler's ``get_state_diff`` shape, on the state's JSON view.
 
-``state_diff(old, new)`` -> ``{"added": {key: new}, "removed": {key: old}, "changed":
-{key: {"old": old, "new": new}}}``; when a changed value is a dict on both sides, its entry
-is itself a diff of that shape (recursive for dicts, as in EnvScaler), so one changed record
-of a large ``Dict[id, record]`` shows up as one small nested entry. Lists and scalars are
-compared whole. Keys with equal values do not appear. Recursion is bounded by ``max_depth``
-(beyond it a changed dict is reported whole as ``{"old", "new"}``).
+``state_diff(old, new)`` maps each key whose value differs to one entry::
+
+    {key: {"added": new}}                   key only in ``new``
+    {key: {"removed": old}}                 key only in ``old``
+    {key: {"changed": {"old": old, "new": new}}}
+    {key: {<nested diff>}}                  both values are dicts: their diff, recursively
+                                            (left out when it is empty)
+
+exactly as EnvScaler's ``get_state_diff`` builds it (keys with equal values do not appear;
+lists, scalars and anything that is not a dict on both sides are compared whole with
+``==``, so ``1`` -> ``1.0`` is no change, as in Python).
+
+The diff runs on renderings (``sandbox_images/runner/render.py``), not on live objects:
+a *tag* (``{"$set": [...]}``, ``{"$date": ...}``, ``{"$object": ...}``) is one value, never
+recursed into, just as EnvScaler compares a set or an object whole; a ``{"$dict": [[k, v],
+...]}`` (a dict with non-string keys) on both sides is recursed into like the dict it
+stands for, with each key written as its JSON text. One deliberate difference: EnvScaler
+deep-copies both states before comparing, so an instance whose class does not define
+``__eq__`` always compares unequal there and shows as changed at every step; here two
+instances are equal when their renderings (class and attributes) are.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-MAX_DEPTH = 32
+from sandpit.sandbox_images.runner.render import is_tag
 
 
-def state_diff(old: dict[str, Any], new: dict[str, Any], max_depth: int = MAX_DEPTH) -> dict[str, Any]:
-    """Diff two JSON states (dicts of attribute name -> value); see the module docstring."""
-    added = {k: v for k, v in new.items() if k not in old}
-    removed = {k: v for k, v in old.items() if k not in new}
-    changed: dict[str, Any] = {}
-    for key, value in new.items():
+def _as_mapping(value: Any) -> dict[str, Any] | None:
+    """``value`` as a dict to recurse into: a plain (non-tag) dict, or a ``$dict`` tag
+    keyed by the JSON text of its keys; None for anything compared whole."""
+    if type(value) is not dict:
+        return None
+    if not is_tag(value):
+        return value
+    pairs = value.get("$dict")
+    if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
+        return None
+    return {json.dumps(key, sort_keys=True, ensure_ascii=False): item for key, item in pairs}
+
+
+def state_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """EnvScaler ``get_state_diff`` of two state views (see the module docstring).
+
+    Args:
+        old, new: state views (attribute name -> rendering), e.g. ``GET /state`` bodies.
+
+    Returns:
+        ``{key: {"added": v} | {"removed": v} | {"changed": {"old", "new"}} | <nested>}``;
+        ``{}`` when nothing differs.
+    """
+    out: dict[str, Any] = {}
+    for key in list(old) + [k for k in new if k not in old]:
+        if key not in new:
+            out[key] = {"removed": old[key]}
+            continue
         if key not in old:
+            out[key] = {"added": new[key]}
             continue
-        before = old[key]
-        if before is value or before == value:
+        before, after = old[key], new[key]
+        if before is after:
             continue
-        if isinstance(before, dict) and isinstance(value, dict) and max_depth > 0:
-            changed[key] = state_diff(before, value, max_depth - 1)
-        else:
-            changed[key] = {"old": before, "new": value}
-    return {"added": added, "removed": removed, "changed": changed}
+        left, right = _as_mapping(before), _as_mapping(after)
+        if left is not None and right is not None:
+            nested = state_diff(left, right)
+            if nested:
+                out[key] = nested
+        elif before != after:
+            out[key] = {"changed": {"old": before, "new": after}}
+    return out

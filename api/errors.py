@@ -7,6 +7,7 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     ├── InvalidRequest            422     invalid_request  names the offending ``field``
     │   └── UnknownTool           422     unknown_tool
     ├── Conflict                  409     conflict         e.g. restore past the end
+    │   └── EpisodeEnded          409     episode_ended    a step after the episode ended (reset first)
     ├── PayloadTooLarge           413     payload_too_large
     ├── Unauthorized              401     unauthorized     missing/unknown/revoked/expired key
     ├── Forbidden                 403     forbidden        e.g. an admin route without the operator key
@@ -66,6 +67,10 @@ class Conflict(ApiError):
     """The request contradicts the resource's state (restore past the end, expired env)."""
 
 
+class EpisodeEnded(Conflict):
+    """A step on an env whose current episode has terminated or been truncated."""
+
+
 class PayloadTooLarge(ApiError):
     """Code, init_config, arguments or the whole body is over its configured cap."""
 
@@ -100,6 +105,7 @@ TABLE: dict[type[ApiError], tuple[int, str]] = {
     NotFound: (404, "not_found"),
     UnknownTool: (422, "unknown_tool"),
     InvalidRequest: (422, "invalid_request"),
+    EpisodeEnded: (409, "episode_ended"),
     Conflict: (409, "conflict"),
     PayloadTooLarge: (413, "payload_too_large"),
     Unauthorized: (401, "unauthorized"),

@@ -6,10 +6,10 @@
   derive tools + smoke calls in a sandbox, or (``check_function``) run the check against
   supplied state pairs in a sandbox; ``snippet`` is the static report only.
 * ``evaluate``: every check function of an env (given, or its scenario's) runs against
-  the env's initial state (step 0 of the episode) and current state in a fresh sandbox
-  process that never shared an interpreter with the env code; reward = passed / total
-  (EnvScaler ``calculate_reward``: errors and non-bool results do not pass). States are the
-  stored JSON views: JSON attributes exactly, opaque ones as ``{"$opaque": ...}``.
+  the env's initial state (step 0 of the episode) and current state, restored as real
+  Python objects in a sandbox, each check in a fresh process of its own; reward = passed
+  / total rounded to 4 places (EnvScaler ``calculate_reward``: errors and non-bool results
+  do not pass). Checks given inline go through the same static policy as a scenario's.
 * ``execute``: a snippet as a script in a fresh sandbox process.
 """
 
@@ -18,12 +18,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.session import SessionOpenError
 from sqlalchemy import func, select
 
 from . import models
 from .diff import state_diff
+from .episodes import episode_reward
 from .errors import Conflict, InvalidRequest, NotFound
 from .policy_report import check_source
 from .schemas import (
@@ -39,7 +41,7 @@ from .schemas import (
 )
 from .service import EnvService, clean_text, new_id, owned
 from .service import utcnow as _now
-from .store import load_state, state_view
+from .store import load_state
 
 
 class EvaluationService:
@@ -51,17 +53,23 @@ class EvaluationService:
         self.settings = envs.settings
 
     # -- scenarios ---------------------------------------------------------------------
+    @staticmethod
+    def check_policy(checks: list[CheckSpec], field: str) -> None:
+        """Every check function must pass the ``standard`` static policy (a scenario's, and
+        checks given inline to ``evaluate``). Raises InvalidRequest naming the check."""
+        for index, check in enumerate(checks):
+            report = check_source(check.check_func, "standard", filename="<check_func>")
+            if not report.passed:
+                first = next(f for f in report.findings if f.severity == "error")
+                raise InvalidRequest(f"{field}[{index}].check_func: line {first.line} {first.rule}: "
+                                     f"{first.message}", field=f"{field}.{index}.check_func")
+
     def create_scenario(self, tenant: str, body: ScenarioCreate) -> models.Scenario:
         """Store a scenario of a registered environment. Raises NotFound (environment),
         PayloadTooLarge (init_config over cap), InvalidRequest (check_func policy errors)."""
         self.envs.get_environment(tenant, body.environment_id)
         self.envs._check_config(body.init_config)
-        for index, check in enumerate(body.checklist_with_func):
-            report = check_source(check.check_func, "standard", filename="<check_func>")
-            if not report.passed:
-                first = next(f for f in report.findings if f.severity == "error")
-                raise InvalidRequest(f"checklist_with_func[{index}].check_func: line {first.line} {first.rule}: "
-                                     f"{first.message}", field=f"checklist_with_func.{index}.check_func")
+        self.check_policy(body.checklist_with_func, "checklist_with_func")
         row = models.Scenario(id=new_id("scn"), tenant=tenant, environment_id=body.environment_id, task=body.task,
                               init_config=body.init_config, checklist=list(body.checklist),
                               checklist_with_func=[c.model_dump() for c in body.checklist_with_func],
@@ -99,21 +107,26 @@ class EvaluationService:
     # -- checks --------------------------------------------------------------------------
     def _run_checks(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, Any],
                     final: dict[str, Any], profile: ResourceProfile | None = None) -> list[CheckOutcome]:
+        """Checks on two plain JSON states (validation cases: ``$`` tags of the state
+        rendering become real objects in the sandbox)."""
         if not checks:
             return []
         try:
             with self.envs.slot(tenant):
-                results = self.pool.run_checks(tenant=tenant, checks=checks, initial_state=initial,
-                                               final_state=final, profile=profile)
+                results = self.pool.run_checks(tenant=tenant, checks=checks, initial_state=encode_json_state(initial),
+                                               final_state=encode_json_state(final), profile=profile)
         except ValueError as exc:
             raise InvalidRequest(str(exc), field="checks") from None
         return [CheckOutcome(check_item=r.check_item, passed=r.passed, error=r.error, status=r.status,
                              duration_ms=r.duration_ms) for r in results]
 
     def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None) -> EvaluationPublic:
-        """Run check functions on the env's initial and current state; store and return
-        the outcome. Raises NotFound, Conflict (no checks given and no scenario),
-        InvalidRequest (a check over the caps), CapacityError (503 + Retry-After)."""
+        """Run check functions on the env's initial and current state (restored as real
+        objects in a sandbox); store and return the outcome. Raises NotFound, Conflict (no
+        checks given and no scenario), InvalidRequest (a check over the caps or refused
+        by the static policy), CapacityError (503 + Retry-After)."""
+        if checks is not None:
+            self.check_policy(checks, "checks")
         with self.envs._env_lock(env_id), self.envs._db() as db:
             row = self.envs.get_env(tenant, env_id, db)
             if checks is None:
@@ -125,14 +138,15 @@ class EvaluationService:
                 specs = [c.model_dump() for c in checks]
             first = db.get(models.Step, (row.id, row.episode, 0))
             head = db.get(models.Step, (row.id, row.episode, row.step))
-            if first is None or head is None:
+            environment = db.get(models.Environment, row.environment_id)
+            if first is None or head is None or environment is None:
                 raise NotFound(f"env {env_id!r} has no stored state")
-            initial = state_view(load_state(db, first.state_root))
-            final = state_view(load_state(db, head.state_root))
+            initial = load_state(db, first.state_root)
+            final = load_state(db, head.state_root)
             episode, step = row.episode, row.step
-        results = self._run_checks(tenant, specs, initial, final)
+        results = self.envs.run_checks(tenant, specs, initial, final, environment.source_code)
         passed = sum(1 for r in results if r.passed)
-        reward = passed / len(results) if results else 0.0
+        reward = episode_reward([r.passed for r in results])
         evaluation = models.Evaluation(id=new_id("evl"), env_id=env_id, episode=episode, step=step, reward=reward,
                                        results=[r.model_dump() for r in results], created_at=_now())
         with self.envs._write() as db:

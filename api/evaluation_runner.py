@@ -43,10 +43,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from sandpit.executor.errors import CapacityError, ExecutorError
 from sqlalchemy import func, select, update
 
 from . import models
+from .episodes import OPEN_ENDED
 from .errors import (
     ApiError,
     Conflict,
@@ -59,12 +61,12 @@ from .errors import (
 )
 from .evaluation import EvaluationService
 from .rollout import ModelClient, ModelError, ModelSettings, StepRecord, initial_messages, run_episode
-from .schemas import StepRequest
+from .schemas import FunctionCall, StepRequest
 from .secrets import SecretUnavailable
 from .service import EnvService, new_id
 from .service import utcnow as _now
 from .tenancy import TenantService
-from .tools import ToolCall, json_size, parse_step
+from .tools import parse_step
 
 log = logging.getLogger("sandpit.api.evaluations")
 JOB = models.EvaluationJob
@@ -325,7 +327,8 @@ class EvaluationRunner:
         try:
             self._transient(job, lambda: self.envs.create_env(
                 job.tenant, environment_id=None, source_code=None, class_name=None, init_config=None,
-                profile=job.config.get("profile"), scenario_id=scenario.id, env_id=env_id))
+                profile=job.config.get("profile"), scenario_id=scenario.id, env_id=env_id,
+                episode_config=OPEN_ENDED))  # the job decides when the episode ends; checks run after
         except (InvalidRequest, PayloadTooLarge, NotFound) as exc:
             raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
         episode.trajectory = []
@@ -347,17 +350,16 @@ class EvaluationRunner:
 
     def _replay(self, episode: _Episode, calls: list[dict[str, Any]]) -> None:
         assert episode.trajectory is not None and episode.env_id is not None
-        settings = self.settings
         for number, raw in enumerate(calls, start=1):
             self._check_stop(episode.job)
             try:
-                call = parse_step(StepRequest.model_validate(raw), settings.max_arguments_bytes, settings.max_json_depth)
-            except (InvalidRequest, PayloadTooLarge) as exc:
+                request = StepRequest.model_validate(raw)
+            except ValidationError as exc:  # stored before a schema change: recorded, not run
                 name, arguments = _raw_action(raw)
                 episode.trajectory.append(StepRecord(number, {"name": name, "arguments": arguments},
-                                                     f"Error: {exc.message}", "rejected"))
+                                                     f"Error: {str(exc)[:300]}", "rejected"))
                 continue
-            episode.trajectory.append(self._step(episode, number, call.name, call.arguments))
+            episode.trajectory.append(self._step(episode, number, request))
 
     def _rollout(self, episode: _Episode, environment_id: str, task: str) -> None:
         job = episode.job
@@ -380,9 +382,10 @@ class EvaluationRunner:
         episode.transcript = messages
         try:
             result = run_episode(model, messages, list(environment.tools),
-                                 lambda number, name, arguments: self._step(episode, number, name, arguments),
+                                 lambda number, name, arguments: self._step(
+                                     episode, number, StepRequest(function=FunctionCall(name=name[:1024],
+                                                                                        arguments=arguments))),
                                  max_steps=int(config.get("max_steps", 30)),
-                                 max_argument_bytes=self.settings.max_arguments_bytes,
                                  should_stop=lambda: self._stop_reason(job) is not None)
         except ModelError as exc:
             if exc.result is not None:
@@ -401,25 +404,28 @@ class EvaluationRunner:
         except NotFound:
             return None
 
-    def _step(self, episode: _Episode, number: int, name: str, arguments: dict[str, Any]) -> StepRecord:
-        """Run one tool call in the episode's env; a refused call is a ``rejected`` record."""
+    def _step(self, episode: _Episode, number: int, request: StepRequest) -> StepRecord:
+        """Run one action in the episode's env; a malformed one is a ``rejected`` step
+        recorded in the env, like any step (over the arguments cap: recorded here only)."""
         job = episode.job
         assert episode.env_id is not None
         self._check_stop(job)
-        action = {"name": name, "arguments": arguments}
-        if json_size(arguments) > self.settings.max_arguments_bytes:
-            return StepRecord(number, action, f"Error: arguments over {self.settings.max_arguments_bytes} bytes",
+        settings = self.settings
+        try:
+            action = parse_step(request, settings.max_arguments_bytes, settings.max_json_depth)
+        except PayloadTooLarge as exc:
+            name, arguments = _raw_action(request.model_dump(exclude_none=True))
+            return StepRecord(number, {"name": name, "arguments": "<over the size cap>"}, f"Error: {exc.message}",
                               "rejected")
         env_id = episode.env_id
         try:
-            outcome = self._transient(job, lambda: self.envs.step(job.tenant, env_id, ToolCall(name, arguments),
+            outcome = self._transient(job, lambda: self.envs.step(job.tenant, env_id, action,
                                                                   want_diff=False, want_state=False))
         except (NotFound, Conflict) as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
-        except (InvalidRequest, PayloadTooLarge) as exc:  # UnknownTool included
-            return StepRecord(number, action, f"Error: {exc.message}", "rejected")
-        result = outcome.result
-        return StepRecord(number, action, result.observation, result.status, result.duration_ms)
+        run = outcome.run
+        observation = run.observation if run.error is None else f"{run.observation}: {run.error}"
+        return StepRecord(number, outcome.action, observation, run.status, run.duration_ms)
 
     # -- helpers ---------------------------------------------------------------------------
     def _stop_reason(self, job: _Job) -> str | None:

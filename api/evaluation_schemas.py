@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .schemas import StepRequest
+from .schemas import StepRequest, Timestamp
 
 MAX_EPISODES = 10_000
 """Episodes (replays or scenario ids) of one evaluation."""
@@ -190,8 +189,8 @@ class EvaluationJobPublic(BaseModel):
     error: str | None = None
     created_by: str
     """The API key id that created it."""
-    created_at: datetime
-    finished_at: datetime | None = None
+    created_at: Timestamp
+    finished_at: Timestamp | None = None
 
 
 class EvaluationJobsPublic(BaseModel):
@@ -225,5 +224,5 @@ class EpisodeResult(BaseModel):
     usage: dict[str, Any] | None
     transcript: list[dict[str, Any]] | None = None
     """Rollout mode, with ``?include=transcript``: every chat message."""
-    started_at: datetime | None
-    finished_at: datetime | None
+    started_at: Timestamp | None
+    finished_at: Timestamp | None

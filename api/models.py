@@ -39,6 +39,13 @@ class Environment(Base):
     """Static policy the code was checked with (``sandpit.executor.policy``)."""
     policy_report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """The static policy report (findings with rule, line, column, severity)."""
+    introduction: Mapped[str | None] = mapped_column(Text)
+    """EnvScaler ``environment_introduction``: what the agent is told about the environment."""
+    rules: Mapped[list[str] | None] = mapped_column(JSON)
+    """EnvScaler ``constraints_rules``: rules the agent must follow (listed after the introduction)."""
+    argument_checking: Mapped[str] = mapped_column(String(8), default="off")
+    """Default for its envs: ``off`` (Python decides), ``warn`` (findings in the step
+    result) or ``strict`` (a call that does not fit the tool's schema is ``rejected``)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_environments_tenant_code", "tenant", "code_sha256", "class_name"),)
@@ -65,7 +72,39 @@ class Env(Base):
     forked_from: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     forked_at_step: Mapped[int | None] = mapped_column(Integer)
     scenario_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
-    """The scenario the env was created from (its checks give ``evaluate`` its reward)."""
+    """The scenario of the current episode (its checks give the episode's reward)."""
+    argument_checking: Mapped[str | None] = mapped_column(String(8))
+    """Override of the environment's ``argument_checking`` (None: the environment's)."""
+
+
+class Episode(Base):
+    """One episode of an env (EnvScaler ``reset()`` .. termination): its scenario, its
+    options, how it ended and its reward. Its steps are ``steps`` rows of the same
+    ``(env_id, episode)``; a reset starts the next episode and never hides this one."""
+
+    __tablename__ = "episodes"
+
+    env_id: Mapped[str] = mapped_column(ForeignKey("envs.id", ondelete="CASCADE"), primary_key=True)
+    episode: Mapped[int] = mapped_column(Integer, primary_key=True)
+    environment_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    scenario_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """Episode options without secrets (:class:`sandpit.api.episodes.EpisodeConfig`)."""
+    user_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The simulated user's model API key given at create/reset, encrypted; never returned."""
+    status: Mapped[str] = mapped_column(String(16))
+    """``running`` | ``terminated`` | ``truncated``."""
+    observation: Mapped[str] = mapped_column(Text, default="")
+    """The initial observation (the task, or the simulated user's first message)."""
+    task: Mapped[str | None] = mapped_column(Text)
+    reward: Mapped[float | None] = mapped_column(Float)
+    """EnvScaler reward at the end (mean of the checks' results, 4 places); None while running."""
+    checks: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Per-check outcomes at the end."""
+    user_messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Conversational episodes: the simulated user's chat (system, user=agent, assistant=user)."""
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Step(Base):
@@ -84,6 +123,13 @@ class Step(Base):
     state_root: Mapped[str] = mapped_column(String(64))
     """Hash of the state manifest blob (content-addressed, see ``store``)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    reward: Mapped[float | None] = mapped_column(Float)
+    """The step's reward (EnvScaler: 0.0 until the step that ends the episode); None for step 0."""
+    done: Mapped[str | None] = mapped_column(String(16))
+    """``terminated`` or ``truncated`` when this step ended the episode."""
+    info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Extras: ``observation_role`` (tool/user), ``error`` (why a call was rejected),
+    ``argument_findings``, ``traceback``, ``stdout``/``stderr``."""
 
 
 class Blob(Base):

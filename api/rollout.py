@@ -25,7 +25,6 @@ and never part of an error message.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,6 @@ import httpx
 import openai
 import tenacity
 
-MAX_ARGUMENT_ERROR_CHARS = 300
 TRANSIENT = (openai.RateLimitError, openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError)
 """Errors retried with backoff (``APITimeoutError`` is an ``APIConnectionError``; listed for clarity)."""
 
@@ -126,10 +124,12 @@ class RolloutResult:
     stop_reason: str = "model_stopped"
 
 
-Execute = Callable[[int, str, dict[str, Any]], StepRecord]
+Execute = Callable[[int, str, Any], StepRecord]
 """``execute(step_number, tool_name, arguments) -> StepRecord``: run one tool call in the
-env (a call the environment's tools refuse is recorded as ``rejected``, not raised).
-Transient failures are the callee's to retry; a fatal one raises and ends the episode."""
+env; ``arguments`` is what the model sent (a JSON string, usually). A malformed call (not
+a tool, arguments that do not parse to an object) is the callee's to record as
+``rejected``, not raised. Transient failures are the callee's to retry; a fatal one
+raises and ends the episode."""
 
 
 def system_prompt(name: str | None, description: str | None) -> str:
@@ -142,47 +142,6 @@ def system_prompt(name: str | None, description: str | None) -> str:
 def initial_messages(name: str | None, description: str | None, task: str) -> list[dict[str, Any]]:
     """``[system, user]``: the system prompt and the scenario's task as the user message."""
     return [{"role": "system", "content": system_prompt(name, description)}, {"role": "user", "content": task}]
-
-
-def parse_arguments(raw: Any, max_bytes: int, max_depth: int = 64) -> dict[str, Any]:
-    """The keyword arguments of a model's tool call (a JSON string; empty means ``{}``).
-
-    Raises ValueError with a message meant for the model: not JSON, not an object, over
-    ``max_bytes`` (UTF-8) or nested deeper than ``max_depth``."""
-    if isinstance(raw, dict):
-        value: Any = raw
-    else:
-        text = "" if raw is None else str(raw)
-        if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-            raise ValueError(f"tool call arguments are over {max_bytes} bytes")
-        if not text.strip():
-            return {}
-        try:
-            value = json.loads(text, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as exc:
-            raise ValueError(f"tool call arguments are not valid JSON ({str(exc)[:MAX_ARGUMENT_ERROR_CHARS]}); "
-                             "send a JSON object of the tool's parameters") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"tool call arguments must be a JSON object, got {type(value).__name__}")
-    if _depth(value) > max_depth:
-        raise ValueError(f"tool call arguments are nested deeper than {max_depth} levels")
-    return value
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return deepest
 
 
 def _retry_after(exc: BaseException) -> float | None:
@@ -294,15 +253,15 @@ def _describe(exc: BaseException) -> str:
 
 
 def run_episode(model: ModelClient, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                execute: Execute, *, max_steps: int, max_argument_bytes: int,
+                execute: Execute, *, max_steps: int,
                 should_stop: Callable[[], bool] = lambda: False) -> RolloutResult:
     """The agent loop (see the module docstring). ``messages`` are the initial
     ``[system, user]`` messages (extended in place into the transcript).
 
-    A tool call whose arguments are not a JSON object is not executed: it is recorded as
-    a ``rejected`` step (``action.arguments`` is the raw string) and the reason goes back
-    to the model as the tool result. Tool calls the model makes after ``max_steps``
-    was reached get a tool message saying they were not executed.
+    Every tool call goes to ``execute`` as the model sent it (arguments unparsed), which
+    records a malformed one as a ``rejected`` step whose observation goes back to the
+    model as the tool result. Tool calls the model makes after ``max_steps`` was reached
+    get a tool message saying they were not executed.
 
     Raises ModelError (the transcript so far is on ``exc.result``) and whatever
     ``execute`` raises."""
@@ -328,13 +287,7 @@ def run_episode(model: ModelClient, messages: list[dict[str, Any]], tools: list[
                                  "content": "Error: not executed: the episode's step limit was reached"})
                 continue
             number = len(result.trajectory) + 1
-            try:
-                arguments = parse_arguments(function["arguments"], max_argument_bytes)
-            except ValueError as exc:
-                record = StepRecord(number, {"name": function["name"], "arguments": function["arguments"]},
-                                    f"Error: {exc}", "rejected")
-            else:
-                record = execute(number, function["name"], arguments)
+            record = execute(number, function["name"], function["arguments"])
             result.trajectory.append(record)
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": record.observation})
         if len(result.trajectory) >= max_steps:

@@ -7,13 +7,23 @@ families per resource: ``EnvironmentPublic`` / ``EnvironmentsPublic(data, count)
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+ArgumentChecking = Literal["off", "warn", "strict"]
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+Timestamp = Annotated[datetime, AfterValidator(_aware)]
+"""A point in time, always with its zone in JSON (ISO 8601, ``...+00:00``): SQLite hands
+timestamps back without one; they are UTC."""
 
 
 class _Request(BaseModel):
@@ -21,15 +31,29 @@ class _Request(BaseModel):
 
 
 class EnvironmentCreate(_Request):
-    """Register environment code. Its tools are derived inside a sandbox."""
+    """Register environment code. Its tools are derived inside a sandbox, and the class
+    is instantiated there once (with ``sample_init_config``) so an ``__init__`` that fails
+    is refused at registration."""
 
     name: Annotated[str | None, Field(max_length=200)] = None
     source_code: Annotated[str, Field(min_length=1)]
     """Python module source defining ``class_name`` (size cap: ``SANDPIT_MAX_CODE_BYTES``)."""
     class_name: Annotated[str, Field(pattern=NAME_PATTERN)]
     description: Annotated[str | None, Field(max_length=20000)] = None
+    introduction: Annotated[str | None, Field(max_length=100_000)] = None
+    """EnvScaler ``environment_introduction``: shown to the agent at the start of each episode."""
+    rules: Annotated[list[Annotated[str, Field(max_length=4000)]] | None, Field(max_length=256)] = None
+    """EnvScaler ``constraints_rules``: listed after the introduction."""
     policy: Literal["strict", "standard", "audit"] = "standard"
     """Static policy: ``standard`` rejects errors and reports warnings (see /v1/validate)."""
+    argument_checking: ArgumentChecking = "off"
+    """Default for this environment's envs: ``off`` (arguments go to the method as given:
+    Python decides, EnvScaler's behaviour), ``warn`` (a call that does not fit the
+    derived schema still runs; the step carries ``argument_findings``) or ``strict`` (it
+    is recorded as a ``rejected`` step and does not run)."""
+    sample_init_config: dict[str, Any] | None = None
+    """``init_config`` for the one instantiation at registration (``{}`` when omitted;
+    the instance is discarded). Its failure is a 422 naming ``sample_init_config``."""
 
 
 class EnvironmentPublic(BaseModel):
@@ -40,9 +64,14 @@ class EnvironmentPublic(BaseModel):
     tools: list[dict[str, Any]]
     """OpenAI function-calling schemas (EnvScaler-compatible), derived in a sandbox."""
     description: str | None
+    introduction: str | None = None
+    rules: list[str] | None = None
     policy: str = "standard"
     policy_report: dict[str, Any] | None = None
-    created_at: datetime
+    """The static policy report: ``passed``, ``counts`` by severity, every finding (rule,
+    severity, line, column, message)."""
+    argument_checking: ArgumentChecking = "off"
+    created_at: Timestamp
 
 
 class EnvironmentsPublic(BaseModel):
@@ -59,8 +88,60 @@ class ProfileRequest(_Request):
     call_timeout_s: Annotated[float | None, Field(gt=0, le=3600)] = None
 
 
+class UserSimulator(_Request):
+    """The simulated user of a conversational episode: an OpenAI-compatible chat model
+    (EnvScaler's user agent). Without ``base_url``, the tenant's default endpoint (set by
+    the operator) is used, with the tenant's stored key; a ``base_url`` given here must be
+    one of the operator's allowed model endpoints (``SANDPIT_MODEL_URL_ALLOW``) when that
+    list is set."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    base_url: Annotated[str | None, Field(max_length=2000)] = None
+    api_key: SecretStr | None = None
+    """Stored encrypted with the episode (so it survives a restart); never returned."""
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    request_timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
+    """Seconds per model request; transient failures are retried (429, 5xx, timeouts)."""
+
+
+class EpisodeOptions(_Request):
+    """How an episode runs and ends (EnvScaler's RL environments). An env made from a
+    scenario is an episode of it: the reset/create response gives the task, the tools and
+    the environment introduction; each step returns ``reward``, ``terminated`` and
+    ``truncated``; at the end the scenario's checks give the reward."""
+
+    mode: Literal["non_conversational", "conversational"] = "non_conversational"
+    """``non_conversational``: the task is the first observation and calling
+    ``termination_action`` ends the episode (EnvScaler ``EnvScalerNonConvRLEnv``).
+    ``conversational``: a simulated user (``user``) gets the task, its first message is
+    the first observation, ``chat_with_user(content)`` talks to it, and the episode ends
+    when it says the task is done (``###STOP###``; EnvScaler ``EnvScalerConvRLEnv``)."""
+    max_steps: Annotated[int | None, Field(ge=1, le=100_000)] = 30
+    """Steps after which the episode is truncated (every recorded step counts, rejected
+    ones included); null: no limit."""
+    termination_action: Annotated[str, Field(min_length=1, max_length=64)] = "chat_with_user"
+    """Non-conversational: the action that ends the episode (EnvScaler: ``chat_with_user``;
+    its ``content`` argument is required). Offered to the agent as a tool."""
+    on_tool_error: Literal["continue", "terminate"] = "continue"
+    """``continue``: a tool that raises gives an ``Error: ...`` observation and the episode
+    goes on (Sandpit's default). ``terminate``: it ends the episode with reward 0.0
+    (EnvScaler's RL environment does this)."""
+    score_truncated: bool = True
+    """Run the checks when the episode is truncated by ``max_steps`` too (false: reward 0.0,
+    as ROLL's trajectory manager leaves it)."""
+    user: UserSimulator | None = None
+    """Required for ``conversational`` episodes."""
+
+    @model_validator(mode="after")
+    def _user_for_conversation(self) -> EpisodeOptions:
+        if self.mode == "conversational" and self.user is None:
+            raise ValueError("a conversational episode needs `user` (the simulated user's model)")
+        return self
+
+
 class EnvCreate(_Request):
-    """Create an env from a registered environment, or from inline code."""
+    """Create an env from a registered environment, from inline code, or from a scenario
+    (an episode of it)."""
 
     environment_id: str | None = None
     source_code: Annotated[str | None, Field(min_length=1)] = None
@@ -70,6 +151,10 @@ class EnvCreate(_Request):
     init_config: dict[str, Any] | None = None
     """EnvScaler ``init_config``: ``cls(init_config)``, else ``cls()`` + setattr per key."""
     profile: ProfileRequest | None = None
+    episode: EpisodeOptions | None = None
+    """How episodes run and end; defaults apply when omitted (30 steps, ``chat_with_user``)."""
+    argument_checking: ArgumentChecking | None = None
+    """Override of the environment's ``argument_checking`` for this env."""
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvCreate:
@@ -83,7 +168,14 @@ class EnvCreate(_Request):
         return self
 
 
+EpisodeStatus = Literal["running", "terminated", "truncated"]
+
+
 class EnvPublic(BaseModel):
+    """An env and its current episode. For a fresh episode (create, reset) this is
+    EnvScaler's ``reset()`` result: ``observation`` (the task, or the simulated user's
+    first message), ``tools`` and ``introduction``."""
+
     id: str
     environment_id: str
     episode: int
@@ -93,12 +185,26 @@ class EnvPublic(BaseModel):
     status: Literal["live", "evicted", "closed"]
     """live: in a sandbox now; evicted: state in the database, restored on next use."""
     init_config: dict[str, Any]
-    created_at: datetime
-    expires_at: datetime
+    created_at: Timestamp
+    expires_at: Timestamp
     forked_from: str | None = None
     forked_at_step: int | None = None
     scenario_id: str | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
+    """OpenAI function-calling schemas the agent may call: the environment's tools plus the
+    termination/chat action (``chat_with_user``) when the class has no tool of that name."""
+    episode_status: EpisodeStatus = "running"
+    observation: str = ""
+    """The episode's initial observation: the scenario's task (non-conversational), the
+    simulated user's first message (conversational), or "" without a scenario."""
+    task: str | None = None
+    introduction: str | None = None
+    """EnvScaler's environment introduction: the environment's introduction and its rules."""
+    reward: float | None = None
+    """The episode's reward once it has ended (None while running)."""
+    episode_config: dict[str, Any] = Field(default_factory=dict)
+    """The episode's options (:class:`EpisodeOptions`, without the user model's key)."""
+    argument_checking: ArgumentChecking = "off"
 
 
 class EnvsPublic(BaseModel):
@@ -107,55 +213,103 @@ class EnvsPublic(BaseModel):
 
 
 class FunctionCall(_Request):
-    name: Annotated[str, Field(min_length=1, max_length=128)]
-    arguments: str | dict[str, Any] = "{}"
-    """JSON string (as chat-completions emits it) or an object."""
+    name: Annotated[str, Field(max_length=1024)]
+    """The tool's name (a name that is no tool is recorded as a ``rejected`` step)."""
+    arguments: Annotated[Any, Field(json_schema_extra={"type": ["string", "object"]})] = "{}"
+    """JSON string (as chat-completions emits it) or an object; one that does not parse to an
+    object is recorded as a ``rejected`` step."""
 
 
 class StepRequest(BaseModel):
-    """A tool call: ``{"name", "arguments"}`` or an OpenAI tool call
-    ``{"type": "function", "function": {"name", "arguments": "<json string>"}}`` (``id``
-    is accepted and ignored)."""
+    """One action, in one of three forms: ``{"name", "arguments"}``; an OpenAI tool call
+    ``{"type": "function", "function": {"name", "arguments": "<json string>"}}`` (``id`` is
+    accepted and ignored); or ``{"text": "<raw model output>"}`` (``<think>``/``<tool_call>``
+    prompt format; plain text is ``chat_with_user``). A malformed action (unknown tool,
+    private or dunder name, arguments that are not an object or not valid JSON, output that
+    does not parse) is recorded as a ``rejected`` step with EnvScaler's observation."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str | None, Field(min_length=1, max_length=128)] = None
-    arguments: Any = None
+    name: Annotated[str | None, Field(max_length=1024)] = None
+    arguments: Annotated[Any, Field(json_schema_extra={"type": "object"})] = None
+    """Keyword arguments of the tool (an object; anything else is recorded as ``rejected``)."""
     type: Literal["function"] | None = None
     function: FunctionCall | None = None
+    text: Annotated[str | None, Field(max_length=4 * 1024 * 1024)] = None
     id: Annotated[str | None, Field(max_length=256)] = None
 
     @model_validator(mode="after")
     def _one_form(self) -> StepRequest:
-        if self.function is not None:
-            if self.name is not None or self.arguments is not None:
-                raise ValueError("give either name/arguments or an OpenAI tool call, not both")
-        elif self.name is None:
-            raise ValueError("name is required")
+        forms = [self.name is not None, self.function is not None, self.text is not None]
+        if sum(forms) != 1:
+            raise ValueError("give exactly one of name (+ arguments), function (an OpenAI tool call) or text")
+        if self.arguments is not None and self.name is None:
+            raise ValueError("arguments belong with name")
         return self
 
 
+class CheckOutcome(BaseModel):
+    check_item: str
+    passed: bool
+    error: str | None = None
+    """Why it did not pass (raised, returned a non-bool, timed out...)."""
+    status: Status = "ok"
+    duration_ms: float = 0.0
+
+
 class StepResult(BaseModel):
+    """EnvScaler ``step()``: ``observation``, ``reward``, ``terminated``, ``truncated``,
+    plus the step's record."""
+
     env_id: str
     episode: int
     step: int
+    action: dict[str, Any] | None = None
+    """The action as parsed and recorded: ``{"name", "arguments"}``."""
     observation: str
     status: Status
+    observation_role: Literal["tool", "user"] = "tool"
+    """EnvScaler's observation type: ``tool`` for a tool's result, ``user`` for the
+    simulated user's reply, errors of the action, and "Task finished"."""
+    reward: float = 0.0
+    """0.0 until the step that ends the episode; then the episode's reward (the mean of the
+    scenario's checks' results, rounded to 4 places; EnvScaler ``calculate_reward``)."""
+    terminated: bool = False
+    """The episode ended by the termination action, the simulated user, or a tool error
+    with ``on_tool_error: terminate``."""
+    truncated: bool = False
+    """The episode reached ``max_steps``."""
     duration_ms: float
     """Wall-clock time of the tool call in the sandbox round trip, milliseconds."""
     stdout: str = ""
     stderr: str = ""
+    traceback: str | None = None
+    """The tool's traceback when it raised (last frames, at most ~4 KiB)."""
+    error: str | None = None
+    """Why a ``rejected`` action was refused (the observation is EnvScaler's generic one)."""
+    argument_findings: list[str] | None = None
+    """``argument_checking: warn|strict``: how the arguments do not fit the tool's schema."""
+    checks: list[CheckOutcome] | None = None
+    """At the end of an episode with a scenario: each check's outcome."""
     recovered: bool = False
     """The env was restored into a (new) sandbox from its last snapshot before this call."""
     state_diff: dict[str, Any] | None = None
-    """With ``?include=state_diff``: EnvScaler ``get_state_diff`` shape."""
+    """With ``?include=state_diff``: EnvScaler ``get_state_diff`` of the step, ``{key:
+    {"added": v} | {"removed": v} | {"changed": {"old", "new"}} | <nested diff>}``."""
     state: dict[str, Any] | None = None
-    """With ``?include=state``: the state after the step."""
+    """With ``?include=state``: the state after the step (the same view as ``GET /state``)."""
 
 
 class ResetRequest(_Request):
+    """Start the next episode (EnvScaler ``reset()``)."""
+
     init_config: dict[str, Any] | None = None
-    """New ``init_config``; the env's current one when omitted."""
+    """New ``init_config``; the scenario's (or else the env's current one) when omitted."""
+    scenario_id: str | None = None
+    """Bind the new episode to this scenario (its environment, task, ``init_config`` and
+    checks); the env's current scenario when omitted."""
+    episode: EpisodeOptions | None = None
+    """New episode options; the current episode's when omitted."""
 
 
 class RestoreRequest(_Request):
@@ -169,12 +323,17 @@ class ForkRequest(_Request):
 
 
 class StateView(BaseModel):
+    """EnvScaler's state (``vars(instance)`` without dunder keys) as JSON: JSON-native
+    values exactly; sets, tuples, dates, bytes, objects... as explicit ``$`` tags
+    (``{"$set": [...]}``, ``{"$date": "2024-05-01"}``, ``{"$object": {"type", "attrs"}}``;
+    see the README's "State" section); anything cut says so with a ``$truncated`` tag."""
+
     env_id: str
     episode: int
     step: int
     state: dict[str, Any]
-    """Public attributes. Opaque values read from storage show as ``{"$opaque": "pickle",
-    "bytes": n}``; the current state of a live env is rendered inside its sandbox."""
+    truncated: bool = False
+    """True when a rendering in ``state`` was cut (a ``$truncated`` tag is in it)."""
 
 
 class TrajectoryStep(BaseModel):
@@ -183,13 +342,47 @@ class TrajectoryStep(BaseModel):
     observation: str
     status: Status
     duration_ms: float
-    created_at: datetime
+    reward: float | None = None
+    done: EpisodeStatus | None = None
+    """``terminated`` or ``truncated`` on the step that ended the episode."""
+    info: dict[str, Any] | None = None
+    """``observation_role``, ``error``, ``argument_findings``, ``traceback`` when present."""
+    created_at: Timestamp
+
+
+class EpisodePublic(BaseModel):
+    """One episode of an env: its scenario, options, outcome and size."""
+
+    episode: int
+    environment_id: str
+    scenario_id: str | None
+    status: EpisodeStatus
+    steps: int
+    """Steps recorded in the episode (its head)."""
+    observation: str
+    task: str | None
+    reward: float | None
+    checks: list[dict[str, Any]] | None = None
+    config: dict[str, Any]
+    started_at: Timestamp
+    ended_at: Timestamp | None = None
+
+
+class EpisodesPublic(BaseModel):
+    data: list[EpisodePublic]
+    count: int
 
 
 class Trajectory(BaseModel):
+    """Steps of one episode (1..head), a page at a time (``limit``/``offset``)."""
+
     env_id: str
     episode: int
     steps: list[TrajectoryStep]
+    count: int = 0
+    """Steps in the episode (all pages)."""
+    status: EpisodeStatus = "running"
+    reward: float | None = None
 
 
 class Health(BaseModel):
@@ -227,7 +420,7 @@ class ScenarioPublic(BaseModel):
     checklist: list[str]
     checklist_with_func: list[dict[str, Any]]
     external_id: str | None
-    created_at: datetime
+    created_at: Timestamp
 
 
 class ScenariosPublic(BaseModel):
@@ -241,26 +434,17 @@ class EvaluateRequest(_Request):
     checks: list[CheckSpec] | None = Field(default=None, max_length=256)
 
 
-class CheckOutcome(BaseModel):
-    check_item: str
-    passed: bool
-    error: str | None = None
-    """Why it did not pass (raised, returned a non-bool, timed out...)."""
-    status: Status = "ok"
-    duration_ms: float = 0.0
-
-
 class EvaluationPublic(BaseModel):
     id: str
     env_id: str
     episode: int
     step: int
     reward: float
-    """EnvScaler ``calculate_reward``: passed / total (0.0 with no checks)."""
+    """EnvScaler ``calculate_reward``: passed / total rounded to 4 places (0.0 with no checks)."""
     passed: int
     total: int
     results: list[CheckOutcome]
-    created_at: datetime
+    created_at: Timestamp
 
 
 class SmokeCall(_Request):
@@ -370,9 +554,9 @@ class ApiKeyPublic(BaseModel):
     tenant: str
     name: str | None
     prefix: str
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
+    created_at: Timestamp
+    expires_at: Timestamp | None
+    revoked_at: Timestamp | None
     key: str | None = None
 
 
@@ -384,7 +568,7 @@ class TenantPublic(BaseModel):
     """Effective quotas (defaults with the overrides applied)."""
     model_base_url: str | None
     has_model_api_key: bool
-    created_at: datetime
+    created_at: Timestamp
     active_keys: int | None = None
     api_key: ApiKeyPublic | None = None
     """The first key, with its secret, in the creation response only."""
@@ -412,7 +596,7 @@ class TenantUsage(BaseModel):
 
 class AuditEventPublic(BaseModel):
     id: int
-    at: datetime
+    at: Timestamp
     tenant: str
     actor: str
     action: str

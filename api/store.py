@@ -1,16 +1,21 @@
 """Incremental, content-addressed state snapshots.
 
-A state is the encoded public attributes of an environment instance (executor encoding:
-``["j", json]`` / ``["p", base64 pickle]`` / ``["u", repr]``). It is stored as a *root
-manifest* blob ``{"v": 1, "attrs": {name: entry}}`` whose entries are:
+A state is the encoded attributes of an environment instance (executor encoding, see
+:mod:`sandpit.executor.results`: ``["j", json]`` / ``["p", base64 pickle, rendering]`` /
+``["u", rendering]``). It is stored as a *root manifest* blob ``{"v": 1, "attrs": {name:
+entry}}`` whose entries are:
 
 ``["ji", value]``           small JSON value, inline in the root
 ``["jb", hash]``            JSON value in one blob
 ``["jd", buckets, order]``  a large JSON object split by key into buckets: ``buckets`` is
                             the hash of a blob listing bucket hashes, ``order`` the hash of
                             the key order (so restore reproduces insertion order)
-``["p", hash]``             opaque pickle bytes (never decoded on the host)
-``["u", repr]``             unserializable (not restorable), inline
+``["p", hash, view]``       opaque pickle bytes (never decoded on the host) and its
+                            rendering, ``view`` being ``["ji", rendering]`` or ``["jb", hash]``
+``["u", view]``             not picklable (not restorable): its rendering only
+
+Manifests written before renderings existed hold ``["p", hash]`` and ``["u", repr]``;
+they load as the executor's legacy entries.
 
 Every blob is keyed by a 128-bit SHA-256 prefix of its content and zlib-compressed, so
 identical values are stored once, across steps, envs and forks. A step that changes one
@@ -32,6 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandpit.executor.results import is_truncated, render_entry
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -186,17 +192,31 @@ def _encode_chunked(value: dict[str, Any], size: int, pending: PendingBlobs,
     return ["jd", list_hash, order_hash], _Chunked(buckets, hashes, keys, order_hash, key_order)
 
 
+def _view_entry(view: Any, pending: PendingBlobs) -> list[Any]:
+    raw = _dumps(view)
+    return ["ji", view] if len(raw) <= INLINE_MAX_BYTES else ["jb", pending.add(raw)]
+
+
 def encode_attr(encoded: Encoded, pending: PendingBlobs, previous: _Attr | None = None) -> _Attr:
     """Manifest entry for one attribute, adding new blobs to ``pending``.
 
     Raises ``ValueError`` on an entry that is not valid executor encoding."""
-    if not isinstance(encoded, list) or len(encoded) != 2:
+    if not isinstance(encoded, list) or not 2 <= len(encoded) <= 3:
         raise ValueError("malformed encoded attribute")
-    kind, data = encoded
+    kind, data = encoded[0], encoded[1]
     if kind == "p":
-        return _Attr(["p", pending.add(base64.b64decode(data, validate=True))], encoded)
+        if previous is not None and previous.encoded[0] == "p" and previous.encoded[1] == data:
+            return previous
+        entry = ["p", pending.add(base64.b64decode(data, validate=True))]
+        if len(encoded) == 3:
+            entry.append(_view_entry(encoded[2], pending))
+        return _Attr(entry, encoded)
+    if len(encoded) != 2:
+        raise ValueError("malformed encoded attribute")
     if kind == "u":
-        return _Attr(["u", str(data)], encoded)
+        if isinstance(data, str):  # legacy repr
+            return _Attr(["u", data], encoded)
+        return _Attr(["u", _view_entry(data, pending)], encoded)
     if kind != "j":
         raise ValueError(f"unknown encoding {kind!r}")
     if previous is not None and previous.encoded[0] == "j" and previous.encoded[1] is data:
@@ -271,6 +291,31 @@ class BlobReader:
         return json.loads(self.get(digest))
 
 
+def _read_view(reader: BlobReader, entry: list[Any]) -> Any:
+    if entry[0] == "ji":
+        return entry[1]
+    if entry[0] == "jb":
+        return reader.json(entry[1])
+    raise CorruptState(f"unknown rendering entry {entry[0]!r}")
+
+
+def blob_references(entry: list[Any], reader: BlobReader) -> list[str]:
+    """Every blob hash a manifest entry refers to (for garbage collection)."""
+    kind = entry[0]
+    if kind == "jb":
+        return [entry[1]]
+    if kind == "jd":
+        return [entry[1], entry[2], *reader.json(entry[1])]
+    refs: list[str] = []
+    if kind == "p":
+        refs.append(entry[1])
+        if len(entry) == 3 and entry[2][0] == "jb":
+            refs.append(entry[2][1])
+    elif kind == "u" and isinstance(entry[1], list) and entry[1][0] == "jb":
+        refs.append(entry[1][1])
+    return refs
+
+
 def load_state(db: DbSession, root: str) -> StateCache:
     """Rebuild a :class:`StateCache` from a root hash (restore, fork, restart recovery)."""
     reader = BlobReader(db)
@@ -297,25 +342,24 @@ def load_state(db: DbSession, root: str) -> StateCache:
             value = {key: merged[key] for key in key_order}
             attrs[name] = _Attr(entry, ["j", value], _Chunked(len(hashes), hashes, keys, entry[2], key_order))
         elif kind == "p":
-            attrs[name] = _Attr(entry, ["p", base64.b64encode(reader.get(entry[1])).decode("ascii")])
+            encoded = ["p", base64.b64encode(reader.get(entry[1])).decode("ascii")]
+            if len(entry) == 3:
+                encoded.append(_read_view(reader, entry[2]))
+            attrs[name] = _Attr(entry, encoded)
         elif kind == "u":
-            attrs[name] = _Attr(entry, ["u", entry[1]])
+            attrs[name] = _Attr(entry, ["u", entry[1] if isinstance(entry[1], str) else _read_view(reader, entry[1])])
         else:
             raise CorruptState(f"unknown manifest entry {kind!r} for {name!r}")
     return StateCache(attrs, root)
 
 
 def state_view(cache: StateCache) -> dict[str, Any]:
-    """JSON view of a stored state without a sandbox: JSON attributes as they are, opaque
-    ones as ``{"$opaque": "pickle", "bytes": n}`` (only a sandbox may decode them), and
-    unserializable ones as ``{"$unserializable": repr}``."""
-    out: dict[str, Any] = {}
-    for name, attr in cache.attrs.items():
-        kind, data = attr.encoded
-        if kind == "j":
-            out[name] = data
-        elif kind == "p":
-            out[name] = {"$opaque": "pickle", "bytes": len(data) * 3 // 4}
-        else:
-            out[name] = {"$unserializable": data}
-    return out
+    """The JSON view of a stored state (the one rendering every reader sees): JSON
+    attributes as they are, others as the rendering their sandbox made
+    (``sandbox_images/runner/render.py``). Nothing is decoded or executed here."""
+    return {name: render_entry(attr.encoded) for name, attr in cache.attrs.items()}
+
+
+def view_truncated(cache: StateCache) -> bool:
+    """True when a rendering in the state says something was cut (JSON attributes never are)."""
+    return any(attr.encoded[0] != "j" and is_truncated(render_entry(attr.encoded)) for attr in cache.attrs.values())

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response, status
 from ..deps import CallerDep, PageDep, QuotasDep, ServiceDep, TenantsDep
 from ..schemas import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..strict_json import StrictJSONRoute
-from ..tools import text_size
+from ..tools import json_size, text_size
 
 router = APIRouter(prefix="/v1/environments", tags=["environments"], route_class=StrictJSONRoute)
 
@@ -15,12 +15,19 @@ router = APIRouter(prefix="/v1/environments", tags=["environments"], route_class
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvironmentPublic)
 def create_environment(body: EnvironmentCreate, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
                        tenants: TenantsDep) -> EnvironmentPublic:
-    """Register environment code; its tools (OpenAI schemas) are derived inside a sandbox.
-    429 over the tenant's ``max_code_bytes`` or ``max_concurrent_calls``."""
+    """Register environment code: static policy, tools (OpenAI schemas) derived inside a
+    sandbox, one instantiation there (``sample_init_config``). 422 when the policy rejects
+    the code or it fails to load or instantiate; 429 over the tenant's ``max_code_bytes``,
+    ``max_init_config_bytes`` or ``max_concurrent_calls``."""
     quotas.check_size(caller, "max_code_bytes", text_size(body.source_code), "source_code")
+    if body.sample_init_config is not None:
+        quotas.check_size(caller, "max_init_config_bytes", json_size(body.sample_init_config), "sample_init_config")
     with quotas.call(caller):
         row = service.create_environment(caller.tenant, name=body.name, source_code=body.source_code,
-                                         class_name=body.class_name, description=body.description, policy=body.policy)
+                                         class_name=body.class_name, description=body.description, policy=body.policy,
+                                         introduction=body.introduction, rules=body.rules,
+                                         argument_checking=body.argument_checking,
+                                         sample_init_config=body.sample_init_config)
     tenants.audit(caller.tenant, caller.actor, "environment.create", row.id,
                   {"class_name": row.class_name, "code_sha256": row.code_sha256})
     return EnvironmentPublic.model_validate(row, from_attributes=True)

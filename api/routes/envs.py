@@ -1,5 +1,5 @@
 """``/v1/envs``: create, read, list, delete envs; step, reset, state, trajectory,
-restore and fork."""
+episodes, restore, fork and evaluate."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from ..schemas import (
     EnvCreate,
     EnvPublic,
     EnvsPublic,
+    EpisodePublic,
+    EpisodesPublic,
     EvaluateRequest,
     EvaluationPublic,
     ForkRequest,
@@ -26,7 +28,7 @@ from ..schemas import (
     Trajectory,
     TrajectoryStep,
 )
-from ..service import EnvService
+from ..service import EnvService, clean_text
 from ..strict_json import StrictJSONRoute
 from ..tools import json_size, parse_step, text_size
 
@@ -34,12 +36,11 @@ router = APIRouter(prefix="/v1/envs", tags=["envs"], route_class=StrictJSONRoute
 INCLUDES = {"state_diff", "state"}
 
 
-def _public(service: EnvService, row: Env, tools: bool = False) -> EnvPublic:
+def _public(service: EnvService, row: Env, tools: bool = True) -> EnvPublic:
     return EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
-                     status=service.env_status(row), init_config=row.init_config, created_at=row.created_at,
-                     expires_at=row.expires_at, forked_from=row.forked_from, forked_at_step=row.forked_at_step,
-                     scenario_id=row.scenario_id,
-                     tools=service.tools_of(row) if tools else [])
+                     init_config=row.init_config, created_at=row.created_at, expires_at=row.expires_at,
+                     forked_from=row.forked_from, forked_at_step=row.forked_at_step, scenario_id=row.scenario_id,
+                     **service.env_view(row, with_tools=tools))
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic)
@@ -63,23 +64,24 @@ def create_env(body: EnvCreate, service: ServiceDep, caller: CallerDep, quotas: 
     with quotas.reserve_envs(caller), quotas.call(caller):
         row = service.create_env(caller.tenant, environment_id=body.environment_id, source_code=body.source_code,
                                  class_name=body.class_name, init_config=body.init_config,
-                                 scenario_id=body.scenario_id, profile=profile)
+                                 scenario_id=body.scenario_id, profile=profile, episode=body.episode,
+                                 argument_checking=body.argument_checking)
     tenants.audit(caller.tenant, caller.actor, "env.create", row.id,
                   {"environment_id": row.environment_id, "scenario_id": row.scenario_id})
-    return _public(service, row, tools=True)
+    return _public(service, row)
 
 
 @router.get("/{env_id}", response_model=EnvPublic)
 def get_env(env_id: str, service: ServiceDep, caller: CallerDep) -> EnvPublic:
-    """One env with its tools (404 for unknown ids and other tenants' ids)."""
-    return _public(service, service.get_env(caller.tenant, env_id), tools=True)
+    """One env with its tools and current episode (404 for unknown ids and other tenants' ids)."""
+    return _public(service, service.get_env(caller.tenant, env_id))
 
 
 @router.get("", response_model=EnvsPublic)
 def list_envs(page: PageDep, service: ServiceDep, caller: CallerDep) -> EnvsPublic:
     """The tenant's envs, newest first (``limit``/``offset``)."""
     rows, total = service.list_envs(caller.tenant, page.limit, page.offset)
-    return EnvsPublic(data=[_public(service, r) for r in rows], count=total)
+    return EnvsPublic(data=[_public(service, r, tools=False) for r in rows], count=total)
 
 
 @router.delete("/{env_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -93,23 +95,30 @@ def delete_env(env_id: str, service: ServiceDep, caller: CallerDep, tenants: Ten
 @router.post("/{env_id}/step", response_model=StepResult, response_class=Response)
 def step(env_id: str, body: StepRequest, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
          include: Annotated[str | None, Query(max_length=64)] = None) -> Response:
-    """Run one tool call (``{"name","arguments"}`` or an OpenAI tool call); committed
-    before the reply. 429 over the tenant's ``steps_per_minute``, ``max_concurrent_calls``,
-    ``max_running_calls`` (queue wait) or ``max_arguments_bytes`` (the call does not run)."""
+    """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
+    EnvScaler ``step()``. Returns the observation, ``reward``, ``terminated`` and
+    ``truncated``; committed before the reply. A malformed action is a recorded
+    ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
+    tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
+    wait) or ``max_arguments_bytes`` (nothing is recorded)."""
     wanted = set(filter(None, (include or "").split(",")))
     if not wanted <= INCLUDES:
         raise InvalidRequest(f"include may name {sorted(INCLUDES)}, got {sorted(wanted - INCLUDES)}", field="include")
     settings = service.settings
-    call = parse_step(body, settings.max_arguments_bytes, settings.max_json_depth,
-                      lambda size: quotas.check_size(caller, "max_arguments_bytes", size, "arguments"))
+    action = parse_step(body, settings.max_arguments_bytes, settings.max_json_depth,
+                        lambda size: quotas.check_size(caller, "max_arguments_bytes", size, "arguments"))
     with quotas.call(caller):
         quotas.take_step(caller)
-        out = service.step(caller.tenant, env_id, call, want_diff="state_diff" in wanted,
+        out = service.step(caller.tenant, env_id, action, want_diff="state_diff" in wanted,
                            want_state="state" in wanted)
-    r = out.result
-    result = StepResult(env_id=out.env_id, episode=out.episode, step=out.step, observation=r.observation,
-                        status=r.status, duration_ms=r.duration_ms, stdout=r.stdout, stderr=r.stderr,
-                        recovered=out.recovered, state_diff=EnvService.diff(out) if "state_diff" in wanted else None,
+    run, r = out.run, out.result
+    result = StepResult(env_id=out.env_id, episode=out.episode, step=out.step, action=out.action,
+                        observation=run.observation, status=run.status, observation_role=run.role,
+                        reward=out.reward, terminated=out.terminated, truncated=out.truncated,
+                        duration_ms=run.duration_ms, stdout=clean_text(r.stdout), stderr=clean_text(r.stderr),
+                        traceback=clean_text(r.traceback) if r.traceback else None, error=run.error,
+                        argument_findings=run.findings, checks=out.checks, recovered=out.recovered,
+                        state_diff=EnvService.diff(out) if "state_diff" in wanted else None,
                         state=out.state_after if "state" in wanted else None)
     # serialized once here (the hot path): no second validation by the response model
     return Response(result.model_dump_json(), media_type="application/json")
@@ -118,27 +127,50 @@ def step(env_id: str, body: StepRequest, service: ServiceDep, caller: CallerDep,
 @router.post("/{env_id}/reset", response_model=EnvPublic)
 def reset(env_id: str, service: ServiceDep, caller: CallerDep, quotas: QuotasDep,
           body: ResetRequest | None = None) -> EnvPublic:
-    """Begin the next episode (optionally with a new ``init_config``)."""
+    """Begin the next episode (EnvScaler ``reset()``: the response has the initial
+    ``observation``, ``tools`` and ``introduction``), optionally with another scenario,
+    ``init_config`` or episode options. The previous episode stays readable."""
     if body is not None and body.init_config is not None:
         quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
     with quotas.call(caller):
-        return _public(service, service.reset(caller.tenant, env_id, body.init_config if body else None))
+        row = service.reset(caller.tenant, env_id, body.init_config if body else None,
+                            scenario_id=body.scenario_id if body else None, episode=body.episode if body else None)
+    return _public(service, row)
 
 
 @router.get("/{env_id}/state", response_model=StateView)
 def get_state(env_id: str, service: ServiceDep, caller: CallerDep,
-              step: Annotated[int | None, Query(ge=0)] = None) -> StateView:
-    """State at the head, or at ``?step=k`` of the current episode."""
-    row, number, state = service.state(caller.tenant, env_id, step)
-    return StateView(env_id=row.id, episode=row.episode, step=number, state=state)
+              step: Annotated[int | None, Query(ge=0, le=10**9)] = None,
+              episode: Annotated[int | None, Query(ge=1, le=10**9)] = None) -> StateView:
+    """State at the head, or at ``?step=k`` of the current episode or of ``?episode=e``
+    (EnvScaler's state: every non-dunder attribute; non-JSON values as ``$`` tags)."""
+    row, number, at, state, truncated = service.state(caller.tenant, env_id, step, episode)
+    return StateView(env_id=row.id, episode=number, step=at, state=state, truncated=truncated)
 
 
 @router.get("/{env_id}/trajectory", response_model=Trajectory)
-def trajectory(env_id: str, service: ServiceDep, caller: CallerDep) -> Trajectory:
-    """Every step of the current episode: action, observation, status, duration."""
-    row, steps = service.trajectory(caller.tenant, env_id)
-    return Trajectory(env_id=row.id, episode=row.episode,
+def trajectory(env_id: str, service: ServiceDep, caller: CallerDep,
+               episode: Annotated[int | None, Query(ge=1, le=10**9)] = None,
+               limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+               offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Trajectory:
+    """Steps of the current episode (or ``?episode=e``): action, observation, status,
+    reward, duration; ``limit``/``offset`` page through long episodes."""
+    row, number, steps, total, record = service.trajectory(caller.tenant, env_id, episode, limit, offset)
+    return Trajectory(env_id=row.id, episode=number, count=total,
+                      status=record.status if record is not None else "running",
+                      reward=record.reward if record is not None else None,
                       steps=[TrajectoryStep.model_validate(s, from_attributes=True) for s in steps])
+
+
+@router.get("/{env_id}/episodes", response_model=EpisodesPublic)
+def episodes(env_id: str, page: PageDep, service: ServiceDep, caller: CallerDep) -> EpisodesPublic:
+    """Every episode of the env, oldest first: scenario, status, steps, reward."""
+    records, total = service.episodes(caller.tenant, env_id, page.limit, page.offset)
+    return EpisodesPublic(count=total, data=[
+        EpisodePublic(episode=r.episode, environment_id=r.environment_id, scenario_id=r.scenario_id, status=r.status,
+                      steps=steps, observation=r.observation, task=r.task, reward=r.reward, checks=r.checks,
+                      config=r.config, started_at=r.started_at, ended_at=r.ended_at)
+        for r, steps in records])
 
 
 @router.post("/{env_id}/restore", response_model=EnvPublic)
@@ -157,7 +189,7 @@ def fork(env_id: str, body: ForkRequest, service: ServiceDep, caller: CallerDep,
     with quotas.reserve_envs(caller, body.count):
         rows = service.fork(caller.tenant, env_id, body.step, body.count)
     tenants.audit(caller.tenant, caller.actor, "env.fork", env_id, {"forks": [r.id for r in rows]})
-    return EnvsPublic(data=[_public(service, r) for r in rows], count=len(rows))
+    return EnvsPublic(data=[_public(service, r, tools=False) for r in rows], count=len(rows))
 
 
 @router.post("/{env_id}/evaluate", response_model=EvaluationPublic)

@@ -14,7 +14,6 @@ from sandpit.api.rollout import (
     ModelSettings,
     StepRecord,
     initial_messages,
-    parse_arguments,
     run_episode,
     system_prompt,
 )
@@ -24,13 +23,21 @@ TOOLS = [{"type": "function", "function": {"name": "bump", "description": "Add t
 
 
 class FakeEnv:
-    """Records executed calls; ``bump`` adds to a counter, other names are refused."""
+    """Records executed calls; ``bump`` adds to a counter, other names are refused, and
+    arguments that are not a JSON object are refused as the API would."""
 
     def __init__(self) -> None:
         self.count = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.raw: list[Any] = []
 
-    def execute(self, number: int, name: str, arguments: dict[str, Any]) -> StepRecord:
+    def execute(self, number: int, name: str, raw: Any) -> StepRecord:
+        self.raw.append(raw)
+        try:
+            arguments = json.loads(raw or "{}") if isinstance(raw, str) else raw
+        except ValueError:
+            return StepRecord(number, {"name": name, "arguments": raw}, "Error: Failed to parse response to action",
+                              "rejected")
         self.calls.append((name, arguments))
         if name != "bump":
             return StepRecord(number, {"name": name, "arguments": arguments}, f"Error: unknown tool {name!r}", "rejected")
@@ -48,7 +55,7 @@ def run(llm: ScriptedLLM, task: str, env: FakeEnv, max_steps: int = 10, **overri
     model = client(llm, **overrides)
     try:
         return run_episode(model, initial_messages("Counter", "A counter.\n\nRules:\nBe nice.", task), TOOLS,
-                           env.execute, max_steps=max_steps, max_argument_bytes=1024)
+                           env.execute, max_steps=max_steps)
     finally:
         model.close()
 
@@ -59,21 +66,6 @@ def test_system_prompt_is_built_from_the_environment() -> None:
     assert "(no description)" in system_prompt(None, None)
     messages = initial_messages("E", "d", "do it")
     assert [m["role"] for m in messages] == ["system", "user"] and messages[1]["content"] == "do it"
-
-
-@pytest.mark.parametrize(("raw", "expected"), [("", {}), ("{}", {}), ('{"by": 2}', {"by": 2}), (None, {}),
-                                               ({"by": 3}, {"by": 3})])
-def test_parse_arguments_accepts_objects(raw: Any, expected: dict[str, Any]) -> None:
-    assert parse_arguments(raw, 1024) == expected
-
-
-@pytest.mark.parametrize(("raw", "message"), [("{by: 2}", "not valid JSON"), ("[1, 2]", "JSON object"),
-                                              ('"text"', "JSON object"), ('{"x": NaN}', "not valid JSON"),
-                                              ("x" * 2000, "over 1024 bytes"),
-                                              ('{"a":' * 80 + "1" + "}" * 80, "nested deeper")])
-def test_parse_arguments_refuses_with_a_message_for_the_model(raw: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        parse_arguments(raw, 1024)
 
 
 def test_loop_runs_tool_calls_until_the_model_stops_and_retries_5xx_and_429() -> None:
@@ -88,8 +80,9 @@ def test_loop_runs_tool_calls_until_the_model_stops_and_retries_5xx_and_429() ->
     assert result.stop_reason == "model_stopped"
     assert [r.status for r in result.trajectory] == ["ok", "rejected", "rejected"]
     assert result.trajectory[1].action == {"name": "bump", "arguments": "{broken"}
-    assert "not valid JSON" in result.trajectory[1].observation
-    assert env.calls == [("bump", {"by": 2}), ("explode", {})]  # the malformed call never reached the env
+    assert "Failed to parse" in result.trajectory[1].observation
+    assert env.calls == [("bump", {"by": 2}), ("explode", {})]  # the malformed call was refused by the env
+    assert env.raw[1] == "{broken"  # handed over as the model sent it
     assert [m["role"] for m in result.transcript] == ["system", "user", "assistant", "tool", "tool", "assistant",
                                                       "tool", "assistant"]
     assert result.transcript[-1]["content"] == "all done"
@@ -135,8 +128,7 @@ def test_connection_failure_is_model_unavailable() -> None:
                                       retry_initial_s=0.001), None)
     try:
         with pytest.raises(ModelError) as failed:
-            run_episode(model, initial_messages("E", None, "t"), TOOLS, FakeEnv().execute, max_steps=1,
-                        max_argument_bytes=1024)
+            run_episode(model, initial_messages("E", None, "t"), TOOLS, FakeEnv().execute, max_steps=1)
     finally:
         model.close()
     assert failed.value.status == "model_unavailable"
@@ -153,7 +145,7 @@ def test_should_stop_ends_the_loop_between_steps() -> None:
         model = client(llm)
         try:
             result = run_episode(model, initial_messages("E", None, "t"), TOOLS, FakeEnv().execute, max_steps=10,
-                                 max_argument_bytes=1024, should_stop=stop)
+                                 should_stop=stop)
         finally:
             model.close()
     assert result.stop_reason == "stopped" and len(result.trajectory) == 1
