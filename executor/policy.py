@@ -16,7 +16,9 @@ Rules and their severity per named policy (``get_policy(name)``)::
     import-not-allowed            error    warning   warning  module outside the allow-list, relative import
     dunder-access                 error    error     warning  x.__globals__, f_back, gi_frame, "__builtins__" literal...
     dunder-dict                   error    warning   warning  x.__dict__
-    dynamic-eval                  error    error     warning  eval / exec / compile / breakpoint
+    dynamic-eval                  error    warning   warning  eval / exec / compile / breakpoint
+    eval-globals                  warning  info      info     {"__builtins__": ...} in a dict display (a restricted
+                                                            globals dict for eval/exec, e.g. tau-bench's calculate)
     dynamic-import                error    error     warning  __import__, importlib.import_module
     open-call                     error    warning   warning  open(), io.open(), os.open(), codecs.open()
     dynamic-getattr               error    warning   warning  getattr/setattr/delattr/hasattr with a non-literal name
@@ -29,6 +31,12 @@ Rules and their severity per named policy (``get_policy(name)``)::
     too-many-findings             info     info      info     the report was cut at MAX_FINDINGS
 
 ``audit`` is ``standard`` with every error lowered to a warning: it reports, it never fails.
+
+``standard`` refuses only what cannot be legitimate in an environment class (escape chains
+through introspection attributes, rebinding builtins, dynamic imports, code that does not
+parse); what real third-party environments do (``eval``/``exec`` with restricted globals
+in tau-bench's ``calculate``, ``open``, imports outside the allow-list) is a warning. The
+code runs in the sandbox either way: the policy is a filter and a synthesis signal.
 
 Decisions:
 
@@ -127,6 +135,7 @@ RULES: Mapping[str, str] = MappingProxyType({
     "dunder-access": "access to an introspection attribute that leads out of the object model",
     "dunder-dict": "access to __dict__",
     "dynamic-eval": "eval, exec, compile or breakpoint",
+    "eval-globals": "a dict display with a '__builtins__' key (restricted globals for eval/exec)",
     "dynamic-import": "__import__ or importlib.import_module",
     "open-call": "opening a file",
     "dynamic-getattr": "getattr/setattr/delattr/hasattr with a computed attribute name",
@@ -158,13 +167,14 @@ DANGEROUS_ATTRIBUTES: frozenset[str] = frozenset({
 _STANDARD: dict[str, Severity] = {
     "syntax-error": "error", "too-large": "error", "too-complex": "error",
     "import-not-allowed": "warning", "dunder-access": "error", "dunder-dict": "warning",
-    "dynamic-eval": "error", "dynamic-import": "error", "open-call": "warning",
+    "dynamic-eval": "warning", "eval-globals": "info", "dynamic-import": "error", "open-call": "warning",
     "dynamic-getattr": "warning", "builtins-write": "error",
     "restricted-python-error": "error", "restricted-python-warning": "info",
     "restricted-python-calibrated": "info", "restricted-python-incomplete": "warning",
     "python-warning": "info", "too-many-findings": "info",
 }
 _STRICT: dict[str, Severity] = _STANDARD | {
+    "dynamic-eval": "error", "eval-globals": "warning",
     "import-not-allowed": "error", "dunder-dict": "error", "open-call": "error",
     "dynamic-getattr": "error", "restricted-python-warning": "warning", "restricted-python-incomplete": "error",
 }
@@ -454,6 +464,8 @@ class _AstChecker:
         self.sink = sink
         self.builtins_aliases = {"builtins", "__builtins__"}
         self.called: set[int] = set()
+        self.globals_keys: set[int] = set()
+        """id() of ``"__builtins__"`` keys of dict displays (``eval-globals``, not ``dunder-access``)."""
 
     def check(self, tree: ast.Module) -> None:
         handlers = self._HANDLERS
@@ -527,7 +539,16 @@ class _AstChecker:
         elif attr in _EVAL_NAMES and self._is_builtins(node.value):
             self.sink.add_node("dynamic-eval", node, f"access to builtins.{attr}")
 
+    def _dict(self, node: ast.Dict) -> None:
+        for key in node.keys:
+            if isinstance(key, ast.Constant) and key.value == "__builtins__":
+                self.globals_keys.add(id(key))
+                self.sink.add_node("eval-globals", key, "a '__builtins__' key in a dict display (restricted "
+                                                        "globals for eval/exec)")
+
     def _constant(self, node: ast.Constant) -> None:
+        if id(node) in self.globals_keys:
+            return
         if isinstance(node.value, str) and node.value in DANGEROUS_ATTRIBUTES:
             self.sink.add_node("dunder-access", node, f"string literal {node.value!r} (usable with getattr or subscripts)")
 
@@ -569,7 +590,7 @@ class _AstChecker:
 
     _HANDLERS: Mapping[type, Any] = {
         ast.Import: _import, ast.ImportFrom: _import_from, ast.Call: _call, ast.Name: _name,
-        ast.Attribute: _attribute, ast.Constant: _constant, ast.Global: _global,
+        ast.Attribute: _attribute, ast.Dict: _dict, ast.Constant: _constant, ast.Global: _global,
         ast.Assign: _targets, ast.AugAssign: _targets, ast.AnnAssign: _targets, ast.Delete: _targets,
         ast.For: _targets, ast.AsyncFor: _targets, ast.withitem: _targets,
     }

@@ -57,6 +57,7 @@ POSITIVE = [
     ("dynamic-eval", "breakpoint()"),
     ("dynamic-eval", "run = eval"),
     ("dynamic-eval", "from builtins import exec as run"),
+    ("eval-globals", 'value = eval(expression, {"__builtins__": None}, {})'),
     ("dynamic-import", 'os = __import__("os")'),
     ("dynamic-import", 'import importlib\nm = importlib.import_module("os")'),
     ("dynamic-import", "from importlib import import_module"),
@@ -93,6 +94,7 @@ NEGATIVE = [
     ("dunder-access", "f_back = 1"),  # a variable that happens to share a frame attribute's name
     ("dunder-dict", "d = vars(self)"),
     ("dynamic-eval", 'import re\npattern = re.compile("a+")\nresult = self.evaluate(x)'),
+    ("eval-globals", 'd = {"builtins": 1, "__name__": 2}'),
     ("dynamic-import", "import json"),
     ("open-call", "self.door.open()\nself.store.open_account()"),
     ("dynamic-getattr", 'v = getattr(obj, "name", None)\nok = hasattr(obj, "x")\nsetattr(obj, "y", 1)'),
@@ -171,7 +173,8 @@ def test_unknown_policy_names_the_valid_ones() -> None:
     ("getattr(o, n)", "dynamic-getattr", "error", "warning", "warning"),
     ("d = o.__dict__", "dunder-dict", "error", "warning", "warning"),
     ("g = f.__globals__", "dunder-access", "error", "error", "warning"),
-    ('eval("1")', "dynamic-eval", "error", "error", "warning"),
+    ('eval("1")', "dynamic-eval", "error", "warning", "warning"),
+    ('eval(e, {"__builtins__": None}, {})', "eval-globals", "warning", "info", "info"),
     ('__import__("os")', "dynamic-import", "error", "error", "warning"),
     ("__builtins__ = {}", "builtins-write", "error", "error", "warning"),
     ("async def f():\n    pass", "restricted-python-error", "error", "error", "warning"),
@@ -386,22 +389,22 @@ def test_restricted_python_giving_up_is_a_warning_in_standard() -> None:
 
 def test_findings_are_capped_with_totals_kept() -> None:
     source = "import os\n" + "eval(x)\n" * 100_000 + "self._x = 1\n"
-    report = check_source(source)
-    assert report.errors == 100_000 and report.warnings == 1 and not report.passed
+    report = check_source(source, "strict")
+    assert report.errors == 100_001 and report.warnings == 0 and not report.passed
     assert len(report.findings) == MAX_FINDINGS + 1
     listed, last = report.findings[:-1], report.findings[-1]
     assert last.rule == "too-many-findings" and last.severity == "info" and last.line is None
     assert str(100_000 + 2 - MAX_FINDINGS) in last.message
-    # errors first, then by position: the earliest 500 evals; the warning and the info are cut
-    assert {f.rule for f in listed} == {"dynamic-eval"}
-    assert [f.line for f in listed] == list(range(2, MAX_FINDINGS + 2))
+    # errors first, then by position: the import and the earliest 499 evals; the info is cut
+    assert {f.rule for f in listed} == {"dynamic-eval", "import-not-allowed"}
+    assert [f.line for f in listed] == list(range(1, MAX_FINDINGS + 1))
 
 
 def test_cap_keeps_errors_buried_among_many_warnings() -> None:
-    source = "getattr(a, b)\n" * 2_000 + "eval(x)\n"
+    source = "getattr(a, b)\n" * 2_000 + "__import__(x)\n"
     report = check_source(source)
     assert report.errors == 1 and report.warnings == 2_000
-    assert any(f.rule == "dynamic-eval" and f.line == 2_001 for f in report.findings)
+    assert any(f.rule == "dynamic-import" and f.line == 2_001 for f in report.findings)
 
 
 def test_findings_are_sorted_and_unknown_positions_last() -> None:
