@@ -42,6 +42,7 @@ import asyncio
 import email.utils
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ __all__ = [
     "EnvHandle",
     "EpisodeResult",
     "Environment",
+    "Episode",
     "EvaluationJob",
     "EvaluationProgress",
     "EvaluationSummary",
@@ -279,6 +281,17 @@ class Environment(_ResponseModel):
     """Hex SHA-256 of `source_code`."""
     tools: list[dict[str, Any]] = Field(default_factory=list)
     """OpenAI function-calling tool schemas, ready to pass as `tools=` to a chat completion."""
+    description: str | None = None
+    introduction: str | None = None
+    """EnvScaler `environment_introduction`."""
+    rules: list[str] | None = None
+    """EnvScaler `constraints_rules`."""
+    policy: str = "standard"
+    """The static policy the code was registered under (`strict`, `standard`, `audit`)."""
+    policy_report: dict[str, Any] | None = None
+    """The static policy's report: `passed`, `counts` by severity and every finding
+    (`rule`, `severity`, `line`, `column`, `message`); warnings do not block registration."""
+    argument_checking: Literal["off", "warn", "strict"] = "off"
     created_at: datetime
 
 
@@ -330,8 +343,13 @@ class ExecResult(_ResponseModel):
     duration_ms: float = 0.0
 
 
+EpisodeStatus = Literal["running", "terminated", "truncated"]
+
+
 class Env(_ResponseModel):
-    """A live instance (session) of an environment (`/v1/envs`)."""
+    """A live instance (session) of an environment (`/v1/envs`) and its current episode.
+    Right after create or reset this is EnvScaler's `reset()`: `observation` (the task,
+    or the simulated user's first message), `tools` and `introduction`."""
 
     id: str
     environment_id: str | None = None
@@ -340,34 +358,73 @@ class Env(_ResponseModel):
     episode: int
     status: EnvStatus
     created_at: datetime
+    expires_at: datetime | None = None
+    init_config: dict[str, Any] = Field(default_factory=dict)
+    scenario_id: str | None = None
+    forked_from: str | None = None
+    forked_at_step: int | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    """OpenAI function-calling tool schemas."""
+    """OpenAI function-calling tool schemas (with `chat_with_user` when the episode uses it)."""
+    episode_status: EpisodeStatus = "running"
+    observation: str = ""
+    task: str | None = None
+    introduction: str | None = None
+    reward: float | None = None
+    """The episode's reward once it ended."""
+    episode_config: dict[str, Any] = Field(default_factory=dict)
+    argument_checking: Literal["off", "warn", "strict"] = "off"
 
 
 class StepResult(_ResponseModel):
-    """The outcome of one tool call. A tool that raised is `status="error"`, not an exception."""
+    """The outcome of one action (EnvScaler `step()`). A tool that raised is
+    `status="error"` and a malformed action `status="rejected"`, not exceptions. Fields the
+    server adds later are kept (as extra attributes)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     env_id: str
+    episode: int = 1
     step: int
-    """Step number of this call in the episode (1 for the first call)."""
+    """Step number of this action in the episode (1 for the first)."""
+    action: dict[str, Any] | None = None
+    """The action as the server parsed and recorded it: `{"name", "arguments"}`."""
     observation: str
-    """`str(result)` of the tool, or `Error: <Type>: <message>`."""
+    """`str(result)` of the tool, `Error: <Type>: <message>`, the simulated user's reply,
+    `Task finished`, or EnvScaler's `Error: Invalid action` for a malformed action."""
     status: StepStatus
+    observation_role: Literal["tool", "user"] = "tool"
+    reward: float = 0.0
+    """0.0 until the step that ends the episode; then the scenario's reward."""
+    terminated: bool = False
+    truncated: bool = False
     duration_ms: float
     """Wall time of the call in the sandbox, milliseconds."""
+    stdout: str = ""
+    stderr: str = ""
+    traceback: str | None = None
+    error: str | None = None
+    """Why a `rejected` action was refused."""
+    argument_findings: list[str] | None = None
+    checks: list[CheckOutcome] | None = None
+    """At the end of a scenario's episode: each check's outcome."""
+    recovered: bool = False
+    """The env was restored from its last snapshot into a new sandbox before this action."""
     state_diff: dict[str, Any] | None = None
-    """EnvScaler `get_state_diff` shape (`added`/`removed`/`changed`), if asked with include."""
+    """EnvScaler `get_state_diff` (`{key: {"added"|"removed"|"changed"...}}`), if asked with include."""
     state: dict[str, Any] | None = None
-    """Public attributes after the call, if asked with include."""
+    """The state after the action, if asked with include."""
 
 
 class StateView(_ResponseModel):
-    """The state (public attributes) of an env after a given step of its current episode."""
+    """EnvScaler's state (every non-dunder attribute) after a step; values JSON cannot
+    carry are `$` tags (`{"$set": [...]}`, `{"$date": ...}`, `{"$object": {...}}`)."""
 
     env_id: str
     episode: int
     step: int
     state: dict[str, Any]
+    truncated: bool = False
+    """True when a value was cut (a `$truncated` tag is in `state`)."""
 
 
 class ToolAction(_ResponseModel):
@@ -388,15 +445,40 @@ class TrajectoryStep(_ResponseModel):
     observation: str
     status: StepStatus
     duration_ms: float
+    reward: float | None = None
+    done: EpisodeStatus | None = None
+    """`terminated` or `truncated` on the step that ended the episode."""
+    info: dict[str, Any] | None = None
+    """`observation_role`, `error`, `argument_findings`, `traceback` when present."""
     created_at: datetime
 
 
 class Trajectory(_ResponseModel):
-    """Every step of the current episode of an env, in order."""
+    """Steps of one episode of an env, in order (one page of them: `count` is the total)."""
 
     env_id: str
     episode: int
     steps: list[TrajectoryStep]
+    count: int = 0
+    status: EpisodeStatus = "running"
+    reward: float | None = None
+
+
+class Episode(_ResponseModel):
+    """One episode of an env (`GET /v1/envs/{id}/episodes`)."""
+
+    episode: int
+    environment_id: str
+    scenario_id: str | None = None
+    status: EpisodeStatus
+    steps: int
+    observation: str = ""
+    task: str | None = None
+    reward: float | None = None
+    checks: list[dict[str, Any]] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    started_at: datetime
+    ended_at: datetime | None = None
 
 
 class Page(_ResponseModel, Generic[T]):
@@ -604,28 +686,36 @@ def _include_params(include: Iterable[Include] | None) -> dict[str, str] | None:
 
 
 def tool_call_body(call: object) -> tuple[str, dict[str, Any]]:
-    """Turn a tool call into a step request body; returns `(tool name, body)`.
+    """Turn an action into a step request body; returns `(tool name, body)`.
 
     Accepted shapes:
       - `{"name": str, "arguments": dict}` (arguments optional);
       - an OpenAI chat tool call `{"type": "function", "function": {"name", "arguments"}}`;
       - a Responses-API function call `{"name": str, "arguments": "<json string>"}`;
       - any object with `.function.name` / `.function.arguments` (openai SDK
-        `ChatCompletionMessageToolCall`) or with `.name` / `.arguments`.
+        `ChatCompletionMessageToolCall`) or with `.name` / `.arguments`;
+      - a string, or `{"text": str}`: raw model output in the `<tool_call>` prompt format
+        (the server parses it; plain text is `chat_with_user`); the name returned is "".
 
-    Arguments given as a JSON string are sent as the OpenAI form untouched, so a model's
-    malformed JSON is judged by the server (a `rejected` step the episode can go on from),
-    not by an exception here.
+    Nothing is judged here: a malformed action (arguments that are not JSON or not an
+    object, a name that is no tool) is sent as it is, and the server records it as a
+    `rejected` step the episode can go on from.
 
     Raises:
-        TypeError: `call` has no string tool name, or arguments neither a string nor a mapping.
+        TypeError: `call` is none of the shapes above.
     """
+    if isinstance(call, str):
+        return "", {"text": call}
     if isinstance(call, Mapping):
+        if set(call) == {"text"}:
+            return "", {"text": str(call["text"])}
         function = call.get("function")
         if function is not None:
             if not isinstance(function, Mapping):
                 raise TypeError("tool call 'function' must be an object with 'name' and 'arguments'")
             return _tool_call_parts(function.get("name"), function.get("arguments"))
+        if "name" not in call:
+            raise TypeError("a tool call needs 'name' (or 'function', or 'text')")
         return _tool_call_parts(call.get("name"), call.get("arguments"))
     function = getattr(call, "function", None)
     if function is not None:
@@ -636,15 +726,14 @@ def tool_call_body(call: object) -> tuple[str, dict[str, Any]]:
 
 
 def _tool_call_parts(name: object, arguments: object) -> tuple[str, dict[str, Any]]:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"tool call name must be a non-empty string, not {name!r}")
+    name = "" if name is None else name if isinstance(name, str) else str(name)
     if isinstance(arguments, str):
         return name, {"type": "function", "function": {"name": name, "arguments": arguments}}
     if arguments is None:
         arguments = {}
-    if not isinstance(arguments, Mapping):
-        raise TypeError(f"tool call arguments must be a JSON string or a mapping, not {type(arguments).__name__}")
-    return name, {"name": name, "arguments": dict(arguments)}
+    if isinstance(arguments, Mapping):
+        arguments = dict(arguments)
+    return name, {"name": name, "arguments": arguments}
 
 
 def _health() -> _Call[dict[str, Any]]:
@@ -656,9 +745,11 @@ def _ready() -> _Call[None]:
 
 
 def _environment_create(source_code: str, class_name: str, name: str | None,
-                        description: str | None, policy: str = "standard") -> _Call[Environment]:
+                        description: str | None, policy: str = "standard",
+                        extra: Mapping[str, Any] | None = None) -> _Call[Environment]:
     body = {"name": name, "source_code": source_code, "class_name": class_name, "description": description,
             "policy": policy}
+    body.update({k: v for k, v in (extra or {}).items() if v is not None})
     return _Call("POST", "/v1/environments", _model_parser(Environment), json=body)
 
 
@@ -705,7 +796,8 @@ def _environment_delete(environment_id: str) -> _Call[None]:
 
 def _env_create(environment_id: str | None, source_code: str | None, class_name: str | None,
                 init_config: Mapping[str, Any] | None,
-                profile: Profile | Mapping[str, Any] | None, scenario_id: str | None = None) -> _Call[Env]:
+                profile: Profile | Mapping[str, Any] | None, scenario_id: str | None = None,
+                episode: Mapping[str, Any] | None = None, argument_checking: str | None = None) -> _Call[Env]:
     if sum(x is not None for x in (environment_id, source_code, scenario_id)) != 1:
         raise ValueError("give exactly one of environment_id, scenario_id or source_code (with class_name)")
     if source_code is not None and not class_name:
@@ -719,6 +811,10 @@ def _env_create(environment_id: str | None, source_code: str | None, class_name:
     if profile is not None:
         checked = profile if isinstance(profile, Profile) else Profile.model_validate(profile)
         body["profile"] = checked.model_dump(exclude_none=True)
+    if episode is not None:
+        body["episode"] = dict(episode)
+    if argument_checking is not None:
+        body["argument_checking"] = argument_checking
     return _Call("POST", "/v1/envs", _model_parser(Env), json=body)
 
 
@@ -740,18 +836,35 @@ def _env_step(env_id: str, call: object, include: Iterable[Include] | None) -> _
                  params=_include_params(include))
 
 
-def _env_reset(env_id: str, init_config: Mapping[str, Any] | None) -> _Call[Env]:
-    body = {"init_config": None if init_config is None else dict(init_config)}
+def _env_reset(env_id: str, init_config: Mapping[str, Any] | None, scenario_id: str | None = None,
+               episode: Mapping[str, Any] | None = None) -> _Call[Env]:
+    body: dict[str, Any] = {"init_config": None if init_config is None else dict(init_config)}
+    if scenario_id is not None:
+        body["scenario_id"] = scenario_id
+    if episode is not None:
+        body["episode"] = dict(episode)
     return _Call("POST", f"/v1/envs/{_seg(env_id)}/reset", _model_parser(Env), json=body)
 
 
-def _env_state(env_id: str, step: int | None) -> _Call[StateView]:
-    params = None if step is None else {"step": str(step)}
-    return _Call("GET", f"/v1/envs/{_seg(env_id)}/state", _model_parser(StateView), params=params)
+def _query(**values: Any) -> dict[str, str] | None:
+    params = {k: str(v) for k, v in values.items() if v is not None}
+    return params or None
 
 
-def _env_trajectory(env_id: str) -> _Call[Trajectory]:
-    return _Call("GET", f"/v1/envs/{_seg(env_id)}/trajectory", _model_parser(Trajectory))
+def _env_state(env_id: str, step: int | None, episode: int | None = None) -> _Call[StateView]:
+    return _Call("GET", f"/v1/envs/{_seg(env_id)}/state", _model_parser(StateView),
+                 params=_query(step=step, episode=episode))
+
+
+def _env_trajectory(env_id: str, episode: int | None = None, limit: int | None = None,
+                    offset: int | None = None) -> _Call[Trajectory]:
+    return _Call("GET", f"/v1/envs/{_seg(env_id)}/trajectory", _model_parser(Trajectory),
+                 params=_query(episode=episode, limit=limit, offset=offset))
+
+
+def _env_episodes(env_id: str, limit: int | None, offset: int | None) -> _Call[Page[Episode]]:
+    return _Call("GET", f"/v1/envs/{_seg(env_id)}/episodes", _page_parser(Episode),
+                 params=_page_params(limit, offset))
 
 
 def _env_restore(env_id: str, step: int) -> _Call[Env]:
@@ -862,6 +975,16 @@ def _result(call: _Call[T], response: httpx.Response) -> T:
     raise _error_from_response(response)
 
 
+DEFAULT_URL = "http://127.0.0.1:8600"
+"""Where `sandpit serve` listens by default."""
+
+
+def _from_environment(base_url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """`base_url`/`api_key`, or `SANDPIT_URL` (else :data:`DEFAULT_URL`) / `SANDPIT_API_KEY`."""
+    return (base_url or os.environ.get("SANDPIT_URL") or DEFAULT_URL,
+            api_key if api_key is not None else (os.environ.get("SANDPIT_API_KEY") or None))
+
+
 def _http_kwargs(base_url: str, api_key: str | None, timeout: float,
                  headers: Mapping[str, str] | None) -> dict[str, Any]:
     merged = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
@@ -962,22 +1085,32 @@ class EnvHandle(_HandleBase):
         """
         return self._t.run(_env_step(self.id, call, include))
 
-    def reset(self, init_config: Mapping[str, Any] | None = None) -> Env:
-        """Start a new episode (step 0); `init_config` None keeps the env's current one."""
-        self.env = self._t.run(_env_reset(self.id, init_config))
+    def reset(self, init_config: Mapping[str, Any] | None = None, *, scenario_id: str | None = None,
+              episode: Mapping[str, Any] | None = None) -> Env:
+        """Start a new episode (EnvScaler `reset()`): the returned `Env` has the initial
+        `observation`, `tools` and `introduction`. `init_config` None: the scenario's, else
+        the env's current one; `scenario_id` None: the current scenario; `episode` None:
+        the current episode options. The previous episode stays readable."""
+        self.env = self._t.run(_env_reset(self.id, init_config, scenario_id, episode))
         return self.env
 
-    def state(self, step: int | None = None) -> dict[str, Any]:
-        """The state (public attributes) after `step` of this episode (None: the latest)."""
-        return self.state_view(step).state
+    def state(self, step: int | None = None, *, episode: int | None = None) -> dict[str, Any]:
+        """The state after `step` of the current episode or of `episode` (None: the latest)."""
+        return self.state_view(step, episode=episode).state
 
-    def state_view(self, step: int | None = None) -> StateView:
+    def state_view(self, step: int | None = None, *, episode: int | None = None) -> StateView:
         """Like `state()`, with the episode and step the state belongs to."""
-        return self._t.run(_env_state(self.id, step))
+        return self._t.run(_env_state(self.id, step, episode))
 
-    def trajectory(self) -> Trajectory:
-        """Every step of the current episode: action, observation, status, duration (ms)."""
-        return self._t.run(_env_trajectory(self.id))
+    def trajectory(self, episode: int | None = None, *, limit: int | None = None,
+                   offset: int | None = None) -> Trajectory:
+        """Steps of the current episode (or `episode`): action, observation, status,
+        reward, duration (ms); `limit`/`offset` give one page (`count` is the total)."""
+        return self._t.run(_env_trajectory(self.id, episode, limit, offset))
+
+    def episodes(self, limit: int | None = None, offset: int | None = None) -> Page[Episode]:
+        """Every episode of the env, oldest first (scenario, status, steps, reward)."""
+        return self._t.run(_env_episodes(self.id, limit, offset))
 
     def restore(self, step: int) -> Env:
         """Rewind the current episode to right after `step` (0: the initial state)."""
@@ -1025,15 +1158,24 @@ class _Environments:
         self._t = transport
 
     def create(self, source_code: str, class_name: str, *, name: str | None = None,
-               description: str | None = None, policy: str = "standard") -> Environment:
+               description: str | None = None, policy: str = "standard", introduction: str | None = None,
+               rules: Iterable[str] | None = None, argument_checking: str | None = None,
+               sample_init_config: Mapping[str, Any] | None = None) -> Environment:
         """Register `source_code` whose class `class_name` is the environment, checked with
-        the static `policy` (`strict` | `standard` | `audit`).
+        the static `policy` (`strict` | `standard` | `audit`; the returned `policy_report`
+        lists every finding, warnings included), its tools derived and the class
+        instantiated once with `sample_init_config` in a sandbox. `introduction` and
+        `rules` are EnvScaler's `environment_introduction` / `constraints_rules`;
+        `argument_checking` (`off` | `warn` | `strict`) the default for its envs.
 
         Raises:
             InvalidRequest: the code is refused (the field and the reason are in the error).
             PayloadTooLarge: the code exceeds the server's size limit.
         """
-        return self._t.run(_environment_create(source_code, class_name, name, description, policy))
+        extra = {"introduction": introduction, "rules": list(rules) if rules is not None else None,
+                 "argument_checking": argument_checking,
+                 "sample_init_config": dict(sample_init_config) if sample_init_config is not None else None}
+        return self._t.run(_environment_create(source_code, class_name, name, description, policy, extra))
 
     def get(self, environment_id: str) -> Environment:
         """One environment. Raises `NotFound`."""
@@ -1100,13 +1242,18 @@ class _Envs:
 
     def create(self, environment_id: str | None = None, *, source_code: str | None = None,
                class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
-               profile: Profile | Mapping[str, Any] | None = None, scenario_id: str | None = None) -> EnvHandle:
+               profile: Profile | Mapping[str, Any] | None = None, scenario_id: str | None = None,
+               episode: Mapping[str, Any] | None = None, argument_checking: str | None = None) -> EnvHandle:
         """Start an env from a registered environment, a scenario (`scenario_id`: its
-        environment and, unless given, its `init_config`), or `source_code` + `class_name`.
+        environment and, unless given, its `init_config`; the env is an episode of it), or
+        `source_code` + `class_name`.
 
         Args:
             init_config: the environment's initial configuration (default `{}`).
             profile: lowered limits (`Profile` or a dict of its fields).
+            episode: episode options (`mode`, `max_steps`, `termination_action`,
+                `on_tool_error`, `score_truncated`, `user`); see the server's `EpisodeOptions`.
+            argument_checking: `off` | `warn` | `strict` (default: the environment's).
 
         Raises:
             ValueError: neither or both of environment_id / source_code.
@@ -1114,7 +1261,8 @@ class _Envs:
             NotFound, InvalidRequest, PayloadTooLarge, Unavailable (after retries), ...
         """
         return EnvHandle(self._t, self._t.run(_env_create(environment_id, source_code, class_name,
-                                                          init_config, profile, scenario_id)))
+                                                          init_config, profile, scenario_id, episode,
+                                                          argument_checking)))
 
     def get(self, env_id: str) -> EnvHandle:
         """A handle on an existing env. Raises `NotFound`."""
@@ -1201,8 +1349,9 @@ class Client:
     """Synchronous Sandpit client over one `httpx.Client` (a context manager closes it).
 
     Args:
-        base_url: e.g. `http://127.0.0.1:8000` (paths `/v1/...` are appended).
-        api_key: sent as `Authorization: Bearer <api_key>` when given.
+        base_url: e.g. `http://127.0.0.1:8000` (paths `/v1/...` are appended); default the
+            `SANDPIT_URL` environment variable, else `http://127.0.0.1:8600`.
+        api_key: sent as `Authorization: Bearer <api_key>`; default `SANDPIT_API_KEY`.
         timeout: seconds for connect, read, write and pool each; a step that takes longer
             raises `SandpitConnectionError(request_sent=True)` and is not retried.
         max_retry_wait_s: total seconds one call may spend sleeping between retries (429/503
@@ -1211,10 +1360,11 @@ class Client:
         headers: extra headers for every request.
     """
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
                  max_retry_wait_s: float = 30.0, *, transport: httpx.BaseTransport | None = None,
                  headers: Mapping[str, str] | None = None) -> None:
         policy = _RetryPolicy(max_retry_wait_s)
+        base_url, api_key = _from_environment(base_url, api_key)
         self._http = httpx.Client(transport=transport, **_http_kwargs(base_url, api_key, timeout, headers))
         self._t = _SyncTransport(self._http, policy)
         self.environments = _Environments(self._t)
@@ -1271,22 +1421,28 @@ class AsyncEnvHandle(_HandleBase):
         """See `EnvHandle.step_call`."""
         return await self._t.run(_env_step(self.id, call, include))
 
-    async def reset(self, init_config: Mapping[str, Any] | None = None) -> Env:
+    async def reset(self, init_config: Mapping[str, Any] | None = None, *, scenario_id: str | None = None,
+                    episode: Mapping[str, Any] | None = None) -> Env:
         """See `EnvHandle.reset`."""
-        self.env = await self._t.run(_env_reset(self.id, init_config))
+        self.env = await self._t.run(_env_reset(self.id, init_config, scenario_id, episode))
         return self.env
 
-    async def state(self, step: int | None = None) -> dict[str, Any]:
+    async def state(self, step: int | None = None, *, episode: int | None = None) -> dict[str, Any]:
         """See `EnvHandle.state`."""
-        return (await self.state_view(step)).state
+        return (await self.state_view(step, episode=episode)).state
 
-    async def state_view(self, step: int | None = None) -> StateView:
+    async def state_view(self, step: int | None = None, *, episode: int | None = None) -> StateView:
         """See `EnvHandle.state_view`."""
-        return await self._t.run(_env_state(self.id, step))
+        return await self._t.run(_env_state(self.id, step, episode))
 
-    async def trajectory(self) -> Trajectory:
+    async def trajectory(self, episode: int | None = None, *, limit: int | None = None,
+                         offset: int | None = None) -> Trajectory:
         """See `EnvHandle.trajectory`."""
-        return await self._t.run(_env_trajectory(self.id))
+        return await self._t.run(_env_trajectory(self.id, episode, limit, offset))
+
+    async def episodes(self, limit: int | None = None, offset: int | None = None) -> Page[Episode]:
+        """See `EnvHandle.episodes`."""
+        return await self._t.run(_env_episodes(self.id, limit, offset))
 
     async def restore(self, step: int) -> Env:
         """See `EnvHandle.restore`."""
@@ -1329,9 +1485,14 @@ class _AsyncEnvironments:
         self._t = transport
 
     async def create(self, source_code: str, class_name: str, *, name: str | None = None,
-                     description: str | None = None, policy: str = "standard") -> Environment:
+                     description: str | None = None, policy: str = "standard", introduction: str | None = None,
+                     rules: Iterable[str] | None = None, argument_checking: str | None = None,
+                     sample_init_config: Mapping[str, Any] | None = None) -> Environment:
         """See `Client.environments.create`."""
-        return await self._t.run(_environment_create(source_code, class_name, name, description, policy))
+        extra = {"introduction": introduction, "rules": list(rules) if rules is not None else None,
+                 "argument_checking": argument_checking,
+                 "sample_init_config": dict(sample_init_config) if sample_init_config is not None else None}
+        return await self._t.run(_environment_create(source_code, class_name, name, description, policy, extra))
 
     async def get(self, environment_id: str) -> Environment:
         """See `Client.environments.get`."""
@@ -1355,9 +1516,11 @@ class _AsyncEnvs:
     async def create(self, environment_id: str | None = None, *, source_code: str | None = None,
                      class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
                      profile: Profile | Mapping[str, Any] | None = None,
-                     scenario_id: str | None = None) -> AsyncEnvHandle:
+                     scenario_id: str | None = None, episode: Mapping[str, Any] | None = None,
+                     argument_checking: str | None = None) -> AsyncEnvHandle:
         """See `Client.envs.create`."""
-        call = _env_create(environment_id, source_code, class_name, init_config, profile, scenario_id)
+        call = _env_create(environment_id, source_code, class_name, init_config, profile, scenario_id, episode,
+                           argument_checking)
         return AsyncEnvHandle(self._t, await self._t.run(call))
 
     async def get(self, env_id: str) -> AsyncEnvHandle:
@@ -1423,10 +1586,11 @@ class AsyncClient:
     Use `async with AsyncClient(...) as client:` or `await client.aclose()`.
     """
 
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 60.0,
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
                  max_retry_wait_s: float = 30.0, *, transport: httpx.AsyncBaseTransport | None = None,
                  headers: Mapping[str, str] | None = None) -> None:
         policy = _RetryPolicy(max_retry_wait_s)
+        base_url, api_key = _from_environment(base_url, api_key)
         self._http = httpx.AsyncClient(transport=transport,
                                        **_http_kwargs(base_url, api_key, timeout, headers))
         self._t = _AsyncTransport(self._http, policy)

@@ -579,7 +579,14 @@ def test_tool_call_body_shapes() -> None:
     assert sp.tool_call_body({"name": "a"}) == ("a", {"name": "a", "arguments": {}})
     assert sp.tool_call_body({"function": {"name": "a", "arguments": {"x": 1}}}) == (
         "a", {"name": "a", "arguments": {"x": 1}})
-    for bad in ({}, {"name": 3}, {"function": "a"}, {"name": "a", "arguments": [1]}, object(), None):
+    # malformed calls are sent as they are: the server records them as rejected steps
+    assert sp.tool_call_body({"name": 3}) == ("3", {"name": "3", "arguments": {}})
+    assert sp.tool_call_body({"name": "a", "arguments": [1]}) == ("a", {"name": "a", "arguments": [1]})
+    assert sp.tool_call_body({"function": {"name": "a", "arguments": "{bad"}})[1] == {
+        "type": "function", "function": {"name": "a", "arguments": "{bad"}}
+    assert sp.tool_call_body("<tool_call>{}</tool_call>") == ("", {"text": "<tool_call>{}</tool_call>"})
+    assert sp.tool_call_body({"text": "hello"}) == ("", {"text": "hello"})
+    for bad in ({}, {"function": "a"}, object(), None):
         with pytest.raises(TypeError):
             sp.tool_call_body(bad)
 
@@ -938,7 +945,7 @@ def test_rlenv_terminal_tools_and_reward_fn(client: Client, double: Double) -> N
         rl.step({"name": "add"})
     rl.reset()
     with pytest.raises(TypeError, match="not a tool call"):
-        rl.step("add")  # a bare string is not a tool call; nothing is sent
+        rl.step(42)  # not an action at all; nothing is sent
     assert len(double.calls("POST", "/v1/envs/*/step")) == 2
     rl.close()
     rl.close()  # idempotent
