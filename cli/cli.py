@@ -188,8 +188,6 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
     table.add_row("steps/s", f"{summary.steps_per_s:.0f}")
     table.add_row("wall time (s)", f"{summary.wall_s:.1f}")
     Console().print(table)
-    for episode_id, refused in summary.refusals.items():
-        console.print(f"[cyan]{episode_id}[/cyan] ground truth refused by the tool schema: {'; '.join(refused)[:300]}")
     for episode_id, error in list(summary.failed_episodes.items())[:10]:
         console.print(f"[yellow]{episode_id}[/yellow]: {error}")
     if summary.failed_episodes:

@@ -69,6 +69,8 @@ def suite() -> bfcl.BfclSuite:
 
 @pytest.mark.slow
 def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite: bfcl.BfclSuite) -> None:
+    from sandpit.api.bfcl_scenarios import plain
+
     sample = []
     seen: set[str] = set()
     for episode in suite.episodes:  # one episode per environment combination, 8 in all
@@ -89,7 +91,8 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
                 for turn in episode.turns:
                     for call in turn:
                         assert session.call(call.name, call.arguments).status == "ok"
-                assert session.state() == replay.final_state, episode.id
+                # BFCL's state checker: public attributes (private ones hold timestamps of the run)
+                assert plain(session.state()) == plain(replay.final_state), episode.id
             finally:
                 session.close()
 

@@ -1,7 +1,13 @@
-"""Hostile and malformed requests: every one gets a 4xx in the error shape, nothing runs,
-nothing is half-created, and the env keeps working."""
+"""Hostile and malformed requests. A request that is not a step at all (broken JSON,
+oversize, unknown fields) gets a 4xx in the error shape and nothing runs or is created; a
+malformed *action* (unknown or private tool, arguments that are not an object or not
+JSON) is a recorded ``rejected`` step with EnvScaler's observation, never a 422, and
+arguments of the wrong type go to the method as given (Python decides). The env keeps
+working throughout."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -24,38 +30,85 @@ def _error(response: httpx.Response, status: int, code: str | None = None) -> di
     return body
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"name": "__class__", "arguments": {}}, "name"),
-    ({"name": "__init__", "arguments": {"init_config": {}}}, "name"),
-    ({"name": "_secret", "arguments": {}}, "name"),
-    ({"name": "total", "arguments": {}}, "name"),
-    ({"name": "records", "arguments": {}}, "name"),
-    ({"name": "no_such_tool", "arguments": {}}, "name"),
-    ({"name": "__import__('os').system('id')", "arguments": {}}, "name"),
+def _step(api: httpx.Client, env_id: str, body: dict) -> dict:
+    # json.dumps escapes lone surrogates (\\ud800), which is valid JSON; httpx's own encoder cannot
+    response = api.post(f"/v1/envs/{env_id}/step", content=json.dumps(body).encode(),
+                        headers={"content-type": "application/json"})
+    assert response.status_code == 200, (response.status_code, response.text)
+    return response.json()
+
+
+@pytest.mark.parametrize("body", [
+    {"name": "__class__", "arguments": {}},
+    {"name": "__init__", "arguments": {"init_config": {}}},
+    {"name": "_secret", "arguments": {}},
+    {"name": "total", "arguments": {}},  # a property: not a tool
+    {"name": "records", "arguments": {}},  # an attribute: not a tool
+    {"name": "no_such_tool", "arguments": {}},
+    {"name": "__import__('os').system('id')", "arguments": {}},
+    {"name": "", "arguments": {}},
+    {"name": "x" * 1000, "arguments": {}},
+    {"name": "bump", "arguments": {"by": "\ud800"}},
 ])
-def test_unknown_and_private_tools_are_422(api: httpx.Client, env_id: str, body: dict, field: str) -> None:
-    assert _error(api.post(f"/v1/envs/{env_id}/step", json=body), 422, "unknown_tool")["field"] == field
+def test_unknown_private_and_unusable_tool_names_are_rejected_steps(api: httpx.Client, env_id: str,
+                                                                    body: dict) -> None:
+    before = api.get(f"/v1/envs/{env_id}").json()["step"]
+    result = _step(api, env_id, body)
+    assert (result["status"], result["observation"]) == ("rejected", "Error: Invalid action"), result
+    assert result["error"] and result["step"] == before + 1 and result["observation_role"] == "user"
+    recorded = api.get(f"/v1/envs/{env_id}/trajectory").json()["steps"][-1]
+    assert recorded["status"] == "rejected" and recorded["info"]["error"] == result["error"]
+    assert api.get(f"/v1/envs/{env_id}/trajectory").status_code == 200  # readable (no lone surrogate stored)
+
+
+@pytest.mark.parametrize("body", [
+    {"name": "bump", "arguments": [1, 2]},
+    {"name": "bump", "arguments": "by=1"},
+    {"name": "bump", "arguments": 7},
+    {"type": "function", "function": {"name": "bump", "arguments": "{not json"}},
+    {"type": "function", "function": {"name": "bump", "arguments": "[1]"}},
+    {"type": "function", "function": {"name": "bump", "arguments": "NaN"}},
+    {"type": "function", "function": {"name": "bump", "arguments": '{"by": Infinity}'}},
+    {"text": "<tool_call>{not json}</tool_call>"},
+    {"text": "<tool_call>{\"name\": \"bump\"}</tool_call>"},
+    {"text": "<think>unclosed"},
+    {"text": "   "},
+])
+def test_calls_that_do_not_parse_to_an_action_are_rejected_steps(api: httpx.Client, env_id: str, body: dict) -> None:
+    result = _step(api, env_id, body)
+    assert (result["status"], result["observation"]) == ("rejected", "Error: Failed to parse response to action")
+    assert result["error"], result
+
+
+@pytest.mark.parametrize("body, observation", [
+    ({"name": "bump", "arguments": {"by": "one"}}, "Error: TypeError: unsupported operand"),
+    ({"name": "bump", "arguments": {"by": 1, "extra": 2}}, "Error: TypeError: Counter.bump() got an unexpected"),
+    ({"name": "set_record", "arguments": {"key": "k"}}, "Error: TypeError: Counter.set_record() missing"),
+])
+def test_arguments_of_the_wrong_shape_go_to_python(api: httpx.Client, env_id: str, body: dict,
+                                                   observation: str) -> None:
+    result = _step(api, env_id, body)
+    assert result["status"] == "error" and result["observation"].startswith(observation), result
+    assert result["argument_findings"] is None  # argument_checking is off by default
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"name": "bump", "arguments": [1, 2]}, "arguments"),
-    ({"name": "bump", "arguments": "by=1"}, "arguments"),
-    ({"name": "bump", "arguments": {"by": "one"}}, "arguments.by"),
-    ({"name": "bump", "arguments": {"by": 1, "extra": 2}}, "arguments"),
-    ({"name": "set_record", "arguments": {"key": "k"}}, "arguments"),
     ({"name": 42, "arguments": {}}, "name"),
     ({"arguments": {}}, None),
+    ({}, None),
+    ({"name": "bump", "text": "x"}, None),
     ({"name": "bump", "arguments": {}, "surprise": 1}, "surprise"),
-    ({"type": "function", "function": {"name": "bump", "arguments": "{not json"}}, "function.arguments"),
-    ({"type": "function", "function": {"name": "bump", "arguments": "[1]"}}, "function.arguments"),
-    ({"type": "function", "function": {"name": "bump", "arguments": "NaN"}}, "function.arguments"),
-    ({"type": "function", "function": {"name": "bump", "arguments": '{"by": Infinity}'}}, "function.arguments"),
+    ({"type": "function", "function": "bump"}, "function"),
+    ({"name": "bump\ud800", "arguments": {}}, "name"),  # not text: no action at all
 ])
-def test_malformed_tool_calls_are_422_naming_the_field(api: httpx.Client, env_id: str, body: dict,
-                                                       field: str | None) -> None:
-    error = _error(api.post(f"/v1/envs/{env_id}/step", json=body), 422)
+def test_requests_that_are_not_a_step_are_422_naming_the_field(api: httpx.Client, env_id: str, body: dict,
+                                                               field: str | None) -> None:
+    before = api.get(f"/v1/envs/{env_id}").json()["step"]
+    error = _error(api.post(f"/v1/envs/{env_id}/step", content=json.dumps(body).encode(),
+                            headers={"content-type": "application/json"}), 422)
     if field is not None:
         assert error["field"] == field, error
+    assert api.get(f"/v1/envs/{env_id}").json()["step"] == before  # nothing recorded
 
 
 @pytest.mark.parametrize("raw", [
@@ -120,10 +173,10 @@ def test_bad_environment_code_is_422_with_the_sandbox_observation(api: httpx.Cli
     body = {"source_code": source, "class_name": class_name}
     registered = api.post("/v1/environments", json=body)
     inline = api.post("/v1/envs", json=body)
-    if "__init__" in source:  # importable and describable, fails only when instantiated
-        assert registered.status_code == 201, registered.text
+    if "__init__" in source:  # importable and describable: registration instantiates it once
+        assert _error(registered, 422)["field"] == "sample_init_config"
+        assert "ValueError: no" in registered.json()["error"]["message"]
         assert _error(inline, 422)["field"] == "init_config"
-        assert api.delete(f"/v1/environments/{registered.json()['id']}").status_code == 204
     else:
         assert _error(registered, 422)["field"] == "source_code"
         _error(inline, 422)
@@ -131,5 +184,8 @@ def test_bad_environment_code_is_422_with_the_sandbox_observation(api: httpx.Cli
 
 
 def test_the_env_still_works_after_all_that(api: httpx.Client, env_id: str) -> None:
+    before = api.get(f"/v1/envs/{env_id}").json()["step"]
     result = api.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {"by": 2}}).json()
-    assert (result["status"], result["observation"], result["step"]) == ("ok", "2", 1)
+    assert (result["status"], result["observation"], result["step"]) == ("ok", "2", before + 1)
+    trajectory = api.get(f"/v1/envs/{env_id}/trajectory").json()
+    assert trajectory["count"] == before + 1 and all(s["action"] is not None for s in trajectory["steps"])

@@ -41,14 +41,14 @@ def test_episode_state_trajectory_restore_fork_reset(api: httpx.Client, counter_
     first = _step(api, env_id, "bump", include="state_diff,state", by=2)
     assert (first["step"], first["observation"], first["status"]) == (1, "7", "ok")
     assert first["state"]["count"] == 7
-    assert first["state_diff"]["changed"]["count"] == {"old": 5, "new": 7}
-    assert first["state_diff"]["changed"]["log"] == {"old": [], "new": ["bump 2"]}
+    assert first["state_diff"]["count"] == {"changed": {"old": 5, "new": 7}}  # EnvScaler get_state_diff shape
+    assert first["state_diff"]["log"] == {"changed": {"old": [], "new": ["bump 2"]}}
 
     tool_call = {"type": "function", "id": "call_1",
                  "function": {"name": "set_record", "arguments": json.dumps({"key": "a", "value": "v1"})}}
     second = api.post(f"/v1/envs/{env_id}/step", json=tool_call, params={"include": "state_diff"}).json()
     assert (second["step"], second["observation"], second["status"]) == (2, "stored a", "ok")
-    assert second["state_diff"]["changed"]["records"]["added"] == {"a": {"value": "v1", "pad": ""}}
+    assert second["state_diff"]["records"] == {"a": {"added": {"value": "v1", "pad": ""}}}
 
     error = _step(api, env_id, "fail", message="boom")
     assert (error["status"], error["observation"]) == ("error", "Error: ValueError: boom")

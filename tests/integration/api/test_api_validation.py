@@ -33,7 +33,7 @@ def test_validate_a_good_environment_with_smoke_calls(api: httpx.Client, counter
     assert result["verdict"] == "valid" and result["reasons"] == []
     assert {t["function"]["name"] for t in result["tools"]} >= {"bump", "set_record"}
     assert [s["status"] for s in result["smoke"]] == ["ok", "ok"]
-    assert result["smoke"][0]["state_diff"]["changed"]["count"] == {"old": 1, "new": 3}
+    assert result["smoke"][0]["state_diff"]["count"] == {"changed": {"old": 1, "new": 3}}
     assert result["policy_report"]["passed"] is True
 
 
@@ -81,8 +81,10 @@ def test_validate_check_functions(api: httpx.Client) -> None:
 def test_validate_snippet_is_static_only(api: httpx.Client) -> None:
     clean = _ok(api.post("/v1/validate", json={"kind": "snippet", "source_code": "print(sum(range(10)))"}))
     assert clean["verdict"] == "valid" and clean["tools"] is None
-    dirty = _ok(api.post("/v1/validate", json={"kind": "snippet", "source_code": "eval('1+1')"}))
+    dirty = _ok(api.post("/v1/validate", json={"kind": "snippet", "source_code": "().__class__.__subclasses__()"}))
     assert dirty["verdict"] == "invalid" and dirty["policy_report"]["errors"] >= 1
+    warned = _ok(api.post("/v1/validate", json={"kind": "snippet", "source_code": "eval('1+1')"}))
+    assert warned["verdict"] == "valid" and warned["policy_report"]["warnings"] >= 1
     strict = _ok(api.post("/v1/validate", json={"kind": "snippet", "source_code": "import subprocess",
                                                 "policy": "strict"}))
     standard = _ok(api.post("/v1/validate", json={"kind": "snippet", "source_code": "import subprocess"}))
@@ -92,12 +94,14 @@ def test_validate_snippet_is_static_only(api: httpx.Client) -> None:
 
 
 def test_registration_applies_the_policy(api: httpx.Client) -> None:
-    refused = api.post("/v1/environments", json={
-        "source_code": "class C:\n    def f(self):\n        return eval('1')\n", "class_name": "C"})
+    escape = "class C:\n    def f(self):\n        return ().__class__.__bases__[0].__subclasses__()\n"
+    refused = api.post("/v1/environments", json={"source_code": escape, "class_name": "C"})
     assert refused.status_code == 422 and "static policy" in refused.json()["error"]["message"]
-    audited = _ok(api.post("/v1/environments", json={
-        "source_code": "class C:\n    def f(self):\n        return eval('1')\n", "class_name": "C",
-        "policy": "audit"}), 201)
+    strict = api.post("/v1/environments", json={
+        "source_code": "class C:\n    def f(self):\n        return eval('1')\n", "class_name": "C", "policy": "strict"})
+    assert strict.status_code == 422 and "dynamic-eval" in strict.json()["error"]["message"]
+    audited = _ok(api.post("/v1/environments", json={"source_code": escape, "class_name": "C", "policy": "audit"}),
+                  201)
     assert audited["policy"] == "audit" and audited["policy_report"]["warnings"] >= 1
     assert api.delete(f"/v1/environments/{audited['id']}").status_code == 204
 
