@@ -780,7 +780,8 @@ class EnvService:
             self._drop_live(env_id)
             raise
         terminated = result.status == "error" and config.on_tool_error == "terminate"
-        return StepRun(result.status, clean_text(result.observation), "tool", result.duration_ms, result,
+        role = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
+        return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
                        findings=findings or None, terminated=terminated,
                        end_reason="tool_error" if terminated else None)
 

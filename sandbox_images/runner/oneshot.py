@@ -242,9 +242,11 @@ def syntax_error_text(exc: SyntaxError | ValueError) -> str:
     return f"syntax error: {exc}"[:ERROR_CHARS]
 
 
-ENV_MODULE = "sandpit_env"
+ENV_MODULE = "dynamic_env"
 """Name of the environment's module in sessions (``session.MODULE_NAME``): pickles of
 instances of its classes refer to it."""
+ENV_MODULE_ALIASES = ("sandpit_env",)
+"""Earlier names of that module (``session.LEGACY_MODULE_NAMES``)."""
 
 
 class StateError(Exception):
@@ -263,13 +265,15 @@ def _load_env_module(source: str | None) -> types.ModuleType:
                          "source was given to load them")
     module = types.ModuleType(ENV_MODULE)
     module.__file__ = "<environment>"
-    sys.modules[ENV_MODULE] = module
+    for name in (ENV_MODULE, *ENV_MODULE_ALIASES):
+        sys.modules[name] = module
     try:
         exec(compile(source, "<environment>", "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - sandbox
     except MemoryError:
         raise
     except BaseException as exc:  # noqa: BLE001 - reported as the state's error
-        del sys.modules[ENV_MODULE]
+        for name in (ENV_MODULE, *ENV_MODULE_ALIASES):
+            sys.modules.pop(name, None)
         raise StateError(f"loading the environment's module failed: {error_text(exc)}") from None
     return module
 
@@ -283,7 +287,7 @@ def decode_state(encoded: dict, source: str | None) -> dict:
 
     class _Unpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> object:
-            if module == ENV_MODULE:
+            if module == ENV_MODULE or module in ENV_MODULE_ALIASES:
                 _load_env_module(source)
             try:
                 return super().find_class(module, name)

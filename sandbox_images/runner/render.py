@@ -63,9 +63,9 @@ rendering; values past it become ``size`` markers."""
 MAX_REPR_CHARS = 4096
 """Longest ``repr`` kept in a ``$repr`` or marker."""
 
-LOCAL_MODULES = ("builtins", None, "sandpit_env", "__main__")
+LOCAL_MODULES = ("builtins", None, "dynamic_env", "sandpit_env", "__main__")
 """Modules whose classes are named without the module: builtins, the environment's own
-module (``sandpit_env`` in a session, where EnvScaler's is ``dynamic_env``) and scripts."""
+module (``dynamic_env``, as EnvScaler names it; ``sandpit_env`` formerly) and scripts."""
 
 TAGS = frozenset({
     "$set", "$frozenset", "$tuple", "$bytes", "$bytearray", "$datetime", "$date", "$time",

@@ -9,8 +9,11 @@ request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON fr
 nothing the environment prints can reach the protocol channel.
 
 Semantics follow EnvScaler:
-- instance creation: ``cls(init_config)`` when ``__init__`` takes a positional parameter,
-  otherwise ``cls()`` followed by ``setattr(instance, key, value)`` for every config key;
+- module: the code is executed as a module named ``dynamic_env`` (EnvScaler's name; also
+  registered as ``sandpit_env``, the name older snapshots' pickles refer to);
+- instance creation (EnvScaler ``init_env_instance``): ``cls(init_config)`` (``cls({})`` for
+  an empty config); if that raises ``TypeError``, ``cls()``; then, for a non-empty config,
+  ``setattr(instance, key, value)`` for every key;
 - tool call: ``getattr(instance, name)(**arguments)``; observation ``str(result)``; an
   exception becomes the observation ``"Error: <Type>: <message>"`` plus a bounded
   traceback and the episode goes on;
@@ -46,7 +49,10 @@ import types
 # and every spare process would pay for them at start (CPU of the sandbox's quota).
 
 CTRL_FD = 3
-MODULE_NAME = "sandpit_env"
+MODULE_NAME = "dynamic_env"
+"""The environment's module (EnvScaler ``init_env_class`` names it ``dynamic_env``)."""
+LEGACY_MODULE_NAMES = ("sandpit_env",)
+"""Earlier names of the module, kept as aliases so pickles in older snapshots load."""
 JSON_SCALARS = (str, int, float, bool, type(None))
 TRACEBACK_LIMIT_BYTES = 4096
 JSON_NATIVE_MAX_DEPTH = 100
@@ -325,6 +331,8 @@ class Session:
         module = types.ModuleType(MODULE_NAME)
         module.__file__ = "<environment>"
         sys.modules[MODULE_NAME] = module
+        for alias in LEGACY_MODULE_NAMES:
+            sys.modules[alias] = module
         code = compile(msg["source"], "<environment>", "exec")
         exec(code, module.__dict__)  # noqa: S102 - this is the sandbox
         name = msg["class_name"]
@@ -338,13 +346,7 @@ class Session:
         if msg.get("describe_only"):
             self.describe_only = True
             return
-        config = msg.get("init_config") or {}
-        if _takes_positional(cls):
-            self.instance = cls(config)
-        else:
-            self.instance = cls()
-            for key, value in config.items():
-                setattr(self.instance, key, value)
+        self.instance = instantiate(cls, msg.get("init_config") or {})
         if msg.get("snapshot"):
             self.apply_snapshot(msg["snapshot"])
 
@@ -408,16 +410,17 @@ def _oneshot() -> types.ModuleType:
     return oneshot
 
 
-def _takes_positional(cls: type) -> bool:
-    init = cls.__dict__.get("__init__")
-    for klass in cls.__mro__:
-        if "__init__" in klass.__dict__:
-            init = klass.__dict__["__init__"]
-            break
-    code = getattr(init, "__code__", None)
-    if code is None:
-        return False
-    return code.co_argcount >= 2 or bool(code.co_flags & 0x04)  # CO_VARARGS
+def instantiate(cls: type, init_config: dict) -> object:
+    """EnvScaler ``init_env_instance``: ``cls(init_config)`` (``cls({})`` when the config is
+    empty); on ``TypeError``, ``cls()``; then every key of a non-empty config is set as an
+    attribute. ``init_config`` is this process's own copy (parsed from the request)."""
+    try:
+        instance = cls(init_config) if init_config else cls({})
+    except TypeError:
+        instance = cls()
+    for key, value in init_config.items():
+        setattr(instance, key, value)
+    return instance
 
 
 def _bounded_traceback(exc: BaseException) -> str:

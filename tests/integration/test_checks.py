@@ -185,7 +185,7 @@ def test_checks_never_share_an_interpreter_with_environment_code(pool, fast_prof
     session = open_env(init_config={"counter": 1})
     env_pid = int(probe.ok(session, "result = os.getpid()"))
     results = run(pool, fast_profile, [
-        check("import sys\nreturn 'sandpit_env' not in sys.modules and '__main__' in sys.modules"),
+        check("import sys\nreturn 'dynamic_env' not in sys.modules and '__main__' in sys.modules"),
         check(f"import os\nreturn os.getpid() != {env_pid}"),
         check("import os\nreturn os.getcwd().startswith('/work/') and os.listdir('.') == []"),
     ])

@@ -122,8 +122,8 @@ def test_snapshot_restores_into_a_new_session(pool, fast_profile) -> None:
 
 def test_init_with_config_parameter_receives_the_whole_config(open_env) -> None:
     session = open_env(source=LIBRARY, class_name="Library", init_config={"books": {"X": 1}, "other": True})
-    # cls(init_config): keys are not set as attributes
-    assert session.state() == {"books": {"X": 1}, "loans": [], "tags": {"$set": []}, "_audit": []}
+    # EnvScaler init_env_instance: cls(init_config), then every key is set as an attribute too
+    assert session.state() == {"books": {"X": 1}, "loans": [], "tags": {"$set": []}, "_audit": [], "other": True}
 
 
 def test_init_without_parameters_sets_config_keys_as_attributes(open_env) -> None:

@@ -61,7 +61,7 @@ def test_rejected_calls_leave_the_session_working(open_env, name, arguments) -> 
     assert result.status == "rejected", result
     assert result.observation.startswith("Error: ")
     assert result.delta.set == {} and result.delta.deleted == []
-    assert session.state() == before == {"items": {"pen": 2}, "getter_runs": 0}
+    assert session.state() == before == {"items": {"pen": 2}, "getter_runs": 0, "_token": "private"}
     ok = session.call("buy", {"item": "pen"})
     assert (ok.status, ok.observation, ok.recovered) == ("ok", "1", False)
 
