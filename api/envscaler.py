@@ -94,9 +94,11 @@ def _existing(client: Client) -> tuple[dict[tuple[str | None, str], str], dict[t
 
 
 def import_environment(client: Client, env_id: str, record: Any,
-                       existing: dict[tuple[str | None, str], str] | None = None) -> ItemReport:
+                       existing: dict[tuple[str | None, str], str] | None = None,
+                       sample_init_config: dict[str, Any] | None = None) -> ItemReport:
     """Register one EnvScaler environment (reusing an identical one in ``existing``: same
-    name and code); never raises for a bad item."""
+    name and code); ``sample_init_config`` (e.g. its first scenario's) is what registration
+    instantiates the class with. Never raises for a bad item."""
     report = ItemReport("environment", env_id)
     if not isinstance(record, dict):
         report.reject("record is not a JSON object")
@@ -105,11 +107,14 @@ def import_environment(client: Client, env_id: str, record: Any,
     if code is None or class_name is None:
         report.reject("env_class_code and env_class_name must be non-empty strings")
         return report
-    description = _text(record, "environment_introduction")
-    rules = record.get("constraints_rules")
-    if isinstance(rules, (str, list)) and rules:
-        description = (description or "") + "\n\nRules:\n" + (rules if isinstance(rules, str) else
-                                                                "\n".join(map(str, rules)))
+    introduction = _text(record, "environment_introduction")
+    raw_rules = record.get("constraints_rules")
+    rules = ([raw_rules] if isinstance(raw_rules, str) else [str(r) for r in raw_rules]
+             if isinstance(raw_rules, list) else [])
+    rules = [r[:4000] for r in rules if r.strip()][:256]
+    description = introduction
+    if rules:
+        description = (description or "") + "\n\nRules:\n" + "\n".join(rules)
     digest = hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
     known = (existing or {}).get((f"envscaler:{env_id}"[:200], digest))
     if known is not None:
@@ -118,7 +123,9 @@ def import_environment(client: Client, env_id: str, record: Any,
         return report
     try:
         created = client.environments.create(code, class_name, name=f"envscaler:{env_id}"[:200],
-                                             description=description[:20000] if description else None)
+                                             description=description[:20000] if description else None,
+                                             introduction=introduction[:100_000] if introduction else None,
+                                             rules=rules or None, sample_init_config=sample_init_config)
     except SandpitError as exc:
         report.reject(f"{exc.code}: {exc.message}")
         return report
@@ -189,8 +196,12 @@ def import_files(client: Client, envs_path: Path, scenarios_path: Path | None, *
     known_environments, known_scenarios = _existing(client)
     reports: list[ItemReport] = []
     ids: dict[str, str] = {}
+    samples: dict[str, dict[str, Any]] = {}
+    for record in scenarios:  # each environment is instantiated at registration with its first scenario's config
+        if isinstance(record, dict) and isinstance(record.get("init_config"), dict):
+            samples.setdefault(str(record.get("env_id")), record["init_config"])
     for env_id, record in environments.items():
-        report = import_environment(client, str(env_id), record, known_environments)
+        report = import_environment(client, str(env_id), record, known_environments, samples.get(str(env_id)))
         if report.sandpit_id:
             ids[str(env_id)] = report.sandpit_id
         reports.append(report)

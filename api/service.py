@@ -329,8 +329,10 @@ class EnvService:
                 session = self.pool.open_session(tenant=tenant, source=source_code, class_name=class_name,
                                                  init_config=init_config)
         except SessionOpenError as exc:
-            raise InvalidRequest(f"instantiating {class_name} failed ({exc.status}): "
-                                 f"{clean_text(exc.observation)[:2000]}", field="sample_init_config") from None
+            raise InvalidRequest(f"instantiating {class_name} with sample_init_config "
+                                 f"{'{}' if not init_config else '(given)'} failed ({exc.status}): "
+                                 f"{clean_text(exc.observation)[:2000]}; give a sample_init_config with what "
+                                 "__init__ needs", field="sample_init_config") from None
         session.close()
 
     def create_environment(self, tenant: str, *, name: str | None, source_code: str, class_name: str,
