@@ -48,7 +48,7 @@ from sandpit.executor.errors import CapacityError, ExecutorError
 from sqlalchemy import func, select, update
 
 from . import models
-from .episodes import OPEN_ENDED
+from .episodes import OPEN_ENDED, introduction_text
 from .errors import (
     ApiError,
     Conflict,
@@ -378,7 +378,8 @@ class EvaluationRunner:
             max_tokens=config.get("max_tokens"), request_timeout_s=config.get("request_timeout_s", 120.0),
             retries=config.get("retries", 4), retry_initial_s=config.get("retry_initial_s", 1.0),
             retry_max_s=config.get("retry_max_s", 30.0)), key)
-        messages = initial_messages(environment.name, environment.description, task)
+        introduction = introduction_text(environment.introduction, environment.rules, environment.description)
+        messages = initial_messages(environment.name, introduction, task)
         episode.transcript = messages
         try:
             result = run_episode(model, messages, list(environment.tools),
