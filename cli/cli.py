@@ -5,6 +5,9 @@
 * ``sandpit demo`` — run a real environment class through a sandbox, printing each
   observation and the state.
 * ``sandpit sandboxes [--reap]`` — list (or remove) every labeled sandbox container.
+* ``sandpit environments|scenarios|envs ...`` — poke at a server's environments, scenarios
+  and live envs through the Python client (``--url``/``SANDPIT_URL``,
+  ``--api-key``/``SANDPIT_API_KEY``); see :mod:`sandpit.envs_cli`.
 
 Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 """
@@ -366,12 +369,19 @@ def tenants_revoke_key(key_id: Annotated[str, typer.Argument(help="Key id (key_.
 
 
 def _register_feature_apps() -> None:
-    """Sub-apps that live in their own modules (``sandpit synth``, ``sandpit eval``)."""
+    """Sub-apps that live in their own modules (``sandpit synth``, ``sandpit eval``,
+    ``sandpit environments``, ``sandpit scenarios``, ``sandpit envs``)."""
+    from sandpit.environments_cli import environments_app
+    from sandpit.envs_cli import envs_app
     from sandpit.eval_cli import eval_app
+    from sandpit.scenarios_cli import scenarios_app
     from sandpit.synth_cli import synth_app
 
     app.add_typer(synth_app, name="synth")
     app.add_typer(eval_app, name="eval")
+    app.add_typer(environments_app, name="environments")
+    app.add_typer(scenarios_app, name="scenarios")
+    app.add_typer(envs_app, name="envs")
 
 
 _register_feature_apps()
