@@ -327,11 +327,11 @@ class RLEnv(_Episodes, gym.Env[str, Any]):
         self.client = client if client is not None else Client(base_url, api_key, timeout=timeout)
         self._handle: EnvHandle | None = None
         self._running = False
+        # spec.make() builds a sibling on the same client; no key is kept in the spec
         self.spec = EnvSpec(id=GYMNASIUM_ID, entry_point=type(self), nondeterministic=True,
                             order_enforce=False, disable_env_checker=True,
-                            kwargs={"client": client, "scenario_ids": scenario_ids, "environment_id": environment_id,
-                                    "init_config": init_config, "episode": episode, "base_url": base_url,
-                                    "api_key": api_key, "timeout": timeout})
+                            kwargs={"client": self.client, "scenario_ids": scenario_ids,
+                                    "environment_id": environment_id, "init_config": init_config, "episode": episode})
 
     @property
     def handle(self) -> EnvHandle | None:

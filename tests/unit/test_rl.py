@@ -340,3 +340,13 @@ def test_gymnasium_make_vec_uses_the_vector_entry_point(double: EpisodeDouble) -
     assert isinstance(envs, SandpitVectorEnv) and envs.num_envs == 2
     assert envs.reset(seed=0)[0] == ("Make the counter 2.",) * 2
     envs.close()
+
+
+def test_an_owned_client_is_closed_and_its_key_is_not_in_the_spec() -> None:
+    env = RLEnv(None, "scn_a", base_url="http://127.0.0.1:9", api_key="sk-secret")
+    assert "sk-secret" not in repr(env.spec) and env.spec is not None and env.spec.kwargs["client"] is env.client
+    sibling = env.spec.make()
+    sibling.close()  # shares the client: does not close it
+    assert not env.client._http.is_closed
+    env.close()
+    assert env.client._http.is_closed
