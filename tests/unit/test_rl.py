@@ -18,6 +18,7 @@ from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import RecordEpisodeStatistics
+from openai.types.chat import ChatCompletionMessageToolCall
 from sandpit.api.client import Client, NotFound
 from sandpit.api.rl import (
     GYMNASIUM_ID,
@@ -134,8 +135,8 @@ def test_step_shapes_and_the_scored_end(client: Client, double: EpisodeDouble) -
     assert info == {"env_id": env.handle.id, "step": 1, "status": "ok", "observation_role": "tool",
                     "duration_ms": 1.25, "error": None, "checks": None, "action": BUMP,
                     "argument_findings": None, "traceback": None, "recovered": False}
-    sdk = SimpleNamespace(id="c1", type="function", function=SimpleNamespace(name="bump", arguments='{"by": 1}'))
-    assert env.step(sdk)[0] == "2"
+    sdk = ChatCompletionMessageToolCall(id="c1", type="function", function={"name": "bump", "arguments": '{"by": 1}'})
+    assert env.step(sdk)[0] == "2"  # the openai SDK's own object
     assert env.step('<think>hm</think><tool_call>{"name": "bump", "arguments": {"by": 0}}</tool_call>')[0] == "2"
     observation, reward, terminated, truncated, info = env.step("Task Completed: the counter is 2.")
     assert (observation, reward, terminated, truncated) == ("Task finished", 1.0, True, False)
