@@ -1,4 +1,7 @@
-"""Python client for Sandpit's HTTP API: `Client` (sync), `AsyncClient` (async) and `RLEnv`.
+"""Python client for Sandpit's HTTP API: `Client` (sync) and `AsyncClient` (async).
+
+The RL adapters over it (gymnasium `RLEnv`, `AsyncRLEnv`, `SandpitVectorEnv`) are in
+`sandpit.api.rl`, the GEM environments in `sandpit.api.gem_env`.
 
 Both clients share everything but the transport: request builders (`_Call`: method, path,
 query, JSON body, response parser) and the error mapping live once in this module; the
@@ -74,7 +77,6 @@ __all__ = [
     "Page",
     "PayloadTooLarge",
     "Profile",
-    "RLEnv",
     "RateLimited",
     "SandpitConnectionError",
     "SandpitError",
@@ -1397,6 +1399,11 @@ class Client:
         """Close the connection pool; the client is unusable afterwards."""
         self._http.close()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        # a connection pool is shared, never copied: gymnasium deep-copies an env's
+        # constructor kwargs (`spec.make()`), which carry the client
+        return self
+
     def __enter__(self) -> Self:
         return self
 
@@ -1625,132 +1632,12 @@ class AsyncClient:
         """Close the connection pool; the client is unusable afterwards."""
         await self._http.aclose()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        return self  # shared, never copied (see `Client.__deepcopy__`)
+
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.aclose()
-
-
-# --------------------------------------------------------------------------- RL adapter
-
-RewardFn = Callable[[Mapping[str, Any], Mapping[str, Any], StepResult], float]
-"""`reward_fn(state_before, state_after, step_result) -> reward` for `RLEnv`."""
-
-
-class RLEnv:
-    """A gymnasium-style episode loop over one Sandpit env (EnvScaler interaction).
-
-    `reset()` creates the env on first use (from `environment_id`, or from `source_code` +
-    `class_name`) and afterwards starts a new episode on it. `step(action)` runs one tool call
-    and returns `(observation, reward, terminated, truncated, info)`:
-
-    - `observation`: the tool's observation text (an error is an observation too);
-    - `reward`: `reward_fn(state_before, state_after, step_result)` when given (the client
-      then asks the server for the state with each step), else 0.0;
-    - `terminated`: the tool called is in `terminal_tools` (e.g. `{"submit_answer"}`);
-    - `truncated`: this episode has taken `max_steps` steps;
-    - `info`: `env_id`, `step` (server's step number), `status` (ok/error/timeout/oom/
-      crashed/rejected), `duration_ms` (milliseconds), `state_diff` when returned.
-
-    After `terminated` or `truncated`, `step()` raises `RuntimeError` until `reset()`.
-    `close()` (or leaving a `with` block) deletes the env. Server errors propagate as
-    `SandpitError`s.
-    """
-
-    def __init__(self, client: Client, environment_id: str | None = None, *,
-                 source_code: str | None = None, class_name: str | None = None,
-                 init_config: Mapping[str, Any] | None = None, max_steps: int = 50,
-                 reward_fn: RewardFn | None = None, terminal_tools: Iterable[str] = (),
-                 profile: Profile | Mapping[str, Any] | None = None) -> None:
-        if (environment_id is None) == (source_code is None):
-            raise ValueError("give either environment_id or source_code (with class_name)")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, not {max_steps}")
-        self.client = client
-        self.environment_id = environment_id
-        self.source_code = source_code
-        self.class_name = class_name
-        self.init_config: dict[str, Any] = dict(init_config or {})
-        self.max_steps = max_steps
-        self.reward_fn = reward_fn
-        self.terminal_tools = frozenset(terminal_tools)
-        self.profile = profile
-        self._handle: EnvHandle | None = None
-        self._steps = 0
-        self._done = True
-        self._state: dict[str, Any] = {}
-
-    @property
-    def handle(self) -> EnvHandle | None:
-        """The underlying env, once `reset()` created it."""
-        return self._handle
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        """OpenAI tool schemas (empty before the first `reset()`)."""
-        return self._handle.tools if self._handle else []
-
-    def reset(self, init_config: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode; `init_config` None uses the one given to the constructor.
-
-        Returns `("Environment ready.", info)`, info = `env_id`, `episode`, `step` (0), `tools`.
-        """
-        config = self.init_config if init_config is None else dict(init_config)
-        if self._handle is None:
-            self._handle = self.client.envs.create(
-                self.environment_id, source_code=self.source_code, class_name=self.class_name,
-                init_config=config, profile=self.profile)
-            env = self._handle.env
-        else:
-            env = self._handle.reset(config)
-        self._steps = 0
-        self._done = False
-        self._state = self._handle.state() if self.reward_fn is not None else {}
-        info = {"env_id": env.id, "episode": env.episode, "step": env.step, "tools": env.tools}
-        return "Environment ready.", info
-
-    def step(self, action: object) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Run `action` (`{"name", "arguments"}` or an OpenAI tool call, dict or object).
-
-        Raises:
-            RuntimeError: no episode is running (before `reset()`, or after it ended).
-            TypeError: `action` is not a tool call.
-        """
-        if self._handle is None or self._done:
-            raise RuntimeError("no episode running: call reset() first")
-        name, _ = tool_call_body(action)
-        include: tuple[Include, ...] = ("state",) if self.reward_fn is not None else ()
-        result = self._handle.step_call(action, include=include)
-        self._steps += 1
-        reward = 0.0
-        if self.reward_fn is not None:
-            after = result.state if result.state is not None else self._handle.state()
-            reward = float(self.reward_fn(self._state, after, result))
-            self._state = after
-        terminated = name in self.terminal_tools
-        truncated = self._steps >= self.max_steps
-        self._done = terminated or truncated
-        info: dict[str, Any] = {"env_id": result.env_id, "step": result.step, "status": result.status,
-                                "duration_ms": result.duration_ms}
-        if result.state_diff is not None:
-            info["state_diff"] = result.state_diff
-        return result.observation, reward, terminated, truncated, info
-
-    def close(self) -> None:
-        """Delete the env (if one was created); a later `reset()` creates a new one."""
-        handle, self._handle = self._handle, None
-        self._done = True
-        if handle is not None:
-            try:
-                handle.delete()
-            except NotFound:
-                pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()

@@ -149,8 +149,9 @@ def parse_text(text: str) -> tuple[str | None, Any, str | None, str | None]:
         return None, None, "unclosed <think> block", None
     calls = list(_TOOL_CALL.finditer(text))
     if not calls:
-        if "<tool_call>" in text and "</tool_call>" not in text:
-            return None, None, "unclosed <tool_call> tag", reasoning
+        if "<tool_call>" in text:  # a call block that is unclosed or holds no JSON object is no reply
+            closed = "</tool_call>" in text
+            return None, None, "the <tool_call> holds no JSON object" if closed else "unclosed <tool_call> tag", reasoning
         content = text[think.end():].strip() if think else text
         if not content:
             return None, None, "the reply is empty", reasoning

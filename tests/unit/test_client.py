@@ -9,6 +9,7 @@ next matching requests with an injected fault (status, headers, raw body, delay)
 from __future__ import annotations
 
 import asyncio
+import copy
 import email.utils
 import fnmatch
 import json
@@ -41,7 +42,6 @@ from sandpit.api.client import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
-    RLEnv,
     SandpitConnectionError,
     SandpitError,
     ServerError,
@@ -890,72 +890,10 @@ def test_async_step_not_retried_after_read_timeout() -> None:
     assert attempts == 1
 
 
-# --------------------------------------------------------------------------- RLEnv
-
-
-def test_rlenv_reset_step_truncation(client: Client, double: Double) -> None:
-    environment = client.environments.create(SOURCE, "Counter")
-    with RLEnv(client, environment.id, init_config={"start": 1}, max_steps=2) as rl:
-        with pytest.raises(RuntimeError, match="reset"):
-            rl.step({"name": "add"})
-        observation, info = rl.reset()
-        assert observation == "Environment ready."
-        assert info["env_id"] == rl.handle.id and info["tools"] == TOOLS and info["step"] == 0
-        assert double.calls("POST", "/v1/envs")[0].body["init_config"] == {"start": 1}
-
-        obs, reward, terminated, truncated, info = rl.step({"name": "add", "arguments": {"amount": 2}})
-        assert (obs, reward, terminated, truncated) == ("3", 0.0, False, False)
-        assert info == {"env_id": rl.handle.id, "step": 1, "status": "ok", "duration_ms": 1.5}
-        assert double.calls("POST", "/v1/envs/*/step")[0].query == {}  # no reward_fn: no state asked
-        obs, _, terminated, truncated, info = rl.step({"name": "boom"})
-        assert (obs, terminated, truncated, info["status"]) == ("Error: ValueError: boom", False, True, "error")
-        with pytest.raises(RuntimeError):
-            rl.step({"name": "add"})
-
-        observation, info = rl.reset({"start": 5})
-        assert info["episode"] == 2 and len(double.calls("POST", "/v1/envs")) == 1
-        assert double.calls("POST", "/v1/envs/*/reset")[0].body == {"init_config": {"start": 5}}
-        assert rl.step({"name": "add"})[0] == "6"
-        rl.reset()  # back to the constructor's init_config
-        assert double.calls("POST", "/v1/envs/*/reset")[1].body == {"init_config": {"start": 1}}
-        env_id = rl.handle.id
-    assert env_id not in double.envs and rl.handle is None  # close() deleted it
-
-
-def test_rlenv_terminal_tools_and_reward_fn(client: Client, double: Double) -> None:
-    seen: list[tuple[dict[str, Any], dict[str, Any], str]] = []
-
-    def reward_fn(before: Any, after: Any, result: StepResult) -> float:
-        seen.append((dict(before), dict(after), result.status))
-        return 1.0 if after["submitted"] and after["total"] == 4 else 0.0
-
-    rl = RLEnv(client, source_code=SOURCE, class_name="Counter", reward_fn=reward_fn,
-               terminal_tools={"submit"}, max_steps=10)
-    rl.reset()
-    tool_call = SimpleNamespace(id="c", type="function",
-                                function=SimpleNamespace(name="add", arguments='{"amount": 4}'))
-    assert rl.step(tool_call)[1:4] == (0.0, False, False)
-    obs, reward, terminated, truncated, _ = rl.step(
-        {"type": "function", "function": {"name": "submit", "arguments": "{}"}})
-    assert (obs, reward, terminated, truncated) == ("submitted 4", 1.0, True, False)
-    assert seen == [({"total": 0, "submitted": False}, {"total": 4, "submitted": False}, "ok"),
-                    ({"total": 4, "submitted": False}, {"total": 4, "submitted": True}, "ok")]
-    assert all(r.query == {"include": "state"} for r in double.calls("POST", "/v1/envs/*/step"))
-    with pytest.raises(RuntimeError):
-        rl.step({"name": "add"})
-    rl.reset()
-    with pytest.raises(TypeError, match="not a tool call"):
-        rl.step(42)  # not an action at all; nothing is sent
-    assert len(double.calls("POST", "/v1/envs/*/step")) == 2
-    rl.close()
-    rl.close()  # idempotent
-    assert double.envs == {}
-
-
-def test_rlenv_constructor_checks(client: Client) -> None:
-    with pytest.raises(ValueError):
-        RLEnv(client)
-    with pytest.raises(ValueError):
-        RLEnv(client, "e", source_code=SOURCE, class_name="Counter")
-    with pytest.raises(ValueError):
-        RLEnv(client, "e", max_steps=0)
+def test_clients_are_shared_not_copied(server: tuple[str, Double]) -> None:
+    # gymnasium deep-copies an env's constructor kwargs (`spec.make()`), which carry the client
+    with Client(server[0]) as client:
+        assert copy.deepcopy({"client": client})["client"] is client
+    async_client = AsyncClient(server[0])
+    assert copy.deepcopy([async_client])[0] is async_client
+    asyncio.run(async_client.aclose())

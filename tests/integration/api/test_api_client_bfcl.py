@@ -11,7 +11,8 @@ import os
 import pytest
 from sandpit.api import bfcl
 from sandpit.api.bfcl_replay import register_environments, replay_episode
-from sandpit.api.client import AsyncClient, Client, InvalidRequest, NotFound, RLEnv
+from sandpit.api.client import AsyncClient, Client, InvalidRequest, NotFound
+from sandpit.api.rl import RLEnv
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
@@ -33,15 +34,14 @@ def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:
         with pytest.raises(NotFound):
             client.envs.get(env.id)
 
-        rewards = []
-        rl = RLEnv(client, counter_env_id, init_config={"count": 0}, max_steps=3,
-                   reward_fn=lambda before, after, result: float(after["count"] >= 2))
+        observations = []
+        rl = RLEnv(client, environment_id=counter_env_id, init_config={"count": 0}, episode={"max_steps": 3})
         observation, info = rl.reset()
-        assert info["env_id"]
+        assert info["env_id"] and observation == ""  # open-ended: no task, no reward
         for _ in range(3):
             observation, reward, terminated, truncated, info = rl.step({"name": "bump", "arguments": {"by": 1}})
-            rewards.append(reward)
-        assert rewards == [0.0, 1.0, 1.0] and truncated and not terminated
+            observations.append((observation, reward))
+        assert observations == [("1", 0.0), ("2", 0.0), ("3", 0.0)] and truncated and not terminated
         rl.close()
 
 
