@@ -11,7 +11,10 @@ into what Sandpit runs:
   involved class as a public attribute named after the class (the state) and forwards
   every public method of those classes (the tools);
 * one :class:`BfclEpisode` per dataset entry: its ``init_config`` (``BfclEnv``'s
-  constructor argument) and its ground-truth turns as :class:`ToolCall` objects.
+  constructor argument, ``{"_bfcl": {class name: scenario}}``) and its ground-truth turns
+  as :class:`ToolCall` objects. The classes' scenarios sit under the private key ``_bfcl``
+  because EnvScaler's instantiation also ``setattr``s every config key on the instance: a
+  key named after a class would replace that class's instance with its raw scenario.
 
 Trust: BFCL's Python source is untrusted. Here it is only read from the wheel as text and
 parsed with :func:`ast.parse` (which executes nothing); the generated ``source_code``
@@ -56,6 +59,8 @@ CACHE_ENV = "SANDPIT_BFCL_CACHE"
 """Environment variable overriding the wheel cache directory (default ``~/.cache/sandpit/bfcl``)."""
 CLASS_NAME = "BfclEnv"
 """Name of the environment class every generated ``source_code`` defines."""
+CONFIG_KEY = "_bfcl"
+"""The init_config key holding the classes' scenarios (private: EnvScaler setattr-s every key)."""
 ENV_PREFIX = "bfcl:"
 BACKEND_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 """Dotted package of BFCL's tool modules; the composite registers them under these names."""
@@ -124,8 +129,8 @@ class BfclEpisode:
     Attributes:
         id: BFCL's id, e.g. ``"multi_turn_base_0"``.
         environment_name: the :class:`BfclEnvironment` it runs in.
-        init_config: ``{class name: that class's scenario}`` for every involved class
-            (``{}`` where the dataset gives none); ``BfclEnv(init_config)``.
+        init_config: ``{"_bfcl": {class name: that class's scenario}}`` for every
+            involved class (``{}`` where the dataset gives none); ``BfclEnv(init_config)``.
         turns: per user turn, the ground-truth calls in order (a turn may be empty).
         questions: per user turn, BFCL's messages (``{"role": ..., "content": ...}``).
         excluded_functions: BFCL's ``excluded_function`` list (tools withheld from the
@@ -358,7 +363,7 @@ def _episode(entry: dict[str, Any], truth: dict[str, list[list[str]]],
                   for turn in truth[episode_id])
     return BfclEpisode(
         id=episode_id, environment_name=env.name,
-        init_config={name: initial.get(name, {}) for name in classes},
+        init_config={CONFIG_KEY: {name: initial.get(name, {}) for name in classes}},
         turns=turns, questions=tuple(tuple(turn) for turn in questions),
         excluded_functions=tuple(excluded))
 
@@ -727,7 +732,7 @@ def _render(names: tuple[str, ...], parsed: list[_BfclClass], modules: list[tupl
         '    """',
         "",
         "    def __init__(self, init_config):",
-        "        config = init_config or {}",
+        f"        config = (init_config or {{}}).get({CONFIG_KEY!r}) or {{}}",
     ]
     for name in names:
         lines.append(f"        self.{name} = _new({name!r}, config)")

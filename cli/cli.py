@@ -370,10 +370,11 @@ def tenants_revoke_key(key_id: Annotated[str, typer.Argument(help="Key id (key_.
 
 def _register_feature_apps() -> None:
     """Sub-apps that live in their own modules (``sandpit synth``, ``sandpit eval``,
-    ``sandpit environments``, ``sandpit scenarios``, ``sandpit envs``)."""
+    ``sandpit environments``, ``sandpit scenarios``, ``sandpit envs``, ``sandpit rl``)."""
     from sandpit.environments_cli import environments_app
     from sandpit.envs_cli import envs_app
     from sandpit.eval_cli import eval_app
+    from sandpit.rl_cli import rl_app
     from sandpit.scenarios_cli import scenarios_app
     from sandpit.synth_cli import synth_app
 
@@ -382,6 +383,7 @@ def _register_feature_apps() -> None:
     app.add_typer(environments_app, name="environments")
     app.add_typer(scenarios_app, name="scenarios")
     app.add_typer(envs_app, name="envs")
+    app.add_typer(rl_app, name="rl")
 
 
 _register_feature_apps()

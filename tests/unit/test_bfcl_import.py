@@ -87,8 +87,10 @@ def test_episode_init_config_and_turns(suite: bfcl.BfclSuite) -> None:
     by_id = {episode.id: episode for episode in suite.episodes}
     first = by_id["multi_turn_base_0"]
     assert first.environment_name == "bfcl:GorillaFileSystem+TwitterAPI"
-    assert set(first.init_config) == {"GorillaFileSystem", "TwitterAPI"}
-    assert first.init_config["GorillaFileSystem"]["root"]["workspace"]["type"] == "directory"
+    assert set(first.init_config) == {bfcl.CONFIG_KEY}  # a private key: EnvScaler setattr-s every key
+    scenarios = first.init_config[bfcl.CONFIG_KEY]
+    assert set(scenarios) == {"GorillaFileSystem", "TwitterAPI"}
+    assert scenarios["GorillaFileSystem"]["root"]["workspace"]["type"] == "directory"
     assert first.turns[0] == (ToolCall("cd", {"folder": "document"}), ToolCall("mkdir", {"dir_name": "temp"}),
                               ToolCall("mv", {"source": "final_report.pdf", "destination": "temp"}))
     assert len(first.turns) == len(first.questions) == 4
@@ -96,11 +98,11 @@ def test_episode_init_config_and_turns(suite: bfcl.BfclSuite) -> None:
     assert first.excluded_functions == ("cp",)
     # a class the dataset gives no configuration gets {} (MathAPI is stateless in BFCL)
     math = by_id["multi_turn_base_32"]
-    assert math.init_config["MathAPI"] == {}
+    assert math.init_config[bfcl.CONFIG_KEY]["MathAPI"] == {}
     # positional ground-truth arguments are mapped by the original signature
     assert by_id["multi_turn_base_57"].turns[0][0] == ToolCall("get_zipcode_based_on_city", {"city": "Crescent Hollow"})
     # a class configured but not involved is not part of the environment's config
-    assert set(by_id["multi_turn_base_96"].init_config) == set(
+    assert set(by_id["multi_turn_base_96"].init_config[bfcl.CONFIG_KEY]) == set(
         suite.environments[by_id["multi_turn_base_96"].environment_name].classes)
     assert sum(len(turn) for episode in suite.episodes for turn in episode.turns) == 1142
 
@@ -108,7 +110,7 @@ def test_episode_init_config_and_turns(suite: bfcl.BfclSuite) -> None:
 def test_every_ground_truth_call_is_a_valid_call_of_its_environment(suite: bfcl.BfclSuite) -> None:
     for episode in suite.episodes:
         env = suite.environments[episode.environment_name]
-        assert set(episode.init_config) == set(env.classes), episode.id
+        assert set(episode.init_config[bfcl.CONFIG_KEY]) == set(env.classes), episode.id
         json.dumps(episode.init_config, allow_nan=False)
         for turn in episode.turns:
             for call in turn:

@@ -1,0 +1,176 @@
+"""``sandpit rl demo``: an RL episode loop over scenario-bound envs, as a trainer runs it.
+
+A scripted policy (each scenario's known-good tool calls, then a final reply to the user)
+drives Sandpit envs through the RL adapters: ``RLEnv`` (gymnasium) for every scenario of
+the input, several envs at once on threads, then a few episodes through the GEM env
+(``sandpit:envscaler_non_conv_env``, raw ``<tool_call>`` text as a model writes it). The
+server computes every reward (the scenarios' checks) and ends every episode. Prints
+episodes, mean reward, success rate, steps, step latency (p50/p99, milliseconds) and
+steps/s; exit code 1 when an episode failed with an API error.
+
+Input: the replay file ``sandpit import bfcl --scenarios FILE`` writes (JSON lines of
+``{"scenario_id", "tool_calls": [{"name", "arguments"}]}``), or any file of that shape.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+rl_app = typer.Typer(help="RL episode loops over the API (gymnasium and GEM adapters).", no_args_is_help=True)
+console = Console(stderr=True)
+FINAL_REPLY = "Task Completed: every requested change is done."
+
+
+@dataclass
+class EpisodeRun:
+    """One scripted episode: its reward, steps, whether it ended, each step's latency (ms)."""
+
+    scenario_id: str
+    reward: float = 0.0
+    steps: int = 0
+    ended: bool = False
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+    def record(self, started: float, info: dict[str, Any]) -> None:
+        self.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        self.steps += 1
+        status = str(info.get("status", "?"))
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+
+
+def _load(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{path}:{number} is not JSON: {exc}") from None
+        if not isinstance(item, dict) or not isinstance(item.get("scenario_id"), str):
+            raise typer.BadParameter(f"{path}:{number} has no scenario_id")
+        items.append(item)
+    return items[:limit] if limit else items
+
+
+def _gymnasium_episode(client: Any, item: dict[str, Any], max_steps: int) -> EpisodeRun:
+    from sandpit.api.client import SandpitError
+    from sandpit.api.rl import RLEnv
+
+    run = EpisodeRun(item["scenario_id"])
+    actions = [*item.get("tool_calls", []), {"name": "chat_with_user", "arguments": {"content": FINAL_REPLY}}]
+    try:
+        with RLEnv(client, item["scenario_id"], episode={"max_steps": max_steps}) as env:
+            env.reset(seed=0)
+            for action in actions:
+                started = time.perf_counter()
+                _, reward, terminated, truncated, info = env.step(action)
+                run.record(started, info)
+                if terminated or truncated:
+                    run.reward, run.ended = float(reward), True
+                    break
+    except SandpitError as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    return run
+
+
+def _gem_episodes(items: list[dict[str, Any]], max_steps: int) -> list[EpisodeRun]:
+    import logging
+
+    import gem
+    import sandpit.api.gem_env  # noqa: F401 - registers the sandpit:* GEM ids
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # gem sets the root logger to INFO
+
+    runs = []
+    env = gem.make("sandpit:envscaler_non_conv_env", scenario_ids=[i["scenario_id"] for i in items],
+                   mode="train", episode={"max_steps": max_steps})
+    try:
+        for index, item in enumerate(items):
+            run = EpisodeRun(item["scenario_id"])
+            env.reset(task_index=index)
+            texts = [f"<think>step {n}</think>\n<tool_call>{json.dumps(call)}</tool_call>"
+                     for n, call in enumerate(item.get("tool_calls", []))] + [FINAL_REPLY]
+            for text in texts:
+                started = time.perf_counter()
+                _, reward, terminated, truncated, info = env.step(text)
+                run.record(started, info)
+                if terminated or truncated:
+                    run.reward, run.ended = float(reward), True
+                    break
+            runs.append(run)
+    finally:
+        env.close()
+    return runs
+
+
+def _row(table: Table, name: str, runs: list[EpisodeRun], wall_s: float) -> None:
+    latencies = sorted(ms for r in runs for ms in r.latencies_ms)
+    ok = [r for r in runs if r.error is None]
+    rewards = [r.reward for r in ok]
+
+    def pct(q: float) -> str:
+        return f"{latencies[min(len(latencies) - 1, int(q * len(latencies)))]:.1f}" if latencies else "-"
+
+    steps = sum(r.steps for r in runs)
+    not_ok = sum(n for r in runs for status, n in r.statuses.items() if status != "ok")
+    table.add_row(name, str(len(runs)), str(len(runs) - len(ok)), str(not_ok),
+                  f"{statistics.fmean(rewards):.3f}" if rewards else "-",
+                  f"{sum(1 for x in rewards if x == 1.0) / len(rewards):.0%}" if rewards else "-",
+                  str(steps), pct(0.5), pct(0.99), f"{steps / wall_s:.0f}" if wall_s else "-")
+
+
+@rl_app.command("demo")
+def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSON lines of "
+                                                     "{scenario_id, tool_calls}.")],
+         url: Annotated[str | None, typer.Option(envvar="SANDPIT_URL", help="API base URL.")] = None,
+         api_key: Annotated[str | None, typer.Option(envvar="SANDPIT_API_KEY", help="Tenant API key.")] = None,
+         limit: Annotated[int | None, typer.Option(min=1, help="Scenarios to run (default all).")] = None,
+         concurrency: Annotated[int, typer.Option(min=1, max=64, help="Envs stepped at once.")] = 4,
+         gem_episodes: Annotated[int, typer.Option(min=0, help="Episodes through the GEM env.")] = 10,
+         max_steps: Annotated[int, typer.Option(min=1, help="Episode step limit.")] = 100) -> None:
+    """Drive scenario-bound envs with a scripted policy through RLEnv and the GEM env."""
+    from sandpit.api.client import Client
+
+    items = _load(replay_file, limit)
+    if not items:
+        raise typer.BadParameter(f"{replay_file} has no episodes")
+    runs: list[EpisodeRun] = []
+    with Client(url, api_key=api_key, timeout=300) as client:
+        started = time.perf_counter()
+        with Progress(TextColumn("RLEnv episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress, ThreadPoolExecutor(max_workers=concurrency) as workers:
+            task = progress.add_task("episodes", total=len(items))
+            for run in workers.map(lambda item: _gymnasium_episode(client, item, max_steps), items):
+                runs.append(run)
+                progress.advance(task)
+        gym_wall = time.perf_counter() - started
+    started = time.perf_counter()
+    gem_runs = _gem_episodes(items[:gem_episodes], max_steps) if gem_episodes else []
+    gem_wall = time.perf_counter() - started
+    table = Table(title="RL episodes (scripted policy; rewards and ends computed by the server)")
+    for column in ("adapter", "episodes", "API errors", "steps not ok", "mean reward", "reward 1.0", "steps",
+                   "step p50 ms", "step p99 ms", "steps/s"):
+        table.add_column(column, justify="left" if column == "adapter" else "right")
+    _row(table, f"RLEnv (gymnasium, {concurrency} at once)", runs, gym_wall)
+    if gem_runs:
+        _row(table, "GEM sandpit:envscaler_non_conv_env", gem_runs, gem_wall)
+    Console().print(table)
+    failed = [r for r in runs + gem_runs if r.error is not None or not r.ended]
+    for run in failed[:10]:
+        console.print(f"[yellow]{run.scenario_id}[/yellow]: {run.error or 'did not end'}")
+    if any(r.error is not None for r in failed):
+        raise typer.Exit(1)
