@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings, get_settings
 
+from .body_timeout import BodyReadTimeout
 from .db import make_engine, make_sessionmaker, require_current
 from .errors import register_handlers
 from .evaluation import EvaluationService
@@ -75,6 +76,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                   summary="Sandboxed execution of LLM-synthesized tool environments")
     app.state.settings = settings
     register_handlers(app, settings.capacity_retry_after_s)
+    app.add_middleware(BodyReadTimeout, timeout_s=settings.body_read_timeout_s)
     app.include_router(health.router)
     app.include_router(environments.router)
     app.include_router(envs.router)

@@ -8,6 +8,7 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     │   └── UnknownTool           422     unknown_tool
     ├── Conflict                  409     conflict         e.g. restore past the end
     ├── PayloadTooLarge           413     payload_too_large
+    ├── RequestTimeout            408     request_timeout  the body did not arrive in time; connection closed
     ├── Unauthorized              401     unauthorized     missing/unknown/revoked/expired key
     ├── Forbidden                 403     forbidden        e.g. an admin route without the operator key
     ├── QuotaExceeded             429     quota_exceeded   names the ``limit``; with ``Retry-After``
@@ -70,6 +71,11 @@ class PayloadTooLarge(ApiError):
     """Code, init_config, arguments or the whole body is over its configured cap."""
 
 
+class RequestTimeout(ApiError):
+    """The request body did not arrive within ``body_read_timeout_s`` (raised by
+    :class:`~.body_timeout.BodyReadTimeout`, which also closes the connection)."""
+
+
 class Unauthorized(ApiError):
     """No ``Authorization: Bearer <key>``, or a key that is unknown, revoked or expired."""
 
@@ -102,6 +108,7 @@ TABLE: dict[type[ApiError], tuple[int, str]] = {
     InvalidRequest: (422, "invalid_request"),
     Conflict: (409, "conflict"),
     PayloadTooLarge: (413, "payload_too_large"),
+    RequestTimeout: (408, "request_timeout"),
     Unauthorized: (401, "unauthorized"),
     Forbidden: (403, "forbidden"),
     QuotaExceeded: (429, "quota_exceeded"),

@@ -4,6 +4,10 @@ as text, stalled and abandoned request bodies."""
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+
 import httpx
 import pytest
 
@@ -40,3 +44,112 @@ def test_profile_values_at_the_executor_bounds_are_never_5xx(api: httpx.Client, 
     for profile in ({"memory_mib": 65536}, {"cpus": 64}, {"call_timeout_s": 3600}):
         response = api.post("/v1/envs", json={"environment_id": counter_env_id, "profile": profile})
         assert response.status_code in (422, 429), (profile, response.status_code, response.text)
+
+
+# -- request bodies: deadline and disconnects --------------------------------------------------
+BODY_TIMEOUT_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def slow_server(make_module_server):
+    """A server whose request bodies must arrive within BODY_TIMEOUT_S."""
+    return make_module_server(SANDPIT_BODY_READ_TIMEOUT_S=str(BODY_TIMEOUT_S))
+
+
+def _send_head(server, method: str, path: str, declared: int, body: bytes) -> socket.socket:
+    """A raw connection that sent the headers (``Content-Length: declared``) and ``body``."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {server.api_key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n")
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _read_to_close(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when that was
+    (seconds from now); fails if the connection is still open after ``limit_s``."""
+    started = time.monotonic()
+    sock.settimeout(limit_s)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        pytest.fail(f"connection still open after {limit_s} s; received {data[:300]!r}")
+    finally:
+        sock.close()
+    return data, time.monotonic() - started
+
+
+def test_stalled_body_is_408_and_closed_within_the_timeout(slow_server) -> None:
+    started = time.monotonic()
+    sock = _send_head(slow_server, "POST", "/v1/execute", 1000, b'{"code": "pri')
+    data, _ = _read_to_close(sock, BODY_TIMEOUT_S + 10)
+    elapsed = time.monotonic() - started
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), data[:500]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert BODY_TIMEOUT_S - 0.5 <= elapsed <= BODY_TIMEOUT_S + 5, elapsed
+
+
+def test_trickled_body_is_cut_at_the_deadline(slow_server) -> None:
+    """One byte every 0.3 s never stalls for long, but the whole body has a deadline."""
+    sock = _send_head(slow_server, "POST", "/v1/execute", 100, b"")
+    started = time.monotonic()
+    try:
+        for _ in range(100):
+            sock.sendall(b" ")
+            time.sleep(0.3)
+    except OSError:  # the server closed the connection: what we want
+        pass
+    data, _ = _read_to_close(sock, 10)
+    assert data.startswith(b"HTTP/1.1 408 "), data[:300]
+    assert time.monotonic() - started <= BODY_TIMEOUT_S + 5
+
+
+def test_many_stalled_bodies_are_all_closed(slow_server) -> None:
+    """The issue's slow-loris: many stalled uploads at once, every one cut off."""
+    started = time.monotonic()
+    socks = [_send_head(slow_server, "POST", "/v1/envs", 5000, b'{"environment_id"') for _ in range(50)]
+    for sock in socks:
+        data, _ = _read_to_close(sock, BODY_TIMEOUT_S + 20)
+        assert data.startswith(b"HTTP/1.1 408 "), data[:300]
+    assert time.monotonic() - started <= BODY_TIMEOUT_S + 20
+    assert httpx.get(f"{slow_server.url}/healthz", timeout=10).status_code == 200
+
+
+def test_unread_body_does_not_keep_the_connection(slow_server) -> None:
+    """A route that answers without reading the body (a GET with a declared body)
+    closes the connection instead of waiting for the rest of it."""
+    sock = _send_head(slow_server, "GET", "/v1/environments", 1000, b"{")
+    data, elapsed = _read_to_close(sock, BODY_TIMEOUT_S + 10)
+    head = data.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 200 ") and b"connection: close" in head, data[:300]
+    assert elapsed <= BODY_TIMEOUT_S + 5
+
+
+def test_complete_bodies_keep_the_connection_alive(slow_server) -> None:
+    with slow_server.client() as client:
+        for _ in range(3):
+            response = client.post("/v1/execute", json={"code": "print(1)", "timeout_s": 5})
+            assert response.status_code == 200 and "close" not in response.headers.get("connection", "")
+
+
+def test_client_disconnect_is_one_log_line(slow_server) -> None:
+    before = slow_server.log_path.read_text(errors="replace")
+    for _ in range(3):
+        sock = _send_head(slow_server, "POST", "/v1/execute", 1000, b'{"code": ')
+        time.sleep(0.3)  # the route is reading the body now
+        sock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        new = slow_server.log_path.read_text(errors="replace")[len(before):]
+        if new.count("client disconnected") >= 3:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+    new = slow_server.log_path.read_text(errors="replace")[len(before):]
+    lines = [line for line in new.splitlines() if line.strip()]
+    assert len(lines) == 3 and all("client disconnected: POST /v1/execute" in line for line in lines), new
+    assert "Traceback" not in new
