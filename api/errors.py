@@ -20,7 +20,8 @@ Executor errors are translated at the edge by :func:`register_handlers`:
 ``CapacityError`` -> 503 ``no_capacity``, ``DockerUnavailable``/``SandboxLost`` -> 503,
 ``ProfileError`` -> 422. Request validation errors -> 422 naming the field. Anything else
 is a bug: logged with its traceback and answered 500 ``internal`` without details.
-Every error body is ``{"error": {"code", "message", "field"}}`` (429s add ``limit``).
+Every error body is :class:`ErrorBody`: ``{"error": {"code", "message", "field"}}``; 429s
+add ``limit``, and errors with a ``Retry-After`` header (429, 503) add ``retry_after``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sandpit.executor.errors import CapacityError, DockerUnavailable, ExecutorError, ProfileError, SandboxLost
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -126,8 +128,40 @@ def status_of(exc: ApiError) -> tuple[int, str]:
     return 500, "internal"
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong. Statuses and codes: see :data:`TABLE`; besides those, ``not_found``
+    and ``method_not_allowed`` for unknown paths and methods, ``http_error`` for other
+    protocol errors, ``internal`` (500) for bugs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    code: str
+    """Machine-readable: ``not_found``, ``invalid_request``, ``unknown_tool``, ``conflict``,
+    ``payload_too_large``, ``request_timeout``, ``unauthorized``, ``forbidden``,
+    ``quota_exceeded``, ``no_capacity``, ``unavailable``, ..."""
+    message: str
+    """For people; names the offending value and the limit it broke."""
+    field: str | None
+    """The request part at fault as a dotted path (``profile.memory_mib``,
+    ``snippets.0.code``, ``arguments``), when there is one."""
+    limit: str | None = Field(default=None)
+    """429 only: the quota that was hit (``max_live_envs``, ``max_profile.memory_mib``, ...)."""
+    retry_after: int | None = Field(default=None, ge=1)
+    """429 and 503 only: seconds before trying again can help (also the ``Retry-After``
+    header)."""
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response (4xx and 5xx)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    error: ErrorDetail
+
+
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
-    """The JSON error body every non-2xx response carries (``limit`` is added for 429s)."""
+    """The JSON error body every non-2xx response carries (:class:`ErrorBody`; ``limit``
+    and ``retry_after`` only when given)."""
     return {"error": {"code": code, "message": message, "field": field, **extra}}
 
 
@@ -137,7 +171,9 @@ def error_response(exc: ApiError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="sandpit"'
-    extra = {"limit": exc.limit} if isinstance(exc, QuotaExceeded) else {}
+    extra: dict[str, Any] = {"limit": exc.limit} if isinstance(exc, QuotaExceeded) else {}
+    if exc.retry_after is not None:
+        extra["retry_after"] = exc.retry_after
     return JSONResponse(error_body(code, exc.message, exc.field, **extra), status_code=status,
                         headers=headers or None)
 

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from sandpit.api.errors import ErrorBody
 
 pytestmark = pytest.mark.docker
 
@@ -44,6 +45,46 @@ def test_profile_values_at_the_executor_bounds_are_never_5xx(api: httpx.Client, 
     for profile in ({"memory_mib": 65536}, {"cpus": 64}, {"call_timeout_s": 3600}):
         response = api.post("/v1/envs", json={"environment_id": counter_env_id, "profile": profile})
         assert response.status_code in (422, 429), (profile, response.status_code, response.text)
+
+
+# -- what the server sends is what the OpenAPI document says --------------------------------------
+def test_served_openapi_lists_the_error_statuses(server) -> None:
+    spec = httpx.get(f"{server.url}/openapi.json", timeout=30).json()
+    step = spec["paths"]["/v1/envs/{env_id}/step"]["post"]["responses"]
+    assert {"401", "403", "404", "408", "409", "413", "422", "429", "503"} <= set(step)
+    assert step["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+
+
+@pytest.mark.parametrize("request_args", [
+    ("POST", "/v1/execute", {"json": {"code": 5}}),  # FastAPI's request validation
+    ("POST", "/v1/execute", {"content": b'{"code": NaN}'}),  # strict JSON
+    ("GET", "/v1/envs", {"params": {"limit": "many"}}),
+    ("POST", "/v1/envs", {"json": {"environment_id": "x", "source_code": "y"}}),  # model validator
+])
+def test_validation_errors_have_the_documented_body(api: httpx.Client, request_args: tuple) -> None:
+    method, path, kwargs = request_args
+    response = api.request(method, path, **kwargs)
+    assert response.status_code == 422 and response.headers["content-type"] == "application/json"
+    ErrorBody.model_validate(response.json())
+
+
+def test_auth_and_quota_errors_have_the_documented_headers(server) -> None:
+    missing = httpx.get(f"{server.url}/v1/envs", timeout=30)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
+    ErrorBody.model_validate(missing.json())
+    key = server.new_tenant("hardening-quota", quotas={"max_code_bytes": 10})
+    with server.client(key) as client:
+        limited = client.post("/v1/execute", json={"code": "print('more than ten bytes')"})
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    body = ErrorBody.model_validate(limited.json()).error
+    assert body.limit == "max_code_bytes" and body.retry_after == int(limited.headers["retry-after"])
+
+
+def test_metrics_is_prometheus_text(server) -> None:
+    response = httpx.get(f"{server.url}/metrics", timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    assert "sandpit_step_seconds" in response.text
 
 
 # -- request bodies: deadline and disconnects --------------------------------------------------
