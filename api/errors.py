@@ -161,8 +161,15 @@ class ErrorBody(BaseModel):
 
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
     """The JSON error body every non-2xx response carries (:class:`ErrorBody`; ``limit``
-    and ``retry_after`` only when given)."""
-    return {"error": {"code": code, "message": message, "field": field, **extra}}
+    and ``retry_after`` only when given). Text that cannot be sent as UTF-8 (a lone
+    surrogate quoted from the request or a sandbox) is replaced, so rendering an error
+    never fails."""
+    return {"error": {"code": code, "message": _sendable(message),
+                      "field": None if field is None else _sendable(field), **extra}}
+
+
+def _sendable(text: str) -> str:
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def error_response(exc: ApiError) -> JSONResponse:

@@ -47,6 +47,35 @@ def test_profile_values_at_the_executor_bounds_are_never_5xx(api: httpx.Client, 
         assert response.status_code in (422, 429), (profile, response.status_code, response.text)
 
 
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/envs", '{"environment_id": "ENVIRONMENT", "init_config": {"count": "\\ud800"}}', "init_config.count"),
+    ("/v1/envs", '{"environment_id": "\\ud800"}', "environment_id"),
+    ("/v1/validate", '{"kind": "environment", "source_code": "class C:\\n    pass\\n", "class_name": "C", '
+                     '"init_config": {"a": ["\\udfff"]}}', "init_config.a.0"),
+    ("/v1/envs/ENV/reset", '{"init_config": {"count": "x\\ud800"}}', "init_config.count"),
+    ("/v1/scenarios", '{"environment_id": "ENVIRONMENT", "task": "t", "init_config": {"\\udc00": 1}}', "init_config"),
+    ("/v1/execute", '{"code": "print(1)", "files": {"a.txt": "\\ud800"}}', "files.a.txt"),
+])
+def test_lone_surrogates_in_bodies_are_422(api: httpx.Client, counter_env_id: str, path: str, body: str,
+                                           field: str) -> None:
+    """Free-form JSON (init_config, files) let a lone surrogate through to the database,
+    the sandbox protocol or the response encoder, which cannot encode it: 500."""
+    if "/ENV/" in path:
+        path = path.replace("ENV", api.post("/v1/envs", json={"environment_id": counter_env_id}).json()["id"])
+    body = body.replace("ENVIRONMENT", counter_env_id)
+    response = api.post(path, content=body.encode(),
+                        headers={"Content-Type": "application/json"})
+    assert _field_error(response) == field
+    assert "surrogate" in response.json()["error"]["message"]
+
+
+def test_paired_surrogates_are_text(api: httpx.Client) -> None:
+    """An escaped astral character (a surrogate pair) is ordinary text."""
+    response = api.post("/v1/execute", content=b'{"code": "print(\'\\ud83d\\ude00\')"}',
+                        headers={"Content-Type": "application/json"})
+    assert response.status_code == 200 and response.json()["stdout"] == "\U0001F600\n", response.text
+
+
 # -- what the server sends is what the OpenAPI document says --------------------------------------
 def test_served_openapi_lists_the_error_statuses(server) -> None:
     spec = httpx.get(f"{server.url}/openapi.json", timeout=30).json()
