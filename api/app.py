@@ -82,5 +82,6 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                evaluations.router, admin.router, admin.tenant_router]
     for router in routers:
         app.include_router(router)
+    app.state.api_routes = [route for router in routers for route in router.routes]  # for 405's Allow
     openapi.install(app, routers)
     return app

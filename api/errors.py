@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sandpit.executor.errors import CapacityError, DockerUnavailable, ExecutorError, ProfileError, SandboxLost
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("sandpit.api")
 
@@ -201,6 +202,18 @@ def _field_of(loc: tuple[Any, ...]) -> str | None:
     return ".".join(parts) or None
 
 
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` of a 405: every method of every route whose path matches the
+    request's (``app.state.api_routes``). Starlette's own lists only the first route that
+    matched the path, so ``OPTIONS /v1/envs`` answered ``Allow: POST`` where GET works too."""
+    methods: set[str] = set()
+    for route in getattr(request.app.state, "api_routes", ()):
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 def register_handlers(app: FastAPI, retry_after: int) -> None:
     """Install the exception handlers (by class, so subclasses are covered)."""
 
@@ -227,10 +240,12 @@ def register_handlers(app: FastAPI, retry_after: int) -> None:
         return JSONResponse(error_body("invalid_request", message, field), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request)
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:

@@ -223,3 +223,18 @@ def test_client_disconnect_is_one_log_line(slow_server) -> None:
     lines = [line for line in new.splitlines() if line.strip()]
     assert len(lines) == 3 and all("client disconnected: POST /v1/execute" in line for line in lines), new
     assert "Traceback" not in new
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("OPTIONS", "/v1/environments", "GET, POST"),
+    ("PUT", "/v1/envs", "GET, POST"),
+    ("PATCH", "/v1/envs/env_x", "DELETE, GET"),
+    ("PUT", "/v1/admin/tenants/t", "GET, PATCH"),
+    ("POST", "/v1/envs/env_x/state", "GET"),
+])
+def test_405_allow_lists_every_method_of_the_path(api: httpx.Client, method: str, path: str, allow: str) -> None:
+    """RFC 9110: a 405's Allow lists the resource's methods (Starlette listed only those
+    of the first route matching the path)."""
+    response = api.request(method, path)
+    assert response.status_code == 405 and response.headers["allow"] == allow
+    ErrorBody.model_validate(response.json())
