@@ -19,7 +19,8 @@ NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a request is what the OpenAPI document says (no false -> 0, no "yes" -> True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EnvironmentCreate(_Request):
