@@ -20,6 +20,8 @@ from fastapi import FastAPI
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings, get_settings
 
+from . import openapi
+from .body_timeout import BodyReadTimeout
 from .db import make_engine, make_sessionmaker, require_current
 from .errors import register_handlers
 from .evaluation import EvaluationService
@@ -76,12 +78,11 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                   summary="Sandboxed execution of LLM-synthesized tool environments")
     app.state.settings = settings
     register_handlers(app, settings.capacity_retry_after_s)
-    app.include_router(health.router)
-    app.include_router(environments.router)
-    app.include_router(envs.router)
-    app.include_router(scenarios.router)
-    app.include_router(validation.router)
-    app.include_router(evaluations.router)
-    app.include_router(admin.router)
-    app.include_router(admin.tenant_router)
+    app.add_middleware(BodyReadTimeout, timeout_s=settings.body_read_timeout_s)
+    routers = [health.router, environments.router, envs.router, scenarios.router, validation.router,
+               evaluations.router, admin.router, admin.tenant_router]
+    for router in routers:
+        app.include_router(router)
+    app.state.api_routes = [route for router in routers for route in router.routes]  # for 405's Allow
+    openapi.install(app, routers)
     return app

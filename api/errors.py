@@ -9,6 +9,7 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     ├── Conflict                  409     conflict         e.g. restore past the end
     │   └── EpisodeEnded          409     episode_ended    a step after the episode ended (reset first)
     ├── PayloadTooLarge           413     payload_too_large
+    ├── RequestTimeout            408     request_timeout  the body did not arrive in time; connection closed
     ├── Unauthorized              401     unauthorized     missing/unknown/revoked/expired key
     ├── Forbidden                 403     forbidden        e.g. an admin route without the operator key
     ├── QuotaExceeded             429     quota_exceeded   names the ``limit``; with ``Retry-After``
@@ -20,7 +21,8 @@ Executor errors are translated at the edge by :func:`register_handlers`:
 ``CapacityError`` -> 503 ``no_capacity``, ``DockerUnavailable``/``SandboxLost`` -> 503,
 ``ProfileError`` -> 422. Request validation errors -> 422 naming the field. Anything else
 is a bug: logged with its traceback and answered 500 ``internal`` without details.
-Every error body is ``{"error": {"code", "message", "field"}}`` (429s add ``limit``).
+Every error body is :class:`ErrorBody`: ``{"error": {"code", "message", "field"}}``; 429s
+add ``limit``, and errors with a ``Retry-After`` header (429, 503) add ``retry_after``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from sandpit.executor.errors import CapacityError, DockerUnavailable, ExecutorError, ProfileError, SandboxLost
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("sandpit.api")
 
@@ -75,6 +79,11 @@ class PayloadTooLarge(ApiError):
     """Code, init_config, arguments or the whole body is over its configured cap."""
 
 
+class RequestTimeout(ApiError):
+    """The request body did not arrive within ``body_read_timeout_s`` (raised by
+    :class:`~.body_timeout.BodyReadTimeout`, which also closes the connection)."""
+
+
 class Unauthorized(ApiError):
     """No ``Authorization: Bearer <key>``, or a key that is unknown, revoked or expired."""
 
@@ -108,6 +117,7 @@ TABLE: dict[type[ApiError], tuple[int, str]] = {
     EpisodeEnded: (409, "episode_ended"),
     Conflict: (409, "conflict"),
     PayloadTooLarge: (413, "payload_too_large"),
+    RequestTimeout: (408, "request_timeout"),
     Unauthorized: (401, "unauthorized"),
     Forbidden: (403, "forbidden"),
     QuotaExceeded: (429, "quota_exceeded"),
@@ -125,9 +135,48 @@ def status_of(exc: ApiError) -> tuple[int, str]:
     return 500, "internal"
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong. Statuses and codes: see :data:`TABLE`; besides those, ``not_found``
+    and ``method_not_allowed`` for unknown paths and methods, ``http_error`` for other
+    protocol errors, ``internal`` (500) for bugs."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    code: str
+    """Machine-readable: ``not_found``, ``invalid_request``, ``unknown_tool``, ``conflict``,
+    ``payload_too_large``, ``request_timeout``, ``unauthorized``, ``forbidden``,
+    ``quota_exceeded``, ``no_capacity``, ``unavailable``, ..."""
+    message: str
+    """For people; names the offending value and the limit it broke."""
+    field: str | None
+    """The request part at fault as a dotted path (``profile.memory_mib``,
+    ``snippets.0.code``, ``arguments``), when there is one."""
+    limit: str | None = Field(default=None)
+    """429 only: the quota that was hit (``max_live_envs``, ``max_profile.memory_mib``, ...)."""
+    retry_after: int | None = Field(default=None, ge=1)
+    """429 and 503 only: seconds before trying again can help (also the ``Retry-After``
+    header)."""
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response (4xx and 5xx)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    error: ErrorDetail
+
+
 def error_body(code: str, message: str, field: str | None = None, **extra: Any) -> dict[str, Any]:
-    """The JSON error body every non-2xx response carries (``limit`` is added for 429s)."""
-    return {"error": {"code": code, "message": message, "field": field, **extra}}
+    """The JSON error body every non-2xx response carries (:class:`ErrorBody`; ``limit``
+    and ``retry_after`` only when given). Text that cannot be sent as UTF-8 (a lone
+    surrogate quoted from the request or a sandbox) is replaced, so rendering an error
+    never fails."""
+    return {"error": {"code": code, "message": _sendable(message),
+                      "field": None if field is None else _sendable(field), **extra}}
+
+
+def _sendable(text: str) -> str:
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -136,7 +185,9 @@ def error_response(exc: ApiError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="sandpit"'
-    extra = {"limit": exc.limit} if isinstance(exc, QuotaExceeded) else {}
+    extra: dict[str, Any] = {"limit": exc.limit} if isinstance(exc, QuotaExceeded) else {}
+    if exc.retry_after is not None:
+        extra["retry_after"] = exc.retry_after
     return JSONResponse(error_body(code, exc.message, exc.field, **extra), status_code=status,
                         headers=headers or None)
 
@@ -155,6 +206,18 @@ def translate_executor_error(exc: ExecutorError, retry_after: int) -> ApiError:
 def _field_of(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
     return ".".join(parts) or None
+
+
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` of a 405: every method of every route whose path matches the
+    request's (``app.state.api_routes``). Starlette's own lists only the first route that
+    matched the path, so ``OPTIONS /v1/envs`` answered ``Allow: POST`` where GET works too."""
+    methods: set[str] = set()
+    for route in getattr(request.app.state, "api_routes", ()):
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def register_handlers(app: FastAPI, retry_after: int) -> None:
@@ -183,10 +246,12 @@ def register_handlers(app: FastAPI, retry_after: int) -> None:
         return JSONResponse(error_body("invalid_request", message, field), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request)
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:

@@ -25,7 +25,8 @@ EpisodeStatus = Literal["pending", "running", "done", "error", "cancelled"]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a request is what the OpenAPI document says (no false -> 0, no "yes" -> True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ReplayEpisode(_Request):

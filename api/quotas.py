@@ -36,6 +36,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import PayloadTooLarge, QuotaExceeded
+from .profile_limits import profile_value
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -54,11 +55,11 @@ class ProfileCeiling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    memory_mib: Annotated[int, Field(ge=32)] = 1024
+    memory_mib: Annotated[int, profile_value("memory_mib")] = 1024
     """Per-session memory (MiB)."""
-    cpus: Annotated[float, Field(gt=0)] = 1.0
+    cpus: Annotated[float, profile_value("cpus")] = 1.0
     """CPU quota of a sandbox (CPUs)."""
-    call_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    call_timeout_s: Annotated[float, profile_value("call_timeout_s")] = 60.0
     """Wall-clock limit of one tool call (seconds)."""
 
 

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from .profile_limits import profile_value
+
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 ArgumentChecking = Literal["off", "warn", "strict"]
@@ -27,7 +29,8 @@ timestamps back without one; they are UTC."""
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a request is what the OpenAPI document says (no false -> 0, no "yes" -> True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EnvironmentCreate(_Request):
@@ -83,9 +86,9 @@ class EnvironmentsPublic(BaseModel):
 class ProfileRequest(_Request):
     """Lowering overrides of the resource profile (raising is refused with 422)."""
 
-    memory_mib: Annotated[int | None, Field(ge=16)] = None
-    cpus: Annotated[float | None, Field(gt=0, le=64)] = None
-    call_timeout_s: Annotated[float | None, Field(gt=0, le=3600)] = None
+    memory_mib: Annotated[int | None, profile_value("memory_mib")] = None
+    cpus: Annotated[float | None, profile_value("cpus")] = None
+    call_timeout_s: Annotated[float | None, profile_value("call_timeout_s")] = None
 
 
 class UserSimulator(_Request):
@@ -493,8 +496,8 @@ class ValidateResult(BaseModel):
 class ExecuteRequest(_Request):
     code: Annotated[str, Field(min_length=1)]
     stdin: Annotated[str | None, Field(max_length=1024 * 1024)] = None
-    timeout_s: Annotated[float | None, Field(gt=0, le=600)] = None
-    memory_mb: Annotated[int | None, Field(ge=16)] = None
+    timeout_s: Annotated[float | None, profile_value("call_timeout_s")] = None
+    memory_mb: Annotated[int | None, profile_value("memory_mib")] = None
     files: dict[Annotated[str, Field(max_length=255)], Annotated[str, Field(max_length=1024 * 1024)]] = Field(
         default_factory=dict, max_length=64)
 

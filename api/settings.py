@@ -71,6 +71,9 @@ class ApiSettings(BaseSettings):
 
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""
+    body_read_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """A request body must arrive whole within this many seconds of the request's start;
+    a slower (stalled, trickling) one gets 408 and its connection is closed."""
     max_code_bytes: Annotated[int, Field(ge=1 * KiB)] = 2 * MiB
     """``source_code`` above this (UTF-8 bytes) gets 413."""
     max_init_config_bytes: Annotated[int, Field(ge=1 * KiB)] = 4 * MiB

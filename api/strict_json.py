@@ -2,13 +2,19 @@
 
 Python's ``json`` accepts ``NaN``/``Infinity`` and recurses once per nesting level, so a
 hostile body could smuggle non-JSON numbers into stored state or hit the recursion limit.
-:class:`StrictJSONRoute` re-parses every JSON body with constants refused and nesting
-bounded (iteratively, before parsing), answering 413/422 in the API's error shape.
+It also accepts ``"\\ud800"``: a lone UTF-16 surrogate, which JSON's grammar allows but
+which is not Unicode (I-JSON, RFC 7493, refuses it) and cannot be encoded as UTF-8, so
+the database, the sandbox protocol or the response encoder failed on it later (500s on
+``POST /v1/envs``, ``/v1/validate``, ``/reset``; schemathesis never generates one).
+:class:`StrictJSONRoute` re-parses every JSON body with constants refused, nesting
+bounded (iteratively, before parsing) and lone surrogates refused, answering 413/422 in
+the API's error shape.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -19,6 +25,8 @@ from .errors import InvalidRequest, PayloadTooLarge, error_response
 
 _OPEN = frozenset(b"[{")
 _CLOSE = frozenset(b"]}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``..``\\uDFFF`` escape: a body without one cannot decode to a surrogate."""
 
 
 def json_depth_exceeds(body: bytes, limit: int) -> bool:
@@ -63,6 +71,38 @@ def strict_loads(body: bytes, max_depth: int) -> Any:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
 
 
+def lone_surrogate_at(body: bytes, parsed: Any) -> str | None:
+    """The dotted path (``init_config.key``; ``""`` for the top level) of the first
+    string or key of ``parsed`` holding a lone surrogate, or None. Paired surrogates
+    (``\\ud83d\\ude00``) decode to one character and pass. Only walks ``parsed`` when
+    ``body`` has a surrogate escape at all."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    stack: list[tuple[str, Any]] = [("", parsed)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _encodable(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}.{key}" if path else str(key)
+                if not _encodable(key):
+                    return path or "(key)"
+                stack.append((where, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{index}" if path else str(index), item) for index, item in enumerate(value))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class StrictJSONRoute(APIRoute):
     """An APIRoute whose JSON body must pass :func:`strict_loads` and the body size cap
     (``request.app.state.settings.max_body_bytes``)."""
@@ -81,9 +121,14 @@ class StrictJSONRoute(APIRoute):
                     return error_response(PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes"))
                 if body:
                     try:
-                        strict_loads(body, settings.max_json_depth)
+                        parsed = strict_loads(body, settings.max_json_depth)
                     except InvalidRequest as exc:
                         return error_response(exc)
+                    where = lone_surrogate_at(body, parsed)
+                    if where is not None:
+                        return error_response(InvalidRequest(
+                            f"{where or 'body'}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not valid Unicode",
+                            field=where or None))
             return await original(request)
 
         return handler

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
@@ -42,7 +42,8 @@ def readyz(request: Request) -> Response:
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 def metrics(request: Request) -> Response:
     """Prometheus exposition: step latency, live envs, pool sandboxes, sandbox failures,
     queue waits, quota rejections. Needs the operator key when ``metrics_require_auth``."""

@@ -157,6 +157,9 @@ def test_unknown_ids_conflicts_and_bad_parameters(api: httpx.Client, env_id: str
     _error(api.post("/v1/envs", json={"source_code": "class C: pass"}), 422)
     _error(api.post("/v1/envs", json={"environment_id": "a", "source_code": "b", "class_name": "C"}), 422)
     assert _error(api.post("/v1/envs", json={"environment_id": counter_env_id, "profile": {"memory_mib": 10**9}}),
+                  422)["field"] == "profile.memory_mib"
+    # within the executor's bounds but above the configured profile: the executor refuses it
+    assert _error(api.post("/v1/envs", json={"environment_id": counter_env_id, "profile": {"memory_mib": 65536}}),
                   422)["field"] == "profile"
 
 

@@ -1,0 +1,175 @@
+"""The OpenAPI document lists every status an operation can send, with the real bodies.
+
+FastAPI documents a route's success response and, for routes with parameters, its own
+``422 {"detail": [...]}``; this server answers every error as :class:`~.errors.ErrorBody`
+and sends 401/403/404/408/409/413/429/503 too. :func:`install` post-processes the
+generated document in one place, deriving each operation's error statuses from what the
+route is made of:
+
+=========================================  =============================================
+route has                                   statuses
+=========================================  =============================================
+an ``Authorization`` dependency             401 (``WWW-Authenticate``), 403, 503
+                                            (``Retry-After``: the key lookup needs the
+                                            database)
+path parameters                             404 (unknown id, or another tenant's)
+query parameters or a body                  422
+:class:`~.strict_json.StrictJSONRoute`      413; with POST/PUT/PATCH also 408 and 422
+the quota dependency                        429 (``Retry-After``)
+an entry in :data:`EXTRA`                   those (409s, 404s for ids in bodies)
+an entry in :data:`NEVER`                   not those
+=========================================  =============================================
+
+It also gives ``application/json`` content to success responses of routes that return
+a pre-serialized ``Response`` (the step route), and declares the bearer security scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute, APIRouter
+
+from .deps import get_caller, get_quotas, require_operator
+from .errors import ErrorBody
+from .strict_json import StrictJSONRoute
+
+ERROR_REF = "#/components/schemas/ErrorBody"
+SECURITY_SCHEME = "bearer"
+
+RETRY_AFTER = {"Retry-After": {"description": "Seconds before trying again can help.",
+                               "schema": {"type": "integer", "minimum": 1}}}
+STATUSES: dict[int, tuple[str, dict[str, Any]]] = {
+    401: ("Missing, malformed, unknown, revoked or expired API key.",
+          {"WWW-Authenticate": {"description": 'Always `Bearer realm="sandpit"`.', "schema": {"type": "string"}}}),
+    403: ("Authenticated but not allowed: the operator key on a tenant route, a tenant key "
+          "(or no operator key configured) on `/v1/admin`.", {}),
+    404: ("Unknown id, or an id of another tenant (indistinguishable on purpose).", {}),
+    408: ("The request body did not arrive whole within `SANDPIT_BODY_READ_TIMEOUT_S`; the "
+          "connection is closed.", {}),
+    409: ("The request contradicts the resource's state (past the head, expired env, in use, "
+          "exists, already finished).", {}),
+    413: ("The body (`SANDPIT_MAX_BODY_BYTES`), code, `init_config` or arguments are over the "
+          "server's cap.", {}),
+    422: ("Invalid input: malformed or non-strict JSON, a value out of range, a refused "
+          "combination; `field` names the part.", {}),
+    429: ("A tenant quota was hit (`limit` names it); nothing was done.", RETRY_AFTER),
+    503: ("No sandbox capacity, or the Docker Engine or database is unreachable; nothing was done.",
+          RETRY_AFTER),
+}
+"""Error status -> (description, response headers)."""
+
+EXTRA: dict[str, set[int]] = {
+    "create_env": {404},  # environment_id / scenario_id in the body
+    "create_scenario": {404},
+    "create_evaluation": {404},
+    "delete_environment": {409},  # used by envs or scenarios
+    "step": {409},  # expired env
+    "reset": {409},
+    "get_state": {409},  # past the head
+    "restore": {409},
+    "fork": {409},
+    "evaluate": {409},  # no scenario and no checks
+    "cancel_evaluation": {409},  # already finished
+    "create_tenant": {409},  # exists
+    "metrics": {401, 403},  # with SANDPIT_METRICS_REQUIRE_AUTH
+}
+"""Statuses a route sends that its parts do not show, by route name."""
+
+NEVER: dict[str, set[int]] = {
+    "my_tenant": {429},  # reads the quota counters, takes none
+}
+"""Statuses the rules would give a route that cannot send them, by route name."""
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
+    for dependency in dependant.dependencies:
+        if dependency.call is not None:
+            yield dependency.call
+        yield from _calls(dependency)
+
+
+def _params(dependant: Dependant, kind: str) -> bool:
+    return bool(getattr(dependant, kind)) or any(_params(d, kind) for d in dependant.dependencies)
+
+
+def error_statuses(route: APIRoute) -> set[int]:
+    """The error statuses ``route`` can answer (see the module's table)."""
+    calls = set(_calls(route.dependant))
+    statuses = set(EXTRA.get(route.name, ()))
+    if calls & {get_caller, require_operator}:
+        statuses |= {401, 403, 503}
+    if _params(route.dependant, "path_params"):
+        statuses.add(404)
+    if _params(route.dependant, "query_params") or route.body_field is not None:
+        statuses.add(422)
+    if isinstance(route, StrictJSONRoute):
+        statuses.add(413)
+        if route.methods & BODY_METHODS:
+            statuses |= {408, 422}
+    if get_quotas in calls:
+        statuses.add(429)
+    return statuses - NEVER.get(route.name, set())
+
+
+def is_authenticated(route: APIRoute) -> bool:
+    return bool(set(_calls(route.dependant)) & {get_caller, require_operator})
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    description, headers = STATUSES[status]
+    response: dict[str, Any] = {"description": description,
+                                "content": {"application/json": {"schema": {"$ref": ERROR_REF}}}}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _document(schema: dict[str, Any], routes: list[APIRoute]) -> None:
+    components = schema.setdefault("components", {})
+    definitions = components.setdefault("schemas", {})
+    error_schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    definitions.update(error_schema.pop("$defs", {}))
+    definitions["ErrorBody"] = error_schema
+    components["securitySchemes"] = {SECURITY_SCHEME: {
+        "type": "http", "scheme": "bearer",
+        "description": "A tenant's API key; the operator key (`SANDPIT_OPERATOR_KEY`) for `/v1/admin`."}}
+    for route in routes:
+        if not route.include_in_schema:
+            continue
+        for method in route.methods:
+            operation = schema["paths"][route.path_format][method.lower()]
+            responses = operation["responses"]
+            responses.pop("422", None)  # FastAPI's {"detail": [...]}, also where nothing can fail
+            for status in error_statuses(route):
+                if str(status) in responses and status == 503 and route.name == "readyz":
+                    continue  # /readyz answers 503 with its Health body
+                responses[str(status)] = _error_response(status)
+            if is_authenticated(route):
+                operation["security"] = [{SECURITY_SCHEME: []}]
+            if route.response_model is not None:
+                success = responses.get(str(route.status_code or 200))
+                if success is not None and "content" not in success and route.status_code != 204:
+                    ref = f"#/components/schemas/{route.response_model.__name__}"
+                    success["content"] = {"application/json": {"schema": {"$ref": ref}}}
+    for unused in ("HTTPValidationError", "ValidationError"):
+        definitions.pop(unused, None)
+
+
+def install(app: FastAPI, routers: list[APIRouter]) -> None:
+    """Make ``app.openapi()`` return the document with the error responses of the routes
+    of ``routers`` (included in ``app`` without a prefix); built once."""
+    routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _document(generate(), routes)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
