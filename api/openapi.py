@@ -68,7 +68,7 @@ EXTRA: dict[str, set[int]] = {
     "create_evaluation": {404},
     "delete_environment": {409},  # used by envs or scenarios
     "step": {409},  # expired env
-    "reset": {409},
+    "reset": {409, 404},  # expired env; scenario_id in the body
     "get_state": {409},  # past the head
     "restore": {409},
     "fork": {409},
