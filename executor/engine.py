@@ -72,14 +72,21 @@ def make_client(settings: ExecutorSettings, timeout_s: float = 60.0) -> docker.D
 
 def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, image: str,
                    tenant: str, sandbox_id: str, pool_id: str, uid: int, socket_dir: str,
-                   token: str, limits_json: str) -> dict[str, Any]:
+                   limits_json: str) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.create`` giving a hardened sandbox.
 
     No network (``network_mode=none``), read-only root, size-capped noexec tmpfs for /tmp
     and /work, non-root ``uid`` (group ``sandbox_gid``), every capability dropped,
-    ``no-new-privileges``, Docker's default seccomp profile (never overridden), memory
-    with swap equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the
-    protocol socket directory as the only host path (read-only).
+    ``no-new-privileges``, Docker's default seccomp profile (never overridden; under
+    runsc gVisor's own kernel answers instead, see README "Isolation"), memory with swap
+    equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the protocol
+    socket directory as the only host path (read-only). The runner's token is not in the
+    environment: the host writes it to ``token`` in the socket directory (``sandbox.py``).
+
+    Under runsc the pids cgroup also counts gVisor's host threads and stub processes:
+    measured (ptrace platform) about 7 host pids per sandboxed process, so its limit is
+    ``pids * runsc_pids_per_process + runsc_pids_headroom``; the sandboxed processes
+    stay bounded by ``pids`` through RLIMIT_NPROC, which gVisor enforces.
     """
     memory = profile.sandbox_memory_bytes(settings.sessions_per_sandbox)
     tmpfs_opts = f"rw,nosuid,nodev,noexec,size={profile.tmpfs_mib}m"
@@ -90,8 +97,8 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "hostname": "sandbox",
         "detach": True,
         "user": f"{uid}:{settings.sandbox_gid}",
-        "environment": {"SANDPIT_TOKEN": token, "SANDPIT_LIMITS": limits_json,
-                        "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock"},
+        "environment": {"SANDPIT_LIMITS": limits_json, "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock",
+                        "SANDPIT_TOKEN_FILE": f"{SOCKET_MOUNT}/token"},
         "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id,
                    LABEL_OWNER: owner_id()},
         "network_mode": "none",
@@ -105,7 +112,8 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         # that hits its quota stalls for at most ~(1 - cpus) * 10 ms, not up to 50 ms.
         "cpu_period": CPU_PERIOD_US,
         "cpu_quota": max(1000, int(profile.cpus * CPU_PERIOD_US)),
-        "pids_limit": profile.pids + (settings.runsc_pids_headroom if settings.runtime == "runsc" else 0),
+        "pids_limit": (profile.pids * settings.runsc_pids_per_process + settings.runsc_pids_headroom
+                       if settings.runtime == "runsc" else profile.pids),
         "ulimits": [
             Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
             Ulimit(name="nproc", soft=profile.pids, hard=profile.pids),

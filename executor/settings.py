@@ -63,6 +63,12 @@ class ExecutorSettings(BaseSettings):
     of the sentry fails to start a thread and the whole sandbox exits. This many extra pids
     are added to the cgroup limit for runsc only; the processes of untrusted code stay
     bounded by the profile's pids through RLIMIT_NPROC, which gVisor enforces itself."""
+    runsc_pids_per_process: Annotated[int, Field(ge=1, le=64)] = 8
+    """Under gVisor (ptrace platform) every sandboxed process also costs host pids: a
+    stub process and the sentry threads that trace it. Measured: 64 sandboxed processes
+    (a spawn loop at RLIMIT_NPROC=64) took 457 host pids; at a cgroup limit of
+    ``pids + 192`` the sentry could not start a thread and the whole sandbox died within
+    about 1 s. The runsc pids cgroup limit is ``pids * this + runsc_pids_headroom``."""
 
     runsc_poll_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.05
     """Under gVisor, the runner's event loop wakes at least this often (seconds): Debian's

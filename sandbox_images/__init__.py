@@ -5,4 +5,5 @@ stdlib-only ``runner/`` package copied into the image. Built by
 from pathlib import Path
 
 DEFINITION_DIR = Path(__file__).resolve().parent
-RUNNER_FILES = ("protocol.py", "runner.py", "session.py", "schemas.py", "jobs.py", "oneshot.py")
+RUNNER_FILES = ("protocol.py", "runner.py", "session.py", "schemas.py", "jobs.py", "oneshot.py", "cleanup.py",
+                "confine.py")

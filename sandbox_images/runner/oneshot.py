@@ -313,7 +313,7 @@ def _script_environment(workdir: str) -> types.ModuleType:
     modules in ``sys.modules``, and the ``exit``/``quit`` builtins ``site`` would add."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    for name in ("oneshot", "session", "schemas", "protocol"):
+    for name in ("oneshot", "session", "schemas", "protocol", "confine"):
         sys.modules.pop(name, None)
     main = types.ModuleType("__main__")
     main.__file__ = os.path.join(workdir, SCRIPT_NAME)
