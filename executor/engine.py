@@ -140,10 +140,15 @@ def list_sandboxes(client: docker.DockerClient, **labels: str) -> list[Any]:
 
 
 def remove_container(client: docker.DockerClient, container_id: str) -> None:
-    """Force-remove a container (and its anonymous volumes); missing is not an error."""
+    """Force-remove a container (and its anonymous volumes); missing is not an error, nor
+    is a removal already in progress (409 from another thread destroying it)."""
     # suppress innermost: map_docker_errors would turn NotFound into DockerUnavailable
     with map_docker_errors(f"removing {container_id[:12]}"), contextlib.suppress(docker.errors.NotFound):
-        client.api.remove_container(container_id, force=True, v=True)
+        try:
+            client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "in progress" not in str(exc):
+                raise
 
 
 def _start_time(pid: int) -> str | None:
@@ -188,6 +193,24 @@ def reap(client: docker.DockerClient, *, exclude_pool: str | None = None, everyt
     if removed:
         log.info("reaped %d leftover sandbox container(s)", removed)
     return removed
+
+
+PIDS_CURRENT = ("/sys/fs/cgroup/pids/docker/{id}/pids.current",  # cgroup v1, cgroupfs driver
+                "/sys/fs/cgroup/system.slice/docker-{id}.scope/pids.current",  # v2, systemd
+                "/sys/fs/cgroup/docker/{id}/pids.current")  # v2, cgroupfs
+
+
+def host_pids(container_id: str) -> int | None:
+    """Host processes and threads in the container's pids cgroup (under runsc: gVisor's
+    sentry, gofer and stub processes too), read from the host's cgroup filesystem; None
+    when it cannot be read (a remote engine, another layout)."""
+    for pattern in PIDS_CURRENT:
+        try:
+            with open(pattern.format(id=container_id)) as handle:
+                return int(handle.read())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def container_outcome(client: docker.DockerClient, container_id: str) -> tuple[str, bool]:

@@ -403,7 +403,7 @@ class SandboxPool:
         per = self.settings.sessions_per_sandbox
         with self._lock:
             self._wanted.setdefault(key, profile)
-            candidates = [s for s in self._active[key] if s.alive and len(s.sessions) < per]
+            candidates = [s for s in self._active[key] if s.alive and not s.retiring and len(s.sessions) < per]
             if candidates:
                 sandbox = max(candidates, key=lambda s: len(s.sessions))
             else:

@@ -50,6 +50,11 @@ class Sandbox:
         self.started_ms = started_ms
         """Milliseconds from ``docker create`` to the runner's hello."""
         self.sessions: set[str] = set()
+        self.retiring = False
+        """No new session may be placed here; sessions move on at their next request
+        and the sandbox is destroyed, not recycled, when empty (see :meth:`check_churn`)."""
+        self.pids_limit = 0
+        self.retire_pids_fraction = 1.0
         self.idle_since = time.monotonic()
         self._destroy_lock = threading.Lock()
         self.destroyed = False
@@ -118,9 +123,13 @@ class Sandbox:
             _unlink(sock_path)
             _unlink(token_path)
         key: PoolKey = (tenant, profile.name, settings.runtime, image)
-        return cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
-                   key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
-                   watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
+        sandbox = cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
+                      key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
+                      watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
+        if settings.runtime == "runsc":
+            sandbox.pids_limit = int(spec["pids_limit"])
+            sandbox.retire_pids_fraction = settings.runsc_retire_pids_fraction
+        return sandbox
 
     @property
     def alive(self) -> bool:
@@ -146,6 +155,18 @@ class Sandbox:
             self.destroy()
             raise SandboxLost(str(exc), self.id, status=status) from exc
 
+    def check_churn(self) -> bool:
+        """Under runsc, retire this sandbox when gVisor's host pids (which it does not
+        give back after sandboxed processes exit) fill more than
+        ``runsc_retire_pids_fraction`` of its pids cgroup; a no-op under runc. Returns
+        :attr:`retiring`. Costs one read of a host cgroup file."""
+        if self.pids_limit and not self.retiring:
+            used = engine.host_pids(self.container_id)
+            if used is not None and used > self.pids_limit * self.retire_pids_fraction:
+                log.info("sandbox %s retires: %d of %d host pids in use", self.id, used, self.pids_limit)
+                self.retiring = True
+        return self.retiring
+
     def recycle(self) -> bool:
         """Ask the runner to make this sandbox, whose last session or job has ended, as
         it was at start (runner ``recycle``: every process but the runner killed,
@@ -153,6 +174,8 @@ class Sandbox:
         left). Returns True when it may serve the tenant again; False when the runner
         found something it could not empty or prove empty (logged), or did not answer
         within ``watchdog_grace_s + 10`` seconds. Never raises for a lost sandbox."""
+        if self.check_churn():
+            return False
         try:
             reply = self.request("recycle", timeout_s=self.watchdog_grace_s + 10.0)
         except SandboxLost:

@@ -825,7 +825,20 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     sock = connect(SOCKET_PATH, 30.0)
     sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
+    _detach_stdio()
     Runner(sock, limits).run()
+
+
+def _detach_stdio() -> None:
+    """Point fds 0-2 at /dev/null once connected. Docker's stdin and log pipes are host
+    files that gVisor lets any process of the runner's uid open through /proc/1/fd
+    (measured: it ignores PR_SET_DUMPABLE), which would let a session write into or read
+    from the container's log. Costs the runner's own diagnostics after start-up (only
+    the start-up output is ever read, by ``Sandbox.start`` on failure)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":
