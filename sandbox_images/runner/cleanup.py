@@ -22,6 +22,8 @@ writable place is emptied and checked:
     SysV IPC (runc)       (sessions cannot create any)   /proc/sysvipc/{shm,sem,msg}
     Unix sockets          kill(-1): no process holds     /proc/net/unix lists no
                           one                            named or abstract socket
+    runner's rlimits,     (sessions cannot change them)  comparison with the start
+    nice, policy, CPUs
 
 A tmpfs directory's ``st_size`` is 20 bytes per entry (plus 40), in Linux and in gVisor
 alike, so ``/work`` (which nobody may list: mode 1733) can be proven empty without
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import signal
 import stat
 import time
@@ -135,9 +138,31 @@ def kill_all(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
     return done
 
 
+def _own_settings() -> dict[str, object]:
+    """This process's resource limits, nice value, scheduling policy and CPU affinity:
+    what another process of the same uid could change (``confine.py`` forbids it to
+    sessions; :func:`reset` checks it stayed)."""
+    out: dict[str, object] = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                out[name] = resource.getrlimit(getattr(resource, name))
+            except (OSError, ValueError):
+                continue
+    for name, read in (("nice", lambda: os.getpriority(os.PRIO_PROCESS, 0)),
+                       ("policy", lambda: os.sched_getscheduler(0)),
+                       ("affinity", lambda: sorted(os.sched_getaffinity(0)))):
+        try:
+            out[name] = read()
+        except OSError:
+            continue
+    return out
+
+
 class Baseline:
-    """Sizes of the shared directories when the runner started (``st_size`` of an empty
-    tmpfs directory); :func:`reset` compares against them."""
+    """What :func:`reset` compares against, taken when the runner started: sizes of the
+    shared directories (``st_size`` of an empty tmpfs directory) and the runner's own
+    limits and scheduling settings."""
 
     def __init__(self, work_root: str) -> None:
         self.sizes: dict[str, int] = {}
@@ -146,6 +171,7 @@ class Baseline:
                 self.sizes[path] = os.stat(path).st_size
             except OSError:
                 continue
+        self.settings = _own_settings()
 
 
 def remove(path: str) -> None:
@@ -285,4 +311,7 @@ def reset(work_root: str, workdirs: list[str], baseline: Baseline) -> list[str]:
         problems += _empty_by_size(path, baseline)
     problems += _ipc_objects()
     problems += _named_sockets()
+    now = _own_settings()
+    problems += [f"the runner's {name} changed: {baseline.settings.get(name)} -> {value}"
+                 for name, value in now.items() if baseline.settings.get(name) != value]
     return problems

@@ -457,8 +457,9 @@ def harden(limits: dict) -> None:
     ``memory_rlimit`` is ``"as"`` (gVisor ignores RLIMIT_DATA and checks RLIMIT_AS at
     every mmap/brk). Over it an allocation fails with MemoryError (status ``oom``).
     Then the seccomp filter of ``confine.py`` (no SysV IPC, POSIX message queues or
-    keyrings: nothing that would outlive the session's processes); if it cannot be
-    installed the process exits (status 70) rather than run code unconfined."""
+    keyrings, which would outlive the session's processes; no changing another
+    process's limits or priority); if it cannot be installed the process exits (status
+    70) rather than run code unconfined."""
     memory = int(limits.get("session_memory_bytes", 0))
     if memory > 0:
         kind = resource.RLIMIT_AS if limits.get("memory_rlimit") == "as" else resource.RLIMIT_DATA
@@ -476,7 +477,7 @@ def harden(limits: dict) -> None:
         pass
     if limits.get("confine", True):
         try:
-            _confine().deny_persistent_ipc()
+            _confine().install_filter()
         except Exception as exc:  # noqa: BLE001 - never run untrusted code unconfined
             sys.stderr.write(f"sandpit-session: cannot confine the process: {exc}\n")
             os._exit(70)

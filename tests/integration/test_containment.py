@@ -356,3 +356,35 @@ def test_fork_bombs_leave_no_survivor_on_a_loaded_machine(open_env, probe, rt_po
         assert session.call("bump", {"by": 1}).observation == str(round_ + 1)
     print(f"{runtime}: {STRESS_ROUNDS[runtime]} fork bombs with {cpu_burners} busy cores in "
           f"{time.monotonic() - started:.0f} s, statuses {dict(statuses)}")
+
+
+TOUCH_THE_RUNNER = """
+import json, resource
+report = {}
+for name, act in (("prlimit", lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (8, 8))),
+                  ("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),
+                  ("nice-all", lambda: os.setpriority(os.PRIO_USER, 0, 19)),
+                  ("scheduler", lambda: os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))),
+                  ("affinity", lambda: os.sched_setaffinity(1, {0}))):
+    try:
+        act()
+        report[name] = "done"
+    except OSError as exc:
+        report[name] = exc.errno
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # its own limits: allowed
+os.nice(5)
+result = json.dumps(report)
+"""
+
+
+def test_a_session_cannot_change_the_runners_limits_or_priority(open_env, probe, rt_pool) -> None:
+    """Without ptrace rights a process may still set the limits, nice value and policy
+    of another process of its uid (measured: the runner's RLIMIT_NOFILE went to 8); the
+    session's seccomp filter refuses it, and recycle checks the runner's settings."""
+    session = open_env(on=rt_pool)
+    boot = probe.ok(session, BOOT_ID)
+    assert json.loads(probe.ok(session, TOUCH_THE_RUNNER)) == dict.fromkeys(
+        ("prlimit", "setpriority", "nice-all", "scheduler", "affinity"), 1)  # EPERM
+    session.close()
+    again = open_env(on=rt_pool)
+    assert probe.ok(again, BOOT_ID) == boot  # recycled: the runner's settings are intact
