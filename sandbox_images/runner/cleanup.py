@@ -22,6 +22,8 @@ writable place is emptied and checked:
     SysV IPC (runc)       (sessions cannot create any)   /proc/sysvipc/{shm,sem,msg}
     Unix sockets          kill(-1): no process holds     /proc/net/unix lists no
                           one                            named or abstract socket
+    TCP/UDP on loopback   kill(-1)                       no LISTEN or UDP row in
+                                                         /proc/net/{tcp,udp}{,6}
     runner's rlimits,     (sessions cannot change them)  comparison with the start
     nice, policy, CPUs
 
@@ -50,6 +52,8 @@ SCRUB_DIRS = ("/tmp", "/dev/shm")
 MQUEUE_DIR = "/dev/mqueue"
 SYSVIPC_FILES = ("/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg")
 UNIX_SOCKETS = "/proc/net/unix"
+INET_SOCKETS = ("/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp", "/proc/net/udp6")
+TCP_LISTEN = "0A"
 
 
 def scan() -> dict[int, tuple[str, int]]:
@@ -291,7 +295,17 @@ def _named_sockets() -> list[str]:
         return []
     own = _own_sockets()
     named = [row[7] for row in rows if len(row) > 7 and row[6] not in own and row[5] != "03"]
-    return [f"{UNIX_SOCKETS}: {len(named)} bound sockets remain ({named[0][:40]!r}...)"] if named else []
+    problems = [f"{UNIX_SOCKETS}: {len(named)} bound sockets remain ({named[0][:40]!r}...)"] if named else []
+    for path in INET_SOCKETS:  # on the sandbox's loopback: listening TCP, any UDP
+        try:
+            with open(path) as handle:
+                rows = [row.split() for row in handle.read().splitlines()[1:]]
+        except OSError:
+            continue
+        left = [row for row in rows if len(row) > 3 and ("udp" in path or row[3] == TCP_LISTEN)]
+        if left:
+            problems.append(f"{path}: {len(left)} bound sockets remain")
+    return problems
 
 
 def reset(work_root: str, workdirs: list[str], baseline: Baseline) -> list[str]:

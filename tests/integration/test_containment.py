@@ -87,7 +87,10 @@ attempt('mqueue', lambda: rt.mq_open(b'/leak', os.O_CREAT | os.O_RDWR, 0o666, No
 listener = socket.socket(socket.AF_UNIX)
 listener.bind('\0sandpit-leak')
 listener.listen()
-KEEP = [listener]  # held by the process until it ends
+tcp = socket.socket()
+tcp.bind(('127.0.0.1', 47011))
+tcp.listen()
+KEEP = [listener, tcp]  # held by the process until it ends
 result = json.dumps(report)
 """
 
@@ -96,7 +99,7 @@ def leave_behind(in_session: bool) -> str:
     """Code writing everywhere it can and creating IPC objects; its result is a JSON
     report (``written``, or the errno name of the failure, per place)."""
     if in_session:
-        return LEAVE_BEHIND.replace("KEEP = [listener]", "type(self).keep = [listener]")
+        return LEAVE_BEHIND.replace("KEEP = [listener, tcp]", "type(self).keep = [listener, tcp]")
     return LEAVE_BEHIND + "print(result)\n"
 
 
@@ -123,6 +126,11 @@ try:
     found['abstract'] = 'connected'
 except OSError as exc:
     found['abstract'] = errno.errorcode[exc.errno]
+try:
+    socket.create_connection(('127.0.0.1', 47011), timeout=1)
+    found['tcp'] = 'connected'
+except OSError as exc:
+    found['tcp'] = errno.errorcode.get(exc.errno, str(exc))
 found['here'] = os.listdir('.')
 result = json.dumps(found)
 """
@@ -133,7 +141,7 @@ def nothing_left(report: dict) -> dict:
     paths = ["/dev/shm/s", "/dev/shm/d", "/tmp/t", "/tmp/fifo", "/work/w", "/var/tmp/v", report["home"],
              report["cwd"]]
     return {**dict.fromkeys(paths, False), "/dev/shm": [], "/tmp": [], "/dev/mqueue": [], "sysvipc": [],
-            "abstract": "ECONNREFUSED", "here": []}
+            "abstract": "ECONNREFUSED", "tcp": "ECONNREFUSED", "here": []}
 
 
 def check_report(report: dict) -> None:
