@@ -396,3 +396,67 @@ def test_a_session_cannot_change_the_runners_limits_or_priority(open_env, probe,
     session.close()
     again = open_env(on=rt_pool)
     assert probe.ok(again, BOOT_ID) == boot  # recycled: the runner's settings are intact
+
+
+FROM_THE_OTHER_SESSION = r"""
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+A = OTHER_PID
+seen = {}
+def attempt(name, act):
+    try:
+        act()
+        seen[name] = "allowed"
+    except OSError as exc:
+        seen[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+def check(ok):
+    if ok < 0:
+        raise OSError(ctypes.get_errno(), "")
+attempt("runner environ", lambda: open("/proc/1/environ", "rb").read())
+attempt("runner fd list", lambda: os.listdir("/proc/1/fd"))
+attempt("runner mem", lambda: open("/proc/1/mem", "rb").read(1))
+attempt("other environ", lambda: open(f"/proc/{A}/environ", "rb").read())
+attempt("other cwd", lambda: os.readlink(f"/proc/{A}/cwd"))
+attempt("other mem", lambda: open(f"/proc/{A}/mem", "rb").read(1))
+attempt("other ptrace", lambda: check(libc.ptrace(16, A, 0, 0)))
+attempt("other signal", lambda: os.kill(A, 0))
+attempt("list /work", lambda: os.listdir("/work"))
+def unshare_user():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if libc.unshare(0x10000000) == 0 else ctypes.get_errno())
+    code = os.waitpid(pid, 0)[1] >> 8
+    if code:
+        raise OSError(code, "")
+attempt("unshare user namespace", unshare_user)
+def userfaultfd():
+    fd = libc.syscall(323, 0)
+    check(fd)
+    os.close(fd)
+attempt("userfaultfd", userfaultfd)
+attempt("shmget", lambda: check(libc.shmget(0, 4096, 0o600)))
+result = json.dumps(seen)
+"""
+
+ISOLATION = {
+    # what a session sees of the runner and of another session of its sandbox (README table)
+    "runc": {"runner environ": "EACCES", "runner fd list": "EACCES", "runner mem": "EACCES",
+             "other environ": "EACCES", "other cwd": "EACCES", "other mem": "EACCES", "other ptrace": "EPERM",
+             "other signal": "allowed", "list /work": "EACCES", "unshare user namespace": "EPERM",
+             "userfaultfd": "EPERM", "shmget": "EPERM"},
+    "runsc": {"runner environ": "allowed", "runner fd list": "allowed", "runner mem": "EACCES",
+              "other environ": "allowed", "other cwd": "EACCES", "other mem": "EACCES", "other ptrace": "EPERM",
+              "other signal": "allowed", "list /work": "EACCES", "unshare user namespace": "allowed",
+              "userfaultfd": "ENOSYS", "shmget": "EPERM"},
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
+def test_what_a_session_sees_of_the_runner_and_of_its_neighbour(open_env, probe, rt_pool) -> None:
+    """The README's isolation table, measured: it must change only with this test."""
+    first = open_env(on=rt_pool)
+    second = open_env(on=rt_pool)
+    assert first._sandbox is second._sandbox
+    other = probe.ok(first, "result = os.getpid()")
+    seen = json.loads(probe.ok(second, FROM_THE_OTHER_SESSION.replace("OTHER_PID", other)))
+    assert seen == ISOLATION[rt_pool.settings.runtime]
