@@ -1,17 +1,19 @@
 """Sandbox runner: PID 1 of every sandbox container (stdlib only, never runs env code).
 
 It connects to the host's protocol endpoint (a Unix socket bind-mounted at
-``/run/sandpit/runner.sock``), proves itself with the per-container token, then serves
+``/run/sandpit/runner.sock``), proves itself with the per-container token (read from the
+file ``/run/sandpit/token``, never from the environment), then serves
 length-prefixed JSON requests (``protocol.py``) from one single-threaded event loop:
 
     host socket ──► runner (this file, trusted) ──► session child 1 (untrusted env code)
                                                ├──► session child 2 ...
                                                └──► spare child (started ahead, no code yet)
 
-Every session is its own child process (``session.py``), own process group, own private
+Every session is its own child process (``session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
-RLIMIT_DATA as its memory limit. The host channel is never inherited by a child; each
-child's stdout/stderr are pipes read here and capped per call, so nothing the environment
+RLIMIT_DATA (RLIMIT_AS under gVisor) as its memory limit and a seccomp filter
+(``confine.py``). The host channel is never inherited by a child; each child's
+stdout/stderr are socketpairs read here and capped per call, so nothing the environment
 prints can forge a protocol message. Replies from a child are matched by a random
 request id; a malformed or oversize frame kills the child.
 
@@ -20,8 +22,9 @@ Failure handling (a result, never a runner crash):
 - MemoryError / cgroup OOM kill → ``oom``; any other death → ``crashed``;
 in each case the session is re-created from its source and restored to the last good
 snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
-After every call, processes that the call left behind (same session id, or escaped into
-a session of their own) are killed.
+After every call, and before its reply, processes that the call left behind (same
+session id, or escaped into a session of their own) are killed and waited for
+(``cleanup.sweep``).
 
 Host requests (each has an integer ``id``; each reply echoes it):
   open {session, source, class_name, init_config, snapshot?, describe_only?}
@@ -32,6 +35,9 @@ Host requests (each has an integer ``id``; each reply echoes it):
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
+  recycle {} -> {status, clean, problems}: once no session or job is left, kill every
+      process but PID 1, empty and prove empty every writable place (``cleanup.reset``);
+      ``clean`` False means the host must destroy the sandbox instead of reusing it
   exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
       time_limit_s}: one-shot jobs, each in a fresh process of its own (``jobs.py``)
 A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
