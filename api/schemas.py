@@ -218,7 +218,10 @@ class EnvsPublic(BaseModel):
 class FunctionCall(_Request):
     name: Annotated[str, Field(max_length=1024)]
     """The tool's name (a name that is no tool is recorded as a ``rejected`` step)."""
-    arguments: Annotated[Any, Field(json_schema_extra={"type": ["string", "object"]})] = "{}"
+    arguments: Annotated[Any, Field(json_schema_extra={
+        "type": ["string", "object", "array", "number", "integer", "boolean", "null"],
+        "description": "A JSON string (as chat-completions emits it) or an object; anything that does "
+                       "not give an object is recorded as a rejected step."})] = "{}"
     """JSON string (as chat-completions emits it) or an object; one that does not parse to an
     object is recorded as a ``rejected`` step."""
 
@@ -234,8 +237,12 @@ class StepRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str | None, Field(max_length=1024)] = None
-    arguments: Annotated[Any, Field(json_schema_extra={"type": "object"})] = None
-    """Keyword arguments of the tool (an object; anything else is recorded as ``rejected``)."""
+    arguments: Annotated[Any, Field(json_schema_extra={
+        "type": ["object", "array", "string", "number", "integer", "boolean", "null"],
+        "description": "Keyword arguments of the tool: an object. Any other JSON value is accepted "
+                       "and recorded as a rejected step (EnvScaler: Error: Failed to parse response to action)."})] = None
+    """Keyword arguments of the tool (an object; any other JSON value is recorded as a
+    ``rejected`` step, never refused)."""
     type: Literal["function"] | None = None
     function: FunctionCall | None = None
     text: Annotated[str | None, Field(max_length=4 * 1024 * 1024)] = None

@@ -72,14 +72,21 @@ def make_client(settings: ExecutorSettings, timeout_s: float = 60.0) -> docker.D
 
 def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, image: str,
                    tenant: str, sandbox_id: str, pool_id: str, uid: int, socket_dir: str,
-                   token: str, limits_json: str) -> dict[str, Any]:
+                   limits_json: str) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.create`` giving a hardened sandbox.
 
     No network (``network_mode=none``), read-only root, size-capped noexec tmpfs for /tmp
     and /work, non-root ``uid`` (group ``sandbox_gid``), every capability dropped,
-    ``no-new-privileges``, Docker's default seccomp profile (never overridden), memory
-    with swap equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the
-    protocol socket directory as the only host path (read-only).
+    ``no-new-privileges``, Docker's default seccomp profile (never overridden; under
+    runsc gVisor's own kernel answers instead, see README "Isolation"), memory with swap
+    equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the protocol
+    socket directory as the only host path (read-only). The runner's token is not in the
+    environment: the host writes it to ``token`` in the socket directory (``sandbox.py``).
+
+    Under runsc the pids cgroup also counts gVisor's host threads and stub processes:
+    measured (ptrace platform) about 7 host pids per sandboxed process, so its limit is
+    ``pids * runsc_pids_per_process + runsc_pids_headroom``; the sandboxed processes
+    stay bounded by ``pids`` through RLIMIT_NPROC, which gVisor enforces.
     """
     memory = profile.sandbox_memory_bytes(settings.sessions_per_sandbox)
     tmpfs_opts = f"rw,nosuid,nodev,noexec,size={profile.tmpfs_mib}m"
@@ -90,8 +97,8 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "hostname": "sandbox",
         "detach": True,
         "user": f"{uid}:{settings.sandbox_gid}",
-        "environment": {"SANDPIT_TOKEN": token, "SANDPIT_LIMITS": limits_json,
-                        "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock"},
+        "environment": {"SANDPIT_LIMITS": limits_json, "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock",
+                        "SANDPIT_TOKEN_FILE": f"{SOCKET_MOUNT}/token"},
         "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id,
                    LABEL_OWNER: owner_id()},
         "network_mode": "none",
@@ -105,7 +112,8 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         # that hits its quota stalls for at most ~(1 - cpus) * 10 ms, not up to 50 ms.
         "cpu_period": CPU_PERIOD_US,
         "cpu_quota": max(1000, int(profile.cpus * CPU_PERIOD_US)),
-        "pids_limit": profile.pids + (settings.runsc_pids_headroom if settings.runtime == "runsc" else 0),
+        "pids_limit": (profile.pids * settings.runsc_pids_per_process + settings.runsc_pids_headroom
+                       if settings.runtime == "runsc" else profile.pids),
         "ulimits": [
             Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
             Ulimit(name="nproc", soft=profile.pids, hard=profile.pids),
@@ -132,10 +140,15 @@ def list_sandboxes(client: docker.DockerClient, **labels: str) -> list[Any]:
 
 
 def remove_container(client: docker.DockerClient, container_id: str) -> None:
-    """Force-remove a container (and its anonymous volumes); missing is not an error."""
+    """Force-remove a container (and its anonymous volumes); missing is not an error, nor
+    is a removal already in progress (409 from another thread destroying it)."""
     # suppress innermost: map_docker_errors would turn NotFound into DockerUnavailable
     with map_docker_errors(f"removing {container_id[:12]}"), contextlib.suppress(docker.errors.NotFound):
-        client.api.remove_container(container_id, force=True, v=True)
+        try:
+            client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "in progress" not in str(exc):
+                raise
 
 
 def _start_time(pid: int) -> str | None:
@@ -180,6 +193,24 @@ def reap(client: docker.DockerClient, *, exclude_pool: str | None = None, everyt
     if removed:
         log.info("reaped %d leftover sandbox container(s)", removed)
     return removed
+
+
+PIDS_CURRENT = ("/sys/fs/cgroup/pids/docker/{id}/pids.current",  # cgroup v1, cgroupfs driver
+                "/sys/fs/cgroup/system.slice/docker-{id}.scope/pids.current",  # v2, systemd
+                "/sys/fs/cgroup/docker/{id}/pids.current")  # v2, cgroupfs
+
+
+def host_pids(container_id: str) -> int | None:
+    """Host processes and threads in the container's pids cgroup (under runsc: gVisor's
+    sentry, gofer and stub processes too), read from the host's cgroup filesystem; None
+    when it cannot be read (a remote engine, another layout)."""
+    for pattern in PIDS_CURRENT:
+        try:
+            with open(pattern.format(id=container_id)) as handle:
+                return int(handle.read())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def container_outcome(client: docker.DockerClient, container_id: str) -> tuple[str, bool]:

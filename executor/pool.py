@@ -409,7 +409,7 @@ class SandboxPool:
         per = self.settings.sessions_per_sandbox
         with self._lock:
             self._wanted.setdefault(key, profile)
-            candidates = [s for s in self._active[key] if s.alive and len(s.sessions) < per]
+            candidates = [s for s in self._active[key] if s.alive and not s.retiring and len(s.sessions) < per]
             if candidates:
                 sandbox = max(candidates, key=lambda s: len(s.sessions))
             else:
@@ -466,20 +466,34 @@ class SandboxPool:
         raise CapacityError("no free sandbox uid", retry_after_s=1.0)
 
     def _release(self, sandbox: Sandbox, session_id: str, close: bool = True) -> None:
-        """Free ``session_id``'s slot; a sandbox left empty becomes warm (same key)."""
+        """Free ``session_id``'s slot. A sandbox left empty is recycled (the runner empties
+        it and proves it empty, :meth:`Sandbox.recycle`) while no placement can see it,
+        then becomes warm (same key); one that cannot be proven empty is destroyed."""
         if close and sandbox.alive:
             try:
                 sandbox.request("close", session=session_id, timeout_s=sandbox.watchdog_grace_s + 5)
             except SandboxLost:
                 pass
+        recycle = False
         with self._lock:
             sandbox.sessions.discard(session_id)
             if not sandbox.alive:
                 self._drop_locked(sandbox)
             elif not sandbox.sessions and sandbox in self._active[sandbox.key]:
-                self._active[sandbox.key].remove(sandbox)
+                self._active[sandbox.key].remove(sandbox)  # in _all only: invisible to placement
+                recycle = True
+            self._lock.notify_all()
+        if not recycle:
+            return
+        clean = sandbox.recycle()
+        with self._lock:
+            if clean and sandbox.alive and not self._stop.is_set() and sandbox.id in self._all:
                 sandbox.idle_since = time.monotonic()
                 self._idle[sandbox.key].append(sandbox)
+            else:
+                if not clean:
+                    self.failures["unclean"] += 1
+                self._drop_locked(sandbox)
             self._lock.notify_all()
 
     def _forget(self, sandbox: Sandbox, session_id: str) -> None:

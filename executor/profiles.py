@@ -51,12 +51,18 @@ class ResourceProfile(BaseModel):
         """Container memory limit in bytes for a sandbox holding up to that many sessions."""
         return (self.memory_mib + 32 * max(1, sessions_per_sandbox)) * MiB
 
-    def runner_limits(self, sessions_per_sandbox: int, spare_child: bool, poll_interval_s: float = 1.0) -> dict:
+    def runner_limits(self, sessions_per_sandbox: int, spare_child: bool, poll_interval_s: float = 1.0,
+                      runtime: str = "runc") -> dict:
         """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``);
-        ``poll_interval_s`` bounds how long its event loop sleeps without an event."""
+        ``poll_interval_s`` bounds how long its event loop sleeps without an event.
+        ``memory_rlimit`` says how a session's memory is capped: RLIMIT_DATA under runc,
+        RLIMIT_AS under runsc (measured: gVisor ignores RLIMIT_DATA, so a 1 GiB
+        allocation went on to the container limit and killed the whole sandbox; it
+        checks RLIMIT_AS at every mmap, and the allocation fails with MemoryError)."""
         return {
             "call_timeout_s": self.call_timeout_s,
             "session_memory_bytes": self.memory_mib * MiB,
+            "memory_rlimit": "as" if runtime == "runsc" else "data",
             "output_cap_bytes": self.output_cap_bytes,
             "observation_cap_bytes": self.observation_cap_bytes,
             "session_nofile": self.nofile,

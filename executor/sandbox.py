@@ -50,6 +50,11 @@ class Sandbox:
         self.started_ms = started_ms
         """Milliseconds from ``docker create`` to the runner's hello."""
         self.sessions: set[str] = set()
+        self.retiring = False
+        """No new session may be placed here; sessions move on at their next request
+        and the sandbox is destroyed, not recycled, when empty (see :meth:`check_churn`)."""
+        self.pids_limit = 0
+        self.retire_pids_fraction = 1.0
         self.idle_since = time.monotonic()
         self._destroy_lock = threading.Lock()
         self.destroyed = False
@@ -69,6 +74,7 @@ class Sandbox:
         settings.run_dir.mkdir(parents=True, exist_ok=True)
         socket_dir.mkdir(mode=0o750)
         sock_path = socket_dir / "runner.sock"
+        token_path = socket_dir / "token"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         container_id = ""
         t0 = time.perf_counter()
@@ -83,18 +89,20 @@ class Sandbox:
                 os.chmod(sock_path, 0o666)
             listener.listen(1)
             token = secrets.token_urlsafe(32)
+            _write_token(token_path, token, settings.sandbox_gid)
             poll = settings.runsc_poll_interval_s if settings.runtime == "runsc" else 1.0
-            limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child, poll)
+            limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child, poll,
+                                           settings.runtime)
             spec = engine.container_spec(
                 settings=settings, profile=profile, image=image, tenant=tenant, sandbox_id=sandbox_id,
-                pool_id=pool_id, uid=uid, socket_dir=str(socket_dir), token=token,
-                limits_json=json.dumps(limits))
+                pool_id=pool_id, uid=uid, socket_dir=str(socket_dir), limits_json=json.dumps(limits))
             spec.pop("detach")
             with engine.map_docker_errors("creating a sandbox container"):
                 container = client.containers.create(**spec)
                 container_id = container.id
                 container.start()
             conn = _accept(listener, client, container_id, sandbox_id, settings.startup_timeout_s)
+            _unlink(token_path)  # read before connecting; no session process exists yet
             try:
                 conn.settimeout(max(1.0, settings.startup_timeout_s))
                 hello = protocol.recv_frame(conn, 4096)
@@ -112,14 +120,16 @@ class Sandbox:
             raise
         finally:
             listener.close()
-            try:
-                sock_path.unlink()
-            except OSError:
-                pass
+            _unlink(sock_path)
+            _unlink(token_path)
         key: PoolKey = (tenant, profile.name, settings.runtime, image)
-        return cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
-                   key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
-                   watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
+        sandbox = cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
+                      key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
+                      watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
+        if settings.runtime == "runsc":
+            sandbox.pids_limit = int(spec["pids_limit"])
+            sandbox.retire_pids_fraction = settings.runsc_retire_pids_fraction
+        return sandbox
 
     @property
     def alive(self) -> bool:
@@ -144,6 +154,36 @@ class Sandbox:
                 status = "oom" if oom_killed else "crashed"
             self.destroy()
             raise SandboxLost(str(exc), self.id, status=status) from exc
+
+    def check_churn(self) -> bool:
+        """Under runsc, retire this sandbox when gVisor's host pids (which it does not
+        give back after sandboxed processes exit) fill more than
+        ``runsc_retire_pids_fraction`` of its pids cgroup; a no-op under runc. Returns
+        :attr:`retiring`. Costs one read of a host cgroup file."""
+        if self.pids_limit and not self.retiring:
+            used = engine.host_pids(self.container_id)
+            if used is not None and used > self.pids_limit * self.retire_pids_fraction:
+                log.info("sandbox %s retires: %d of %d host pids in use", self.id, used, self.pids_limit)
+                self.retiring = True
+        return self.retiring
+
+    def recycle(self) -> bool:
+        """Ask the runner to make this sandbox, whose last session or job has ended, as
+        it was at start (runner ``recycle``: every process but the runner killed,
+        /tmp, /dev/shm and /work emptied and proven empty, no IPC object or bound socket
+        left). Returns True when it may serve the tenant again; False when the runner
+        found something it could not empty or prove empty (logged), or did not answer
+        within ``watchdog_grace_s + 10`` seconds. Never raises for a lost sandbox."""
+        if self.check_churn():
+            return False
+        try:
+            reply = self.request("recycle", timeout_s=self.watchdog_grace_s + 10.0)
+        except SandboxLost:
+            return False
+        if reply.get("status") == "ok" and reply.get("clean") is True:
+            return True
+        log.warning("sandbox %s cannot be reused: %s", self.id, str(reply.get("problems"))[:1000])
+        return False
 
     def destroy(self) -> None:
         """Force-remove the container and its socket directory; idempotent."""
@@ -185,12 +225,30 @@ def _logs(client: docker.DockerClient, container_id: str) -> str:
         return "<logs unavailable>"
 
 
+def _write_token(path: Path, token: str, gid: int) -> None:
+    """The runner's one-time token as a file only the sandbox group can read (the
+    socket directory is the container's only host mount); unlinked once it connected."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+    try:
+        os.write(fd, token.encode())
+        if os.geteuid() == 0:
+            os.fchown(fd, 0, gid)
+        else:  # development without root: the container uid must still read it
+            os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def _remove_socket_dir(path: Path) -> None:
-    for child in (path / "runner.sock",):
-        try:
-            child.unlink()
-        except OSError:
-            pass
+    for child in (path / "runner.sock", path / "token"):
+        _unlink(child)
     try:
         path.rmdir()
     except OSError:

@@ -84,9 +84,11 @@ class Session:
         self._snapshot = snapshot
 
     def _ensure_placed(self) -> bool:
-        if self._sandbox is not None and self._sandbox.alive:
+        if self._sandbox is not None and self._sandbox.alive and not self._sandbox.retiring:
             return False
-        if self._sandbox is not None:
+        if self._sandbox is not None and self._sandbox.alive:  # retiring: leave it cleanly
+            self._pool._release(self._sandbox, self.id)
+        elif self._sandbox is not None:
             self._pool._forget(self._sandbox, self.id)
         self._sandbox = None
         self._pool._place(self, snapshot=self._snapshot)
@@ -148,6 +150,8 @@ class Session:
             except ProtocolViolation as exc:
                 raise SessionError(f"sandbox sent a malformed delta: {exc}") from exc
             status = reply.get("status")
+            if self._sandbox is not None:
+                self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
             if status in ("ok", "error"):
                 self._snapshot.update(changed)
                 for key in deleted:

@@ -63,6 +63,12 @@ class ExecutorSettings(BaseSettings):
     of the sentry fails to start a thread and the whole sandbox exits. This many extra pids
     are added to the cgroup limit for runsc only; the processes of untrusted code stay
     bounded by the profile's pids through RLIMIT_NPROC, which gVisor enforces itself."""
+    runsc_pids_per_process: Annotated[int, Field(ge=1, le=64)] = 8
+    """Under gVisor (ptrace platform) every sandboxed process also costs host pids: a
+    stub process and the sentry threads that trace it. Measured: 64 sandboxed processes
+    (a spawn loop at RLIMIT_NPROC=64) took 457 host pids; at a cgroup limit of
+    ``pids + 192`` the sentry could not start a thread and the whole sandbox died within
+    about 1 s. The runsc pids cgroup limit is ``pids * this + runsc_pids_headroom``."""
 
     runsc_poll_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.05
     """Under gVisor, the runner's event loop wakes at least this often (seconds): Debian's
@@ -70,6 +76,13 @@ class ExecutorSettings(BaseSettings):
     otherwise stalls a reply until the next wake-up. runc needs no polling (1 s).
     Measured (ptrace platform, 0.5 CPU): 0.05 s gives call p50 1.6 ms / p99 18 ms; faster
     polling spends the CPU quota on wake-ups and gets throttled (0.02 s: p99 > 1 s)."""
+    runsc_retire_pids_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Under gVisor (ptrace platform, Debian's 2022-12 runsc) the host stub processes of
+    exited sandboxed processes are kept: measured about 230 host pids per spawn loop of
+    64 processes, still held when the sandbox is idle. A runsc sandbox whose pids cgroup
+    holds more than this fraction of its limit after a call is retired: no new session
+    is placed in it, its sessions move to a fresh sandbox (restored from their last
+    snapshot) at their next request, and it is destroyed when the last one has left."""
     reap_on_start: bool = True
     """Remove every ``sandpit=1`` container left by earlier runs when a pool starts."""
     default_profile: str = "default"

@@ -44,7 +44,6 @@ from __future__ import annotations
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import time
 
@@ -124,7 +123,8 @@ class Job:
 
 class Jobs:
     """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
-    ``fault``, ``take_child``, ``sweep_strays``, ``jobs_ended`` (see ``runner.py``)."""
+    ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
+    ``runner.py``)."""
 
     def __init__(self, runner, work_root: str, oom_kills) -> None:
         self.runner = runner
@@ -494,7 +494,7 @@ class Jobs:
         self._end_process(job)
         if job in self.active:
             self.active.remove(job)
-        shutil.rmtree(job.workdir, ignore_errors=True)
+        self.runner.remove_workdir(job.workdir)
         self.runner.jobs_ended()
 
 

@@ -635,7 +635,11 @@ def run_checks(msg: dict, channel: _Channel) -> None:
             out = {"status": "error", "passed": False, "result": None, "error": state_error, "traceback": None,
                    "duration_ms": 0.0}
         else:
-            out = _forked_check(checks[index], initial, final)
+            try:
+                out = _forked_check(checks[index], initial, final)
+            except OSError as exc:  # no pid for the check's process, even after retries
+                out = {"status": "crashed", "passed": False, "result": None, "traceback": None, "duration_ms": 0.0,
+                       "error": f"the check process could not be started: {exc}"[:ERROR_CHARS]}
         _flush_std()
         channel.send({"id": token, "index": index, **out})
         if index == max(checks):
@@ -651,13 +655,18 @@ RESULT_FRAME_MAX_BYTES = 64 * 1024
 
 def _forked_check(source: str, initial: object, final: object) -> dict:
     """Run one check in a fresh process forked from this one; its result fields,
-    validated. The child writes one length-prefixed JSON object to a private pipe and
+    validated. The child writes one length-prefixed JSON object to a private socket and
     exits; it never holds the runner channel. Its process group is killed once it has
     answered or died (a process it left holding the pipe cannot stall the zygote)."""
-    read_fd, write_fd = os.pipe()
+    import socket
+
+    # a socketpair, not a pipe: under gVisor a process of the same uid could open a pipe
+    # through /proc/<pid>/fd and write a forged result; sockets cannot be opened that way
+    read_end, write_end = socket.socketpair()
+    read_fd, write_fd = read_end.detach(), write_end.detach()
     _flush_std()  # nothing buffered here may be printed twice by the child
     started = time.perf_counter()
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:  # the check process
         try:
             os.close(read_fd)
@@ -696,6 +705,23 @@ def _forked_check(source: str, initial: object, final: object) -> dict:
     if code < 0:
         out["signal"] = -code
     return out
+
+
+FORK_RETRY_S = 2.0
+"""How long the zygote retries a fork that fails for want of a pid (strays of an earlier
+check not reaped yet); then the check is reported ``crashed``."""
+
+
+def _fork() -> int:
+    """``os.fork()``, retried on EAGAIN for up to FORK_RETRY_S seconds."""
+    deadline = time.monotonic() + FORK_RETRY_S
+    while True:
+        try:
+            return os.fork()
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _await_result(read_fd: int, pid: int) -> tuple[bytes | None, int | None]:

@@ -1,17 +1,19 @@
 """Sandbox runner: PID 1 of every sandbox container (stdlib only, never runs env code).
 
 It connects to the host's protocol endpoint (a Unix socket bind-mounted at
-``/run/sandpit/runner.sock``), proves itself with the per-container token, then serves
+``/run/sandpit/runner.sock``), proves itself with the per-container token (read from the
+file ``/run/sandpit/token``, never from the environment), then serves
 length-prefixed JSON requests (``protocol.py``) from one single-threaded event loop:
 
     host socket ──► runner (this file, trusted) ──► session child 1 (untrusted env code)
                                                ├──► session child 2 ...
                                                └──► spare child (started ahead, no code yet)
 
-Every session is its own child process (``session.py``), own process group, own private
+Every session is its own child process (``session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
-RLIMIT_DATA as its memory limit. The host channel is never inherited by a child; each
-child's stdout/stderr are pipes read here and capped per call, so nothing the environment
+RLIMIT_DATA (RLIMIT_AS under gVisor) as its memory limit and a seccomp filter
+(``confine.py``). The host channel is never inherited by a child; each child's
+stdout/stderr are socketpairs read here and capped per call, so nothing the environment
 prints can forge a protocol message. Replies from a child are matched by a random
 request id; a malformed or oversize frame kills the child.
 
@@ -20,8 +22,9 @@ Failure handling (a result, never a runner crash):
 - MemoryError / cgroup OOM kill → ``oom``; any other death → ``crashed``;
 in each case the session is re-created from its source and restored to the last good
 snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
-After every call, processes that the call left behind (same session id, or escaped into
-a session of their own) are killed.
+After every call, and before its reply, processes that the call left behind (same
+session id, or escaped into a session of their own) are killed and waited for
+(``cleanup.sweep``).
 
 Host requests (each has an integer ``id``; each reply echoes it):
   open {session, source, class_name, init_config, snapshot?, describe_only?}
@@ -32,6 +35,9 @@ Host requests (each has an integer ``id``; each reply echoes it):
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
+  recycle {} -> {status, clean, problems}: once no session or job is left, kill every
+      process but PID 1, empty and prove empty every writable place (``cleanup.reset``);
+      ``clean`` False means the host must destroy the sandbox instead of reusing it
   exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
       time_limit_s}: one-shot jobs, each in a fresh process of its own (``jobs.py``)
 A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
@@ -46,7 +52,6 @@ import json
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import socket
 import sys
@@ -54,21 +59,24 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import cleanup  # noqa: E402
 import jobs  # noqa: E402
 import protocol  # noqa: E402
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
+TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
+"""The per-container token is a file the host writes next to the socket and unlinks as
+soon as the runner has connected: never in the runner's environment, which gVisor's
+/proc/1/environ shows to every process of the same uid (it ignores PR_SET_DUMPABLE)."""
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
 SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import session; session.main()"
 """How a session process starts: ``session.py`` imported as a module (not run as a
 script), so its bytecode compiled into the image is used instead of compiling it anew in
 every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
-TMP_ROOT = "/tmp"
 CHILD_MAX_FRAME = 64 * 1024 * 1024
 CHILD_SEND_TIMEOUT_S = 5.0
 SPAWN_RETRY_S = 2.0
-SWEEP_MAX_PASSES = 1000
 DESCRIBE_MAX_BYTES = 4_194_304  # == schemas.MAX_SCHEMAS_BYTES (a unit test checks)
 DESCRIBE_MAX_NOTES = 64  # == schemas.MAX_NOTES (a unit test checks)
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -88,30 +96,25 @@ def _oom_kills() -> int:
     return 0
 
 
-def _process_sessions() -> dict[int, int]:
-    """Map pid -> session id for every process visible in this pid namespace."""
-    out: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                raw = handle.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2:].split()
-        if len(fields) > 3:
-            out[int(entry)] = int(fields[3])
-    return out
+def _stream() -> tuple[int, int]:
+    """A one-way byte stream for a child's stdout or stderr: (runner's read end, child's
+    write end). A socketpair rather than a pipe: under gVisor any process of the same
+    uid can open another's pipes through /proc/<pid>/fd/<n> (it ignores
+    PR_SET_DUMPABLE), while a socket cannot be opened that way (ENXIO, both runtimes)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.shutdown(socket.SHUT_WR)
+    theirs.shutdown(socket.SHUT_RD)
+    return ours.detach(), theirs.detach()
 
 
 class Child:
-    """A session child process and its three channels."""
+    """A session child process and its three channels (control socketpair on fd 3,
+    stdout/stderr streams the runner reads)."""
 
     def __init__(self, limits: dict) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        out_r, out_w = _stream()
+        err_r, err_w = _stream()
         devnull = os.open(os.devnull, os.O_RDONLY)
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -205,11 +208,17 @@ class Runner:
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
         self.jobs = jobs.Jobs(self, WORK_ROOT, _oom_kills)
+        self.baseline = cleanup.Baseline(WORK_ROOT)
+        self.leftovers: list[str] = []
+        """Work directories that could not be removed when their session or job ended."""
+        self.tainted: list[str] = []
+        """Why this sandbox must not be reused (a sweep that could not kill everything)."""
 
     # -- children --------------------------------------------------------------------
     def _session_limits(self) -> dict:
         return {
             "session_memory_bytes": self.limits["session_memory_bytes"],
+            "memory_rlimit": self.limits.get("memory_rlimit", "data"),
             "observation_cap_bytes": self.limits["observation_cap_bytes"],
             "session_nofile": self.limits.get("session_nofile", 256),
         }
@@ -226,10 +235,17 @@ class Runner:
         return self._take_child()
 
     def jobs_ended(self) -> None:
-        """A one-shot job finished: wipe /tmp when nothing else runs, keep a spare."""
-        if not self.sessions and not self.jobs.active:
-            self._wipe_tmp()
+        """A one-shot job finished: keep a spare (the host asks for ``recycle`` before
+        the sandbox serves anything else)."""
         self._ensure_spare()
+
+    def remove_workdir(self, path: str) -> None:
+        """Remove a finished session's or job's work directory; what cannot be removed
+        now is retried by ``recycle`` (and makes it report the sandbox unclean)."""
+        try:
+            cleanup.remove(path)
+        except OSError:
+            self.leftovers.append(path)
 
     def _ensure_spare(self) -> None:
         if self.limits.get("spare_child", True) and (self.spare is None or not self.spare.alive):
@@ -258,7 +274,7 @@ class Runner:
         tracked = set(self.by_pid) | self.jobs.pids()
         if self.spare is not None:
             tracked.add(self.spare.pid)
-        for pid in _process_sessions():
+        for pid in cleanup.scan():
             if pid != os.getpid() and pid not in tracked:
                 try:
                     os.waitpid(pid, os.WNOHANG)
@@ -299,6 +315,9 @@ class Runner:
         op = msg.get("op")
         if op == "ping":
             self.reply({"id": rid, "status": "ok", "sessions": len(self.sessions), "pid": os.getpid()})
+            return
+        if op == "recycle":
+            self.recycle(rid)
             return
         if op in ("exec", "checks"):
             self.jobs.start(rid, msg)
@@ -357,27 +376,32 @@ class Runner:
             if item.get("rid") is not None:
                 self.fault(item["rid"], "session closed")
         session.queue.clear()
-        shutil.rmtree(session.workdir, ignore_errors=True)
         self.sweep_strays()
-        if not self.sessions and not self.jobs.active:
-            self._wipe_tmp()
+        self.remove_workdir(session.workdir)
         self._ensure_spare()
 
-    @staticmethod
-    def _wipe_tmp() -> None:
-        try:
-            entries = os.listdir(TMP_ROOT)
-        except OSError:
+    def recycle(self, rid: object) -> None:
+        """Host request ``recycle {}`` -> ``{status: ok, clean, problems}``, sent when the
+        host's last session or job of this sandbox has ended and before the sandbox goes
+        back to the warm pool. With no session and no job left: every process but PID 1
+        is killed (the spare too, which lived beside the previous sessions), the writable
+        places are emptied and proven empty (``cleanup.reset``), a fresh spare is started.
+        ``clean`` is False (with ``problems`` saying why) when anything could not be
+        emptied or proven empty, when a session or job is still open, or when an earlier
+        sweep failed: the host then destroys the sandbox instead of reusing it."""
+        if self.sessions or self.jobs.active:
+            busy = f"{len(self.sessions)} sessions and {len(self.jobs.active)} jobs are still open"
+            self.reply({"id": rid, "status": "ok", "clean": False, "problems": [busy]})
             return
-        for entry in entries:
-            path = os.path.join(TMP_ROOT, entry)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        if self.spare is not None:
+            self.spare.kill()
+            self.spare = None
+        self.closed.clear()  # session ids only need to be unique while the sandbox is in use
+        problems = list(self.tainted) + cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
+        self.leftovers = []
+        self.tainted = problems[:]
+        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:16]})
+        self._ensure_spare()
 
     # -- dispatch to child -----------------------------------------------------------
     def pump(self, session: Session) -> None:
@@ -516,8 +540,8 @@ class Runner:
             for extra in ("traceback", "observation_truncated"):
                 if msg.get(extra):
                     out[extra] = msg[extra]
+            self.sweep_strays(session)  # before the reply: no leftover outlives the call
             self.reply(out)
-            self.sweep_strays(session)
         elif kind == "state":
             self.reply({"id": rid, "status": "ok", "state": msg.get("state")})
         elif kind == "describe":
@@ -565,8 +589,11 @@ class Runner:
             self.pump(session)
 
     def sweep_strays(self, session: Session | None = None) -> None:
-        """Kill processes a call left behind: members of ``session``'s process group other
-        than the child itself, and any process outside every known session.
+        """Kill processes a call left behind, with certainty (``cleanup.sweep``): members
+        of ``session``'s process session other than its child, and every process outside
+        all known sessions (escaped with setsid). Returns once none of them is alive;
+        if some still live after ``cleanup.SWEEP_DEADLINE_S`` the sandbox is marked
+        tainted and ``recycle`` will refuse it.
 
         Only when the runner is PID 1 of its own pid namespace (always, in a sandbox):
         elsewhere /proc would show processes that are not ours."""
@@ -582,22 +609,21 @@ class Runner:
             return
         if pids <= known | {me}:
             return  # nothing but the runner, its sessions and the spare
-        signalled: set[int] = set()
-        for _ in range(SWEEP_MAX_PASSES):  # until a pass finds no new pid: strays that fork
-            fresh = False  # between our /proc scan and the kill survive a single pass
-            for pid, sid in _process_sessions().items():
-                if pid == me or pid in known or pid in signalled:
-                    continue
-                if sid in known and (session is None or session.child is None or sid != session.child.pid):
-                    continue  # belongs to another, still running session
-                signalled.add(pid)
-                fresh = True
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            if not fresh:
-                return
+        own = session.child.pid if session is not None and session.child is not None else None
+
+        def stray(pid: int, sid: int) -> bool:
+            if pid in known:
+                return False
+            return sid not in known or sid == own  # not another running session's
+
+        tracked = set(self.by_pid) | self.jobs.pids()
+
+        def reap(pid: int) -> None:
+            if pid not in tracked:
+                cleanup.reap_pid(pid)
+
+        if not cleanup.sweep(stray, reap=reap):
+            self.tainted.append("a sweep left processes alive")
 
     # -- loop ------------------------------------------------------------------------
     def reap(self) -> None:
@@ -776,8 +802,18 @@ def connect(path: str, deadline_s: float) -> socket.socket:
             time.sleep(0.01)
 
 
+def read_token(path: str = TOKEN_PATH) -> str:
+    """The one-time token from the file the host wrote ("" when absent: the host then
+    refuses the hello)."""
+    try:
+        with open(path) as handle:
+            return handle.read(1024).strip()
+    except OSError:
+        return ""
+
+
 def main() -> None:
-    token = os.environ.pop("SANDPIT_TOKEN", "")
+    token = read_token()
     limits = json.loads(os.environ.pop("SANDPIT_LIMITS", "{}"))
     limits.setdefault("call_timeout_s", 10.0)
     limits.setdefault("session_memory_bytes", 256 * 1024 * 1024)
@@ -795,7 +831,20 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     sock = connect(SOCKET_PATH, 30.0)
     sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
+    _detach_stdio()
     Runner(sock, limits).run()
+
+
+def _detach_stdio() -> None:
+    """Point fds 0-2 at /dev/null once connected. Docker's stdin and log pipes are host
+    files that gVisor lets any process of the runner's uid open through /proc/1/fd
+    (measured: it ignores PR_SET_DUMPABLE), which would let a session write into or read
+    from the container's log. Costs the runner's own diagnostics after start-up (only
+    the start-up output is ever read, by ``Sandbox.start`` on failure)."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

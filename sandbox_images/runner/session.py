@@ -423,6 +423,15 @@ def instantiate(cls: type, init_config: dict) -> object:
     return instance
 
 
+def _confine() -> types.ModuleType:
+    """The seccomp module (``confine.py``), a sibling file like :func:`_schemas`."""
+    if __package__:
+        from . import confine
+    else:
+        import confine  # type: ignore[no-redef]
+    return confine
+
+
 def _bounded_traceback(exc: BaseException) -> str:
     import traceback
 
@@ -465,10 +474,19 @@ def _cap(text: str, limit: int) -> tuple[str, bool]:
 
 def harden(limits: dict) -> None:
     """Per-session limits, set before any untrusted code exists. Hard limits equal soft
-    ones so the environment cannot raise them again."""
+    ones so the environment cannot raise them again.
+
+    Memory: ``session_memory_bytes`` as RLIMIT_DATA, or as RLIMIT_AS when
+    ``memory_rlimit`` is ``"as"`` (gVisor ignores RLIMIT_DATA and checks RLIMIT_AS at
+    every mmap/brk). Over it an allocation fails with MemoryError (status ``oom``).
+    Then the seccomp filter of ``confine.py`` (no SysV IPC, POSIX message queues or
+    keyrings, which would outlive the session's processes; no changing another
+    process's limits or priority); if it cannot be installed the process exits (status
+    70) rather than run code unconfined."""
     memory = int(limits.get("session_memory_bytes", 0))
     if memory > 0:
-        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+        kind = resource.RLIMIT_AS if limits.get("memory_rlimit") == "as" else resource.RLIMIT_DATA
+        resource.setrlimit(kind, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     nofile = int(limits.get("session_nofile", 256))
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
@@ -480,6 +498,12 @@ def harden(limits: dict) -> None:
         libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = 1, SIGKILL: die with the runner
     except Exception:  # pragma: no cover - ctypes missing: limits still hold
         pass
+    if limits.get("confine", True):
+        try:
+            _confine().install_filter()
+        except Exception as exc:  # noqa: BLE001 - never run untrusted code unconfined
+            sys.stderr.write(f"sandpit-session: cannot confine the process: {exc}\n")
+            os._exit(70)
 
 
 def serve(session: Session) -> None:

@@ -122,7 +122,8 @@ def _leaked(client: docker.DockerClient) -> list[str]:
     sandboxes of other processes sharing the engine are not ours to judge."""
     me = engine.owner_id()
     leaked = []
-    for container in client.containers.list(all=True, filters={"label": "sandpit=1"}):
+    # ignore_removed: a container another process removes between the list and its inspect
+    for container in client.containers.list(all=True, filters={"label": "sandpit=1"}, ignore_removed=True):
         owner = container.labels.get(engine.LABEL_OWNER, "")
         if owner == me or not engine.owner_alive(owner):
             leaked.append(f"{container.name} ({container.status}, labels={container.labels})")

@@ -79,12 +79,13 @@ def test_every_episode_replays_and_state_survives_restore(pool: SandboxPool, sui
 def _check_restore(pool: SandboxPool, env: bfcl.BfclEnvironment, episode: bfcl.BfclEpisode,
                    session: Session) -> None:
     state = session.state()
-    assert set(state) == set(env.classes)
+    assert set(state) == {*env.classes, bfcl.CONFIG_KEY}  # the private key holding the scenarios is state too
     for class_name in env.classes:
-        assert state[class_name]["__class__"] == class_name
+        assert state[class_name]["$object"]["type"].rsplit(".", 1)[-1] == class_name
     snapshot = session.snapshot()
     # every BFCL instance is pickled ("p"), not left unrestorable ("u")
-    assert {name: entry[0] for name, entry in snapshot.attributes.items()} == dict.fromkeys(env.classes, "p")
+    assert {name: entry[0] for name, entry in snapshot.attributes.items()} == {
+        **dict.fromkeys(env.classes, "p"), bfcl.CONFIG_KEY: "j"}
     fresh = _open(pool, env, episode.init_config)
     try:
         fresh.restore(snapshot)
@@ -192,7 +193,7 @@ def test_logarithm_prints_like_mpmath(pool: SandboxPool, suite: bfcl.BfclSuite) 
     """MathAPI runs on the image's mpmath (Debian python3-mpmath): same output as the
     values recorded with mpmath 1.3.0 on the host."""
     env = suite.environments["bfcl:GorillaFileSystem+MathAPI"]
-    session = _open(pool, env, {"GorillaFileSystem": {}, "MathAPI": {}})
+    session = _open(pool, env, {bfcl.CONFIG_KEY: {"GorillaFileSystem": {}, "MathAPI": {}}})
     try:
         for (value, base, precision), expected in MPMATH_CASES:
             result = session.call("logarithm", {"value": value, "base": base, "precision": precision})

@@ -325,7 +325,7 @@ def test_execute_and_checks_under_gvisor(leak_check, pool_settings, docker_clien
             "import os\ndef check_func(final_state):\n    os._exit(1)",
             "def check_func(final_state):\n    return 'yes'",
         ])]
-        results = gvisor.run_checks(tenant=TENANT, checks=checks, initial_state={"x": 1}, final_state={"x": 2},
-                                    profile=profile, per_check_timeout_s=0.5)
+        results = gvisor.run_checks(tenant=TENANT, checks=checks, initial_state={"x": ["j", 1]},
+                                    final_state={"x": ["j", 2]}, profile=profile, per_check_timeout_s=0.5)
         assert [(r.status, r.passed) for r in results] == [("ok", True), ("timeout", False), ("crashed", False),
                                                            ("error", False)], results

@@ -12,8 +12,9 @@ from sandpit.executor.pool import SandboxPool
 pytestmark = [pytest.mark.docker, pytest.mark.gvisor, pytest.mark.slow]
 
 
-# Under runsc the pids cgroup also holds the sentry's threads; the executor adds
-# ``runsc_pids_headroom`` for them, so these tests use the default profile (pids=64).
+# Under runsc the pids cgroup also holds the sentry's threads and stub processes; the
+# executor sizes it ``pids * runsc_pids_per_process + runsc_pids_headroom``, so these tests
+# use the default profile (pids=64).
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +61,11 @@ def test_timeouts_and_crashes_recover_in_the_same_gvisor_sandbox(open_env, probe
 
 def test_fork_bomb_under_gvisor_is_contained(open_env, probe, gvisor_pool, docker_client) -> None:
     """Under runsc (ptrace platform) every sandboxed process has host stub processes in the
-    container's cgroups, and RLIMIT_NPROC is not enforced: a fork bomb exhausts the
-    sandbox's pids or memory and the whole sandbox dies. It stays contained: the call
-    reports a failure status, the dead container is removed, and the session continues
-    on a fresh sandbox from its last snapshot."""
+    container's cgroups, which gVisor keeps after the process exits. RLIMIT_NPROC holds
+    the bomb's process count, but its copies of the interpreter can fill the container's
+    memory (the sentry is then OOM-killed) or its kept host pids retire the sandbox. It
+    stays contained: the call reports a failure status, the old container is removed, and
+    the session continues on a fresh sandbox from its last snapshot."""
     session = open_env(on=gvisor_pool, init_config={"counter": 1})
     session.call("bump", {"by": 1})
     sandbox = session._sandbox

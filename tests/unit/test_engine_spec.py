@@ -13,15 +13,13 @@ from sandpit.executor import engine
 from sandpit.executor.profiles import MiB, ResourceProfile
 from sandpit.executor.settings import ExecutorSettings
 
-TOKEN = "per-container-token"  # noqa: S105 - a test value
-
 
 def make_spec(settings: ExecutorSettings | None = None, profile: ResourceProfile | None = None) -> dict:
     settings = settings or ExecutorSettings()
     profile = profile or ResourceProfile()
     return engine.container_spec(
         settings=settings, profile=profile, image="sandpit-sandbox:test", tenant="acme", sandbox_id="abc123",
-        pool_id="pool1", uid=23456, socket_dir="/run/sandpit/abc123", token=TOKEN,
+        pool_id="pool1", uid=23456, socket_dir="/run/sandpit/abc123",
         limits_json=json.dumps(profile.runner_limits(settings.sessions_per_sandbox, True)))
 
 
@@ -76,7 +74,10 @@ def test_labels_and_environment() -> None:
     assert labels[engine.LABEL_SANDBOX] == "abc123"
     assert labels[engine.LABEL_POOL] == "pool1"
     assert labels[engine.LABEL_OWNER] == engine.owner_id()
-    assert spec["environment"]["SANDPIT_TOKEN"] == TOKEN
+    # the token is a file in the socket directory, never in the environment (gVisor shows
+    # /proc/1/environ to every process of the runner's uid)
+    assert not any("TOKEN" in key and "FILE" not in key for key in spec["environment"])
+    assert spec["environment"]["SANDPIT_TOKEN_FILE"] == f"{engine.SOCKET_MOUNT}/token"
     assert json.loads(spec["environment"]["SANDPIT_LIMITS"])["call_timeout_s"] == 10.0
     assert spec["command"] == engine.RUNNER_CMD
     assert spec["stop_signal"] == "SIGKILL"
@@ -88,9 +89,9 @@ def test_gvisor_runtime_is_passed_through() -> None:
 
 
 def test_gvisor_gets_pids_headroom_for_its_own_threads_but_nproc_stays() -> None:
-    spec = make_spec(ExecutorSettings(runtime="runsc", runsc_pids_headroom=100))
+    spec = make_spec(ExecutorSettings(runtime="runsc", runsc_pids_headroom=100, runsc_pids_per_process=8))
     nproc = next(u for u in spec["ulimits"] if u.name == "nproc")
-    assert spec["pids_limit"] == ResourceProfile().pids + 100
+    assert spec["pids_limit"] == ResourceProfile().pids * 8 + 100
     assert nproc.soft == nproc.hard == ResourceProfile().pids
     assert make_spec(ExecutorSettings(runsc_pids_headroom=100))["pids_limit"] == ResourceProfile().pids
 
