@@ -33,8 +33,9 @@ MAX_SNIPPETS = 1024
 """Most snippets in one :meth:`SandboxPool.execute_many` call."""
 SNIPPET_KEYS = frozenset({"code", "stdin", "files", "timeout_s"})
 MAX_REPLY_TEXT = 8192
-BATCH_SLACK_S = oneshot.BATCH_SLACK_S
-"""A check batch may take its per-check timeout times the number of checks plus this."""
+BATCH_SLACK_S = oneshot.BATCH_SLACK_S + oneshot.STARTUP_S
+"""A check batch may take its per-check timeout times the number of checks plus this
+(process starts after timeouts and crashes, restoring the states)."""
 
 
 @dataclass(frozen=True)

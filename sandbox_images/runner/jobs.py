@@ -56,6 +56,9 @@ else:  # in the sandbox: runner.py put this directory on sys.path
 CHILD_MAX_FRAME = 1024 * 1024
 """Largest frame a job process may send (one check's result is a few KiB)."""
 BATCH_SLACK_S = oneshot.BATCH_SLACK_S
+STARTUP_S = oneshot.STARTUP_S
+"""Time a checks zygote has, on top of a check's own limit, to start and restore the states
+before it says ``ready``; a check's time limit counts from then."""
 JOBS_PER_SLOT = 8
 """Concurrent jobs per session slot of the sandbox (``max_sessions``)."""
 DRAIN_MAX_READS = 64
@@ -119,6 +122,7 @@ class Job:
         self.check_started = 0.0
         self.budget_deadline = 0.0
         self.restarts = 0
+        self.ready = False  # checks: the current zygote has restored the states
 
 
 class Jobs:
@@ -174,7 +178,7 @@ class Jobs:
         else:
             count = len(request["checks"])
             job.results = [None] * count
-            job.budget_deadline = job.started + timeout_s * count + BATCH_SLACK_S
+            job.budget_deadline = job.started + timeout_s * count + BATCH_SLACK_S + STARTUP_S
             self._next_checks(job)
 
     def _launch(self, job: Job, fields: dict | None = None) -> bool:
@@ -273,6 +277,13 @@ class Jobs:
             if msg.get("status") == "oom":
                 job.memory_error = True
             return
+        if msg.get("ready") is True and not job.ready:  # states restored: the check's own time starts now
+            now = time.monotonic()
+            job.ready = True
+            job.check_started = now
+            job.oom_baseline = self.oom_kills()
+            job.deadline = min(now + job.timeout_s, job.budget_deadline)
+            return
         index = msg.get("index")
         if type(index) is int and index < job.next:
             return  # a check that forked: its copy answers checks already answered
@@ -336,6 +347,9 @@ class Jobs:
                 elif now >= job.budget_deadline:
                     self._process_failed(job, "timeout", f"the batch's time budget of "
                                          f"{job.budget_deadline - job.started:g} s ran out during this check")
+                elif not job.ready:
+                    self._process_failed(job, "timeout", f"the check's process did not start within "
+                                         f"{job.timeout_s + STARTUP_S:g} s (restoring the states)")
                 else:
                     self._process_failed(job, "timeout", f"timed out after {job.timeout_s:g} s")
             else:
@@ -360,7 +374,8 @@ class Jobs:
             return
         pending = [{"index": i, "check_func": job.request["checks"][i]} for i in range(job.next, count)]
         job.check_started = now
-        job.deadline = min(now + job.timeout_s, job.budget_deadline)
+        job.ready = False
+        job.deadline = min(now + job.timeout_s + STARTUP_S, job.budget_deadline)
         self._launch(job, {"checks": pending})
 
     def _process_failed(self, job: Job, status: str, message: str) -> None:

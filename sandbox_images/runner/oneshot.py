@@ -84,6 +84,9 @@ ERROR_CHARS = 4096
 """Cap on one check's ``error`` text."""
 TRACEBACK_CHARS = 4096
 """Cap on one check's traceback (head and tail are kept)."""
+STARTUP_S = 5.0
+"""Time a checks process has to start and restore both states before its first check's
+own time limit starts (it says ``ready``); included in the batch's budget."""
 BATCH_SLACK_S = 5.0
 """A check batch may take ``timeout_s`` per check plus this many seconds in all (process
 starts after timeouts and crashes); checks not started by then are not run."""
@@ -630,6 +633,7 @@ def run_checks(msg: dict, channel: _Channel) -> None:
         initial = final = None
         state_error = f"restoring the state failed: {exc}"[:ERROR_CHARS]
     del msg
+    channel.send({"id": token, "ready": True})  # the checks' own time limits start now
     while True:
         if state_error is not None:
             out = {"status": "error", "passed": False, "result": None, "error": state_error, "traceback": None,

@@ -1,0 +1,105 @@
+"""The executor seam: what the API (or any host program) needs from "somewhere that runs
+untrusted environment code", as two protocols.
+
+:class:`Executor` is what :class:`~sandpit.executor.pool.SandboxPool` (Docker sandboxes)
+provides, and what an in-memory fake provides for unit tests of code above the executor
+(a fake never executes the code it is given: it follows a script). Everything above the
+executor depends on these protocols, never on the pool's concrete class.
+
+Errors (:mod:`sandpit.executor.errors`) are part of the contract: ``SessionOpenError`` when
+environment code fails to load or instantiate, ``CapacityError`` when no sandbox can be
+placed, ``ProfileError`` for a profile above the operator's, ``DockerUnavailable`` when the
+backend is down, ``SessionClosed``/``SessionError`` on a closed or broken session,
+``ValueError`` for bad arguments. A tool call that raises, times out or runs out of memory
+is a :class:`~sandpit.executor.results.CallResult` with that status, never an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from .profiles import ProfileOverrides, ResourceProfile
+from .results import CallResult, CheckResult, ExecResult, Snapshot
+
+
+@runtime_checkable
+class ExecutorSession(Protocol):
+    """One environment instance (EnvScaler semantics; see ``executor/session.py``)."""
+
+    id: str
+    tenant: str
+    closed: bool
+
+    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
+        """``getattr(instance, name)(**arguments)``; a result whatever the tool does."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """The state's JSON view (``render_state`` of the last good snapshot)."""
+        ...
+
+    def snapshot(self) -> Snapshot:
+        """The last good snapshot (encoded attributes)."""
+        ...
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Put the instance into ``snapshot``'s state. Raises SessionError."""
+        ...
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The OpenAI tool schemas of the instance's class."""
+        ...
+
+    def close(self) -> None:
+        """End the session (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs untrusted code for tenants: sessions, schema derivation, checks, scripts."""
+
+    def profile(self, name: str | None = None, overrides: ProfileOverrides | None = None) -> ResourceProfile:
+        """A named resource profile lowered by ``overrides``. Raises ProfileError."""
+        ...
+
+    def open_session(self, *, tenant: str, source: str, class_name: str,
+                     init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
+                     snapshot: dict[str, list[Any]] | None = None,
+                     session_id: str | None = None) -> ExecutorSession:
+        """Instantiate ``class_name`` from ``source`` (and restore ``snapshot``)."""
+        ...
+
+    def describe(self, *, tenant: str, source: str, class_name: str,
+                 profile: ResourceProfile | None = None) -> list[dict[str, Any]]:
+        """Tool schemas of a class, without instantiating it."""
+        ...
+
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
+                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+                   per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
+        """Check functions on two encoded states, each check in a fresh process."""
+        ...
+
+    def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
+                timeout_s: float | None = None, profile: ResourceProfile | None = None) -> ExecResult:
+        """``code`` as a script in a fresh process."""
+        ...
+
+    def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
+             timeout_s: float = 120.0) -> int:
+        """Keep idle sandboxes of ``(tenant, profile)`` ready and wait (at most
+        ``timeout_s``) until ``count`` are; how many are idle."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``/metrics`` (sandboxes, sessions, failures by status, ...)."""
+        ...
+
+    def ping(self) -> None:
+        """Raise DockerUnavailable (or another ExecutorError) when the backend cannot take work."""
+        ...
+
+    def close(self) -> None:
+        """Stop: every session and sandbox is closed."""
+        ...
