@@ -142,7 +142,7 @@ def _address(rng: random.Random) -> dict[str, str]:
 
 def retail_data(seed: int = 7, users: int = 500, orders: int = 1500, products: int = 50) -> dict[str, Any]:
     """Retail tables shaped like tau-bench's (about 1.4 MB of JSON with the defaults)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - deterministic test data, not secrets
     product_table = {}
     for p in range(products):
         variants = {f"{p:04d}{v:06d}": {"item_id": f"{p:04d}{v:06d}", "options": {
@@ -177,7 +177,7 @@ def retail_data(seed: int = 7, users: int = 500, orders: int = 1500, products: i
 def airline_data(seed: int = 11, users: int = 500, flights: int = 300, days: int = 30,
                  reservations: int = 2500) -> dict[str, Any]:
     """Airline tables shaped like tau-bench's (about 3 MB of JSON with the defaults)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - deterministic test data, not secrets
     airports = ["SFO", "JFK", "ORD", "LAX", "SEA", "DFW", "BOS", "MIA", "DEN", "ATL"]
     flight_table = {}
     for f in range(flights):
@@ -216,7 +216,7 @@ def airline_data(seed: int = 11, users: int = 500, flights: int = 300, days: int
 
 def retail_episode(data: dict[str, Any], seed: int = 3, steps: int = 30) -> list[dict[str, Any]]:
     """A replayable episode: reads and writing calls, each writing call changing one record."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - deterministic test data, not secrets
     orders = list(data["orders"])
     users = list(data["users"])
     calls: list[dict[str, Any]] = []
@@ -243,7 +243,7 @@ def retail_episode(data: dict[str, Any], seed: int = 3, steps: int = 30) -> list
 
 def airline_episode(data: dict[str, Any], seed: int = 5, steps: int = 30) -> list[dict[str, Any]]:
     """A replayable airline episode (bookings, bag changes, cancellations, reads)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - deterministic test data, not secrets
     reservations = list(data["reservations"])
     users = list(data["users"])
     flights = list(data["flights"])
