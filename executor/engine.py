@@ -70,6 +70,16 @@ def make_client(settings: ExecutorSettings, timeout_s: float = 60.0) -> docker.D
     return client
 
 
+def ping(client: docker.DockerClient) -> None:
+    """Ask the engine whether it answers (``GET /_ping``).
+
+    Raises:
+        DockerUnavailable: it does not (connection refused, timeout, API error).
+    """
+    with map_docker_errors("pinging the Docker Engine"):
+        client.ping()
+
+
 def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, image: str,
                    tenant: str, sandbox_id: str, pool_id: str, uid: int, socket_dir: str,
                    limits_json: str) -> dict[str, Any]:

@@ -355,6 +355,15 @@ class SandboxPool:
                 self._lock.wait(0.1)
             return len(self._idle[key])
 
+    def ping(self) -> None:
+        """Ask the Docker Engine whether it answers (what ``/readyz`` reports).
+
+        Raises:
+            DockerUnavailable: the engine does not answer. ExecutorError: the pool was
+                never started.
+        """
+        engine.ping(self.client)
+
     def stats(self) -> dict[str, Any]:
         """Counts for metrics: sandboxes by state, sessions, starts, failures by status."""
         with self._lock:
