@@ -34,7 +34,7 @@ LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
 SOCKET_MOUNT = "/run/sandpit"
 CPU_PERIOD_US = 10_000
-RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/runner.py"]
+RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 anything is sent, and validation of what the sandbox answers (nothing it sends is
 trusted: types, sizes and counts are checked here again).
 
-Caps come from :mod:`sandpit.sandbox_images.runner.oneshot`, which the sandbox applies
+Caps come from :mod:`sandpit.sandbox_images.runner.child_oneshot`, which the sandbox applies
 too: ``MAX_CHECKS`` (256) checks per call, ``MAX_CHECK_SOURCE_BYTES`` (64 KiB) per
 ``check_func``, ``MAX_STATE_BYTES`` (16 MiB) per state; ``MAX_CODE_BYTES`` (4 MiB) per
 script, ``MAX_STDIN_BYTES`` (4 MiB), ``MAX_FILES`` (64) files of at most
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner import oneshot
+from sandpit.sandbox_images.runner import child_oneshot
 
 from .errors import SessionError
 from .profiles import ResourceProfile
@@ -33,7 +33,7 @@ MAX_SNIPPETS = 1024
 """Most snippets in one :meth:`SandboxPool.execute_many` call."""
 SNIPPET_KEYS = frozenset({"code", "stdin", "files", "timeout_s"})
 MAX_REPLY_TEXT = 8192
-BATCH_SLACK_S = oneshot.BATCH_SLACK_S + oneshot.STARTUP_S
+BATCH_SLACK_S = child_oneshot.BATCH_SLACK_S + child_oneshot.STARTUP_S
 """A check batch may take its per-check timeout times the number of checks plus this
 (process starts after timeouts and crashes, restoring the states)."""
 
@@ -89,29 +89,29 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
     """
     if not isinstance(checks, list):
         raise ValueError("checks must be a list of {check_item, check_func} objects")
-    if len(checks) > oneshot.MAX_CHECKS:
-        raise ValueError(f"at most {oneshot.MAX_CHECKS} checks may run in one call (got {len(checks)})")
+    if len(checks) > child_oneshot.MAX_CHECKS:
+        raise ValueError(f"at most {child_oneshot.MAX_CHECKS} checks may run in one call (got {len(checks)})")
     for index, check in enumerate(checks):
         if not isinstance(check, dict) or not set(check) <= {"check_item", "check_func"}:
             raise ValueError(f"checks[{index}] must be an object with keys check_item and check_func")
         item, check_source = check.get("check_item"), check.get("check_func")
-        if not isinstance(item, str) or len(item) > oneshot.MAX_CHECK_ITEM_CHARS:
+        if not isinstance(item, str) or len(item) > child_oneshot.MAX_CHECK_ITEM_CHARS:
             raise ValueError(f"checks[{index}].check_item must be a string of at most "
-                             f"{oneshot.MAX_CHECK_ITEM_CHARS} characters")
+                             f"{child_oneshot.MAX_CHECK_ITEM_CHARS} characters")
         _utf8_size(item, f"checks[{index}].check_item")
         if not isinstance(check_source, str):
             raise ValueError(f"checks[{index}].check_func must be a string of Python source")
         size = _utf8_size(check_source, f"checks[{index}].check_func")
-        if size > oneshot.MAX_CHECK_SOURCE_BYTES:
+        if size > child_oneshot.MAX_CHECK_SOURCE_BYTES:
             raise ValueError(f"checks[{index}].check_func has {size} bytes; at most "
-                             f"{oneshot.MAX_CHECK_SOURCE_BYTES} are allowed")
+                             f"{child_oneshot.MAX_CHECK_SOURCE_BYTES} are allowed")
     for name, state in (("initial_state", initial_state), ("final_state", final_state)):
         check_state(state, name)
     if source is not None:
         if not isinstance(source, str):
             raise ValueError("source must be the environment's Python source (a string) or None")
-        if _utf8_size(source, "source") > oneshot.MAX_CODE_BYTES:
-            raise ValueError(f"source is over {oneshot.MAX_CODE_BYTES} bytes")
+        if _utf8_size(source, "source") > child_oneshot.MAX_CODE_BYTES:
+            raise ValueError(f"source is over {child_oneshot.MAX_CODE_BYTES} bytes")
     return _timeout(per_check_timeout_s, profile, DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
 
 
@@ -119,7 +119,7 @@ def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
     """A plain JSON state (attribute name -> JSON value, e.g. a validation case written
     by hand) as an encoded state: every attribute ``["j", value]``. Tags of the state
     rendering in it (``{"$set": [...]}``, ``{"$date": ...}``) become real objects in the
-    check's process (``oneshot.unrender``)."""
+    check's process (``child_oneshot.unrender``)."""
     return {name: ["j", value] for name, value in state.items()}
 
 
@@ -141,8 +141,8 @@ def check_state(state: object, name: str) -> None:
         size = len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
-    if size > oneshot.MAX_STATE_BYTES:
-        raise ValueError(f"{name} has {size} bytes of JSON; at most {oneshot.MAX_STATE_BYTES} are allowed")
+    if size > child_oneshot.MAX_STATE_BYTES:
+        raise ValueError(f"{name} has {size} bytes of JSON; at most {child_oneshot.MAX_STATE_BYTES} are allowed")
 
 
 def check_exec(code: object, stdin: object, files: object, timeout_s: object,
@@ -158,14 +158,14 @@ def check_exec(code: object, stdin: object, files: object, timeout_s: object,
     """
     if not isinstance(code, str):
         raise ValueError("code must be a string of Python source")
-    if _utf8_size(code, "code") > oneshot.MAX_CODE_BYTES:
-        raise ValueError(f"code has more than {oneshot.MAX_CODE_BYTES} bytes")
+    if _utf8_size(code, "code") > child_oneshot.MAX_CODE_BYTES:
+        raise ValueError(f"code has more than {child_oneshot.MAX_CODE_BYTES} bytes")
     if stdin is not None:
         if not isinstance(stdin, str):
             raise ValueError("stdin must be a string or None")
-        if _utf8_size(stdin, "stdin") > oneshot.MAX_STDIN_BYTES:
-            raise ValueError(f"stdin has more than {oneshot.MAX_STDIN_BYTES} bytes")
-    files = oneshot.check_files({} if files is None else files)
+        if _utf8_size(stdin, "stdin") > child_oneshot.MAX_STDIN_BYTES:
+            raise ValueError(f"stdin has more than {child_oneshot.MAX_STDIN_BYTES} bytes")
+    files = child_oneshot.check_files({} if files is None else files)
     total = sum(len(text.encode("utf-8")) for text in files.values())
     if total > profile.tmpfs_mib * 1024 * 1024 // 2:
         raise ValueError(f"files total {total} bytes; the profile's work space holds at most "
@@ -235,7 +235,7 @@ def parse_check_results(reply: dict, checks: list[dict[str, Any]]) -> tuple[list
     if not isinstance(results, list) or len(results) != len(checks) or type(restarts) is not int:
         raise SessionError("sandbox sent a malformed check batch reply")
     out = []
-    output_cap = oneshot.CHECK_OUTPUT_CAP_BYTES + 64
+    output_cap = child_oneshot.CHECK_OUTPUT_CAP_BYTES + 64
     for check, raw in zip(checks, results, strict=True):
         if not isinstance(raw, dict):
             raise SessionError("sandbox sent a malformed check result")
@@ -245,9 +245,9 @@ def parse_check_results(reply: dict, checks: list[dict[str, Any]]) -> tuple[list
             raise SessionError("sandbox sent a malformed check result")
         out.append(CheckResult(
             check_item=check["check_item"], passed=passed and status == "ok", status=status,  # type: ignore[arg-type]
-            result=_optional_text(raw.get("result"), oneshot.RESULT_REPR_CHARS + 8, "check result"),
-            error=_optional_text(raw.get("error"), oneshot.ERROR_CHARS, "check error"),
-            traceback=_optional_text(raw.get("traceback"), oneshot.TRACEBACK_CHARS + 200, "check traceback"),
+            result=_optional_text(raw.get("result"), child_oneshot.RESULT_REPR_CHARS + 8, "check result"),
+            error=_optional_text(raw.get("error"), child_oneshot.ERROR_CHARS, "check error"),
+            traceback=_optional_text(raw.get("traceback"), child_oneshot.TRACEBACK_CHARS + 200, "check traceback"),
             stdout=_text(raw.get("stdout", ""), output_cap, "check stdout"),
             stderr=_text(raw.get("stderr", ""), output_cap, "check stderr"),
             duration_ms=_duration(raw.get("duration_ms"), "check duration")))

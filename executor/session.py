@@ -8,7 +8,7 @@ sandbox of the same tenant and profile from that snapshot (``CallResult.recovere
 Requests on one session are serialized; different sessions run concurrently.
 
 :meth:`Session.describe` returns the environment's OpenAI tool schemas, derived inside
-the sandbox (``sandbox_images/runner/schemas.py``) and validated here
+the sandbox (``sandbox_images/runner/child_schemas.py``) and validated here
 (:func:`~sandpit.executor.results.check_tool_schemas`). :meth:`SandboxPool.describe`
 uses a *describe-only* session: the module is loaded and the class found, but never
 instantiated; such a session only answers ``describe``.
@@ -191,7 +191,7 @@ class Session:
             "parameters": {"type": "object", "properties": {name: schema}, "required":
             [name, ...], "additionalProperties": bool}}}, ...]``, public methods in
             definition order (most-derived class first); rules and caps in
-            :mod:`sandpit.sandbox_images.runner.schemas`. Notes on methods that could only
+            :mod:`sandpit.sandbox_images.runner.child_schemas`. Notes on methods that could only
             be partly described are logged at INFO level.
 
         Raises:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 from sandpit.executor.results import check_encoded
-from sandpit.sandbox_images.runner import session as child
+from sandpit.sandbox_images.runner import child_session as child
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 

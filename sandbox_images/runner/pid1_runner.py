@@ -9,10 +9,10 @@ length-prefixed JSON requests (``protocol.py``) from one single-threaded event l
                                                ├──► session child 2 ...
                                                └──► spare child (started ahead, no code yet)
 
-Every session is its own child process (``session.py``), own process session, own private
+Every session is its own child process (``child_session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
 RLIMIT_DATA (RLIMIT_AS under gVisor) as its memory limit and a seccomp filter
-(``confine.py``). The host channel is never inherited by a child; each child's
+(``child_confine.py``). The host channel is never inherited by a child; each child's
 stdout/stderr are socketpairs read here and capped per call, so nothing the environment
 prints can forge a protocol message. Replies from a child are matched by a random
 request id; a malformed or oversize frame kills the child.
@@ -24,7 +24,7 @@ in each case the session is re-created from its source and restored to the last 
 snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
 After every call, and before its reply, processes that the call left behind (same
 session id, or escaped into a session of their own) are killed and waited for
-(``cleanup.sweep``).
+(``pid1_cleanup.sweep``).
 
 Host requests (each has an integer ``id``; each reply echoes it):
   open {session, source, class_name, init_config, snapshot?, describe_only?}
@@ -36,10 +36,10 @@ Host requests (each has an integer ``id``; each reply echoes it):
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
   recycle {} -> {status, clean, problems}: once no session or job is left, kill every
-      process but PID 1, empty and prove empty every writable place (``cleanup.reset``);
+      process but PID 1, empty and prove empty every writable place (``pid1_cleanup.reset``);
       ``clean`` False means the host must destroy the sandbox instead of reusing it
   exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
-      time_limit_s}: one-shot jobs, each in a fresh process of its own (``jobs.py``)
+      time_limit_s}: one-shot jobs, each in a fresh process of its own (``pid1_jobs.py``)
 A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
 bad fields); ``message`` says why.
 """
@@ -59,8 +59,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cleanup  # noqa: E402
-import jobs  # noqa: E402
+import pid1_cleanup  # noqa: E402
+import pid1_jobs  # noqa: E402
 import protocol  # noqa: E402
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
@@ -69,8 +69,8 @@ TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
 soon as the runner has connected: never in the runner's environment, which gVisor's
 /proc/1/environ shows to every process of the same uid (it ignores PR_SET_DUMPABLE)."""
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
-SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import session; session.main()"
-"""How a session process starts: ``session.py`` imported as a module (not run as a
+SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import child_session; child_session.main()"
+"""How a session process starts: ``child_session.py`` imported as a module (not run as a
 script), so its bytecode compiled into the image is used instead of compiling it anew in
 every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
@@ -189,8 +189,8 @@ class Session:
         self.snapshot: dict = {}
         self.broken: str | None = None
         self.opened = False
-        self.out = jobs.Output(limits["output_cap_bytes"])
-        self.err = jobs.Output(limits["output_cap_bytes"])
+        self.out = pid1_jobs.Output(limits["output_cap_bytes"])
+        self.err = pid1_jobs.Output(limits["output_cap_bytes"])
 
 
 class Runner:
@@ -207,8 +207,8 @@ class Runner:
         self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
-        self.jobs = jobs.Jobs(self, WORK_ROOT, _oom_kills)
-        self.baseline = cleanup.Baseline(WORK_ROOT)
+        self.jobs = pid1_jobs.Jobs(self, WORK_ROOT, _oom_kills)
+        self.baseline = pid1_cleanup.Baseline(WORK_ROOT)
         self.leftovers: list[str] = []
         """Work directories that could not be removed when their session or job ended."""
         self.tainted: list[str] = []
@@ -243,7 +243,7 @@ class Runner:
         """Remove a finished session's or job's work directory; what cannot be removed
         now is retried by ``recycle`` (and makes it report the sandbox unclean)."""
         try:
-            cleanup.remove(path)
+            pid1_cleanup.remove(path)
         except OSError:
             self.leftovers.append(path)
 
@@ -274,7 +274,7 @@ class Runner:
         tracked = set(self.by_pid) | self.jobs.pids()
         if self.spare is not None:
             tracked.add(self.spare.pid)
-        for pid in cleanup.scan():
+        for pid in pid1_cleanup.scan():
             if pid != os.getpid() and pid not in tracked:
                 try:
                     os.waitpid(pid, os.WNOHANG)
@@ -385,7 +385,7 @@ class Runner:
         host's last session or job of this sandbox has ended and before the sandbox goes
         back to the warm pool. With no session and no job left: every process but PID 1
         is killed (the spare too, which lived beside the previous sessions), the writable
-        places are emptied and proven empty (``cleanup.reset``), a fresh spare is started.
+        places are emptied and proven empty (``pid1_cleanup.reset``), a fresh spare is started.
         ``clean`` is False (with ``problems`` saying why) when anything could not be
         emptied or proven empty, when a session or job is still open, or when an earlier
         sweep failed: the host then destroys the sandbox instead of reusing it."""
@@ -397,7 +397,7 @@ class Runner:
             self.spare.kill()
             self.spare = None
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
-        problems = list(self.tainted) + cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
+        problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
         self.tainted = problems[:]
         self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:16]})
@@ -589,10 +589,10 @@ class Runner:
             self.pump(session)
 
     def sweep_strays(self, session: Session | None = None) -> None:
-        """Kill processes a call left behind, with certainty (``cleanup.sweep``): members
+        """Kill processes a call left behind, with certainty (``pid1_cleanup.sweep``): members
         of ``session``'s process session other than its child, and every process outside
         all known sessions (escaped with setsid). Returns once none of them is alive;
-        if some still live after ``cleanup.SWEEP_DEADLINE_S`` the sandbox is marked
+        if some still live after ``pid1_cleanup.SWEEP_DEADLINE_S`` the sandbox is marked
         tainted and ``recycle`` will refuse it.
 
         Only when the runner is PID 1 of its own pid namespace (always, in a sandbox):
@@ -620,9 +620,9 @@ class Runner:
 
         def reap(pid: int) -> None:
             if pid not in tracked:
-                cleanup.reap_pid(pid)
+                pid1_cleanup.reap_pid(pid)
 
-        if not cleanup.sweep(stray, reap=reap):
+        if not pid1_cleanup.sweep(stray, reap=reap):
             self.tainted.append("a sweep left processes alive")
 
     # -- loop ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """One-shot jobs of a fresh sandbox process: scripts (``exec``) and check functions (``checks``).
 
 Stdlib only. Runs inside a sandbox, in a process the runner took from its pre-started
-spares (``session.py``, which hands its first request over to :func:`run_job` when that
+spares (``child_session.py``, which hands its first request over to :func:`run_job` when that
 request is ``exec`` or ``checks``): such a process never served an environment and
 serves this one job only, then exits. The host imports this module for its caps and its
 path check (:func:`check_file_path`), never to run anything.
@@ -19,14 +19,14 @@ an uncaught ``MemoryError``, which the runner reports as ``oom`` instead of ``er
 ``checks`` (``{workdir, initial_state, final_state, source?, checks: [{index,
 check_func}]}``), EnvScaler's rule-based reward. The states are *encoded* states (one
 entry per attribute: ``["j", value]``, ``["p", base64 pickle]``, ``["u", rendering]``, see
-``session.py``) and are restored here as real Python objects: pickles are unpickled (sets,
+``child_session.py``) and are restored here as real Python objects: pickles are unpickled (sets,
 dates, instances...), so a check sees exactly what EnvScaler's in-process check sees
 (``isinstance(x, set)``, ``date`` comparisons, attribute access). When a pickle refers to a
 class of the environment's own module (or of a module that module creates when it loads,
 as BFCL's environments do), that module is loaded from ``source`` first (its module-level
 code runs here; the class is never instantiated and no tool is called).
 ``"u"`` attributes (not picklable) arrive as their rendering. ``"j"`` values that are tags
-of ``render.py`` (only possible in states a caller wrote by hand, e.g. validation cases)
+of ``child_render.py`` (only possible in states a caller wrote by hand, e.g. validation cases)
 are turned back into the objects they stand for (:func:`unrender`).
 
 This process (the *zygote*) restores both states once, then runs each check in a fresh
@@ -110,7 +110,7 @@ MAX_PATH_DEPTH = 16
 MAX_NAME_BYTES = 255
 
 CTRL_FD = 3
-"""The runner channel of a job process (``session.CTRL_FD``)."""
+"""The runner channel of a job process (``child_session.CTRL_FD``)."""
 SCRIPT_NAME = "main.py"
 CHECK_FILENAME = "<check_func>"
 HEADER_SIZE = 4
@@ -246,10 +246,10 @@ def syntax_error_text(exc: SyntaxError | ValueError) -> str:
 
 
 ENV_MODULE = "dynamic_env"
-"""Name of the environment's module in sessions (``session.MODULE_NAME``): pickles of
+"""Name of the environment's module in sessions (``child_session.MODULE_NAME``): pickles of
 instances of its classes refer to it."""
 ENV_MODULE_ALIASES = ("sandpit_env",)
-"""Earlier names of that module (``session.LEGACY_MODULE_NAMES``)."""
+"""Earlier names of that module (``child_session.LEGACY_MODULE_NAMES``)."""
 
 
 class StateError(Exception):
@@ -320,7 +320,7 @@ def decode_state(encoded: dict, source: str | None) -> dict:
 
 
 def unrender(value: object) -> object:
-    """Objects back from a rendering's tags (``render.py``) where Python can rebuild them:
+    """Objects back from a rendering's tags (``child_render.py``) where Python can rebuild them:
     sets, frozensets, tuples, bytes, dates and times, Decimal, Fraction, complex, UUID,
     non-finite floats, dicts with non-str keys; ``$object`` becomes a
     ``types.SimpleNamespace`` of its attributes, ``$enum`` its value; ``$repr``,
@@ -801,7 +801,7 @@ def _result_fields(raw: bytes) -> dict | None:
 
 
 def run_job(msg: dict, ctrl_fd: int) -> None:
-    """Entry point from ``session.py`` for a spare whose first request is ``exec`` or
+    """Entry point from ``child_session.py`` for a spare whose first request is ``exec`` or
     ``checks``. Never returns: ``exec`` ends through ``SystemExit`` (normal interpreter
     shutdown), ``checks`` through ``os._exit``."""
     channel = _Channel(ctrl_fd)

@@ -1,6 +1,6 @@
 """One-shot jobs of the runner (PID 1): scripts and check-function batches, each in a
 fresh process that never served an environment session. Stdlib only; runs in the runner
-process and never executes job code (that happens in the child, ``oneshot.py``).
+process and never executes job code (that happens in the child, ``child_oneshot.py``).
 
 A job takes a pre-started spare process (the runner's ``Child``), gives it a private
 empty work directory under ``/work`` and one request, and watches it with the same
@@ -25,7 +25,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
           duration_ms, stdout, stderr}], restarts}
       The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
       ``source`` is the environment's code, loaded only to unpickle instances of its
-      classes. One job process (``oneshot.py``'s zygote) restores the states once and
+      classes. One job process (``child_oneshot.py``'s zygote) restores the states once and
       runs every check in a fresh process forked from it, one after the other: after each
       result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
       (so each check's output is attributed to it and no process of one check outlives
@@ -36,7 +36,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
       ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
       ``timeout`` ("not run").
 
-Requests that are malformed (types, caps of ``oneshot.py``) get ``status: "fault"``.
+Requests that are malformed (types, caps of ``child_oneshot.py``) get ``status: "fault"``.
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ import signal
 import time
 
 if __package__:  # imported on the host (unit tests): a package module
-    from . import oneshot, protocol
-else:  # in the sandbox: runner.py put this directory on sys.path
-    import oneshot  # type: ignore[no-redef]
+    from . import child_oneshot, protocol
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import child_oneshot  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
 
 CHILD_MAX_FRAME = 1024 * 1024
 """Largest frame a job process may send (one check's result is a few KiB)."""
-BATCH_SLACK_S = oneshot.BATCH_SLACK_S
-STARTUP_S = oneshot.STARTUP_S
+BATCH_SLACK_S = child_oneshot.BATCH_SLACK_S
+STARTUP_S = child_oneshot.STARTUP_S
 """Time a checks zygote has, on top of a check's own limit, to start and restore the states
 before it says ``ready``; a check's time limit counts from then."""
 JOBS_PER_SLOT = 8
@@ -128,7 +128,7 @@ class Job:
 class Jobs:
     """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
     ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
-    ``runner.py``)."""
+    ``pid1_runner.py``)."""
 
     def __init__(self, runner, work_root: str, oom_kills) -> None:
         self.runner = runner
@@ -168,7 +168,7 @@ class Jobs:
         os.mkdir(workdir, 0o700)
         cap = int(self.runner.limits["output_cap_bytes"])
         if op == "checks":
-            cap = min(cap, oneshot.CHECK_OUTPUT_CAP_BYTES)
+            cap = min(cap, child_oneshot.CHECK_OUTPUT_CAP_BYTES)
         job = Job(op, rid, workdir, timeout_s, cap)
         job.request = request
         self.active.append(job)
@@ -523,12 +523,12 @@ def _unregister(sel, obj) -> None:
 def _exec_request(msg: dict) -> dict:
     """The fields of an ``exec`` request forwarded to the job process, validated."""
     code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
-    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES:
-        raise ValueError(f"field 'code' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > child_oneshot.MAX_CODE_BYTES:
+        raise ValueError(f"field 'code' must be a string of at most {child_oneshot.MAX_CODE_BYTES} bytes")
     if stdin is not None and (not isinstance(stdin, str)
-                              or len(stdin.encode("utf-8", "replace")) > oneshot.MAX_STDIN_BYTES):
-        raise ValueError(f"field 'stdin' must be a string of at most {oneshot.MAX_STDIN_BYTES} bytes")
-    files = oneshot.check_files({} if files is None else files)
+                              or len(stdin.encode("utf-8", "replace")) > child_oneshot.MAX_STDIN_BYTES):
+        raise ValueError(f"field 'stdin' must be a string of at most {child_oneshot.MAX_STDIN_BYTES} bytes")
+    files = child_oneshot.check_files({} if files is None else files)
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
@@ -536,22 +536,22 @@ def _checks_request(msg: dict) -> dict:
     """The fields of a ``checks`` request forwarded to the job process, validated (the
     states' sizes were bounded by the host frame cap)."""
     checks = msg.get("checks")
-    if not isinstance(checks, list) or not 1 <= len(checks) <= oneshot.MAX_CHECKS:
-        raise ValueError(f"field 'checks' must be a list of 1 to {oneshot.MAX_CHECKS} checks")
+    if not isinstance(checks, list) or not 1 <= len(checks) <= child_oneshot.MAX_CHECKS:
+        raise ValueError(f"field 'checks' must be a list of 1 to {child_oneshot.MAX_CHECKS} checks")
     sources = []
     for index, check in enumerate(checks):
         source = check.get("check_func") if isinstance(check, dict) else None
-        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > oneshot.MAX_CHECK_SOURCE_BYTES:
+        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > child_oneshot.MAX_CHECK_SOURCE_BYTES:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
-                             f"{oneshot.MAX_CHECK_SOURCE_BYTES} bytes")
+                             f"{child_oneshot.MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
     initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
     for name, state in (("initial_state", initial), ("final_state", final)):
         if not isinstance(state, dict) or not all(_encoded_entry(entry) for entry in state.values()):
             raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
     if source is not None and (not isinstance(source, str)
-                               or len(source.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES):
-        raise ValueError(f"field 'source' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+                               or len(source.encode("utf-8", "replace")) > child_oneshot.MAX_CODE_BYTES):
+        raise ValueError(f"field 'source' must be a string of at most {child_oneshot.MAX_CODE_BYTES} bytes")
     return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
 
 
@@ -574,8 +574,8 @@ def _check_result(msg: dict, index: int) -> dict | None:
     if type(passed) is not bool or type(duration) not in (int, float) or not 0 <= duration < 1e9:
         return None
     fields = {}
-    for name, cap in (("result", oneshot.RESULT_REPR_CHARS + 8), ("error", oneshot.ERROR_CHARS),
-                      ("traceback", oneshot.TRACEBACK_CHARS + 200)):
+    for name, cap in (("result", child_oneshot.RESULT_REPR_CHARS + 8), ("error", child_oneshot.ERROR_CHARS),
+                      ("traceback", child_oneshot.TRACEBACK_CHARS + 200)):
         value = msg.get(name)
         if value is not None and not isinstance(value, str):
             return None

@@ -1,6 +1,6 @@
 """OpenAI function-calling tool schemas of an environment class, derived by introspection.
 
-Stdlib only (Python 3.11). Inside a sandbox, the session child (``session.py``) runs
+Stdlib only (Python 3.11). Inside a sandbox, the session child (``child_session.py``) runs
 :func:`describe_class` on the untrusted environment class: nothing here ever runs on the
 host with untrusted code. The host imports this module only for its caps (to validate what
 a sandbox returns) and in unit tests, on trusted test classes.

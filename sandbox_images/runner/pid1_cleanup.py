@@ -30,7 +30,7 @@ writable place is emptied and checked:
 A tmpfs directory's ``st_size`` is 20 bytes per entry (plus 40), in Linux and in gVisor
 alike, so ``/work`` (which nobody may list: mode 1733) can be proven empty without
 listing it. SysV IPC and POSIX message queues cannot be listed under gVisor; there the
-guarantee is that session processes cannot create any (``confine.py``'s seccomp filter).
+guarantee is that session processes cannot create any (``child_confine.py``'s seccomp filter).
 Whatever cannot be emptied or proven empty is reported as a problem: the host then
 destroys the sandbox instead of reusing it.
 """
@@ -144,7 +144,7 @@ def kill_all(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
 
 def _own_settings() -> dict[str, object]:
     """This process's resource limits, nice value, scheduling policy and CPU affinity:
-    what another process of the same uid could change (``confine.py`` forbids it to
+    what another process of the same uid could change (``child_confine.py`` forbids it to
     sessions; :func:`reset` checks it stayed)."""
     out: dict[str, object] = {}
     for name in dir(resource):
