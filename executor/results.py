@@ -16,7 +16,7 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sandpit.sandbox_images.runner import child_schemas
+from sandpit.sandbox_images.runner import child_schemas, limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
@@ -105,8 +105,8 @@ def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
     """
     if not isinstance(tools, list):
         raise ProtocolViolation("tools is not a list")
-    if len(tools) > child_schemas.MAX_TOOLS:
-        raise ProtocolViolation(f"more than {child_schemas.MAX_TOOLS} tools")
+    if len(tools) > limits.MAX_TOOLS:
+        raise ProtocolViolation(f"more than {limits.MAX_TOOLS} tools")
     names: set[str] = set()
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
@@ -125,13 +125,13 @@ def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
         _keys(parameters, _PARAMETERS_KEYS, _PARAMETERS_KEYS, f"{where}: parameters")
         properties, required = parameters["properties"], parameters["required"]
         if parameters["type"] != "object" or not isinstance(properties, dict) \
-                or len(properties) > child_schemas.MAX_PARAMS or type(parameters["additionalProperties"]) is not bool:
+                or len(properties) > limits.MAX_PARAMS or type(parameters["additionalProperties"]) is not bool:
             raise ProtocolViolation(f"{where}: malformed parameters object")
         if (not isinstance(required, list) or len(set(map(str, required))) != len(required)
                 or not all(isinstance(r, str) and r in properties for r in required)):
             raise ProtocolViolation(f"{where}: 'required' must list distinct properties")
         for param, schema in properties.items():
-            if not param.isidentifier() or len(param) > 128:
+            if not param.isidentifier() or len(param) > limits.MAX_PARAM_NAME_CHARS:
                 raise ProtocolViolation(f"{where}: parameter name {param[:64]!r} is not an identifier")
             if not isinstance(schema, dict) or "description" not in schema:
                 raise ProtocolViolation(f"{where}: parameter {param!r} has no description")
@@ -145,13 +145,13 @@ def _keys(value: object, required: set[str], allowed: set[str], where: str) -> N
 
 
 def _text(value: object, where: str) -> None:
-    if not isinstance(value, str) or len(value) > child_schemas.MAX_DESCRIPTION_CHARS:
-        raise ProtocolViolation(f"{where} is not a string of at most {child_schemas.MAX_DESCRIPTION_CHARS} characters")
+    if not isinstance(value, str) or len(value) > limits.MAX_DESCRIPTION_CHARS:
+        raise ProtocolViolation(f"{where} is not a string of at most {limits.MAX_DESCRIPTION_CHARS} characters")
 
 
 def _check_schema(schema: object, where: str, depth: int) -> None:
     """One parameter schema (recursively through ``items``/``anyOf``)."""
-    if depth > child_schemas.MAX_SCHEMA_DEPTH + 1:
+    if depth > limits.MAX_SCHEMA_DEPTH + 1:
         raise ProtocolViolation(f"{where}: schema nested too deeply")
     _keys(schema, set(), _SCHEMA_KEYS, where)
     assert isinstance(schema, dict)
@@ -163,23 +163,23 @@ def _check_schema(schema: object, where: str, depth: int) -> None:
         _check_schema(schema["items"], where, depth + 1)
     if "anyOf" in schema:
         members = schema["anyOf"]
-        if not isinstance(members, list) or not 2 <= len(members) <= child_schemas.MAX_ANY_OF:
+        if not isinstance(members, list) or not 2 <= len(members) <= limits.MAX_ANY_OF:
             raise ProtocolViolation(f"{where}: malformed anyOf")
         for member in members:
             _check_schema(member, where, depth + 1)
     if "enum" in schema:
         values = schema["enum"]
-        if (not isinstance(values, list) or not 1 <= len(values) <= child_schemas.MAX_ENUM_VALUES
+        if (not isinstance(values, list) or not 1 <= len(values) <= limits.MAX_ENUM_VALUES
                 or not all(v is None or type(v) in (str, int, float, bool) for v in values)
-                or sum(len(v) for v in values if isinstance(v, str)) > child_schemas.MAX_ENUM_CHARS):
+                or sum(len(v) for v in values if isinstance(v, str)) > limits.MAX_ENUM_CHARS):
             raise ProtocolViolation(f"{where}: malformed enum")
     if "default" in schema:
         try:
             size = len(json.dumps(schema["default"], allow_nan=False))
         except (TypeError, ValueError, RecursionError):
-            size = child_schemas.MAX_DEFAULT_CHARS + 1
-        if size > child_schemas.MAX_DEFAULT_CHARS:
-            raise ProtocolViolation(f"{where}: default is not JSON of at most {child_schemas.MAX_DEFAULT_CHARS} characters")
+            size = limits.MAX_DEFAULT_CHARS + 1
+        if size > limits.MAX_DEFAULT_CHARS:
+            raise ProtocolViolation(f"{where}: default is not JSON of at most {limits.MAX_DEFAULT_CHARS} characters")
 
 
 class StateDelta(BaseModel):

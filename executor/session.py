@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
 from .errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
@@ -41,16 +42,16 @@ from .results import (
 )
 
 log = logging.getLogger(__name__)
-MAX_TOOL_NAME = 128
-MAX_ERROR_CHARS = 4096
-MAX_SOURCE_BYTES = 4 * 1024 * 1024
+MAX_SOURCE_BYTES = limits.MAX_SOURCE_BYTES
+"""Largest environment source (``limits.MAX_SOURCE_BYTES``; importable from here and
+from ``pool``, where it was defined)."""
 
 
 def check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
     """Raise ValueError naming the first bad argument of ``open_session``/``describe``
     (any :class:`~sandpit.executor.interface.Executor` applies these checks)."""
-    if not isinstance(tenant, str) or not tenant or len(tenant) > 128:
-        raise ValueError("tenant must be a non-empty string of at most 128 characters")
+    if not isinstance(tenant, str) or not tenant or len(tenant) > limits.TENANT_MAX_CHARS:
+        raise ValueError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
     if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
         raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
     if not isinstance(class_name, str) or not class_name.isidentifier():
@@ -126,8 +127,9 @@ class Session:
         """
         started = time.perf_counter()
         arguments = {} if arguments is None else arguments
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > MAX_TOOL_NAME:
-            return _rejected(f"Error: {str(name)[:MAX_TOOL_NAME]!r} is not a public tool name", started)
+        longest = limits.TOOL_CALL_NAME_MAX_CHARS
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > longest:
+            return _rejected(f"Error: {str(name)[:longest]!r} is not a public tool name", started)
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
             return _rejected("Error: arguments must be an object with string keys", started)
         if self.describe_only:
@@ -191,7 +193,7 @@ class Session:
             "parameters": {"type": "object", "properties": {name: schema}, "required":
             [name, ...], "additionalProperties": bool}}}, ...]``, public methods in
             definition order (most-derived class first); rules and caps in
-            :mod:`sandpit.sandbox_images.runner.child_schemas`. Notes on methods that could only
+            :mod:`sandpit.sandbox_images.runner.child_schemas` and ``limits``. Notes on methods that could only
             be partly described are logged at INFO level.
 
         Raises:
@@ -211,8 +213,8 @@ class Session:
             status = reply.get("status")
             if status != "ok":
                 traceback = reply.get("traceback")
-                raise ToolSchemaError(str(status)[:32], str(reply.get("observation", ""))[:MAX_ERROR_CHARS],
-                                      traceback[:2 * MAX_ERROR_CHARS] if isinstance(traceback, str) else None)
+                raise ToolSchemaError(str(status)[:32], str(reply.get("observation", ""))[:limits.DESCRIBE_ERROR_CHARS],
+                                      traceback[:limits.DESCRIBE_TRACEBACK_CHARS] if isinstance(traceback, str) else None)
             try:
                 tools = check_tool_schemas(reply.get("tools"))
                 notes = reply.get("notes") or []
@@ -220,8 +222,8 @@ class Session:
                     raise ProtocolViolation("notes is not a list of strings")
             except ProtocolViolation as exc:
                 raise SessionError(f"sandbox sent malformed tool schemas: {exc}") from exc
-            for note in notes[:64]:
-                log.info("session %s (%s): %s", self.id, self.class_name, note[:512])
+            for note in notes[:limits.MAX_NOTES]:
+                log.info("session %s (%s): %s", self.id, self.class_name, note[:limits.MAX_NOTE_CHARS])
             return tools
 
     def snapshot(self) -> Snapshot:

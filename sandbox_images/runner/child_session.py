@@ -45,6 +45,24 @@ import sys
 import time
 import types
 
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import (
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        JSON_NATIVE_MAX_DEPTH,
+        KEYED_MIN_BYTES,
+        SESSION_TRACEBACK_CHARS,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import (
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        JSON_NATIVE_MAX_DEPTH,
+        KEYED_MIN_BYTES,
+        SESSION_TRACEBACK_CHARS,
+    )
+
 # pickle, base64 and traceback are imported where used: most sessions never need them,
 # and every spare process would pay for them at start (CPU of the sandbox's quota).
 
@@ -54,10 +72,6 @@ MODULE_NAME = "dynamic_env"
 LEGACY_MODULE_NAMES = ("sandpit_env",)
 """Earlier names of the module, kept as aliases so pickles in older snapshots load."""
 JSON_SCALARS = (str, int, float, bool, type(None))
-TRACEBACK_LIMIT_BYTES = 4096
-JSON_NATIVE_MAX_DEPTH = 100
-"""JSON values nested deeper than this are pickled (and rendered with a depth marker)
-rather than sent as ``"j"``: frames may nest at most ``protocol.MAX_DEPTH`` levels."""
 
 HEADER_SIZE = 4
 IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -172,10 +186,6 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
     return ("p", encoded, _rendering(value))
 
 
-KEYED_MIN_BYTES = 32 * 1024
-"""JSON objects whose encoding is at least this large are tracked key by key: a call that
-changes a few records sends ``["k", {"set": {key: value}, "del": [key]}]`` instead of the
-whole object (runner and host merge it into their snapshots)."""
 _MISSING = object()
 
 
@@ -437,10 +447,10 @@ def _bounded_traceback(exc: BaseException) -> str:
 
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
     text = "".join(line for line in lines if "sandbox_images/runner" not in line and "/opt/sandpit/" not in line)
-    if len(text) > TRACEBACK_LIMIT_BYTES:  # keep where it started and where it failed
-        head = TRACEBACK_LIMIT_BYTES // 4
-        tail = TRACEBACK_LIMIT_BYTES - head
-        text = text[:head] + f"\n...[{len(text) - TRACEBACK_LIMIT_BYTES} characters cut]...\n" + text[-tail:]
+    if len(text) > SESSION_TRACEBACK_CHARS:  # keep where it started and where it failed
+        head = SESSION_TRACEBACK_CHARS // 4
+        tail = SESSION_TRACEBACK_CHARS - head
+        text = text[:head] + f"\n...[{len(text) - SESSION_TRACEBACK_CHARS} characters cut]...\n" + text[-tail:]
     return text
 
 
@@ -488,7 +498,7 @@ def harden(limits: dict) -> None:
         kind = resource.RLIMIT_AS if limits.get("memory_rlimit") == "as" else resource.RLIMIT_DATA
         resource.setrlimit(kind, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    nofile = int(limits.get("session_nofile", 256))
+    nofile = int(limits.get("session_nofile", DEFAULT_SESSION_NOFILE))
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     try:  # non-dumpable: other sessions (same uid) cannot ptrace us or read /proc/<pid>/*
         import ctypes
@@ -507,7 +517,7 @@ def harden(limits: dict) -> None:
 
 
 def serve(session: Session) -> None:
-    max_obs = int(session.limits.get("observation_cap_bytes", 1 << 20))
+    max_obs = int(session.limits.get("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES))
     while True:
         try:
             msg = session.recv()
@@ -576,7 +586,7 @@ def _describe(session: Session, request_id: str) -> None:
     except MemoryError:
         raise
     except BaseException as exc:  # noqa: BLE001 - hostile classes: reported, not fatal
-        status, text, notes = "error", _error_observation(exc)[:TRACEBACK_LIMIT_BYTES], []
+        status, text, notes = "error", _error_observation(exc)[:SESSION_TRACEBACK_CHARS], []
         traceback_text: str | None = _bounded_traceback(exc)
     else:
         traceback_text = None

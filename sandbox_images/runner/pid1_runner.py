@@ -31,7 +31,7 @@ Host requests (each has an integer ``id``; each reply echoes it):
       -> {status, observation?, snapshot?}   (describe_only: load the class, never instantiate)
   call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
   describe {session} -> {status, tools, notes} or {status, observation, traceback?}
-      (OpenAI tool schemas of the class; the encoded tools are at most DESCRIBE_MAX_BYTES)
+      (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
@@ -62,6 +62,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pid1_cleanup  # noqa: E402
 import pid1_jobs  # noqa: E402
 import protocol  # noqa: E402
+from limits import (  # noqa: E402
+    BROKEN_MAX_CHARS,
+    CHILD_SEND_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_OBSERVATION_CAP_BYTES,
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_SESSION_MEMORY_BYTES,
+    DEFAULT_SESSION_NOFILE,
+    DESCRIBE_ERROR_CHARS,
+    DESCRIBE_TRACEBACK_CHARS,
+    MAX_FRAME_BYTES,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SCHEMAS_BYTES,
+    RECYCLE_MAX_PROBLEMS,
+    SESSION_ID_MAX_CHARS,
+    SPAWN_RETRY_S,
+    TOKEN_MAX_CHARS,
+)
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
 TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
@@ -74,11 +94,6 @@ SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import child_session;
 script), so its bytecode compiled into the image is used instead of compiling it anew in
 every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
-CHILD_MAX_FRAME = 64 * 1024 * 1024
-CHILD_SEND_TIMEOUT_S = 5.0
-SPAWN_RETRY_S = 2.0
-DESCRIBE_MAX_BYTES = 4_194_304  # == schemas.MAX_SCHEMAS_BYTES (a unit test checks)
-DESCRIBE_MAX_NOTES = 64  # == schemas.MAX_NOTES (a unit test checks)
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -157,7 +172,7 @@ class Child:
         os.set_blocking(err_r, False)
         self.out_r = out_r
         self.err_r = err_r
-        self.frames = protocol.FrameBuffer(CHILD_MAX_FRAME)
+        self.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         self.alive = True
 
     def send(self, message: dict) -> None:
@@ -199,7 +214,7 @@ class Runner:
         self.limits = limits
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.host, selectors.EVENT_READ, ("host", None))
-        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", protocol.DEFAULT_MAX_FRAME)))
+        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", MAX_FRAME_BYTES)))
         self.sessions: dict[str, Session] = {}
         self.by_pid: dict[int, Session] = {}
         self.spare: Child | None = None
@@ -220,7 +235,7 @@ class Runner:
             "session_memory_bytes": self.limits["session_memory_bytes"],
             "memory_rlimit": self.limits.get("memory_rlimit", "data"),
             "observation_cap_bytes": self.limits["observation_cap_bytes"],
-            "session_nofile": self.limits.get("session_nofile", 256),
+            "session_nofile": self.limits.get("session_nofile", DEFAULT_SESSION_NOFILE),
         }
 
     def _take_child(self) -> Child:
@@ -323,7 +338,7 @@ class Runner:
             self.jobs.start(rid, msg)
             return
         sid = msg.get("session")
-        if not isinstance(sid, str) or not sid or len(sid) > 128:
+        if not isinstance(sid, str) or not sid or len(sid) > SESSION_ID_MAX_CHARS:
             self.fault(rid, "field 'session' must be a non-empty string")
             return
         if op == "open":
@@ -400,7 +415,7 @@ class Runner:
         problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
         self.tainted = problems[:]
-        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:16]})
+        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:RECYCLE_MAX_PROBLEMS]})
         self._ensure_spare()
 
     # -- dispatch to child -----------------------------------------------------------
@@ -506,7 +521,7 @@ class Runner:
         if kind == "init":
             if status != "ok":
                 if item.get("rid") is None:  # a respawn failed: the session is unusable
-                    session.broken = str(msg.get("observation"))[:2000]
+                    session.broken = str(msg.get("observation"))[:BROKEN_MAX_CHARS]
                     self._detach(session)
                 else:
                     self.reply({"id": rid, "status": status, "observation": msg.get("observation"),
@@ -592,7 +607,7 @@ class Runner:
         """Kill processes a call left behind, with certainty (``pid1_cleanup.sweep``): members
         of ``session``'s process session other than its child, and every process outside
         all known sessions (escaped with setsid). Returns once none of them is alive;
-        if some still live after ``pid1_cleanup.SWEEP_DEADLINE_S`` the sandbox is marked
+        if some still live after ``limits.SWEEP_DEADLINE_S`` the sandbox is marked
         tainted and ``recycle`` will refuse it.
 
         Only when the runner is PID 1 of its own pid namespace (always, in a sandbox):
@@ -766,26 +781,26 @@ class Runner:
 
 def _describe_reply(rid: object, status: object, msg: dict) -> dict:
     """The host reply to a ``describe`` answered by a child. Nothing the child sends is
-    trusted: ``tools`` must be a list and encode to at most DESCRIBE_MAX_BYTES, ``notes``
+    trusted: ``tools`` must be a list and encode to at most MAX_SCHEMAS_BYTES, ``notes``
     a short list of strings, an error's observation/traceback are cut to 4 KiB; anything
     else becomes an ``error`` result (the host validates each schema's shape)."""
     if status != "ok":
-        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:4096]}
+        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:DESCRIBE_ERROR_CHARS]}
         if isinstance(msg.get("traceback"), str):
-            out["traceback"] = msg["traceback"][:8192]
+            out["traceback"] = msg["traceback"][:DESCRIBE_TRACEBACK_CHARS]
         return out
     tools = msg.get("tools")
     notes = msg.get("notes")
-    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > DESCRIBE_MAX_NOTES:
+    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > MAX_NOTES:
         return {"id": rid, "status": "error", "observation": "Error: malformed describe reply from the session"}
     try:
         size = len(protocol.encode({"tools": tools}, errors="replace"))
     except (TypeError, ValueError, RecursionError):
-        size = DESCRIBE_MAX_BYTES + 1
-    if size > DESCRIBE_MAX_BYTES + 64:  # frame header and key
+        size = MAX_SCHEMAS_BYTES + 1
+    if size > MAX_SCHEMAS_BYTES + 64:  # frame header and key
         return {"id": rid, "status": "error",
-                "observation": f"Error: tool schemas exceed {DESCRIBE_MAX_BYTES} bytes"}
-    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:512] for n in notes]}
+                "observation": f"Error: tool schemas exceed {MAX_SCHEMAS_BYTES} bytes"}
+    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:MAX_NOTE_CHARS] for n in notes]}
 
 
 def connect(path: str, deadline_s: float) -> socket.socket:
@@ -807,7 +822,7 @@ def read_token(path: str = TOKEN_PATH) -> str:
     refuses the hello)."""
     try:
         with open(path) as handle:
-            return handle.read(1024).strip()
+            return handle.read(TOKEN_MAX_CHARS).strip()
     except OSError:
         return ""
 
@@ -815,10 +830,10 @@ def read_token(path: str = TOKEN_PATH) -> str:
 def main() -> None:
     token = read_token()
     limits = json.loads(os.environ.pop("SANDPIT_LIMITS", "{}"))
-    limits.setdefault("call_timeout_s", 10.0)
-    limits.setdefault("session_memory_bytes", 256 * 1024 * 1024)
-    limits.setdefault("output_cap_bytes", 64 * 1024)
-    limits.setdefault("observation_cap_bytes", 1024 * 1024)
+    limits.setdefault("call_timeout_s", DEFAULT_CALL_TIMEOUT_S)
+    limits.setdefault("session_memory_bytes", DEFAULT_SESSION_MEMORY_BYTES)
+    limits.setdefault("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES)
+    limits.setdefault("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES)
     try:  # non-dumpable: sessions (same uid) cannot read our memory, environ or fds
         import ctypes
 
@@ -829,7 +844,7 @@ def main() -> None:
     # PID 1 of the sandbox: with no handler, signals from sessions (same uid) are ignored by
     # the kernel; Python's default SIGINT handler would let a session stop the runner.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sock = connect(SOCKET_PATH, 30.0)
+    sock = connect(SOCKET_PATH, CONNECT_TIMEOUT_S)
     sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
     _detach_stdio()
     Runner(sock, limits).run()

@@ -17,7 +17,7 @@ import pytest
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 from sandpit.executor.results import ExecResult
-from sandpit.sandbox_images.runner import child_oneshot
+from sandpit.sandbox_images.runner import limits
 
 pytestmark = pytest.mark.docker
 
@@ -153,7 +153,7 @@ def test_stdin(ex) -> None:
     empty = ex("import sys\nprint(repr(sys.stdin.read()))")
     assert empty.stdout == "''\n"
     with pytest.raises(ValueError, match="stdin has more than"):
-        ex("pass", stdin="x" * (child_oneshot.MAX_STDIN_BYTES + 1))
+        ex("pass", stdin="x" * (limits.MAX_STDIN_BYTES + 1))
 
 
 def test_files_are_written_into_the_working_directory(ex) -> None:
@@ -170,7 +170,7 @@ def test_files_are_written_into_the_working_directory(ex) -> None:
 @pytest.mark.parametrize("files", [
     {"/etc/passwd": "x"}, {"../escape": "x"}, {"a/../../b": "x"}, {"": "x"}, {"a//b": "x"}, {"a/": "x"},
     {".": "x"}, {"a\x00b": "x"}, {"a\nb": "x"}, {"a\\b": "x"}, {"x" * 300: "x"}, {"a": "x", "a/b": "y"},
-    {"a": 1}, {f"f{i}": "" for i in range(child_oneshot.MAX_FILES + 1)}, {"big": "x" * (child_oneshot.MAX_FILE_BYTES + 1)},
+    {"a": 1}, {f"f{i}": "" for i in range(limits.MAX_FILES + 1)}, {"big": "x" * (limits.MAX_FILE_BYTES + 1)},
     {"\ud800": "x"},
 ])
 def test_hostile_file_names_and_oversize_files_are_rejected(ex, files) -> None:

@@ -7,40 +7,40 @@ sandboxes."""
 from __future__ import annotations
 
 import pytest
-from sandpit.sandbox_images.runner import child_oneshot, pid1_jobs, protocol
+from sandpit.sandbox_images.runner import child_oneshot, limits, pid1_jobs, protocol
 
 
 @pytest.mark.parametrize("path", ["a", "a.txt", "dir/file.py", "a/b/c/d", "ünï/çødé.txt", ".hidden", "a..b",
-                                  "x" * 255, "/".join(["d"] * child_oneshot.MAX_PATH_DEPTH)])
+                                  "x" * 255, "/".join(["d"] * limits.MAX_PATH_DEPTH)])
 def test_relative_paths_are_accepted(path: str) -> None:
-    assert child_oneshot.check_file_path(path) == path
+    assert limits.check_file_path(path) == path
 
 
 @pytest.mark.parametrize(("path", "message"), [
     ("", "1 to"), ("/etc/passwd", "absolute"), ("../x", "'..'"), ("a/../../b", "'..'"), ("a/..", "'..'"),
     (".", "'.'"), ("./a", "'.'"), ("a//b", "empty"), ("a/", "empty"), ("a\x00b", "control"), ("a\nb", "control"),
     ("a\x7fb", "control"), ("a\\b", "backslash"), ("x" * 256, "255 bytes"), ("ü" * 128, "255 bytes"),
-    ("/".join(["d"] * (child_oneshot.MAX_PATH_DEPTH + 1)), "deeper"), ("a" * (child_oneshot.MAX_PATH_CHARS + 1), "1 to"),
+    ("/".join(["d"] * (limits.MAX_PATH_DEPTH + 1)), "deeper"), ("a" * (limits.MAX_PATH_CHARS + 1), "1 to"),
     ("\ud800", "not valid text"), (5, "not a string"), (None, "not a string"),
 ])
 def test_hostile_paths_are_rejected(path: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        child_oneshot.check_file_path(path)
+        limits.check_file_path(path)
 
 
 def test_file_sets() -> None:
     files = {"a.txt": "x", "d/b.txt": "ü" * 10}
-    assert child_oneshot.check_files(files) is files
-    assert child_oneshot.check_files({}) == {}
+    assert limits.check_files(files) is files
+    assert limits.check_files({}) == {}
     for bad, message in [
         ([], "must be an object"), ({"a": b"bytes"}, "must be text"), ({"a": "\udc00"}, "not valid text"),
-        ({f"f{i}": "" for i in range(child_oneshot.MAX_FILES + 1)}, "at most 64 files"),
-        ({"big": "x" * (child_oneshot.MAX_FILE_BYTES + 1)}, "bytes; at most"),
-        ({f"f{i}": "x" * child_oneshot.MAX_FILE_BYTES for i in range(3)}, "total"),
+        ({f"f{i}": "" for i in range(limits.MAX_FILES + 1)}, "at most 64 files"),
+        ({"big": "x" * (limits.MAX_FILE_BYTES + 1)}, "bytes; at most"),
+        ({f"f{i}": "x" * limits.MAX_FILE_BYTES for i in range(3)}, "total"),
         ({"a": "", "a/b": ""}, "which is a file"), ({"a/b/c": "", "a/b": ""}, "which is a file"),
     ]:
         with pytest.raises(ValueError, match=message):
-            child_oneshot.check_files(bad)
+            limits.check_files(bad)
 
 
 class BoolSub(int):
@@ -76,14 +76,14 @@ def test_bounded_repr() -> None:
     assert child_oneshot.bounded_repr("x") == "'x'"
     assert child_oneshot.bounded_repr(Hostile()) == "<unrepresentable Hostile: RuntimeError>"
     text = child_oneshot.bounded_repr(Huge())
-    assert len(text) == child_oneshot.RESULT_REPR_CHARS + 3 and text.endswith("...")
+    assert len(text) == limits.RESULT_REPR_CHARS + 3 and text.endswith("...")
     assert child_oneshot.classify(Huge())[2].endswith(", not a bool") and len(child_oneshot.classify(Huge())[2]) < 300
 
 
 def test_error_texts() -> None:
     assert child_oneshot.error_text(KeyError("x")) == "Error: KeyError: 'x'"
     assert child_oneshot.error_text(ValueError()) == "Error: ValueError"
-    assert len(child_oneshot.error_text(ValueError("v" * 10000))) == child_oneshot.ERROR_CHARS
+    assert len(child_oneshot.error_text(ValueError("v" * 10000))) == limits.ERROR_CHARS
     try:
         compile("def f(:\n", "<check_func>", "exec")
     except SyntaxError as exc:
@@ -118,7 +118,7 @@ def test_output_keeps_the_cap_and_counts_the_rest() -> None:
 def test_exec_requests_are_validated() -> None:
     assert pid1_jobs._exec_request({"code": "print(1)"}) == {"code": "print(1)", "stdin": "", "files": {}}
     for bad, message in [
-        ({"code": 5}, "'code'"), ({"code": "x" * (child_oneshot.MAX_CODE_BYTES + 1)}, "'code'"),
+        ({"code": 5}, "'code'"), ({"code": "x" * (limits.MAX_CODE_BYTES + 1)}, "'code'"),
         ({"code": "", "stdin": 5}, "'stdin'"), ({"code": "", "files": {"../x": ""}}, "'..'"),
         ({"code": "", "files": []}, "must be an object"),
     ]:
@@ -132,7 +132,7 @@ def test_check_requests_are_validated() -> None:
     for change, message in [
         ({"checks": []}, "1 to 256"), ({"checks": [{}] * 257}, "1 to 256"), ({"checks": "x"}, "1 to 256"),
         ({"checks": [{"check_func": 1}]}, r"checks\[0\]"), ({"checks": [5]}, r"checks\[0\]"),
-        ({"checks": [{"check_func": "#" * (child_oneshot.MAX_CHECK_SOURCE_BYTES + 1)}]}, r"checks\[0\]"),
+        ({"checks": [{"check_func": "#" * (limits.MAX_CHECK_SOURCE_BYTES + 1)}]}, r"checks\[0\]"),
         ({"initial_state": []}, "must be an encoded state"), ({"final_state": None}, "must be an encoded state"),
         ({"final_state": {"a": 1}}, "must be an encoded state"), ({"final_state": {"a": ["q", 1]}}, "encoded state"),
         ({"source": 5}, "'source'"),
@@ -151,7 +151,7 @@ def test_check_result_frames_are_validated_and_capped() -> None:
                                               "traceback": None, "duration_ms": 0.5}
     assert pid1_jobs._check_result(frame(status="error", passed=True), 2)["passed"] is False  # only ok passes
     long = pid1_jobs._check_result(frame(error="e" * 100000, traceback="t" * 100000, result="r" * 100000), 2)
-    assert len(long["error"]) == child_oneshot.ERROR_CHARS and len(long["result"]) <= child_oneshot.RESULT_REPR_CHARS + 8
+    assert len(long["error"]) == limits.ERROR_CHARS and len(long["result"]) <= limits.RESULT_REPR_CHARS + 8
     for bad in [frame(index=3), frame(index="2"), frame(status="fault"), frame(status="timeout"),
                 frame(passed=1), frame(duration_ms=-1), frame(duration_ms=float("inf")), frame(duration_ms="1"),
                 frame(result=5), frame(error=["x"]), frame(traceback={})]:

@@ -48,8 +48,8 @@ def test_imports_between_runner_modules_name_existing_files() -> None:
     for name in RUNNER_FILES:
         tree = ast.parse((RUNNER_DIR / name).read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                imported = [alias.name for alias in node.names]
+            if isinstance(node, ast.ImportFrom) and (node.level == 1 or node.module in stems):
+                imported = [node.module] if node.module else [alias.name for alias in node.names]
             elif isinstance(node, ast.Import):
                 imported = [alias.name for alias in node.names if alias.name in stems
                             or alias.name.startswith(("pid1_", "child_"))]
@@ -64,3 +64,41 @@ def test_session_processes_boot_the_child_session_module() -> None:
     boot = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "SESSION_BOOT")
     assert "import child_session; child_session.main()" in ast.unparse(boot)
+
+
+CAP_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def _is_cap(name: str) -> bool:
+    return bool(CAP_NAME.match(name)) and (name.startswith("MAX_") or "_MAX_" in name or "_CAP_" in name
+                                           or name.endswith(("_BYTES", "_CHARS", "_S")))
+
+
+def _numeric(node: ast.expr) -> bool:
+    return all(isinstance(n, ast.Constant | ast.BinOp | ast.operator | ast.UnaryOp | ast.unaryop)
+               and (not isinstance(n, ast.Constant) or isinstance(n.value, int | float)) for n in ast.walk(node))
+
+
+def test_every_cap_is_defined_once_in_limits() -> None:
+    # the host's side of the runner too; not executor/policy.py, whose caps bound a
+    # host-side parser of its own and never meet the runner
+    host = sorted(p for p in (Path(DEFINITION_DIR).parent / "executor").glob("*.py") if p.name != "policy.py")
+    for path in [RUNNER_DIR / name for name in RUNNER_FILES if name != "limits.py"] + host:
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                assert not (_is_cap(name) and _numeric(node.value)), \
+                    f"{path.name}: cap {name} belongs in sandbox_images/runner/limits.py"
+
+
+def test_pid1_never_imports_child_modules() -> None:
+    for name in RUNNER_FILES:
+        if not name.startswith("pid1_"):
+            continue
+        tree = ast.parse((RUNNER_DIR / name).read_text())
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import | ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.append(node.module)
+            assert not any(n.startswith("child_") for n in names), f"{name} imports a child_ module: {names}"
