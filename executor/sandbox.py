@@ -17,9 +17,11 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import docker
 from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner.limits import HELLO_MAX_BYTES
 
 from . import engine
 from .channel import RunnerChannel
@@ -99,13 +101,13 @@ class Sandbox:
             spec.pop("detach")
             with engine.map_docker_errors("creating a sandbox container"):
                 container = client.containers.create(**spec)
-                container_id = container.id
+                container_id = str(container.id)
                 container.start()
             conn = _accept(listener, client, container_id, sandbox_id, settings.startup_timeout_s)
             _unlink(token_path)  # read before connecting; no session process exists yet
             try:
                 conn.settimeout(max(1.0, settings.startup_timeout_s))
-                hello = protocol.recv_frame(conn, 4096)
+                hello = protocol.recv_frame(conn, HELLO_MAX_BYTES)
                 if hello.get("op") != "hello" or not hmac.compare_digest(str(hello.get("token", "")), token):
                     raise SandboxStartError("runner hello had a wrong token", sandbox_id)
             except (OSError, EOFError, protocol.ProtocolViolation) as exc:
@@ -135,7 +137,7 @@ class Sandbox:
     def alive(self) -> bool:
         return not self.destroyed and self.channel.alive
 
-    def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict:
+    def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         """One runner request. Default timeout: two call timeouts (a re-create plus the
         call itself) plus the watchdog grace.
 

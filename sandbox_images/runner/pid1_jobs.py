@@ -1,6 +1,6 @@
 """One-shot jobs of the runner (PID 1): scripts and check-function batches, each in a
 fresh process that never served an environment session. Stdlib only; runs in the runner
-process and never executes job code (that happens in the child, ``oneshot.py``).
+process and never executes job code (that happens in the child, ``child_oneshot.py``).
 
 A job takes a pre-started spare process (the runner's ``Child``), gives it a private
 empty work directory under ``/work`` and one request, and watches it with the same
@@ -25,7 +25,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
           duration_ms, stdout, stderr}], restarts}
       The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
       ``source`` is the environment's code, loaded only to unpickle instances of its
-      classes. One job process (``oneshot.py``'s zygote) restores the states once and
+      classes. One job process (``child_oneshot.py``'s zygote) restores the states once and
       runs every check in a fresh process forked from it, one after the other: after each
       result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
       (so each check's output is attributed to it and no process of one check outlives
@@ -36,7 +36,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
       ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
       ``timeout`` ("not run").
 
-Requests that are malformed (types, caps of ``oneshot.py``) get ``status: "fault"``.
+Requests that are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
 """
 
 from __future__ import annotations
@@ -47,23 +47,45 @@ import selectors
 import signal
 import time
 
-if __package__:  # imported on the host (unit tests): a package module
-    from . import oneshot, protocol
-else:  # in the sandbox: runner.py put this directory on sys.path
-    import oneshot  # type: ignore[no-redef]
-    import protocol  # type: ignore[no-redef]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
+    from collections.abc import Callable
+    from typing import Any
 
-CHILD_MAX_FRAME = 1024 * 1024
-"""Largest frame a job process may send (one check's result is a few KiB)."""
-BATCH_SLACK_S = oneshot.BATCH_SLACK_S
-STARTUP_S = oneshot.STARTUP_S
-"""Time a checks zygote has, on top of a check's own limit, to start and restore the states
-before it says ``ready``; a check's time limit counts from then."""
-JOBS_PER_SLOT = 8
-"""Concurrent jobs per session slot of the sandbox (``max_sessions``)."""
-DRAIN_MAX_READS = 64
-"""Reads of a pipe when a job ends (64 KiB each): bounded even if an escaped process
-keeps writing into it."""
+    from .pid1_runner import Child, Runner
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from . import protocol
+    from .limits import (
+        BATCH_SLACK_S,
+        CHECK_OUTPUT_CAP_BYTES,
+        CHECK_RESULT_TEXT_CAPS,
+        DRAIN_MAX_READS,
+        JOB_MAX_FRAME_BYTES,
+        JOBS_PER_SLOT,
+        MAX_CHECK_SOURCE_BYTES,
+        MAX_CHECKS,
+        MAX_CODE_BYTES,
+        MAX_STDIN_BYTES,
+        STARTUP_S,
+        check_files,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import protocol
+    from limits import (
+        BATCH_SLACK_S,
+        CHECK_OUTPUT_CAP_BYTES,
+        CHECK_RESULT_TEXT_CAPS,
+        DRAIN_MAX_READS,
+        JOB_MAX_FRAME_BYTES,
+        JOBS_PER_SLOT,
+        MAX_CHECK_SOURCE_BYTES,
+        MAX_CHECKS,
+        MAX_CODE_BYTES,
+        MAX_STDIN_BYTES,
+        STARTUP_S,
+        check_files,
+    )
+
 CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
 
 
@@ -106,7 +128,8 @@ class Job:
         self.rid = rid
         self.workdir = workdir
         self.timeout_s = timeout_s
-        self.child = None  # the runner's Child, while a process runs
+        self.child: Child | None = None
+        """The runner's Child, while a process runs."""
         self.token = ""
         self.deadline = 0.0
         self.started = time.monotonic()
@@ -116,8 +139,8 @@ class Job:
         self.memory_error = False  # exec: the script reported an uncaught MemoryError
         self.ctrl_open = False
         # checks
-        self.request: dict = {}
-        self.results: list[dict | None] = []
+        self.request: dict[str, Any] = {}
+        self.results: list[dict[str, Any] | None] = []
         self.next = 0
         self.check_started = 0.0
         self.budget_deadline = 0.0
@@ -128,9 +151,9 @@ class Job:
 class Jobs:
     """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
     ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
-    ``runner.py``)."""
+    ``pid1_runner.py``)."""
 
-    def __init__(self, runner, work_root: str, oom_kills) -> None:
+    def __init__(self, runner: Runner, work_root: str, oom_kills: Callable[[], int]) -> None:
         self.runner = runner
         self.work_root = work_root
         self.oom_kills = oom_kills
@@ -144,15 +167,15 @@ class Jobs:
     def _max_jobs(self) -> int:
         return JOBS_PER_SLOT * max(1, int(self.runner.limits.get("max_sessions", 1)))
 
-    def _timeout(self, msg: dict) -> float:
+    def _timeout(self, msg: dict[str, Any]) -> float:
         limit = float(self.runner.limits["call_timeout_s"])
         value = msg.get("time_limit_s", limit)
-        if type(value) not in (int, float) or not value > 0:
+        if not (type(value) is int or type(value) is float) or not value > 0:
             raise ValueError("field 'time_limit_s' must be a positive number")
         return min(float(value), limit)
 
     # -- host requests ---------------------------------------------------------------
-    def start(self, rid: object, msg: dict) -> None:
+    def start(self, rid: object, msg: dict[str, Any]) -> None:
         """Validate and start an ``exec`` or ``checks`` request (``fault`` if malformed)."""
         op = msg.get("op")
         if len(self.active) >= self._max_jobs():
@@ -168,8 +191,8 @@ class Jobs:
         os.mkdir(workdir, 0o700)
         cap = int(self.runner.limits["output_cap_bytes"])
         if op == "checks":
-            cap = min(cap, oneshot.CHECK_OUTPUT_CAP_BYTES)
-        job = Job(op, rid, workdir, timeout_s, cap)
+            cap = min(cap, CHECK_OUTPUT_CAP_BYTES)
+        job = Job(str(op), rid, workdir, timeout_s, cap)
         job.request = request
         self.active.append(job)
         if op == "exec":
@@ -181,7 +204,7 @@ class Jobs:
             job.budget_deadline = job.started + timeout_s * count + BATCH_SLACK_S + STARTUP_S
             self._next_checks(job)
 
-    def _launch(self, job: Job, fields: dict | None = None) -> bool:
+    def _launch(self, job: Job, fields: dict[str, Any] | None = None) -> bool:
         """Start ``job``'s next process and send it the request. False (and the job is
         finished or failed over) when no process could be started."""
         try:
@@ -189,7 +212,7 @@ class Jobs:
         except OSError as exc:
             self._no_process(job, f"could not start a process: {exc}")
             return False
-        child.frames = protocol.FrameBuffer(CHILD_MAX_FRAME)
+        child.frames = protocol.FrameBuffer(JOB_MAX_FRAME_BYTES)
         job.child = child
         job.token = secrets.token_hex(16)
         job.ctrl_open = True
@@ -242,7 +265,7 @@ class Jobs:
             return
         (job.out if kind == "job-out" else job.err).add(chunk)
 
-    def _feed(self, job: Job, child, data: bytes) -> None:
+    def _feed(self, job: Job, child: Child, data: bytes) -> None:
         try:
             messages = child.frames.feed(data)
         except protocol.ProtocolViolation as exc:
@@ -267,10 +290,11 @@ class Jobs:
         """EOF on the control channel: the process is exiting (its exit status, soon
         reported by waitpid, says how) or closed fd 3 itself (then a check batch can no
         longer report and ends at its exit or deadline)."""
-        _unregister(self.runner.sel, job.child.sock)
+        if job.child is not None:
+            _unregister(self.runner.sel, job.child.sock)
         job.ctrl_open = False
 
-    def _on_message(self, job: Job, msg: dict) -> None:
+    def _on_message(self, job: Job, msg: dict[str, Any]) -> None:
         if msg.get("id") != job.token:
             return  # not from our request (a forged or garbled frame): ignored
         if job.kind == "exec":
@@ -313,7 +337,8 @@ class Jobs:
             job.check_started = now
             job.deadline = min(now + job.timeout_s, job.budget_deadline)
             try:
-                job.child.send({"op": "next", "index": job.next})
+                if job.child is not None:
+                    job.child.send({"op": "next", "index": job.next})
             except (OSError, ValueError):
                 pass  # it died or closed the channel: its exit or deadline says so
 
@@ -479,7 +504,7 @@ class Jobs:
     def _read_final_frames(self, job: Job) -> None:
         """Frames the process wrote just before exiting (still in the socket)."""
         child = job.child
-        while job.ctrl_open and job.child is child:
+        while child is not None and job.ctrl_open and job.child is child:
             data = protocol.recv_ready(child.sock)
             if not data:
                 return
@@ -513,45 +538,45 @@ class Jobs:
         self.runner.jobs_ended()
 
 
-def _unregister(sel, obj) -> None:
+def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
     try:
         sel.unregister(obj)
     except (KeyError, ValueError, OSError):
         pass
 
 
-def _exec_request(msg: dict) -> dict:
+def _exec_request(msg: dict[str, Any]) -> dict[str, Any]:
     """The fields of an ``exec`` request forwarded to the job process, validated."""
     code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
-    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES:
-        raise ValueError(f"field 'code' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
+        raise ValueError(f"field 'code' must be a string of at most {MAX_CODE_BYTES} bytes")
     if stdin is not None and (not isinstance(stdin, str)
-                              or len(stdin.encode("utf-8", "replace")) > oneshot.MAX_STDIN_BYTES):
-        raise ValueError(f"field 'stdin' must be a string of at most {oneshot.MAX_STDIN_BYTES} bytes")
-    files = oneshot.check_files({} if files is None else files)
+                              or len(stdin.encode("utf-8", "replace")) > MAX_STDIN_BYTES):
+        raise ValueError(f"field 'stdin' must be a string of at most {MAX_STDIN_BYTES} bytes")
+    files = check_files({} if files is None else files)
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
-def _checks_request(msg: dict) -> dict:
+def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
     """The fields of a ``checks`` request forwarded to the job process, validated (the
     states' sizes were bounded by the host frame cap)."""
     checks = msg.get("checks")
-    if not isinstance(checks, list) or not 1 <= len(checks) <= oneshot.MAX_CHECKS:
-        raise ValueError(f"field 'checks' must be a list of 1 to {oneshot.MAX_CHECKS} checks")
+    if not isinstance(checks, list) or not 1 <= len(checks) <= MAX_CHECKS:
+        raise ValueError(f"field 'checks' must be a list of 1 to {MAX_CHECKS} checks")
     sources = []
     for index, check in enumerate(checks):
         source = check.get("check_func") if isinstance(check, dict) else None
-        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > oneshot.MAX_CHECK_SOURCE_BYTES:
+        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > MAX_CHECK_SOURCE_BYTES:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
-                             f"{oneshot.MAX_CHECK_SOURCE_BYTES} bytes")
+                             f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
     initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
     for name, state in (("initial_state", initial), ("final_state", final)):
         if not isinstance(state, dict) or not all(_encoded_entry(entry) for entry in state.values()):
             raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
     if source is not None and (not isinstance(source, str)
-                               or len(source.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES):
-        raise ValueError(f"field 'source' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+                               or len(source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
+        raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
     return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
 
 
@@ -565,17 +590,16 @@ def _encoded_entry(entry: object) -> bool:
     return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
 
 
-def _check_result(msg: dict, index: int) -> dict | None:
+def _check_result(msg: dict[str, Any], index: int) -> dict[str, Any] | None:
     """One check result frame from the job process, validated and capped (None when
     malformed: the process is then treated as crashed)."""
     if msg.get("index") != index or msg.get("status") not in CHECK_STATUSES:
         return None
     passed, duration = msg.get("passed"), msg.get("duration_ms")
-    if type(passed) is not bool or type(duration) not in (int, float) or not 0 <= duration < 1e9:
+    if type(passed) is not bool or not (type(duration) is int or type(duration) is float) or not 0 <= duration < 1e9:
         return None
     fields = {}
-    for name, cap in (("result", oneshot.RESULT_REPR_CHARS + 8), ("error", oneshot.ERROR_CHARS),
-                      ("traceback", oneshot.TRACEBACK_CHARS + 200)):
+    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
         value = msg.get(name)
         if value is not None and not isinstance(value, str):
             return None
@@ -584,7 +608,7 @@ def _check_result(msg: dict, index: int) -> dict | None:
     return {"status": status, "passed": passed and status == "ok", **fields, "duration_ms": float(duration)}
 
 
-def _failed(status: str, error: str, duration_ms: float) -> dict:
+def _failed(status: str, error: str, duration_ms: float) -> dict[str, Any]:
     return {"status": status, "passed": False, "result": None, "error": error, "traceback": None,
             "duration_ms": duration_ms, "stdout": "", "stderr": ""}
 

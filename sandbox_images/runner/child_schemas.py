@@ -1,6 +1,6 @@
 """OpenAI function-calling tool schemas of an environment class, derived by introspection.
 
-Stdlib only (Python 3.11). Inside a sandbox, the session child (``session.py``) runs
+Stdlib only (Python 3.11). Inside a sandbox, the session child (``child_session.py``) runs
 :func:`describe_class` on the untrusted environment class: nothing here ever runs on the
 host with untrusted code. The host imports this module only for its caps (to validate what
 a sandbox returns) and in unit tests, on trusted test classes.
@@ -42,7 +42,7 @@ Docstrings: Google (``Args:``/``Arguments:``/``Parameters:``/``Keyword Args:`` s
 are of this kind, and their leading ``[Optional]`` marker is dropped), reST (``:param [type] name: text``, ``:type name: type``) and NumPy
 (``Parameters`` underlined by dashes, ``name : type`` then indented text).
 
-Caps: at most MAX_TOOLS tools (more public methods raise :class:`SchemaLimitError`),
+Caps (``limits.py``): at most MAX_TOOLS tools (more public methods raise :class:`SchemaLimitError`),
 descriptions cut at MAX_DESCRIPTION_CHARS, at most MAX_DOC_SCAN_CHARS of a docstring are
 read, the encoded result is at most MAX_SCHEMAS_BYTES (else :class:`SchemaLimitError`).
 A method that cannot be introspected (its signature raises, more than MAX_PARAMS
@@ -62,34 +62,45 @@ import json
 import re
 import types
 import typing
+from typing import Any
 
-MAX_TOOLS = 512
-"""Most public methods a class may have; more raise :class:`SchemaLimitError`."""
-MAX_DESCRIPTION_CHARS = 4096
-"""Longest tool or parameter description, characters; longer ones are cut."""
-MAX_PARAMS = 128
-"""Most parameters described per tool; a method with more gets the fallback schema."""
-MAX_ENUM_VALUES = 256
-"""Most ``enum`` values (Literal/Enum); with more, only the type is given."""
-MAX_ENUM_CHARS = 64 * 1024
-"""Most characters of all string ``enum`` values of one schema together; more: type only."""
-MAX_SCHEMA_DEPTH = 6
-"""Deepest nesting of ``items``/``anyOf`` in one parameter schema; deeper is ``{}``."""
-MAX_ANY_OF = 32
-"""Most members of one ``anyOf``; a larger union is ``{}`` (anything)."""
-MAX_DEFAULT_CHARS = 1024
-"""Longest JSON encoding of a ``default``; longer defaults are left out."""
-MAX_DOC_SCAN_CHARS = 256 * 1024
-"""Characters of a docstring that are parsed; the rest is ignored."""
-MAX_ANNOTATION_CHARS = 1000
-"""Longest string annotation that is parsed; longer ones are unknown types."""
-MAX_SCHEMAS_BYTES = 4 * 1024 * 1024
-"""Largest UTF-8 JSON encoding of the whole tool list; larger raises SchemaLimitError."""
-MAX_NOTES = 64
-"""Most notes returned (each at most MAX_NOTE_CHARS characters)."""
-MAX_NOTE_CHARS = 512
-MAX_NAME_CHARS = 64
-TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import (
+        MAX_ANNOTATION_CHARS,
+        MAX_ANY_OF,
+        MAX_DEFAULT_CHARS,
+        MAX_DESCRIPTION_CHARS,
+        MAX_DOC_SCAN_CHARS,
+        MAX_ENUM_CHARS,
+        MAX_ENUM_VALUES,
+        MAX_NAME_CHARS,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_PARAMS,
+        MAX_SCHEMA_DEPTH,
+        MAX_SCHEMAS_BYTES,
+        MAX_TOOLS,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import (
+        MAX_ANNOTATION_CHARS,
+        MAX_ANY_OF,
+        MAX_DEFAULT_CHARS,
+        MAX_DESCRIPTION_CHARS,
+        MAX_DOC_SCAN_CHARS,
+        MAX_ENUM_CHARS,
+        MAX_ENUM_VALUES,
+        MAX_NAME_CHARS,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_PARAMS,
+        MAX_SCHEMA_DEPTH,
+        MAX_SCHEMAS_BYTES,
+        MAX_TOOLS,
+    )
+
+TOOL_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}")
 """Public method names that are valid OpenAI function names (``^[a-zA-Z0-9_-]{1,64}$``)."""
 JSON_TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
 
@@ -117,7 +128,7 @@ _ARRAY_NAMES = {"list", "List", "tuple", "Tuple", "set", "Set", "frozenset", "Fr
                 "Deque", "Iterator"}
 _OBJECT_NAMES = {"dict", "Dict", "Mapping", "MutableMapping", "DefaultDict", "defaultdict", "OrderedDict",
                  "Counter", "ChainMap", "TypedDict"}
-_NAME_SCHEMAS: dict[str, dict] = {
+_NAME_SCHEMAS: dict[str, dict[str, Any]] = {
     "str": {"type": "string"}, "bytes": {"type": "string"}, "int": {"type": "integer"},
     "float": {"type": "number"}, "bool": {"type": "boolean"}, "None": {"type": "null"},
     "NoneType": {"type": "null"}, "Any": {}, "object": {}, "string": {"type": "string"},
@@ -125,7 +136,7 @@ _NAME_SCHEMAS: dict[str, dict] = {
 }
 
 
-def annotation_schema(annotation: object, depth: int = 0) -> dict:
+def annotation_schema(annotation: object, depth: int = 0) -> dict[str, Any]:
     """JSON schema (without ``description``) for a type annotation: a type, a typing
     construct, or a string (parsed with ``ast``, never evaluated). Unknown -> ``{}``."""
     if depth > MAX_SCHEMA_DEPTH or annotation is _EMPTY or annotation is typing.Any or annotation is object:
@@ -180,12 +191,12 @@ def annotation_schema(annotation: object, depth: int = 0) -> dict:
     return {}
 
 
-def _union_schema(members: list[dict]) -> dict:
+def _union_schema(members: list[dict[str, Any]]) -> dict[str, Any]:
     """Schemas of a union's non-None members -> one schema: ``Optional[X]`` is X's schema,
     several members ``anyOf``, no member (``None`` alone) ``null``, Any among them ``{}``."""
     if not members:
         return {"type": "null"}
-    unique: list[dict] = []
+    unique: list[dict[str, Any]] = []
     for member in members:
         if member == {}:
             return {}  # Any in a union: anything goes
@@ -198,7 +209,7 @@ def _union_schema(members: list[dict]) -> dict:
     return {"anyOf": unique}
 
 
-def _array_schema(items: list[dict | None], tuple_like: bool) -> dict:
+def _array_schema(items: list[dict[str, Any] | None], tuple_like: bool) -> dict[str, Any]:
     """``list[X]``/``set[X]``/``tuple[X, ...]`` -> items X; ``tuple[A, B]`` -> items A
     when A == B, else ``anyOf``; no argument -> no ``items``."""
     known = [item for item in items if item is not None]
@@ -214,11 +225,11 @@ def _array_schema(items: list[dict | None], tuple_like: bool) -> dict:
 def _json_scalar(value: object) -> bool:
     kind = type(value)
     if kind is float:
-        return value == value and value not in (float("inf"), float("-inf"))  # type: ignore[comparison-overlap]
+        return value == value and value not in (float("inf"), float("-inf"))
     return kind is str or kind is int or kind is bool or value is None
 
 
-def _enum_schema(values: list) -> dict:
+def _enum_schema(values: list[Any]) -> dict[str, Any]:
     """``enum`` of JSON scalar values (Enum members give their value) with the common
     ``type`` when there is one. Non-JSON or too many values: only the common type."""
     values = [v.value if isinstance(v, enum.Enum) else v for v in values]
@@ -229,10 +240,10 @@ def _enum_schema(values: list) -> dict:
         kinds.add({str: "string", bool: "boolean", int: "integer", float: "number"}.get(type(value), "null"))
     if kinds == {"integer", "number"}:
         kinds = {"number"}
-    schema: dict = {"type": kinds.pop()} if len(kinds) == 1 else {}
+    schema: dict[str, Any] = {"type": kinds.pop()} if len(kinds) == 1 else {}
     if values and len(values) <= MAX_ENUM_VALUES and sum(
             len(v) for v in values if isinstance(v, str)) <= MAX_ENUM_CHARS:
-        unique = []
+        unique: list[Any] = []
         for value in values:
             if not any(type(value) is type(seen) and value == seen for seen in unique):
                 unique.append(value)
@@ -240,7 +251,7 @@ def _enum_schema(values: list) -> dict:
     return schema
 
 
-def string_annotation_schema(text: str, depth: int = 0) -> dict:
+def string_annotation_schema(text: str, depth: int = 0) -> dict[str, Any]:
     """Schema for an annotation written as text (``"Optional[List[str]]"``, ``"int | None"``,
     a docstring's ``"str, optional"`` or ``"int or None"``). Parsed with ``ast``; names are
     matched by spelling, never looked up or evaluated."""
@@ -274,7 +285,7 @@ def _is_none(node: ast.expr) -> bool:
     return (isinstance(node, ast.Constant) and node.value is None) or _node_name(node) == "NoneType"
 
 
-def _node_schema(node: ast.expr, depth: int) -> dict:
+def _node_schema(node: ast.expr, depth: int) -> dict[str, Any]:
     if depth > MAX_SCHEMA_DEPTH:
         return {}
     if isinstance(node, ast.Constant):
@@ -314,7 +325,7 @@ def _node_schema(node: ast.expr, depth: int) -> dict:
                 return {}
         return _enum_schema(values)
     if base in _ARRAY_NAMES:
-        items: list[dict | None] = [None if isinstance(a, ast.Constant) and a.value is Ellipsis
+        items: list[dict[str, Any] | None] = [None if isinstance(a, ast.Constant) and a.value is Ellipsis
                                     else _node_schema(a, depth + 1) for a in args]
         return _array_schema(items, tuple_like=base in ("tuple", "Tuple"))
     if base in _OBJECT_NAMES:
@@ -605,13 +616,13 @@ def _json_native(value: object, depth: int = 0) -> bool:
     return False
 
 
-def _fallback(name: str, description: str) -> dict:
+def _fallback(name: str, description: str) -> dict[str, Any]:
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": True}}}
 
 
-def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[str]) -> dict:
+def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[str]) -> dict[str, Any]:
     """The tool entry for one public method (see the module docstring); problems that
     only affect parameters are appended to ``notes`` and give the fallback schema."""
     doc = getattr(function, "__doc__", None)
@@ -631,12 +642,12 @@ def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[s
         _note(notes, f"{name}: more than {MAX_PARAMS} parameters; parameters not described")
         return _fallback(name, summary)
     try:
-        hints: dict = typing.get_type_hints(inspect.unwrap(function))  # type: ignore[arg-type]
+        hints: dict[str, Any] = typing.get_type_hints(inspect.unwrap(function))  # type: ignore[arg-type]
     except MemoryError:
         raise
     except Exception:  # noqa: BLE001 - unresolvable names: fall back to the raw annotations
         hints = {}
-    properties: dict[str, dict] = {}
+    properties: dict[str, dict[str, Any]] = {}
     required: list[str] = []
     extra = False
     for param in parameters:
@@ -678,7 +689,7 @@ def _note(notes: list[str], text: str) -> None:
         notes.append(text[:MAX_NOTE_CHARS])
 
 
-def describe_class(cls: type) -> tuple[list[dict], list[str]]:
+def describe_class(cls: type) -> tuple[list[dict[str, Any]], list[str]]:
     """Tool schemas of every public method of ``cls`` plus notes on what could not be
     described. Returns ``(tools, notes)``; ``tools`` is in tool order (module docstring).
 
@@ -688,7 +699,7 @@ def describe_class(cls: type) -> tuple[list[dict], list[str]]:
         TypeError: ``cls`` is not a class.
     """
     notes: list[str] = []
-    tools: list[dict] = []
+    tools: list[dict[str, Any]] = []
     size = 2
     for name, kind, function in public_methods(cls):
         if not TOOL_NAME.fullmatch(name):

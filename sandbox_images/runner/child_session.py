@@ -1,9 +1,9 @@
 """Session child: the one process in a sandbox that executes untrusted environment code.
 
-Stdlib only; runs inside the sandbox container as a child of the runner (``runner.py``),
+Stdlib only; runs inside the sandbox container as a child of the runner (``pid1_runner.py``),
 one process per session. It is started before any untrusted code exists ("spare"), then
 receives an ``init`` request carrying the environment source (or, as its first and only
-request, a one-shot ``exec``/``checks`` job, handed over to ``oneshot.py``). From then on it serves one
+request, a one-shot ``exec``/``checks`` job, handed over to ``child_oneshot.py``). From then on it serves one
 request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON frames, see
 ``protocol.py``). fd 0 is /dev/null and fds 1/2 are pipes the runner reads and caps, so
 nothing the environment prints can reach the protocol channel.
@@ -19,15 +19,15 @@ Semantics follow EnvScaler:
   traceback and the episode goes on;
 - state: ``vars(instance)`` without dunder keys (EnvScaler ``get_state_info``): ``_private``
   attributes are state too;
-- tools: ``describe`` answers the OpenAI tool schemas of the class (``schemas.py``). An
+- tools: ``describe`` answers the OpenAI tool schemas of the class (``child_schemas.py``). An
   ``init`` with ``describe_only`` loads the module and checks the class but never
   instantiates it (registration has no ``init_config``); such a session only describes.
 
 State encoding (one entry per attribute), used for deltas, snapshots and restore:
 ``["j", value]`` JSON-native value (exact types: dict with str keys, list, str, int,
 float (finite), bool, None; a dict with a single ``$`` key is not JSON-native, see
-``render.py``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
-sandbox) plus its JSON rendering (``render.py``), which is what the host shows;
+``child_render.py``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
+sandbox) plus its JSON rendering (``child_render.py``), which is what the host shows;
 ``["u", rendering]`` not picklable (cannot be restored; the attribute keeps whatever
 ``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
 ``"j"`` value, which UTF-8 cannot carry, arrives as ``?``.
@@ -45,6 +45,31 @@ import sys
 import time
 import types
 
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any, TypeAlias  # annotations only: never evaluated in the sandbox
+
+    Encoding: TypeAlias = tuple[Any, ...]
+    """``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u",
+    rendering_json_text)`` | ``("K", private JSON copy)`` (a large JSON object tracked key
+    by key, see keyed_delta)."""
+
+    from .limits import (
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        JSON_NATIVE_MAX_DEPTH,
+        KEYED_MIN_BYTES,
+        SESSION_TRACEBACK_CHARS,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import (
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        JSON_NATIVE_MAX_DEPTH,
+        KEYED_MIN_BYTES,
+        SESSION_TRACEBACK_CHARS,
+    )
+
 # pickle, base64 and traceback are imported where used: most sessions never need them,
 # and every spare process would pay for them at start (CPU of the sandbox's quota).
 
@@ -54,10 +79,6 @@ MODULE_NAME = "dynamic_env"
 LEGACY_MODULE_NAMES = ("sandpit_env",)
 """Earlier names of the module, kept as aliases so pickles in older snapshots load."""
 JSON_SCALARS = (str, int, float, bool, type(None))
-TRACEBACK_LIMIT_BYTES = 4096
-JSON_NATIVE_MAX_DEPTH = 100
-"""JSON values nested deeper than this are pickled (and rendered with a depth marker)
-rather than sent as ``"j"``: frames may nest at most ``protocol.MAX_DEPTH`` levels."""
 
 HEADER_SIZE = 4
 IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -69,8 +90,8 @@ the standard library. Not a boundary: environment code could append it itself.""
 def _json_native(value: object) -> bool:
     """True when ``value`` round-trips through JSON with exact types and reads back as
     itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
-    ``render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
-    stack = [(value, 0)]
+    ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         kind = type(item)
@@ -112,7 +133,7 @@ def _entry_json(enc: Encoding) -> str:
     return f'["u",{enc[1]}]'
 
 
-def decode_entry(entry: list) -> tuple[object, bool]:
+def decode_entry(entry: list[Any]) -> tuple[object, bool]:
     """The value of one encoded attribute and whether it is restorable: ``"j"`` its
     value, ``"p"`` the unpickled object, ``"u"`` its rendering (not restorable). An
     unpickling error propagates (the caller reports it)."""
@@ -127,13 +148,8 @@ def decode_entry(entry: list) -> tuple[object, bool]:
     return entry[1] if len(entry) > 1 else None, False
 
 
-Encoding = tuple
-"""``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u", rendering_json_text)``
-| ``("K", private JSON copy)`` (a large JSON object tracked key by key, see keyed_delta)."""
-
-
 def _rendering(value: object) -> str:
-    """JSON text of ``value``'s rendering (``render.py``)."""
+    """JSON text of ``value``'s rendering (``child_render.py``)."""
     rendered, _truncated = _render().render(value)
     return _dumps(rendered)
 
@@ -172,14 +188,10 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
     return ("p", encoded, _rendering(value))
 
 
-KEYED_MIN_BYTES = 32 * 1024
-"""JSON objects whose encoding is at least this large are tracked key by key: a call that
-changes a few records sends ``["k", {"set": {key: value}, "del": [key]}]`` instead of the
-whole object (runner and host merge it into their snapshots)."""
 _MISSING = object()
 
 
-def keyed_delta(value: dict, previous: dict) -> str | None:
+def keyed_delta(value: dict[str, Any], previous: dict[str, Any]) -> str | None:
     """Key-level changes of a large JSON object since ``previous`` (a private JSON copy
     of its last encoding, updated in place). Returns ``""`` when nothing changed, the
     JSON text of a ``["k", ...]`` entry otherwise, or None when the object is no longer
@@ -218,13 +230,13 @@ def keyed_delta(value: dict, previous: dict) -> str | None:
 class Session:
     """One environment instance and its encoded-state cache."""
 
-    def __init__(self, ctrl_fd: int, limits: dict) -> None:
+    def __init__(self, ctrl_fd: int, limits: dict[str, Any]) -> None:
         self.fd = ctrl_fd
         self.limits = limits
         self.instance: object | None = None
         self.cls: type | None = None
         self.describe_only = False
-        self.cache: dict[str, tuple[str, str]] = {}
+        self.cache: dict[str, Encoding] = {}
 
     # -- framing ---------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
@@ -237,9 +249,10 @@ class Session:
             n -= len(chunk)
         return b"".join(chunks)
 
-    def recv(self) -> dict:
+    def recv(self) -> dict[str, Any]:
         length = int.from_bytes(self._read_exact(HEADER_SIZE), "big")
-        return json.loads(self._read_exact(length).decode("utf-8"))
+        message: dict[str, Any] = json.loads(self._read_exact(length).decode("utf-8"))
+        return message
 
     def send_text(self, body: str) -> None:
         data = body.encode("utf-8", "replace")  # a lone surrogate (not UTF-8) becomes "?"
@@ -249,7 +262,7 @@ class Session:
             written = os.write(self.fd, view_)
             view_ = view_[written:]
 
-    def reply(self, request_id: str, fields: dict, raw: dict[str, str] | None = None) -> None:
+    def reply(self, request_id: str, fields: dict[str, Any], raw: dict[str, str] | None = None) -> None:
         """Send ``fields`` plus pre-serialized JSON members ``raw`` (name -> JSON text)."""
         body = _dumps({"id": request_id, **fields})
         if raw:
@@ -274,11 +287,11 @@ class Session:
         holding only what changed since the last call (everything when ``full``)."""
         current = self.state_attrs()
         changed: list[str] = []
-        new_cache: dict[str, tuple[str, str]] = {}
+        new_cache: dict[str, Encoding] = {}
         for name, value in current.items():
             old = self.cache.get(name)
             if not full and old is not None and old[0] == "K" and type(value) is dict:
-                part = keyed_delta(value, old[1])  # type: ignore[arg-type]
+                part = keyed_delta(value, old[1])
                 if part is not None:
                     new_cache[name] = old
                     if part:
@@ -286,7 +299,7 @@ class Session:
                     continue
             enc = encode_value(value, old if old is not None and old[0] != "K" else None)
             if enc[0] == "j" and type(value) is dict and len(enc[1]) >= KEYED_MIN_BYTES:
-                new_cache[name] = ("K", json.loads(enc[1]))  # type: ignore[assignment]
+                new_cache[name] = ("K", json.loads(enc[1]))
             else:
                 new_cache[name] = enc
             if full or enc is not old:
@@ -297,7 +310,7 @@ class Session:
 
     def state_json(self) -> str:
         """The current state's rendering (what the host shows): JSON-native attributes as
-        they are, others as their ``render.py`` rendering."""
+        they are, others as their ``child_render.py`` rendering."""
         parts = []
         for name, value in self.state_attrs().items():
             enc = self.cache.get(name)
@@ -310,7 +323,7 @@ class Session:
                 parts.append(f"{_dumps(name)}:{enc[1] if enc[0] == 'j' else enc[-1]}")
         return "{" + ",".join(parts) + "}"
 
-    def apply_snapshot(self, snapshot: dict) -> None:
+    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Set every restorable attribute from ``snapshot`` and drop attributes it does
         not name (``"u"`` entries keep the value ``init`` produced)."""
         attrs = self.state_attrs()
@@ -323,7 +336,7 @@ class Session:
                 setattr(self.instance, name, value)
 
     # -- operations ------------------------------------------------------------------
-    def op_init(self, msg: dict) -> None:
+    def op_init(self, msg: dict[str, Any]) -> None:
         workdir = msg["workdir"]
         os.chdir(workdir)
         os.environ["HOME"] = workdir
@@ -353,16 +366,16 @@ class Session:
     def op_describe(self) -> tuple[str, str, list[str]]:
         """Tool schemas of the class (``describe_only``) or of the instance's type:
         ``("ok", JSON text of the tool list, notes)``, or ``("rejected", observation, [])``
-        when the class exceeds a cap of ``schemas.py``."""
+        when the class exceeds a cap of ``child_schemas.py``."""
         schemas = _schemas()
         target = self.cls if self.describe_only else type(self.instance)
         try:
-            tools, notes = schemas.describe_class(target)  # type: ignore[arg-type]
+            tools, notes = schemas.describe_class(target)
         except schemas.SchemaLimitError as exc:
-            return "rejected", _error_observation(exc), []
+            return "rejected", error_observation(exc), []
         return "ok", _dumps(tools), notes
 
-    def op_call(self, msg: dict) -> tuple[str, str, str | None]:
+    def op_call(self, msg: dict[str, Any]) -> tuple[str, str, str | None]:
         if self.describe_only:
             return "rejected", "Error: this session only describes the environment; it has no instance", None
         name = msg["name"]
@@ -384,33 +397,33 @@ class Session:
 def _schemas() -> types.ModuleType:
     """The schema module, imported on first use (sessions that only call never pay for
     ``inspect``/``typing``): a sibling file in the sandbox, a package module on the host."""
-    if __package__:
-        from . import schemas
+    if TYPE_CHECKING or __package__:
+        from . import child_schemas as schemas
     else:  # run as a script: its directory is sys.path[0]
-        import schemas  # type: ignore[no-redef]
+        import child_schemas as schemas
     return schemas
 
 
 def _render() -> types.ModuleType:
     """The rendering module, imported on first use like :func:`_schemas`."""
-    if __package__:
-        from . import render
+    if TYPE_CHECKING or __package__:
+        from . import child_render as render
     else:
-        import render  # type: ignore[no-redef]
+        import child_render as render
     return render
 
 
 def _oneshot() -> types.ModuleType:
     """The one-shot job module (scripts, check functions), imported on first use like
     :func:`_schemas`."""
-    if __package__:
-        from . import oneshot
+    if TYPE_CHECKING or __package__:
+        from . import child_oneshot as oneshot
     else:
-        import oneshot  # type: ignore[no-redef]
+        import child_oneshot as oneshot
     return oneshot
 
 
-def instantiate(cls: type, init_config: dict) -> object:
+def instantiate(cls: type, init_config: dict[str, Any]) -> object:
     """EnvScaler ``init_env_instance``: ``cls(init_config)`` (``cls({})`` when the config is
     empty); on ``TypeError``, ``cls()``; then every key of a non-empty config is set as an
     attribute. ``init_config`` is this process's own copy (parsed from the request)."""
@@ -424,23 +437,25 @@ def instantiate(cls: type, init_config: dict) -> object:
 
 
 def _confine() -> types.ModuleType:
-    """The seccomp module (``confine.py``), a sibling file like :func:`_schemas`."""
-    if __package__:
-        from . import confine
+    """The seccomp module (``child_confine.py``), a sibling file like :func:`_schemas`."""
+    if TYPE_CHECKING or __package__:
+        from . import child_confine as confine
     else:
-        import confine  # type: ignore[no-redef]
+        import child_confine as confine
     return confine
 
 
-def _bounded_traceback(exc: BaseException) -> str:
+def bounded_traceback(exc: BaseException) -> str:
+    """The last 8 frames of ``exc``'s traceback without the runner's own frames, at most
+    SESSION_TRACEBACK_CHARS characters (head and tail kept)."""
     import traceback
 
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
     text = "".join(line for line in lines if "sandbox_images/runner" not in line and "/opt/sandpit/" not in line)
-    if len(text) > TRACEBACK_LIMIT_BYTES:  # keep where it started and where it failed
-        head = TRACEBACK_LIMIT_BYTES // 4
-        tail = TRACEBACK_LIMIT_BYTES - head
-        text = text[:head] + f"\n...[{len(text) - TRACEBACK_LIMIT_BYTES} characters cut]...\n" + text[-tail:]
+    if len(text) > SESSION_TRACEBACK_CHARS:  # keep where it started and where it failed
+        head = SESSION_TRACEBACK_CHARS // 4
+        tail = SESSION_TRACEBACK_CHARS - head
+        text = text[:head] + f"\n...[{len(text) - SESSION_TRACEBACK_CHARS} characters cut]...\n" + text[-tail:]
     return text
 
 
@@ -458,7 +473,8 @@ def _reap_children() -> None:
             return
 
 
-def _error_observation(exc: BaseException) -> str:
+def error_observation(exc: BaseException) -> str:
+    """EnvScaler's observation of an exception: ``Error: <Type>: <message>``."""
     try:
         message = str(exc)
     except Exception:
@@ -466,20 +482,21 @@ def _error_observation(exc: BaseException) -> str:
     return f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
 
 
-def _cap(text: str, limit: int) -> tuple[str, bool]:
+def cap_observation(text: str, limit: int) -> tuple[str, bool]:
+    """``(text, False)``, or its first ``limit`` characters with a marker and True."""
     if len(text) <= limit:
         return text, False
     return text[:limit] + f"\n...[truncated {len(text) - limit} characters]", True
 
 
-def harden(limits: dict) -> None:
+def harden(limits: dict[str, Any]) -> None:
     """Per-session limits, set before any untrusted code exists. Hard limits equal soft
     ones so the environment cannot raise them again.
 
     Memory: ``session_memory_bytes`` as RLIMIT_DATA, or as RLIMIT_AS when
     ``memory_rlimit`` is ``"as"`` (gVisor ignores RLIMIT_DATA and checks RLIMIT_AS at
     every mmap/brk). Over it an allocation fails with MemoryError (status ``oom``).
-    Then the seccomp filter of ``confine.py`` (no SysV IPC, POSIX message queues or
+    Then the seccomp filter of ``child_confine.py`` (no SysV IPC, POSIX message queues or
     keyrings, which would outlive the session's processes; no changing another
     process's limits or priority); if it cannot be installed the process exits (status
     70) rather than run code unconfined."""
@@ -488,7 +505,7 @@ def harden(limits: dict) -> None:
         kind = resource.RLIMIT_AS if limits.get("memory_rlimit") == "as" else resource.RLIMIT_DATA
         resource.setrlimit(kind, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    nofile = int(limits.get("session_nofile", 256))
+    nofile = int(limits.get("session_nofile", DEFAULT_SESSION_NOFILE))
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     try:  # non-dumpable: other sessions (same uid) cannot ptrace us or read /proc/<pid>/*
         import ctypes
@@ -507,7 +524,7 @@ def harden(limits: dict) -> None:
 
 
 def serve(session: Session) -> None:
-    max_obs = int(session.limits.get("observation_cap_bytes", 1 << 20))
+    max_obs = int(session.limits.get("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES))
     while True:
         try:
             msg = session.recv()
@@ -526,8 +543,8 @@ def serve(session: Session) -> None:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - reported, not fatal
                     session.reply(request_id, {
-                        "status": "error", "observation": _error_observation(exc),
-                        "traceback": _bounded_traceback(exc)})
+                        "status": "error", "observation": error_observation(exc),
+                        "traceback": bounded_traceback(exc)})
                     return
                 session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
             elif op == "call":
@@ -538,10 +555,10 @@ def serve(session: Session) -> None:
                 except MemoryError:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - EnvScaler: errors are observations
-                    status, observation = "error", _error_observation(exc)
-                    traceback_text = _bounded_traceback(exc)
+                    status, observation = "error", error_observation(exc)
+                    traceback_text = bounded_traceback(exc)
                 duration_ms = (time.perf_counter() - started) * 1000.0
-                observation, truncated = _cap(observation, max_obs)
+                observation, truncated = cap_observation(observation, max_obs)
                 _flush_std()
                 fields = {"status": status, "observation": observation, "duration_ms": duration_ms}
                 if truncated:
@@ -576,8 +593,8 @@ def _describe(session: Session, request_id: str) -> None:
     except MemoryError:
         raise
     except BaseException as exc:  # noqa: BLE001 - hostile classes: reported, not fatal
-        status, text, notes = "error", _error_observation(exc)[:TRACEBACK_LIMIT_BYTES], []
-        traceback_text: str | None = _bounded_traceback(exc)
+        status, text, notes = "error", error_observation(exc)[:SESSION_TRACEBACK_CHARS], []
+        traceback_text: str | None = bounded_traceback(exc)
     else:
         traceback_text = None
     _flush_std()

@@ -9,10 +9,10 @@ length-prefixed JSON requests (``protocol.py``) from one single-threaded event l
                                                ├──► session child 2 ...
                                                └──► spare child (started ahead, no code yet)
 
-Every session is its own child process (``session.py``), own process session, own private
+Every session is its own child process (``child_session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
 RLIMIT_DATA (RLIMIT_AS under gVisor) as its memory limit and a seccomp filter
-(``confine.py``). The host channel is never inherited by a child; each child's
+(``child_confine.py``). The host channel is never inherited by a child; each child's
 stdout/stderr are socketpairs read here and capped per call, so nothing the environment
 prints can forge a protocol message. Replies from a child are matched by a random
 request id; a malformed or oversize frame kills the child.
@@ -24,22 +24,22 @@ in each case the session is re-created from its source and restored to the last 
 snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
 After every call, and before its reply, processes that the call left behind (same
 session id, or escaped into a session of their own) are killed and waited for
-(``cleanup.sweep``).
+(``pid1_cleanup.sweep``).
 
 Host requests (each has an integer ``id``; each reply echoes it):
   open {session, source, class_name, init_config, snapshot?, describe_only?}
       -> {status, observation?, snapshot?}   (describe_only: load the class, never instantiate)
   call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
   describe {session} -> {status, tools, notes} or {status, observation, traceback?}
-      (OpenAI tool schemas of the class; the encoded tools are at most DESCRIBE_MAX_BYTES)
+      (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
   recycle {} -> {status, clean, problems}: once no session or job is left, kill every
-      process but PID 1, empty and prove empty every writable place (``cleanup.reset``);
+      process but PID 1, empty and prove empty every writable place (``pid1_cleanup.reset``);
       ``clean`` False means the host must destroy the sandbox instead of reusing it
   exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
-      time_limit_s}: one-shot jobs, each in a fresh process of its own (``jobs.py``)
+      time_limit_s}: one-shot jobs, each in a fresh process of its own (``pid1_jobs.py``)
 A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
 bad fields); ``message`` says why.
 """
@@ -57,11 +57,56 @@ import socket
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
-import cleanup  # noqa: E402
-import jobs  # noqa: E402
-import protocol  # noqa: E402
+    from . import pid1_cleanup, pid1_jobs, protocol
+    from .limits import (
+        BROKEN_MAX_CHARS,
+        CHILD_SEND_TIMEOUT_S,
+        CONNECT_TIMEOUT_S,
+        DEFAULT_CALL_TIMEOUT_S,
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_OUTPUT_CAP_BYTES,
+        DEFAULT_SESSION_MEMORY_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        DESCRIBE_ERROR_CHARS,
+        DESCRIBE_TRACEBACK_CHARS,
+        MAX_FRAME_BYTES,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_SCHEMAS_BYTES,
+        RECYCLE_MAX_PROBLEMS,
+        SESSION_ID_MAX_CHARS,
+        SPAWN_RETRY_S,
+        TOKEN_MAX_CHARS,
+    )
+else:  # in the sandbox, run as a script: its directory comes first on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pid1_cleanup
+    import pid1_jobs
+    import protocol
+    from limits import (
+        BROKEN_MAX_CHARS,
+        CHILD_SEND_TIMEOUT_S,
+        CONNECT_TIMEOUT_S,
+        DEFAULT_CALL_TIMEOUT_S,
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_OUTPUT_CAP_BYTES,
+        DEFAULT_SESSION_MEMORY_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        DESCRIBE_ERROR_CHARS,
+        DESCRIBE_TRACEBACK_CHARS,
+        MAX_FRAME_BYTES,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_SCHEMAS_BYTES,
+        RECYCLE_MAX_PROBLEMS,
+        SESSION_ID_MAX_CHARS,
+        SPAWN_RETRY_S,
+        TOKEN_MAX_CHARS,
+    )
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
 TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
@@ -69,16 +114,11 @@ TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
 soon as the runner has connected: never in the runner's environment, which gVisor's
 /proc/1/environ shows to every process of the same uid (it ignores PR_SET_DUMPABLE)."""
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
-SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import session; session.main()"
-"""How a session process starts: ``session.py`` imported as a module (not run as a
+SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import child_session; child_session.main()"
+"""How a session process starts: ``child_session.py`` imported as a module (not run as a
 script), so its bytecode compiled into the image is used instead of compiling it anew in
 every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
-CHILD_MAX_FRAME = 64 * 1024 * 1024
-CHILD_SEND_TIMEOUT_S = 5.0
-SPAWN_RETRY_S = 2.0
-DESCRIBE_MAX_BYTES = 4_194_304  # == schemas.MAX_SCHEMAS_BYTES (a unit test checks)
-DESCRIBE_MAX_NOTES = 64  # == schemas.MAX_NOTES (a unit test checks)
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -111,7 +151,7 @@ class Child:
     """A session child process and its three channels (control socketpair on fd 3,
     stdout/stderr streams the runner reads)."""
 
-    def __init__(self, limits: dict) -> None:
+    def __init__(self, limits: dict[str, Any]) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = _stream()
         err_r, err_w = _stream()
@@ -157,10 +197,10 @@ class Child:
         os.set_blocking(err_r, False)
         self.out_r = out_r
         self.err_r = err_r
-        self.frames = protocol.FrameBuffer(CHILD_MAX_FRAME)
+        self.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         self.alive = True
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(protocol.encode(message))
 
     def kill(self) -> None:
@@ -179,27 +219,27 @@ class Child:
 
 
 class Session:
-    def __init__(self, sid: str, spec: dict, workdir: str, limits: dict) -> None:
+    def __init__(self, sid: str, spec: dict[str, Any], workdir: str, limits: dict[str, Any]) -> None:
         self.sid = sid
         self.spec = spec  # source, class_name, init_config
         self.workdir = workdir
         self.child: Child | None = None
-        self.queue: collections.deque = collections.deque()
-        self.current: dict | None = None  # in-flight item
-        self.snapshot: dict = {}
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.current: dict[str, Any] | None = None  # in-flight item
+        self.snapshot: dict[str, Any] = {}
         self.broken: str | None = None
         self.opened = False
-        self.out = jobs.Output(limits["output_cap_bytes"])
-        self.err = jobs.Output(limits["output_cap_bytes"])
+        self.out = pid1_jobs.Output(limits["output_cap_bytes"])
+        self.err = pid1_jobs.Output(limits["output_cap_bytes"])
 
 
 class Runner:
-    def __init__(self, sock: socket.socket, limits: dict) -> None:
+    def __init__(self, sock: socket.socket, limits: dict[str, Any]) -> None:
         self.host = sock  # blocking: read only when the selector reports it readable
         self.limits = limits
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.host, selectors.EVENT_READ, ("host", None))
-        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", protocol.DEFAULT_MAX_FRAME)))
+        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", MAX_FRAME_BYTES)))
         self.sessions: dict[str, Session] = {}
         self.by_pid: dict[int, Session] = {}
         self.spare: Child | None = None
@@ -207,20 +247,20 @@ class Runner:
         self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
-        self.jobs = jobs.Jobs(self, WORK_ROOT, _oom_kills)
-        self.baseline = cleanup.Baseline(WORK_ROOT)
+        self.jobs = pid1_jobs.Jobs(self, WORK_ROOT, _oom_kills)
+        self.baseline = pid1_cleanup.Baseline(WORK_ROOT)
         self.leftovers: list[str] = []
         """Work directories that could not be removed when their session or job ended."""
         self.tainted: list[str] = []
         """Why this sandbox must not be reused (a sweep that could not kill everything)."""
 
     # -- children --------------------------------------------------------------------
-    def _session_limits(self) -> dict:
+    def _session_limits(self) -> dict[str, Any]:
         return {
             "session_memory_bytes": self.limits["session_memory_bytes"],
             "memory_rlimit": self.limits.get("memory_rlimit", "data"),
             "observation_cap_bytes": self.limits["observation_cap_bytes"],
-            "session_nofile": self.limits.get("session_nofile", 256),
+            "session_nofile": self.limits.get("session_nofile", DEFAULT_SESSION_NOFILE),
         }
 
     def _take_child(self) -> Child:
@@ -243,7 +283,7 @@ class Runner:
         """Remove a finished session's or job's work directory; what cannot be removed
         now is retried by ``recycle`` (and makes it report the sandbox unclean)."""
         try:
-            cleanup.remove(path)
+            pid1_cleanup.remove(path)
         except OSError:
             self.leftovers.append(path)
 
@@ -274,7 +314,7 @@ class Runner:
         tracked = set(self.by_pid) | self.jobs.pids()
         if self.spare is not None:
             tracked.add(self.spare.pid)
-        for pid in cleanup.scan():
+        for pid in pid1_cleanup.scan():
             if pid != os.getpid() and pid not in tracked:
                 try:
                     os.waitpid(pid, os.WNOHANG)
@@ -302,7 +342,7 @@ class Runner:
         session.child = None
 
     # -- host side -------------------------------------------------------------------
-    def reply(self, message: dict) -> None:
+    def reply(self, message: dict[str, Any]) -> None:
         # "replace": a lone surrogate that a session escaped into its JSON (valid JSON,
         # not encodable as UTF-8) becomes "?" instead of an exception in PID 1
         self.host.sendall(protocol.encode(message, errors="replace"))
@@ -310,7 +350,7 @@ class Runner:
     def fault(self, request_id: object, message: str) -> None:
         self.reply({"id": request_id, "status": "fault", "message": message})
 
-    def on_host_message(self, msg: dict) -> None:
+    def on_host_message(self, msg: dict[str, Any]) -> None:
         rid = msg.get("id")
         op = msg.get("op")
         if op == "ping":
@@ -323,7 +363,7 @@ class Runner:
             self.jobs.start(rid, msg)
             return
         sid = msg.get("session")
-        if not isinstance(sid, str) or not sid or len(sid) > 128:
+        if not isinstance(sid, str) or not sid or len(sid) > SESSION_ID_MAX_CHARS:
             self.fault(rid, "field 'session' must be a non-empty string")
             return
         if op == "open":
@@ -343,7 +383,7 @@ class Runner:
         session.queue.append({"rid": rid, "msg": msg})
         self.pump(session)
 
-    def open_session(self, rid: object, sid: str, msg: dict) -> None:
+    def open_session(self, rid: object, sid: str, msg: dict[str, Any]) -> None:
         if sid in self.sessions:
             self.fault(rid, f"session {sid!r} already exists")
             return
@@ -385,7 +425,7 @@ class Runner:
         host's last session or job of this sandbox has ended and before the sandbox goes
         back to the warm pool. With no session and no job left: every process but PID 1
         is killed (the spare too, which lived beside the previous sessions), the writable
-        places are emptied and proven empty (``cleanup.reset``), a fresh spare is started.
+        places are emptied and proven empty (``pid1_cleanup.reset``), a fresh spare is started.
         ``clean`` is False (with ``problems`` saying why) when anything could not be
         emptied or proven empty, when a session or job is still open, or when an earlier
         sweep failed: the host then destroys the sandbox instead of reusing it."""
@@ -397,10 +437,10 @@ class Runner:
             self.spare.kill()
             self.spare = None
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
-        problems = list(self.tainted) + cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
+        problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
         self.tainted = problems[:]
-        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:16]})
+        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:RECYCLE_MAX_PROBLEMS]})
         self._ensure_spare()
 
     # -- dispatch to child -----------------------------------------------------------
@@ -431,6 +471,7 @@ class Runner:
                 request = {"op": "init", "id": token, "workdir": session.workdir, **session.spec,
                            "snapshot": item.get("snapshot")}
             else:
+                assert msg is not None  # only the internal init item has no host message
                 request = {"op": msg["op"], "id": token}
                 if msg["op"] == "call":
                     request["name"] = msg.get("name")
@@ -488,7 +529,7 @@ class Runner:
                     return
                 self.on_child_message(session, msg)
 
-    def on_child_message(self, session: Session, msg: dict) -> None:
+    def on_child_message(self, session: Session, msg: dict[str, Any]) -> None:
         item = session.current
         if item is None or msg.get("id") != item["token"]:
             return  # unsolicited or stale frame: ignored, cannot answer anything
@@ -506,7 +547,7 @@ class Runner:
         if kind == "init":
             if status != "ok":
                 if item.get("rid") is None:  # a respawn failed: the session is unusable
-                    session.broken = str(msg.get("observation"))[:2000]
+                    session.broken = str(msg.get("observation"))[:BROKEN_MAX_CHARS]
                     self._detach(session)
                 else:
                     self.reply({"id": rid, "status": status, "observation": msg.get("observation"),
@@ -553,7 +594,7 @@ class Runner:
             self.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
         self.pump(session)
 
-    def child_failed(self, session: Session, status: str, item: dict | None = None, note: str = "") -> None:
+    def child_failed(self, session: Session, status: str, item: dict[str, Any] | None = None, note: str = "") -> None:
         """The child timed out, ran out of memory or died: kill it, answer the in-flight
         request with ``status``, and schedule re-creation from the last good snapshot."""
         item = item or session.current
@@ -589,10 +630,10 @@ class Runner:
             self.pump(session)
 
     def sweep_strays(self, session: Session | None = None) -> None:
-        """Kill processes a call left behind, with certainty (``cleanup.sweep``): members
+        """Kill processes a call left behind, with certainty (``pid1_cleanup.sweep``): members
         of ``session``'s process session other than its child, and every process outside
         all known sessions (escaped with setsid). Returns once none of them is alive;
-        if some still live after ``cleanup.SWEEP_DEADLINE_S`` the sandbox is marked
+        if some still live after ``limits.SWEEP_DEADLINE_S`` the sandbox is marked
         tainted and ``recycle`` will refuse it.
 
         Only when the runner is PID 1 of its own pid namespace (always, in a sandbox):
@@ -620,9 +661,9 @@ class Runner:
 
         def reap(pid: int) -> None:
             if pid not in tracked:
-                cleanup.reap_pid(pid)
+                pid1_cleanup.reap_pid(pid)
 
-        if not cleanup.sweep(stray, reap=reap):
+        if not pid1_cleanup.sweep(stray, reap=reap):
             self.tainted.append("a sweep left processes alive")
 
     # -- loop ------------------------------------------------------------------------
@@ -671,7 +712,9 @@ class Runner:
             wait = min(wait, job_wait)
         return wait
 
-    def on_readable(self, kind: str, session: Session | None, obj) -> None:
+    def on_readable(self, kind: str, owner: Session | pid1_jobs.Job | None, obj: Any) -> None:
+        """``obj`` (registered as ``(kind, owner)``) is readable: the host socket, the wake-up
+        socket, or a session's or job's control socket or output stream."""
         if kind == "wake":  # SIGCHLD: the loop goes on to reap()
             try:
                 while obj.recv(4096):
@@ -680,7 +723,8 @@ class Runner:
                 pass
             return
         if kind.startswith("job-"):
-            self.jobs.on_readable(kind, session)
+            assert isinstance(owner, pid1_jobs.Job)
+            self.jobs.on_readable(kind, owner)
             return
         if kind == "host":
             try:
@@ -697,22 +741,23 @@ class Runner:
                     sys.stderr.write(f"sandpit-runner: request failed: {exc!r}\n")
                     self.fault(msg.get("id"), f"runner error: {type(exc).__name__}: {exc}")
             return
-        assert session is not None
+        assert isinstance(owner, Session)
+        session = owner
         child = session.child
         if child is None:
             return
         if kind == "ctrl":
-            data = protocol.recv_ready(child.sock)
-            if data is None:
+            received = protocol.recv_ready(child.sock)
+            if received is None:
                 return
-            if not data:
+            if not received:
                 if session.current is not None:
                     self.child_failed(session, "crashed", note="closed its control channel")
                 else:
                     self._detach(session)
                 return
             try:
-                messages = child.frames.feed(data)
+                messages = child.frames.feed(received)
             except protocol.ProtocolViolation as exc:
                 self.child_failed(session, "crashed", note=str(exc)[:200])
                 return
@@ -764,28 +809,28 @@ class Runner:
             self.reap()
 
 
-def _describe_reply(rid: object, status: object, msg: dict) -> dict:
+def _describe_reply(rid: object, status: object, msg: dict[str, Any]) -> dict[str, Any]:
     """The host reply to a ``describe`` answered by a child. Nothing the child sends is
-    trusted: ``tools`` must be a list and encode to at most DESCRIBE_MAX_BYTES, ``notes``
+    trusted: ``tools`` must be a list and encode to at most MAX_SCHEMAS_BYTES, ``notes``
     a short list of strings, an error's observation/traceback are cut to 4 KiB; anything
     else becomes an ``error`` result (the host validates each schema's shape)."""
     if status != "ok":
-        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:4096]}
+        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:DESCRIBE_ERROR_CHARS]}
         if isinstance(msg.get("traceback"), str):
-            out["traceback"] = msg["traceback"][:8192]
+            out["traceback"] = msg["traceback"][:DESCRIBE_TRACEBACK_CHARS]
         return out
     tools = msg.get("tools")
     notes = msg.get("notes")
-    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > DESCRIBE_MAX_NOTES:
+    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > MAX_NOTES:
         return {"id": rid, "status": "error", "observation": "Error: malformed describe reply from the session"}
     try:
         size = len(protocol.encode({"tools": tools}, errors="replace"))
     except (TypeError, ValueError, RecursionError):
-        size = DESCRIBE_MAX_BYTES + 1
-    if size > DESCRIBE_MAX_BYTES + 64:  # frame header and key
+        size = MAX_SCHEMAS_BYTES + 1
+    if size > MAX_SCHEMAS_BYTES + 64:  # frame header and key
         return {"id": rid, "status": "error",
-                "observation": f"Error: tool schemas exceed {DESCRIBE_MAX_BYTES} bytes"}
-    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:512] for n in notes]}
+                "observation": f"Error: tool schemas exceed {MAX_SCHEMAS_BYTES} bytes"}
+    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:MAX_NOTE_CHARS] for n in notes]}
 
 
 def connect(path: str, deadline_s: float) -> socket.socket:
@@ -807,7 +852,7 @@ def read_token(path: str = TOKEN_PATH) -> str:
     refuses the hello)."""
     try:
         with open(path) as handle:
-            return handle.read(1024).strip()
+            return handle.read(TOKEN_MAX_CHARS).strip()
     except OSError:
         return ""
 
@@ -815,10 +860,10 @@ def read_token(path: str = TOKEN_PATH) -> str:
 def main() -> None:
     token = read_token()
     limits = json.loads(os.environ.pop("SANDPIT_LIMITS", "{}"))
-    limits.setdefault("call_timeout_s", 10.0)
-    limits.setdefault("session_memory_bytes", 256 * 1024 * 1024)
-    limits.setdefault("output_cap_bytes", 64 * 1024)
-    limits.setdefault("observation_cap_bytes", 1024 * 1024)
+    limits.setdefault("call_timeout_s", DEFAULT_CALL_TIMEOUT_S)
+    limits.setdefault("session_memory_bytes", DEFAULT_SESSION_MEMORY_BYTES)
+    limits.setdefault("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES)
+    limits.setdefault("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES)
     try:  # non-dumpable: sessions (same uid) cannot read our memory, environ or fds
         import ctypes
 
@@ -829,7 +874,7 @@ def main() -> None:
     # PID 1 of the sandbox: with no handler, signals from sessions (same uid) are ignored by
     # the kernel; Python's default SIGINT handler would let a session stop the runner.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sock = connect(SOCKET_PATH, 30.0)
+    sock = connect(SOCKET_PATH, CONNECT_TIMEOUT_S)
     sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
     _detach_stdio()
     Runner(sock, limits).run()

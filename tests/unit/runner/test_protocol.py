@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner import limits, protocol
 from sandpit.sandbox_images.runner.protocol import FrameBuffer, ProtocolViolation
 
 
@@ -87,9 +87,9 @@ def test_depth_limit_boundary() -> None:
     def nested(levels: int) -> bytes:  # the outer object is one level
         return b'{"a":' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
 
-    assert protocol.decode_payload(nested(protocol.MAX_DEPTH)) == json.loads(nested(protocol.MAX_DEPTH))
+    assert protocol.decode_payload(nested(limits.MAX_FRAME_DEPTH)) == json.loads(nested(limits.MAX_FRAME_DEPTH))
     with pytest.raises(ProtocolViolation):
-        protocol.decode_payload(nested(protocol.MAX_DEPTH + 1))
+        protocol.decode_payload(nested(limits.MAX_FRAME_DEPTH + 1))
 
 
 def test_brackets_inside_strings_do_not_count_towards_depth() -> None:
@@ -117,3 +117,14 @@ def test_recv_frame_eof_mid_body() -> None:
         left.close()
         with pytest.raises(EOFError):
             protocol.recv_frame(right)
+
+
+def test_frames_before_a_bad_one_are_kept() -> None:
+    good = protocol.encode({"id": 1, "x": "a"}) + protocol.encode({"id": 2})
+    buffer = protocol.FrameBuffer(1024)
+    with pytest.raises(protocol.ProtocolViolation) as info:
+        buffer.feed(good + b"\x00\x00\x00\x05hello")
+    assert info.value.messages == [{"id": 1, "x": "a"}, {"id": 2}]
+    with pytest.raises(protocol.ProtocolViolation) as info:
+        protocol.FrameBuffer(8).feed(b"\xff\xff\xff\xff")
+    assert info.value.messages == []

@@ -1,6 +1,7 @@
 """Pure helpers of the in-sandbox session child (imported, never run as a process here):
 state encoding (EnvScaler state: every non-dunder attribute), tool-name checks, EnvScaler
-init detection. The rendering itself is tested in ``test_render.py``."""
+init detection. The rendering itself (``child_render``) is exercised through these encodings and
+the integration tests (``test_episode.py``, ``test_checks.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import threading
 
 import pytest
 from sandpit.executor.results import check_encoded
-from sandpit.sandbox_images.runner import session as child
+from sandpit.sandbox_images.runner import child_session as child
+from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 
@@ -34,7 +36,7 @@ def test_json_native_walk_is_iterative_and_bounded() -> None:
         deep = [deep]
     assert not child._json_native(deep)  # no RecursionError; too deep for a frame: pickled
     shallow: list = []
-    for _ in range(child.JSON_NATIVE_MAX_DEPTH - 1):
+    for _ in range(limits.JSON_NATIVE_MAX_DEPTH - 1):
         shallow = [shallow]
     assert child._json_native(shallow)
 
@@ -133,20 +135,20 @@ def test_error_observation_and_bounded_traceback() -> None:
         try:
             recurse(200, message)
         except ValueError as exc:
-            assert child._error_observation(exc) == f"Error: ValueError: {message}"
-            text = child._bounded_traceback(exc)
-        assert len(text) <= child.TRACEBACK_LIMIT_BYTES + 64  # + the "characters cut" marker
+            assert child.error_observation(exc) == f"Error: ValueError: {message}"
+            text = child.bounded_traceback(exc)
+        assert len(text) <= limits.SESSION_TRACEBACK_CHARS + 64  # + the "characters cut" marker
         assert text.count("in recurse") <= 8  # only the last frames
     assert text.startswith("Traceback (most recent call last):")  # head kept
     assert "characters cut]" in text and text.rstrip().endswith("y" * 20)  # tail kept
-    assert "ValueError: bad input" in child._bounded_traceback(_raised(ValueError("bad input")))
+    assert "ValueError: bad input" in child.bounded_traceback(_raised(ValueError("bad input")))
 
     class Unprintable(Exception):
         def __str__(self) -> str:
             raise RuntimeError
 
-    assert child._error_observation(Unprintable()) == "Error: Unprintable: <unprintable exception>"
-    assert child._error_observation(KeyError()) == "Error: KeyError"
+    assert child.error_observation(Unprintable()) == "Error: Unprintable: <unprintable exception>"
+    assert child.error_observation(KeyError()) == "Error: KeyError"
 
 
 def _raised(exc: BaseException) -> BaseException:
@@ -157,8 +159,8 @@ def _raised(exc: BaseException) -> BaseException:
 
 
 def test_cap_truncates_with_marker() -> None:
-    assert child._cap("abc", 3) == ("abc", False)
-    text, truncated = child._cap("abcdef", 4)
+    assert child.cap_observation("abc", 3) == ("abc", False)
+    text, truncated = child.cap_observation("abcdef", 4)
     assert truncated and text == "abcd\n...[truncated 2 characters]"
 
 
