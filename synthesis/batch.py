@@ -18,8 +18,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 from sandpit.api.client import InvalidResponse, RateLimited, SandpitConnectionError, ServerError, Unavailable
+from sandpit.client.llm import ModelError
 
-from .llm import LLMUnavailable
 from .records import ItemError, Rejected, Rejection, StageOutput
 
 T = TypeVar("T")
@@ -39,7 +39,7 @@ def run_items(items: Sequence[T], key: Callable[[T], str], fn: Callable[[T], Bas
             return "ok", fn(item)
         except Rejected as exc:
             return "rejected", Rejection(key=key(item), reason=exc.reason, detail=exc.detail[:2000])
-        except LLMUnavailable as exc:
+        except ModelError as exc:
             return "error", ItemError(key=key(item), error=str(exc)[:2000])
         except TRANSIENT_API_ERRORS as exc:
             return "error", ItemError(key=key(item), error=f"sandpit api: {exc}"[:2000])

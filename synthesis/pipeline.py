@@ -24,9 +24,9 @@ from typing import Any
 
 from sandpit.api.client import Client
 from sandpit.api.envscaler import import_files
+from sandpit.client.llm import ModelClient, ModelError
 
 from .batch import run_items
-from .llm import LLM, LLMUnavailable
 from .records import (
     EnvCandidate,
     EnvDescription,
@@ -95,12 +95,12 @@ class Pipeline:
         progress: progress bar factory (see :data:`ProgressFactory`); None for none.
     """
 
-    def __init__(self, run: RunDir, settings: SynthSettings, client: Client, *, llm: LLM | None = None,
+    def __init__(self, run: RunDir, settings: SynthSettings, client: Client, *, llm: ModelClient | None = None,
                  progress: ProgressFactory | None = None) -> None:
         self.run = run
         self.settings = settings
         self.client = client
-        self.llm = llm or LLM(settings, settings.cache_dir or run.file("llm_cache"))
+        self.llm = llm or settings.model_client(settings.cache_dir or run.file("llm_cache"))
         self.progress = progress
         self.started_at = datetime.now(UTC).isoformat()
 
@@ -164,7 +164,7 @@ class Pipeline:
             descriptions = [EnvDescription.model_validate(i) for i in output.items]
             try:
                 kept, duplicates = deduplicate(descriptions, self.llm, self.settings.dedup_threshold)
-            except LLMUnavailable as exc:
+            except ModelError as exc:
                 output.errors.append(ItemError(key="dedup", error=str(exc)))
             else:
                 output.items = [d.model_dump(mode="json") for d in kept]
