@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandpit.client import Client, SandpitError, every_item
+
 from .bfcl import BfclEpisode, BfclSuite, embedded_modules
-from .client import Client, SandpitError, every_item
 
 
 @dataclass

@@ -22,11 +22,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
+from sandpit.client import Client, SandpitError, every_item
 from sandpit.sandbox_images.runner.render import is_tag
 
 from .bfcl import BfclEpisode, BfclSuite
 from .bfcl_replay import replay_episode
-from .client import Client, SandpitError, every_item
 
 MAX_TASK_CHARS = 20_000
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .client import Client, SandpitError, every_item
+from sandpit.client import Client, SandpitError, every_item
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
 

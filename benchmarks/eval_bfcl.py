@@ -16,7 +16,7 @@ from typing import Any
 from sandpit.api.bfcl import fetch_wheel, load_suite
 from sandpit.api.bfcl_replay import register_environments
 from sandpit.api.bfcl_scenarios import make_scenarios, replay_items
-from sandpit.api.client import Client
+from sandpit.client import Client
 
 
 def replay_throughput(server: Any, limit: int | None = None, concurrency: int = 8) -> dict[str, Any]:

@@ -153,7 +153,7 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit A
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from sandpit.api.bfcl import BfclImportError, fetch_wheel, load_suite
     from sandpit.api.bfcl_replay import check_policy, register_environments, replay_suite
-    from sandpit.api.client import Client, SandpitError
+    from sandpit.client import Client, SandpitError
 
     try:
         suite = load_suite(fetch_wheel())
@@ -228,8 +228,8 @@ def import_envscaler(
 ) -> None:
     """Import EnvScaler environments and scenarios through the API, validating each item."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from sandpit.api.client import Client, SandpitError
     from sandpit.api.envscaler import EnvScalerFileError, import_files, load_environments, load_scenarios
+    from sandpit.client import Client, SandpitError
 
     try:
         total = len(load_environments(envs)) + (len(load_scenarios(scenarios)) if scenarios else 0)

@@ -31,7 +31,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sandpit.api.client import Client, EvaluationJob, SandpitError, every_item
+from sandpit.client import Client, EvaluationJob, SandpitError, every_item
 
 eval_app = typer.Typer(help="Batch evaluations (replay or rollout) on a Sandpit server, with rewards from "
                             "the scenarios' check functions.", no_args_is_help=True)

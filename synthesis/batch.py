@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from pydantic import BaseModel
-from sandpit.api.client import InvalidResponse, RateLimited, SandpitConnectionError, ServerError, Unavailable
+from sandpit.client import InvalidResponse, RateLimited, SandpitConnectionError, ServerError, Unavailable
 from sandpit.client.llm import ModelError
 
 from .records import ItemError, Rejected, Rejection, StageOutput

@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandpit.api.client import Client
 from sandpit.api.envscaler import import_files
+from sandpit.client import Client
 from sandpit.client.llm import ModelClient, ModelError
 
 from .batch import run_items

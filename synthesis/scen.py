@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from sandpit.api.client import Client, InvalidRequest, NotFound, PayloadTooLarge
+from sandpit.client import Client, InvalidRequest, NotFound, PayloadTooLarge
 from sandpit.client.llm import ModelClient
 
 from .ask import ask

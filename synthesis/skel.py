@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any
 
-from sandpit.api.client import Client, EnvHandle, InvalidRequest, NotFound, PayloadTooLarge, StepResult
+from sandpit.client import Client, EnvHandle, InvalidRequest, NotFound, PayloadTooLarge, StepResult
 from sandpit.client.llm import ModelClient
 from sandpit.executor.policy import check_source
 

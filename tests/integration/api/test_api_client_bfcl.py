@@ -11,8 +11,8 @@ import os
 import pytest
 from sandpit.api import bfcl
 from sandpit.api.bfcl_replay import register_environments, replay_episode
-from sandpit.api.client import AsyncClient, Client, InvalidRequest, NotFound
-from sandpit.api.rl import RLEnv
+from sandpit.client import AsyncClient, Client, InvalidRequest, NotFound
+from sandpit.client.rl import RLEnv
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import Rule, ScriptedLLM
-from sandpit.api.client import Client
+from sandpit.client import Client
 from sandpit.synthesis.pipeline import Pipeline, SeedFileError, StageInputMissing, read_seeds, summarize
 from sandpit.synthesis.rundir import RunDir
 from sandpit.synthesis.settings import SynthSettings
