@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandpit.api.envscaler import import_files
 from sandpit.client import Client
 from sandpit.client.llm import ModelClient, ModelError
+from sandpit.importers.envscaler import import_files
 
 from .batch import run_items
 from .records import (
@@ -221,7 +221,7 @@ class Pipeline:
 
     def register(self) -> list[dict[str, Any]]:
         """Register the kept environments and their scenarios through the API
-        (``sandpit.api.envscaler.import_files``: each scenario is instantiated and its
+        (``sandpit.importers.envscaler.import_files``: each scenario is instantiated and its
         checks run once on the initial state). Writes ``registered.json``; returns its items."""
         self._input("scen_scenarios", "env_scenarios.json")
         envs, scenarios = self.run.file("env_metadata.json"), self.run.file("env_scenarios.json")

@@ -9,12 +9,12 @@ import contextlib
 import os
 
 import pytest
-from sandpit.api import bfcl
-from sandpit.api.bfcl_replay import register_environments, replay_episode
-from sandpit.client import AsyncClient, Client, InvalidRequest, NotFound
+from sandpit.client import AsyncClient, Client, InvalidRequest, NotFound, SandpitError
 from sandpit.client.rl import RLEnv
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
+from sandpit.importers import bfcl
+from sandpit.importers.bfcl.replay import register_environments, replay_episode
 
 pytestmark = pytest.mark.docker
 
@@ -69,7 +69,7 @@ def suite() -> bfcl.BfclSuite:
 
 @pytest.mark.slow
 def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite: bfcl.BfclSuite) -> None:
-    from sandpit.api.bfcl_scenarios import plain
+    from sandpit.importers.bfcl.scenarios import plain
 
     sample = []
     seen: set[str] = set()
@@ -98,8 +98,8 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
 
 
 def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(server, suite: bfcl.BfclSuite) -> None:
-    from sandpit.api.bfcl_scenarios import make_scenarios, replay_items
     from sandpit.executor.policy import check_source
+    from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
 
     with Client(server.url, api_key=server.api_key, timeout=120) as client:
         ids = register_environments(client, suite)
@@ -123,3 +123,27 @@ def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(se
 
         assert rewards(replay_items(made)) == [1.0] * 6
         assert min(rewards(replay_items(made, drop_last_call=True))) < 1.0  # the checks see the state
+
+
+def test_check_policy_judges_bfcl_modules_through_the_api(server, suite: bfcl.BfclSuite) -> None:
+    from collections import Counter
+
+    from sandpit.executor.policy import check_source
+    from sandpit.importers.bfcl.replay import check_policy
+
+    expected: Counter[str] = Counter()
+    seen: set[str] = set()
+    for environment in suite.environments.values():
+        for dotted, source in bfcl.embedded_modules(environment.source_code).items():
+            if dotted not in seen:
+                seen.add(dotted)
+                expected.update(f"{f.rule} ({f.severity})" for f in check_source(source, "standard").findings)
+    hostile = bfcl.BfclEnvironment(
+        name="bfcl:Hostile", class_name=bfcl.CLASS_NAME, classes=("Hostile",), tool_names=(), signatures={},
+        required={}, tool_classes={},
+        source_code=f"_install({bfcl.BACKEND_PACKAGE + '.hostile'!r}, 'x = ().__class__.__bases__[0].__subclasses__()')\n")
+    with Client(server.url, api_key=server.api_key, timeout=120) as client:
+        assert check_policy(client, suite) == dict(expected) and expected  # what the executor's policy says
+        with pytest.raises(SandpitError, match=r"hostile fails the standard policy: line 1 dunder"):
+            check_policy(client, bfcl.BfclSuite(version=suite.version, environments={"bfcl:Hostile": hostile},
+                                                episodes=()))
