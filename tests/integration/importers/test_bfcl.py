@@ -1,60 +1,21 @@
-"""The Python client (sync, async, RL adapter) against the real server, and BFCL episodes
-replayed through the API ending in the same states as stepping the class directly in a
-sandbox."""
+"""The BFCL importer against the real server: episodes replayed through the API end in the
+same states as stepping the class directly in a sandbox; scenarios made from them reward
+the ground truth and notice a wrong trajectory; `check_policy` judges BFCL's modules
+through `/v1/validate`."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 
 import pytest
-from sandpit.client import AsyncClient, Client, InvalidRequest, NotFound, SandpitError
-from sandpit.client.rl import RLEnv
+from sandpit.client import Client, InvalidRequest, SandpitError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 from sandpit.importers import bfcl
 from sandpit.importers.bfcl.replay import register_environments, replay_episode
 
 pytestmark = pytest.mark.docker
-
-
-def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:
-    with Client(server.url, api_key=server.api_key) as client:
-        env = client.envs.create(counter_env_id, init_config={"count": 1})
-        assert env.step("bump", by=2).observation == "3"
-        forks = env.fork(count=2)
-        assert [f.state()["count"] for f in forks] == [3, 3]
-        action = env.trajectory().steps[0].action
-        assert action is not None and (action.name, action.arguments) == ("bump", {"by": 2})
-        env.restore(0)
-        assert env.state()["count"] == 1
-        for handle in (env, *forks):
-            handle.delete()
-        with pytest.raises(NotFound):
-            client.envs.get(env.id)
-
-        observations = []
-        rl = RLEnv(client, environment_id=counter_env_id, init_config={"count": 0}, episode={"max_steps": 3})
-        observation, info = rl.reset()
-        assert info["env_id"] and observation == ""  # open-ended: no task, no reward
-        for _ in range(3):
-            observation, reward, terminated, truncated, info = rl.step({"name": "bump", "arguments": {"by": 1}})
-            observations.append((observation, reward))
-        assert observations == [("1", 0.0), ("2", 0.0), ("3", 0.0)] and truncated and not terminated
-        rl.close()
-
-
-def test_async_client(server, counter_env_id: str) -> None:
-    async def run() -> list[str]:
-        async with AsyncClient(server.url, api_key=server.api_key) as client:
-            handles = await asyncio.gather(*(client.envs.create(counter_env_id) for _ in range(4)))
-            results = await asyncio.gather(*(h.step("bump", by=i) for i, h in enumerate(handles)))
-            for handle in handles:
-                await handle.delete()
-            return [r.observation for r in results]
-
-    assert asyncio.run(run()) == ["0", "1", "2", "3"]
 
 
 @pytest.fixture(scope="module")
