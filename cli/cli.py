@@ -5,9 +5,14 @@
 * ``sandpit demo`` — run a real environment class through a sandbox, printing each
   observation and the state.
 * ``sandpit sandboxes [--reap]`` — list (or remove) every labeled sandbox container.
+* ``sandpit db upgrade``, ``sandpit serve`` — migrate the control database, run the API.
+* ``sandpit import bfcl|envscaler``, ``sandpit bfcl fetch`` — third-party suites through the
+  API (:mod:`sandpit.import_cli`).
+* ``sandpit tenants ...`` — tenants and API keys with the operator key (:mod:`sandpit.tenants_cli`).
 * ``sandpit environments|scenarios|envs ...`` — poke at a server's environments, scenarios
   and live envs through the Python client (``--url``/``SANDPIT_URL``,
   ``--api-key``/``SANDPIT_API_KEY``); see :mod:`sandpit.envs_cli`.
+* ``sandpit synth``, ``sandpit eval``, ``sandpit rl`` — synthesis, batch evaluations, RL demo.
 
 Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 """
@@ -15,7 +20,6 @@ Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 from __future__ import annotations
 
 import logging
-from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -135,124 +139,10 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                 log_level=log_level, access_log=False, timeout_graceful_shutdown=15)
 
 
-tenants_app = typer.Typer(help="Tenants and API keys (admin API; needs SANDPIT_OPERATOR_KEY).", no_args_is_help=True)
-app.add_typer(tenants_app, name="tenants")
-UrlOption = Annotated[str, typer.Option(envvar="SANDPIT_URL", help="Sandpit API base URL.")]
-OperatorOption = Annotated[str | None, typer.Option(
-    envvar="SANDPIT_OPERATOR_KEY", show_envvar=True, help="The operator key (prefer the environment variable).")]
-
-
-def _admin(url: str, operator_key: str | None, method: str, path: str, **kwargs: object) -> dict:
-    """One admin API request; exits 1 with the server's message on an error."""
-    import httpx
-
-    if not operator_key:
-        _fail(RuntimeError("no operator key: set SANDPIT_OPERATOR_KEY"))
-    try:
-        response = httpx.request(method, f"{url.rstrip('/')}/v1/admin{path}", timeout=30,
-                                 headers={"Authorization": f"Bearer {operator_key}"}, **kwargs)
-    except httpx.HTTPError as exc:
-        _fail(RuntimeError(f"cannot reach {url}: {exc}"))
-        raise
-    if response.status_code >= 400:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:500]
-        _fail(RuntimeError(f"{response.status_code}: {message}"))
-    return response.json()
-
-
-def _quota_options(values: list[str] | None) -> dict | None:
-    """``--quota name=value`` (``max_profile.memory_mib=512`` for nested) as a dict."""
-    import json
-
-    if not values:
-        return None
-    quotas: dict = {}
-    for item in values:
-        name, sep, raw = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(f"--quota wants name=value, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
-        if "." in name:
-            outer, inner = name.split(".", 1)
-            quotas.setdefault(outer, {})[inner] = value
-        else:
-            quotas[name] = value
-    return quotas
-
-
-@tenants_app.command("create")
-def tenants_create(
-        tenant_id: Annotated[str, typer.Argument(help="Tenant id: [a-z0-9][a-z0-9_-]{0,63}.")],
-        url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
-        quota: Annotated[list[str] | None, typer.Option(help="Quota override name=value (repeatable).")] = None,
-        key_name: Annotated[str | None, typer.Option(help="Name of the first API key.")] = None,
-        expires_in_days: Annotated[float | None, typer.Option(min=0.001, help="The key expires after this.")] = None,
-        quiet: Annotated[bool, typer.Option(help="Print only the API key (for scripts).")] = False,
-) -> None:
-    """Create a tenant and its first API key; the key is printed once and never again."""
-    body = {"id": tenant_id, "quotas": _quota_options(quota), "key_name": key_name,
-            "key_expires_in_s": expires_in_days * 86400 if expires_in_days else None}
-    tenant = _admin(url, operator_key, "POST", "/tenants", json=body)
-    key = tenant["api_key"]
-    if quiet:
-        typer.echo(key["key"])
-        return
-    console.print(f"tenant [bold]{tenant['id']}[/bold] created; API key {key['id']} "
-                  f"(expires {key['expires_at'] or 'never'}). Store it now, it is not shown again:")
-    typer.echo(key["key"])
-
-
-@tenants_app.command("create-key")
-def tenants_create_key(
-        tenant_id: Annotated[str, typer.Argument(help="Tenant id.")],
-        url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
-        name: Annotated[str | None, typer.Option(help="Key name.")] = None,
-        expires_in_days: Annotated[float | None, typer.Option(min=0.001, help="The key expires after this.")] = None,
-) -> None:
-    """Another API key for a tenant (printed once)."""
-    key = _admin(url, operator_key, "POST", f"/tenants/{tenant_id}/keys",
-                 json={"name": name, "expires_in_s": expires_in_days * 86400 if expires_in_days else None})
-    console.print(f"API key {key['id']} for {tenant_id} (expires {key['expires_at'] or 'never'}):")
-    typer.echo(key["key"])
-
-
-@tenants_app.command("list")
-def tenants_list(url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
-                 keys: Annotated[bool, typer.Option(help="Also list every tenant's keys.")] = False) -> None:
-    """Tenants with their quota overrides and active keys."""
-    tenants = _admin(url, operator_key, "GET", "/tenants")["data"]
-    table = Table("tenant", "active keys", "quota overrides", "created")
-    for tenant in tenants:
-        overrides = ", ".join(f"{k}={v}" for k, v in tenant["quota_overrides"].items()) or "-"
-        table.add_row(tenant["id"], str(tenant["active_keys"]), overrides, tenant["created_at"][:19])
-    Console().print(table)
-    if keys:
-        key_table = Table("key id", "tenant", "name", "prefix", "expires", "revoked")
-        for tenant in tenants:
-            for key in _admin(url, operator_key, "GET", f"/tenants/{tenant['id']}/keys")["data"]:
-                key_table.add_row(key["id"], key["tenant"], key["name"] or "", key["prefix"] + "…",
-                                  (key["expires_at"] or "never")[:19], (key["revoked_at"] or "")[:19])
-        Console().print(key_table)
-
-
-@tenants_app.command("revoke-key")
-def tenants_revoke_key(key_id: Annotated[str, typer.Argument(help="Key id (key_...), see `tenants list --keys`.")],
-                       url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None) -> None:
-    """Revoke an API key: requests with it get 401 from now on."""
-    key = _admin(url, operator_key, "POST", f"/keys/{key_id}/revoke")
-    console.print(f"revoked {key['id']} of tenant {key['tenant']} at {key['revoked_at']}")
-
-
 def _register_feature_apps() -> None:
     """Sub-apps that live in their own modules (``sandpit import``, ``sandpit bfcl``,
-    ``sandpit synth``, ``sandpit eval``, ``sandpit environments``, ``sandpit scenarios``,
-    ``sandpit envs``, ``sandpit rl``)."""
+    ``sandpit tenants``, ``sandpit synth``, ``sandpit eval``, ``sandpit environments``,
+    ``sandpit scenarios``, ``sandpit envs``, ``sandpit rl``)."""
     from sandpit.environments_cli import environments_app
     from sandpit.envs_cli import envs_app
     from sandpit.eval_cli import eval_app
@@ -260,8 +150,10 @@ def _register_feature_apps() -> None:
     from sandpit.rl_cli import rl_app
     from sandpit.scenarios_cli import scenarios_app
     from sandpit.synth_cli import synth_app
+    from sandpit.tenants_cli import tenants_app
 
     app.add_typer(import_app, name="import")
+    app.add_typer(tenants_app, name="tenants")
     app.add_typer(synth_app, name="synth")
     app.add_typer(eval_app, name="eval")
     app.add_typer(environments_app, name="environments")
