@@ -116,6 +116,7 @@ class Evaluation(_ResponseModel):
     passed: int
     total: int
     results: list[CheckOutcome]
+    created_at: datetime | None = None
 
 
 class ExecResult(_ResponseModel):
@@ -333,6 +334,8 @@ class EvaluationJob(_ResponseModel):
     summary: EvaluationSummary | None = None
     """Set once the evaluation is completed, cancelled or failed."""
     error: str | None = None
+    created_by: str | None = None
+    """The id of the API key that created it."""
     created_at: datetime
     finished_at: datetime | None = None
 
