@@ -20,6 +20,7 @@ Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -36,7 +37,7 @@ app.add_typer(image_app, name="image")
 console = Console(stderr=True)
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     console.print(f"[red]error:[/red] {exc}")
     raise typer.Exit(1)
 
@@ -47,8 +48,11 @@ def image_build(force: bool = typer.Option(False, help="Rebuild even if the tag 
     try:
         client = engine.make_client(get_settings())
         with console.status("building sandbox image") as status:
-            result = build_image(client, get_image_settings(), force=force,
-                                 progress=lambda msg: (console.log(msg), status.update(msg)))
+            def progress(message: str) -> None:
+                console.log(message)
+                status.update(message)
+
+            result = build_image(client, get_image_settings(), force=force, progress=progress)
     except ExecutorError as exc:
         _fail(exc)
     typer.echo(result.tag)
@@ -127,7 +131,6 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     except ValidationError as exc:  # e.g. a placeholder SANDPIT_OPERATOR_KEY: refuse to start
         _fail(RuntimeError("invalid settings: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
-        return
     engine = make_engine(settings.resolved_database_url())
     try:
         require_current(engine)

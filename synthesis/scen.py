@@ -160,10 +160,10 @@ def generate_scenarios(env_id: str, record: dict[str, Any], llm: ModelClient, cl
 
 
 def _task(text: str) -> str:
-    value = json_object(text, {"task": str})
-    if not value["task"].strip():
+    task: str = json_object(text, {"task": str})["task"]
+    if not task.strip():
         raise MalformedOutput("task must not be empty")
-    return value["task"].strip()
+    return task.strip()
 
 
 def scenario_records(drafts: list[ScenarioDraft], metadata: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -242,7 +242,7 @@ def init_config_list(text: str, count: int) -> list[dict[str, Any]]:
         MalformedOutput: not that shape.
     """
     value = json_object(text, {"init_configs": list})
-    configs = value["init_configs"]
+    configs: list[dict[str, Any]] = value["init_configs"]
     if not configs or not all(isinstance(c, dict) for c in configs):
         raise MalformedOutput("init_configs must be a non-empty list of JSON objects")
     return configs[:count]
