@@ -17,7 +17,8 @@ import math
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
+
+from .sandboxes import ProfileOverrides, ResourceProfile
 
 
 def _numeric_schema(model: type[BaseModel], name: str) -> dict[str, Any]:

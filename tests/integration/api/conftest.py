@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sandpit.api.db import upgrade
+from sandpit.api.db.engine import upgrade
 
 COUNTER_SOURCE = '''
 from typing import Dict, List, Optional

@@ -2,7 +2,7 @@
 
 ``environments`` registered code · ``envs`` live instances (head = ``episode``/``step``) ·
 ``steps`` one row per acknowledged step (step 0 = state after instantiation) pointing at a
-content-addressed state root in ``blobs`` (see :mod:`sandpit.api.store`).
+content-addressed state root in ``blobs`` (see :mod:`sandpit.api.db.store`).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Episode(Base):
     environment_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     scenario_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    """Episode options without secrets (:class:`sandpit.api.episodes.EpisodeConfig`)."""
+    """Episode options without secrets (:class:`sandpit.api.services.episodes.EpisodeConfig`)."""
     user_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
     """The simulated user's model API key given at create/reset, encrypted; never returned."""
     status: Mapped[str] = mapped_column(String(16))
@@ -186,7 +186,7 @@ class Tenant(Base):
     """Slug (``[a-z0-9][a-z0-9_-]{0,63}``), chosen by the operator."""
     display_name: Mapped[str | None] = mapped_column(String(200))
     quotas: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    """Overrides of :class:`sandpit.api.quotas.Quotas` fields (missing = the default)."""
+    """Overrides of :class:`sandpit.api.services.quotas.Quotas` fields (missing = the default)."""
     model_base_url: Mapped[str | None] = mapped_column(String(2000))
     """Default OpenAI-compatible endpoint for rollout evaluations of this tenant."""
     model_api_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)

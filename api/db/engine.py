@@ -1,4 +1,5 @@
-"""Database engine, sessions and the migration gate.
+"""Database engine, sessions and the migration gate (no sessions of its own: see
+:mod:`.database` for the unit of work).
 
 SQLite files run in WAL mode with ``synchronous=NORMAL`` (a committed step survives a
 process crash; an OS crash may lose the last few milliseconds) and a 30 s busy timeout.
@@ -9,17 +10,18 @@ The schema is owned by Alembic (``migrations/``): :func:`upgrade` applies it and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
-from .errors import DatabaseNotMigrated
+from ..errors import DatabaseNotMigrated
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent.parent / "migrations"
 
 
 def make_engine(url: str) -> Engine:
@@ -32,7 +34,7 @@ def make_engine(url: str) -> Engine:
                                pool_size=16, max_overflow=48)
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:  # a DB-API connection
             cursor = dbapi_conn.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
@@ -44,7 +46,7 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker:
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded attributes usable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
 

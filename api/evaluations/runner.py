@@ -18,7 +18,7 @@ Exactly-once episodes:
   process have their half-run env deleted and go back to ``pending`` (``cancelled`` when
   their job was cancelled); they rerun from scratch in a fresh env. Finished episodes are
   never rerun. One API process per database runs evaluations (like the in-process quota
-  counters of :mod:`.quotas`).
+  counters of :mod:`sandpit.api.services.quotas`).
 * an episode's env id is written to its row *before* the env is created
   (``EnvService.create_env(env_id=...)``), so a process killed at any point leaves no env
   that recovery does not find and delete.
@@ -44,12 +44,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from sandpit.executor.errors import CapacityError, ExecutorError
 from sqlalchemy import func, select, update
 
-from . import models
-from .episodes import OPEN_ENDED, introduction_text
-from .errors import (
+from ..db import models
+from ..db.database import Database
+from ..errors import (
     ApiError,
     Conflict,
     InvalidRequest,
@@ -59,14 +58,26 @@ from .errors import (
     QuotaExceeded,
     ServiceUnavailable,
 )
-from .evaluation import EvaluationService
-from .rollout import ModelClient, ModelError, ModelSettings, StepRecord, initial_messages, run_episode
-from .schemas import FunctionCall, StepRequest
-from .secrets import SecretUnavailable
-from .service import EnvService, new_id
-from .service import utcnow as _now
-from .tenancy import TenantService
-from .tools import parse_step
+from ..schemas.envs import FunctionCall, StepRequest
+from ..secrets import SecretUnavailable
+from ..services.common import new_id
+from ..services.common import utcnow as _now
+from ..services.environments import EnvironmentService
+from ..services.envs import EnvService
+from ..services.episodes import OPEN_ENDED, introduction_text
+from ..services.scenarios import ScenarioService
+from ..services.steps import StepService
+from ..services.tenants import TenantService
+from ..settings import ApiSettings
+from .rollout import (
+    CHAT_COUNTERS,
+    ModelClient,
+    ModelError,
+    ModelSettings,
+    StepRecord,
+    initial_messages,
+    run_episode,
+)
 
 log = logging.getLogger("sandpit.api.evaluations")
 JOB = models.EvaluationJob
@@ -125,11 +136,15 @@ class _Episode:
 class EvaluationRunner:
     """Runs evaluation episodes in the background (see the module docstring)."""
 
-    def __init__(self, envs: EnvService, evaluation: EvaluationService, tenants: TenantService) -> None:
+    def __init__(self, settings: ApiSettings, db: Database, envs: EnvService, steps: StepService,
+                 environments: EnvironmentService, scenarios: ScenarioService, tenants: TenantService) -> None:
+        self.settings = settings
+        self.db = db
         self.envs = envs
-        self.evaluation = evaluation
+        self.steps = steps
+        self.environments = environments
+        self.scenarios = scenarios
         self.tenants = tenants
-        self.settings = envs.settings
         self._lock = threading.Lock()
         self._running: dict[tuple[str, int], threading.Thread] = {}
         self._tenant_of: dict[str, str] = {}
@@ -174,7 +189,7 @@ class EvaluationRunner:
         """Episodes left ``running`` (by a process that died): delete their env if it
         still exists, then mark them ``pending`` (``cancelled`` when their job no longer
         runs). Returns how many were reset."""
-        with self.envs._db() as db:
+        with self.db.read() as db:
             rows = db.execute(select(EP.evaluation_id, EP.index, EP.env_id, JOB.tenant, JOB.status)
                               .join(JOB, JOB.id == EP.evaluation_id).where(EP.status == "running")).all()
         for job_id, index, env_id, tenant, job_status in rows:
@@ -183,7 +198,7 @@ class EvaluationRunner:
             active = job_status in ("queued", "running")
             values: dict[str, Any] = {"status": "pending", "env_id": None, "started_at": None} if active else {
                 "status": "cancelled", "env_id": None, "finished_at": _now()}
-            with self.envs._write() as db:
+            with self.db.write() as db:
                 db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index, EP.status == "running")
                            .values(**values))
         if rows:
@@ -201,7 +216,7 @@ class EvaluationRunner:
             self._wake.clear()
 
     def _active_jobs(self) -> list[_Job]:
-        with self.envs._db() as db:
+        with self.db.read() as db:
             rows = db.scalars(select(JOB).where(JOB.status.in_(("queued", "running")))
                               .order_by(JOB.created_at, JOB.id)).all()
         return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at)
@@ -247,13 +262,13 @@ class EvaluationRunner:
 
     def _claim_and_start(self, job: _Job) -> bool:
         """Claim the job's first pending episode and start its thread; False when none is pending."""
-        with self.envs._db() as db:  # read first: most polls find nothing and need no write
+        with self.db.read() as db:  # read first: most polls find nothing and need no write
             row = db.execute(select(EP.index, EP.attempt).where(EP.evaluation_id == job.id, EP.status == "pending")
                              .order_by(EP.index).limit(1)).first()
         if row is None:
             return False
         attempt = row.attempt + 1
-        with self.envs._write() as db:
+        with self.db.write() as db:
             claimed = db.execute(update(EP).where(EP.evaluation_id == job.id, EP.index == row.index,
                                                   EP.status == "pending", EP.attempt == row.attempt)
                                  .values(status="running", attempt=attempt, started_at=_now(), env_id=None))
@@ -272,7 +287,7 @@ class EvaluationRunner:
     def _finish_if_done(self, job_id: str) -> bool:
         """Mark the job ``completed`` when no episode is pending or running; True if it
         has nothing left to claim."""
-        with self.envs._write() as db:
+        with self.db.write() as db:
             left = db.scalar(select(func.count()).select_from(EP).where(
                 EP.evaluation_id == job_id, EP.status.in_(("pending", "running")))) or 0
             if left == 0:
@@ -312,11 +327,11 @@ class EvaluationRunner:
 
     def _episode(self, episode: _Episode) -> None:
         job = episode.job
-        with self.envs._db() as db:
+        with self.db.read() as db:
             row = db.get(EP, (job.id, episode.index))
         assert row is not None
         try:
-            scenario = self.evaluation.get_scenario(job.tenant, row.scenario_id)
+            scenario = self.scenarios.get_scenario(job.tenant, row.scenario_id)
         except NotFound:
             raise EpisodeFailed("scenario_not_found", f"scenario {row.scenario_id!r} no longer exists") from None
         self._check_stop(job)
@@ -338,7 +353,7 @@ class EvaluationRunner:
             self._rollout(episode, scenario.environment_id, scenario.task)
         self._check_stop(job)
         try:
-            outcome = self._transient(job, lambda: self.evaluation.evaluate(job.tenant, env_id, None))
+            outcome = self._transient(job, lambda: self.envs.evaluate(job.tenant, env_id, None))
         except (InvalidRequest, Conflict) as exc:
             raise EpisodeFailed("check_error", f"running the checks failed: {exc.message}") from None
         except NotFound as exc:
@@ -364,7 +379,7 @@ class EvaluationRunner:
     def _rollout(self, episode: _Episode, environment_id: str, task: str) -> None:
         job = episode.job
         assert episode.trajectory is not None
-        environment = self.envs.get_environment(job.tenant, environment_id)
+        environment = self.environments.get_environment(job.tenant, environment_id)
         config = job.config
         try:
             if job.key_enc:
@@ -391,12 +406,12 @@ class EvaluationRunner:
         except ModelError as exc:
             if exc.result is not None:
                 episode.trajectory[:] = exc.result.trajectory
-                episode.usage = exc.result.usage.as_dict()
+                episode.usage = exc.result.usage.as_dict(CHAT_COUNTERS)
             raise EpisodeFailed(exc.status, exc.message) from None
         finally:
             model.close()
         episode.trajectory[:] = result.trajectory
-        episode.usage = result.usage.as_dict()
+        episode.usage = result.usage.as_dict(CHAT_COUNTERS)
         self._check_stop(job)
 
     def _tenant_key(self, tenant: str) -> str | None:
@@ -411,16 +426,15 @@ class EvaluationRunner:
         job = episode.job
         assert episode.env_id is not None
         self._check_stop(job)
-        settings = self.settings
         try:
-            action = parse_step(request, settings.max_arguments_bytes, settings.max_json_depth)
+            action = self.steps.parse(request)
         except PayloadTooLarge as exc:
             name, arguments = _raw_action(request.model_dump(exclude_none=True))
             return StepRecord(number, {"name": name, "arguments": "<over the size cap>"}, f"Error: {exc.message}",
                               "rejected")
         env_id = episode.env_id
         try:
-            outcome = self._transient(job, lambda: self.envs.step(job.tenant, env_id, action,
+            outcome = self._transient(job, lambda: self.steps.step(job.tenant, env_id, action,
                                                                   want_diff=False, want_state=False))
         except (NotFound, Conflict) as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
@@ -449,10 +463,10 @@ class EvaluationRunner:
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
                 return operation()
-            except (NoCapacity, QuotaExceeded, ServiceUnavailable, ExecutorError) as exc:
+            except (NoCapacity, QuotaExceeded, ServiceUnavailable) as exc:
                 if attempt == TRANSIENT_ATTEMPTS - 1:
-                    capacity = isinstance(exc, NoCapacity | QuotaExceeded | CapacityError)
-                    message = exc.message if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"
+                    capacity = isinstance(exc, NoCapacity | QuotaExceeded)
+                    message = exc.message
                     raise EpisodeFailed("no_capacity" if capacity else "unavailable",
                                         f"gave up after {TRANSIENT_ATTEMPTS} tries: {message}") from None
             if self._stop.wait(wait):
@@ -464,7 +478,7 @@ class EvaluationRunner:
     def _guarded(self, episode: _Episode, **values: Any) -> bool:
         """Update the episode row only if this attempt still owns it (``running`` with
         this ``attempt``); True if it did."""
-        with self.envs._write() as db:
+        with self.db.write() as db:
             result = db.execute(update(EP).where(EP.evaluation_id == episode.job.id, EP.index == episode.index,
                                                  EP.status == "running", EP.attempt == episode.attempt)
                                 .values(**values))

@@ -10,7 +10,7 @@ index order = request order). Two modes:
   endpoint (:mod:`.rollout`), then the checks give the reward.
 
 :class:`EvaluationJobs` validates and stores jobs and answers reads; the
-:class:`~.evaluation_runner.EvaluationRunner` it owns runs episodes in the background and
+:class:`~.runner.EvaluationRunner` it owns runs episodes in the background and
 resumes unfinished ones after a restart. Job statuses: ``queued`` -> ``running`` ->
 ``completed`` | ``cancelled`` | ``failed``; episode statuses: ``pending`` -> ``running``
 -> ``done`` | ``error`` | ``cancelled``.
@@ -18,7 +18,7 @@ resumes unfinished ones after a restart. Job statuses: ``queued`` -> ``running``
 Quotas (429 naming the limit): ``max_active_evaluations`` (queued + running jobs of the
 tenant) and ``max_evaluation_concurrency`` (a job's ``concurrency`` may not exceed it;
 the runner also bounds the tenant's running episodes over all its jobs by it).
-The model API key of a request is stored encrypted (:mod:`.secrets`) and never returned,
+The model API key of a request is stored encrypted (:mod:`sandpit.api.secrets`) and never returned,
 logged or audited.
 """
 
@@ -32,23 +32,26 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import defer
 
-from . import models
-from .errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
-from .evaluation import EvaluationService
-from .evaluation_runner import EvaluationRunner
-from .evaluation_schemas import (
+from ..db import models
+from ..db.database import Database
+from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
+from ..sandboxes import Sandboxes
+from ..schemas.evaluations import (
     EnvironmentBreakdown,
     EpisodeResult,
     EvaluationCreate,
     EvaluationJobPublic,
+    EvaluationJobsPublic,
     EvaluationProgress,
     EvaluationSummary,
     check_base_url,
 )
-from .quotas import FIXED_RETRY_AFTER_S, TenantContext
-from .service import EnvService, new_id, owned
-from .service import utcnow as _now
-from .tenancy import TenantService
+from ..services.common import new_id, owned
+from ..services.common import utcnow as _now
+from ..services.quotas import FIXED_RETRY_AFTER_S, QuotaService, TenantContext
+from ..services.tenants import TenantService
+from ..settings import ApiSettings
+from .runner import EvaluationRunner
 
 JOB = models.EvaluationJob
 EP = models.EvaluationEpisode
@@ -67,11 +70,14 @@ class EvaluationJobs:
     """Create, read, list and cancel evaluations; stream their results. ``start()`` /
     ``close()`` run the background runner (called from the app's lifespan)."""
 
-    def __init__(self, envs: EnvService, evaluation: EvaluationService, tenants: TenantService) -> None:
-        self.envs = envs
+    def __init__(self, settings: ApiSettings, db: Database, runner: EvaluationRunner, sandboxes: Sandboxes,
+                 quotas: QuotaService, tenants: TenantService) -> None:
+        self.settings = settings
+        self.db = db
+        self.runner = runner
+        self.sandboxes = sandboxes
+        self.quotas = quotas
         self.tenants = tenants
-        self.settings = envs.settings
-        self.runner = EvaluationRunner(envs, evaluation, tenants)
         self._create_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -83,6 +89,39 @@ class EvaluationJobs:
         """Stop the runner: running episodes stop at their next step and go back to
         ``pending`` (they rerun from scratch on the next start)."""
         self.runner.close()
+
+    # -- the HTTP contract -------------------------------------------------------------------
+    def start_evaluation(self, caller: TenantContext, body: EvaluationCreate) -> EvaluationJobPublic:
+        """``POST /v1/evaluations``: :meth:`create` with the tenant's default profile
+        (capped by its ``max_profile``); audited (never the API key)."""
+        profile = self.quotas.profile_overrides(caller, None, self.sandboxes.default_limits())
+        row = self.create(caller, body, profile)
+        self.tenants.audit(caller.tenant, caller.actor, "evaluation.create", row.id,
+                           {"mode": row.mode, "total": row.total, "concurrency": row.concurrency,
+                            "model": row.config.get("model"), "base_url": row.config.get("base_url"),
+                            "api_key_source": row.config.get("api_key_source")})
+        return self.get(caller.tenant, row.id)
+
+    def cancel_evaluation(self, caller: TenantContext, evaluation_id: str) -> EvaluationJobPublic:
+        """``POST /{id}/cancel``: :meth:`cancel`; audited."""
+        result = self.cancel(caller.tenant, evaluation_id)
+        self.tenants.audit(caller.tenant, caller.actor, "evaluation.cancel", evaluation_id,
+                           {"done": result.progress.done, "total": result.total})
+        return result
+
+    def page(self, caller: TenantContext, limit: int, offset: int) -> EvaluationJobsPublic:
+        """A page of the tenant's evaluations, newest first, with progress."""
+        rows, total = self.list(caller.tenant, limit, offset)
+        return EvaluationJobsPublic(data=rows, count=total)
+
+    def result_lines(self, caller: TenantContext, evaluation_id: str, include: str | None) -> Iterator[bytes]:
+        """``GET /{id}/results``: :meth:`results`, ``include`` naming at most
+        ``transcript``. Raises InvalidRequest, NotFound (before streaming)."""
+        wanted = set(filter(None, (include or "").split(",")))
+        if not wanted <= {"transcript"}:
+            raise InvalidRequest(f"include may name ['transcript'], got {sorted(wanted - {'transcript'})}",
+                                 field="include")
+        return self.results(caller.tenant, evaluation_id, "transcript" in wanted)
 
     # -- create ------------------------------------------------------------------------
     def create(self, ctx: TenantContext, body: EvaluationCreate, profile: dict[str, Any] | None) -> models.EvaluationJob:
@@ -147,7 +186,7 @@ class EvaluationJobs:
                 raise QuotaExceeded(f"tenant {ctx.tenant!r} has {active} queued or running evaluation(s); "
                                     f"max_active_evaluations is {cap} (wait for one to finish or cancel one)",
                                     limit="max_active_evaluations", retry_after=ACTIVE_RETRY_AFTER_S)
-            with self.envs._write() as db:
+            with self.db.write() as db:
                 db.add(job)
                 db.flush()
                 db.execute(EP.__table__.insert(), episodes)
@@ -158,7 +197,7 @@ class EvaluationJobs:
         """Scenario id -> environment id for every id, or NotFound naming the first bad index."""
         found: dict[str, str] = {}
         distinct = list(dict.fromkeys(ids))
-        with self.envs._db() as db:
+        with self.db.read() as db:
             for start in range(0, len(distinct), ID_CHUNK):
                 chunk = distinct[start:start + ID_CHUNK]
                 rows = db.execute(select(models.Scenario.id, models.Scenario.environment_id).where(
@@ -171,13 +210,13 @@ class EvaluationJobs:
         return found
 
     def _count_active(self, tenant: str) -> int:
-        with self.envs._db() as db:
+        with self.db.read() as db:
             return db.scalar(select(func.count()).select_from(JOB).where(
                 JOB.tenant == tenant, JOB.status.in_(ACTIVE))) or 0
 
     # -- read ----------------------------------------------------------------------------
     def _job(self, tenant: str, evaluation_id: str) -> models.EvaluationJob:
-        with self.envs._db() as db:
+        with self.db.read() as db:
             return owned(db, JOB, evaluation_id, tenant, "evaluation")
 
     def get(self, tenant: str, evaluation_id: str) -> EvaluationJobPublic:
@@ -188,7 +227,7 @@ class EvaluationJobs:
 
     def list(self, tenant: str, limit: int, offset: int) -> tuple[list[EvaluationJobPublic], int]:
         """A page of the tenant's jobs, newest first, with progress; and the total."""
-        with self.envs._db() as db:
+        with self.db.read() as db:
             total = db.scalar(select(func.count()).select_from(JOB).where(JOB.tenant == tenant)) or 0
             rows = db.scalars(select(JOB).where(JOB.tenant == tenant).order_by(JOB.created_at.desc(), JOB.id)
                               .limit(limit).offset(offset)).all()
@@ -198,7 +237,7 @@ class EvaluationJobs:
     def _progress(self, job_ids: list[str]) -> dict[str, EvaluationProgress]:
         counts: dict[str, dict[str, tuple[int, float, int]]] = {j: {} for j in job_ids}
         if job_ids:
-            with self.envs._db() as db:
+            with self.db.read() as db:
                 rows = db.execute(select(EP.evaluation_id, EP.status, func.count(), func.sum(func.coalesce(EP.reward, 0.0)),
                                          func.sum(case((EP.reward == 1.0, 1), else_=0)))
                                   .where(EP.evaluation_id.in_(job_ids)).group_by(EP.evaluation_id, EP.status)).all()
@@ -227,7 +266,7 @@ class EvaluationJobs:
     def summary(self, evaluation_id: str) -> EvaluationSummary:
         """Mean reward, success rate, per-environment breakdown, errors by status and
         token usage over the job's finished episodes (errored ones count reward 0.0)."""
-        with self.envs._db() as db:
+        with self.db.read() as db:
             rows = db.execute(select(EP.environment_id, EP.status, EP.reward, EP.error_status, EP.usage)
                               .where(EP.evaluation_id == evaluation_id)).all()
             names = dict(db.execute(select(models.Environment.id, models.Environment.name).where(
@@ -273,7 +312,7 @@ class EvaluationJobs:
         Conflict (already completed or failed)."""
         self._job(tenant, evaluation_id)
         now = _now()
-        with self.envs._write() as db:
+        with self.db.write() as db:
             row = db.get(JOB, evaluation_id)
             assert row is not None
             if row.status in ("completed", "failed"):
@@ -299,7 +338,7 @@ class EvaluationJobs:
                                           EP.status.in_(FINISHED_EPISODE)).order_by(EP.index).limit(RESULTS_BATCH))
                 if not include_transcript:
                     query = query.options(defer(EP.transcript))
-                with self.envs._db() as db:
+                with self.db.read() as db:
                     rows = db.scalars(query).all()
                     batch = [self._result(r, include_transcript) for r in rows]
                 yield from batch

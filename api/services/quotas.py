@@ -15,7 +15,7 @@ enforces the dynamic ones in this process:
   once; the rest wait in the tenant's queue of the fair scheduler
   (:mod:`sandpit.executor.scheduler`).
 * ``max_evaluation_concurrency`` / ``max_active_evaluations`` — episodes at once and
-  unfinished evaluation jobs (enforced by the evaluation service).
+  unfinished evaluation jobs (enforced by :mod:`sandpit.api.evaluations.jobs`).
 
 Fixed limits (``max_profile``, ``max_*_bytes``) are checked against each request. Every
 hit raises :class:`~.errors.QuotaExceeded` (429, ``limit`` named, ``Retry-After``), before
@@ -35,8 +35,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import PayloadTooLarge, QuotaExceeded
-from .profile_limits import profile_value
+from ..errors import PayloadTooLarge, QuotaExceeded
+from ..profile_limits import profile_value
+from ..schemas.tenants import TenantUsage
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -155,6 +156,11 @@ class QuotaService:
         finally:
             with self._lock:
                 self._in_flight[ctx.tenant] -= weight
+
+    def usage(self, ctx: TenantContext) -> TenantUsage:
+        """``GET /v1/tenant``: the caller's effective quotas, open envs and calls in flight."""
+        return TenantUsage(tenant=ctx.tenant, key_id=ctx.actor, quotas=ctx.quotas.model_dump(),
+                           live_envs=self._count_live_envs(ctx.tenant), calls_in_flight=self.in_flight(ctx.tenant))
 
     def in_flight(self, tenant: str) -> int:
         """Calls of ``tenant`` in flight now."""

@@ -20,7 +20,9 @@ subclasses, restated for a server that runs the tools in sandboxes:
 * at the end, the scenario's checks run on the episode's initial and final state and the
   reward is EnvScaler's ``calculate_reward``: the mean of the checks' boolean results, a
   check that errors or returns a non-bool counting as not passed, rounded to 4 places
-  (:func:`episode_reward`).
+  (:func:`sandpit.api.evaluations.rewards.episode_reward`).
+
+:class:`EpisodeService` decides a new episode's options and runs its simulated user.
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .rollout import ModelClient, ModelError, ModelSettings, Usage
-from .schemas import EpisodeOptions
+from sandpit.client.llm import ModelClient, ModelError, ModelSettings, Usage
+
+from ..errors import InvalidRequest, ServiceUnavailable
+from ..schemas.envs import EpisodeOptions
+from ..settings import ApiSettings
+from .model_endpoints import SecretUnavailable, endpoint_key, resolve
+from .tenants import TenantService
 
 TASK_FINISHED = "Task finished"
 """EnvScaler's observation for the termination action."""
@@ -136,15 +143,6 @@ def episode_tools(tools: list[dict[str, Any]], config: EpisodeConfig) -> list[di
     return list(tools)
 
 
-def episode_reward(passed: list[bool]) -> float:
-    """EnvScaler ``calculate_reward``: the mean of the checks' results (True = 1; False,
-    errors and non-bool results = 0) rounded to 4 places; 0.0 with no checks (EnvScaler
-    divides by zero there)."""
-    if not passed:
-        return 0.0
-    return round(sum(1 for p in passed if p) / len(passed), 4)
-
-
 # -- the simulated user (conversational episodes) -------------------------------------------
 USER_SYSTEM_PROMPT = """You play a person who wants an AI assistant to get something done for you.
 
@@ -182,11 +180,11 @@ def parse_user_reply(text: str) -> str | None:
 
 class UserSimulator:
     """EnvScaler's user agent over an OpenAI-compatible endpoint (``openai`` client with
-    retries, :class:`~.rollout.ModelClient`). ``messages`` is the whole chat as the user
+    retries, :class:`sandpit.client.llm.ModelClient`). ``messages`` is the whole chat as the user
     model sees it (system; ``user`` = the agent's words, ``assistant`` = the user's); the
     caller stores it with the episode so the conversation survives a restart.
 
-    Raises :class:`~.rollout.ModelError` (endpoint unavailable after retries, or refused)."""
+    Raises :class:`sandpit.client.llm.ModelError` (endpoint unavailable after retries, or refused)."""
 
     def __init__(self, model: UserModel, api_key: str | None, messages: list[dict[str, Any]] | None = None) -> None:
         self.model = model
@@ -205,7 +203,7 @@ class UserSimulator:
         try:
             answer = ""
             for _ in range(USER_PARSE_ATTEMPTS):
-                answer = str(client.chat(self.messages, [], self.usage).get("content") or "")
+                answer = client.chat(self.messages, [], self.usage).text
                 reply = parse_user_reply(answer)
                 if reply is not None:
                     self.messages.append({"role": "assistant", "content": answer})
@@ -248,3 +246,62 @@ class EpisodeRun:
     @property
     def ended(self) -> bool:
         return self.status != "running"
+
+
+class EpisodeService:
+    """What starting an episode and talking to its simulated user need: the tenant's
+    model endpoints and keys (:mod:`.model_endpoints`)."""
+
+    def __init__(self, settings: ApiSettings, tenants: TenantService) -> None:
+        self.settings = settings
+        self.tenants = tenants
+
+    def config_for(self, tenant: str, options: EpisodeOptions | None, has_scenario: bool,
+                   current: EpisodeConfig | None = None) -> tuple[EpisodeConfig, bytes | None]:
+        """The options of a new episode and the simulated user's encrypted key: the
+        given ``options``; else the current episode's (reset); else EnvScaler's defaults
+        for a scenario (30 steps, ``chat_with_user`` ends it); else open-ended. Raises
+        InvalidRequest (the user's endpoint, field ``episode.user.base_url``)."""
+        if options is None:
+            if current is not None:
+                return current, None
+            if not has_scenario:
+                return OPEN_ENDED, None
+            options = EpisodeOptions()
+        user, key_enc = None, None
+        if options.user is not None:
+            endpoint = resolve(self.tenants, self.settings, tenant, options.user.base_url, options.user.api_key,
+                               field="episode.user.base_url")
+            user = UserModel(model=options.user.model, base_url=endpoint.base_url,
+                             temperature=options.user.temperature, request_timeout_s=options.user.request_timeout_s,
+                             key_source=endpoint.key_source)
+            key_enc = endpoint.key_enc
+        return EpisodeConfig.from_options(options, user), key_enc
+
+    def simulator(self, tenant: str, run: EpisodeRun) -> UserSimulator:
+        """The simulated user of ``run``'s episode with its chat so far. Raises
+        InvalidRequest (no user), ServiceUnavailable (its stored key cannot be read)."""
+        user = run.config.user
+        if user is None:
+            raise InvalidRequest("this episode has no simulated user", field="episode.user")
+        try:
+            key = endpoint_key(self.tenants, tenant, user.key_source, run.user_key_enc)
+        except SecretUnavailable as exc:
+            raise ServiceUnavailable(f"the simulated user's API key cannot be read: {exc}", retry_after=60) from None
+        return UserSimulator(user, key, run.user_messages)
+
+    def first_observation(self, tenant: str, task: str | None, run: EpisodeRun) -> None:
+        """EnvScaler ``get_initial_observation`` into ``run``: the task, or the simulated
+        user's first message (which may take a model call). Raises ServiceUnavailable
+        when the user's model cannot be reached."""
+        run.task = task
+        if run.config.conversational:
+            simulator = self.simulator(tenant, run)
+            try:
+                run.observation = simulator.start(task or "")
+            except ModelError as exc:
+                raise ServiceUnavailable(f"the simulated user's model failed ({exc.status}): {exc.message}",
+                                         retry_after=5) from None
+            run.user_messages = simulator.messages
+        else:
+            run.observation = task or ""

@@ -27,13 +27,24 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from . import models
-from .errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from ..db import models
+from ..db.database import Database
+from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from ..schemas.tenants import (
+    ApiKeyPublic,
+    AuditEventPublic,
+    AuditPublic,
+    KeysPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+    TenantUpdate,
+)
+from ..secrets import SecretBox
+from ..settings import ApiSettings
+from .common import aware
+from .common import utcnow as _now
 from .quotas import Quotas, TenantContext
-from .secrets import SecretBox
-from .service import aware
-from .service import utcnow as _now
-from .settings import ApiSettings
 
 TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 KEY_PREFIX = "sp_"
@@ -46,15 +57,11 @@ def hash_key(key: str) -> str:
 
 
 class TenantService:
-    """Tenants, keys, authentication and the audit log over the control database.
+    """Tenants, keys, authentication and the audit log over the control database."""
 
-    ``db`` and ``write`` are the env service's read-session and serialized
-    write-transaction context managers."""
-
-    def __init__(self, settings: ApiSettings, db: Any, write: Any) -> None:
+    def __init__(self, settings: ApiSettings, db: Database) -> None:
         self.settings = settings
-        self._db = db
-        self._write = write
+        self.db = db
         self._cache: dict[str, tuple[float, TenantContext, datetime | None]] = {}
         """key hash -> (cached at, context, key expiry)."""
         self._quota_cache: dict[str, tuple[float, Quotas]] = {}
@@ -113,7 +120,7 @@ class TenantService:
             return cached[1]
         if self.is_operator(key):
             raise Forbidden("the operator key only opens /v1/admin; use a tenant's API key")
-        with self._db() as db:
+        with self.db.read() as db:
             row = db.scalars(select(models.ApiKey).where(models.ApiKey.hash == digest)).first()
             tenant = db.get(models.Tenant, row.tenant) if row is not None else None
         if row is None or tenant is None or not hmac.compare_digest(row.hash, digest):
@@ -140,7 +147,7 @@ class TenantService:
         cached = self._quota_cache.get(tenant)
         if cached is not None and now - cached[0] < max(self.settings.auth_cache_ttl_s, 1.0):
             return cached[1]
-        with self._db() as db:
+        with self.db.read() as db:
             row = db.get(models.Tenant, tenant)
         quotas = self._quotas_of(row) if row is not None else self.settings.quotas
         self._quota_cache[tenant] = (now, quotas)
@@ -159,7 +166,7 @@ class TenantService:
         if not TENANT_ID.match(tenant_id):
             raise InvalidRequest("tenant id must match [a-z0-9][a-z0-9_-]{0,63}", field="id")
         self._check_quotas(quotas)
-        with self._write() as db:
+        with self.db.write() as db:
             if db.get(models.Tenant, tenant_id) is not None:
                 raise Conflict(f"tenant {tenant_id!r} already exists")
             row = models.Tenant(id=tenant_id, display_name=display_name, quotas=quotas or {}, created_at=_now())
@@ -181,7 +188,7 @@ class TenantService:
         defaults. Raises NotFound, InvalidRequest."""
         if quotas is not None:
             self._check_quotas(quotas)
-        with self._write() as db:
+        with self.db.write() as db:
             row = db.get(models.Tenant, tenant_id)
             if row is None:
                 raise NotFound(f"tenant {tenant_id[:64]!r} not found")
@@ -202,7 +209,7 @@ class TenantService:
 
     def get_tenant(self, tenant_id: str) -> models.Tenant:
         """The tenant or NotFound."""
-        with self._db() as db:
+        with self.db.read() as db:
             row = db.get(models.Tenant, tenant_id)
         if row is None:
             raise NotFound(f"tenant {tenant_id[:64]!r} not found")
@@ -211,7 +218,7 @@ class TenantService:
     def list_tenants(self) -> list[tuple[models.Tenant, int]]:
         """Every tenant with its number of active (unrevoked, unexpired) keys."""
         now = _now()
-        with self._db() as db:
+        with self.db.read() as db:
             tenants = db.scalars(select(models.Tenant).order_by(models.Tenant.id)).all()
             keys = db.scalars(select(models.ApiKey).where(models.ApiKey.revoked_at.is_(None))).all()
         active: dict[str, int] = {}
@@ -235,7 +242,7 @@ class TenantService:
         row = models.ApiKey(id=f"key_{secrets.token_hex(8)}", tenant=tenant_id, name=name, prefix=key[:10],
                             hash=hash_key(key), created_at=now,
                             expires_at=now + timedelta(seconds=expires_in_s) if expires_in_s else None)
-        with self._write() as db:
+        with self.db.write() as db:
             if db.get(models.Tenant, tenant_id) is None:
                 raise NotFound(f"tenant {tenant_id[:64]!r} not found")
             db.add(row)
@@ -246,13 +253,13 @@ class TenantService:
     def list_keys(self, tenant_id: str) -> list[models.ApiKey]:
         """The tenant's keys (hash never exposed by the routes), newest first. Raises NotFound."""
         self.get_tenant(tenant_id)
-        with self._db() as db:
+        with self.db.read() as db:
             return list(db.scalars(select(models.ApiKey).where(models.ApiKey.tenant == tenant_id)
                                    .order_by(models.ApiKey.created_at.desc())).all())
 
     def revoke_key(self, key_id: str) -> models.ApiKey:
         """Revoke a key (idempotent; effective at once in this process). Raises NotFound."""
-        with self._write() as db:
+        with self.db.write() as db:
             row = db.get(models.ApiKey, key_id)
             if row is None:
                 raise NotFound(f"API key {key_id[:64]!r} not found")
@@ -269,7 +276,7 @@ class TenantService:
     def audit(self, tenant: str, actor: str, action: str, resource_id: str | None,
               detail: dict[str, Any] | None = None) -> None:
         """Append one audit event (``action`` like ``env.create``; ``detail`` without secrets)."""
-        with self._write() as db:
+        with self.db.write() as db:
             db.add(models.AuditEvent(at=_now(), tenant=tenant, actor=actor, action=action,
                                      resource_id=resource_id, detail=detail))
 
@@ -281,8 +288,67 @@ class TenantService:
             where.append(models.AuditEvent.tenant == tenant)
         if action is not None:
             where.append(models.AuditEvent.action == action)
-        with self._db() as db:
+        with self.db.read() as db:
             total = db.scalar(select(func.count()).select_from(models.AuditEvent).where(*where)) or 0
             rows = db.scalars(select(models.AuditEvent).where(*where).order_by(models.AuditEvent.id.desc())
                               .limit(limit).offset(offset)).all()
         return list(rows), total
+
+
+    # -- the HTTP contract (``/v1/admin``) ------------------------------------------------
+    def public(self, row: models.Tenant, active_keys: int | None = None) -> TenantPublic:
+        """``row`` as the API shows it: effective quotas, never the model API key."""
+        return TenantPublic(id=row.id, display_name=row.display_name, quota_overrides=row.quotas or {},
+                            quotas=self.settings.quotas.merged(row.quotas).model_dump(),
+                            model_base_url=row.model_base_url, has_model_api_key=row.model_api_key_enc is not None,
+                            created_at=row.created_at, active_keys=active_keys)
+
+    @staticmethod
+    def key_public(row: models.ApiKey, secret: str | None = None) -> ApiKeyPublic:
+        """A key's metadata (``key`` only in the creation response)."""
+        return ApiKeyPublic(id=row.id, tenant=row.tenant, name=row.name, prefix=row.prefix, created_at=row.created_at,
+                            expires_at=row.expires_at, revoked_at=row.revoked_at, key=secret)
+
+    def create(self, body: TenantCreate) -> TenantPublic:
+        """A tenant and (unless ``create_key`` is false) its first key, shown once.
+        Raises InvalidRequest, Conflict."""
+        row = self.create_tenant(body.id, body.display_name, body.quotas)
+        public = self.public(row, 0)
+        if body.create_key:
+            key_row, secret = self.create_key(row.id, body.key_name, body.key_expires_in_s)
+            public.api_key = self.key_public(key_row, secret)
+            public.active_keys = 1
+        return public
+
+    def read(self, tenant_id: str) -> TenantPublic:
+        """One tenant. Raises NotFound."""
+        return self.public(self.get_tenant(tenant_id))
+
+    def every(self) -> TenantsPublic:
+        """Every tenant with its number of active keys."""
+        rows = self.list_tenants()
+        return TenantsPublic(data=[self.public(t, n) for t, n in rows], count=len(rows))
+
+    def update(self, tenant_id: str, body: TenantUpdate) -> TenantPublic:
+        """Apply a ``PATCH``. Raises NotFound, InvalidRequest."""
+        return self.public(self.update_tenant(tenant_id, display_name=body.display_name, quotas=body.quotas,
+                                              model_base_url=body.model_base_url, model_api_key=body.model_api_key))
+
+    def new_key(self, tenant_id: str, name: str | None, expires_in_s: float | None) -> ApiKeyPublic:
+        """A new key, with its secret (the only time it is shown). Raises NotFound."""
+        row, secret = self.create_key(tenant_id, name, expires_in_s)
+        return self.key_public(row, secret)
+
+    def keys(self, tenant_id: str) -> KeysPublic:
+        """The tenant's keys (never a key or its hash). Raises NotFound."""
+        rows = self.list_keys(tenant_id)
+        return KeysPublic(data=[self.key_public(r) for r in rows], count=len(rows))
+
+    def revoke(self, key_id: str) -> ApiKeyPublic:
+        """Revoke a key (idempotent). Raises NotFound."""
+        return self.key_public(self.revoke_key(key_id))
+
+    def audit_page(self, tenant: str | None, limit: int, offset: int, action: str | None = None) -> AuditPublic:
+        """A page of audit events, newest first (one tenant's, or all for ``None``)."""
+        rows, total = self.list_audit(tenant, limit, offset, action)
+        return AuditPublic(data=[AuditEventPublic.model_validate(r, from_attributes=True) for r in rows], count=total)

@@ -21,7 +21,7 @@ tenant's quota (429); the body's shape is the route's (422).
 :class:`ToolSet` compares a call with the tool's derived JSON schema. By default nothing
 is enforced (EnvScaler calls ``getattr(env, name)(**arguments)`` and Python decides);
 ``argument_checking`` ``warn`` reports the findings with the step and ``strict`` rejects
-the call (see :mod:`sandpit.api.service`).
+the call (see :mod:`sandpit.api.services.envs`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from typing import Any, Literal
 import jsonschema
 from jsonschema.validators import Draft202012Validator
 
-from .errors import InvalidRequest, PayloadTooLarge
-from .schemas import StepRequest
-from .strict_json import strict_loads
+from ..errors import InvalidRequest, PayloadTooLarge
+from ..schemas.envs import StepRequest
+from ..strict_json import strict_loads
 
 PARSE_FAILED = "Error: Failed to parse response to action"
 """EnvScaler's observation when the agent's output is not a usable call."""

@@ -1,9 +1,9 @@
-"""The static policy as the API uses it (``sandpit.executor.policy``): check code and
-summarize a report in one line for error messages."""
+"""The static policy as the API uses it (``sandpit.executor.policy``, through the
+adapter): check code and summarize a report in one line for error messages."""
 
 from __future__ import annotations
 
-from sandpit.executor.policy import PolicyReport, check_source
+from ..sandboxes import PolicyReport, check_source
 
 __all__ = ["check_source", "policy_summary"]
 

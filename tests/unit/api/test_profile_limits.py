@@ -8,8 +8,9 @@ import math
 import pytest
 from pydantic import BaseModel, ValidationError
 from sandpit.api.profile_limits import executor_bounds
-from sandpit.api.quotas import ProfileCeiling
-from sandpit.api.schemas import ExecuteRequest, ProfileRequest
+from sandpit.api.schemas.envs import ProfileRequest
+from sandpit.api.schemas.validation import ExecuteRequest
+from sandpit.api.services.quotas import ProfileCeiling
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 
 # (request model, its field, the executor's field)

@@ -1,4 +1,4 @@
-"""The rollout agent loop (``sandpit.api.rollout``) with the real ``openai`` client against
+"""The rollout agent loop (``sandpit.api.evaluations.rollout``) with the real ``openai`` client against
 the scripted OpenAI-compatible server on 127.0.0.1, and a fake ``execute`` (no sandbox)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fake_openai import Rule, ScriptedLLM, ToolCallScript
-from sandpit.api.rollout import (
+from sandpit.api.evaluations.rollout import (
     ModelClient,
     ModelError,
     ModelSettings,

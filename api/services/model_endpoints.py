@@ -5,7 +5,7 @@ Shared by rollout evaluations and the simulated users of conversational episodes
 
 * ``base_url`` is the caller's, or else the tenant's default (``model_base_url``, set by
   the operator); it must be ``http(s)://host[:port][/path]`` without credentials, query or
-  fragment (:func:`~.evaluation_schemas.check_base_url`);
+  fragment (:func:`~sandpit.api.schemas.evaluations.check_base_url`);
 * a caller-chosen ``base_url`` must be one of the operator's allowed endpoints
   (``SANDPIT_MODEL_URL_ALLOW``, prefixes) when that list is set;
 * a key given with the request is stored encrypted (so a restart can go on) and used
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from .errors import InvalidRequest
-from .evaluation_schemas import check_base_url
-from .secrets import SecretUnavailable
-from .settings import ApiSettings
-from .tenancy import TenantService
+from ..errors import InvalidRequest
+from ..schemas.evaluations import check_base_url
+from ..secrets import SecretUnavailable
+from ..settings import ApiSettings
+from .tenants import TenantService
 
 
 def same_url(a: str, b: str) -> bool:

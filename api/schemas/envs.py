@@ -1,86 +1,18 @@
-"""Request and response models: the HTTP contract (OpenAPI is generated from these).
-
-Requests forbid unknown fields; every field documents units and limits. Response
-families per resource: ``EnvironmentPublic`` / ``EnvironmentsPublic(data, count)``,
-``EnvPublic`` / ``EnvsPublic``, ``StepResult``, ``StateView``, ``Trajectory``.
-"""
+"""``/v1/envs``: create (``EnvCreate`` with ``EpisodeOptions``) -> ``EnvPublic`` /
+``EnvsPublic``; a step (``StepRequest``) -> ``StepResult``; ``StateView``, ``Trajectory``,
+``EpisodesPublic``; reset, restore and fork requests."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from .profile_limits import profile_value
+from ..profile_limits import profile_value
+from .common import NAME_PATTERN, ArgumentChecking, Status, Timestamp, _Request
+from .scenarios import CheckOutcome
 
-Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
-NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-ArgumentChecking = Literal["off", "warn", "strict"]
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-Timestamp = Annotated[datetime, AfterValidator(_aware)]
-"""A point in time, always with its zone in JSON (ISO 8601, ``...+00:00``): SQLite hands
-timestamps back without one; they are UTC."""
-
-
-class _Request(BaseModel):
-    # strict: a request is what the OpenAPI document says (no false -> 0, no "yes" -> True)
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class EnvironmentCreate(_Request):
-    """Register environment code. Its tools are derived inside a sandbox, and the class
-    is instantiated there once (with ``sample_init_config``) so an ``__init__`` that fails
-    is refused at registration."""
-
-    name: Annotated[str | None, Field(max_length=200)] = None
-    source_code: Annotated[str, Field(min_length=1)]
-    """Python module source defining ``class_name`` (size cap: ``SANDPIT_MAX_CODE_BYTES``)."""
-    class_name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    description: Annotated[str | None, Field(max_length=20000)] = None
-    introduction: Annotated[str | None, Field(max_length=100_000)] = None
-    """EnvScaler ``environment_introduction``: shown to the agent at the start of each episode."""
-    rules: Annotated[list[Annotated[str, Field(max_length=4000)]] | None, Field(max_length=256)] = None
-    """EnvScaler ``constraints_rules``: listed after the introduction."""
-    policy: Literal["strict", "standard", "audit"] = "standard"
-    """Static policy: ``standard`` rejects errors and reports warnings (see /v1/validate)."""
-    argument_checking: ArgumentChecking = "off"
-    """Default for this environment's envs: ``off`` (arguments go to the method as given:
-    Python decides, EnvScaler's behaviour), ``warn`` (a call that does not fit the
-    derived schema still runs; the step carries ``argument_findings``) or ``strict`` (it
-    is recorded as a ``rejected`` step and does not run)."""
-    sample_init_config: dict[str, Any] | None = None
-    """``init_config`` for the one instantiation at registration (``{}`` when omitted;
-    the instance is discarded). Its failure is a 422 naming ``sample_init_config``."""
-
-
-class EnvironmentPublic(BaseModel):
-    id: str
-    name: str | None
-    class_name: str
-    code_sha256: str
-    tools: list[dict[str, Any]]
-    """OpenAI function-calling schemas (EnvScaler-compatible), derived in a sandbox."""
-    description: str | None
-    introduction: str | None = None
-    rules: list[str] | None = None
-    policy: str = "standard"
-    policy_report: dict[str, Any] | None = None
-    """The static policy report: ``passed``, ``counts`` by severity, every finding (rule,
-    severity, line, column, message)."""
-    argument_checking: ArgumentChecking = "off"
-    created_at: Timestamp
-
-
-class EnvironmentsPublic(BaseModel):
-    data: list[EnvironmentPublic]
-    count: int
-    """Total matching objects (not just this page)."""
+EpisodeStatus = Literal["running", "terminated", "truncated"]
 
 
 class ProfileRequest(_Request):
@@ -89,7 +21,6 @@ class ProfileRequest(_Request):
     memory_mib: Annotated[int | None, profile_value("memory_mib")] = None
     cpus: Annotated[float | None, profile_value("cpus")] = None
     call_timeout_s: Annotated[float | None, profile_value("call_timeout_s")] = None
-
 
 class UserSimulator(_Request):
     """The simulated user of a conversational episode: an OpenAI-compatible chat model
@@ -105,7 +36,6 @@ class UserSimulator(_Request):
     temperature: Annotated[float | None, Field(ge=0, le=2)] = None
     request_timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
     """Seconds per model request; transient failures are retried (429, 5xx, timeouts)."""
-
 
 class EpisodeOptions(_Request):
     """How an episode runs and ends (EnvScaler's RL environments). An env made from a
@@ -141,7 +71,6 @@ class EpisodeOptions(_Request):
             raise ValueError("a conversational episode needs `user` (the simulated user's model)")
         return self
 
-
 class EnvCreate(_Request):
     """Create an env from a registered environment, from inline code, or from a scenario
     (an episode of it)."""
@@ -169,10 +98,6 @@ class EnvCreate(_Request):
         if self.environment_id is not None and self.class_name is not None:
             raise ValueError("class_name is only for inline source_code")
         return self
-
-
-EpisodeStatus = Literal["running", "terminated", "truncated"]
-
 
 class EnvPublic(BaseModel):
     """An env and its current episode. For a fresh episode (create, reset) this is
@@ -209,11 +134,9 @@ class EnvPublic(BaseModel):
     """The episode's options (:class:`EpisodeOptions`, without the user model's key)."""
     argument_checking: ArgumentChecking = "off"
 
-
 class EnvsPublic(BaseModel):
     data: list[EnvPublic]
     count: int
-
 
 class FunctionCall(_Request):
     name: Annotated[str, Field(max_length=1024)]
@@ -224,7 +147,6 @@ class FunctionCall(_Request):
                        "not give an object is recorded as a rejected step."})] = "{}"
     """JSON string (as chat-completions emits it) or an object; one that does not parse to an
     object is recorded as a ``rejected`` step."""
-
 
 class StepRequest(BaseModel):
     """One action, in one of three forms: ``{"name", "arguments"}``; an OpenAI tool call
@@ -256,16 +178,6 @@ class StepRequest(BaseModel):
         if self.arguments is not None and self.name is None:
             raise ValueError("arguments belong with name")
         return self
-
-
-class CheckOutcome(BaseModel):
-    check_item: str
-    passed: bool
-    error: str | None = None
-    """Why it did not pass (raised, returned a non-bool, timed out...)."""
-    status: Status = "ok"
-    duration_ms: float = 0.0
-
 
 class StepResult(BaseModel):
     """EnvScaler ``step()``: ``observation``, ``reward``, ``terminated``, ``truncated``,
@@ -309,7 +221,6 @@ class StepResult(BaseModel):
     state: dict[str, Any] | None = None
     """With ``?include=state``: the state after the step (the same view as ``GET /state``)."""
 
-
 class ResetRequest(_Request):
     """Start the next episode (EnvScaler ``reset()``)."""
 
@@ -321,16 +232,13 @@ class ResetRequest(_Request):
     episode: EpisodeOptions | None = None
     """New episode options; the current episode's when omitted."""
 
-
 class RestoreRequest(_Request):
     step: Annotated[int, Field(ge=0)]
-
 
 class ForkRequest(_Request):
     step: Annotated[int | None, Field(ge=0)] = None
     """Fork point in the current episode; the head when omitted."""
     count: Annotated[int, Field(ge=1)] = 1
-
 
 class StateView(BaseModel):
     """EnvScaler's state (``vars(instance)`` without dunder keys) as JSON: JSON-native
@@ -345,7 +253,6 @@ class StateView(BaseModel):
     truncated: bool = False
     """True when a rendering in ``state`` was cut (a ``$truncated`` tag is in it)."""
 
-
 class TrajectoryStep(BaseModel):
     step: int
     action: dict[str, Any] | None
@@ -358,7 +265,6 @@ class TrajectoryStep(BaseModel):
     info: dict[str, Any] | None = None
     """``observation_role``, ``error``, ``argument_findings``, ``traceback`` when present."""
     created_at: Timestamp
-
 
 class EpisodePublic(BaseModel):
     """One episode of an env: its scenario, options, outcome and size."""
@@ -377,11 +283,9 @@ class EpisodePublic(BaseModel):
     started_at: Timestamp
     ended_at: Timestamp | None = None
 
-
 class EpisodesPublic(BaseModel):
     data: list[EpisodePublic]
     count: int
-
 
 class Trajectory(BaseModel):
     """Steps of one episode (1..head), a page at a time (``limit``/``offset``)."""
@@ -393,227 +297,3 @@ class Trajectory(BaseModel):
     """Steps in the episode (all pages)."""
     status: EpisodeStatus = "running"
     reward: float | None = None
-
-
-class Health(BaseModel):
-    status: Literal["ok", "not_ready"]
-    checks: dict[str, str] = Field(default_factory=dict)
-
-
-
-# -- validation, rewards, scenarios, execution (EnvScaler ScenGenerator formats) ----------
-PolicyName = Literal["strict", "standard", "audit"]
-
-
-class CheckSpec(_Request):
-    """One checklist item with its check function (EnvScaler ``checklist_with_func``)."""
-
-    check_item: Annotated[str, Field(max_length=4000)]
-    check_func: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
-    """Python source defining ``check_func(final_state) -> bool`` (``initial_state`` is a global)."""
-
-
-class ScenarioCreate(_Request):
-    environment_id: str
-    task: Annotated[str, Field(max_length=100_000)]
-    init_config: dict[str, Any] = Field(default_factory=dict)
-    checklist: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=256)
-    checklist_with_func: list[CheckSpec] = Field(default_factory=list, max_length=256)
-    external_id: Annotated[str | None, Field(max_length=200)] = None
-
-
-class ScenarioPublic(BaseModel):
-    id: str
-    environment_id: str
-    task: str
-    init_config: dict[str, Any]
-    checklist: list[str]
-    checklist_with_func: list[dict[str, Any]]
-    external_id: str | None
-    created_at: Timestamp
-
-
-class ScenariosPublic(BaseModel):
-    data: list[ScenarioPublic]
-    count: int
-
-
-class EvaluateRequest(_Request):
-    """Checks to run; the env's scenario checklist when omitted."""
-
-    checks: list[CheckSpec] | None = Field(default=None, max_length=256)
-
-
-class EvaluationPublic(BaseModel):
-    id: str
-    env_id: str
-    episode: int
-    step: int
-    reward: float
-    """EnvScaler ``calculate_reward``: passed / total rounded to 4 places (0.0 with no checks)."""
-    passed: int
-    total: int
-    results: list[CheckOutcome]
-    created_at: Timestamp
-
-
-class SmokeCall(_Request):
-    name: Annotated[str, Field(min_length=1, max_length=128)]
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class StatePair(_Request):
-    initial_state: dict[str, Any] = Field(default_factory=dict)
-    final_state: dict[str, Any] = Field(default_factory=dict)
-
-
-class ValidateRequest(_Request):
-    """``environment``: policy + load, instantiate, derive tools, smoke calls in a sandbox.
-    ``check_function``: policy + run against ``cases`` in a sandbox. ``snippet``: policy only."""
-
-    kind: Literal["environment", "check_function", "snippet"]
-    source_code: Annotated[str, Field(min_length=1)]
-    class_name: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
-    init_config: dict[str, Any] = Field(default_factory=dict)
-    smoke_calls: list[SmokeCall] = Field(default_factory=list, max_length=64)
-    cases: list[StatePair] = Field(default_factory=list, max_length=64)
-    policy: PolicyName = "standard"
-
-
-class SmokeResult(BaseModel):
-    name: str
-    status: Status
-    observation: str
-    state_diff: dict[str, Any] | None = None
-
-
-class ValidateResult(BaseModel):
-    kind: str
-    verdict: Literal["valid", "invalid"]
-    reasons: list[str]
-    """Why the verdict is ``invalid`` (empty when valid)."""
-    policy_report: dict[str, Any]
-    tools: list[dict[str, Any]] | None = None
-    instantiation: dict[str, Any] | None = None
-    """``{"status", "observation"}`` of creating the instance with ``init_config``."""
-    smoke: list[SmokeResult] = Field(default_factory=list)
-    cases: list[CheckOutcome] = Field(default_factory=list)
-
-
-class ExecuteRequest(_Request):
-    code: Annotated[str, Field(min_length=1)]
-    stdin: Annotated[str | None, Field(max_length=1024 * 1024)] = None
-    timeout_s: Annotated[float | None, profile_value("call_timeout_s")] = None
-    memory_mb: Annotated[int | None, profile_value("memory_mib")] = None
-    files: dict[Annotated[str, Field(max_length=255)], Annotated[str, Field(max_length=1024 * 1024)]] = Field(
-        default_factory=dict, max_length=64)
-
-
-class ExecuteBatchRequest(_Request):
-    snippets: list[ExecuteRequest] = Field(min_length=1, max_length=64)
-    concurrency: Annotated[int, Field(ge=1, le=16)] = 4
-
-
-class ExecuteResult(BaseModel):
-    status: Status
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-    duration_ms: float
-
-
-class ExecuteBatchResult(BaseModel):
-    results: list[ExecuteResult]
-
-
-# -- tenants, keys, audit (multi-tenancy) ------------------------------------------------
-class TenantCreate(_Request):
-    """``POST /v1/admin/tenants``: a tenant and (unless ``create_key`` is false) its first key."""
-
-    id: Annotated[str, Field(min_length=1, max_length=64)]
-    display_name: Annotated[str | None, Field(max_length=200)] = None
-    quotas: dict[str, Any] | None = None
-    """Overrides of the default quotas (fields of ``Quotas``; ``max_profile`` may be partial)."""
-    create_key: bool = True
-    key_name: Annotated[str | None, Field(max_length=200)] = None
-    key_expires_in_s: Annotated[float | None, Field(gt=0, le=10 * 365 * 86400)] = None
-
-
-class TenantUpdate(_Request):
-    """``PATCH /v1/admin/tenants/{id}``: only the given fields change; ``quotas`` replaces
-    the overrides; an empty ``model_api_key`` removes the stored one."""
-
-    display_name: Annotated[str | None, Field(max_length=200)] = None
-    quotas: dict[str, Any] | None = None
-    model_base_url: Annotated[str | None, Field(max_length=2000)] = None
-    model_api_key: Annotated[str | None, Field(max_length=4096)] = None
-
-
-class KeyCreate(_Request):
-    name: Annotated[str | None, Field(max_length=200)] = None
-    expires_in_s: Annotated[float | None, Field(gt=0, le=10 * 365 * 86400)] = None
-    """Seconds until the key stops working (never, when absent)."""
-
-
-class ApiKeyPublic(BaseModel):
-    """A key's metadata (never its hash). ``key`` is only present in the creation response."""
-
-    id: str
-    tenant: str
-    name: str | None
-    prefix: str
-    created_at: Timestamp
-    expires_at: Timestamp | None
-    revoked_at: Timestamp | None
-    key: str | None = None
-
-
-class TenantPublic(BaseModel):
-    id: str
-    display_name: str | None
-    quota_overrides: dict[str, Any]
-    quotas: dict[str, Any]
-    """Effective quotas (defaults with the overrides applied)."""
-    model_base_url: str | None
-    has_model_api_key: bool
-    created_at: Timestamp
-    active_keys: int | None = None
-    api_key: ApiKeyPublic | None = None
-    """The first key, with its secret, in the creation response only."""
-
-
-class TenantsPublic(BaseModel):
-    data: list[TenantPublic]
-    count: int
-
-
-class KeysPublic(BaseModel):
-    data: list[ApiKeyPublic]
-    count: int
-
-
-class TenantUsage(BaseModel):
-    """``GET /v1/tenant``: the caller's tenant, quotas and current usage."""
-
-    tenant: str
-    key_id: str
-    quotas: dict[str, Any]
-    live_envs: int
-    calls_in_flight: int
-
-
-class AuditEventPublic(BaseModel):
-    id: int
-    at: Timestamp
-    tenant: str
-    actor: str
-    action: str
-    resource_id: str | None
-    detail: dict[str, Any] | None
-
-
-class AuditPublic(BaseModel):
-    data: list[AuditEventPublic]
-    count: int

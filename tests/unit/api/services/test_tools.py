@@ -1,9 +1,9 @@
-"""Raw model output to an action (`api.tools.parse_text`, EnvScaler's prompt format)."""
+"""Raw model output to an action (`sandpit.api.services.tools.parse_text`, EnvScaler's prompt format)."""
 
 from __future__ import annotations
 
 import pytest
-from sandpit.api.tools import parse_text
+from sandpit.api.services.tools import parse_text
 
 
 @pytest.mark.parametrize(("text", "error"), [

@@ -24,7 +24,9 @@ changed bucket: about ``2 * sqrt(32 * size)`` bytes before compression (~16 KiB 
 
 :class:`StateCache` keeps, per live env, the decoded head state and its manifest so that
 encoding a step touches only what changed (dict values are compared by ``==``, which runs in
-C). Nothing here executes or unpickles anything.
+C). Nothing here executes or unpickles anything. :func:`collect_garbage` deletes blobs no
+step refers to any more. How a state *looks* (renderings of non-JSON values) is the
+executor's business: see ``state_view`` in :mod:`sandpit.api.services.state`.
 """
 
 from __future__ import annotations
@@ -37,13 +39,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandpit.executor.results import is_truncated, render_entry
-from sqlalchemy import select
+from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
 
-from .models import Blob
+from .models import Blob, Step
 
 INLINE_MAX_BYTES = 2048
 """JSON values up to this size (bytes) live inside the root manifest."""
@@ -353,13 +354,24 @@ def load_state(db: DbSession, root: str) -> StateCache:
     return StateCache(attrs, root)
 
 
-def state_view(cache: StateCache) -> dict[str, Any]:
-    """The JSON view of a stored state (the one rendering every reader sees): JSON
-    attributes as they are, others as the rendering their sandbox made
-    (``sandbox_images/runner/render.py``). Nothing is decoded or executed here."""
-    return {name: render_entry(attr.encoded) for name, attr in cache.attrs.items()}
-
-
-def view_truncated(cache: StateCache) -> bool:
-    """True when a rendering in the state says something was cut (JSON attributes never are)."""
-    return any(attr.encoded[0] != "j" and is_truncated(render_entry(attr.encoded)) for attr in cache.attrs.values())
+def collect_garbage(db: DbSession) -> int:
+    """Delete blobs no step references any more (after env deletes and restores), in
+    ``db``'s transaction (give it a write transaction). Takes the database's write lock
+    on ``blobs`` before reading, so no step can commit a reference to a blob while it is
+    judged unreferenced. Returns the number of blobs deleted."""
+    if db.get_bind().dialect.name == "sqlite":
+        db.execute(text("DELETE FROM blobs WHERE 0"))  # take the write lock before reading
+    else:
+        db.execute(text("LOCK TABLE blobs IN SHARE ROW EXCLUSIVE MODE"))
+    roots = set(db.scalars(select(Step.state_root).distinct()))
+    live: set[str] = set(roots)
+    reader = BlobReader(db)
+    for root in roots:
+        manifest = reader.json(root)
+        for entry in manifest.get("attrs", {}).values():
+            live.update(blob_references(entry, reader))
+    stored = set(db.scalars(select(Blob.hash)))
+    dead = list(stored - live)
+    for start in range(0, len(dead), 500):
+        db.execute(delete(Blob).where(Blob.hash.in_(dead[start:start + 500])))
+    return len(dead)

@@ -1,5 +1,5 @@
-"""Request and response models of ``/v1/evaluations`` (batch evaluations: replay and rollout).
-
+"""Evaluations: ``POST /v1/envs/{id}/evaluate`` (``EvaluateRequest`` ->
+``EvaluationPublic``) and ``/v1/evaluations`` (batch evaluations: replay and rollout):
 ``EvaluationCreate`` -> ``EvaluationJobPublic`` (with ``progress`` and, when finished,
 ``summary``) / ``EvaluationJobsPublic(data, count)``; ``EpisodeResult`` is one line of
 ``GET /v1/evaluations/{id}/results`` (JSON lines).
@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from .schemas import StepRequest, Timestamp
+from .common import Timestamp, _Request
+from .envs import StepRequest
+from .scenarios import CheckOutcome, CheckSpec
 
 MAX_EPISODES = 10_000
 """Episodes (replays or scenario ids) of one evaluation."""
@@ -24,9 +26,22 @@ JobStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
 EpisodeStatus = Literal["pending", "running", "done", "error", "cancelled"]
 
 
-class _Request(BaseModel):
-    # strict: a request is what the OpenAPI document says (no false -> 0, no "yes" -> True)
-    model_config = ConfigDict(extra="forbid", strict=True)
+class EvaluateRequest(_Request):
+    """Checks to run; the env's scenario checklist when omitted."""
+
+    checks: list[CheckSpec] | None = Field(default=None, max_length=256)
+
+class EvaluationPublic(BaseModel):
+    id: str
+    env_id: str
+    episode: int
+    step: int
+    reward: float
+    """EnvScaler ``calculate_reward``: passed / total rounded to 4 places (0.0 with no checks)."""
+    passed: int
+    total: int
+    results: list[CheckOutcome]
+    created_at: Timestamp
 
 
 class ReplayEpisode(_Request):
