@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner.render import is_tag
+from sandpit.sandbox_images.runner.child_render import is_tag
 
 from .bfcl import BfclEpisode, BfclSuite
 from .bfcl_replay import replay_episode

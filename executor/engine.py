@@ -34,7 +34,7 @@ LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
 SOCKET_MOUNT = "/run/sandpit"
 CPU_PERIOD_US = 10_000
-RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/runner.py"]
+RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
 
 
 @contextlib.contextmanager
@@ -68,6 +68,16 @@ def make_client(settings: ExecutorSettings, timeout_s: float = 60.0) -> docker.D
             client = docker.from_env(timeout=int(timeout_s))
         client.ping()
     return client
+
+
+def ping(client: docker.DockerClient) -> None:
+    """Ask the engine whether it answers (``GET /_ping``).
+
+    Raises:
+        DockerUnavailable: it does not (connection refused, timeout, API error).
+    """
+    with map_docker_errors("pinging the Docker Engine"):
+        client.ping()
 
 
 def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, image: str,

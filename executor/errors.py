@@ -12,7 +12,9 @@ exception. Everything below is a failure to provide the sandbox at all::
     ├── SandboxStartError        container did not come up and say hello in time
     ├── SandboxLost              container/runner died or stopped answering mid-request
     └── SessionError             request the session cannot serve (closed, open failed)
-        └── SessionClosed
+        ├── SessionClosed
+        └── SessionOpenError     the environment's code failed to load or instantiate
+            └── ToolSchemaError  its tool schemas could not be derived
 
 Each carries the data a caller needs (``retry_after_s``, ``status``, ``sandbox_id``...).
 The Docker SDK's own exceptions never cross this package's boundary: they are translated
@@ -75,3 +77,24 @@ class SessionError(ExecutorError):
 
 class SessionClosed(SessionError):
     """The session was closed; create a new one."""
+
+
+class SessionOpenError(SessionError):
+    """The environment could not be instantiated (its code raised, timed out, ran out of
+    memory, or ``class_name`` is missing or not a class); in describe-only mode, the module
+    could not be loaded or the class found. ``status`` (``error``, ``timeout``, ``oom``,
+    ``crashed``, ``rejected``), ``observation`` (``"Error: <Type>: <message>"``) and
+    ``traceback`` (bounded, or None) say how."""
+
+    def __init__(self, status: str, observation: str, traceback: str | None = None) -> None:
+        super().__init__(observation)
+        self.status = status
+        self.observation = observation
+        self.traceback = traceback
+
+
+class ToolSchemaError(SessionOpenError):
+    """The environment's tool schemas could not be derived: the class has more public
+    methods than ``MAX_TOOLS`` or its schemas exceed ``MAX_SCHEMAS_BYTES`` (runner caps)
+    (``status="rejected"``), or introspecting it raised (``error``), timed out, ran out of
+    memory or crashed. A subclass of :class:`SessionOpenError`, with the same fields."""

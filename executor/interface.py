@@ -3,8 +3,10 @@ untrusted environment code", as two protocols.
 
 :class:`Executor` is what :class:`~sandpit.executor.pool.SandboxPool` (Docker sandboxes)
 provides, and what an in-memory fake provides for unit tests of code above the executor
-(a fake never executes the code it is given: it follows a script). Everything above the
-executor depends on these protocols, never on the pool's concrete class.
+(:class:`~sandpit.executor.fake.FakeExecutor`: it never executes the code it is given, it
+follows a script). Everything above the executor depends on these protocols, never on the
+pool's concrete class. Both are ``runtime_checkable`` (``isinstance`` checks that the
+members exist) and checked structurally by mypy (``tests/unit/executor/test_interface.py``).
 
 Errors (:mod:`sandpit.executor.errors`) are part of the contract: ``SessionOpenError`` when
 environment code fails to load or instantiate, ``CapacityError`` when no sandbox can be
@@ -26,9 +28,20 @@ from .results import CallResult, CheckResult, ExecResult, Snapshot
 class ExecutorSession(Protocol):
     """One environment instance (EnvScaler semantics; see ``executor/session.py``)."""
 
-    id: str
-    tenant: str
-    closed: bool
+    @property
+    def id(self) -> str:
+        """Unique id of the session (``session_id`` given to ``open_session``, or a random one)."""
+        ...
+
+    @property
+    def tenant(self) -> str:
+        """The tenant whose sandboxes host it."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`; every request then raises SessionClosed."""
+        ...
 
     def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
         """``getattr(instance, name)(**arguments)``; a result whatever the tool does."""
@@ -97,7 +110,8 @@ class Executor(Protocol):
         ...
 
     def ping(self) -> None:
-        """Raise DockerUnavailable (or another ExecutorError) when the backend cannot take work."""
+        """Return when the backend answers; raise DockerUnavailable (or another
+        ExecutorError) when it cannot take work (``/readyz``)."""
         ...
 
     def close(self) -> None:

@@ -2,12 +2,12 @@
 anything is sent, and validation of what the sandbox answers (nothing it sends is
 trusted: types, sizes and counts are checked here again).
 
-Caps come from :mod:`sandpit.sandbox_images.runner.oneshot`, which the sandbox applies
+Caps come from :mod:`sandpit.sandbox_images.runner.limits`, which the sandbox applies
 too: ``MAX_CHECKS`` (256) checks per call, ``MAX_CHECK_SOURCE_BYTES`` (64 KiB) per
 ``check_func``, ``MAX_STATE_BYTES`` (16 MiB) per state; ``MAX_CODE_BYTES`` (4 MiB) per
 script, ``MAX_STDIN_BYTES`` (4 MiB), ``MAX_FILES`` (64) files of at most
 ``MAX_FILE_BYTES`` (4 MiB), ``MAX_FILES_TOTAL_BYTES`` (8 MiB) in all, paths checked by
-``check_file_path``. The pool's methods (:meth:`SandboxPool.run_checks`,
+``limits.check_file_path``. The pool's methods (:meth:`SandboxPool.run_checks`,
 :meth:`SandboxPool.execute`) use these; they raise ``ValueError`` for bad arguments and
 :class:`SessionError` for a malformed reply.
 """
@@ -19,21 +19,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner import oneshot
+from sandpit.sandbox_images.runner import limits
 
 from .errors import SessionError
 from .profiles import ResourceProfile
 from .results import STATUSES, CheckResult, ExecResult
 
-DEFAULT_CHECK_TIMEOUT_S = 5.0
-"""Per-check limit when the caller gives none (capped by the profile's ``call_timeout_s``)."""
-MAX_EXEC_CONCURRENCY = 8
-"""Most snippets :meth:`SandboxPool.execute_many` runs at once (in one sandbox)."""
-MAX_SNIPPETS = 1024
-"""Most snippets in one :meth:`SandboxPool.execute_many` call."""
 SNIPPET_KEYS = frozenset({"code", "stdin", "files", "timeout_s"})
-MAX_REPLY_TEXT = 8192
-BATCH_SLACK_S = oneshot.BATCH_SLACK_S + oneshot.STARTUP_S
+BATCH_SLACK_S = limits.BATCH_SLACK_S + limits.STARTUP_S
 """A check batch may take its per-check timeout times the number of checks plus this
 (process starts after timeouts and crashes, restoring the states)."""
 
@@ -59,8 +52,8 @@ def _utf8_size(text: str, what: str) -> int:
 
 
 def check_tenant(tenant: object) -> str:
-    if not isinstance(tenant, str) or not tenant or len(tenant) > 128:
-        raise ValueError("tenant must be a non-empty string of at most 128 characters")
+    if not isinstance(tenant, str) or not tenant or len(tenant) > limits.TENANT_MAX_CHARS:
+        raise ValueError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
     return tenant
 
 
@@ -77,7 +70,7 @@ def _timeout(value: object, profile: ResourceProfile, default: float, what: str)
 def check_checks(checks: object, initial_state: object, final_state: object, profile: ResourceProfile,
                  per_check_timeout_s: object, source: object = None) -> float:
     """Validate :meth:`SandboxPool.run_checks` arguments; returns the per-check timeout
-    in seconds (default ``min(DEFAULT_CHECK_TIMEOUT_S, call_timeout_s)``).
+    in seconds (default ``min(limits.DEFAULT_CHECK_TIMEOUT_S, call_timeout_s)``).
 
     Raises:
         ValueError: ``checks`` is not a list of at most ``MAX_CHECKS`` objects with a
@@ -89,37 +82,37 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
     """
     if not isinstance(checks, list):
         raise ValueError("checks must be a list of {check_item, check_func} objects")
-    if len(checks) > oneshot.MAX_CHECKS:
-        raise ValueError(f"at most {oneshot.MAX_CHECKS} checks may run in one call (got {len(checks)})")
+    if len(checks) > limits.MAX_CHECKS:
+        raise ValueError(f"at most {limits.MAX_CHECKS} checks may run in one call (got {len(checks)})")
     for index, check in enumerate(checks):
         if not isinstance(check, dict) or not set(check) <= {"check_item", "check_func"}:
             raise ValueError(f"checks[{index}] must be an object with keys check_item and check_func")
         item, check_source = check.get("check_item"), check.get("check_func")
-        if not isinstance(item, str) or len(item) > oneshot.MAX_CHECK_ITEM_CHARS:
+        if not isinstance(item, str) or len(item) > limits.MAX_CHECK_ITEM_CHARS:
             raise ValueError(f"checks[{index}].check_item must be a string of at most "
-                             f"{oneshot.MAX_CHECK_ITEM_CHARS} characters")
+                             f"{limits.MAX_CHECK_ITEM_CHARS} characters")
         _utf8_size(item, f"checks[{index}].check_item")
         if not isinstance(check_source, str):
             raise ValueError(f"checks[{index}].check_func must be a string of Python source")
         size = _utf8_size(check_source, f"checks[{index}].check_func")
-        if size > oneshot.MAX_CHECK_SOURCE_BYTES:
+        if size > limits.MAX_CHECK_SOURCE_BYTES:
             raise ValueError(f"checks[{index}].check_func has {size} bytes; at most "
-                             f"{oneshot.MAX_CHECK_SOURCE_BYTES} are allowed")
+                             f"{limits.MAX_CHECK_SOURCE_BYTES} are allowed")
     for name, state in (("initial_state", initial_state), ("final_state", final_state)):
         check_state(state, name)
     if source is not None:
         if not isinstance(source, str):
             raise ValueError("source must be the environment's Python source (a string) or None")
-        if _utf8_size(source, "source") > oneshot.MAX_CODE_BYTES:
-            raise ValueError(f"source is over {oneshot.MAX_CODE_BYTES} bytes")
-    return _timeout(per_check_timeout_s, profile, DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
+        if _utf8_size(source, "source") > limits.MAX_CODE_BYTES:
+            raise ValueError(f"source is over {limits.MAX_CODE_BYTES} bytes")
+    return _timeout(per_check_timeout_s, profile, limits.DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
 
 
 def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
     """A plain JSON state (attribute name -> JSON value, e.g. a validation case written
     by hand) as an encoded state: every attribute ``["j", value]``. Tags of the state
     rendering in it (``{"$set": [...]}``, ``{"$date": ...}``) become real objects in the
-    check's process (``oneshot.unrender``)."""
+    check's process (``child_oneshot.unrender``)."""
     return {name: ["j", value] for name, value in state.items()}
 
 
@@ -141,8 +134,8 @@ def check_state(state: object, name: str) -> None:
         size = len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
-    if size > oneshot.MAX_STATE_BYTES:
-        raise ValueError(f"{name} has {size} bytes of JSON; at most {oneshot.MAX_STATE_BYTES} are allowed")
+    if size > limits.MAX_STATE_BYTES:
+        raise ValueError(f"{name} has {size} bytes of JSON; at most {limits.MAX_STATE_BYTES} are allowed")
 
 
 def check_exec(code: object, stdin: object, files: object, timeout_s: object,
@@ -158,14 +151,14 @@ def check_exec(code: object, stdin: object, files: object, timeout_s: object,
     """
     if not isinstance(code, str):
         raise ValueError("code must be a string of Python source")
-    if _utf8_size(code, "code") > oneshot.MAX_CODE_BYTES:
-        raise ValueError(f"code has more than {oneshot.MAX_CODE_BYTES} bytes")
+    if _utf8_size(code, "code") > limits.MAX_CODE_BYTES:
+        raise ValueError(f"code has more than {limits.MAX_CODE_BYTES} bytes")
     if stdin is not None:
         if not isinstance(stdin, str):
             raise ValueError("stdin must be a string or None")
-        if _utf8_size(stdin, "stdin") > oneshot.MAX_STDIN_BYTES:
-            raise ValueError(f"stdin has more than {oneshot.MAX_STDIN_BYTES} bytes")
-    files = oneshot.check_files({} if files is None else files)
+        if _utf8_size(stdin, "stdin") > limits.MAX_STDIN_BYTES:
+            raise ValueError(f"stdin has more than {limits.MAX_STDIN_BYTES} bytes")
+    files = limits.check_files({} if files is None else files)
     total = sum(len(text.encode("utf-8")) for text in files.values())
     if total > profile.tmpfs_mib * 1024 * 1024 // 2:
         raise ValueError(f"files total {total} bytes; the profile's work space holds at most "
@@ -179,10 +172,10 @@ def check_snippets(snippets: object, concurrency: object, profile: ResourceProfi
     ``MAX_SNIPPETS`` objects with ``code`` and optional ``stdin``, ``files``,
     ``timeout_s`` (each as in :func:`check_exec`); ``concurrency`` an int in 1..
     ``MAX_EXEC_CONCURRENCY``. Raises ValueError naming the snippet."""
-    if type(concurrency) is not int or not 1 <= concurrency <= MAX_EXEC_CONCURRENCY:
-        raise ValueError(f"concurrency must be an integer from 1 to {MAX_EXEC_CONCURRENCY}")
-    if not isinstance(snippets, list) or len(snippets) > MAX_SNIPPETS:
-        raise ValueError(f"snippets must be a list of at most {MAX_SNIPPETS} objects")
+    if type(concurrency) is not int or not 1 <= concurrency <= limits.MAX_EXEC_CONCURRENCY:
+        raise ValueError(f"concurrency must be an integer from 1 to {limits.MAX_EXEC_CONCURRENCY}")
+    if not isinstance(snippets, list) or len(snippets) > limits.MAX_SNIPPETS:
+        raise ValueError(f"snippets must be a list of at most {limits.MAX_SNIPPETS} objects")
     requests = []
     for index, snippet in enumerate(snippets):
         if not isinstance(snippet, dict) or "code" not in snippet or not set(snippet) <= SNIPPET_KEYS:
@@ -235,7 +228,7 @@ def parse_check_results(reply: dict, checks: list[dict[str, Any]]) -> tuple[list
     if not isinstance(results, list) or len(results) != len(checks) or type(restarts) is not int:
         raise SessionError("sandbox sent a malformed check batch reply")
     out = []
-    output_cap = oneshot.CHECK_OUTPUT_CAP_BYTES + 64
+    output_cap = limits.CHECK_OUTPUT_CAP_BYTES + 64
     for check, raw in zip(checks, results, strict=True):
         if not isinstance(raw, dict):
             raise SessionError("sandbox sent a malformed check result")
@@ -245,9 +238,9 @@ def parse_check_results(reply: dict, checks: list[dict[str, Any]]) -> tuple[list
             raise SessionError("sandbox sent a malformed check result")
         out.append(CheckResult(
             check_item=check["check_item"], passed=passed and status == "ok", status=status,  # type: ignore[arg-type]
-            result=_optional_text(raw.get("result"), oneshot.RESULT_REPR_CHARS + 8, "check result"),
-            error=_optional_text(raw.get("error"), oneshot.ERROR_CHARS, "check error"),
-            traceback=_optional_text(raw.get("traceback"), oneshot.TRACEBACK_CHARS + 200, "check traceback"),
+            result=_optional_text(raw.get("result"), limits.CHECK_RESULT_TEXT_CAPS["result"], "check result"),
+            error=_optional_text(raw.get("error"), limits.CHECK_RESULT_TEXT_CAPS["error"], "check error"),
+            traceback=_optional_text(raw.get("traceback"), limits.CHECK_RESULT_TEXT_CAPS["traceback"], "check traceback"),
             stdout=_text(raw.get("stdout", ""), output_cap, "check stdout"),
             stderr=_text(raw.get("stderr", ""), output_cap, "check stderr"),
             duration_ms=_duration(raw.get("duration_ms"), "check duration")))
@@ -270,7 +263,7 @@ def parse_exec_result(reply: dict, profile: ResourceProfile, duration_ms: float)
         status=status, exit_code=exit_code,  # type: ignore[arg-type]
         stdout=_text(reply.get("stdout"), cap, "stdout"), stderr=_text(reply.get("stderr"), cap, "stderr"),
         stdout_truncated=truncated[0], stderr_truncated=truncated[1], duration_ms=duration_ms,
-        error=_optional_text(reply.get("error"), MAX_REPLY_TEXT, "error"))
+        error=_optional_text(reply.get("error"), limits.EXEC_ERROR_CHARS, "error"))
 
 
 def lost_checks(checks: list[dict[str, Any]], status: str, message: str) -> list[CheckResult]:

@@ -14,6 +14,9 @@
   :meth:`SandboxPool.execute_many`) take a slot of a sandbox of the caller's tenant like a
   session does, for the duration of the call; inside, each runs in a fresh process (a
   pre-started spare) that never served an environment.
+* Sessions depend on the pool only through the placement protocol it implements
+  (:meth:`SandboxPool.place`, :meth:`SandboxPool.release`, :meth:`SandboxPool.forget`;
+  :mod:`sandpit.executor.placement`).
 * Leaks: every container is labeled ``sandpit=1``/``sandpit.pool=<id>``; start-up reaps
   leftovers of earlier runs (``reap_on_start``); :meth:`close` removes every container
   this pool started.
@@ -32,16 +35,17 @@ from typing import Any
 import docker
 
 from . import engine, jobs
-from .errors import CapacityError, ExecutorError, SandboxLost, SessionError
+from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
 from .images import resolve_image
+from .placement import SandboxSlot, SessionSpec
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
-from .results import CheckResult, ExecResult, check_encoded
+from .results import CheckResult, EncodedValue, ExecResult, check_encoded
 from .sandbox import PoolKey, Sandbox
-from .session import Session, SessionOpenError
+from .session import MAX_SOURCE_BYTES as MAX_SOURCE_BYTES  # its former home: kept importable
+from .session import Session, check_open_arguments
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 
 log = logging.getLogger(__name__)
-MAX_SOURCE_BYTES = 4 * 1024 * 1024
 
 
 class SandboxPool:
@@ -143,12 +147,11 @@ class SandboxPool:
             ProfileError, DockerUnavailable, ImageError, SandboxStartError.
             ValueError: bad arguments (empty tenant, oversize source, non-dict config).
         """
-        _check_open_arguments(tenant, source, class_name, init_config)
-        session = Session(pool=self, session_id=session_id or secrets.token_hex(8), tenant=tenant,
-                          profile=profile or self.profile(), source=source, class_name=class_name,
-                          init_config=init_config or {})
-        with session._lock:
-            self._place(session, snapshot=check_encoded(snapshot or {}, "snapshot"), first=True)
+        check_open_arguments(tenant, source, class_name, init_config)
+        session = Session(placement=self, spec=SessionSpec(
+            session_id=session_id or secrets.token_hex(8), tenant=tenant, profile=profile or self.profile(),
+            source=source, class_name=class_name, init_config=init_config or {}))
+        session.open(check_encoded(snapshot or {}, "snapshot"))
         return session
 
     def describe(self, *, tenant: str, source: str, class_name: str,
@@ -173,12 +176,11 @@ class SandboxPool:
             CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
             ValueError: bad arguments (empty tenant, oversize source, bad class name).
         """
-        _check_open_arguments(tenant, source, class_name, None)
-        session = Session(pool=self, session_id=secrets.token_hex(8), tenant=tenant,
-                          profile=profile or self.profile(), source=source, class_name=class_name,
-                          init_config={}, describe_only=True)
-        with session._lock:
-            self._place(session, snapshot={}, first=True)
+        check_open_arguments(tenant, source, class_name, None)
+        session = Session(placement=self, spec=SessionSpec(
+            session_id=secrets.token_hex(8), tenant=tenant, profile=profile or self.profile(), source=source,
+            class_name=class_name, init_config={}, describe_only=True))
+        session.open({})
         try:
             return session.describe()
         finally:
@@ -353,6 +355,15 @@ class SandboxPool:
                 self._lock.wait(0.1)
             return len(self._idle[key])
 
+    def ping(self) -> None:
+        """Ask the Docker Engine whether it answers (what ``/readyz`` reports).
+
+        Raises:
+            DockerUnavailable: the engine does not answer. ExecutorError: the pool was
+                never started.
+        """
+        engine.ping(self.client)
+
     def stats(self) -> dict[str, Any]:
         """Counts for metrics: sandboxes by state, sessions, starts, failures by status."""
         with self._lock:
@@ -366,41 +377,40 @@ class SandboxPool:
                 "check_restarts": self.check_restarts,
             }
 
-    # -- placement -------------------------------------------------------------------
+    # -- placement (the protocol sessions depend on) ----------------------------------
     def _key(self, tenant: str, profile: ResourceProfile) -> PoolKey:
         return (tenant, profile.name, self.settings.runtime, self.image)
 
-    def _place(self, session: Session, snapshot: dict[str, list[Any]], first: bool = False) -> None:
-        """Open ``session`` in some sandbox (``session._lock`` held by the caller)."""
+    def place(self, spec: SessionSpec, snapshot: dict[str, EncodedValue]) -> tuple[Sandbox, dict[str, EncodedValue]]:
+        """Open ``spec`` in some sandbox of its tenant and profile (a live one with a free
+        slot, else a warm one, else a new one), ``snapshot`` restored; retried in another
+        sandbox when one is lost while opening (three attempts). Called by a session with
+        its lock held. Raises as :meth:`sandpit.executor.placement.Placement.place` says."""
         for attempt in range(3):
-            sandbox = self._reserve(session)
-            fields: dict[str, Any] = {"describe_only": True} if session.describe_only else {}
+            sandbox = self._reserve_slot(spec.tenant, spec.profile, spec.session_id)
+            fields: dict[str, Any] = {"describe_only": True} if spec.describe_only else {}
             try:
-                reply = sandbox.request("open", session=session.id, source=session.source,
-                                        class_name=session.class_name, init_config=session.init_config,
+                reply = sandbox.request("open", session=spec.session_id, source=spec.source,
+                                        class_name=spec.class_name, init_config=spec.init_config,
                                         snapshot=snapshot or None, **fields)
             except SandboxLost as exc:
-                self._forget(sandbox, session.id)
+                self.forget(sandbox, spec.session_id)
                 self.failures[exc.status] += 1
                 if attempt == 2:
                     raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
                 continue
             except (ValueError, TypeError) as exc:
-                self._release(sandbox, session.id, close=False)
+                self.release(sandbox, spec.session_id, close=False)
                 raise ValueError(f"init_config is not JSON-encodable: {exc}") from exc
             status = reply.get("status")
             if status == "ok":
-                session._attach(sandbox, check_encoded(reply.get("snapshot") or {}, "snapshot"))
-                return
-            self._release(sandbox, session.id, close=False)
+                return sandbox, check_encoded(reply.get("snapshot") or {}, "snapshot")
+            self.release(sandbox, spec.session_id, close=False)
             if status == "fault":
                 raise SessionError(f"sandbox refused to open the session: {reply.get('message')}")
             self.failures[str(status)] += 1
             raise SessionOpenError(str(status), str(reply.get("observation", "")), reply.get("traceback"))
         raise AssertionError("unreachable")
-
-    def _reserve(self, session: Session) -> Sandbox:
-        return self._reserve_slot(session.tenant, session.profile, session.id)
 
     def _reserve_slot(self, tenant: str, profile: ResourceProfile, slot_id: str) -> Sandbox:
         """A sandbox of ``(tenant, profile)`` with ``slot_id`` added to its sessions: a
@@ -465,10 +475,14 @@ class SandboxPool:
                 return uid
         raise CapacityError("no free sandbox uid", retry_after_s=1.0)
 
-    def _release(self, sandbox: Sandbox, session_id: str, close: bool = True) -> None:
-        """Free ``session_id``'s slot. A sandbox left empty is recycled (the runner empties
-        it and proves it empty, :meth:`Sandbox.recycle`) while no placement can see it,
-        then becomes warm (same key); one that cannot be proven empty is destroyed."""
+    def release(self, sandbox: SandboxSlot, session_id: str, close: bool = True) -> None:
+        """Free ``session_id``'s slot (a session's or a one-shot job's). A sandbox left
+        empty is recycled (the runner empties it and proves it empty,
+        :meth:`Sandbox.recycle`) while no placement can see it, then becomes warm (same
+        key); one that cannot be proven empty is destroyed."""
+        self._release(self._own(sandbox), session_id, close)
+
+    def _release(self, sandbox: Sandbox, session_id: str, close: bool) -> None:
         if close and sandbox.alive:
             try:
                 sandbox.request("close", session=session_id, timeout_s=sandbox.watchdog_grace_s + 5)
@@ -496,12 +510,21 @@ class SandboxPool:
                 self._drop_locked(sandbox)
             self._lock.notify_all()
 
-    def _forget(self, sandbox: Sandbox, session_id: str) -> None:
+    def forget(self, sandbox: SandboxSlot, session_id: str) -> None:
         """The sandbox died under ``session_id``: destroy it and drop it from the pool."""
+        self._forget(self._own(sandbox), session_id)
+
+    def _forget(self, sandbox: Sandbox, session_id: str) -> None:
         sandbox.destroy()
         with self._lock:
             sandbox.sessions.discard(session_id)
             self._drop_locked(sandbox)
+
+    @staticmethod
+    def _own(sandbox: SandboxSlot) -> Sandbox:
+        if not isinstance(sandbox, Sandbox):
+            raise TypeError(f"{sandbox!r} is not a sandbox of a SandboxPool")
+        return sandbox
 
     def _reclaim_idle_locked(self, key: PoolKey) -> bool:
         """At capacity: destroy the longest-idle warm sandbox kept for another (tenant,
@@ -586,7 +609,7 @@ class _Slot:
     def get(self) -> Sandbox:
         with self._lock:
             if self._sandbox is not None and not self._sandbox.alive:
-                self.pool._forget(self._sandbox, self._id)
+                self.pool.forget(self._sandbox, self._id)
                 self._sandbox = None
             if self._sandbox is None:
                 self._id = "job-" + secrets.token_hex(8)
@@ -596,29 +619,17 @@ class _Slot:
     def lost(self, sandbox: Sandbox) -> None:
         with self._lock:
             if self._sandbox is sandbox:
-                self.pool._forget(sandbox, self._id)
+                self.pool.forget(sandbox, self._id)
                 self._sandbox = None
 
     def release(self) -> None:
         with self._lock:
             sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            self.pool._release(sandbox, self._id, close=False)
+            self.pool.release(sandbox, self._id, close=False)
 
 
 def _without_renderings(state: dict[str, Any]) -> dict[str, Any]:
     """An encoded state without the renderings of pickled values (the check's process
     restores the pickle itself; the rendering would only add to the frame)."""
     return {name: entry[:2] if entry[0] == "p" else entry for name, entry in state.items()}
-
-
-def _check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
-    """Raise ValueError naming the first bad argument of open_session/describe."""
-    if not isinstance(tenant, str) or not tenant or len(tenant) > 128:
-        raise ValueError("tenant must be a non-empty string of at most 128 characters")
-    if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
-        raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
-    if not isinstance(class_name, str) or not class_name.isidentifier():
-        raise ValueError("class_name must be a Python identifier")
-    if init_config is not None and not isinstance(init_config, dict):
-        raise ValueError("init_config must be an object")

@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+from sandpit.sandbox_images.runner import limits
 
 from .errors import ProfileError
 
-MiB = 1024 * 1024
+MiB = limits.MiB
 
 
 class ResourceProfile(BaseModel):
@@ -25,7 +26,7 @@ class ResourceProfile(BaseModel):
 
     name: str = "default"
     """Profile name; part of the warm-pool key."""
-    memory_mib: Annotated[int, Field(ge=32, le=65536)] = 256
+    memory_mib: Annotated[int, Field(ge=32, le=65536)] = limits.DEFAULT_SESSION_MEMORY_BYTES // limits.MiB
     """Per session: RLIMIT_DATA of the session process (MiB); over it a call reports
     ``oom``. Per sandbox: the container's memory limit is ``memory_mib`` plus 32 MiB per
     session slot (runner and idle sessions), with swap equal to memory (no swap)."""
@@ -35,14 +36,14 @@ class ResourceProfile(BaseModel):
     """Max processes+threads in the sandbox (pids cgroup); a fork bomb stops here."""
     tmpfs_mib: Annotated[int, Field(ge=1, le=65536)] = 64
     """Size cap of each tmpfs (/tmp and the session work root /work), MiB."""
-    call_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    call_timeout_s: Annotated[float, Field(gt=0, le=3600)] = limits.DEFAULT_CALL_TIMEOUT_S
     """Wall-clock limit of one tool call (and of instantiation), seconds; over it the
     session process is killed and the call reports ``timeout``."""
-    output_cap_bytes: Annotated[int, Field(ge=0, le=64 * MiB)] = 64 * 1024
+    output_cap_bytes: Annotated[int, Field(ge=0, le=64 * MiB)] = limits.DEFAULT_OUTPUT_CAP_BYTES
     """Captured stdout and stderr per call, each, bytes; the rest is dropped and counted."""
-    observation_cap_bytes: Annotated[int, Field(ge=1024, le=64 * MiB)] = MiB
+    observation_cap_bytes: Annotated[int, Field(ge=1024, le=64 * MiB)] = limits.DEFAULT_OBSERVATION_CAP_BYTES
     """Max characters of one observation; longer ones are truncated with a marker."""
-    nofile: Annotated[int, Field(ge=16, le=65536)] = 256
+    nofile: Annotated[int, Field(ge=16, le=65536)] = limits.DEFAULT_SESSION_NOFILE
     """RLIMIT_NOFILE of every process in the sandbox."""
     fsize_mib: Annotated[int, Field(ge=1, le=65536)] = 64
     """RLIMIT_FSIZE (largest file a process may write), MiB."""

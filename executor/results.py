@@ -3,7 +3,7 @@
 State encoding (per attribute of the environment instance; EnvScaler ``get_state_info``:
 ``vars(instance)`` without dunder keys): ``["j", <JSON value>]`` exact JSON-native value;
 ``["p", <base64>, <rendering>]`` a pickle, decoded only inside a sandbox, plus its JSON
-rendering made in the sandbox (``sandbox_images/runner/render.py``); ``["u", <rendering>]``
+rendering made in the sandbox (``sandbox_images/runner/child_render.py``); ``["u", <rendering>]``
 not picklable (not restorable; the attribute keeps what instantiation produced). Stored
 states written before renderings existed may hold ``["p", <base64>]`` and ``["u", <repr
 string>]``. :func:`render_state` turns an encoded state into the one JSON view every
@@ -16,7 +16,7 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sandpit.sandbox_images.runner import schemas
+from sandpit.sandbox_images.runner import child_schemas, limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
@@ -90,7 +90,7 @@ _SCHEMA_KEYS = {"type", "description", "items", "enum", "anyOf", "default"}
 def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
     """Validate the tool schemas a sandbox derived (``describe``); nothing it sends is trusted.
 
-    Accepts exactly the shape :mod:`sandpit.sandbox_images.runner.schemas` produces: a list
+    Accepts exactly the shape :mod:`sandpit.sandbox_images.runner.child_schemas` produces: a list
     of at most ``MAX_TOOLS`` ``{"type": "function", "function": {"name", "description",
     "parameters"}}``; unique names matching ``TOOL_NAME``; descriptions of at most
     ``MAX_DESCRIPTION_CHARS``; ``parameters`` ``{"type": "object", "properties",
@@ -105,8 +105,8 @@ def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
     """
     if not isinstance(tools, list):
         raise ProtocolViolation("tools is not a list")
-    if len(tools) > schemas.MAX_TOOLS:
-        raise ProtocolViolation(f"more than {schemas.MAX_TOOLS} tools")
+    if len(tools) > limits.MAX_TOOLS:
+        raise ProtocolViolation(f"more than {limits.MAX_TOOLS} tools")
     names: set[str] = set()
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
@@ -116,7 +116,7 @@ def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
         function = tool["function"]
         _keys(function, _FUNCTION_KEYS, _FUNCTION_KEYS, f"{where}.function")
         name = function["name"]
-        if not isinstance(name, str) or not schemas.TOOL_NAME.fullmatch(name) or name in names:
+        if not isinstance(name, str) or not child_schemas.TOOL_NAME.fullmatch(name) or name in names:
             raise ProtocolViolation(f"{where}.function.name is not a valid, unique tool name")
         names.add(name)
         where = f"tool {name!r}"
@@ -125,13 +125,13 @@ def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
         _keys(parameters, _PARAMETERS_KEYS, _PARAMETERS_KEYS, f"{where}: parameters")
         properties, required = parameters["properties"], parameters["required"]
         if parameters["type"] != "object" or not isinstance(properties, dict) \
-                or len(properties) > schemas.MAX_PARAMS or type(parameters["additionalProperties"]) is not bool:
+                or len(properties) > limits.MAX_PARAMS or type(parameters["additionalProperties"]) is not bool:
             raise ProtocolViolation(f"{where}: malformed parameters object")
         if (not isinstance(required, list) or len(set(map(str, required))) != len(required)
                 or not all(isinstance(r, str) and r in properties for r in required)):
             raise ProtocolViolation(f"{where}: 'required' must list distinct properties")
         for param, schema in properties.items():
-            if not param.isidentifier() or len(param) > 128:
+            if not param.isidentifier() or len(param) > limits.MAX_PARAM_NAME_CHARS:
                 raise ProtocolViolation(f"{where}: parameter name {param[:64]!r} is not an identifier")
             if not isinstance(schema, dict) or "description" not in schema:
                 raise ProtocolViolation(f"{where}: parameter {param!r} has no description")
@@ -145,17 +145,17 @@ def _keys(value: object, required: set[str], allowed: set[str], where: str) -> N
 
 
 def _text(value: object, where: str) -> None:
-    if not isinstance(value, str) or len(value) > schemas.MAX_DESCRIPTION_CHARS:
-        raise ProtocolViolation(f"{where} is not a string of at most {schemas.MAX_DESCRIPTION_CHARS} characters")
+    if not isinstance(value, str) or len(value) > limits.MAX_DESCRIPTION_CHARS:
+        raise ProtocolViolation(f"{where} is not a string of at most {limits.MAX_DESCRIPTION_CHARS} characters")
 
 
 def _check_schema(schema: object, where: str, depth: int) -> None:
     """One parameter schema (recursively through ``items``/``anyOf``)."""
-    if depth > schemas.MAX_SCHEMA_DEPTH + 1:
+    if depth > limits.MAX_SCHEMA_DEPTH + 1:
         raise ProtocolViolation(f"{where}: schema nested too deeply")
     _keys(schema, set(), _SCHEMA_KEYS, where)
     assert isinstance(schema, dict)
-    if "type" in schema and schema["type"] not in schemas.JSON_TYPES:
+    if "type" in schema and schema["type"] not in child_schemas.JSON_TYPES:
         raise ProtocolViolation(f"{where}: unknown type")
     if "description" in schema:
         _text(schema["description"], f"{where}: description")
@@ -163,23 +163,23 @@ def _check_schema(schema: object, where: str, depth: int) -> None:
         _check_schema(schema["items"], where, depth + 1)
     if "anyOf" in schema:
         members = schema["anyOf"]
-        if not isinstance(members, list) or not 2 <= len(members) <= schemas.MAX_ANY_OF:
+        if not isinstance(members, list) or not 2 <= len(members) <= limits.MAX_ANY_OF:
             raise ProtocolViolation(f"{where}: malformed anyOf")
         for member in members:
             _check_schema(member, where, depth + 1)
     if "enum" in schema:
         values = schema["enum"]
-        if (not isinstance(values, list) or not 1 <= len(values) <= schemas.MAX_ENUM_VALUES
+        if (not isinstance(values, list) or not 1 <= len(values) <= limits.MAX_ENUM_VALUES
                 or not all(v is None or type(v) in (str, int, float, bool) for v in values)
-                or sum(len(v) for v in values if isinstance(v, str)) > schemas.MAX_ENUM_CHARS):
+                or sum(len(v) for v in values if isinstance(v, str)) > limits.MAX_ENUM_CHARS):
             raise ProtocolViolation(f"{where}: malformed enum")
     if "default" in schema:
         try:
             size = len(json.dumps(schema["default"], allow_nan=False))
         except (TypeError, ValueError, RecursionError):
-            size = schemas.MAX_DEFAULT_CHARS + 1
-        if size > schemas.MAX_DEFAULT_CHARS:
-            raise ProtocolViolation(f"{where}: default is not JSON of at most {schemas.MAX_DEFAULT_CHARS} characters")
+            size = limits.MAX_DEFAULT_CHARS + 1
+        if size > limits.MAX_DEFAULT_CHARS:
+            raise ProtocolViolation(f"{where}: default is not JSON of at most {limits.MAX_DEFAULT_CHARS} characters")
 
 
 class StateDelta(BaseModel):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import docker
 from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner.limits import HELLO_MAX_BYTES
 
 from . import engine
 from .channel import RunnerChannel
@@ -105,7 +106,7 @@ class Sandbox:
             _unlink(token_path)  # read before connecting; no session process exists yet
             try:
                 conn.settimeout(max(1.0, settings.startup_timeout_s))
-                hello = protocol.recv_frame(conn, 4096)
+                hello = protocol.recv_frame(conn, HELLO_MAX_BYTES)
                 if hello.get("op") != "hello" or not hmac.compare_digest(str(hello.get("token", "")), token):
                     raise SandboxStartError("runner hello had a wrong token", sandbox_id)
             except (OSError, EOFError, protocol.ProtocolViolation) as exc:

@@ -8,10 +8,14 @@ sandbox of the same tenant and profile from that snapshot (``CallResult.recovere
 Requests on one session are serialized; different sessions run concurrently.
 
 :meth:`Session.describe` returns the environment's OpenAI tool schemas, derived inside
-the sandbox (``sandbox_images/runner/schemas.py``) and validated here
+the sandbox (``sandbox_images/runner/child_schemas.py``) and validated here
 (:func:`~sandpit.executor.results.check_tool_schemas`). :meth:`SandboxPool.describe`
 uses a *describe-only* session: the module is loaded and the class found, but never
 instantiated; such a session only answers ``describe``.
+
+A session knows nothing of the pool: it is placed, released and forgotten through a
+:class:`~sandpit.executor.placement.Placement` (the pool implements it), and talks to
+its sandbox through :class:`~sandpit.executor.placement.SandboxSlot`.
 """
 
 from __future__ import annotations
@@ -19,79 +23,83 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
-from .errors import SandboxLost, SessionClosed, SessionError
-from .profiles import ResourceProfile
-from .results import CallResult, Snapshot, StateDelta, check_encoded, check_tool_schemas, render_state
-
-if TYPE_CHECKING:
-    from .pool import SandboxPool
-    from .sandbox import Sandbox
+from .errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
+from .errors import SessionOpenError as SessionOpenError  # its former home: kept importable
+from .placement import Placement, SandboxSlot, SessionSpec
+from .results import (
+    CallResult,
+    EncodedValue,
+    Snapshot,
+    StateDelta,
+    check_encoded,
+    check_tool_schemas,
+    render_state,
+)
 
 log = logging.getLogger(__name__)
-MAX_TOOL_NAME = 128
-MAX_ERROR_CHARS = 4096
+MAX_SOURCE_BYTES = limits.MAX_SOURCE_BYTES
+"""Largest environment source (``limits.MAX_SOURCE_BYTES``; importable from here and
+from ``pool``, where it was defined)."""
 
 
-class SessionOpenError(SessionError):
-    """The environment could not be instantiated (its code raised, timed out, ran out of
-    memory, or ``class_name`` is missing or not a class); in describe-only mode, the module
-    could not be loaded or the class found. ``status`` (``error``, ``timeout``, ``oom``,
-    ``crashed``, ``rejected``), ``observation`` (``"Error: <Type>: <message>"``) and
-    ``traceback`` (bounded, or None) say how."""
-
-    def __init__(self, status: str, observation: str, traceback: str | None = None) -> None:
-        super().__init__(observation)
-        self.status = status
-        self.observation = observation
-        self.traceback = traceback
-
-
-class ToolSchemaError(SessionOpenError):
-    """The environment's tool schemas could not be derived: the class has more public
-    methods than ``schemas.MAX_TOOLS`` or its schemas exceed ``schemas.MAX_SCHEMAS_BYTES``
-    (``status="rejected"``), or introspecting it raised (``error``), timed out, ran out of
-    memory or crashed. A subclass of :class:`SessionOpenError`, with the same fields."""
+def check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
+    """Raise ValueError naming the first bad argument of ``open_session``/``describe``
+    (any :class:`~sandpit.executor.interface.Executor` applies these checks)."""
+    if not isinstance(tenant, str) or not tenant or len(tenant) > limits.TENANT_MAX_CHARS:
+        raise ValueError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
+    if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
+        raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
+    if not isinstance(class_name, str) or not class_name.isidentifier():
+        raise ValueError("class_name must be a Python identifier")
+    if init_config is not None and not isinstance(init_config, dict):
+        raise ValueError("init_config must be an object")
 
 
 class Session:
     """A live environment instance. Obtain from :meth:`SandboxPool.open_session`."""
 
-    def __init__(self, *, pool: SandboxPool, session_id: str, tenant: str, profile: ResourceProfile,
-                 source: str, class_name: str, init_config: dict[str, Any], describe_only: bool = False) -> None:
-        self.id = session_id
-        self.tenant = tenant
-        self.profile = profile
-        self.source = source
-        self.class_name = class_name
-        self.init_config = init_config
-        self.describe_only = describe_only
+    def __init__(self, *, placement: Placement, spec: SessionSpec) -> None:
+        self.spec = spec
+        self.id = spec.session_id
+        self.tenant = spec.tenant
+        self.profile = spec.profile
+        self.source = spec.source
+        self.class_name = spec.class_name
+        self.init_config = spec.init_config
+        self.describe_only = spec.describe_only
         """Loaded without instantiation: only :meth:`describe` is served (calls are rejected)."""
-        self._pool = pool
-        self._sandbox: Sandbox | None = None
-        self._snapshot: dict[str, list[Any]] = {}
+        self._placement = placement
+        self._sandbox: SandboxSlot | None = None
+        self._snapshot: dict[str, EncodedValue] = {}
         self._lock = threading.Lock()
         self.closed = False
         self.recoveries = 0
         """How many times the session was re-created in a new sandbox."""
 
-    # -- placement (called with self._lock held) -------------------------------------
-    def _attach(self, sandbox: Sandbox, snapshot: dict[str, list[Any]]) -> None:
-        self._sandbox = sandbox
-        self._snapshot = snapshot
+    def open(self, snapshot: dict[str, EncodedValue]) -> None:
+        """Place the session for the first time, ``snapshot`` (encoded attributes, ``{}``
+        for none) restored on top of its ``init_config``. Raises what
+        :meth:`Placement.place` raises."""
+        with self._lock:
+            if self._sandbox is not None or self.closed:
+                raise SessionError(f"session {self.id} was opened already")
+            self._sandbox, self._snapshot = self._placement.place(self.spec, snapshot)
 
+    # -- placement (called with self._lock held) -------------------------------------
     def _ensure_placed(self) -> bool:
         if self._sandbox is not None and self._sandbox.alive and not self._sandbox.retiring:
             return False
         if self._sandbox is not None and self._sandbox.alive:  # retiring: leave it cleanly
-            self._pool._release(self._sandbox, self.id)
+            self._placement.release(self._sandbox, self.id)
         elif self._sandbox is not None:
-            self._pool._forget(self._sandbox, self.id)
+            self._placement.forget(self._sandbox, self.id)
         self._sandbox = None
-        self._pool._place(self, snapshot=self._snapshot)
+        self._sandbox, self._snapshot = self._placement.place(self.spec, self._snapshot)
         self.recoveries += 1
         return True
 
@@ -119,8 +127,9 @@ class Session:
         """
         started = time.perf_counter()
         arguments = {} if arguments is None else arguments
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > MAX_TOOL_NAME:
-            return _rejected(f"Error: {str(name)[:MAX_TOOL_NAME]!r} is not a public tool name", started)
+        longest = limits.TOOL_CALL_NAME_MAX_CHARS
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > longest:
+            return _rejected(f"Error: {str(name)[:longest]!r} is not a public tool name", started)
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
             return _rejected("Error: arguments must be an object with string keys", started)
         if self.describe_only:
@@ -184,7 +193,7 @@ class Session:
             "parameters": {"type": "object", "properties": {name: schema}, "required":
             [name, ...], "additionalProperties": bool}}}, ...]``, public methods in
             definition order (most-derived class first); rules and caps in
-            :mod:`sandpit.sandbox_images.runner.schemas`. Notes on methods that could only
+            :mod:`sandpit.sandbox_images.runner.child_schemas` and ``limits``. Notes on methods that could only
             be partly described are logged at INFO level.
 
         Raises:
@@ -204,8 +213,8 @@ class Session:
             status = reply.get("status")
             if status != "ok":
                 traceback = reply.get("traceback")
-                raise ToolSchemaError(str(status)[:32], str(reply.get("observation", ""))[:MAX_ERROR_CHARS],
-                                      traceback[:2 * MAX_ERROR_CHARS] if isinstance(traceback, str) else None)
+                raise ToolSchemaError(str(status)[:32], str(reply.get("observation", ""))[:limits.DESCRIBE_ERROR_CHARS],
+                                      traceback[:limits.DESCRIBE_TRACEBACK_CHARS] if isinstance(traceback, str) else None)
             try:
                 tools = check_tool_schemas(reply.get("tools"))
                 notes = reply.get("notes") or []
@@ -213,8 +222,8 @@ class Session:
                     raise ProtocolViolation("notes is not a list of strings")
             except ProtocolViolation as exc:
                 raise SessionError(f"sandbox sent malformed tool schemas: {exc}") from exc
-            for note in notes[:64]:
-                log.info("session %s (%s): %s", self.id, self.class_name, note[:512])
+            for note in notes[:limits.MAX_NOTES]:
+                log.info("session %s (%s): %s", self.id, self.class_name, note[:limits.MAX_NOTE_CHARS])
             return tools
 
     def snapshot(self) -> Snapshot:
@@ -250,11 +259,11 @@ class Session:
             self.closed = True
             sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            self._pool._release(sandbox, self.id)
+            self._placement.release(sandbox, self.id)
 
     def _lose(self) -> None:
         if self._sandbox is not None:
-            self._pool._forget(self._sandbox, self.id)
+            self._placement.forget(self._sandbox, self.id)
         self._sandbox = None
 
 

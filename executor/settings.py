@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sandpit.sandbox_images.runner import limits
 
 from .profiles import ResourceProfile, check_within
 
@@ -100,7 +101,7 @@ class ExecutorSettings(BaseSettings):
     RLIMIT_NPROC and file ownership never span two sandboxes."""
     sandbox_gid: Annotated[int, Field(ge=1000)] = 10001
     """Group shared by sandbox processes; owns the protocol socket directories."""
-    max_frame_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024 * 1024
+    max_frame_bytes: Annotated[int, Field(ge=1024)] = limits.MAX_FRAME_BYTES
     """Largest protocol frame accepted from a runner (bytes); bigger kills the sandbox."""
 
     @model_validator(mode="after")

@@ -1,0 +1,20 @@
+"""The in-sandbox runner: stdlib-only modules copied into the image (``COPY runner/``).
+
+A file's name says which process its code runs in:
+
+* ``pid1_*``: PID 1 of the sandbox, trusted, never executes environment code:
+  ``pid1_runner`` (the entry point: protocol loop, session processes, deadlines),
+  ``pid1_jobs`` (one-shot jobs: scripts and check batches), ``pid1_cleanup`` (killing
+  leftovers, proving the sandbox empty before reuse).
+* ``child_*``: the child processes where untrusted code runs (so everything they hold
+  is within its reach): ``child_session`` (one environment instance), ``child_oneshot``
+  (a script or a check batch), ``child_schemas`` (tool schemas by introspection),
+  ``child_render`` (the JSON rendering of state), ``child_confine`` (the seccomp filter).
+* shared by both sides and by the host: ``protocol`` (framing) and ``limits`` (every
+  size, count and time cap).
+
+In the sandbox these are top-level modules (``pid1_runner.py`` puts this directory on
+``sys.path``); on the host they are ``sandpit.sandbox_images.runner.<name>``, imported
+only for constants and pure helpers, never to run anything untrusted. No name may shadow
+a standard-library module (``tests/unit/runner/test_runner_files.py``).
+"""

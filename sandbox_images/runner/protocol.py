@@ -18,11 +18,13 @@ import json
 import socket
 import struct
 
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH
+
 HEADER = struct.Struct(">I")
-#: Default cap on one frame, in bytes (64 MiB): state snapshots are the largest frames.
-DEFAULT_MAX_FRAME = 64 * 1024 * 1024
-#: Maximum nesting depth of arrays/objects accepted in a frame.
-MAX_DEPTH = 200
 
 
 READ_CHUNK = 1 << 20
@@ -92,7 +94,7 @@ def encode(message: dict, errors: str = "strict") -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def decode_payload(payload: bytes, max_depth: int = MAX_DEPTH) -> dict:
+def decode_payload(payload: bytes, max_depth: int = MAX_FRAME_DEPTH) -> dict:
     """Parse one frame body. Raises :class:`ProtocolViolation` unless it is a JSON object."""
     _check_depth(payload, max_depth)
     try:
@@ -113,7 +115,7 @@ class FrameBuffer:
     frames of ``data`` that preceded the bad one.
     """
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
         self.max_frame = max_frame
         self._buf = bytearray()
 
@@ -157,7 +159,7 @@ def recv_exact(sock, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock, max_frame: int = DEFAULT_MAX_FRAME) -> dict:
+def recv_frame(sock, max_frame: int = MAX_FRAME_BYTES) -> dict:
     """Blocking read of one frame. Raises ``EOFError`` or :class:`ProtocolViolation`."""
     (length,) = HEADER.unpack(recv_exact(sock, HEADER.size))
     if length > max_frame:

@@ -18,7 +18,7 @@ from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.results import CheckResult
-from sandpit.sandbox_images.runner import oneshot
+from sandpit.sandbox_images.runner import limits
 
 pytestmark = pytest.mark.docker
 
@@ -175,7 +175,7 @@ def test_each_checks_output_is_captured_and_capped(pool, fast_profile) -> None:
         check("return True"),
     ])
     assert results[0].stdout == "first says hi\n" and results[0].stderr == "oops\n"
-    cap = oneshot.CHECK_OUTPUT_CAP_BYTES
+    cap = limits.CHECK_OUTPUT_CAP_BYTES
     assert results[1].stdout.startswith("x" * cap) and results[1].stdout.endswith("bytes dropped]")
     assert len(results[1].stdout) < cap + 64
     assert (results[2].stdout, results[2].stderr) == ("", "")
@@ -202,7 +202,7 @@ HOSTILE = [
     check("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)"),  # infinite output
     check("import os\nif os.fork() == 0:\n    import time\n    time.sleep(600)\nreturn True"),  # a stray
     check("import os\nos.setsid() if os.fork() == 0 else None\nreturn True"),  # a forked twin runs on
-    check("open('/opt/sandpit/runner/runner.py', 'w').write('pwned')\nreturn True"),
+    check("open('/opt/sandpit/runner/pid1_runner.py', 'w').write('pwned')\nreturn True"),
 ]
 
 
@@ -233,8 +233,8 @@ def test_hostile_checks_never_break_the_sandbox(pool, fast_profile) -> None:
 def test_argument_caps_raise_value_error(pool, fast_profile) -> None:
     item = {"check_item": "x", "check_func": OK}
     cases = [
-        ([item] * (oneshot.MAX_CHECKS + 1), INITIAL, FINAL, None, "at most 256 checks"),
-        ([{"check_item": "x", "check_func": "#" * (oneshot.MAX_CHECK_SOURCE_BYTES + 1)}], INITIAL, FINAL, None,
+        ([item] * (limits.MAX_CHECKS + 1), INITIAL, FINAL, None, "at most 256 checks"),
+        ([{"check_item": "x", "check_func": "#" * (limits.MAX_CHECK_SOURCE_BYTES + 1)}], INITIAL, FINAL, None,
          "65536"),
         ([{"check_item": "x"}], INITIAL, FINAL, None, "check_func must be a string"),
         ([{"check_item": 1, "check_func": OK}], INITIAL, FINAL, None, "check_item"),
@@ -266,7 +266,7 @@ def test_argument_caps_raise_value_error(pool, fast_profile) -> None:
 def test_throughput_of_trivial_checks(pool, fast_profile) -> None:
     """Measured, printed, not asserted (target: >= 300 checks/s on 2 cores, 0.5 CPU)."""
     checks = [{"check_item": f"balance {i}", "check_func": check(f"return final_state['balance'] < {i + 81}")}
-              for i in range(oneshot.MAX_CHECKS)]
+              for i in range(limits.MAX_CHECKS)]
     rates = []
     for _ in range(5):
         started = time.perf_counter()

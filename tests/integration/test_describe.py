@@ -21,7 +21,7 @@ from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.session import SessionOpenError, ToolSchemaError
 from sandpit.executor.settings import get_image_settings
 from sandpit.sandbox_images import DEFINITION_DIR
-from sandpit.sandbox_images.runner import schemas
+from sandpit.sandbox_images.runner import limits
 
 pytestmark = pytest.mark.docker
 
@@ -258,7 +258,7 @@ def test_hostile_metaclass_huge_class_attributes_and_raising_properties(
 
 def test_huge_docstring_is_capped(pool: SandboxPool, fast_profile: ResourceProfile) -> None:
     tool = by_name(describe(pool, fast_profile, HUGE_DOCSTRING))["tool"]
-    assert len(tool["description"]) == schemas.MAX_DESCRIPTION_CHARS
+    assert len(tool["description"]) == limits.MAX_DESCRIPTION_CHARS
     assert tool["parameters"]["properties"]["a"] == {"type": "integer", "description": ""}
 
 
@@ -266,8 +266,8 @@ def test_too_many_methods_is_rejected_clearly(pool: SandboxPool, fast_profile: R
     with pytest.raises(ToolSchemaError) as caught:
         describe(pool, fast_profile, MANY_METHODS.replace("COUNT", "10_000"))
     assert caught.value.status == "rejected"
-    assert f"more than {schemas.MAX_TOOLS} public methods" in caught.value.observation
-    assert len(describe(pool, fast_profile, MANY_METHODS.replace("COUNT", str(schemas.MAX_TOOLS)))) == schemas.MAX_TOOLS
+    assert f"more than {limits.MAX_TOOLS} public methods" in caught.value.observation
+    assert len(describe(pool, fast_profile, MANY_METHODS.replace("COUNT", str(limits.MAX_TOOLS)))) == limits.MAX_TOOLS
     assert_pool_still_works(pool, fast_profile, open_env)
 
 

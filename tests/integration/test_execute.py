@@ -17,7 +17,7 @@ import pytest
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 from sandpit.executor.results import ExecResult
-from sandpit.sandbox_images.runner import oneshot
+from sandpit.sandbox_images.runner import limits
 
 pytestmark = pytest.mark.docker
 
@@ -104,7 +104,7 @@ def test_an_uncaught_exception_prints_its_traceback_and_exits_1(ex) -> None:
     assert result.stderr.startswith("Traceback (most recent call last):\n")
     assert 'File "main.py", line 5, in <module>' in result.stderr and "return 1 / x" in result.stderr
     assert result.stderr.endswith("ZeroDivisionError: division by zero\n")
-    assert "oneshot" not in result.stderr and "session.py" not in result.stderr
+    assert "child_oneshot" not in result.stderr and "child_session" not in result.stderr
     syntax = ex("print('never'\n")
     assert (syntax.status, syntax.exit_code, syntax.stdout) == ("error", 1, "")
     assert "SyntaxError" in syntax.stderr
@@ -153,7 +153,7 @@ def test_stdin(ex) -> None:
     empty = ex("import sys\nprint(repr(sys.stdin.read()))")
     assert empty.stdout == "''\n"
     with pytest.raises(ValueError, match="stdin has more than"):
-        ex("pass", stdin="x" * (oneshot.MAX_STDIN_BYTES + 1))
+        ex("pass", stdin="x" * (limits.MAX_STDIN_BYTES + 1))
 
 
 def test_files_are_written_into_the_working_directory(ex) -> None:
@@ -170,7 +170,7 @@ def test_files_are_written_into_the_working_directory(ex) -> None:
 @pytest.mark.parametrize("files", [
     {"/etc/passwd": "x"}, {"../escape": "x"}, {"a/../../b": "x"}, {"": "x"}, {"a//b": "x"}, {"a/": "x"},
     {".": "x"}, {"a\x00b": "x"}, {"a\nb": "x"}, {"a\\b": "x"}, {"x" * 300: "x"}, {"a": "x", "a/b": "y"},
-    {"a": 1}, {f"f{i}": "" for i in range(oneshot.MAX_FILES + 1)}, {"big": "x" * (oneshot.MAX_FILE_BYTES + 1)},
+    {"a": 1}, {f"f{i}": "" for i in range(limits.MAX_FILES + 1)}, {"big": "x" * (limits.MAX_FILE_BYTES + 1)},
     {"\ud800": "x"},
 ])
 def test_hostile_file_names_and_oversize_files_are_rejected(ex, files) -> None:
@@ -211,7 +211,7 @@ def test_nothing_of_a_run_is_left_for_the_next(ex) -> None:
     "import os\nos.write(3, b'\\xff\\xff\\xff\\xff' + os.urandom(1000))",
     "import json, os\nbody = json.dumps({'id': 1, 'status': 'ok', 'exit_code': 0}).encode()\n"
     "os.write(3, len(body).to_bytes(4, 'big') + body)\nos._exit(9)",
-    "open('/opt/sandpit/runner/runner.py', 'w').write('pwned')",
+    "open('/opt/sandpit/runner/pid1_runner.py', 'w').write('pwned')",
     "import os\nos.kill(-1, 9)",
     "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)",

@@ -1,7 +1,7 @@
 """EnvScaler's in-process episode, restated from its documented semantics, for parity tests.
 
 This module is never imported by the tests' own process: the parity test sends its
-source, together with ``render.py`` and an environment of our own, to ``POST
+source, together with ``child_render.py`` and an environment of our own, to ``POST
 /v1/execute``, so the reference episode runs inside a sandbox exactly like any other
 untrusted code. It mirrors EnvScaler's RL environment (``rl/roll/pipeline/agentic/env/
 envscaler_env``: ``init_env_class``, ``init_env_instance``, ``get_state_info``,

@@ -1,5 +1,5 @@
-"""Pure helpers of the runner's containment (``cleanup.py``) and of the session's seccomp
-filter (``confine.py``): imported on the host, never installed on a test process."""
+"""Pure helpers of the runner's containment (``pid1_cleanup.py``) and of the session's seccomp
+filter (``child_confine.py``): imported on the host, never installed on a test process."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import struct
 
 import pytest
 from sandpit.sandbox_images import RUNNER_FILES
-from sandpit.sandbox_images.runner import cleanup, confine
+from sandpit.sandbox_images.runner import child_confine, pid1_cleanup
 
 
 def test_new_runner_modules_ship_in_the_image() -> None:
-    assert {"cleanup.py", "confine.py"} <= set(RUNNER_FILES)
+    assert {"pid1_cleanup.py", "child_confine.py"} <= set(RUNNER_FILES)
 
 
 def _run_bpf(program: bytes, nr: int, arch: int, *args: int) -> int:
-    """A tiny interpreter of the instructions :func:`confine.filter_program` emits."""
+    """A tiny interpreter of the instructions :func:`child_confine.filter_program` emits."""
     insns = [struct.unpack("HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
     padded = (list(args) + [0] * 6)[:6]
     data = struct.pack("iIQ6Q", nr, arch, 0, *padded)
@@ -33,11 +33,11 @@ def _run_bpf(program: bytes, nr: int, arch: int, *args: int) -> int:
         pc += 1
 
 
-@pytest.mark.parametrize("machine", sorted(confine.ARCHES))
+@pytest.mark.parametrize("machine", sorted(child_confine.ARCHES))
 def test_filter_denies_persistent_ipc_and_touching_other_processes(machine: str) -> None:
-    arch, numbers = confine.ARCHES[machine]
-    program = confine.filter_program(machine)
-    deny, allow = confine.SECCOMP_RET_ERRNO | 1, confine.SECCOMP_RET_ALLOW  # EPERM
+    arch, numbers = child_confine.ARCHES[machine]
+    program = child_confine.filter_program(machine)
+    deny, allow = child_confine.SECCOMP_RET_ERRNO | 1, child_confine.SECCOMP_RET_ALLOW  # EPERM
     for name in ("shmget", "semget", "msgget", "mq_open", "add_key", "request_key", "keyctl",
                  "process_vm_readv", "process_vm_writev"):
         assert _run_bpf(program, numbers[name], arch, 0, 0) == deny, name
@@ -56,12 +56,12 @@ def test_filter_denies_persistent_ipc_and_touching_other_processes(machine: str)
             assert _run_bpf(program, nr, arch, 1, 1) == allow, nr
     assert _run_bpf(program, 0, 0x40000003) == deny  # i386 ABI: its ipc(2) would bypass the list
     if machine == "x86_64":
-        assert _run_bpf(program, confine.X32_SYSCALL_BIT | 29, arch) == deny  # x32 ABI
+        assert _run_bpf(program, child_confine.X32_SYSCALL_BIT | 29, arch) == deny  # x32 ABI
 
 
 def test_unknown_machine_has_no_filter() -> None:
     with pytest.raises(KeyError):
-        confine.filter_program("sparc64")
+        child_confine.filter_program("sparc64")
 
 
 def test_remove_handles_unreadable_and_deep_trees(tmp_path) -> None:
@@ -77,25 +77,25 @@ def test_remove_handles_unreadable_and_deep_trees(tmp_path) -> None:
     os.chmod(locked / "inner", 0)
     os.chmod(locked, 0)
     os.symlink("/etc/passwd", root / "link")
-    cleanup.remove(str(root))
+    pid1_cleanup.remove(str(root))
     assert not root.exists()
     assert os.path.exists("/etc/passwd")  # a symlink is removed, never followed
-    cleanup.remove(str(root))  # missing: no error
+    pid1_cleanup.remove(str(root))  # missing: no error
 
 
 def test_scrub_and_baseline_prove_a_directory_empty(tmp_path) -> None:
     (tmp_path / "a").write_text("x")
     (tmp_path / "b" / "c").mkdir(parents=True)
-    assert cleanup.scrub(str(tmp_path)) == []
+    assert pid1_cleanup.scrub(str(tmp_path)) == []
     assert os.listdir(tmp_path) == []
-    assert cleanup.scrub(str(tmp_path / "missing")) == []
+    assert pid1_cleanup.scrub(str(tmp_path / "missing")) == []
 
 
 def test_sweep_outside_a_pid_namespace_selects_nothing_it_is_not_told_to() -> None:
     seen = []
-    assert cleanup.sweep(lambda pid, sid: seen.append(pid) or False)
+    assert pid1_cleanup.sweep(lambda pid, sid: seen.append(pid) or False)
     assert os.getpid() not in seen and seen  # it scanned, selected nothing, killed nothing
-    assert cleanup.kill_all() is True  # not PID 1: refuses to kill(-1) on a host
+    assert pid1_cleanup.kill_all() is True  # not PID 1: refuses to kill(-1) on a host
 
 
 def test_session_memory_is_rlimit_as_under_gvisor_only() -> None:

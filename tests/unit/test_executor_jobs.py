@@ -7,14 +7,14 @@ import pytest
 from sandpit.executor import jobs
 from sandpit.executor.errors import SessionError
 from sandpit.executor.profiles import ResourceProfile
-from sandpit.sandbox_images.runner import oneshot
+from sandpit.sandbox_images.runner import limits
 
 PROFILE = ResourceProfile(call_timeout_s=10.0, tmpfs_mib=8, output_cap_bytes=100)
 CHECK = {"check_item": "balance is 80", "check_func": "def check_func(final_state):\n    return True\n"}
 
 
 def test_check_timeouts() -> None:
-    assert jobs.check_checks([CHECK], {}, {}, PROFILE, None) == jobs.DEFAULT_CHECK_TIMEOUT_S
+    assert jobs.check_checks([CHECK], {}, {}, PROFILE, None) == limits.DEFAULT_CHECK_TIMEOUT_S
     short = PROFILE.model_copy(update={"call_timeout_s": 2.0})
     assert jobs.check_checks([CHECK], {}, {}, short, None) == 2.0
     assert jobs.check_checks([CHECK], {}, {}, PROFILE, 7) == 7.0
@@ -25,11 +25,11 @@ def test_check_timeouts() -> None:
 
 @pytest.mark.parametrize(("checks", "initial", "final", "message"), [
     ("x", {}, {}, "must be a list"),
-    ([CHECK] * (oneshot.MAX_CHECKS + 1), {}, {}, "at most 256"),
+    ([CHECK] * (limits.MAX_CHECKS + 1), {}, {}, "at most 256"),
     ([{"check_func": "x"}], {}, {}, "check_item"),
-    ([{**CHECK, "check_item": "i" * (oneshot.MAX_CHECK_ITEM_CHARS + 1)}], {}, {}, "check_item"),
+    ([{**CHECK, "check_item": "i" * (limits.MAX_CHECK_ITEM_CHARS + 1)}], {}, {}, "check_item"),
     ([{**CHECK, "check_func": None}], {}, {}, "check_func must be a string"),
-    ([{**CHECK, "check_func": "é" * (oneshot.MAX_CHECK_SOURCE_BYTES // 2 + 1)}], {}, {}, "bytes; at most"),
+    ([{**CHECK, "check_func": "é" * (limits.MAX_CHECK_SOURCE_BYTES // 2 + 1)}], {}, {}, "bytes; at most"),
     ([{**CHECK, "check_func": "\udc80"}], {}, {}, "not valid text"),
     ([{**CHECK, "weight": 1}], {}, {}, "keys"),
     ([CHECK], None, {}, "initial_state must be an object"),
@@ -37,7 +37,7 @@ def test_check_timeouts() -> None:
     ([CHECK], {}, {"a": ["j", {1, 2}]}, "final_state is not JSON-encodable"),
     ([CHECK], {"a": ["j", float("inf")]}, {}, "initial_state is not JSON-encodable"),
     ([CHECK], {"a": ["p", 5]}, {}, r"initial_state\['a'\] is not an encoded value"),
-    ([CHECK], {}, {"big": ["j", "x" * oneshot.MAX_STATE_BYTES]}, "final_state has"),
+    ([CHECK], {}, {"big": ["j", "x" * limits.MAX_STATE_BYTES]}, "final_state has"),
 ])
 def test_check_arguments(checks: object, initial: object, final: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -50,9 +50,9 @@ def test_exec_arguments() -> None:
     assert jobs.check_exec("", "in", {"a/b.txt": "x"}, 0.5, PROFILE).timeout_s == 0.5
     for args, message in [
         ((b"print(1)", None, None, None), "code must be a string"),
-        (("x" * (oneshot.MAX_CODE_BYTES + 1), None, None, None), "code has more"),
+        (("x" * (limits.MAX_CODE_BYTES + 1), None, None, None), "code has more"),
         (("", 5, None, None), "stdin must be"),
-        (("", "x" * (oneshot.MAX_STDIN_BYTES + 1), None, None), "stdin has more"),
+        (("", "x" * (limits.MAX_STDIN_BYTES + 1), None, None), "stdin has more"),
         (("", None, {"/abs": ""}, None), "absolute"),
         (("", None, {"a": "x" * (2 * 1024 * 1024 + 1), "b": "x" * (2 * 1024 * 1024)}, None), "work space"),
         (("", None, None, 11), "above the profile"),
@@ -66,8 +66,8 @@ def test_snippets() -> None:
     requests = jobs.check_snippets([{"code": "a"}, {"code": "b", "stdin": "s", "timeout_s": 1}], 2, PROFILE)
     assert [r.code for r in requests] == ["a", "b"] and requests[1].timeout_s == 1.0
     for snippets, concurrency, message in [
-        ([], 0, "concurrency"), ([], jobs.MAX_EXEC_CONCURRENCY + 1, "concurrency"), ([], 2.0, "concurrency"),
-        ("x", 1, "must be a list"), ([{"code": "a"}] * (jobs.MAX_SNIPPETS + 1), 1, "must be a list"),
+        ([], 0, "concurrency"), ([], limits.MAX_EXEC_CONCURRENCY + 1, "concurrency"), ([], 2.0, "concurrency"),
+        ("x", 1, "must be a list"), ([{"code": "a"}] * (limits.MAX_SNIPPETS + 1), 1, "must be a list"),
         ([{"code": "a"}, {"stdin": "x"}], 1, r"snippets\[1\]"), ([{"code": "a", "env": {}}], 1, r"snippets\[0\]"),
         ([{"code": "a"}, {"code": "b", "files": {"..": ""}}], 1, r"snippets\[1\]: file path"),
     ]:

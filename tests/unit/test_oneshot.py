@@ -7,40 +7,40 @@ sandboxes."""
 from __future__ import annotations
 
 import pytest
-from sandpit.sandbox_images.runner import jobs, oneshot, protocol
+from sandpit.sandbox_images.runner import child_oneshot, limits, pid1_jobs, protocol
 
 
 @pytest.mark.parametrize("path", ["a", "a.txt", "dir/file.py", "a/b/c/d", "ünï/çødé.txt", ".hidden", "a..b",
-                                  "x" * 255, "/".join(["d"] * oneshot.MAX_PATH_DEPTH)])
+                                  "x" * 255, "/".join(["d"] * limits.MAX_PATH_DEPTH)])
 def test_relative_paths_are_accepted(path: str) -> None:
-    assert oneshot.check_file_path(path) == path
+    assert limits.check_file_path(path) == path
 
 
 @pytest.mark.parametrize(("path", "message"), [
     ("", "1 to"), ("/etc/passwd", "absolute"), ("../x", "'..'"), ("a/../../b", "'..'"), ("a/..", "'..'"),
     (".", "'.'"), ("./a", "'.'"), ("a//b", "empty"), ("a/", "empty"), ("a\x00b", "control"), ("a\nb", "control"),
     ("a\x7fb", "control"), ("a\\b", "backslash"), ("x" * 256, "255 bytes"), ("ü" * 128, "255 bytes"),
-    ("/".join(["d"] * (oneshot.MAX_PATH_DEPTH + 1)), "deeper"), ("a" * (oneshot.MAX_PATH_CHARS + 1), "1 to"),
+    ("/".join(["d"] * (limits.MAX_PATH_DEPTH + 1)), "deeper"), ("a" * (limits.MAX_PATH_CHARS + 1), "1 to"),
     ("\ud800", "not valid text"), (5, "not a string"), (None, "not a string"),
 ])
 def test_hostile_paths_are_rejected(path: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        oneshot.check_file_path(path)
+        limits.check_file_path(path)
 
 
 def test_file_sets() -> None:
     files = {"a.txt": "x", "d/b.txt": "ü" * 10}
-    assert oneshot.check_files(files) is files
-    assert oneshot.check_files({}) == {}
+    assert limits.check_files(files) is files
+    assert limits.check_files({}) == {}
     for bad, message in [
         ([], "must be an object"), ({"a": b"bytes"}, "must be text"), ({"a": "\udc00"}, "not valid text"),
-        ({f"f{i}": "" for i in range(oneshot.MAX_FILES + 1)}, "at most 64 files"),
-        ({"big": "x" * (oneshot.MAX_FILE_BYTES + 1)}, "bytes; at most"),
-        ({f"f{i}": "x" * oneshot.MAX_FILE_BYTES for i in range(3)}, "total"),
+        ({f"f{i}": "" for i in range(limits.MAX_FILES + 1)}, "at most 64 files"),
+        ({"big": "x" * (limits.MAX_FILE_BYTES + 1)}, "bytes; at most"),
+        ({f"f{i}": "x" * limits.MAX_FILE_BYTES for i in range(3)}, "total"),
         ({"a": "", "a/b": ""}, "which is a file"), ({"a/b/c": "", "a/b": ""}, "which is a file"),
     ]:
         with pytest.raises(ValueError, match=message):
-            oneshot.check_files(bad)
+            limits.check_files(bad)
 
 
 class BoolSub(int):
@@ -59,7 +59,7 @@ class BoolSub(int):
     (BoolSub(1), ("error", False, "returned BoolSub 1, not a bool")),
 ])
 def test_only_true_passes(value: object, expected: tuple) -> None:
-    assert oneshot.classify(value) == expected
+    assert child_oneshot.classify(value) == expected
 
 
 class Hostile:
@@ -73,38 +73,38 @@ class Huge:
 
 
 def test_bounded_repr() -> None:
-    assert oneshot.bounded_repr("x") == "'x'"
-    assert oneshot.bounded_repr(Hostile()) == "<unrepresentable Hostile: RuntimeError>"
-    text = oneshot.bounded_repr(Huge())
-    assert len(text) == oneshot.RESULT_REPR_CHARS + 3 and text.endswith("...")
-    assert oneshot.classify(Huge())[2].endswith(", not a bool") and len(oneshot.classify(Huge())[2]) < 300
+    assert child_oneshot.bounded_repr("x") == "'x'"
+    assert child_oneshot.bounded_repr(Hostile()) == "<unrepresentable Hostile: RuntimeError>"
+    text = child_oneshot.bounded_repr(Huge())
+    assert len(text) == limits.RESULT_REPR_CHARS + 3 and text.endswith("...")
+    assert child_oneshot.classify(Huge())[2].endswith(", not a bool") and len(child_oneshot.classify(Huge())[2]) < 300
 
 
 def test_error_texts() -> None:
-    assert oneshot.error_text(KeyError("x")) == "Error: KeyError: 'x'"
-    assert oneshot.error_text(ValueError()) == "Error: ValueError"
-    assert len(oneshot.error_text(ValueError("v" * 10000))) == oneshot.ERROR_CHARS
+    assert child_oneshot.error_text(KeyError("x")) == "Error: KeyError: 'x'"
+    assert child_oneshot.error_text(ValueError()) == "Error: ValueError"
+    assert len(child_oneshot.error_text(ValueError("v" * 10000))) == limits.ERROR_CHARS
     try:
         compile("def f(:\n", "<check_func>", "exec")
     except SyntaxError as exc:
-        assert oneshot.syntax_error_text(exc).startswith("syntax error: ") and "(line 1)" in oneshot.syntax_error_text(exc)
-    assert oneshot.syntax_error_text(ValueError("source code string cannot contain null bytes")) == \
+        assert child_oneshot.syntax_error_text(exc).startswith("syntax error: ") and "(line 1)" in child_oneshot.syntax_error_text(exc)
+    assert child_oneshot.syntax_error_text(ValueError("source code string cannot contain null bytes")) == \
         "syntax error: source code string cannot contain null bytes"
 
 
 @pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (256 + 4, 4), (-1, 255), (True, 1)])
 def test_exit_status_of_system_exit(code: object, status: int) -> None:
-    assert oneshot._exit_status(SystemExit(code)) == status
+    assert child_oneshot._exit_status(SystemExit(code)) == status
 
 
 def test_exit_status_of_a_message_is_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert oneshot._exit_status(SystemExit("bad input")) == 1
+    assert child_oneshot._exit_status(SystemExit("bad input")) == 1
     assert capsys.readouterr().err == "bad input\n"
 
 
 # -- runner side -------------------------------------------------------------------------
 def test_output_keeps_the_cap_and_counts_the_rest() -> None:
-    out = jobs.Output(5)
+    out = pid1_jobs.Output(5)
     out.add(b"abc")
     out.add(b"defgh")
     out.add(b"ij")
@@ -112,33 +112,33 @@ def test_output_keeps_the_cap_and_counts_the_rest() -> None:
     assert out.text() == "abcde" and out.text(marker=True) == "abcde\n...[5 bytes dropped]"
     out.reset()
     assert (out.text(), out.dropped) == ("", 0)
-    assert jobs.Output(0).text() == ""
+    assert pid1_jobs.Output(0).text() == ""
 
 
 def test_exec_requests_are_validated() -> None:
-    assert jobs._exec_request({"code": "print(1)"}) == {"code": "print(1)", "stdin": "", "files": {}}
+    assert pid1_jobs._exec_request({"code": "print(1)"}) == {"code": "print(1)", "stdin": "", "files": {}}
     for bad, message in [
-        ({"code": 5}, "'code'"), ({"code": "x" * (oneshot.MAX_CODE_BYTES + 1)}, "'code'"),
+        ({"code": 5}, "'code'"), ({"code": "x" * (limits.MAX_CODE_BYTES + 1)}, "'code'"),
         ({"code": "", "stdin": 5}, "'stdin'"), ({"code": "", "files": {"../x": ""}}, "'..'"),
         ({"code": "", "files": []}, "must be an object"),
     ]:
         with pytest.raises(ValueError, match=message):
-            jobs._exec_request(bad)
+            pid1_jobs._exec_request(bad)
 
 
 def test_check_requests_are_validated() -> None:
     good = {"checks": [{"check_func": "def check_func(s): return True"}], "initial_state": {}, "final_state": {}}
-    assert jobs._checks_request(good)["checks"] == ["def check_func(s): return True"]
+    assert pid1_jobs._checks_request(good)["checks"] == ["def check_func(s): return True"]
     for change, message in [
         ({"checks": []}, "1 to 256"), ({"checks": [{}] * 257}, "1 to 256"), ({"checks": "x"}, "1 to 256"),
         ({"checks": [{"check_func": 1}]}, r"checks\[0\]"), ({"checks": [5]}, r"checks\[0\]"),
-        ({"checks": [{"check_func": "#" * (oneshot.MAX_CHECK_SOURCE_BYTES + 1)}]}, r"checks\[0\]"),
+        ({"checks": [{"check_func": "#" * (limits.MAX_CHECK_SOURCE_BYTES + 1)}]}, r"checks\[0\]"),
         ({"initial_state": []}, "must be an encoded state"), ({"final_state": None}, "must be an encoded state"),
         ({"final_state": {"a": 1}}, "must be an encoded state"), ({"final_state": {"a": ["q", 1]}}, "encoded state"),
         ({"source": 5}, "'source'"),
     ]:
         with pytest.raises(ValueError, match=message):
-            jobs._checks_request({**good, **change})
+            pid1_jobs._checks_request({**good, **change})
 
 
 def frame(**changes: object) -> dict:
@@ -147,21 +147,21 @@ def frame(**changes: object) -> dict:
 
 
 def test_check_result_frames_are_validated_and_capped() -> None:
-    assert jobs._check_result(frame(), 2) == {"status": "ok", "passed": True, "result": "True", "error": None,
+    assert pid1_jobs._check_result(frame(), 2) == {"status": "ok", "passed": True, "result": "True", "error": None,
                                               "traceback": None, "duration_ms": 0.5}
-    assert jobs._check_result(frame(status="error", passed=True), 2)["passed"] is False  # only ok passes
-    long = jobs._check_result(frame(error="e" * 100000, traceback="t" * 100000, result="r" * 100000), 2)
-    assert len(long["error"]) == oneshot.ERROR_CHARS and len(long["result"]) <= oneshot.RESULT_REPR_CHARS + 8
+    assert pid1_jobs._check_result(frame(status="error", passed=True), 2)["passed"] is False  # only ok passes
+    long = pid1_jobs._check_result(frame(error="e" * 100000, traceback="t" * 100000, result="r" * 100000), 2)
+    assert len(long["error"]) == limits.ERROR_CHARS and len(long["result"]) <= limits.RESULT_REPR_CHARS + 8
     for bad in [frame(index=3), frame(index="2"), frame(status="fault"), frame(status="timeout"),
                 frame(passed=1), frame(duration_ms=-1), frame(duration_ms=float("inf")), frame(duration_ms="1"),
                 frame(result=5), frame(error=["x"]), frame(traceback={})]:
-        assert jobs._check_result(bad, 2) is None, bad
+        assert pid1_jobs._check_result(bad, 2) is None, bad
 
 
 def test_signal_and_exit_descriptions() -> None:
-    assert jobs._death(9) == "killed by signal SIGKILL"
-    assert jobs._death(3 << 8) == "exited with status 3"
-    assert jobs._signal_name(200) == "200"
+    assert pid1_jobs._death(9) == "killed by signal SIGKILL"
+    assert pid1_jobs._death(3 << 8) == "exited with status 3"
+    assert pid1_jobs._signal_name(200) == "200"
 
 
 def test_frames_before_a_bad_one_are_kept() -> None:
@@ -180,7 +180,7 @@ def test_go_ahead_frames_name_the_next_check() -> None:
 
     read_fd, write_fd = os.pipe()
     try:
-        channel = oneshot._Channel(read_fd)
+        channel = child_oneshot._Channel(read_fd)
         os.write(write_fd, protocol.encode({"op": "next", "index": 4}))
         assert channel.wait() == 4
         os.write(write_fd, protocol.encode({"op": "next", "index": 5}) + protocol.encode({"op": "next", "index": 7}))

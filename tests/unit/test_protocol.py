@@ -6,7 +6,7 @@ import json
 import socket
 
 import pytest
-from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner import limits, protocol
 from sandpit.sandbox_images.runner.protocol import FrameBuffer, ProtocolViolation
 
 
@@ -87,9 +87,9 @@ def test_depth_limit_boundary() -> None:
     def nested(levels: int) -> bytes:  # the outer object is one level
         return b'{"a":' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
 
-    assert protocol.decode_payload(nested(protocol.MAX_DEPTH)) == json.loads(nested(protocol.MAX_DEPTH))
+    assert protocol.decode_payload(nested(limits.MAX_FRAME_DEPTH)) == json.loads(nested(limits.MAX_FRAME_DEPTH))
     with pytest.raises(ProtocolViolation):
-        protocol.decode_payload(nested(protocol.MAX_DEPTH + 1))
+        protocol.decode_payload(nested(limits.MAX_FRAME_DEPTH + 1))
 
 
 def test_brackets_inside_strings_do_not_count_towards_depth() -> None:

@@ -11,7 +11,8 @@ import threading
 
 import pytest
 from sandpit.executor.results import check_encoded
-from sandpit.sandbox_images.runner import session as child
+from sandpit.sandbox_images.runner import child_session as child
+from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 
@@ -34,7 +35,7 @@ def test_json_native_walk_is_iterative_and_bounded() -> None:
         deep = [deep]
     assert not child._json_native(deep)  # no RecursionError; too deep for a frame: pickled
     shallow: list = []
-    for _ in range(child.JSON_NATIVE_MAX_DEPTH - 1):
+    for _ in range(limits.JSON_NATIVE_MAX_DEPTH - 1):
         shallow = [shallow]
     assert child._json_native(shallow)
 
@@ -135,7 +136,7 @@ def test_error_observation_and_bounded_traceback() -> None:
         except ValueError as exc:
             assert child._error_observation(exc) == f"Error: ValueError: {message}"
             text = child._bounded_traceback(exc)
-        assert len(text) <= child.TRACEBACK_LIMIT_BYTES + 64  # + the "characters cut" marker
+        assert len(text) <= limits.SESSION_TRACEBACK_CHARS + 64  # + the "characters cut" marker
         assert text.count("in recurse") <= 8  # only the last frames
     assert text.startswith("Traceback (most recent call last):")  # head kept
     assert "characters cut]" in text and text.rstrip().endswith("y" * 20)  # tail kept

@@ -1,4 +1,4 @@
-"""Tool-schema derivation (``sandbox_images/runner/schemas.py``) on trusted test classes,
+"""Tool-schema derivation (``sandbox_images/runner/child_schemas.py``) on trusted test classes,
 and the host-side validation of what a sandbox returns (``check_tool_schemas``).
 
 In production the derivation only ever runs inside a sandbox, on untrusted classes; here
@@ -7,7 +7,6 @@ way LLM-written environments do (``typing.List``, ``Optional``...), hence no UP 
 """
 # ruff: noqa: UP006, UP007, UP035, UP037, UP045, UP033
 
-import ast
 import collections.abc
 import copy
 import dataclasses
@@ -15,15 +14,13 @@ import enum
 import functools
 import time
 import typing
-from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal, NewType, Optional, Tuple, TypedDict, TypeVar, Union
 
 import pytest
 from sandpit.executor.results import check_tool_schemas
-from sandpit.sandbox_images import DEFINITION_DIR, RUNNER_FILES
-from sandpit.sandbox_images.runner import schemas
+from sandpit.sandbox_images.runner import child_schemas, limits
+from sandpit.sandbox_images.runner.child_schemas import SchemaLimitError, annotation_schema, describe_class
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
-from sandpit.sandbox_images.runner.schemas import SchemaLimitError, annotation_schema, describe_class
 
 
 def tools_of(cls: type) -> dict[str, dict]:
@@ -295,7 +292,7 @@ def test_annotation_schema(annotation: object, expected: dict | None) -> None:
         depth = 0
         while "items" in schema:
             schema, depth = schema["items"], depth + 1
-        assert depth <= schemas.MAX_SCHEMA_DEPTH + 1
+        assert depth <= limits.MAX_SCHEMA_DEPTH + 1
 
 
 def test_enum_with_unserializable_values_and_too_many_values() -> None:
@@ -303,7 +300,7 @@ def test_enum_with_unserializable_values_and_too_many_values() -> None:
         A = (1, 2)
 
     assert annotation_schema(Pair) == {}
-    many = enum.Enum("Many", {f"V{i}": i for i in range(schemas.MAX_ENUM_VALUES + 1)})
+    many = enum.Enum("Many", {f"V{i}": i for i in range(limits.MAX_ENUM_VALUES + 1)})
     assert annotation_schema(many) == INT
 
 
@@ -317,7 +314,7 @@ def test_enum_with_unserializable_values_and_too_many_values() -> None:
     ("Literal[__import__('os')]", {}), ("x" * 5000, {}), ("", {}),
 ])
 def test_string_annotations_are_parsed_not_evaluated(text: str, expected: dict) -> None:
-    assert schemas.string_annotation_schema(text) == expected
+    assert child_schemas.string_annotation_schema(text) == expected
 
 
 def test_unresolvable_string_annotations_fall_back_to_parsing() -> None:
@@ -551,13 +548,13 @@ def test_bfcl_docstrings() -> None:
 
 
 def test_parse_docstring_edge_cases() -> None:
-    assert schemas.parse_docstring(None) == ("", {})
-    assert schemas.parse_docstring("   ") == ("", {})
-    summary, params = schemas.parse_docstring("Only :param-like text in the middle: not a field.")
+    assert child_schemas.parse_docstring(None) == ("", {})
+    assert child_schemas.parse_docstring("   ") == ("", {})
+    summary, params = child_schemas.parse_docstring("Only :param-like text in the middle: not a field.")
     assert summary == "Only :param-like text in the middle: not a field." and params == {}
-    summary, params = schemas.parse_docstring("Sum.\n\nArgs:\n    x (int): X.\n\nTrailing text at the section level.")
+    summary, params = child_schemas.parse_docstring("Sum.\n\nArgs:\n    x (int): X.\n\nTrailing text at the section level.")
     assert summary == "Sum." and params["x"].description == "X."
-    _, params = schemas.parse_docstring("S.\n\nArgs:\n    url: see http://example.org\n    http://not.an/item\n")
+    _, params = child_schemas.parse_docstring("S.\n\nArgs:\n    url: see http://example.org\n    http://not.an/item\n")
     assert list(params) == ["url"] and params["url"].description == "see http://example.org"
 
 
@@ -569,10 +566,10 @@ def test_parse_docstring_edge_cases() -> None:
 ])
 def test_adversarial_docstrings_parse_in_linear_time(doc: str) -> None:
     started = time.perf_counter()
-    summary, params = schemas.parse_docstring(doc)
+    summary, params = child_schemas.parse_docstring(doc)
     assert time.perf_counter() - started < 1.0
-    assert len(summary) <= schemas.MAX_DESCRIPTION_CHARS
-    assert all(len(p.description) <= schemas.MAX_DESCRIPTION_CHARS for p in params.values())
+    assert len(summary) <= limits.MAX_DESCRIPTION_CHARS
+    assert all(len(p.description) <= limits.MAX_DESCRIPTION_CHARS for p in params.values())
 
 
 # -- decorators ------------------------------------------------------------------------------------
@@ -614,7 +611,7 @@ def test_description_caps_and_huge_docstrings_are_cheap() -> None:
     started = time.perf_counter()
     tool = tools_of(Huge)["big"]
     assert time.perf_counter() - started < 2.0
-    assert len(tool["description"]) == schemas.MAX_DESCRIPTION_CHARS
+    assert len(tool["description"]) == limits.MAX_DESCRIPTION_CHARS
     assert tool["parameters"]["properties"]["a"]["description"] == ""
 
     def long_param(self, a: int) -> None:
@@ -622,26 +619,26 @@ def test_description_caps_and_huge_docstrings_are_cheap() -> None:
 
     long_param.__doc__ = "Summary.\n\nArgs:\n    a: " + "x " * 10_000
     assert len(tools_of(type("P", (), {"long_param": long_param}))["long_param"]["parameters"]
-               ["properties"]["a"]["description"]) <= schemas.MAX_DESCRIPTION_CHARS
+               ["properties"]["a"]["description"]) <= limits.MAX_DESCRIPTION_CHARS
 
 
 def test_too_many_tools() -> None:
-    namespace = {f"tool_{i}": (lambda self: None) for i in range(schemas.MAX_TOOLS + 1)}
-    with pytest.raises(SchemaLimitError, match=f"more than {schemas.MAX_TOOLS} public methods"):
+    namespace = {f"tool_{i}": (lambda self: None) for i in range(limits.MAX_TOOLS + 1)}
+    with pytest.raises(SchemaLimitError, match=f"more than {limits.MAX_TOOLS} public methods"):
         describe_class(type("Many", (), namespace))
     del namespace["tool_0"]
-    assert len(describe_class(type("Enough", (), namespace))[0]) == schemas.MAX_TOOLS
+    assert len(describe_class(type("Enough", (), namespace))[0]) == limits.MAX_TOOLS
 
 
 def test_total_size_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schemas, "MAX_SCHEMAS_BYTES", 2000)
+    monkeypatch.setattr(child_schemas, "MAX_SCHEMAS_BYTES", 2000)  # the name it imported from limits
     namespace = {f"tool_{i}": (lambda self, a, b, c: None) for i in range(30)}
     with pytest.raises(SchemaLimitError, match="exceed 2000 bytes"):
         describe_class(type("Wide", (), namespace))
 
 
 def test_too_many_parameters_and_bad_signatures_give_the_fallback_schema() -> None:
-    many = {f"p{i}": int for i in range(schemas.MAX_PARAMS + 1)}
+    many = {f"p{i}": int for i in range(limits.MAX_PARAMS + 1)}
     source_params = ", ".join(many)
     namespace: dict[str, Any] = {}
     exec(f"def wide(self, {source_params}):\n    'Wide tool.'\n", namespace)  # noqa: S102 - our own test code
@@ -731,10 +728,10 @@ def mutate(path: tuple, value: Any) -> dict:
 
 
 @pytest.mark.parametrize("tools", [
-    {"not": "a list"}, "tools", [valid_tool()] * 2, [valid_tool(f"t{i}") for i in range(schemas.MAX_TOOLS + 1)],
+    {"not": "a list"}, "tools", [valid_tool()] * 2, [valid_tool(f"t{i}") for i in range(limits.MAX_TOOLS + 1)],
     [mutate(("type",), "method")], [mutate(("extra",), 1)], [mutate(("function", "name"), "_private")],
     [mutate(("function", "name"), "a b")], [mutate(("function", "name"), 7)],
-    [mutate(("function", "description"), "x" * (schemas.MAX_DESCRIPTION_CHARS + 1))],
+    [mutate(("function", "description"), "x" * (limits.MAX_DESCRIPTION_CHARS + 1))],
     [mutate(("function", "description"), None)], [mutate(("function", "strict"), True)],
     [mutate(("function", "parameters", "type"), "array")],
     [mutate(("function", "parameters", "required"), ["b"])], [mutate(("function", "parameters", "required"), ["a", "a"])],
@@ -746,7 +743,7 @@ def mutate(path: tuple, value: Any) -> dict:
     [mutate(("function", "parameters", "properties", "a", "enum"), [{"a": 1}])],
     [mutate(("function", "parameters", "properties", "a", "enum"), [])],
     [mutate(("function", "parameters", "properties", "a", "anyOf"), [{"type": "string"}])],
-    [mutate(("function", "parameters", "properties", "a", "default"), "x" * (schemas.MAX_DEFAULT_CHARS + 1))],
+    [mutate(("function", "parameters", "properties", "a", "default"), "x" * (limits.MAX_DEFAULT_CHARS + 1))],
     [mutate(("function", "parameters", "properties", "a", "items"), {"items": {"items": {"items": {"items": {
         "items": {"items": {"items": {"items": {}}}}}}}}})],
 ])
@@ -759,13 +756,3 @@ def test_host_accepts_what_the_sandbox_produces() -> None:
     for cls in (Shop, Params, Docs, GorillaStyle, Decorated):
         tools, _ = describe_class(cls)
         assert check_tool_schemas(tools) is tools
-
-
-def test_runner_caps_match_the_schema_module() -> None:
-    tree = ast.parse((Path(DEFINITION_DIR) / "runner" / "runner.py").read_text())
-    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                 and node.targets[0].id.startswith("DESCRIBE_MAX")}
-    assert constants == {"DESCRIBE_MAX_BYTES": schemas.MAX_SCHEMAS_BYTES, "DESCRIBE_MAX_NOTES": schemas.MAX_NOTES}
-    assert "schemas.py" in RUNNER_FILES
-    assert "COPY runner/ " in (Path(DEFINITION_DIR) / "Dockerfile").read_text()  # the folder: one file list

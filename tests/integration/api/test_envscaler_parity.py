@@ -4,7 +4,7 @@ step: observations, state diffs (EnvScaler's ``get_state_diff``), termination an
 The reference is ``tests/support/envscaler_reference.py`` (EnvScaler's RL-environment
 semantics restated as our own code). It runs inside a sandbox through ``POST
 /v1/execute`` (generated code never runs in the test process), renders its diffs with the
-sandbox's own ``render.py``, and prints them as JSON; the same actions then go through
+sandbox's own ``child_render.py``, and prints them as JSON; the same actions then go through
 ``POST /v1/envs/{id}/step`` of an env made from a scenario, and every step is compared.
 """
 
@@ -124,7 +124,7 @@ EPISODES = {
 
 
 def _reference(api: httpx.Client, actions: list[dict]) -> list[dict]:
-    render_source = (DEFINITION_DIR / "runner" / "render.py").read_text()
+    render_source = (DEFINITION_DIR / "runner" / "child_render.py").read_text()
     script = "\n".join([
         "import json, sys, types",
         f"render_module = types.ModuleType('render'); exec({render_source!r}, render_module.__dict__)",

@@ -36,10 +36,10 @@ renders it as ``{"$dict": [["$key", value]]}``, which is unambiguous.
 
 Bounds (a rendering says what it cut; nothing is cut silently)::
 
-    {"$truncated": {"type": "list", "reason": "items", "kept": [first MAX_ITEMS], "dropped": n}}
-    {"$truncated": {"type": "dict", "reason": "items", "kept": {first MAX_ITEMS}, "dropped": n}}
-    {"$truncated": {"type": "Node", "reason": "depth", "repr": "<repr>"}}   (deeper than MAX_DEPTH)
-    {"$truncated": {"type": "str", "reason": "size", "repr": "<start>"}}    (past MAX_BYTES)
+    {"$truncated": {"type": "list", "reason": "items", "kept": [first RENDER_MAX_ITEMS], "dropped": n}}
+    {"$truncated": {"type": "dict", "reason": "items", "kept": {first RENDER_MAX_ITEMS}, "dropped": n}}
+    {"$truncated": {"type": "Node", "reason": "depth", "repr": "<repr>"}}   (deeper than RENDER_MAX_DEPTH)
+    {"$truncated": {"type": "str", "reason": "size", "repr": "<start>"}}    (past RENDER_MAX_BYTES)
 
 :func:`render` returns ``(rendering, truncated)``; ``truncated`` is True when any marker was
 produced. JSON-native values are never cut (they are stored and served exactly).
@@ -52,16 +52,12 @@ import json
 import math
 import sys
 
-MAX_DEPTH = 64
-"""Containers and objects nested deeper than this are rendered as a ``depth`` marker
-(the wire protocol allows 200 levels; a rendering sits a few levels down a frame)."""
-MAX_ITEMS = 100_000
-"""Items of one container rendered; the rest is counted in an ``items`` marker."""
-MAX_BYTES = 8 * 1024 * 1024
-"""Approximate budget (UTF-8 bytes of strings, keys and scalars) of one attribute's
-rendering; values past it become ``size`` markers."""
-MAX_REPR_CHARS = 4096
-"""Longest ``repr`` kept in a ``$repr`` or marker."""
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
+
 
 LOCAL_MODULES = ("builtins", None, "dynamic_env", "sandpit_env", "__main__")
 """Modules whose classes are named without the module: builtins, the environment's own
@@ -100,7 +96,7 @@ def type_name(value: object) -> str:
     return name[:200]
 
 
-def bounded_repr(value: object, limit: int = MAX_REPR_CHARS) -> str:
+def bounded_repr(value: object, limit: int = RENDER_MAX_REPR_CHARS) -> str:
     """``repr(value)`` cut to ``limit`` characters; a ``repr`` that raises gives a placeholder."""
     try:
         text = repr(value)
@@ -115,7 +111,7 @@ class _Renderer:
     """One rendering pass: the byte budget, the path of open containers (for cycles)."""
 
     def __init__(self) -> None:
-        self.budget = MAX_BYTES
+        self.budget = RENDER_MAX_BYTES
         self.truncated = False
         self.open: dict[int, str] = {}
         """id() of each container being rendered -> its path."""
@@ -147,7 +143,7 @@ class _Renderer:
             return {"$float": "nan" if value != value else ("inf" if value > 0 else "-inf")}
         if self.budget < 0:
             return self.marker(value, "size", repr=bounded_repr(value, 200))
-        if depth >= MAX_DEPTH:
+        if depth >= RENDER_MAX_DEPTH:
             return self.marker(value, "depth", repr=bounded_repr(value, 200))
         simple = self.simple(value)
         if simple is not None:
@@ -227,8 +223,8 @@ class _Renderer:
             items = list(dict.items(value))
         except Exception:  # noqa: BLE001 - mutated while rendering
             return {"$repr": {"type": type_name(value), "repr": bounded_repr(value)}}
-        dropped = max(0, len(items) - MAX_ITEMS)
-        items = items[:MAX_ITEMS]
+        dropped = max(0, len(items) - RENDER_MAX_ITEMS)
+        items = items[:RENDER_MAX_ITEMS]
         if all(type(key) is str for key, _ in items) and not ambiguous_dict(value):
             out: dict[str, object] = {}
             for key, item in items:
@@ -248,8 +244,8 @@ class _Renderer:
             items = list(value)
         except Exception:  # noqa: BLE001
             return {"$repr": {"type": type_name(value), "repr": bounded_repr(value)}}
-        dropped = max(0, len(items) - MAX_ITEMS)
-        rendered = [self.render(item, depth + 1, f"{path}[{i}]") for i, item in enumerate(items[:MAX_ITEMS])]
+        dropped = max(0, len(items) - RENDER_MAX_ITEMS)
+        rendered = [self.render(item, depth + 1, f"{path}[{i}]") for i, item in enumerate(items[:RENDER_MAX_ITEMS])]
         out: object = rendered if tag is None else {tag: rendered}
         if dropped:
             return self.marker(value, "items", kept=out, dropped=dropped)
@@ -260,8 +256,8 @@ class _Renderer:
             items = list(value)
         except Exception:  # noqa: BLE001
             return {"$repr": {"type": type_name(value), "repr": bounded_repr(value)}}
-        dropped = max(0, len(items) - MAX_ITEMS)
-        rendered = [self.render(item, depth + 2, f"{path}{{}}") for item in items[:MAX_ITEMS]]
+        dropped = max(0, len(items) - RENDER_MAX_ITEMS)
+        rendered = [self.render(item, depth + 2, f"{path}{{}}") for item in items[:RENDER_MAX_ITEMS]]
         rendered.sort(key=_sort_key)
         tag = "$frozenset" if isinstance(value, frozenset) else "$set"
         if dropped:
@@ -273,13 +269,13 @@ class _Renderer:
         if attrs is None:
             return {"$repr": {"type": type_name(value), "repr": bounded_repr(value)}}
         out: dict[str, object] = {}
-        for key, item in attrs[:MAX_ITEMS]:
+        for key, item in attrs[:RENDER_MAX_ITEMS]:
             self.spend(len(key))
             out[key] = self.render(item, depth + 2, f"{path}.{key}" if path else key)
         body: dict[str, object] = {"type": type_name(value), "attrs": out}
-        if len(attrs) > MAX_ITEMS:
+        if len(attrs) > RENDER_MAX_ITEMS:
             self.truncated = True
-            body["dropped"] = len(attrs) - MAX_ITEMS
+            body["dropped"] = len(attrs) - RENDER_MAX_ITEMS
         return {"$object": body}
 
 

@@ -1,9 +1,9 @@
 """Session child: the one process in a sandbox that executes untrusted environment code.
 
-Stdlib only; runs inside the sandbox container as a child of the runner (``runner.py``),
+Stdlib only; runs inside the sandbox container as a child of the runner (``pid1_runner.py``),
 one process per session. It is started before any untrusted code exists ("spare"), then
 receives an ``init`` request carrying the environment source (or, as its first and only
-request, a one-shot ``exec``/``checks`` job, handed over to ``oneshot.py``). From then on it serves one
+request, a one-shot ``exec``/``checks`` job, handed over to ``child_oneshot.py``). From then on it serves one
 request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON frames, see
 ``protocol.py``). fd 0 is /dev/null and fds 1/2 are pipes the runner reads and caps, so
 nothing the environment prints can reach the protocol channel.
@@ -19,15 +19,15 @@ Semantics follow EnvScaler:
   traceback and the episode goes on;
 - state: ``vars(instance)`` without dunder keys (EnvScaler ``get_state_info``): ``_private``
   attributes are state too;
-- tools: ``describe`` answers the OpenAI tool schemas of the class (``schemas.py``). An
+- tools: ``describe`` answers the OpenAI tool schemas of the class (``child_schemas.py``). An
   ``init`` with ``describe_only`` loads the module and checks the class but never
   instantiates it (registration has no ``init_config``); such a session only describes.
 
 State encoding (one entry per attribute), used for deltas, snapshots and restore:
 ``["j", value]`` JSON-native value (exact types: dict with str keys, list, str, int,
 float (finite), bool, None; a dict with a single ``$`` key is not JSON-native, see
-``render.py``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
-sandbox) plus its JSON rendering (``render.py``), which is what the host shows;
+``child_render.py``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
+sandbox) plus its JSON rendering (``child_render.py``), which is what the host shows;
 ``["u", rendering]`` not picklable (cannot be restored; the attribute keeps whatever
 ``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
 ``"j"`` value, which UTF-8 cannot carry, arrives as ``?``.
@@ -45,6 +45,24 @@ import sys
 import time
 import types
 
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import (
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        JSON_NATIVE_MAX_DEPTH,
+        KEYED_MIN_BYTES,
+        SESSION_TRACEBACK_CHARS,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import (
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        JSON_NATIVE_MAX_DEPTH,
+        KEYED_MIN_BYTES,
+        SESSION_TRACEBACK_CHARS,
+    )
+
 # pickle, base64 and traceback are imported where used: most sessions never need them,
 # and every spare process would pay for them at start (CPU of the sandbox's quota).
 
@@ -54,10 +72,6 @@ MODULE_NAME = "dynamic_env"
 LEGACY_MODULE_NAMES = ("sandpit_env",)
 """Earlier names of the module, kept as aliases so pickles in older snapshots load."""
 JSON_SCALARS = (str, int, float, bool, type(None))
-TRACEBACK_LIMIT_BYTES = 4096
-JSON_NATIVE_MAX_DEPTH = 100
-"""JSON values nested deeper than this are pickled (and rendered with a depth marker)
-rather than sent as ``"j"``: frames may nest at most ``protocol.MAX_DEPTH`` levels."""
 
 HEADER_SIZE = 4
 IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -69,7 +83,7 @@ the standard library. Not a boundary: environment code could append it itself.""
 def _json_native(value: object) -> bool:
     """True when ``value`` round-trips through JSON with exact types and reads back as
     itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
-    ``render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
+    ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -133,7 +147,7 @@ Encoding = tuple
 
 
 def _rendering(value: object) -> str:
-    """JSON text of ``value``'s rendering (``render.py``)."""
+    """JSON text of ``value``'s rendering (``child_render.py``)."""
     rendered, _truncated = _render().render(value)
     return _dumps(rendered)
 
@@ -172,10 +186,6 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
     return ("p", encoded, _rendering(value))
 
 
-KEYED_MIN_BYTES = 32 * 1024
-"""JSON objects whose encoding is at least this large are tracked key by key: a call that
-changes a few records sends ``["k", {"set": {key: value}, "del": [key]}]`` instead of the
-whole object (runner and host merge it into their snapshots)."""
 _MISSING = object()
 
 
@@ -297,7 +307,7 @@ class Session:
 
     def state_json(self) -> str:
         """The current state's rendering (what the host shows): JSON-native attributes as
-        they are, others as their ``render.py`` rendering."""
+        they are, others as their ``child_render.py`` rendering."""
         parts = []
         for name, value in self.state_attrs().items():
             enc = self.cache.get(name)
@@ -353,7 +363,7 @@ class Session:
     def op_describe(self) -> tuple[str, str, list[str]]:
         """Tool schemas of the class (``describe_only``) or of the instance's type:
         ``("ok", JSON text of the tool list, notes)``, or ``("rejected", observation, [])``
-        when the class exceeds a cap of ``schemas.py``."""
+        when the class exceeds a cap of ``child_schemas.py``."""
         schemas = _schemas()
         target = self.cls if self.describe_only else type(self.instance)
         try:
@@ -385,18 +395,18 @@ def _schemas() -> types.ModuleType:
     """The schema module, imported on first use (sessions that only call never pay for
     ``inspect``/``typing``): a sibling file in the sandbox, a package module on the host."""
     if __package__:
-        from . import schemas
+        from . import child_schemas as schemas
     else:  # run as a script: its directory is sys.path[0]
-        import schemas  # type: ignore[no-redef]
+        import child_schemas as schemas  # type: ignore[no-redef]
     return schemas
 
 
 def _render() -> types.ModuleType:
     """The rendering module, imported on first use like :func:`_schemas`."""
     if __package__:
-        from . import render
+        from . import child_render as render
     else:
-        import render  # type: ignore[no-redef]
+        import child_render as render  # type: ignore[no-redef]
     return render
 
 
@@ -404,9 +414,9 @@ def _oneshot() -> types.ModuleType:
     """The one-shot job module (scripts, check functions), imported on first use like
     :func:`_schemas`."""
     if __package__:
-        from . import oneshot
+        from . import child_oneshot as oneshot
     else:
-        import oneshot  # type: ignore[no-redef]
+        import child_oneshot as oneshot  # type: ignore[no-redef]
     return oneshot
 
 
@@ -424,11 +434,11 @@ def instantiate(cls: type, init_config: dict) -> object:
 
 
 def _confine() -> types.ModuleType:
-    """The seccomp module (``confine.py``), a sibling file like :func:`_schemas`."""
+    """The seccomp module (``child_confine.py``), a sibling file like :func:`_schemas`."""
     if __package__:
-        from . import confine
+        from . import child_confine as confine
     else:
-        import confine  # type: ignore[no-redef]
+        import child_confine as confine  # type: ignore[no-redef]
     return confine
 
 
@@ -437,10 +447,10 @@ def _bounded_traceback(exc: BaseException) -> str:
 
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
     text = "".join(line for line in lines if "sandbox_images/runner" not in line and "/opt/sandpit/" not in line)
-    if len(text) > TRACEBACK_LIMIT_BYTES:  # keep where it started and where it failed
-        head = TRACEBACK_LIMIT_BYTES // 4
-        tail = TRACEBACK_LIMIT_BYTES - head
-        text = text[:head] + f"\n...[{len(text) - TRACEBACK_LIMIT_BYTES} characters cut]...\n" + text[-tail:]
+    if len(text) > SESSION_TRACEBACK_CHARS:  # keep where it started and where it failed
+        head = SESSION_TRACEBACK_CHARS // 4
+        tail = SESSION_TRACEBACK_CHARS - head
+        text = text[:head] + f"\n...[{len(text) - SESSION_TRACEBACK_CHARS} characters cut]...\n" + text[-tail:]
     return text
 
 
@@ -479,7 +489,7 @@ def harden(limits: dict) -> None:
     Memory: ``session_memory_bytes`` as RLIMIT_DATA, or as RLIMIT_AS when
     ``memory_rlimit`` is ``"as"`` (gVisor ignores RLIMIT_DATA and checks RLIMIT_AS at
     every mmap/brk). Over it an allocation fails with MemoryError (status ``oom``).
-    Then the seccomp filter of ``confine.py`` (no SysV IPC, POSIX message queues or
+    Then the seccomp filter of ``child_confine.py`` (no SysV IPC, POSIX message queues or
     keyrings, which would outlive the session's processes; no changing another
     process's limits or priority); if it cannot be installed the process exits (status
     70) rather than run code unconfined."""
@@ -488,7 +498,7 @@ def harden(limits: dict) -> None:
         kind = resource.RLIMIT_AS if limits.get("memory_rlimit") == "as" else resource.RLIMIT_DATA
         resource.setrlimit(kind, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    nofile = int(limits.get("session_nofile", 256))
+    nofile = int(limits.get("session_nofile", DEFAULT_SESSION_NOFILE))
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     try:  # non-dumpable: other sessions (same uid) cannot ptrace us or read /proc/<pid>/*
         import ctypes
@@ -507,7 +517,7 @@ def harden(limits: dict) -> None:
 
 
 def serve(session: Session) -> None:
-    max_obs = int(session.limits.get("observation_cap_bytes", 1 << 20))
+    max_obs = int(session.limits.get("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES))
     while True:
         try:
             msg = session.recv()
@@ -576,7 +586,7 @@ def _describe(session: Session, request_id: str) -> None:
     except MemoryError:
         raise
     except BaseException as exc:  # noqa: BLE001 - hostile classes: reported, not fatal
-        status, text, notes = "error", _error_observation(exc)[:TRACEBACK_LIMIT_BYTES], []
+        status, text, notes = "error", _error_observation(exc)[:SESSION_TRACEBACK_CHARS], []
         traceback_text: str | None = _bounded_traceback(exc)
     else:
         traceback_text = None

@@ -30,7 +30,7 @@ writable place is emptied and checked:
 A tmpfs directory's ``st_size`` is 20 bytes per entry (plus 40), in Linux and in gVisor
 alike, so ``/work`` (which nobody may list: mode 1733) can be proven empty without
 listing it. SysV IPC and POSIX message queues cannot be listed under gVisor; there the
-guarantee is that session processes cannot create any (``confine.py``'s seccomp filter).
+guarantee is that session processes cannot create any (``child_confine.py``'s seccomp filter).
 Whatever cannot be emptied or proven empty is reported as a problem: the host then
 destroys the sandbox instead of reusing it.
 """
@@ -45,8 +45,12 @@ import stat
 import time
 from collections.abc import Callable
 
-SWEEP_DEADLINE_S = 5.0
-"""Longest wait for killed processes to die (seconds); past it the sweep fails."""
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import SWEEP_DEADLINE_S
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import SWEEP_DEADLINE_S
+
 SCRUB_DIRS = ("/tmp", "/dev/shm")
 """Listable shared tmpfs directories emptied entry by entry."""
 MQUEUE_DIR = "/dev/mqueue"
@@ -144,7 +148,7 @@ def kill_all(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
 
 def _own_settings() -> dict[str, object]:
     """This process's resource limits, nice value, scheduling policy and CPU affinity:
-    what another process of the same uid could change (``confine.py`` forbids it to
+    what another process of the same uid could change (``child_confine.py`` forbids it to
     sessions; :func:`reset` checks it stayed)."""
     out: dict[str, object] = {}
     for name in dir(resource):

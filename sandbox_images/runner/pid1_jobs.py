@@ -1,6 +1,6 @@
 """One-shot jobs of the runner (PID 1): scripts and check-function batches, each in a
 fresh process that never served an environment session. Stdlib only; runs in the runner
-process and never executes job code (that happens in the child, ``oneshot.py``).
+process and never executes job code (that happens in the child, ``child_oneshot.py``).
 
 A job takes a pre-started spare process (the runner's ``Child``), gives it a private
 empty work directory under ``/work`` and one request, and watches it with the same
@@ -25,7 +25,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
           duration_ms, stdout, stderr}], restarts}
       The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
       ``source`` is the environment's code, loaded only to unpickle instances of its
-      classes. One job process (``oneshot.py``'s zygote) restores the states once and
+      classes. One job process (``child_oneshot.py``'s zygote) restores the states once and
       runs every check in a fresh process forked from it, one after the other: after each
       result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
       (so each check's output is attributed to it and no process of one check outlives
@@ -36,7 +36,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
       ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
       ``timeout`` ("not run").
 
-Requests that are malformed (types, caps of ``oneshot.py``) get ``status: "fault"``.
+Requests that are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
 """
 
 from __future__ import annotations
@@ -47,23 +47,40 @@ import selectors
 import signal
 import time
 
-if __package__:  # imported on the host (unit tests): a package module
-    from . import oneshot, protocol
-else:  # in the sandbox: runner.py put this directory on sys.path
-    import oneshot  # type: ignore[no-redef]
-    import protocol  # type: ignore[no-redef]
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from . import protocol
+    from .limits import (
+        BATCH_SLACK_S,
+        CHECK_OUTPUT_CAP_BYTES,
+        CHECK_RESULT_TEXT_CAPS,
+        DRAIN_MAX_READS,
+        JOB_MAX_FRAME_BYTES,
+        JOBS_PER_SLOT,
+        MAX_CHECK_SOURCE_BYTES,
+        MAX_CHECKS,
+        MAX_CODE_BYTES,
+        MAX_STDIN_BYTES,
+        STARTUP_S,
+        check_files,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import protocol
+    from limits import (
+        BATCH_SLACK_S,
+        CHECK_OUTPUT_CAP_BYTES,
+        CHECK_RESULT_TEXT_CAPS,
+        DRAIN_MAX_READS,
+        JOB_MAX_FRAME_BYTES,
+        JOBS_PER_SLOT,
+        MAX_CHECK_SOURCE_BYTES,
+        MAX_CHECKS,
+        MAX_CODE_BYTES,
+        MAX_STDIN_BYTES,
+        STARTUP_S,
+        check_files,
+    )
 
-CHILD_MAX_FRAME = 1024 * 1024
-"""Largest frame a job process may send (one check's result is a few KiB)."""
-BATCH_SLACK_S = oneshot.BATCH_SLACK_S
-STARTUP_S = oneshot.STARTUP_S
-"""Time a checks zygote has, on top of a check's own limit, to start and restore the states
-before it says ``ready``; a check's time limit counts from then."""
-JOBS_PER_SLOT = 8
-"""Concurrent jobs per session slot of the sandbox (``max_sessions``)."""
-DRAIN_MAX_READS = 64
-"""Reads of a pipe when a job ends (64 KiB each): bounded even if an escaped process
-keeps writing into it."""
 CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
 
 
@@ -128,7 +145,7 @@ class Job:
 class Jobs:
     """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
     ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
-    ``runner.py``)."""
+    ``pid1_runner.py``)."""
 
     def __init__(self, runner, work_root: str, oom_kills) -> None:
         self.runner = runner
@@ -168,7 +185,7 @@ class Jobs:
         os.mkdir(workdir, 0o700)
         cap = int(self.runner.limits["output_cap_bytes"])
         if op == "checks":
-            cap = min(cap, oneshot.CHECK_OUTPUT_CAP_BYTES)
+            cap = min(cap, CHECK_OUTPUT_CAP_BYTES)
         job = Job(op, rid, workdir, timeout_s, cap)
         job.request = request
         self.active.append(job)
@@ -189,7 +206,7 @@ class Jobs:
         except OSError as exc:
             self._no_process(job, f"could not start a process: {exc}")
             return False
-        child.frames = protocol.FrameBuffer(CHILD_MAX_FRAME)
+        child.frames = protocol.FrameBuffer(JOB_MAX_FRAME_BYTES)
         job.child = child
         job.token = secrets.token_hex(16)
         job.ctrl_open = True
@@ -523,12 +540,12 @@ def _unregister(sel, obj) -> None:
 def _exec_request(msg: dict) -> dict:
     """The fields of an ``exec`` request forwarded to the job process, validated."""
     code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
-    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES:
-        raise ValueError(f"field 'code' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
+        raise ValueError(f"field 'code' must be a string of at most {MAX_CODE_BYTES} bytes")
     if stdin is not None and (not isinstance(stdin, str)
-                              or len(stdin.encode("utf-8", "replace")) > oneshot.MAX_STDIN_BYTES):
-        raise ValueError(f"field 'stdin' must be a string of at most {oneshot.MAX_STDIN_BYTES} bytes")
-    files = oneshot.check_files({} if files is None else files)
+                              or len(stdin.encode("utf-8", "replace")) > MAX_STDIN_BYTES):
+        raise ValueError(f"field 'stdin' must be a string of at most {MAX_STDIN_BYTES} bytes")
+    files = check_files({} if files is None else files)
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
@@ -536,22 +553,22 @@ def _checks_request(msg: dict) -> dict:
     """The fields of a ``checks`` request forwarded to the job process, validated (the
     states' sizes were bounded by the host frame cap)."""
     checks = msg.get("checks")
-    if not isinstance(checks, list) or not 1 <= len(checks) <= oneshot.MAX_CHECKS:
-        raise ValueError(f"field 'checks' must be a list of 1 to {oneshot.MAX_CHECKS} checks")
+    if not isinstance(checks, list) or not 1 <= len(checks) <= MAX_CHECKS:
+        raise ValueError(f"field 'checks' must be a list of 1 to {MAX_CHECKS} checks")
     sources = []
     for index, check in enumerate(checks):
         source = check.get("check_func") if isinstance(check, dict) else None
-        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > oneshot.MAX_CHECK_SOURCE_BYTES:
+        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > MAX_CHECK_SOURCE_BYTES:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
-                             f"{oneshot.MAX_CHECK_SOURCE_BYTES} bytes")
+                             f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
     initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
     for name, state in (("initial_state", initial), ("final_state", final)):
         if not isinstance(state, dict) or not all(_encoded_entry(entry) for entry in state.values()):
             raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
     if source is not None and (not isinstance(source, str)
-                               or len(source.encode("utf-8", "replace")) > oneshot.MAX_CODE_BYTES):
-        raise ValueError(f"field 'source' must be a string of at most {oneshot.MAX_CODE_BYTES} bytes")
+                               or len(source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
+        raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
     return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
 
 
@@ -574,8 +591,7 @@ def _check_result(msg: dict, index: int) -> dict | None:
     if type(passed) is not bool or type(duration) not in (int, float) or not 0 <= duration < 1e9:
         return None
     fields = {}
-    for name, cap in (("result", oneshot.RESULT_REPR_CHARS + 8), ("error", oneshot.ERROR_CHARS),
-                      ("traceback", oneshot.TRACEBACK_CHARS + 200)):
+    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
         value = msg.get(name)
         if value is not None and not isinstance(value, str):
             return None

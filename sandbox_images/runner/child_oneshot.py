@@ -1,10 +1,9 @@
 """One-shot jobs of a fresh sandbox process: scripts (``exec``) and check functions (``checks``).
 
 Stdlib only. Runs inside a sandbox, in a process the runner took from its pre-started
-spares (``session.py``, which hands its first request over to :func:`run_job` when that
+spares (``child_session.py``, which hands its first request over to :func:`run_job` when that
 request is ``exec`` or ``checks``): such a process never served an environment and
-serves this one job only, then exits. The host imports this module for its caps and its
-path check (:func:`check_file_path`), never to run anything.
+serves this one job only, then exits. Its caps are in ``limits.py``.
 
 ``exec`` (``{workdir, code, stdin, files}``): ``code`` runs as a script, like ``python3 -I
 main.py``: ``__name__ == "__main__"`` in a fresh ``__main__`` module, ``sys.argv ==
@@ -19,14 +18,14 @@ an uncaught ``MemoryError``, which the runner reports as ``oom`` instead of ``er
 ``checks`` (``{workdir, initial_state, final_state, source?, checks: [{index,
 check_func}]}``), EnvScaler's rule-based reward. The states are *encoded* states (one
 entry per attribute: ``["j", value]``, ``["p", base64 pickle]``, ``["u", rendering]``, see
-``session.py``) and are restored here as real Python objects: pickles are unpickled (sets,
+``child_session.py``) and are restored here as real Python objects: pickles are unpickled (sets,
 dates, instances...), so a check sees exactly what EnvScaler's in-process check sees
 (``isinstance(x, set)``, ``date`` comparisons, attribute access). When a pickle refers to a
 class of the environment's own module (or of a module that module creates when it loads,
 as BFCL's environments do), that module is loaded from ``source`` first (its module-level
 code runs here; the class is never instantiated and no tool is called).
 ``"u"`` attributes (not picklable) arrive as their rendering. ``"j"`` values that are tags
-of ``render.py`` (only possible in states a caller wrote by hand, e.g. validation cases)
+of ``child_render.py`` (only possible in states a caller wrote by hand, e.g. validation cases)
 are turned back into the objects they stand for (:func:`unrender`).
 
 This process (the *zygote*) restores both states once, then runs each check in a fresh
@@ -68,117 +67,35 @@ import sys
 import time
 import types
 
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import (
+        CHECK_RESULT_MAX_BYTES,
+        CHECK_RESULT_TEXT_CAPS,
+        ERROR_CHARS,
+        FORK_RETRY_S,
+        RESULT_REPR_CHARS,
+        TRACEBACK_CHARS,
+        check_files,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import (
+        CHECK_RESULT_MAX_BYTES,
+        CHECK_RESULT_TEXT_CAPS,
+        ERROR_CHARS,
+        FORK_RETRY_S,
+        RESULT_REPR_CHARS,
+        TRACEBACK_CHARS,
+        check_files,
+    )
+
 # traceback and linecache are imported when an exception is reported (start-up cost).
 
-MAX_CHECKS = 256
-"""Checks in one ``checks`` request."""
-MAX_CHECK_SOURCE_BYTES = 64 * 1024
-"""UTF-8 size of one ``check_func`` source."""
-MAX_CHECK_ITEM_CHARS = 4096
-"""Length of one ``check_item`` (the check's description; never sent to the sandbox)."""
-MAX_STATE_BYTES = 16 * 1024 * 1024
-"""JSON size of ``initial_state`` and of ``final_state``, each."""
-RESULT_REPR_CHARS = 1024
-"""A check's returned value is reported as its ``repr``, cut to this many characters."""
-ERROR_CHARS = 4096
-"""Cap on one check's ``error`` text."""
-TRACEBACK_CHARS = 4096
-"""Cap on one check's traceback (head and tail are kept)."""
-STARTUP_S = 5.0
-"""Time a checks process has to start and restore both states before its first check's
-own time limit starts (it says ``ready``); included in the batch's budget."""
-BATCH_SLACK_S = 5.0
-"""A check batch may take ``timeout_s`` per check plus this many seconds in all (process
-starts after timeouts and crashes); checks not started by then are not run."""
-CHECK_OUTPUT_CAP_BYTES = 4096
-"""What one check prints is kept up to this many bytes per stream (and at most the
-profile's ``output_cap_bytes``); the rest is dropped and marked."""
-
-MAX_CODE_BYTES = 4 * 1024 * 1024
-"""UTF-8 size of an ``exec`` script."""
-MAX_STDIN_BYTES = 4 * 1024 * 1024
-"""UTF-8 size of an ``exec`` job's stdin."""
-MAX_FILES = 64
-"""Files written into an ``exec`` job's working directory."""
-MAX_FILE_BYTES = 4 * 1024 * 1024
-"""UTF-8 size of one file."""
-MAX_FILES_TOTAL_BYTES = 8 * 1024 * 1024
-"""UTF-8 size of all files of one job (the work tmpfs may be smaller: the profile's
-``tmpfs_mib``)."""
-MAX_PATH_CHARS = 1024
-MAX_PATH_DEPTH = 16
-MAX_NAME_BYTES = 255
-
 CTRL_FD = 3
-"""The runner channel of a job process (``session.CTRL_FD``)."""
+"""The runner channel of a job process (``child_session.CTRL_FD``)."""
 SCRIPT_NAME = "main.py"
 CHECK_FILENAME = "<check_func>"
 HEADER_SIZE = 4
-
-
-def check_file_path(path: object) -> str:
-    """Validate one key of an ``exec`` job's ``files``: a relative POSIX path inside the
-    working directory. Returns it unchanged.
-
-    Rejected (``ValueError`` naming the path): not a string; empty; longer than
-    ``MAX_PATH_CHARS``; absolute; empty, ``.`` or ``..`` components (so also ``a//b`` and a
-    trailing ``/``); more than ``MAX_PATH_DEPTH`` components; a component over
-    ``MAX_NAME_BYTES`` bytes; NUL, other control characters, backslashes, or text that
-    is not encodable as UTF-8 (lone surrogates).
-    """
-    if not isinstance(path, str):
-        raise ValueError(f"file path {path!r} is not a string")
-    shown = repr(path[:80])
-    if not path or len(path) > MAX_PATH_CHARS:
-        raise ValueError(f"file path {shown} must have 1 to {MAX_PATH_CHARS} characters")
-    if any(ord(ch) < 0x20 or ch in "\x7f\\" for ch in path):
-        raise ValueError(f"file path {shown} contains a control character or a backslash")
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"file path {shown} is not valid text") from None
-    if path.startswith("/"):
-        raise ValueError(f"file path {shown} is absolute; paths are relative to the working directory")
-    parts = path.split("/")
-    if len(parts) > MAX_PATH_DEPTH:
-        raise ValueError(f"file path {shown} is nested deeper than {MAX_PATH_DEPTH} levels")
-    for part in parts:
-        if part in ("", ".", ".."):
-            raise ValueError(f"file path {shown} has an empty, '.' or '..' component")
-        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
-            raise ValueError(f"file path {shown} has a component over {MAX_NAME_BYTES} bytes")
-    return path
-
-
-def check_files(files: object) -> dict[str, str]:
-    """Validate an ``exec`` job's ``files`` (``{relative path: text}``) against every cap
-    above; a path may not be both a file and a directory (``a`` and ``a/b``). Returns
-    ``files`` unchanged. Raises ``ValueError`` naming the first offending entry."""
-    if not isinstance(files, dict):
-        raise ValueError("files must be an object mapping relative paths to text")
-    if len(files) > MAX_FILES:
-        raise ValueError(f"at most {MAX_FILES} files may be given (got {len(files)})")
-    total = 0
-    for path, text in files.items():
-        check_file_path(path)
-        if not isinstance(text, str):
-            raise ValueError(f"file {path[:80]!r}: content must be text")
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError:
-            raise ValueError(f"file {path[:80]!r}: content is not valid text") from None
-        if size > MAX_FILE_BYTES:
-            raise ValueError(f"file {path[:80]!r} has {size} bytes; at most {MAX_FILE_BYTES} are allowed")
-        total += size
-    if total > MAX_FILES_TOTAL_BYTES:
-        raise ValueError(f"files total {total} bytes; at most {MAX_FILES_TOTAL_BYTES} are allowed")
-    for path in files:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            if "/".join(parts[:depth]) in files:
-                raise ValueError(f"file path {path[:80]!r} lies under {'/'.join(parts[:depth])[:80]!r}, "
-                                 "which is a file")
-    return files
 
 
 def bounded_repr(value: object, limit: int = RESULT_REPR_CHARS) -> str:
@@ -246,10 +163,10 @@ def syntax_error_text(exc: SyntaxError | ValueError) -> str:
 
 
 ENV_MODULE = "dynamic_env"
-"""Name of the environment's module in sessions (``session.MODULE_NAME``): pickles of
+"""Name of the environment's module in sessions (``child_session.MODULE_NAME``): pickles of
 instances of its classes refer to it."""
 ENV_MODULE_ALIASES = ("sandpit_env",)
-"""Earlier names of that module (``session.LEGACY_MODULE_NAMES``)."""
+"""Earlier names of that module (``child_session.LEGACY_MODULE_NAMES``)."""
 
 
 class StateError(Exception):
@@ -320,7 +237,7 @@ def decode_state(encoded: dict, source: str | None) -> dict:
 
 
 def unrender(value: object) -> object:
-    """Objects back from a rendering's tags (``render.py``) where Python can rebuild them:
+    """Objects back from a rendering's tags (``child_render.py``) where Python can rebuild them:
     sets, frozensets, tuples, bytes, dates and times, Decimal, Fraction, complex, UUID,
     non-finite floats, dicts with non-str keys; ``$object`` becomes a
     ``types.SimpleNamespace`` of its attributes, ``$enum`` its value; ``$repr``,
@@ -653,10 +570,6 @@ def run_checks(msg: dict, channel: _Channel) -> None:
             return
 
 
-RESULT_FRAME_MAX_BYTES = 64 * 1024
-"""Most bytes the zygote reads from a check process's result pipe."""
-
-
 def _forked_check(source: str, initial: object, final: object) -> dict:
     """Run one check in a fresh process forked from this one; its result fields,
     validated. The child writes one length-prefixed JSON object to a private socket and
@@ -711,11 +624,6 @@ def _forked_check(source: str, initial: object, final: object) -> dict:
     return out
 
 
-FORK_RETRY_S = 2.0
-"""How long the zygote retries a fork that fails for want of a pid (strays of an earlier
-check not reaped yet); then the check is reported ``crashed``."""
-
-
 def _fork() -> int:
     """``os.fork()``, retried on EAGAIN for up to FORK_RETRY_S seconds."""
     deadline = time.monotonic() + FORK_RETRY_S
@@ -731,7 +639,7 @@ def _fork() -> int:
 def _await_result(read_fd: int, pid: int) -> tuple[bytes | None, int | None]:
     """Read the check process's one frame from ``read_fd``: ``(body, None)`` once it is
     complete, ``(None, wait status)`` when the process died without one (or sent more than
-    RESULT_FRAME_MAX_BYTES). Polls the process every 50 ms while waiting; closes ``read_fd``."""
+    CHECK_RESULT_MAX_BYTES). Polls the process every 50 ms while waiting; closes ``read_fd``."""
     import select
 
     buffer = b""
@@ -743,7 +651,7 @@ def _await_result(read_fd: int, pid: int) -> tuple[bytes | None, int | None]:
                 buffer += chunk
                 if len(buffer) >= HEADER_SIZE:
                     length = int.from_bytes(buffer[:HEADER_SIZE], "big")
-                    if length > RESULT_FRAME_MAX_BYTES:
+                    if length > CHECK_RESULT_MAX_BYTES:
                         return None, _kill_and_wait(pid)
                     if len(buffer) >= HEADER_SIZE + length:
                         return buffer[HEADER_SIZE:HEADER_SIZE + length], None
@@ -760,7 +668,7 @@ def _await_result(read_fd: int, pid: int) -> tuple[bytes | None, int | None]:
                     buffer += chunk
                 if len(buffer) >= HEADER_SIZE:
                     length = int.from_bytes(buffer[:HEADER_SIZE], "big")
-                    if length <= RESULT_FRAME_MAX_BYTES and len(buffer) >= HEADER_SIZE + length:
+                    if length <= CHECK_RESULT_MAX_BYTES and len(buffer) >= HEADER_SIZE + length:
                         return buffer[HEADER_SIZE:HEADER_SIZE + length], wait_status
                 return None, wait_status
     finally:
@@ -792,7 +700,7 @@ def _result_fields(raw: bytes) -> dict | None:
         return None
     out = {"status": message["status"], "passed": passed and message["status"] == "ok",
            "duration_ms": float(duration)}
-    for name, cap in (("result", RESULT_REPR_CHARS + 8), ("error", ERROR_CHARS), ("traceback", TRACEBACK_CHARS + 200)):
+    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
         value = message.get(name)
         if value is not None and type(value) is not str:
             return None
@@ -801,7 +709,7 @@ def _result_fields(raw: bytes) -> dict | None:
 
 
 def run_job(msg: dict, ctrl_fd: int) -> None:
-    """Entry point from ``session.py`` for a spare whose first request is ``exec`` or
+    """Entry point from ``child_session.py`` for a spare whose first request is ``exec`` or
     ``checks``. Never returns: ``exec`` ends through ``SystemExit`` (normal interpreter
     shutdown), ``checks`` through ``os._exit``."""
     channel = _Channel(ctrl_fd)

@@ -1,6 +1,6 @@
 """OpenAI function-calling tool schemas of an environment class, derived by introspection.
 
-Stdlib only (Python 3.11). Inside a sandbox, the session child (``session.py``) runs
+Stdlib only (Python 3.11). Inside a sandbox, the session child (``child_session.py``) runs
 :func:`describe_class` on the untrusted environment class: nothing here ever runs on the
 host with untrusted code. The host imports this module only for its caps (to validate what
 a sandbox returns) and in unit tests, on trusted test classes.
@@ -42,7 +42,7 @@ Docstrings: Google (``Args:``/``Arguments:``/``Parameters:``/``Keyword Args:`` s
 are of this kind, and their leading ``[Optional]`` marker is dropped), reST (``:param [type] name: text``, ``:type name: type``) and NumPy
 (``Parameters`` underlined by dashes, ``name : type`` then indented text).
 
-Caps: at most MAX_TOOLS tools (more public methods raise :class:`SchemaLimitError`),
+Caps (``limits.py``): at most MAX_TOOLS tools (more public methods raise :class:`SchemaLimitError`),
 descriptions cut at MAX_DESCRIPTION_CHARS, at most MAX_DOC_SCAN_CHARS of a docstring are
 read, the encoded result is at most MAX_SCHEMAS_BYTES (else :class:`SchemaLimitError`).
 A method that cannot be introspected (its signature raises, more than MAX_PARAMS
@@ -63,33 +63,43 @@ import re
 import types
 import typing
 
-MAX_TOOLS = 512
-"""Most public methods a class may have; more raise :class:`SchemaLimitError`."""
-MAX_DESCRIPTION_CHARS = 4096
-"""Longest tool or parameter description, characters; longer ones are cut."""
-MAX_PARAMS = 128
-"""Most parameters described per tool; a method with more gets the fallback schema."""
-MAX_ENUM_VALUES = 256
-"""Most ``enum`` values (Literal/Enum); with more, only the type is given."""
-MAX_ENUM_CHARS = 64 * 1024
-"""Most characters of all string ``enum`` values of one schema together; more: type only."""
-MAX_SCHEMA_DEPTH = 6
-"""Deepest nesting of ``items``/``anyOf`` in one parameter schema; deeper is ``{}``."""
-MAX_ANY_OF = 32
-"""Most members of one ``anyOf``; a larger union is ``{}`` (anything)."""
-MAX_DEFAULT_CHARS = 1024
-"""Longest JSON encoding of a ``default``; longer defaults are left out."""
-MAX_DOC_SCAN_CHARS = 256 * 1024
-"""Characters of a docstring that are parsed; the rest is ignored."""
-MAX_ANNOTATION_CHARS = 1000
-"""Longest string annotation that is parsed; longer ones are unknown types."""
-MAX_SCHEMAS_BYTES = 4 * 1024 * 1024
-"""Largest UTF-8 JSON encoding of the whole tool list; larger raises SchemaLimitError."""
-MAX_NOTES = 64
-"""Most notes returned (each at most MAX_NOTE_CHARS characters)."""
-MAX_NOTE_CHARS = 512
-MAX_NAME_CHARS = 64
-TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .limits import (
+        MAX_ANNOTATION_CHARS,
+        MAX_ANY_OF,
+        MAX_DEFAULT_CHARS,
+        MAX_DESCRIPTION_CHARS,
+        MAX_DOC_SCAN_CHARS,
+        MAX_ENUM_CHARS,
+        MAX_ENUM_VALUES,
+        MAX_NAME_CHARS,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_PARAMS,
+        MAX_SCHEMA_DEPTH,
+        MAX_SCHEMAS_BYTES,
+        MAX_TOOLS,
+    )
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import (
+        MAX_ANNOTATION_CHARS,
+        MAX_ANY_OF,
+        MAX_DEFAULT_CHARS,
+        MAX_DESCRIPTION_CHARS,
+        MAX_DOC_SCAN_CHARS,
+        MAX_ENUM_CHARS,
+        MAX_ENUM_VALUES,
+        MAX_NAME_CHARS,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_PARAMS,
+        MAX_SCHEMA_DEPTH,
+        MAX_SCHEMAS_BYTES,
+        MAX_TOOLS,
+    )
+
+TOOL_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}")
 """Public method names that are valid OpenAI function names (``^[a-zA-Z0-9_-]{1,64}$``)."""
 JSON_TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
 

@@ -9,10 +9,10 @@ length-prefixed JSON requests (``protocol.py``) from one single-threaded event l
                                                ├──► session child 2 ...
                                                └──► spare child (started ahead, no code yet)
 
-Every session is its own child process (``session.py``), own process session, own private
+Every session is its own child process (``child_session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
 RLIMIT_DATA (RLIMIT_AS under gVisor) as its memory limit and a seccomp filter
-(``confine.py``). The host channel is never inherited by a child; each child's
+(``child_confine.py``). The host channel is never inherited by a child; each child's
 stdout/stderr are socketpairs read here and capped per call, so nothing the environment
 prints can forge a protocol message. Replies from a child are matched by a random
 request id; a malformed or oversize frame kills the child.
@@ -24,22 +24,22 @@ in each case the session is re-created from its source and restored to the last 
 snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
 After every call, and before its reply, processes that the call left behind (same
 session id, or escaped into a session of their own) are killed and waited for
-(``cleanup.sweep``).
+(``pid1_cleanup.sweep``).
 
 Host requests (each has an integer ``id``; each reply echoes it):
   open {session, source, class_name, init_config, snapshot?, describe_only?}
       -> {status, observation?, snapshot?}   (describe_only: load the class, never instantiate)
   call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
   describe {session} -> {status, tools, notes} or {status, observation, traceback?}
-      (OpenAI tool schemas of the class; the encoded tools are at most DESCRIBE_MAX_BYTES)
+      (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
   ping {} -> {status, sessions}
   recycle {} -> {status, clean, problems}: once no session or job is left, kill every
-      process but PID 1, empty and prove empty every writable place (``cleanup.reset``);
+      process but PID 1, empty and prove empty every writable place (``pid1_cleanup.reset``);
       ``clean`` False means the host must destroy the sandbox instead of reusing it
   exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
-      time_limit_s}: one-shot jobs, each in a fresh process of its own (``jobs.py``)
+      time_limit_s}: one-shot jobs, each in a fresh process of its own (``pid1_jobs.py``)
 A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
 bad fields); ``message`` says why.
 """
@@ -59,9 +59,29 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cleanup  # noqa: E402
-import jobs  # noqa: E402
+import pid1_cleanup  # noqa: E402
+import pid1_jobs  # noqa: E402
 import protocol  # noqa: E402
+from limits import (  # noqa: E402
+    BROKEN_MAX_CHARS,
+    CHILD_SEND_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_OBSERVATION_CAP_BYTES,
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_SESSION_MEMORY_BYTES,
+    DEFAULT_SESSION_NOFILE,
+    DESCRIBE_ERROR_CHARS,
+    DESCRIBE_TRACEBACK_CHARS,
+    MAX_FRAME_BYTES,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SCHEMAS_BYTES,
+    RECYCLE_MAX_PROBLEMS,
+    SESSION_ID_MAX_CHARS,
+    SPAWN_RETRY_S,
+    TOKEN_MAX_CHARS,
+)
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
 TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
@@ -69,16 +89,11 @@ TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
 soon as the runner has connected: never in the runner's environment, which gVisor's
 /proc/1/environ shows to every process of the same uid (it ignores PR_SET_DUMPABLE)."""
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
-SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import session; session.main()"
-"""How a session process starts: ``session.py`` imported as a module (not run as a
+SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import child_session; child_session.main()"
+"""How a session process starts: ``child_session.py`` imported as a module (not run as a
 script), so its bytecode compiled into the image is used instead of compiling it anew in
 every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
-CHILD_MAX_FRAME = 64 * 1024 * 1024
-CHILD_SEND_TIMEOUT_S = 5.0
-SPAWN_RETRY_S = 2.0
-DESCRIBE_MAX_BYTES = 4_194_304  # == schemas.MAX_SCHEMAS_BYTES (a unit test checks)
-DESCRIBE_MAX_NOTES = 64  # == schemas.MAX_NOTES (a unit test checks)
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -157,7 +172,7 @@ class Child:
         os.set_blocking(err_r, False)
         self.out_r = out_r
         self.err_r = err_r
-        self.frames = protocol.FrameBuffer(CHILD_MAX_FRAME)
+        self.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         self.alive = True
 
     def send(self, message: dict) -> None:
@@ -189,8 +204,8 @@ class Session:
         self.snapshot: dict = {}
         self.broken: str | None = None
         self.opened = False
-        self.out = jobs.Output(limits["output_cap_bytes"])
-        self.err = jobs.Output(limits["output_cap_bytes"])
+        self.out = pid1_jobs.Output(limits["output_cap_bytes"])
+        self.err = pid1_jobs.Output(limits["output_cap_bytes"])
 
 
 class Runner:
@@ -199,7 +214,7 @@ class Runner:
         self.limits = limits
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.host, selectors.EVENT_READ, ("host", None))
-        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", protocol.DEFAULT_MAX_FRAME)))
+        self.host_frames = protocol.FrameBuffer(int(limits.get("max_request_bytes", MAX_FRAME_BYTES)))
         self.sessions: dict[str, Session] = {}
         self.by_pid: dict[int, Session] = {}
         self.spare: Child | None = None
@@ -207,8 +222,8 @@ class Runner:
         self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
-        self.jobs = jobs.Jobs(self, WORK_ROOT, _oom_kills)
-        self.baseline = cleanup.Baseline(WORK_ROOT)
+        self.jobs = pid1_jobs.Jobs(self, WORK_ROOT, _oom_kills)
+        self.baseline = pid1_cleanup.Baseline(WORK_ROOT)
         self.leftovers: list[str] = []
         """Work directories that could not be removed when their session or job ended."""
         self.tainted: list[str] = []
@@ -220,7 +235,7 @@ class Runner:
             "session_memory_bytes": self.limits["session_memory_bytes"],
             "memory_rlimit": self.limits.get("memory_rlimit", "data"),
             "observation_cap_bytes": self.limits["observation_cap_bytes"],
-            "session_nofile": self.limits.get("session_nofile", 256),
+            "session_nofile": self.limits.get("session_nofile", DEFAULT_SESSION_NOFILE),
         }
 
     def _take_child(self) -> Child:
@@ -243,7 +258,7 @@ class Runner:
         """Remove a finished session's or job's work directory; what cannot be removed
         now is retried by ``recycle`` (and makes it report the sandbox unclean)."""
         try:
-            cleanup.remove(path)
+            pid1_cleanup.remove(path)
         except OSError:
             self.leftovers.append(path)
 
@@ -274,7 +289,7 @@ class Runner:
         tracked = set(self.by_pid) | self.jobs.pids()
         if self.spare is not None:
             tracked.add(self.spare.pid)
-        for pid in cleanup.scan():
+        for pid in pid1_cleanup.scan():
             if pid != os.getpid() and pid not in tracked:
                 try:
                     os.waitpid(pid, os.WNOHANG)
@@ -323,7 +338,7 @@ class Runner:
             self.jobs.start(rid, msg)
             return
         sid = msg.get("session")
-        if not isinstance(sid, str) or not sid or len(sid) > 128:
+        if not isinstance(sid, str) or not sid or len(sid) > SESSION_ID_MAX_CHARS:
             self.fault(rid, "field 'session' must be a non-empty string")
             return
         if op == "open":
@@ -385,7 +400,7 @@ class Runner:
         host's last session or job of this sandbox has ended and before the sandbox goes
         back to the warm pool. With no session and no job left: every process but PID 1
         is killed (the spare too, which lived beside the previous sessions), the writable
-        places are emptied and proven empty (``cleanup.reset``), a fresh spare is started.
+        places are emptied and proven empty (``pid1_cleanup.reset``), a fresh spare is started.
         ``clean`` is False (with ``problems`` saying why) when anything could not be
         emptied or proven empty, when a session or job is still open, or when an earlier
         sweep failed: the host then destroys the sandbox instead of reusing it."""
@@ -397,10 +412,10 @@ class Runner:
             self.spare.kill()
             self.spare = None
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
-        problems = list(self.tainted) + cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
+        problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
         self.tainted = problems[:]
-        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:16]})
+        self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:RECYCLE_MAX_PROBLEMS]})
         self._ensure_spare()
 
     # -- dispatch to child -----------------------------------------------------------
@@ -506,7 +521,7 @@ class Runner:
         if kind == "init":
             if status != "ok":
                 if item.get("rid") is None:  # a respawn failed: the session is unusable
-                    session.broken = str(msg.get("observation"))[:2000]
+                    session.broken = str(msg.get("observation"))[:BROKEN_MAX_CHARS]
                     self._detach(session)
                 else:
                     self.reply({"id": rid, "status": status, "observation": msg.get("observation"),
@@ -589,10 +604,10 @@ class Runner:
             self.pump(session)
 
     def sweep_strays(self, session: Session | None = None) -> None:
-        """Kill processes a call left behind, with certainty (``cleanup.sweep``): members
+        """Kill processes a call left behind, with certainty (``pid1_cleanup.sweep``): members
         of ``session``'s process session other than its child, and every process outside
         all known sessions (escaped with setsid). Returns once none of them is alive;
-        if some still live after ``cleanup.SWEEP_DEADLINE_S`` the sandbox is marked
+        if some still live after ``limits.SWEEP_DEADLINE_S`` the sandbox is marked
         tainted and ``recycle`` will refuse it.
 
         Only when the runner is PID 1 of its own pid namespace (always, in a sandbox):
@@ -620,9 +635,9 @@ class Runner:
 
         def reap(pid: int) -> None:
             if pid not in tracked:
-                cleanup.reap_pid(pid)
+                pid1_cleanup.reap_pid(pid)
 
-        if not cleanup.sweep(stray, reap=reap):
+        if not pid1_cleanup.sweep(stray, reap=reap):
             self.tainted.append("a sweep left processes alive")
 
     # -- loop ------------------------------------------------------------------------
@@ -766,26 +781,26 @@ class Runner:
 
 def _describe_reply(rid: object, status: object, msg: dict) -> dict:
     """The host reply to a ``describe`` answered by a child. Nothing the child sends is
-    trusted: ``tools`` must be a list and encode to at most DESCRIBE_MAX_BYTES, ``notes``
+    trusted: ``tools`` must be a list and encode to at most MAX_SCHEMAS_BYTES, ``notes``
     a short list of strings, an error's observation/traceback are cut to 4 KiB; anything
     else becomes an ``error`` result (the host validates each schema's shape)."""
     if status != "ok":
-        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:4096]}
+        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:DESCRIBE_ERROR_CHARS]}
         if isinstance(msg.get("traceback"), str):
-            out["traceback"] = msg["traceback"][:8192]
+            out["traceback"] = msg["traceback"][:DESCRIBE_TRACEBACK_CHARS]
         return out
     tools = msg.get("tools")
     notes = msg.get("notes")
-    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > DESCRIBE_MAX_NOTES:
+    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > MAX_NOTES:
         return {"id": rid, "status": "error", "observation": "Error: malformed describe reply from the session"}
     try:
         size = len(protocol.encode({"tools": tools}, errors="replace"))
     except (TypeError, ValueError, RecursionError):
-        size = DESCRIBE_MAX_BYTES + 1
-    if size > DESCRIBE_MAX_BYTES + 64:  # frame header and key
+        size = MAX_SCHEMAS_BYTES + 1
+    if size > MAX_SCHEMAS_BYTES + 64:  # frame header and key
         return {"id": rid, "status": "error",
-                "observation": f"Error: tool schemas exceed {DESCRIBE_MAX_BYTES} bytes"}
-    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:512] for n in notes]}
+                "observation": f"Error: tool schemas exceed {MAX_SCHEMAS_BYTES} bytes"}
+    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:MAX_NOTE_CHARS] for n in notes]}
 
 
 def connect(path: str, deadline_s: float) -> socket.socket:
@@ -807,7 +822,7 @@ def read_token(path: str = TOKEN_PATH) -> str:
     refuses the hello)."""
     try:
         with open(path) as handle:
-            return handle.read(1024).strip()
+            return handle.read(TOKEN_MAX_CHARS).strip()
     except OSError:
         return ""
 
@@ -815,10 +830,10 @@ def read_token(path: str = TOKEN_PATH) -> str:
 def main() -> None:
     token = read_token()
     limits = json.loads(os.environ.pop("SANDPIT_LIMITS", "{}"))
-    limits.setdefault("call_timeout_s", 10.0)
-    limits.setdefault("session_memory_bytes", 256 * 1024 * 1024)
-    limits.setdefault("output_cap_bytes", 64 * 1024)
-    limits.setdefault("observation_cap_bytes", 1024 * 1024)
+    limits.setdefault("call_timeout_s", DEFAULT_CALL_TIMEOUT_S)
+    limits.setdefault("session_memory_bytes", DEFAULT_SESSION_MEMORY_BYTES)
+    limits.setdefault("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES)
+    limits.setdefault("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES)
     try:  # non-dumpable: sessions (same uid) cannot read our memory, environ or fds
         import ctypes
 
@@ -829,7 +844,7 @@ def main() -> None:
     # PID 1 of the sandbox: with no handler, signals from sessions (same uid) are ignored by
     # the kernel; Python's default SIGINT handler would let a session stop the runner.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sock = connect(SOCKET_PATH, 30.0)
+    sock = connect(SOCKET_PATH, CONNECT_TIMEOUT_S)
     sock.sendall(protocol.encode({"op": "hello", "token": token, "pid": os.getpid()}))
     _detach_stdio()
     Runner(sock, limits).run()

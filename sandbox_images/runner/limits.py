@@ -1,0 +1,249 @@
+"""Every size, count and time cap of the runner and of the host's checks of it, once.
+
+Stdlib only, no imports: copied into the image with the other runner files and imported
+by PID 1 (``pid1_*``), by the child processes (``child_*``) and on the host as
+``sandpit.sandbox_images.runner.limits`` (``executor/``), so a cap that both sides apply
+(the sandbox when it produces something, the host when it validates what came back) has
+one definition. The profile's limits (memory, CPU, call timeout, output caps) are not
+here: they come per sandbox from ``SANDPIT_LIMITS``; only their defaults are.
+
+Units are in the names: ``_BYTES`` (UTF-8 bytes), ``_CHARS`` (characters), ``_S``
+(seconds); a bare ``MAX_`` count is of items. :func:`check_files` (with
+:func:`check_file_path`) applies the file caps of ``exec`` jobs: the host before sending,
+PID 1 on receipt and the job process before writing.
+"""
+
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# -- frames (protocol.py) ---------------------------------------------------------------
+MAX_FRAME_BYTES = 64 * MiB
+"""Largest frame between host and runner, and from a session process to the runner
+(state snapshots are the largest); bigger kills the sender's side."""
+MAX_FRAME_DEPTH = 200
+"""Deepest nesting of arrays/objects accepted in a frame."""
+HELLO_MAX_BYTES = 4096
+"""Largest hello frame the host accepts from a starting runner."""
+JOB_MAX_FRAME_BYTES = 1 * MiB
+"""Largest frame a job process may send to PID 1 (one check's result is a few KiB)."""
+CHECK_RESULT_MAX_BYTES = 64 * KiB
+"""Largest result frame a check process may send to its zygote."""
+
+# -- defaults of the per-sandbox limits (SANDPIT_LIMITS; ResourceProfile's defaults) -------
+DEFAULT_CALL_TIMEOUT_S = 10.0
+DEFAULT_SESSION_MEMORY_BYTES = 256 * MiB
+DEFAULT_OUTPUT_CAP_BYTES = 64 * KiB
+DEFAULT_OBSERVATION_CAP_BYTES = 1 * MiB
+DEFAULT_SESSION_NOFILE = 256
+
+# -- PID 1 ----------------------------------------------------------------------------------
+CONNECT_TIMEOUT_S = 30.0
+"""How long the runner retries connecting to the host's socket at start."""
+TOKEN_MAX_CHARS = 1024
+"""Most characters of the token file read."""
+SESSION_ID_MAX_CHARS = 128
+"""Longest session id a host request may name."""
+CHILD_SEND_TIMEOUT_S = 5.0
+"""Longest blocking send of a request to a session process."""
+SPAWN_RETRY_S = 2.0
+"""How long a session process start that hits the pids limit is retried (strays of a
+killed fork bomb not reaped yet)."""
+SWEEP_DEADLINE_S = 5.0
+"""Longest wait for killed processes to die (seconds); past it the sweep fails and the
+sandbox is not reused."""
+JOBS_PER_SLOT = 8
+"""Concurrent one-shot jobs per session slot of the sandbox (``max_sessions``)."""
+DRAIN_MAX_READS = 64
+"""Reads of a job's pipe when it ends (64 KiB each): bounded even if an escaped process
+keeps writing into it."""
+RECYCLE_MAX_PROBLEMS = 16
+"""Most problems a ``recycle`` reply lists."""
+BROKEN_MAX_CHARS = 2000
+"""Longest reason kept for a session that cannot be re-created."""
+
+# -- sessions ---------------------------------------------------------------------------------
+MAX_SOURCE_BYTES = 4 * MiB
+"""UTF-8 size of an environment's source (host, ``open_session``/``describe``)."""
+TENANT_MAX_CHARS = 128
+"""Longest tenant id (host)."""
+TOOL_CALL_NAME_MAX_CHARS = 128
+"""Longest tool name a call may give (host; longer is ``rejected`` without a round trip)."""
+SESSION_TRACEBACK_CHARS = 4096
+"""A tool's or an ``init``'s traceback, cut to this many characters (head and tail kept)."""
+JSON_NATIVE_MAX_DEPTH = 100
+"""JSON values nested deeper than this are pickled (and rendered with a depth marker)
+rather than sent as ``"j"``: frames may nest at most MAX_FRAME_DEPTH levels."""
+KEYED_MIN_BYTES = 32 * KiB
+"""JSON objects whose encoding is at least this large are tracked key by key: a call that
+changes a few records sends ``["k", {"set": {key: value}, "del": [key]}]`` instead of the
+whole object (runner and host merge it into their snapshots)."""
+DESCRIBE_ERROR_CHARS = 4096
+"""A failed ``describe``'s observation, cut by PID 1 and checked again by the host."""
+DESCRIBE_TRACEBACK_CHARS = 8192
+"""A failed ``describe``'s traceback, cut by PID 1 and by the host."""
+
+# -- tool schemas (child_schemas.py; the host validates against the same caps) ------------------
+MAX_TOOLS = 512
+"""Most public methods a class may have; more raise ``SchemaLimitError``."""
+MAX_DESCRIPTION_CHARS = 4096
+"""Longest tool or parameter description, characters; longer ones are cut."""
+MAX_PARAMS = 128
+"""Most parameters described per tool; a method with more gets the fallback schema."""
+MAX_PARAM_NAME_CHARS = 128
+"""Longest parameter name the host accepts in a schema."""
+MAX_ENUM_VALUES = 256
+"""Most ``enum`` values (Literal/Enum); with more, only the type is given."""
+MAX_ENUM_CHARS = 64 * KiB
+"""Most characters of all string ``enum`` values of one schema together; more: type only."""
+MAX_SCHEMA_DEPTH = 6
+"""Deepest nesting of ``items``/``anyOf`` in one parameter schema; deeper is ``{}``."""
+MAX_ANY_OF = 32
+"""Most members of one ``anyOf``; a larger union is ``{}`` (anything)."""
+MAX_DEFAULT_CHARS = 1024
+"""Longest JSON encoding of a ``default``; longer defaults are left out."""
+MAX_DOC_SCAN_CHARS = 256 * KiB
+"""Characters of a docstring that are parsed; the rest is ignored."""
+MAX_ANNOTATION_CHARS = 1000
+"""Longest string annotation that is parsed; longer ones are unknown types."""
+MAX_SCHEMAS_BYTES = 4 * MiB
+"""Largest UTF-8 JSON encoding of the whole tool list (the class's, in the session
+process; PID 1 refuses a bigger ``describe`` reply)."""
+MAX_NOTES = 64
+"""Most notes of one ``describe`` (each at most MAX_NOTE_CHARS characters)."""
+MAX_NOTE_CHARS = 512
+MAX_NAME_CHARS = 64
+"""Longest tool name (OpenAI function names: ``^[a-zA-Z0-9_-]{1,64}$``)."""
+
+# -- rendering (child_render.py) --------------------------------------------------------------
+RENDER_MAX_DEPTH = 64
+"""Containers and objects nested deeper than this are rendered as a ``depth`` marker
+(a rendering sits a few levels down a frame of at most MAX_FRAME_DEPTH levels)."""
+RENDER_MAX_ITEMS = 100_000
+"""Items of one container rendered; the rest is counted in an ``items`` marker."""
+RENDER_MAX_BYTES = 8 * MiB
+"""Approximate budget (UTF-8 bytes of strings, keys and scalars) of one attribute's
+rendering; values past it become ``size`` markers."""
+RENDER_MAX_REPR_CHARS = 4096
+"""Longest ``repr`` kept in a ``$repr`` or marker."""
+
+# -- one-shot jobs: check functions (child_oneshot.py, pid1_jobs.py, executor/jobs.py) --------
+MAX_CHECKS = 256
+"""Checks in one ``checks`` request."""
+MAX_CHECK_SOURCE_BYTES = 64 * KiB
+"""UTF-8 size of one ``check_func`` source."""
+MAX_CHECK_ITEM_CHARS = 4096
+"""Length of one ``check_item`` (the check's description; never sent to the sandbox)."""
+MAX_STATE_BYTES = 16 * MiB
+"""JSON size of ``initial_state`` and of ``final_state``, each."""
+RESULT_REPR_CHARS = 1024
+"""A check's returned value is reported as its ``repr``, cut to this many characters."""
+ERROR_CHARS = 4096
+"""Cap on one check's ``error`` text."""
+TRACEBACK_CHARS = 4096
+"""Cap on one check's traceback (head and tail are kept)."""
+CHECK_RESULT_TEXT_CAPS = {"result": RESULT_REPR_CHARS + 8, "error": ERROR_CHARS, "traceback": TRACEBACK_CHARS + 200}
+"""What the zygote, PID 1 and the host accept for a check result's text fields (the
+slack covers the ``...`` and ``characters cut`` markers)."""
+CHECK_OUTPUT_CAP_BYTES = 4096
+"""What one check prints is kept up to this many bytes per stream (and at most the
+profile's ``output_cap_bytes``); the rest is dropped and marked."""
+STARTUP_S = 5.0
+"""Time a checks process has to start and restore both states before its first check's
+own time limit starts (it says ``ready``); included in the batch's budget."""
+BATCH_SLACK_S = 5.0
+"""A check batch may take ``timeout_s`` per check plus this (and STARTUP_S) in all
+(process starts after timeouts and crashes); checks not started by then are not run."""
+FORK_RETRY_S = 2.0
+"""How long the zygote retries a fork that fails for want of a pid."""
+DEFAULT_CHECK_TIMEOUT_S = 5.0
+"""Per-check limit when the caller gives none (host; capped by the profile's ``call_timeout_s``)."""
+
+# -- one-shot jobs: scripts -----------------------------------------------------------------
+MAX_CODE_BYTES = 4 * MiB
+"""UTF-8 size of an ``exec`` script (and of the environment source sent with checks)."""
+MAX_STDIN_BYTES = 4 * MiB
+"""UTF-8 size of an ``exec`` job's stdin."""
+MAX_FILES = 64
+"""Files written into an ``exec`` job's working directory."""
+MAX_FILE_BYTES = 4 * MiB
+"""UTF-8 size of one file."""
+MAX_FILES_TOTAL_BYTES = 8 * MiB
+"""UTF-8 size of all files of one job (the work tmpfs may be smaller: the profile's
+``tmpfs_mib``)."""
+MAX_PATH_CHARS = 1024
+MAX_PATH_DEPTH = 16
+MAX_NAME_BYTES = 255
+"""Longest component of a file path (bytes)."""
+EXEC_ERROR_CHARS = 8192
+"""Longest ``error`` text of a script run the host accepts."""
+MAX_EXEC_CONCURRENCY = 8
+"""Most snippets ``SandboxPool.execute_many`` runs at once (in one sandbox; host)."""
+MAX_SNIPPETS = 1024
+"""Most snippets in one ``SandboxPool.execute_many`` call (host)."""
+
+
+def check_file_path(path: object) -> str:
+    """Validate one key of an ``exec`` job's ``files``: a relative POSIX path inside the
+    working directory. Returns it unchanged.
+
+    Rejected (``ValueError`` naming the path): not a string; empty; longer than
+    ``MAX_PATH_CHARS``; absolute; empty, ``.`` or ``..`` components (so also ``a//b`` and a
+    trailing ``/``); more than ``MAX_PATH_DEPTH`` components; a component over
+    ``MAX_NAME_BYTES`` bytes; NUL, other control characters, backslashes, or text that
+    is not encodable as UTF-8 (lone surrogates).
+    """
+    if not isinstance(path, str):
+        raise ValueError(f"file path {path!r} is not a string")
+    shown = repr(path[:80])
+    if not path or len(path) > MAX_PATH_CHARS:
+        raise ValueError(f"file path {shown} must have 1 to {MAX_PATH_CHARS} characters")
+    if any(ord(ch) < 0x20 or ch in "\x7f\\" for ch in path):
+        raise ValueError(f"file path {shown} contains a control character or a backslash")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"file path {shown} is not valid text") from None
+    if path.startswith("/"):
+        raise ValueError(f"file path {shown} is absolute; paths are relative to the working directory")
+    parts = path.split("/")
+    if len(parts) > MAX_PATH_DEPTH:
+        raise ValueError(f"file path {shown} is nested deeper than {MAX_PATH_DEPTH} levels")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise ValueError(f"file path {shown} has an empty, '.' or '..' component")
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ValueError(f"file path {shown} has a component over {MAX_NAME_BYTES} bytes")
+    return path
+
+
+def check_files(files: object) -> dict[str, str]:
+    """Validate an ``exec`` job's ``files`` (``{relative path: text}``) against every file
+    cap above; a path may not be both a file and a directory (``a`` and ``a/b``). Returns
+    ``files`` unchanged. Raises ``ValueError`` naming the first offending entry."""
+    if not isinstance(files, dict):
+        raise ValueError("files must be an object mapping relative paths to text")
+    if len(files) > MAX_FILES:
+        raise ValueError(f"at most {MAX_FILES} files may be given (got {len(files)})")
+    total = 0
+    for path, text in files.items():
+        check_file_path(path)
+        if not isinstance(text, str):
+            raise ValueError(f"file {path[:80]!r}: content must be text")
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"file {path[:80]!r}: content is not valid text") from None
+        if size > MAX_FILE_BYTES:
+            raise ValueError(f"file {path[:80]!r} has {size} bytes; at most {MAX_FILE_BYTES} are allowed")
+        total += size
+    if total > MAX_FILES_TOTAL_BYTES:
+        raise ValueError(f"files total {total} bytes; at most {MAX_FILES_TOTAL_BYTES} are allowed")
+    for path in files:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            if "/".join(parts[:depth]) in files:
+                raise ValueError(f"file path {path[:80]!r} lies under {'/'.join(parts[:depth])[:80]!r}, "
+                                 "which is a file")
+    return files

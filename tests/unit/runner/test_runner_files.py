@@ -1,0 +1,104 @@
+"""The runner's files: named by the process they run in, none shadowing the standard
+library, one file list for the image, and an entry point that follows the names."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+from sandpit.executor import engine
+from sandpit.sandbox_images import DEFINITION_DIR, RUNNER_FILES
+
+RUNNER_DIR = Path(DEFINITION_DIR) / "runner"
+SHARED = {"protocol", "limits"}
+
+
+def _stems() -> list[str]:
+    return [name[:-3] for name in RUNNER_FILES]
+
+
+def test_every_runner_module_says_where_it_runs() -> None:
+    for stem in _stems():
+        assert stem.startswith(("pid1_", "child_")) or stem in SHARED, stem
+    assert {"pid1_runner", "child_session", "protocol"} <= set(_stems())
+
+
+def test_no_runner_module_shadows_a_standard_library_module() -> None:
+    # in the sandbox the runner's directory is sys.path[0]: a runner module named like a
+    # stdlib module would replace it for the runner and for every session process
+    shadowing = sorted(set(_stems()) & (set(sys.stdlib_module_names) | set(sys.builtin_module_names)))
+    assert not shadowing, f"runner modules shadowing the standard library: {shadowing}"
+
+
+def test_the_image_gets_the_folder_and_starts_pid1_runner() -> None:
+    assert RUNNER_FILES == tuple(sorted(p.name for p in RUNNER_DIR.glob("*.py") if p.name != "__init__.py"))
+    dockerfile = (Path(DEFINITION_DIR) / "Dockerfile").read_text()
+    assert "COPY runner/ /opt/sandpit/runner/" in dockerfile  # the folder: one file list
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
+    assert cmd is not None
+    assert json.loads(cmd.group(1))[1:] == engine.RUNNER_CMD[1:] == [
+        "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
+
+
+def test_imports_between_runner_modules_name_existing_files() -> None:
+    stems = set(_stems())
+    for name in RUNNER_FILES:
+        tree = ast.parse((RUNNER_DIR / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level == 1 or node.module in stems):
+                imported = [node.module] if node.module else [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names if alias.name in stems
+                            or alias.name.startswith(("pid1_", "child_"))]
+            else:
+                continue
+            for module in imported:
+                assert module in stems, f"{name} imports {module}, which is not a runner file"
+
+
+def test_session_processes_boot_the_child_session_module() -> None:
+    tree = ast.parse((RUNNER_DIR / "pid1_runner.py").read_text())
+    boot = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "SESSION_BOOT")
+    assert "import child_session; child_session.main()" in ast.unparse(boot)
+
+
+CAP_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+def _is_cap(name: str) -> bool:
+    return bool(CAP_NAME.match(name)) and (name.startswith("MAX_") or "_MAX_" in name or "_CAP_" in name
+                                           or name.endswith(("_BYTES", "_CHARS", "_S")))
+
+
+def _numeric(node: ast.expr) -> bool:
+    return all(isinstance(n, ast.Constant | ast.BinOp | ast.operator | ast.UnaryOp | ast.unaryop)
+               and (not isinstance(n, ast.Constant) or isinstance(n.value, int | float)) for n in ast.walk(node))
+
+
+def test_every_cap_is_defined_once_in_limits() -> None:
+    # the host's side of the runner too; not executor/policy.py, whose caps bound a
+    # host-side parser of its own and never meet the runner
+    host = sorted(p for p in (Path(DEFINITION_DIR).parent / "executor").glob("*.py") if p.name != "policy.py")
+    for path in [RUNNER_DIR / name for name in RUNNER_FILES if name != "limits.py"] + host:
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                assert not (_is_cap(name) and _numeric(node.value)), \
+                    f"{path.name}: cap {name} belongs in sandbox_images/runner/limits.py"
+
+
+def test_pid1_never_imports_child_modules() -> None:
+    for name in RUNNER_FILES:
+        if not name.startswith("pid1_"):
+            continue
+        tree = ast.parse((RUNNER_DIR / name).read_text())
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import | ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.append(node.module)
+            assert not any(n.startswith("child_") for n in names), f"{name} imports a child_ module: {names}"
