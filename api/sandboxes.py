@@ -251,9 +251,5 @@ class Sandboxes:
         return self.executor.stats()
 
     def ping(self) -> None:
-        """Raise when the backend cannot take work (``/readyz``)."""
-        ping = getattr(self.executor, "ping", None)
-        if ping is None:  # shim until the pool has ping() (branch r13-executor)
-            self.executor.client.ping()  # type: ignore[attr-defined]
-            return
-        ping()
+        """Raise when the backend cannot take work (``/readyz`` reports the error's type)."""
+        self.executor.ping()
