@@ -37,9 +37,9 @@ import json
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import Executable, Table, delete, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
@@ -52,6 +52,7 @@ CHUNK_MIN_BYTES = 32 * 1024
 """JSON objects above this size are split into buckets."""
 HASH_HEX = 32
 MISSING = object()
+BLOBS = cast(Table, Blob.__table__)
 
 Encoded = list[Any]
 """One attribute in executor encoding: ``["j", value]`` | ``["p", b64]`` | ``["u", repr]``."""
@@ -74,7 +75,8 @@ def bucket_count(size: int) -> int:
     """Buckets for an object of ``size`` encoded bytes: the power of two nearest
     ``sqrt(size / 34)`` (balances the bucket list against one bucket), 16..4096."""
     ideal = math.sqrt(max(size, 1) / (HASH_HEX + 2))
-    return max(16, min(4096, 2 ** round(math.log2(max(ideal, 1)))))
+    exponent: int = round(math.log2(max(ideal, 1)))
+    return max(16, min(4096, 1 << exponent))
 
 
 def bucket_of(key: str, buckets: int) -> int:
@@ -139,6 +141,7 @@ class PendingBlobs:
             return 0
         rows = [{"hash": h, "data": data, "size": size} for h, (data, size) in self.blobs.items()]
         dialect = db.get_bind().dialect.name
+        stmt: Executable
         if dialect == "sqlite":
             stmt = sqlite_insert(Blob).on_conflict_do_nothing(index_elements=["hash"])
         elif dialect == "postgresql":
@@ -146,7 +149,7 @@ class PendingBlobs:
         else:  # pragma: no cover - other dialects: check first
             existing = set(db.scalars(select(Blob.hash).where(Blob.hash.in_(list(self.blobs)))))
             rows = [row for row in rows if row["hash"] not in existing]
-            stmt = Blob.__table__.insert()
+            stmt = BLOBS.insert()
         if rows:
             db.execute(stmt, rows)
         return self.stored_bytes
@@ -208,7 +211,7 @@ def encode_attr(encoded: Encoded, pending: PendingBlobs, previous: _Attr | None 
     if kind == "p":
         if previous is not None and previous.encoded[0] == "p" and previous.encoded[1] == data:
             return previous
-        entry = ["p", pending.add(base64.b64decode(data, validate=True))]
+        entry: list[Any] = ["p", pending.add(base64.b64decode(data, validate=True))]
         if len(encoded) == 3:
             entry.append(_view_entry(encoded[2], pending))
         return _Attr(entry, encoded)

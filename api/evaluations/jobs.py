@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import Table, case, func, select, update
 from sqlalchemy.orm import defer
 
 from ..db import models
@@ -55,6 +55,7 @@ from .runner import EvaluationRunner
 
 JOB = models.EvaluationJob
 EP = models.EvaluationEpisode
+EP_TABLE = cast(Table, EP.__table__)
 ACTIVE = ("queued", "running")
 FINISHED_EPISODE = ("done", "error", "cancelled")
 ACTIVE_RETRY_AFTER_S = 30
@@ -111,7 +112,7 @@ class EvaluationJobs:
 
     def page(self, caller: TenantContext, limit: int, offset: int) -> EvaluationJobsPublic:
         """A page of the tenant's evaluations, newest first, with progress."""
-        rows, total = self.list(caller.tenant, limit, offset)
+        rows, total = self.list_jobs(caller.tenant, limit, offset)
         return EvaluationJobsPublic(data=rows, count=total)
 
     def result_lines(self, caller: TenantContext, evaluation_id: str, include: str | None) -> Iterator[bytes]:
@@ -189,7 +190,7 @@ class EvaluationJobs:
             with self.db.write() as db:
                 db.add(job)
                 db.flush()
-                db.execute(EP.__table__.insert(), episodes)
+                db.execute(EP_TABLE.insert(), episodes)
         self.runner.wake()
         return job
 
@@ -225,7 +226,7 @@ class EvaluationJobs:
         row = self._job(tenant, evaluation_id)
         return self._public(row, self._progress([row.id])[row.id])
 
-    def list(self, tenant: str, limit: int, offset: int) -> tuple[list[EvaluationJobPublic], int]:
+    def list_jobs(self, tenant: str, limit: int, offset: int) -> tuple[list[EvaluationJobPublic], int]:
         """A page of the tenant's jobs, newest first, with progress; and the total."""
         with self.db.read() as db:
             total = db.scalar(select(func.count()).select_from(JOB).where(JOB.tenant == tenant)) or 0

@@ -41,10 +41,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 
 from ..db import models
 from ..db.database import Database
@@ -267,19 +267,20 @@ class EvaluationRunner:
                              .order_by(EP.index).limit(1)).first()
         if row is None:
             return False
-        attempt = row.attempt + 1
+        index, previous = row
+        attempt = previous + 1
         with self.db.write() as db:
-            claimed = db.execute(update(EP).where(EP.evaluation_id == job.id, EP.index == row.index,
-                                                  EP.status == "pending", EP.attempt == row.attempt)
+            claimed = db.execute(update(EP).where(EP.evaluation_id == job.id, EP.index == index,
+                                                  EP.status == "pending", EP.attempt == previous)
                                  .values(status="running", attempt=attempt, started_at=_now(), env_id=None))
-            if claimed.rowcount != 1:
+            if cast(CursorResult[Any], claimed).rowcount != 1:
                 return True  # cancelled or taken meanwhile: look again
             db.execute(update(JOB).where(JOB.id == job.id, JOB.status == "queued").values(status="running"))
-        episode = _Episode(job, row.index, attempt)
+        episode = _Episode(job, index, attempt)
         thread = threading.Thread(target=self._run, args=(episode,), daemon=True,
-                                  name=f"sandpit-eval-{job.id[-6:]}-{row.index}")
+                                  name=f"sandpit-eval-{job.id[-6:]}-{index}")
         with self._lock:
-            self._running[(job.id, row.index)] = thread
+            self._running[(job.id, index)] = thread
             self._tenant_of[job.id] = job.tenant
         thread.start()
         return True
@@ -381,6 +382,7 @@ class EvaluationRunner:
         assert episode.trajectory is not None
         environment = self.environments.get_environment(job.tenant, environment_id)
         config = job.config
+        key: str | None
         try:
             if job.key_enc:
                 key = self.tenants.box.decrypt(job.key_enc)
@@ -482,7 +484,7 @@ class EvaluationRunner:
             result = db.execute(update(EP).where(EP.evaluation_id == episode.job.id, EP.index == episode.index,
                                                  EP.status == "running", EP.attempt == episode.attempt)
                                 .values(**values))
-            return result.rowcount == 1
+            return cast(CursorResult[Any], result).rowcount == 1
 
     def _complete(self, episode: _Episode, **values: Any) -> bool:
         """Record the episode's end (one guarded transaction). False when a newer

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Table, delete, func, select
 from sqlalchemy.orm import Session as DbSession
 
 from ..db import models
@@ -64,7 +64,8 @@ from .state import state_view, view_truncated
 from .tenants import TenantService
 from .tools import json_size, text_size
 
-EPISODES = models.Episode.__table__
+EPISODES = cast(Table, models.Episode.__table__)
+STEPS = cast(Table, models.Step.__table__)
 CAPACITY_ATTEMPTS = 4
 
 
@@ -673,7 +674,7 @@ class EnvService:
                      for _ in range(count)]
             db.add_all(forks)
             db.flush()
-            db.execute(models.Step.__table__.insert(), [
+            db.execute(STEPS.insert(), [
                 {"env_id": fork.id, "episode": 1, "step": s.step, "action": s.action, "observation": s.observation,
                  "status": s.status, "duration_ms": s.duration_ms, "state_root": s.state_root, "created_at": s.created_at,
                  "reward": s.reward, "done": s.done, "info": s.info}

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from sandpit.client.llm import ModelError
+from sqlalchemy import Table
 
 from ..db import models
 from ..db.database import Database
@@ -33,16 +36,16 @@ from ..settings import ApiSettings
 from .common import clean_text, utcnow
 from .diff import state_diff
 from .envs import EnvService
-from .episodes import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService, ModelError
+from .episodes import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService
 from .live import LiveEnv
 from .quotas import QuotaService, TenantContext
 from .state import state_view
 from .tools import INVALID_ACTION, Action, parse_step
 
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
-STEPS = models.Step.__table__
-ENVS = models.Env.__table__
-EPISODES = models.Episode.__table__
+STEPS = cast(Table, models.Step.__table__)
+ENVS = cast(Table, models.Env.__table__)
+EPISODES = cast(Table, models.Episode.__table__)
 INCLUDES = {"state_diff", "state"}
 """What ``?include=`` may name."""
 
