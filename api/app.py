@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 
 import anyio.to_thread
@@ -51,6 +52,9 @@ from .services.steps import StepService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
+SERVED = ("metrics", "tenants", "quotas", "environments", "envs", "steps", "scenarios", "execution", "evaluations",
+          "health")
+"""Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
 
@@ -76,16 +80,17 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
             executor = executor_factory(pool_settings)
             try:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = api_settings.http_threads
-                wire(app, api_settings, db, executor, warm_target=pool_settings.pool_size)
+                services = build(api_settings, db, executor, warm_target=pool_settings.pool_size)
+                for name in SERVED:  # what the routes' dependencies (deps.py) read
+                    setattr(app.state, name, getattr(services, name))
+                services.start()
                 if api_settings.warm_on_start and pool_settings.pool_size:
-                    threading.Thread(target=app.state.sandboxes.warm, args=(api_settings.tenant,), daemon=True,
+                    threading.Thread(target=services.sandboxes.warm, args=(api_settings.tenant,), daemon=True,
                                      name="sandpit-warm").start()
                 try:
                     yield
                 finally:
-                    app.state.evaluations.close()
-                    app.state.janitor.close()
-                    app.state.envs.close()
+                    services.close()
             finally:
                 executor.close()
         finally:
@@ -109,10 +114,44 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     return app
 
 
-def wire(app: FastAPI, settings: ApiSettings, db: Database, executor: Executor, warm_target: int = 0) -> None:
-    """Build the services over ``db`` and ``executor`` into ``app.state`` and start the
-    background threads (janitor, evaluation runner, which resumes unfinished evaluations).
-    ``/readyz`` wants ``warm_target`` sandboxes when ``warm_on_start``."""
+@dataclass
+class Services:
+    """Everything one app instance runs on (built by :func:`build`)."""
+
+    db: Database
+    metrics: Metrics
+    sandboxes: Sandboxes
+    tenants: TenantService
+    quotas: QuotaService
+    live: LiveEnvs
+    checks: Checks
+    environments: EnvironmentService
+    episodes: EpisodeService
+    envs: EnvService
+    steps: StepService
+    scenarios: ScenarioService
+    execution: ExecutionService
+    runner: EvaluationRunner
+    evaluations: EvaluationJobs
+    health: HealthService
+    janitor: Janitor
+
+    def start(self) -> None:
+        """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
+        self.janitor.start()
+        self.evaluations.start()
+
+    def close(self) -> None:
+        """Stop the runner and the janitor; close every live session (state stays stored)."""
+        self.evaluations.close()
+        self.janitor.close()
+        self.envs.close()
+
+
+def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: int = 0) -> Services:
+    """The services over ``db`` and ``executor``, wired (no thread started: see
+    :meth:`Services.start`). ``/readyz`` wants ``warm_target`` sandboxes when
+    ``warm_on_start``."""
     metrics = Metrics(executor.stats)
     tenants = TenantService(settings, db)
     sandboxes = Sandboxes(executor, settings, metrics,
@@ -122,18 +161,14 @@ def wire(app: FastAPI, settings: ApiSettings, db: Database, executor: Executor, 
     checks = Checks(db, sandboxes)
     environments = EnvironmentService(settings, db, sandboxes, quotas, tenants)
     episodes = EpisodeService(settings, tenants)
-    env_service = EnvService(settings, db, sandboxes, environments, episodes, checks, live, quotas, tenants)
-    steps = StepService(settings, db, env_service, episodes, checks, quotas, metrics)
-    scenario_service = ScenarioService(settings, db, environments, quotas, tenants)
-    runner = EvaluationRunner(settings, db, env_service, steps, environments, scenario_service, tenants)
-    janitor = Janitor(settings.janitor_interval_s, env_service.janitor_tasks())
-    state = app.state
-    state.db, state.metrics, state.sandboxes, state.tenants, state.quotas = db, metrics, sandboxes, tenants, quotas
-    state.environments, state.envs, state.steps, state.scenarios = environments, env_service, steps, scenario_service
-    state.execution = ExecutionService(settings, sandboxes, checks, quotas)
-    state.evaluations = EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants)
-    state.health = HealthService(settings, db, sandboxes, metrics, tenants,
-                                 warm_target if settings.warm_on_start else 0)
-    state.janitor = janitor
-    janitor.start()
-    state.evaluations.start()  # resumes unfinished evaluations
+    envs = EnvService(settings, db, sandboxes, environments, episodes, checks, live, quotas, tenants)
+    steps = StepService(settings, db, envs, episodes, checks, quotas, metrics)
+    scenarios = ScenarioService(settings, db, environments, quotas, tenants)
+    runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
+    return Services(
+        db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
+        environments=environments, episodes=episodes, envs=envs, steps=steps, scenarios=scenarios,
+        execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
+        evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
+        health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
+        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks()))
