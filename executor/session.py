@@ -141,7 +141,7 @@ class Session:
                 return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
             except SandboxLost as exc:
                 self._lose()
-                return CallResult(status=exc.status, observation=_lost_message(exc.status),  # type: ignore[arg-type]
+                return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
                                   duration_ms=_ms(started))
             try:
                 delta = reply.get("delta") or {}
@@ -275,7 +275,8 @@ def _rejected(message: str, started: float) -> CallResult:
     return CallResult(status="rejected", observation=message, duration_ms=_ms(started))
 
 
-def _lost_message(status: str) -> str:
+def lost_message(status: str) -> str:
+    """The observation of a call whose sandbox was lost (``status`` of :class:`SandboxLost`)."""
     return {
         "timeout": "Error: the sandbox stopped responding and was killed; the session will be restored from its last snapshot",
         "oom": "Error: the sandbox ran out of memory and was killed; the session will be restored from its last snapshot",

@@ -369,7 +369,7 @@ class Session:
         try:
             tools, notes = schemas.describe_class(target)  # type: ignore[arg-type]
         except schemas.SchemaLimitError as exc:
-            return "rejected", _error_observation(exc), []
+            return "rejected", error_observation(exc), []
         return "ok", _dumps(tools), notes
 
     def op_call(self, msg: dict) -> tuple[str, str, str | None]:
@@ -442,7 +442,9 @@ def _confine() -> types.ModuleType:
     return confine
 
 
-def _bounded_traceback(exc: BaseException) -> str:
+def bounded_traceback(exc: BaseException) -> str:
+    """The last 8 frames of ``exc``'s traceback without the runner's own frames, at most
+    SESSION_TRACEBACK_CHARS characters (head and tail kept)."""
     import traceback
 
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-8)
@@ -468,7 +470,8 @@ def _reap_children() -> None:
             return
 
 
-def _error_observation(exc: BaseException) -> str:
+def error_observation(exc: BaseException) -> str:
+    """EnvScaler's observation of an exception: ``Error: <Type>: <message>``."""
     try:
         message = str(exc)
     except Exception:
@@ -476,7 +479,8 @@ def _error_observation(exc: BaseException) -> str:
     return f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
 
 
-def _cap(text: str, limit: int) -> tuple[str, bool]:
+def cap_observation(text: str, limit: int) -> tuple[str, bool]:
+    """``(text, False)``, or its first ``limit`` characters with a marker and True."""
     if len(text) <= limit:
         return text, False
     return text[:limit] + f"\n...[truncated {len(text) - limit} characters]", True
@@ -536,8 +540,8 @@ def serve(session: Session) -> None:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - reported, not fatal
                     session.reply(request_id, {
-                        "status": "error", "observation": _error_observation(exc),
-                        "traceback": _bounded_traceback(exc)})
+                        "status": "error", "observation": error_observation(exc),
+                        "traceback": bounded_traceback(exc)})
                     return
                 session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
             elif op == "call":
@@ -548,10 +552,10 @@ def serve(session: Session) -> None:
                 except MemoryError:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - EnvScaler: errors are observations
-                    status, observation = "error", _error_observation(exc)
-                    traceback_text = _bounded_traceback(exc)
+                    status, observation = "error", error_observation(exc)
+                    traceback_text = bounded_traceback(exc)
                 duration_ms = (time.perf_counter() - started) * 1000.0
-                observation, truncated = _cap(observation, max_obs)
+                observation, truncated = cap_observation(observation, max_obs)
                 _flush_std()
                 fields = {"status": status, "observation": observation, "duration_ms": duration_ms}
                 if truncated:
@@ -586,8 +590,8 @@ def _describe(session: Session, request_id: str) -> None:
     except MemoryError:
         raise
     except BaseException as exc:  # noqa: BLE001 - hostile classes: reported, not fatal
-        status, text, notes = "error", _error_observation(exc)[:SESSION_TRACEBACK_CHARS], []
-        traceback_text: str | None = _bounded_traceback(exc)
+        status, text, notes = "error", error_observation(exc)[:SESSION_TRACEBACK_CHARS], []
+        traceback_text: str | None = bounded_traceback(exc)
     else:
         traceback_text = None
     _flush_std()

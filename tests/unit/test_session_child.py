@@ -134,20 +134,20 @@ def test_error_observation_and_bounded_traceback() -> None:
         try:
             recurse(200, message)
         except ValueError as exc:
-            assert child._error_observation(exc) == f"Error: ValueError: {message}"
-            text = child._bounded_traceback(exc)
+            assert child.error_observation(exc) == f"Error: ValueError: {message}"
+            text = child.bounded_traceback(exc)
         assert len(text) <= limits.SESSION_TRACEBACK_CHARS + 64  # + the "characters cut" marker
         assert text.count("in recurse") <= 8  # only the last frames
     assert text.startswith("Traceback (most recent call last):")  # head kept
     assert "characters cut]" in text and text.rstrip().endswith("y" * 20)  # tail kept
-    assert "ValueError: bad input" in child._bounded_traceback(_raised(ValueError("bad input")))
+    assert "ValueError: bad input" in child.bounded_traceback(_raised(ValueError("bad input")))
 
     class Unprintable(Exception):
         def __str__(self) -> str:
             raise RuntimeError
 
-    assert child._error_observation(Unprintable()) == "Error: Unprintable: <unprintable exception>"
-    assert child._error_observation(KeyError()) == "Error: KeyError"
+    assert child.error_observation(Unprintable()) == "Error: Unprintable: <unprintable exception>"
+    assert child.error_observation(KeyError()) == "Error: KeyError"
 
 
 def _raised(exc: BaseException) -> BaseException:
@@ -158,8 +158,8 @@ def _raised(exc: BaseException) -> BaseException:
 
 
 def test_cap_truncates_with_marker() -> None:
-    assert child._cap("abc", 3) == ("abc", False)
-    text, truncated = child._cap("abcdef", 4)
+    assert child.cap_observation("abc", 3) == ("abc", False)
+    text, truncated = child.cap_observation("abcdef", 4)
     assert truncated and text == "abcd\n...[truncated 2 characters]"
 
 
