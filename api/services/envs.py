@@ -577,8 +577,9 @@ class EnvService:
                               .where(models.Episode.env_id == env_id)) or 0
             records = db.scalars(select(models.Episode).where(models.Episode.env_id == env_id)
                                  .order_by(models.Episode.episode).limit(limit).offset(offset)).all()
-            heads = dict(db.execute(select(models.Step.episode, func.max(models.Step.step))
-                                    .where(models.Step.env_id == env_id).group_by(models.Step.episode)).tuples().all())
+            heads: dict[int, int] = {number: head for number, head in db.execute(
+                select(models.Step.episode, func.max(models.Step.step))
+                .where(models.Step.env_id == env_id).group_by(models.Step.episode))}
         return [(r, int(heads.get(r.episode, 0))) for r in records], total
 
     # -- restore and fork ----------------------------------------------------------------------
