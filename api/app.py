@@ -45,6 +45,7 @@ from .services.envs import EnvService, count_open_envs
 from .services.episodes import EpisodeService
 from .services.execution import ExecutionService
 from .services.health import HealthService
+from .services.history import EnvHistory
 from .services.live import Janitor, LiveEnvs
 from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
@@ -52,7 +53,7 @@ from .services.steps import StepService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
-SERVED = ("metrics", "tenants", "quotas", "environments", "envs", "steps", "scenarios", "execution", "evaluations",
+SERVED = ("metrics", "tenants", "quotas", "environments", "envs", "history", "steps", "scenarios", "execution", "evaluations",
           "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
@@ -128,6 +129,7 @@ class Services:
     environments: EnvironmentService
     episodes: EpisodeService
     envs: EnvService
+    history: EnvHistory
     steps: StepService
     scenarios: ScenarioService
     execution: ExecutionService
@@ -167,7 +169,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
-        environments=environments, episodes=episodes, envs=envs, steps=steps, scenarios=scenarios,
+        environments=environments, episodes=episodes, envs=envs, history=EnvHistory(db, live), steps=steps, scenarios=scenarios,
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),

@@ -17,6 +17,7 @@ from .services.environments import EnvironmentService
 from .services.envs import EnvService
 from .services.execution import ExecutionService
 from .services.health import HealthService
+from .services.history import EnvHistory
 from .services.quotas import QuotaService, TenantContext
 from .services.scenarios import ScenarioService
 from .services.steps import StepService
@@ -41,6 +42,11 @@ def get_environments(request: Request) -> EnvironmentService:
 def get_envs(request: Request) -> EnvService:
     """The app's :class:`EnvService`."""
     return cast(EnvService, _state(request, "envs"))
+
+
+def get_history(request: Request) -> EnvHistory:
+    """The app's :class:`EnvHistory`."""
+    return cast(EnvHistory, _state(request, "history"))
 
 
 def get_steps(request: Request) -> StepService:
@@ -113,6 +119,7 @@ class Page:
 EnvironmentsDep = Annotated[EnvironmentService, Depends(get_environments)]
 EnvsDep = Annotated[EnvService, Depends(get_envs)]
 StepsDep = Annotated[StepService, Depends(get_steps)]
+HistoryDep = Annotated[EnvHistory, Depends(get_history)]
 ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
 ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]
 JobsDep = Annotated[EvaluationJobs, Depends(get_jobs)]

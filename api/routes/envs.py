@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Query, Response, status
 
-from ..deps import CallerDep, EnvsDep, MeteredDep, PageDep, StepsDep, json_router
+from ..deps import CallerDep, EnvsDep, HistoryDep, MeteredDep, PageDep, StepsDep, json_router
 from ..schemas.envs import (
     EnvCreate,
     EnvPublic,
@@ -76,28 +76,28 @@ def reset(env_id: str, envs: EnvsDep, caller: MeteredDep, body: ResetRequest | N
 
 
 @router.get("/{env_id}/state", response_model=StateView)
-def get_state(env_id: str, envs: EnvsDep, caller: CallerDep,
+def get_state(env_id: str, history: HistoryDep, caller: CallerDep,
               step: Annotated[int | None, Query(ge=0, le=10**9)] = None,
               episode: Annotated[int | None, Query(ge=1, le=10**9)] = None) -> StateView:
     """State at the head, or at ``?step=k`` of the current episode or of ``?episode=e``
     (EnvScaler's state: every non-dunder attribute; non-JSON values as ``$`` tags)."""
-    return envs.state_view(caller, env_id, step, episode)
+    return history.state_at(caller, env_id, step, episode)
 
 
 @router.get("/{env_id}/trajectory", response_model=Trajectory)
-def trajectory(env_id: str, envs: EnvsDep, caller: CallerDep,
+def trajectory(env_id: str, history: HistoryDep, caller: CallerDep,
                episode: Annotated[int | None, Query(ge=1, le=10**9)] = None,
                limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
                offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Trajectory:
     """Steps of the current episode (or ``?episode=e``): action, observation, status,
     reward, duration; ``limit``/``offset`` page through long episodes."""
-    return envs.trajectory_page(caller, env_id, episode, limit, offset)
+    return history.trajectory_page(caller, env_id, episode, limit, offset)
 
 
 @router.get("/{env_id}/episodes", response_model=EpisodesPublic)
-def episodes(env_id: str, page: PageDep, envs: EnvsDep, caller: CallerDep) -> EpisodesPublic:
+def episodes(env_id: str, page: PageDep, history: HistoryDep, caller: CallerDep) -> EpisodesPublic:
     """Every episode of the env, oldest first: scenario, status, steps, reward."""
-    return envs.episodes_page(caller, env_id, page.limit, page.offset)
+    return history.episodes_page(caller, env_id, page.limit, page.offset)
 
 
 @router.post("/{env_id}/restore", response_model=EnvPublic)

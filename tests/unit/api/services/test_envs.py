@@ -37,7 +37,7 @@ def step(services: Services, env_id: str, name: str, include: str | None = None,
 
 
 def state(services: Services, env_id: str, at: int | None = None, episode: int | None = None) -> dict[str, Any]:
-    return services.envs.state_view(ME, env_id, at, episode).state
+    return services.history.state_at(ME, env_id, at, episode).state
 
 
 def test_an_env_starts_at_step_zero_with_the_environment_tools(services: Services, environment_id: str) -> None:
@@ -58,7 +58,7 @@ def test_steps_change_the_state_and_every_step_stays_readable(services: Services
     second = step(services, env_id, "set_record", include="state", key="a", value="x")
     assert second.state is not None and second.state["records"] == {"a": {"value": "x"}}
     assert state(services, env_id, 1)["count"] == 2 and state(services, env_id)["records"] == {"a": {"value": "x"}}
-    trajectory = services.envs.trajectory_page(ME, env_id, None, None, 0)
+    trajectory = services.history.trajectory_page(ME, env_id, None, None, 0)
     assert [s.action for s in trajectory.steps] == [{"name": "bump", "arguments": {"by": 2}},
                                                     {"name": "set_record", "arguments": {"key": "a", "value": "x"}}]
     with pytest.raises(Conflict):
@@ -77,7 +77,7 @@ def test_a_tool_error_is_a_result_and_malformed_actions_are_recorded(services: S
     assert "unknown tool 'explode'" in (unknown.error or "")
     bad = services.steps.take(ME, env_id, StepRequest(name="bump", arguments=[1]), None)
     assert bad.status == "rejected" and bad.step == 3
-    assert services.envs.trajectory_page(ME, env_id, None, None, 0).count == 3
+    assert services.history.trajectory_page(ME, env_id, None, None, 0).count == 3
 
 
 def test_an_evicted_env_is_restored_from_its_last_committed_state(services: Services, environment_id: str) -> None:
@@ -108,7 +108,7 @@ def test_restore_discards_later_steps_and_the_session_follows(services: Services
         step(services, env_id, "bump", by=by)
     env = services.envs.restore_env(ME, env_id, RestoreRequest(step=1))
     assert env.step == 1 and state(services, env_id)["count"] == 1
-    assert services.envs.trajectory_page(ME, env_id, None, None, 0).count == 1
+    assert services.history.trajectory_page(ME, env_id, None, None, 0).count == 1
     assert step(services, env_id, "bump", by=10).observation == "11"
     with pytest.raises(Conflict):
         services.envs.restore_env(ME, env_id, RestoreRequest(step=5))
@@ -124,7 +124,7 @@ def test_forks_share_the_history_and_go_their_own_way(services: Services, enviro
     a, b = (f.id for f in forks.data)
     assert step(services, a, "bump", by=100).observation == "101"
     assert state(services, b)["count"] == 1 and state(services, env_id)["count"] == 3
-    assert len(services.envs.trajectory_page(ME, b, None, None, 0).steps) == 1
+    assert len(services.history.trajectory_page(ME, b, None, None, 0).steps) == 1
     with pytest.raises(InvalidRequest):
         services.envs.fork_env(ME, env_id, ForkRequest(count=10_000))
 
@@ -136,7 +136,7 @@ def test_reset_starts_the_next_episode_and_keeps_the_last_one_readable(services:
     env = services.envs.reset_env(ME, env_id, ResetRequest(init_config={"count": 1}))
     assert (env.episode, env.step) == (2, 0) and state(services, env_id)["count"] == 1
     assert state(services, env_id, 1, episode=1)["count"] == 8
-    episodes = services.envs.episodes_page(ME, env_id, 10, 0)
+    episodes = services.history.episodes_page(ME, env_id, 10, 0)
     assert [(e.episode, e.steps) for e in episodes.data] == [(1, 1), (2, 0)]
     with pytest.raises(NotFound):
         state(services, env_id, episode=9)
@@ -160,7 +160,7 @@ def test_other_tenants_ids_are_not_found(services: Services, environment_id: str
     other = caller("team-b")
     for attempt in (lambda: services.envs.read(other, env_id),
                     lambda: services.steps.take(other, env_id, StepRequest(name="bump"), None),
-                    lambda: services.envs.state_view(other, env_id, None, None),
+                    lambda: services.history.state_at(other, env_id, None, None),
                     lambda: services.envs.delete(other, env_id),
                     lambda: services.environments.read(other, environment_id),
                     lambda: services.envs.create(other, EnvCreate(environment_id=environment_id))):
@@ -233,7 +233,7 @@ def test_max_steps_truncates_and_scores_the_episode(services: Services, scenario
     assert step(services, env.id, "bump").reward == 0.0
     last = step(services, env.id, "bump")
     assert last.truncated and not last.terminated and last.reward == 0.5  # count is 3; two bumps logged
-    trajectory = services.envs.trajectory_page(ME, env.id, None, None, 0)
+    trajectory = services.history.trajectory_page(ME, env.id, None, None, 0)
     assert trajectory.status == "truncated" and trajectory.reward == 0.5
 
 
