@@ -15,8 +15,8 @@ from sandpit.api.sandboxes import (
     CodeFailed,
     SandboxCapacity,
     SandboxError,
-    SandboxRefused,
     Sandboxes,
+    SandboxRefused,
     SandboxUnavailable,
     SessionClosedError,
 )

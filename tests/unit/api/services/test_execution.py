@@ -9,7 +9,13 @@ from api_fakes import SOURCE, caller
 from sandpit.api.app import Services
 from sandpit.api.errors import InvalidRequest, NotFound, QuotaExceeded
 from sandpit.api.schemas.scenarios import CheckSpec, ScenarioCreate
-from sandpit.api.schemas.validation import ExecuteBatchRequest, ExecuteRequest, SmokeCall, StatePair, ValidateRequest
+from sandpit.api.schemas.validation import (
+    ExecuteBatchRequest,
+    ExecuteRequest,
+    SmokeCall,
+    StatePair,
+    ValidateRequest,
+)
 from sandpit.executor.fake import FakeExecutor
 
 ME = caller()
