@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session as DbSession
 from ..db import models
 from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, collect_garbage, encode_state, load_state
-from ..errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
+from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, ServiceUnavailable
 from ..evaluations.rewards import Checks, episode_reward
 from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession
 from ..schemas.envs import (
@@ -527,7 +527,7 @@ class EnvService:
             if entry is not None:
                 try:
                     entry.session.restore(cache.encoded())
-                except SandboxError:
+                except (SandboxError, QuotaExceeded):  # no slot free: the next request restores it
                     self.live.drop(env_id)
                     entry = None
             try:

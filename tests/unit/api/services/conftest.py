@@ -23,7 +23,7 @@ def fake() -> Iterator[FakeExecutor]:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> ApiSettings:
-    return ApiSettings(data_dir=tmp_path, call_slots=4, call_queue_timeout_s=2, warm_on_start=False)
+    return ApiSettings(data_dir=tmp_path, call_slots=4, call_queue_timeout_s=0.5, warm_on_start=False)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ isolation, and episodes that end with the reward of their scenario's checks."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from sandpit.api.schemas.envs import (
     StepRequest,
 )
 from sandpit.api.schemas.scenarios import CheckSpec, ScenarioCreate
+from sandpit.api.schemas.tenants import TenantCreate
 from sandpit.api.services.tools import INVALID_ACTION
 from sandpit.executor.errors import CapacityError
 from sandpit.executor.fake import FakeExecutor
@@ -112,6 +114,32 @@ def test_restore_discards_later_steps_and_the_session_follows(services: Services
     assert step(services, env_id, "bump", by=10).observation == "11"
     with pytest.raises(Conflict):
         services.envs.restore_env(ME, env_id, RestoreRequest(step=5))
+
+
+def test_restore_without_a_free_slot_leaves_the_session_to_the_next_request(services: Services,
+                                                                            environment_id: str) -> None:
+    services.tenants.create(TenantCreate(id="team-a", quotas={"max_running_calls": 1}, create_key=False))
+    env_id = create(services, environment_id)
+    step(services, env_id, "bump", by=1)
+    step(services, env_id, "bump", by=2)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with services.sandboxes.slot("team-a"):
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert holding.wait(5)
+        env = services.envs.restore_env(ME, env_id, RestoreRequest(step=1))  # no 429: it needs no slot now
+    finally:
+        release.set()
+        thread.join()
+    assert env.step == 1 and env.status == "evicted"
+    again = step(services, env_id, "bump", by=10)
+    assert again.recovered and again.observation == "11"
 
 
 def test_forks_share_the_history_and_go_their_own_way(services: Services, environment_id: str) -> None:
