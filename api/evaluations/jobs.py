@@ -10,7 +10,7 @@ index order = request order). Two modes:
   endpoint (:mod:`.rollout`), then the checks give the reward.
 
 :class:`EvaluationJobs` validates and stores jobs and answers reads; the
-:class:`~.runner.EvaluationRunner` it owns runs episodes in the background and
+:class:`~.runner.EvaluationRunner` it starts and stops runs episodes in the background and
 resumes unfinished ones after a restart. Job statuses: ``queued`` -> ``running`` ->
 ``completed`` | ``cancelled`` | ``failed``; episode statuses: ``pending`` -> ``running``
 -> ``done`` | ``error`` | ``cancelled``.

@@ -68,7 +68,7 @@ class UserModel:
 
 @dataclass(frozen=True)
 class EpisodeConfig:
-    """Options of one episode (the stored form of :class:`~.schemas.EpisodeOptions`).
+    """Options of one episode (the stored form of :class:`~sandpit.api.schemas.envs.EpisodeOptions`).
     ``termination_action`` None and ``max_steps`` None: an open-ended episode (an env
     made without a scenario and without ``episode`` options)."""
 

@@ -18,7 +18,7 @@ enforces the dynamic ones in this process:
   unfinished evaluation jobs (enforced by :mod:`sandpit.api.evaluations.jobs`).
 
 Fixed limits (``max_profile``, ``max_*_bytes``) are checked against each request. Every
-hit raises :class:`~.errors.QuotaExceeded` (429, ``limit`` named, ``Retry-After``), before
+hit raises :class:`~sandpit.api.errors.QuotaExceeded` (429, ``limit`` named, ``Retry-After``), before
 anything is created or run.
 """
 
