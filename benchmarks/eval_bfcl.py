@@ -2,7 +2,7 @@
 ``benchmarks/tenancy.py --eval``).
 
 Registers BFCL's environments, makes one scenario per episode (ground truth replayed
-through the API, state-equality checks: :mod:`sandpit.api.bfcl_scenarios`), then times
+through the API, state-equality checks: :mod:`sandpit.importers.bfcl.scenarios`), then times
 one ``replay`` evaluation (``/v1/evaluations``) of every episode's ground-truth calls:
 wall time from create to completed, episodes/min, mean reward (1.0 expected but for the
 episode whose ground truth the tool schema refuses), and the summary.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sandpit.api.bfcl import fetch_wheel, load_suite
-from sandpit.api.bfcl_replay import register_environments
-from sandpit.api.bfcl_scenarios import make_scenarios, replay_items
-from sandpit.api.client import Client
+from sandpit.client import Client
+from sandpit.importers.bfcl import fetch_wheel, load_suite
+from sandpit.importers.bfcl.replay import register_environments
+from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
 
 
 def replay_throughput(server: Any, limit: int | None = None, concurrency: int = 8) -> dict[str, Any]:

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from gymnasium.vector import AutoresetMode
-from sandpit.api.client import Client
-from sandpit.api.rl import RLEnv, SandpitVectorEnv
+from sandpit.client import Client
+from sandpit.client.rl import RLEnv, SandpitVectorEnv
 
 from api import SOURCE, Server
 

@@ -1,7 +1,8 @@
 """Sandpit: sandboxed execution of LLM-synthesized tool environments.
 
 The distribution installs everything under this one import name: ``sandpit.executor``
-(Docker sandboxes), ``sandpit.api`` (HTTP service), ``sandpit.synthesis``,
+(Docker sandboxes), ``sandpit.api`` (HTTP service), ``sandpit.client`` (Python client,
+model client, RL adapters), ``sandpit.importers`` (BFCL, EnvScaler), ``sandpit.synthesis``,
 ``sandpit.sandbox_images`` (image definition and in-sandbox runner) and ``sandpit.cli``.
 """
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from sandpit.api.client import DEFAULT_URL, Client, SandpitError
+from sandpit.client import DEFAULT_URL, Client, SandpitError
 
 __all__ = ["DEFAULT_URL", "JsonOpt", "KeyOpt", "LimitOpt", "OffsetOpt", "QuietOpt", "UrlOpt", "checks_table",
            "connect", "console", "emit_json", "fail", "json_object", "json_or_text", "json_value", "kv_table", "out",

@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.table import Table
 from rich.text import Text
-from sandpit.api.client import Environment
 from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
@@ -38,6 +37,7 @@ from sandpit.api_cli import (
     tools_table,
     when,
 )
+from sandpit.client import Environment
 
 environments_app = typer.Typer(help="Registered environment code (a class whose public methods are the tools).",
                                no_args_is_help=True)

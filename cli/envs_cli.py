@@ -27,7 +27,6 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.table import Table
 from rich.text import Text
-from sandpit.api.client import Env, Include, StepResult, Trajectory
 from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
@@ -48,6 +47,7 @@ from sandpit.api_cli import (
     read_text,
     tools_table,
 )
+from sandpit.client import Env, Include, StepResult, Trajectory
 from sandpit.scenarios_cli import ChecksOpt, read_checks
 
 envs_app = typer.Typer(help="Live envs (instances of an environment): create, step, inspect, rewind, fork, score.",

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sandpit.api.client import Client, EvaluationJob, SandpitError, every_item
+from sandpit.client import Client, EvaluationJob, SandpitError, every_item
 
 eval_app = typer.Typer(help="Batch evaluations (replay or rollout) on a Sandpit server, with rewards from "
                             "the scenarios' check functions.", no_args_is_help=True)
@@ -50,7 +50,7 @@ ResultsOpt = Annotated[Path | None, typer.Option("--results", help="Write every 
 PollOpt = Annotated[float, typer.Option("--poll", min=0.05, help="Seconds between progress polls.")]
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code)
 
@@ -77,7 +77,7 @@ def _json_lines(path: Path) -> list[Any]:
 
 def _scenario_ids_from(path: Path) -> list[str]:
     """Ids from a file: one per line, bare or as JSON lines with ``scenario_id`` or ``id``."""
-    ids = []
+    ids: list[str] = []
     for number, item in enumerate(_json_lines(path) if path.suffix in (".jsonl", ".json") else
                                   [line.strip() for line in _read_lines(path)], start=1):
         value = item.get("scenario_id", item.get("id")) if isinstance(item, dict) else item
@@ -92,7 +92,6 @@ def _read_lines(path: Path) -> list[str]:
         return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as exc:
         _fail(f"cannot read {path}: {exc.strerror}", 2)
-    return []
 
 
 def _follow(client: Client, job: EvaluationJob, poll_s: float) -> EvaluationJob:

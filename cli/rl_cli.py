@@ -67,8 +67,8 @@ def _load(path: Path, limit: int | None) -> list[dict[str, Any]]:
 
 
 def _gymnasium_episode(client: Any, item: dict[str, Any], max_steps: int) -> EpisodeRun:
-    from sandpit.api.client import SandpitError
-    from sandpit.api.rl import RLEnv
+    from sandpit.client import SandpitError
+    from sandpit.client.rl import RLEnv
 
     run = EpisodeRun(item["scenario_id"])
     actions = [*item.get("tool_calls", []), {"name": "chat_with_user", "arguments": {"content": FINAL_REPLY}}]
@@ -91,7 +91,7 @@ def _gem_episodes(items: list[dict[str, Any]], max_steps: int) -> list[EpisodeRu
     import logging
 
     import gem
-    import sandpit.api.gem_env  # noqa: F401 - registers the sandpit:* GEM ids
+    import sandpit.client.gem_env  # noqa: F401 - registers the sandpit:* GEM ids
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # gem sets the root logger to INFO
 
@@ -143,7 +143,7 @@ def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False
          gem_episodes: Annotated[int, typer.Option(min=0, help="Episodes through the GEM env.")] = 10,
          max_steps: Annotated[int, typer.Option(min=1, help="Episode step limit.")] = 100) -> None:
     """Drive scenario-bound envs with a scripted policy through RLEnv and the GEM env."""
-    from sandpit.api.client import Client
+    from sandpit.client import Client
 
     items = _load(replay_file, limit)
     if not items:

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 from rich.text import Text
-from sandpit.api.client import Page, Scenario, every_item
 from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
@@ -37,6 +36,7 @@ from sandpit.api_cli import (
     text_value,
     when,
 )
+from sandpit.client import Page, Scenario, every_item
 
 scenarios_app = typer.Typer(help="EnvScaler scenarios: task, init_config and check functions of an environment.",
                             no_args_is_help=True)

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sandpit.api.client import Client, SandpitError
+from sandpit.client import Client, SandpitError
 from sandpit.synthesis.pipeline import Pipeline, SeedFileError, StageInputMissing, summarize
 from sandpit.synthesis.rundir import RunDir
 from sandpit.synthesis.settings import SynthSettings

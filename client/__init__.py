@@ -1,5 +1,112 @@
-"""Sandpit's Python client: the HTTP API client and the model client.
+"""Python client for Sandpit's HTTP API: `Client` (sync) and `AsyncClient` (async).
 
-* :mod:`sandpit.client.llm`: the one OpenAI-compatible model client of the code base
-  (chat completions and embeddings with retries, usage and an optional cache).
+Usage::
+
+    from sandpit.client import Client
+
+    with Client("http://127.0.0.1:8600", api_key="...") as client:
+        environment = client.environments.create(source_code, "OrderDesk")
+        env = client.envs.create(environment.id, init_config={"products": {}})
+        result = env.step("add_to_cart", customer_id="C1", product_id="P1")
+        result.status, result.observation
+        env.delete()
+
+Modules, one concept each:
+
+* `clients`: `Client`, `AsyncClient` and their namespaces: `environments`
+  (`environments.py`), `scenarios` (`scenarios.py`), `envs` and env handles (`envs.py`),
+  `evaluations` (`evaluations.py`), `admin` (`admin.py`: tenants, keys, audit with the
+  operator key);
+* `models`: the wire models; `errors`: the `SandpitError` tree (drawn there) and the
+  response -> error mapping; `calls`: every endpoint as a sans-IO `Call`;
+  `transport`: the sync and async transports and what they retry;
+* `llm`: the OpenAI-compatible model client (synthesis, rollouts, simulated users);
+* `rl` (gymnasium `RLEnv`, `AsyncRLEnv`, `SandpitVectorEnv`; `pip install 'sandpit[rl]'`)
+  and `gem_env` (GEM environments; `sandpit[gem]`): imported on their own, never here.
 """
+
+from .calls import tool_call_body
+from .clients import AsyncClient, Client
+from .envs import AsyncEnvHandle, EnvHandle
+from .errors import (
+    Conflict,
+    InvalidRequest,
+    InvalidResponse,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    SandpitConnectionError,
+    SandpitError,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+)
+from .models import (
+    ApiKey,
+    AuditEvent,
+    CheckOutcome,
+    Env,
+    Environment,
+    Episode,
+    EpisodeResult,
+    Evaluation,
+    EvaluationJob,
+    EvaluationProgress,
+    EvaluationSummary,
+    ExecResult,
+    Include,
+    Page,
+    Profile,
+    Scenario,
+    StateView,
+    StepResult,
+    Tenant,
+    ToolAction,
+    Trajectory,
+    TrajectoryStep,
+    every_item,
+)
+from .transport import DEFAULT_URL
+
+__all__ = [
+    "DEFAULT_URL",
+    "ApiKey",
+    "AsyncClient",
+    "AsyncEnvHandle",
+    "AuditEvent",
+    "CheckOutcome",
+    "Client",
+    "Conflict",
+    "Env",
+    "EnvHandle",
+    "Environment",
+    "Episode",
+    "EpisodeResult",
+    "Evaluation",
+    "EvaluationJob",
+    "EvaluationProgress",
+    "EvaluationSummary",
+    "ExecResult",
+    "Include",
+    "InvalidRequest",
+    "InvalidResponse",
+    "NotFound",
+    "Page",
+    "PayloadTooLarge",
+    "Profile",
+    "RateLimited",
+    "SandpitConnectionError",
+    "SandpitError",
+    "Scenario",
+    "ServerError",
+    "StateView",
+    "StepResult",
+    "Tenant",
+    "ToolAction",
+    "Trajectory",
+    "TrajectoryStep",
+    "Unauthorized",
+    "Unavailable",
+    "every_item",
+    "tool_call_body",
+]

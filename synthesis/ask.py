@@ -12,15 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .llm import LLM
+from sandpit.client.llm import ModelClient
+
 from .parsing import MalformedOutput
-from .prompts import render
+from .prompts import prompt_name, render
 from .records import Rejected
 
 T = TypeVar("T")
 
 
-def ask(llm: LLM, messages: Sequence[dict[str, Any]], parse: Callable[[str], T], *, attempts: int,
+def ask(llm: ModelClient, messages: Sequence[dict[str, Any]], parse: Callable[[str], T], *, attempts: int,
         what: str) -> T:
     """``parse(answer)`` of the first well-formed answer to ``messages``.
 
@@ -32,16 +33,16 @@ def ask(llm: LLM, messages: Sequence[dict[str, Any]], parse: Callable[[str], T],
 
     Raises:
         Rejected: reason ``malformed output`` after ``attempts`` malformed answers.
-        LLMUnavailable: the endpoint failed (not the model's fault: resumable).
+        ModelError: the endpoint failed (not the model's fault: resumable).
     """
     history = list(messages)
     errors: list[str] = []
     for _ in range(max(1, attempts)):
-        reply = llm.chat(history)
+        reply = llm.chat(history, label=prompt_name(history))
         try:
-            return parse(reply.content)
+            return parse(reply.text)
         except MalformedOutput as exc:
             errors.append(str(exc))
             feedback = render("retry", error=str(exc))[1]
-            history += [{"role": "assistant", "content": reply.content}, feedback]
+            history += [{"role": "assistant", "content": reply.text}, feedback]
     raise Rejected("malformed output", f"{what}: {len(errors)} malformed answer(s); last: {errors[-1]}")

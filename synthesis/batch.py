@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from pydantic import BaseModel
-from sandpit.api.client import InvalidResponse, RateLimited, SandpitConnectionError, ServerError, Unavailable
+from sandpit.client import InvalidResponse, RateLimited, SandpitConnectionError, ServerError, Unavailable
+from sandpit.client.llm import ModelError
 
-from .llm import LLMUnavailable
 from .records import ItemError, Rejected, Rejection, StageOutput
 
 T = TypeVar("T")
@@ -28,7 +28,7 @@ TRANSIENT_API_ERRORS = (SandpitConnectionError, Unavailable, RateLimited, Server
 """Sandpit client errors that are not the generated code's fault (the item is resumable)."""
 
 
-def run_items(items: Sequence[T], key: Callable[[T], str], fn: Callable[[T], BaseModel | list[BaseModel]], *,
+def run_items(items: Sequence[T], key: Callable[[T], str], fn: Callable[[T], BaseModel | Sequence[BaseModel]], *,
               concurrency: int, on_item: Callable[[], None] | None = None) -> StageOutput:
     """Apply ``fn`` to every item with at most ``concurrency`` in parallel; outcomes in
     input order. ``fn`` may return one record or several. ``on_item`` is called after each."""
@@ -39,7 +39,7 @@ def run_items(items: Sequence[T], key: Callable[[T], str], fn: Callable[[T], Bas
             return "ok", fn(item)
         except Rejected as exc:
             return "rejected", Rejection(key=key(item), reason=exc.reason, detail=exc.detail[:2000])
-        except LLMUnavailable as exc:
+        except ModelError as exc:
             return "error", ItemError(key=key(item), error=str(exc)[:2000])
         except TRANSIENT_API_ERRORS as exc:
             return "error", ItemError(key=key(item), error=f"sandpit api: {exc}"[:2000])
@@ -52,13 +52,13 @@ def run_items(items: Sequence[T], key: Callable[[T], str], fn: Callable[[T], Bas
     output = StageOutput()
     for kind, value in outcomes:
         if kind == "ok":
-            for record in value if isinstance(value, list) else [value]:  # type: ignore[union-attr]
+            for record in [value] if isinstance(value, BaseModel) else value if isinstance(value, list | tuple) else []:
                 if isinstance(record, Rejection):
                     output.rejected.append(record)
-                else:
+                elif isinstance(record, BaseModel):
                     output.items.append(record.model_dump(mode="json"))
-        elif kind == "rejected":
-            output.rejected.append(value)  # type: ignore[arg-type]
-        else:
-            output.errors.append(value)  # type: ignore[arg-type]
+        elif isinstance(value, Rejection):
+            output.rejected.append(value)
+        elif isinstance(value, ItemError):
+            output.errors.append(value)
     return output

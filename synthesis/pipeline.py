@@ -22,11 +22,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandpit.api.client import Client
-from sandpit.api.envscaler import import_files
+from sandpit.client import Client
+from sandpit.client.llm import ModelClient, ModelError
+from sandpit.importers.envscaler import import_files
 
 from .batch import run_items
-from .llm import LLM, LLMUnavailable
 from .records import (
     EnvCandidate,
     EnvDescription,
@@ -95,12 +95,12 @@ class Pipeline:
         progress: progress bar factory (see :data:`ProgressFactory`); None for none.
     """
 
-    def __init__(self, run: RunDir, settings: SynthSettings, client: Client, *, llm: LLM | None = None,
+    def __init__(self, run: RunDir, settings: SynthSettings, client: Client, *, llm: ModelClient | None = None,
                  progress: ProgressFactory | None = None) -> None:
         self.run = run
         self.settings = settings
         self.client = client
-        self.llm = llm or LLM(settings, settings.cache_dir or run.file("llm_cache"))
+        self.llm = llm or settings.model_client(settings.cache_dir or run.file("llm_cache"))
         self.progress = progress
         self.started_at = datetime.now(UTC).isoformat()
 
@@ -164,7 +164,7 @@ class Pipeline:
             descriptions = [EnvDescription.model_validate(i) for i in output.items]
             try:
                 kept, duplicates = deduplicate(descriptions, self.llm, self.settings.dedup_threshold)
-            except LLMUnavailable as exc:
+            except ModelError as exc:
                 output.errors.append(ItemError(key="dedup", error=str(exc)))
             else:
                 output.items = [d.model_dump(mode="json") for d in kept]
@@ -221,7 +221,7 @@ class Pipeline:
 
     def register(self) -> list[dict[str, Any]]:
         """Register the kept environments and their scenarios through the API
-        (``sandpit.api.envscaler.import_files``: each scenario is instantiated and its
+        (``sandpit.importers.envscaler.import_files``: each scenario is instantiated and its
         checks run once on the initial state). Writes ``registered.json``; returns its items."""
         self._input("scen_scenarios", "env_scenarios.json")
         envs, scenarios = self.run.file("env_metadata.json"), self.run.file("env_scenarios.json")

@@ -12,6 +12,7 @@ scripted test servers. Changing a template means adding the next version file an
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -36,6 +37,19 @@ VERSIONS: dict[str, int] = {
     "retry": 1,
 }
 """Template name -> the version the pipeline uses."""
+
+
+HEADER = "# sandpit-prompt "
+"""How every system message starts (then the name and the version)."""
+
+
+def prompt_name(messages: Sequence[dict[str, Any]]) -> str:
+    """The template name in the ``# sandpit-prompt <name>`` header of the first message,
+    else ``"?"`` (model usage is counted per name)."""
+    first = str(messages[0].get("content") or "") if messages else ""
+    if first.startswith(HEADER):
+        return first.split()[2]
+    return "?"
 
 
 class PromptError(LookupError):

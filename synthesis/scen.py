@@ -17,12 +17,12 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from sandpit.api.client import Client, InvalidRequest, NotFound, PayloadTooLarge
+from sandpit.client import Client, InvalidRequest, NotFound, PayloadTooLarge
+from sandpit.client.llm import ModelClient
 
 from .ask import ask
-from .llm import LLM
 from .parsing import MalformedOutput, extract_code, json_object, parse_module
-from .prompts import render
+from .prompts import prompt_name, render
 from .records import CheckRecord, Rejected, Rejection, ScenarioDraft
 from .settings import SynthSettings
 from .skel import _dump, _rules, init_config_list
@@ -63,24 +63,24 @@ def _check_source(text: str) -> str:
     return code
 
 
-def generate_check(check: CheckRecord, task: str, initial_state: dict[str, Any], llm: LLM, client: Client,
+def generate_check(check: CheckRecord, task: str, initial_state: dict[str, Any], llm: ModelClient, client: Client,
                    settings: SynthSettings) -> CheckRecord:
     """EnvScaler ScenGenerator step 3 (check function) for one checklist item, validated
     and regenerated as the module docstring says. Returns ``check`` filled in (``valid``,
     ``attempts``, ``flags``, ``errors``); never raises :class:`Rejected`.
 
     Raises:
-        LLMUnavailable, TRANSIENT_API_ERRORS: resumable failures.
+        ModelError, TRANSIENT_API_ERRORS: resumable failures.
     """
     history: list[dict[str, Any]] = render("check_function", task=task, check_item=check.check_item,
                                            state=_dump(initial_state))
     suspicious: str | None = None
     for attempt in range(1, settings.attempts + 1):
         check.attempts = attempt
-        reply = llm.chat(history)
+        reply = llm.chat(history, label=prompt_name(history))
         problem: str | None = None
         try:
-            code = _check_source(reply.content)
+            code = _check_source(reply.text)
         except MalformedOutput as exc:
             problem = str(exc)
         else:
@@ -100,7 +100,7 @@ def generate_check(check: CheckRecord, task: str, initial_state: dict[str, Any],
                 check.check_func, check.valid, check.flags = code, True, []
                 return check
         check.errors.append(problem[:2000])
-        history += [{"role": "assistant", "content": reply.content}, render("retry", error=problem)[1]]
+        history += [{"role": "assistant", "content": reply.text}, render("retry", error=problem)[1]]
     if suspicious is not None:
         check.check_func, check.valid, check.flags = suspicious, True, ["true_on_initial_state"]
     return check
@@ -120,7 +120,7 @@ def initial_state(client: Client, code: str, class_name: str, init_config: dict[
         raise Rejected("invalid init_config", exc.message) from None
 
 
-def generate_scenarios(env_id: str, record: dict[str, Any], llm: LLM, client: Client,
+def generate_scenarios(env_id: str, record: dict[str, Any], llm: ModelClient, client: Client,
                        settings: SynthSettings) -> list[ScenarioDraft | Rejection]:
     """EnvScaler ScenGenerator steps 1-3 for one kept environment (its EnvScaler metadata
     ``record``). Returns one entry per initial state config: a draft (at least one valid
@@ -129,7 +129,7 @@ def generate_scenarios(env_id: str, record: dict[str, Any], llm: LLM, client: Cl
 
     Raises:
         Rejected: ``malformed output`` (the init configs themselves).
-        LLMUnavailable, TRANSIENT_API_ERRORS: resumable failures.
+        ModelError, TRANSIENT_API_ERRORS: resumable failures.
     """
     class_name, code, tools = record["env_class_name"], record["env_class_code"], record.get("tools") or []
     configs = ask(llm, render("init_configs", class_name=class_name, code=code, count=settings.scenarios_per_env,
@@ -160,10 +160,10 @@ def generate_scenarios(env_id: str, record: dict[str, Any], llm: LLM, client: Cl
 
 
 def _task(text: str) -> str:
-    value = json_object(text, {"task": str})
-    if not value["task"].strip():
+    task: str = json_object(text, {"task": str})["task"]
+    if not task.strip():
         raise MalformedOutput("task must not be empty")
-    return value["task"].strip()
+    return task.strip()
 
 
 def scenario_records(drafts: list[ScenarioDraft], metadata: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 The model endpoint is any OpenAI-compatible server (OpenAI, vLLM, llama.cpp, a test
 double): ``SANDPIT_SYNTH_BASE_URL``, ``SANDPIT_SYNTH_MODEL``, ``SANDPIT_SYNTH_API_KEY``.
 The API key is a :class:`~pydantic.SecretStr`: it is never logged, never written to the
-run manifest and never part of a cache key.
+run manifest and never part of a cache key. Model requests go through
+:class:`sandpit.client.llm.ModelClient` (:meth:`SynthSettings.model_client`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sandpit.client.llm import ModelClient, ModelSettings
 
 
 class SynthSettings(BaseSettings):
@@ -60,6 +62,20 @@ class SynthSettings(BaseSettings):
     """Initial state configs (hence scenarios) per kept environment (ScenGenerator step 1)."""
     api_timeout_s: float = Field(120.0, gt=0)
     """Per Sandpit API call, seconds."""
+
+    def model_settings(self) -> ModelSettings:
+        """The model client's settings: ``retries`` here counts attempts, there the
+        retries after the first; ``retry_backoff_s`` is the first backoff, capped at 30 s."""
+        return ModelSettings(base_url=self.base_url, model=self.model, temperature=self.temperature,
+                             request_timeout_s=self.request_timeout_s, retries=self.retries - 1,
+                             retry_initial_s=self.retry_backoff_s, retry_max_s=30.0,
+                             embedding_model=self.embedding_model)
+
+    def model_client(self, cache_dir: Path) -> ModelClient:
+        """A model client with these settings, the key, answers cached in ``cache_dir`` and
+        at most ``max_concurrency`` requests in flight."""
+        return ModelClient(self.model_settings(), self.api_key.get_secret_value() or None, cache_dir=cache_dir,
+                           max_concurrency=self.max_concurrency)
 
     def public(self) -> dict[str, Any]:
         """The settings as JSON for the run manifest, without the API key."""

@@ -27,11 +27,11 @@ import math
 import re
 from typing import Any
 
-from sandpit.api.client import Client, EnvHandle, InvalidRequest, NotFound, PayloadTooLarge, StepResult
+from sandpit.client import Client, EnvHandle, InvalidRequest, NotFound, PayloadTooLarge, StepResult
+from sandpit.client.llm import ModelClient
 from sandpit.executor.policy import check_source
 
 from .ask import ask
-from .llm import LLM
 from .parsing import (
     MalformedOutput,
     assemble_class,
@@ -43,7 +43,7 @@ from .parsing import (
     parse_module,
     python_identifier,
 )
-from .prompts import render
+from .prompts import prompt_name, render
 from .records import (
     CallCase,
     EnvCandidate,
@@ -69,14 +69,14 @@ def _rules(rules: list[str]) -> str:
 
 
 # -- stage 1 ---------------------------------------------------------------------------------
-def describe_task(seed: SeedTask, llm: LLM, settings: SynthSettings) -> EnvDescription:
+def describe_task(seed: SeedTask, llm: ModelClient, settings: SynthSettings) -> EnvDescription:
     """EnvScaler SkelBuilder stage 1, steps 1-2: judge statefulness, infer the environment.
 
     Returns the description (``env_id`` = ``env_<task_id>``).
 
     Raises:
         Rejected: ``not stateful``, or ``malformed output`` after ``settings.attempts``.
-        LLMUnavailable: the model endpoint failed.
+        ModelError: the model endpoint failed.
     """
     def judged(text: str) -> dict[str, Any]:
         return json_object(text, {"stateful": bool})
@@ -108,7 +108,7 @@ def _cosine(a: list[float], b: list[float]) -> float:
     return dot / norm if norm else 0.0
 
 
-def deduplicate(descriptions: list[EnvDescription], llm: LLM,
+def deduplicate(descriptions: list[EnvDescription], llm: ModelClient,
                 threshold: float) -> tuple[list[EnvDescription], list[Rejection]]:
     """EnvScaler SkelBuilder stage 1, optional step 3: embed ``summary + introduction``
     (the endpoint's embeddings API) and drop each description whose cosine similarity to
@@ -117,7 +117,7 @@ def deduplicate(descriptions: list[EnvDescription], llm: LLM,
     Returns (kept in input order, rejections with reason ``duplicate``).
 
     Raises:
-        LLMUnavailable: the embeddings endpoint failed.
+        ModelError: the embeddings endpoint failed.
     """
     if len(descriptions) < 2:
         return list(descriptions), []
@@ -163,7 +163,7 @@ def _operations(text: str) -> list[Operation]:
     return operations
 
 
-def build_environment(description: EnvDescription, llm: LLM, client: Client,
+def build_environment(description: EnvDescription, llm: ModelClient, client: Client,
                       settings: SynthSettings) -> EnvCandidate:
     """EnvScaler SkelBuilder stage 2 (logic modeling), steps 1-6, for one description.
 
@@ -173,7 +173,7 @@ def build_environment(description: EnvDescription, llm: LLM, client: Client,
         Rejected: ``malformed output`` (a step's answers stayed malformed), ``policy``
             (static policy errors), ``validation`` (the sandbox could not load or
             instantiate the class, or the API refused the code).
-        LLMUnavailable, TRANSIENT_API_ERRORS: resumable failures.
+        ModelError, TRANSIENT_API_ERRORS: resumable failures.
     """
     common = {"summary": description.environment_summary, "introduction": description.environment_introduction}
     space = ask(llm, render("state_space", task=description.task, **common), _state_space,
@@ -242,7 +242,7 @@ def init_config_list(text: str, count: int) -> list[dict[str, Any]]:
         MalformedOutput: not that shape.
     """
     value = json_object(text, {"init_configs": list})
-    configs = value["init_configs"]
+    configs: list[dict[str, Any]] = value["init_configs"]
     if not configs or not all(isinstance(c, dict) for c in configs):
         raise MalformedOutput("init_configs must be a non-empty list of JSON objects")
     return configs[:count]
@@ -284,7 +284,7 @@ def _step(env: EnvHandle, name: str, arguments: str) -> StepResult:
                           duration_ms=0.0)
 
 
-def check_environment(candidate: EnvCandidate, llm: LLM, client: Client, settings: SynthSettings) -> QualityReport:
+def check_environment(candidate: EnvCandidate, llm: ModelClient, client: Client, settings: SynthSettings) -> QualityReport:
     """EnvScaler SkelBuilder stage 3 (quality evaluation) for one candidate.
 
     For each test initial state: an env is created from the candidate's code through the
@@ -296,7 +296,7 @@ def check_environment(candidate: EnvCandidate, llm: LLM, client: Client, setting
     Raises:
         Rejected: ``malformed output`` (test states or judgements), ``quality check`` (a
             test state does not instantiate, or no tool call was made).
-        LLMUnavailable, TRANSIENT_API_ERRORS: resumable failures.
+        ModelError, TRANSIENT_API_ERRORS: resumable failures.
     """
     rules = _rules(candidate.constraints_rules)
     configs = ask(llm, render("test_configs", class_name=candidate.env_class_name, code=candidate.env_class_code,
@@ -316,13 +316,13 @@ def check_environment(candidate: EnvCandidate, llm: LLM, client: Client, setting
                 "test_agent", class_name=candidate.env_class_name, rules=rules,
                 introduction=candidate.environment_introduction, state=_dump(env.state()))
             for _ in range(settings.max_test_calls):
-                reply = llm.chat(messages, tools=env.tools)
+                reply = llm.chat(messages, env.tools, label=prompt_name(messages))
                 if not reply.tool_calls:
                     break
                 messages.append({"role": "assistant", "content": reply.content or None, "tool_calls": [
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                     for c in reply.tool_calls]})
-                case_type, thought = _case_header(reply.content)
+                case_type, thought = _case_header(reply.text)
                 for call in reply.tool_calls:
                     result = _step(env, call.name, call.arguments)
                     verdict = ask(llm, render(

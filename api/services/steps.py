@@ -92,7 +92,7 @@ class StepOutcome:
         run = self.run
         if run.result is not None:
             return run.result
-        return CallResult(status=run.status, observation=run.observation,  # type: ignore[arg-type]
+        return CallResult(status=run.status, observation=run.observation,
                           duration_ms=run.duration_ms)
 
     def diff(self) -> dict[str, Any] | None:
@@ -105,8 +105,8 @@ class StepOutcome:
         """The step as the API shows it, with the ``?include=`` parts in ``wanted``."""
         run, r = self.run, self.result
         return StepResult(env_id=self.env_id, episode=self.episode, step=self.step, action=self.action,
-                          observation=run.observation, status=run.status,  # type: ignore[arg-type]
-                          observation_role=run.role, reward=self.reward,  # type: ignore[arg-type]
+                          observation=run.observation, status=run.status,
+                          observation_role=run.role, reward=self.reward,
                           terminated=self.terminated, truncated=self.truncated, duration_ms=run.duration_ms,
                           stdout=clean_text(r.stdout), stderr=clean_text(r.stderr),
                           traceback=clean_text(r.traceback) if r.traceback else None, error=run.error,

@@ -8,6 +8,10 @@
 * ``open_env``: opens sessions and closes every one of them when the test ends.
 * ``leak_check``: after every pool has closed, no ``sandpit=1`` container made by this
   process (or by a dead one) may remain.
+* ``server``, ``make_server``, ``make_module_server``: real ``sandpit serve`` processes
+  (``api_server.ApiServer`` in tests/support) for the API's tests and its clients' (the
+  Python client, importers, CLI, synthesis); ``api`` an httpx client of tenant ``default``,
+  ``counter_env_id`` / ``counter_source`` the Counter test environment.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from typing import Any
 
 import docker
 import docker.errors
+import httpx
 import pytest
 import requests.exceptions
+from api_server import COUNTER_SOURCE, ApiServer
 from sandpit.executor import engine
 from sandpit.executor.errors import ImageError
 from sandpit.executor.images import resolve_image
@@ -246,3 +252,67 @@ class Probe:
 @pytest.fixture
 def probe() -> Probe:
     return Probe()
+
+
+# -- API servers (sandpit serve subprocesses) -------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator[ApiServer]:
+    """One API server per test module."""
+    instance = ApiServer(tmp_path_factory.mktemp("api")).start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def api(server: ApiServer) -> Iterator[httpx.Client]:
+    """httpx client of tenant ``default`` on the module's server."""
+    with server.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def counter_env_id(server: ApiServer) -> str:
+    """A registered Counter environment on the module's server."""
+    with server.client() as client:
+        response = client.post("/v1/environments", json={"name": "counter", "source_code": COUNTER_SOURCE,
+                                                         "class_name": "Counter"})
+        assert response.status_code == 201, response.text
+        return response.json()["id"]
+
+
+@pytest.fixture(scope="session")
+def counter_source() -> str:
+    """Source of the Counter test environment (untrusted code: it only runs in sandboxes)."""
+    return COUNTER_SOURCE
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, leak_check, sandbox_image) -> Iterator:
+    """``make_server(**env)`` -> a started :class:`ApiServer` of this test (stopped after)."""
+    started: list[ApiServer] = []
+
+    def make(**env: str) -> ApiServer:
+        instance = ApiServer(tmp_path / f"server{len(started)}", **env)
+        started.append(instance)
+        return instance.start()
+
+    yield make
+    for instance in started:
+        instance.stop()
+
+
+@pytest.fixture(scope="module")
+def make_module_server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator:
+    """Like ``make_server``, but the servers live for the whole test module."""
+    started: list[ApiServer] = []
+
+    def make(**env: str) -> ApiServer:
+        instance = ApiServer(tmp_path_factory.mktemp("api"), **env)
+        started.append(instance)
+        return instance.start()
+
+    yield make
+    for instance in started:
+        instance.stop()

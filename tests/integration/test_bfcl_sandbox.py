@@ -13,9 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sandpit.api import bfcl
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.session import Session
+from sandpit.importers import bfcl
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ def suite() -> bfcl.BfclSuite:
     wheel = bfcl.cached_wheel()
     if wheel is None:
         reason = (f"{bfcl.WHEEL_FILENAME} is not cached in {bfcl.default_cache_dir()}; "
-                  "run scripts/setup (it runs `python -m sandpit.api.bfcl fetch`)")
+                  "run scripts/setup (it runs `sandpit bfcl fetch`)")
         if os.environ.get("SANDPIT_REQUIRE_DOCKER"):
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)

@@ -1,7 +1,7 @@
 """An in-process stand-in for Sandpit's env and episode routes, for unit tests of the RL
 adapters (never a real sandbox: the "environment" is a counter kept in a dict).
 
-``EpisodeDouble().client()`` / ``.async_client()`` give real ``sandpit.api.client``
+``EpisodeDouble().client()`` / ``.async_client()`` give real ``sandpit.client``
 clients over an ``httpx.MockTransport`` whose handler imitates the HTTP contract: ``POST
 /v1/envs`` (from a scenario or an environment, with ``episode`` options), ``/reset``,
 ``/step`` (``{"name","arguments"}``, an OpenAI tool call or ``{"text"}``), ``GET``/``DELETE
@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from sandpit.api.client import AsyncClient, Client
+from sandpit.client import AsyncClient, Client
 
 TOOLS = [
     {"type": "function", "function": {"name": "bump", "description": "Add `by` to the counter.",

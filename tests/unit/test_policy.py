@@ -10,7 +10,6 @@ import textwrap
 from collections import Counter
 
 import pytest
-from sandpit.api import bfcl
 from sandpit.executor.policy import (
     DEFAULT_ALLOWED_IMPORTS,
     MAX_FINDINGS,
@@ -23,6 +22,7 @@ from sandpit.executor.policy import (
     check_source,
     get_policy,
 )
+from sandpit.importers import bfcl
 from sandpit.sandbox_images import DEFINITION_DIR
 
 
@@ -437,7 +437,7 @@ def bfcl_modules() -> dict[str, str]:
     wheel = bfcl.cached_wheel()
     if wheel is None:
         reason = (f"{bfcl.WHEEL_FILENAME} is not cached in {bfcl.default_cache_dir()}; run scripts/setup "
-                  "(it runs `python -m sandpit.api.bfcl fetch`)")
+                  "(it runs `sandpit bfcl fetch`)")
         if os.environ.get("SANDPIT_REQUIRE_DOCKER"):
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)

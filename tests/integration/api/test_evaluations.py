@@ -344,7 +344,7 @@ def test_quotas_and_cancel(server: Any, counter_source: str, llm: ScriptedLLM) -
 @pytest.mark.slow
 def test_restart_mid_evaluation_loses_and_duplicates_nothing(make_server: Any, counter_source: str,
                                                              llm: ScriptedLLM) -> None:
-    from sandpit.api.client import Client
+    from sandpit.client import Client
 
     server = make_server()
     key = "sk-restart-" + secrets.token_hex(16)

@@ -57,10 +57,7 @@ def private_reaches(path: Path) -> list[str]:
     return out
 
 
-LEAVING = {"client", "rl", "gem_env", "bfcl", "bfcl_replay", "bfcl_scenarios", "envscaler"}
-"""Clients of the API still in ``api/``: branch r13-client moves them to ``client/`` and
-``importers/`` (they are no part of the server, so the rules do not apply to them)."""
-MODULES = {module_name(p): p for p in sorted(API.rglob("*.py")) if p.parent != API or p.stem not in LEAVING}
+MODULES = {module_name(p): p for p in sorted(API.rglob("*.py"))}
 
 
 def under(name: str, prefix: str) -> bool:

@@ -1,10 +1,11 @@
-"""Fixtures for API tests: a real ``sandpit serve`` process (uvicorn, real SQLite file,
-real Docker Engine) on a loopback port, and an httpx client to it.
+"""A real ``sandpit serve`` process (uvicorn, real SQLite file, real Docker Engine) on a
+loopback port, for the tests of the API and of its clients (the fixtures that start them
+are in ``tests/integration/conftest.py``).
 
 Servers run as subprocesses so tests can ``kill -9`` and restart them. Every sandbox they
-create is labeled with their pid as owner; the parent conftest's leak check fails the run
-if any container of a dead owner is left (a graceful stop removes them; after ``kill -9``
-the next server's start-up reaper does).
+create is labeled with their pid as owner; the integration conftest's leak check fails the
+run if any container of a dead owner is left (a graceful stop removes them; after
+``kill -9`` the next server's start-up reaper does).
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from sandpit.api.db.engine import upgrade
 
 COUNTER_SOURCE = '''
@@ -178,66 +177,3 @@ class ApiServer:
         self.process.kill()
         self.process.wait()
         self.process = None
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator[ApiServer]:
-    """One API server per test module."""
-    instance = ApiServer(tmp_path_factory.mktemp("api")).start()
-    try:
-        yield instance
-    finally:
-        instance.stop()
-
-
-@pytest.fixture
-def api(server: ApiServer) -> Iterator[httpx.Client]:
-    """httpx client of tenant ``default`` on the module's server."""
-    with server.client() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def counter_env_id(server: ApiServer) -> str:
-    """A registered Counter environment on the module's server."""
-    with server.client() as client:
-        response = client.post("/v1/environments", json={"name": "counter", "source_code": COUNTER_SOURCE,
-                                                         "class_name": "Counter"})
-        assert response.status_code == 201, response.text
-        return response.json()["id"]
-
-
-@pytest.fixture(scope="session")
-def counter_source() -> str:
-    """Source of the Counter test environment (untrusted code: it only runs in sandboxes)."""
-    return COUNTER_SOURCE
-
-
-@pytest.fixture
-def make_server(tmp_path: Path, leak_check, sandbox_image) -> Iterator:
-    """``make_server(**env)`` -> a started :class:`ApiServer` of this test (stopped after)."""
-    started: list[ApiServer] = []
-
-    def make(**env: str) -> ApiServer:
-        instance = ApiServer(tmp_path / f"server{len(started)}", **env)
-        started.append(instance)
-        return instance.start()
-
-    yield make
-    for instance in started:
-        instance.stop()
-
-
-@pytest.fixture(scope="module")
-def make_module_server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator:
-    """Like ``make_server``, but the servers live for the whole test module."""
-    started: list[ApiServer] = []
-
-    def make(**env: str) -> ApiServer:
-        instance = ApiServer(tmp_path_factory.mktemp("api"), **env)
-        started.append(instance)
-        return instance.start()
-
-    yield make
-    for instance in started:
-        instance.stop()

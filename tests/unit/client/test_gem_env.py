@@ -1,4 +1,4 @@
-"""The GEM environments (`sandpit.api.gem_env`) through the real `gem` package (its
+"""The GEM environments (`sandpit.client.gem_env`) through the real `gem` package (its
 registry, `make`, `make_vec` and wrappers) against the in-process episode double."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from episode_double import EpisodeDouble
-from sandpit.api.client import Client, NotFound
+from sandpit.client import Client, NotFound
 
 gem = pytest.importorskip("gem", reason="gem-llm is installed with the dev extra (Python <= 3.12)")
-gem_env = pytest.importorskip("sandpit.api.gem_env")
+gem_env = pytest.importorskip("sandpit.client.gem_env")
 from gem.wrappers.episode_tracking_wrapper import EpisodeTrackingWrapper  # noqa: E402
 from gem.wrappers.observation_wrapper import ObservationWrapper  # noqa: E402
 
@@ -30,8 +30,8 @@ def client(double: EpisodeDouble) -> Iterator[Client]:
 def test_registered_on_import() -> None:
     from gem.envs.registration import ENV_REGISTRY
 
-    assert ENV_REGISTRY[gem_env.NON_CONV_ID].entry_point == "sandpit.api.gem_env:SandpitNonConvEnv"
-    assert ENV_REGISTRY[gem_env.CONV_ID].entry_point == "sandpit.api.gem_env:SandpitConvEnv"
+    assert ENV_REGISTRY[gem_env.NON_CONV_ID].entry_point == "sandpit.client.gem_env:SandpitNonConvEnv"
+    assert ENV_REGISTRY[gem_env.CONV_ID].entry_point == "sandpit.client.gem_env:SandpitConvEnv"
 
 
 def test_non_conversational_env_is_envscaler_shaped(client: Client, double: EpisodeDouble) -> None:

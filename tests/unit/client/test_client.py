@@ -30,12 +30,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sandpit.api import client as sp
-from sandpit.api.client import (
+from sandpit.client import (
     AsyncClient,
+    AsyncEnvHandle,
     Client,
     Conflict,
     Env,
+    EnvHandle,
     Environment,
     InvalidRequest,
     InvalidResponse,
@@ -50,7 +51,9 @@ from sandpit.api.client import (
     Trajectory,
     Unauthorized,
     Unavailable,
+    tool_call_body,
 )
+from sandpit.client.errors import parse_retry_after
 
 SOURCE = "class Counter:\n    def __init__(self, init_config):\n        self.total = 0\n"
 MAX_SOURCE = 10_000
@@ -462,7 +465,7 @@ def test_env_lifecycle_request_shapes(client: Client, double: Double) -> None:
     assert env.state() == {"total": 15, "submitted": False}
 
     forks = env.fork(step=0, count=2)
-    assert len(forks) == 2 and all(isinstance(f, sp.EnvHandle) for f in forks)
+    assert len(forks) == 2 and all(isinstance(f, EnvHandle) for f in forks)
     assert double.calls("POST", f"/v1/envs/{env.id}/fork")[0].body == {"step": 0, "count": 2}
     assert forks[0].state() == {"total": 10, "submitted": False} and forks[0].id != env.id
     assert env.fork()[0].env.step == 1
@@ -576,19 +579,19 @@ def test_openai_tool_call_dict_and_object(client: Client, double: Double) -> Non
 
 
 def test_tool_call_body_shapes() -> None:
-    assert sp.tool_call_body({"name": "a"}) == ("a", {"name": "a", "arguments": {}})
-    assert sp.tool_call_body({"function": {"name": "a", "arguments": {"x": 1}}}) == (
+    assert tool_call_body({"name": "a"}) == ("a", {"name": "a", "arguments": {}})
+    assert tool_call_body({"function": {"name": "a", "arguments": {"x": 1}}}) == (
         "a", {"name": "a", "arguments": {"x": 1}})
     # malformed calls are sent as they are: the server records them as rejected steps
-    assert sp.tool_call_body({"name": 3}) == ("3", {"name": "3", "arguments": {}})
-    assert sp.tool_call_body({"name": "a", "arguments": [1]}) == ("a", {"name": "a", "arguments": [1]})
-    assert sp.tool_call_body({"function": {"name": "a", "arguments": "{bad"}})[1] == {
+    assert tool_call_body({"name": 3}) == ("3", {"name": "3", "arguments": {}})
+    assert tool_call_body({"name": "a", "arguments": [1]}) == ("a", {"name": "a", "arguments": [1]})
+    assert tool_call_body({"function": {"name": "a", "arguments": "{bad"}})[1] == {
         "type": "function", "function": {"name": "a", "arguments": "{bad"}}
-    assert sp.tool_call_body("<tool_call>{}</tool_call>") == ("", {"text": "<tool_call>{}</tool_call>"})
-    assert sp.tool_call_body({"text": "hello"}) == ("", {"text": "hello"})
+    assert tool_call_body("<tool_call>{}</tool_call>") == ("", {"text": "<tool_call>{}</tool_call>"})
+    assert tool_call_body({"text": "hello"}) == ("", {"text": "hello"})
     for bad in ({}, {"function": "a"}, object(), None):
         with pytest.raises(TypeError):
-            sp.tool_call_body(bad)
+            tool_call_body(bad)
 
 
 # --------------------------------------------------------------------------- errors and retries
@@ -671,14 +674,14 @@ def test_errors_survive_pickling() -> None:
 
 
 def test_parse_retry_after() -> None:
-    assert sp._parse_retry_after("3") == 3.0
-    assert sp._parse_retry_after("0.5") == 0.5
-    assert sp._parse_retry_after("-4") == 0.0
-    assert sp._parse_retry_after(None) is None
-    assert sp._parse_retry_after("soon") is None
-    assert sp._parse_retry_after("nan") is None
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after("0.5") == 0.5
+    assert parse_retry_after("-4") == 0.0
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("nan") is None
     future = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
-    assert 25 < (sp._parse_retry_after(future) or 0) <= 30
+    assert 25 < (parse_retry_after(future) or 0) <= 30
 
 
 def test_step_is_not_retried_after_a_read_timeout(server: tuple[str, Double], double: Double) -> None:
@@ -716,7 +719,7 @@ def test_transport_error_retries_by_phase() -> None:
         return httpx.Response(200, json={"env_id": "e1", "episode": 1, "step": 0, "state": {}})
 
     with mock_client(handler) as c:
-        env = sp.EnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
+        env = EnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
                                      created_at=datetime.now(UTC)))
         assert env.state() == {}  # connect error: never sent, retried
         with pytest.raises(SandpitConnectionError) as info:
@@ -734,7 +737,7 @@ def test_connect_errors_are_retried_three_times_even_for_step() -> None:
         raise httpx.ConnectTimeout("no route", request=request)
 
     with mock_client(handler) as c:
-        env = sp.EnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
+        env = EnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
                                      created_at=datetime.now(UTC)))
         with pytest.raises(SandpitConnectionError) as info:
             env.step("add")
@@ -808,7 +811,7 @@ def test_trajectory_tolerates_rejected_actions(client: Client, double: Double) -
         {**step, "step": 1, "action": None},
         {**step, "step": 2, "action": {"name": "add", "arguments": "{amount: 2"}}]}
     double.fault("GET", "/v1/envs/e1/trajectory", body=json.dumps(body).encode())
-    handle = sp.EnvHandle(client._t, Env(id="e1", step=2, episode=1, status="live", created_at=datetime.now(UTC)))
+    handle = EnvHandle(client._t, Env(id="e1", step=2, episode=1, status="live", created_at=datetime.now(UTC)))
     trajectory = handle.trajectory()
     assert trajectory.steps[0].action is None
     assert trajectory.steps[1].action is not None and trajectory.steps[1].action.arguments == "{amount: 2"
@@ -832,7 +835,7 @@ def test_async_client_parity(server: tuple[str, Double], double: Double) -> None
             assert (await c.environments.get(environment.id)) == environment
             assert (await c.environments.list(limit=1)).count == 1
             env = await c.envs.create(environment.id, init_config={"start": 1})
-            assert isinstance(env, sp.AsyncEnvHandle) and env.tools == TOOLS
+            assert isinstance(env, AsyncEnvHandle) and env.tools == TOOLS
             double.fault("POST", "/v1/envs/*/step", status=503, body=error_body("busy", "busy"),
                          headers={"Retry-After": "0.05"})
             assert (await env.step("add", amount=2)).observation == "3"
@@ -881,7 +884,7 @@ def test_async_step_not_retried_after_read_timeout() -> None:
 
     async def scenario() -> None:
         async with AsyncClient("http://127.0.0.1:9", transport=httpx.MockTransport(handler)) as c:
-            env = sp.AsyncEnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
+            env = AsyncEnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
                                               created_at=datetime.now(UTC)))
             with pytest.raises(SandpitConnectionError):
                 await env.step("add")

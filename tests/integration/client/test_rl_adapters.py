@@ -1,4 +1,4 @@
-"""The RL adapters (`sandpit.api.rl`, `sandpit.api.gem_env`) against a real `sandpit serve`
+"""The RL adapters (`sandpit.client.rl`, `sandpit.client.gem_env`) against a real `sandpit serve`
 (real SQLite, real sandboxes): gymnasium's env checker, scenario-bound rewards, truncation,
 a conversational episode whose simulated user is the scripted OpenAI-compatible server
 (`fake_openai`, loopback), the vector env's autoreset and throughput, the GEM envs through
@@ -19,8 +19,8 @@ import pytest
 from fake_openai import Rule, ScriptedLLM
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
-from sandpit.api.client import Client, NotFound
-from sandpit.api.rl import GYMNASIUM_ID, RLEnv, SandpitVectorEnv
+from sandpit.client import Client, NotFound
+from sandpit.client.rl import GYMNASIUM_ID, RLEnv, SandpitVectorEnv
 
 pytestmark = pytest.mark.docker
 
@@ -187,7 +187,7 @@ def test_gem_envs_through_the_real_gem_package(server: Any, scenarios: list[str]
                                               user_llm: ScriptedLLM) -> None:
     gem = pytest.importorskip("gem", reason="gem-llm is installed with the dev extra (Python <= 3.12)")
     from gem.wrappers.episode_tracking_wrapper import EpisodeTrackingWrapper
-    from sandpit.api import gem_env
+    from sandpit.client import gem_env
 
     envs = gem.make_vec([gem_env.NON_CONV_ID] * 2, wrappers=[EpisodeTrackingWrapper], async_mode=True, seed=5,
                         base_url=server.url, api_key=server.api_key, scenario_ids=scenarios, mode="train")

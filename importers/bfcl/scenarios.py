@@ -4,7 +4,7 @@ evaluations (``/v1/evaluations``).
 BFCL multi-turn scores a model by its *state*: after the model's calls, every involved
 class instance must equal the instance the ground-truth calls produce, attribute by
 attribute, its private (``_``) attributes left out (BFCL's state checker). Here the ground
-truth is replayed through the API (:func:`~.bfcl_replay.replay_episode`), the resulting
+truth is replayed through the API (:func:`~.replay.replay_episode`), the resulting
 stored state is read back (its JSON view, ``$`` tags for objects and sets), and each
 state attribute becomes one checklist item whose check function brings the real value it
 gets (check functions see real objects) to the same plain form (:func:`plain`: objects
@@ -22,11 +22,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner.child_render import is_tag
+from sandpit.client import Client, SandpitError, every_item
 
-from .bfcl import BfclEpisode, BfclSuite
-from .bfcl_replay import replay_episode
-from .client import Client, SandpitError, every_item
+from .replay import replay_episode
+from .suite import BfclEpisode, BfclSuite
 
 MAX_TASK_CHARS = 20_000
 
@@ -109,6 +108,16 @@ def _digest(value):
 """
 """The plain form of a real value, as a check function computes it (our own code, run
 only inside sandboxes as part of each check's source)."""
+
+
+def is_tag(value: object) -> bool:
+    """True when ``value`` (a state rendering) is a ``$`` tag: a one-key dict whose key
+    starts with ``$`` (the rendering's rule, ``sandbox_images/runner/render.py``, restated
+    here: an importer reads the API's JSON and imports nothing of the server's)."""
+    if type(value) is not dict or len(value) != 1:
+        return False
+    key = next(iter(value))
+    return isinstance(key, str) and key.startswith("$")
 
 
 class NotComparable(ValueError):

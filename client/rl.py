@@ -43,29 +43,21 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, SupportsFloat, TypeVar
+from typing import Any, SupportsFloat, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvCreator, EnvSpec, VectorEnvCreator
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .client import (
-    AsyncClient,
-    AsyncEnvHandle,
-    Client,
-    Conflict,
-    Env,
-    EnvHandle,
-    NotFound,
-    PayloadTooLarge,
-    SandpitError,
-    StepResult,
-    tool_call_body,
-)
+from .calls import tool_call_body
+from .clients import AsyncClient, Client
+from .envs import AsyncEnvHandle, EnvHandle
+from .errors import Conflict, NotFound, PayloadTooLarge, SandpitError
+from .models import Env, StepResult
 
 __all__ = [
     "GYMNASIUM_ID",
@@ -132,7 +124,7 @@ class UnicodeText(spaces.Text):
 
     def __eq__(self, other: object, /) -> bool:
         return (type(other) is type(self) and super().__eq__(other)
-                and self.sample_max_length == other.sample_max_length)  # type: ignore[attr-defined]
+                and self.sample_max_length == other.sample_max_length)
 
     def __hash__(self) -> int:
         return hash((type(self), self.min_length, self.max_length, self.characters, self.sample_max_length))
@@ -144,7 +136,7 @@ class UnicodeText(spaces.Text):
 class ToolCallSpace(UnicodeText):
     """Actions: raw model text (a `str`, any characters) or a structured tool call
     (`{"name", "arguments"}`, an OpenAI tool call dict or SDK object, `{"text": ...}`;
-    see `sandpit.api.client.tool_call_body`). `sample()` gives text, as a model would."""
+    see `sandpit.client.tool_call_body`). `sample()` gives text, as a model would."""
 
     def contains(self, x: Any) -> bool:
         if isinstance(x, str):
@@ -235,8 +227,10 @@ class _Episodes:
     environment_id: str | None
     init_config: dict[str, Any] | None
     episode: dict[str, Any] | None
-    observation_space: UnicodeText
-    action_space: ToolCallSpace
+    observation_space: spaces.Space[str]
+    """A `UnicodeText`."""
+    action_space: spaces.Space[Any]
+    """A `ToolCallSpace`."""
 
     def _configure(self, scenario_ids: str | Sequence[str] | None, environment_id: str | None,
                    init_config: Mapping[str, Any] | None, episode: Mapping[str, Any] | None) -> None:
@@ -328,7 +322,7 @@ class RLEnv(_Episodes, gym.Env[str, Any]):
         self._handle: EnvHandle | None = None
         self._running = False
         # spec.make() builds a sibling on the same client; no key is kept in the spec
-        self.spec = EnvSpec(id=GYMNASIUM_ID, entry_point=type(self), nondeterministic=True,
+        self.spec = EnvSpec(id=GYMNASIUM_ID, entry_point=cast(EnvCreator, type(self)), nondeterministic=True,
                             order_enforce=False, disable_env_checker=True,
                             kwargs={"client": self.client, "scenario_ids": scenario_ids,
                                     "environment_id": environment_id, "init_config": init_config, "episode": episode})
@@ -594,7 +588,8 @@ class SandpitVectorEnv(VectorEnv[tuple[str, ...], tuple[Any, ...], np.ndarray]):
         """Run `calls` concurrently; returns the results of those that succeeded and the
         first failure (None when all succeeded)."""
         async def all_of() -> list[Any]:
-            return await asyncio.gather(*(call() for call in calls.values()), return_exceptions=True)
+            results: list[Any] = await asyncio.gather(*(call() for call in calls.values()), return_exceptions=True)
+            return results
 
         outcomes = dict(zip(calls, self._loop.run(all_of()), strict=True))
         errors = [o for o in outcomes.values() if isinstance(o, BaseException)]
@@ -681,4 +676,7 @@ def _bind(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) 
 
 
 if GYMNASIUM_ID not in gym.registry:
-    gym.register(GYMNASIUM_ID, entry_point=RLEnv, vector_entry_point=SandpitVectorEnv, nondeterministic=True)
+    # the classes are the creators gymnasium calls with keyword arguments (its protocols
+    # want `**kwargs` only, which their signatures spell out)
+    gym.register(GYMNASIUM_ID, entry_point=cast(EnvCreator, RLEnv),
+                 vector_entry_point=cast(VectorEnvCreator, SandpitVectorEnv), nondeterministic=True)

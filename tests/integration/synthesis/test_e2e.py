@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from fake_openai import Rule, ScriptedLLM, ToolCallScript
-from sandpit.api.client import Client
+from sandpit.client import Client
 from sandpit.synth_cli import synth_app
 from typer.testing import CliRunner
 

@@ -14,8 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sandpit.api import bfcl
-from sandpit.api.bfcl import BfclImportError, ToolCall, parse_call
+from sandpit.cli import app
+from sandpit.importers import bfcl
+from sandpit.importers.bfcl import BfclImportError, ToolCall, parse_call
+from sandpit.importers.bfcl import wheel as bfcl_wheel
+from typer.testing import CliRunner
 
 BFCL_CLASSES = {"GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot",
                 "TravelAPI", "VehicleControlAPI"}
@@ -26,7 +29,7 @@ def cached_wheel_or_skip() -> Path:
     wheel = bfcl.cached_wheel()
     if wheel is None:
         reason = (f"{bfcl.WHEEL_FILENAME} is not cached in {bfcl.default_cache_dir()}; "
-                  "run scripts/setup (it runs `python -m sandpit.api.bfcl fetch`)")
+                  "run scripts/setup (it runs `sandpit bfcl fetch`)")
         if os.environ.get("SANDPIT_REQUIRE_DOCKER"):
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
@@ -325,16 +328,16 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 def test_fetch_returns_a_cached_wheel_without_downloading(
-        wheel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        wheel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copy(wheel, tmp_path / bfcl.WHEEL_FILENAME)
 
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("fetch_wheel ran pip although the wheel is cached")
 
-    monkeypatch.setattr(bfcl.subprocess, "run", no_network)
+    monkeypatch.setattr(bfcl_wheel.subprocess, "run", no_network)
     assert bfcl.fetch_wheel(tmp_path) == tmp_path / bfcl.WHEEL_FILENAME
-    assert bfcl.main(["fetch", "--cache", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / bfcl.WHEEL_FILENAME)
+    fetched = CliRunner().invoke(app, ["bfcl", "fetch", "--cache", str(tmp_path)])
+    assert fetched.exit_code == 0 and fetched.stdout.strip() == str(tmp_path / bfcl.WHEEL_FILENAME)
 
 
 def test_fetch_refuses_a_wheel_with_another_digest(tmp_path: Path) -> None:
@@ -343,22 +346,21 @@ def test_fetch_refuses_a_wheel_with_another_digest(tmp_path: Path) -> None:
         bfcl.fetch_wheel(tmp_path)
 
 
-def test_fetch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_fetch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
 
     def offline(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         seen.append(command)
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found")
 
-    monkeypatch.setattr(bfcl.subprocess, "run", offline)
+    monkeypatch.setattr(bfcl_wheel.subprocess, "run", offline)
     with pytest.raises(BfclImportError, match="could not download bfcl-eval==2026.3.23.*No matching distribution"):
         bfcl.fetch_wheel(tmp_path / "cache")
     assert seen[0][1:4] == ["-m", "pip", "download"]
     assert "--no-deps" in seen[0] and "--only-binary=:all:" in seen[0]
     assert list((tmp_path / "cache").iterdir()) == []  # the staging directory is gone
-    assert bfcl.main(["fetch", "--cache", str(tmp_path / "cache")]) == 1
-    assert "could not download" in capsys.readouterr().err
+    failed = CliRunner().invoke(app, ["bfcl", "fetch", "--cache", str(tmp_path / "cache")])
+    assert failed.exit_code == 1 and failed.stdout == "" and failed.stderr.startswith("bfcl: could not download")
 
 
 def test_load_suite_rejects_what_is_not_the_wheel(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """BFCL import and replay through the API (``sandpit import bfcl``).
 
-Registers every BFCL environment combination of :func:`sandpit.api.bfcl.load_suite`
+Registers every BFCL environment combination of :func:`.suite.load_suite`
 through ``POST /v1/environments`` (tools derived in a sandbox), then replays each
 episode's ground-truth trajectory in a fresh env (``POST /v1/envs`` + one ``step`` per
 call), ``concurrency`` episodes at a time, and summarizes: episodes, steps, statuses,
@@ -18,8 +18,10 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bfcl import BfclEpisode, BfclSuite, embedded_modules
-from .client import Client, SandpitError, every_item
+from sandpit.client import Client, SandpitError, every_item
+
+from .codegen import embedded_modules
+from .suite import BfclEpisode, BfclSuite
 
 
 @dataclass
@@ -54,27 +56,27 @@ class ReplaySummary:
         return self.steps / self.wall_s if self.wall_s else 0.0
 
 
-def check_policy(suite: BfclSuite) -> dict[str, int]:
-    """Judge every BFCL module the environments embed with the ``standard`` static policy
-    (``ast``/RestrictedPython compile only, nothing runs). Returns counts by rule of the
-    findings; raises :class:`SandpitError` naming the module when one has an error."""
-    from collections import Counter as _Counter
-
-    from sandpit.executor.policy import check_source
-
-    totals: _Counter[str] = _Counter()
+def check_policy(client: Client, suite: BfclSuite) -> dict[str, int]:
+    """Judge every BFCL module the environments embed with the ``standard`` static policy,
+    through the API (``POST /v1/validate``, ``kind`` ``snippet``: the server compiles with
+    ``ast``/RestrictedPython, nothing runs). Returns counts of the findings by
+    ``<rule> (<severity>)``; raises :class:`SandpitError` naming the module when one has
+    an error (or the API refuses it)."""
+    totals: Counter[str] = Counter()
     seen: set[str] = set()
     for environment in suite.environments.values():
         for dotted, source in embedded_modules(environment.source_code).items():
             if dotted in seen:
                 continue
             seen.add(dotted)
-            report = check_source(source, "standard", filename=dotted)
-            if not report.passed:
-                first = next(f for f in report.findings if f.severity == "error")
-                raise SandpitError(f"{dotted} fails the standard policy: line {first.line} {first.rule}: "
-                                   f"{first.message}")
-            totals.update(f"{f.rule} ({f.severity})" for f in report.findings)
+            verdict = client.validate({"kind": "snippet", "source_code": source, "policy": "standard"})
+            findings = [f for f in (verdict.get("policy_report") or {}).get("findings") or [] if isinstance(f, dict)]
+            if verdict.get("verdict") != "valid":
+                first = next((f for f in findings if f.get("severity") == "error"), None)
+                detail = (f"line {first.get('line')} {first.get('rule')}: {first.get('message')}" if first
+                          else "; ".join(map(str, verdict.get("reasons") or ["invalid"])))
+                raise SandpitError(f"{dotted} fails the standard policy: {detail}")
+            totals.update(f"{f.get('rule')} ({f.get('severity')})" for f in findings)
     return dict(totals)
 
 

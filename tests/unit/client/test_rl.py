@@ -1,4 +1,4 @@
-"""The gymnasium adapters (`sandpit.api.rl`) against an in-process double of the env and
+"""The gymnasium adapters (`sandpit.client.rl`) against an in-process double of the env and
 episode routes (`tests/support/episode_double.py`): spaces, gymnasium's own checker and
 wrappers, request shapes, hostile actions, the async twin and the vector env."""
 
@@ -19,8 +19,8 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 from gymnasium.wrappers import RecordEpisodeStatistics
 from openai.types.chat import ChatCompletionMessageToolCall
-from sandpit.api.client import Client, NotFound
-from sandpit.api.rl import (
+from sandpit.client import Client, NotFound
+from sandpit.client.rl import (
     GYMNASIUM_ID,
     NOT_A_TOOL_CALL,
     AsyncRLEnv,

@@ -23,11 +23,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .client import Client, SandpitError, every_item
+from sandpit.client import Client, SandpitError, every_item
 
 MAX_FILE_BYTES = 256 * 1024 * 1024
+
+T = TypeVar("T")
 
 
 class EnvScalerFileError(ValueError):
@@ -50,7 +52,7 @@ class ItemReport:
         self.reasons.append(reason)
 
 
-def _load(path: Path, want: type) -> Any:
+def _load(path: Path, want: type[T]) -> T:
     try:
         size = path.stat().st_size
     except OSError as exc:
@@ -63,7 +65,7 @@ def _load(path: Path, want: type) -> Any:
         raise EnvScalerFileError(f"{path}: not JSON: {exc}") from None
     if not isinstance(data, want):
         raise EnvScalerFileError(f"{path}: expected a JSON {want.__name__}, got {type(data).__name__}")
-    return data
+    return data  # a dict or list of JSON values: what the annotation says
 
 
 def load_environments(path: Path) -> dict[str, dict[str, Any]]:
@@ -152,12 +154,13 @@ def import_scenario(client: Client, key: str, record: Any, environment_ids: dict
     if not isinstance(env_id, str) or env_id not in environment_ids:
         report.reject(f"env_id {env_id!r} is not an imported environment")
         return report
+    external_id = str(record.get("task_id") or key)[:200]
     body = {"environment_id": environment_ids[env_id], "task": record.get("task") or "",
             "init_config": record.get("init_config") or {}, "checklist": record.get("checklist") or [],
             "checklist_with_func": [{"check_item": c.get("check_item", ""), "check_func": c.get("check_func", "")}
                                     for c in record.get("checklist_with_func") or [] if isinstance(c, dict)],
-            "external_id": str(record.get("task_id") or key)[:200]}
-    known = (existing or {}).get((body["environment_id"], body["external_id"]))
+            "external_id": external_id}
+    known = (existing or {}).get((environment_ids[env_id], external_id))
     if known is not None:
         report.sandpit_id = known
         report.reasons.append("note: already imported (same environment and task id); reused")

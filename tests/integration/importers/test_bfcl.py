@@ -1,60 +1,21 @@
-"""The Python client (sync, async, RL adapter) against the real server, and BFCL episodes
-replayed through the API ending in the same states as stepping the class directly in a
-sandbox."""
+"""The BFCL importer against the real server: episodes replayed through the API end in the
+same states as stepping the class directly in a sandbox; scenarios made from them reward
+the ground truth and notice a wrong trajectory; `check_policy` judges BFCL's modules
+through `/v1/validate`."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 
 import pytest
-from sandpit.api import bfcl
-from sandpit.api.bfcl_replay import register_environments, replay_episode
-from sandpit.api.client import AsyncClient, Client, InvalidRequest, NotFound
-from sandpit.api.rl import RLEnv
+from sandpit.client import Client, InvalidRequest, SandpitError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
+from sandpit.importers import bfcl
+from sandpit.importers.bfcl.replay import register_environments, replay_episode
 
 pytestmark = pytest.mark.docker
-
-
-def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:
-    with Client(server.url, api_key=server.api_key) as client:
-        env = client.envs.create(counter_env_id, init_config={"count": 1})
-        assert env.step("bump", by=2).observation == "3"
-        forks = env.fork(count=2)
-        assert [f.state()["count"] for f in forks] == [3, 3]
-        action = env.trajectory().steps[0].action
-        assert action is not None and (action.name, action.arguments) == ("bump", {"by": 2})
-        env.restore(0)
-        assert env.state()["count"] == 1
-        for handle in (env, *forks):
-            handle.delete()
-        with pytest.raises(NotFound):
-            client.envs.get(env.id)
-
-        observations = []
-        rl = RLEnv(client, environment_id=counter_env_id, init_config={"count": 0}, episode={"max_steps": 3})
-        observation, info = rl.reset()
-        assert info["env_id"] and observation == ""  # open-ended: no task, no reward
-        for _ in range(3):
-            observation, reward, terminated, truncated, info = rl.step({"name": "bump", "arguments": {"by": 1}})
-            observations.append((observation, reward))
-        assert observations == [("1", 0.0), ("2", 0.0), ("3", 0.0)] and truncated and not terminated
-        rl.close()
-
-
-def test_async_client(server, counter_env_id: str) -> None:
-    async def run() -> list[str]:
-        async with AsyncClient(server.url, api_key=server.api_key) as client:
-            handles = await asyncio.gather(*(client.envs.create(counter_env_id) for _ in range(4)))
-            results = await asyncio.gather(*(h.step("bump", by=i) for i, h in enumerate(handles)))
-            for handle in handles:
-                await handle.delete()
-            return [r.observation for r in results]
-
-    assert asyncio.run(run()) == ["0", "1", "2", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +30,7 @@ def suite() -> bfcl.BfclSuite:
 
 @pytest.mark.slow
 def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite: bfcl.BfclSuite) -> None:
-    from sandpit.api.bfcl_scenarios import plain
+    from sandpit.importers.bfcl.scenarios import plain
 
     sample = []
     seen: set[str] = set()
@@ -98,8 +59,8 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
 
 
 def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(server, suite: bfcl.BfclSuite) -> None:
-    from sandpit.api.bfcl_scenarios import make_scenarios, replay_items
     from sandpit.executor.policy import check_source
+    from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
 
     with Client(server.url, api_key=server.api_key, timeout=120) as client:
         ids = register_environments(client, suite)
@@ -123,3 +84,27 @@ def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(se
 
         assert rewards(replay_items(made)) == [1.0] * 6
         assert min(rewards(replay_items(made, drop_last_call=True))) < 1.0  # the checks see the state
+
+
+def test_check_policy_judges_bfcl_modules_through_the_api(server, suite: bfcl.BfclSuite) -> None:
+    from collections import Counter
+
+    from sandpit.executor.policy import check_source
+    from sandpit.importers.bfcl.replay import check_policy
+
+    expected: Counter[str] = Counter()
+    seen: set[str] = set()
+    for environment in suite.environments.values():
+        for dotted, source in bfcl.embedded_modules(environment.source_code).items():
+            if dotted not in seen:
+                seen.add(dotted)
+                expected.update(f"{f.rule} ({f.severity})" for f in check_source(source, "standard").findings)
+    hostile = bfcl.BfclEnvironment(
+        name="bfcl:Hostile", class_name=bfcl.CLASS_NAME, classes=("Hostile",), tool_names=(), signatures={},
+        required={}, tool_classes={},
+        source_code=f"_install({bfcl.BACKEND_PACKAGE + '.hostile'!r}, 'x = ().__class__.__bases__[0].__subclasses__()')\n")
+    with Client(server.url, api_key=server.api_key, timeout=120) as client:
+        assert check_policy(client, suite) == dict(expected) and expected  # what the executor's policy says
+        with pytest.raises(SandpitError, match=r"hostile fails the standard policy: line 1 dunder"):
+            check_policy(client, bfcl.BfclSuite(version=suite.version, environments={"bfcl:Hostile": hostile},
+                                                episodes=()))

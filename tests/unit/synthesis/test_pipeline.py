@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import Rule, ScriptedLLM
-from sandpit.api.client import Client
-from sandpit.synthesis.llm import LLM
+from sandpit.client import Client
 from sandpit.synthesis.pipeline import Pipeline, SeedFileError, StageInputMissing, read_seeds, summarize
 from sandpit.synthesis.rundir import RunDir
 from sandpit.synthesis.settings import SynthSettings
@@ -44,7 +43,7 @@ def pipeline(run: Path, server: ScriptedLLM) -> Pipeline:
     settings = SynthSettings(base_url=server.base_url, model="scripted", retries=1, attempts=2,
                              dedup_threshold=0.95)
     client = Client("http://127.0.0.1:9")  # stage 1 never calls the Sandpit API
-    return Pipeline(RunDir(run), settings, client, llm=LLM(settings, run / "llm_cache"))
+    return Pipeline(RunDir(run), settings, client, llm=settings.model_client(run / "llm_cache"))
 
 
 def test_stage_one_rejects_reports_and_resumes(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ GEM id                              class                   EnvScaler's counterp
 ``sandpit:envscaler_conv_env``      `SandpitConvEnv`        ``envscaler_conv_env``
 =================================  ======================  =====================================
 
-so a ROLL/GEM trainer switches to Sandpit by importing ``sandpit.api.gem_env`` where it
+so a ROLL/GEM trainer switches to Sandpit by importing ``sandpit.client.gem_env`` where it
 registers its environments and changing the env id (``env_type``); its ``env_config``
 (``mode``, ``user_model``, ``provider``) is accepted as it is. The scenarios are the
 server's (``sandpit import envscaler`` loads EnvScaler's files), the server is found through
@@ -43,7 +43,8 @@ from typing import Any
 import gem
 from gem.envs.registration import ENV_REGISTRY
 
-from .client import Client, every_item
+from .clients import Client
+from .models import every_item
 from .rl import RLEnv
 
 __all__ = ["CONV_ID", "NON_CONV_ID", "SandpitConvEnv", "SandpitEnvScalerEnv", "SandpitNonConvEnv"]
@@ -61,7 +62,7 @@ class SandpitEnvScalerEnv(gem.Env):
         scenario_ids: the scenarios to draw episodes from; None: every scenario of the
             tenant, oldest first (listed at the first reset). `reset()` picks one with a
             seeded RNG unless `task_index` (an index into them) or `scenario_id` is given.
-        client: a `sandpit.api.client.Client`; None makes one from `base_url`/`api_key`
+        client: a `sandpit.client.Client`; None makes one from `base_url`/`api_key`
             (default `SANDPIT_URL`/`SANDPIT_API_KEY`), closed by `close()`.
         episode: episode options over `ENVSCALER_EPISODE` (the server's `EpisodeOptions`).
         seed: seeds the first reset when it is given none (`gem.make_vec` passes one per env).
@@ -70,7 +71,7 @@ class SandpitEnvScalerEnv(gem.Env):
         env_items_path, task_items_path: EnvScaler's local files; refused with the way to
             import them instead.
 
-    Raises (reset/step): `sandpit.api.client.SandpitError` for failures of Sandpit (an
+    Raises (reset/step): `sandpit.client.SandpitError` for failures of Sandpit (an
     unknown scenario id is `NotFound`); `ValueError` for a bad `task_index` or no scenarios.
     """
 

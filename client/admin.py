@@ -1,0 +1,186 @@
+"""`client.admin`: the operator's API (`/v1/admin`): tenants, their API keys, the audit log.
+
+Every call carries the operator key given to the client (`Client(..., operator_key=...)`;
+the `sandpit tenants` commands read `SANDPIT_OPERATOR_KEY`), never the tenant key; without
+one a call raises `Unauthorized` (code `no_operator_key`) before anything is sent.
+
+Usage::
+
+    with Client(url, operator_key=key) as client:
+        tenant = client.admin.tenants.create("team-a", quotas={"max_live_envs": 64})
+        tenant.api_key.key                      # the first API key, shown only here
+        client.admin.keys.create("team-a", name="ci").key
+        client.admin.audit.list(tenant="team-a", limit=20).data
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import calls
+from .models import ApiKey, AuditEvent, Page, Tenant
+from .transport import AsyncTransport, SyncTransport
+
+__all__ = ["Admin", "AsyncAdmin"]
+
+
+def _tenant_fields(display_name: str | None, quotas: Mapping[str, Any] | None, create_key: bool | None,
+                   key_name: str | None, key_expires_in_s: float | None) -> dict[str, Any]:
+    return {"display_name": display_name, "quotas": dict(quotas) if quotas is not None else None,
+            "create_key": create_key, "key_name": key_name, "key_expires_in_s": key_expires_in_s}
+
+
+def _update_fields(display_name: str | None, quotas: Mapping[str, Any] | None, model_base_url: str | None,
+                   model_api_key: str | None) -> dict[str, Any]:
+    return {"display_name": display_name, "quotas": dict(quotas) if quotas is not None else None,
+            "model_base_url": model_base_url, "model_api_key": model_api_key}
+
+
+class Tenants:
+    """`client.admin.tenants`."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, tenant_id: str, *, display_name: str | None = None, quotas: Mapping[str, Any] | None = None,
+               create_key: bool = True, key_name: str | None = None,
+               key_expires_in_s: float | None = None) -> Tenant:
+        """Create a tenant and (unless `create_key` is False) its first API key, whose
+        secret is in `api_key.key` of the result and nowhere else, ever.
+
+        Args:
+            tenant_id: `[a-z0-9][a-z0-9_-]{0,63}`.
+            quotas: overrides of the server's default quotas (`max_profile` may be partial).
+            key_expires_in_s: the first key stops working after this many seconds.
+
+        Raises:
+            Conflict: the id exists. InvalidRequest: a bad id or unknown quota fields.
+        """
+        return self._t.run(calls.tenant_create(tenant_id, _tenant_fields(display_name, quotas, create_key, key_name,
+                                                                         key_expires_in_s)))
+
+    def list(self) -> Page[Tenant]:
+        """Every tenant with its effective quotas and number of active keys."""
+        return self._t.run(calls.tenant_list())
+
+    def get(self, tenant_id: str) -> Tenant:
+        """One tenant. Raises `NotFound`."""
+        return self._t.run(calls.tenant_get(tenant_id))
+
+    def update(self, tenant_id: str, *, display_name: str | None = None, quotas: Mapping[str, Any] | None = None,
+               model_base_url: str | None = None, model_api_key: str | None = None) -> Tenant:
+        """Change only what is given: `quotas` replaces the overrides, `model_base_url` /
+        `model_api_key` are the default rollout model endpoint (the key is stored
+        encrypted and never returned; `""` removes it). Raises `NotFound`, `InvalidRequest`."""
+        return self._t.run(calls.tenant_update(tenant_id, _update_fields(display_name, quotas, model_base_url,
+                                                                         model_api_key)))
+
+
+class Keys:
+    """`client.admin.keys`: tenants' API keys."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, tenant_id: str, *, name: str | None = None, expires_in_s: float | None = None) -> ApiKey:
+        """A new key for the tenant; its secret (`key`) is in this result only. Raises `NotFound`."""
+        return self._t.run(calls.key_create(tenant_id, name, expires_in_s))
+
+    def list(self, tenant_id: str) -> Page[ApiKey]:
+        """The tenant's keys (prefix and dates; never the secret). Raises `NotFound`."""
+        return self._t.run(calls.key_list(tenant_id))
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Revoke a key: requests with it get 401 from now on (idempotent). Raises `NotFound`."""
+        return self._t.run(calls.key_revoke(key_id))
+
+
+class Audit:
+    """`client.admin.audit`: the audit log of every tenant."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self._t = transport
+
+    def list(self, *, tenant: str | None = None, action: str | None = None, limit: int | None = None,
+             offset: int | None = None) -> Page[AuditEvent]:
+        """A page of events, newest first, of one `tenant` (or all) and one `action` (or all)."""
+        return self._t.run(calls.audit_list(tenant, action, limit, offset))
+
+
+class Admin:
+    """`client.admin`: `tenants`, `keys`, `audit` (see the module docstring)."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self.tenants = Tenants(transport)
+        self.keys = Keys(transport)
+        self.audit = Audit(transport)
+
+
+class AsyncTenants:
+    """`AsyncClient.admin.tenants`: see `Tenants`."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, tenant_id: str, *, display_name: str | None = None,
+                     quotas: Mapping[str, Any] | None = None, create_key: bool = True, key_name: str | None = None,
+                     key_expires_in_s: float | None = None) -> Tenant:
+        """See `Tenants.create`."""
+        return await self._t.run(calls.tenant_create(tenant_id, _tenant_fields(display_name, quotas, create_key,
+                                                                               key_name, key_expires_in_s)))
+
+    async def list(self) -> Page[Tenant]:
+        """See `Tenants.list`."""
+        return await self._t.run(calls.tenant_list())
+
+    async def get(self, tenant_id: str) -> Tenant:
+        """See `Tenants.get`."""
+        return await self._t.run(calls.tenant_get(tenant_id))
+
+    async def update(self, tenant_id: str, *, display_name: str | None = None,
+                     quotas: Mapping[str, Any] | None = None, model_base_url: str | None = None,
+                     model_api_key: str | None = None) -> Tenant:
+        """See `Tenants.update`."""
+        return await self._t.run(calls.tenant_update(tenant_id, _update_fields(display_name, quotas, model_base_url,
+                                                                               model_api_key)))
+
+
+class AsyncKeys:
+    """`AsyncClient.admin.keys`: see `Keys`."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, tenant_id: str, *, name: str | None = None, expires_in_s: float | None = None) -> ApiKey:
+        """See `Keys.create`."""
+        return await self._t.run(calls.key_create(tenant_id, name, expires_in_s))
+
+    async def list(self, tenant_id: str) -> Page[ApiKey]:
+        """See `Keys.list`."""
+        return await self._t.run(calls.key_list(tenant_id))
+
+    async def revoke(self, key_id: str) -> ApiKey:
+        """See `Keys.revoke`."""
+        return await self._t.run(calls.key_revoke(key_id))
+
+
+class AsyncAudit:
+    """`AsyncClient.admin.audit`: see `Audit`."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def list(self, *, tenant: str | None = None, action: str | None = None, limit: int | None = None,
+                   offset: int | None = None) -> Page[AuditEvent]:
+        """See `Audit.list`."""
+        return await self._t.run(calls.audit_list(tenant, action, limit, offset))
+
+
+class AsyncAdmin:
+    """`AsyncClient.admin`: see `Admin`."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self.tenants = AsyncTenants(transport)
+        self.keys = AsyncKeys(transport)
+        self.audit = AsyncAudit(transport)

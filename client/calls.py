@@ -1,0 +1,417 @@
+"""The API's endpoints as data, independent of any transport (sans-IO).
+
+Each builder returns a :class:`Call`: method, path, query, JSON body, which key
+authorises it, and how to read a 2xx answer. The sync and async clients hand the same
+`Call`s to their transport, so what is sent and how it is parsed is written once; the
+contract test validates these bodies and models against the server's OpenAPI document.
+Builders check what can be checked before sending (`ValueError` / `TypeError`); the
+server judges the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from .errors import invalid_response
+from .models import (
+    ApiKey,
+    AuditEvent,
+    Env,
+    Environment,
+    Episode,
+    EpisodeResult,
+    Evaluation,
+    EvaluationJob,
+    ExecResult,
+    Include,
+    Page,
+    Profile,
+    Scenario,
+    StateView,
+    StepResult,
+    Tenant,
+    Trajectory,
+)
+
+__all__ = ["Call", "tool_call_body"]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+INCLUDE_VALUES = frozenset({"state_diff", "state"})
+Auth = Literal["tenant", "operator"]
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API call: what to send and how to read the answer."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    params: Mapping[str, str] | None = None
+    retry_busy: bool = True
+    """Retry 429/503 within the wait budget (off for readiness probes)."""
+    auth: Auth = "tenant"
+    """Which key the request carries: the tenant's API key, or the operator key (`/v1/admin`)."""
+    model: type[BaseModel] | None = None
+    """The model a 2xx body is read into (None: no body, or a plain JSON object)."""
+
+    @property
+    def idempotent(self) -> bool:
+        return self.method == "GET"
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def _model_parser(model: type[M]) -> Callable[[httpx.Response], M]:
+    def parse(response: httpx.Response) -> M:
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise invalid_response(response, model.__name__, exc) from exc
+    return parse
+
+
+def _no_content(response: httpx.Response) -> None:
+    return None
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = json.loads(response.content)
+    except ValueError as exc:
+        raise invalid_response(response, "JSON object", exc) from exc
+    if not isinstance(body, dict):
+        raise invalid_response(response, "JSON object", None)
+    return body
+
+
+def _ndjson_parser(response: httpx.Response) -> list[EpisodeResult]:
+    results = []
+    for number, line in enumerate(response.content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            results.append(EpisodeResult.model_validate_json(line))
+        except ValidationError as exc:
+            raise invalid_response(response, f"EpisodeResult (line {number})", exc) from exc
+    return results
+
+
+def _read(method: str, path: str, model: type[M], **fields: Any) -> Call[M]:
+    """A call whose 2xx body is one `model`."""
+    return Call(method, path, _model_parser(model), model=model, **fields)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _seg(value: str) -> str:
+    """An id as one path segment: `/`, `..` and the like cannot change the route."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"id must be a non-empty string, not {value!r}")
+    return quote(value, safe="")
+
+
+def _query(**values: Any) -> dict[str, str] | None:
+    params = {k: str(v) for k, v in values.items() if v is not None}
+    return params or None
+
+
+def _page_params(limit: int | None, offset: int | None) -> dict[str, str] | None:
+    return _query(limit=limit, offset=offset)
+
+
+def _include_params(include: Iterable[Include] | Include | None) -> dict[str, str] | None:
+    if not include:
+        return None
+    values: list[str] = [include] if isinstance(include, str) else list(include)
+    unknown = [v for v in values if v not in INCLUDE_VALUES]
+    if unknown:
+        raise ValueError(f"include accepts {sorted(INCLUDE_VALUES)}, not {unknown}")
+    return {"include": ",".join(dict.fromkeys(values))}
+
+
+def tool_call_body(call: object) -> tuple[str, dict[str, Any]]:
+    """Turn an action into a step request body; returns `(tool name, body)`.
+
+    Accepted shapes:
+      - `{"name": str, "arguments": dict}` (arguments optional);
+      - an OpenAI chat tool call `{"type": "function", "function": {"name", "arguments"}}`;
+      - a Responses-API function call `{"name": str, "arguments": "<json string>"}`;
+      - any object with `.function.name` / `.function.arguments` (openai SDK
+        `ChatCompletionMessageToolCall`) or with `.name` / `.arguments`;
+      - a string, or `{"text": str}`: raw model output in the `<tool_call>` prompt format
+        (the server parses it; plain text is `chat_with_user`); the name returned is "".
+
+    Nothing is judged here: a malformed action (arguments that are not JSON or not an
+    object, a name that is no tool) is sent as it is, and the server records it as a
+    `rejected` step the episode can go on from.
+
+    Raises:
+        TypeError: `call` is none of the shapes above.
+    """
+    if isinstance(call, str):
+        return "", {"text": call}
+    if isinstance(call, Mapping):
+        if set(call) == {"text"}:
+            return "", {"text": str(call["text"])}
+        function = call.get("function")
+        if function is not None:
+            if not isinstance(function, Mapping):
+                raise TypeError("tool call 'function' must be an object with 'name' and 'arguments'")
+            return _tool_call_parts(function.get("name"), function.get("arguments"))
+        if "name" not in call:
+            raise TypeError("a tool call needs 'name' (or 'function', or 'text')")
+        return _tool_call_parts(call.get("name"), call.get("arguments"))
+    function = getattr(call, "function", None)
+    if function is not None:
+        return _tool_call_parts(getattr(function, "name", None), getattr(function, "arguments", None))
+    if hasattr(call, "name") and hasattr(call, "arguments"):
+        return _tool_call_parts(call.name, call.arguments)
+    raise TypeError(f"not a tool call: {type(call).__name__} has neither .function nor .name/.arguments")
+
+
+def _tool_call_parts(name: object, arguments: object) -> tuple[str, dict[str, Any]]:
+    name = "" if name is None else name if isinstance(name, str) else str(name)
+    if isinstance(arguments, str):
+        return name, {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if arguments is None:
+        arguments = {}
+    if isinstance(arguments, Mapping):
+        arguments = dict(arguments)
+    return name, {"name": name, "arguments": arguments}
+
+
+def _without_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- service
+
+
+def health() -> Call[dict[str, Any]]:
+    return Call("GET", "/healthz", _json_object)
+
+
+def ready() -> Call[None]:
+    return Call("GET", "/readyz", _no_content, retry_busy=False)
+
+
+def validate(body: Mapping[str, Any]) -> Call[dict[str, Any]]:
+    return Call("POST", "/v1/validate", _json_object, json=dict(body))
+
+
+def execute(code: str, stdin: str | None, timeout_s: float | None, files: Mapping[str, str] | None) -> Call[ExecResult]:
+    return _read("POST", "/v1/execute", ExecResult,
+                 json={"code": code, "stdin": stdin, "timeout_s": timeout_s, "files": dict(files or {})})
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def environment_create(source_code: str, class_name: str, name: str | None, description: str | None,
+                       policy: str = "standard", extra: Mapping[str, Any] | None = None) -> Call[Environment]:
+    body = {"name": name, "source_code": source_code, "class_name": class_name, "description": description,
+            "policy": policy}
+    body.update(_without_none(extra or {}))
+    return _read("POST", "/v1/environments", Environment, json=body)
+
+
+def environment_get(environment_id: str) -> Call[Environment]:
+    return _read("GET", f"/v1/environments/{_seg(environment_id)}", Environment)
+
+
+def environment_list(limit: int | None, offset: int | None) -> Call[Page[Environment]]:
+    return _read("GET", "/v1/environments", Page[Environment], params=_page_params(limit, offset))
+
+
+def environment_delete(environment_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/environments/{_seg(environment_id)}", _no_content)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def scenario_create(body: Mapping[str, Any]) -> Call[Scenario]:
+    return _read("POST", "/v1/scenarios", Scenario, json=dict(body))
+
+
+def scenario_get(scenario_id: str) -> Call[Scenario]:
+    return _read("GET", f"/v1/scenarios/{_seg(scenario_id)}", Scenario)
+
+
+def scenario_list(limit: int | None, offset: int | None) -> Call[Page[Scenario]]:
+    return _read("GET", "/v1/scenarios", Page[Scenario], params=_page_params(limit, offset))
+
+
+def scenario_delete(scenario_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/scenarios/{_seg(scenario_id)}", _no_content)
+
+
+# --------------------------------------------------------------------------- envs
+
+
+def env_create(environment_id: str | None, source_code: str | None, class_name: str | None,
+               init_config: Mapping[str, Any] | None, profile: Profile | Mapping[str, Any] | None,
+               scenario_id: str | None = None, episode: Mapping[str, Any] | None = None,
+               argument_checking: str | None = None) -> Call[Env]:
+    if sum(x is not None for x in (environment_id, source_code, scenario_id)) != 1:
+        raise ValueError("give exactly one of environment_id, scenario_id or source_code (with class_name)")
+    if source_code is not None and not class_name:
+        raise ValueError("source_code needs class_name")
+    body: dict[str, Any] = (
+        {"environment_id": environment_id} if environment_id is not None
+        else {"scenario_id": scenario_id} if scenario_id is not None
+        else {"source_code": source_code, "class_name": class_name})
+    if init_config is not None or scenario_id is None:  # a scenario brings its own init_config
+        body["init_config"] = dict(init_config or {})
+    if profile is not None:
+        checked = profile if isinstance(profile, Profile) else Profile.model_validate(profile)
+        body["profile"] = checked.model_dump(exclude_none=True)
+    if episode is not None:
+        body["episode"] = dict(episode)
+    if argument_checking is not None:
+        body["argument_checking"] = argument_checking
+    return _read("POST", "/v1/envs", Env, json=body)
+
+
+def env_get(env_id: str) -> Call[Env]:
+    return _read("GET", f"/v1/envs/{_seg(env_id)}", Env)
+
+
+def env_list(limit: int | None, offset: int | None) -> Call[Page[Env]]:
+    return _read("GET", "/v1/envs", Page[Env], params=_page_params(limit, offset))
+
+
+def env_delete(env_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/envs/{_seg(env_id)}", _no_content)
+
+
+def env_step(env_id: str, call: object, include: Iterable[Include] | None) -> Call[StepResult]:
+    _, body = tool_call_body(call)
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/step", StepResult, json=body, params=_include_params(include))
+
+
+def env_reset(env_id: str, init_config: Mapping[str, Any] | None, scenario_id: str | None = None,
+              episode: Mapping[str, Any] | None = None) -> Call[Env]:
+    body: dict[str, Any] = {"init_config": None if init_config is None else dict(init_config)}
+    if scenario_id is not None:
+        body["scenario_id"] = scenario_id
+    if episode is not None:
+        body["episode"] = dict(episode)
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/reset", Env, json=body)
+
+
+def env_state(env_id: str, step: int | None, episode: int | None = None) -> Call[StateView]:
+    return _read("GET", f"/v1/envs/{_seg(env_id)}/state", StateView, params=_query(step=step, episode=episode))
+
+
+def env_trajectory(env_id: str, episode: int | None = None, limit: int | None = None,
+                   offset: int | None = None) -> Call[Trajectory]:
+    return _read("GET", f"/v1/envs/{_seg(env_id)}/trajectory", Trajectory,
+                 params=_query(episode=episode, limit=limit, offset=offset))
+
+
+def env_episodes(env_id: str, limit: int | None, offset: int | None) -> Call[Page[Episode]]:
+    return _read("GET", f"/v1/envs/{_seg(env_id)}/episodes", Page[Episode], params=_page_params(limit, offset))
+
+
+def env_restore(env_id: str, step: int) -> Call[Env]:
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/restore", Env, json={"step": step})
+
+
+def env_fork(env_id: str, step: int | None, count: int) -> Call[Page[Env]]:
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/fork", Page[Env], json={"step": step, "count": count})
+
+
+def env_evaluate(env_id: str, checks: list[Mapping[str, str]] | None) -> Call[Evaluation]:
+    body = {"checks": [dict(c) for c in checks]} if checks is not None else {}
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/evaluate", Evaluation, json=body)
+
+
+# --------------------------------------------------------------------------- evaluations
+
+
+def replay_body(episodes: Iterable[Mapping[str, Any]], options: Mapping[str, Any]) -> dict[str, Any]:
+    """`POST /v1/evaluations` body of a replay: `episodes` and the options given."""
+    return {"mode": "replay", "episodes": [dict(e) for e in episodes], **_without_none(options)}
+
+
+def rollout_body(scenario_ids: Iterable[str], model: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """`POST /v1/evaluations` body of a rollout: scenarios, model and the options given."""
+    return {"mode": "rollout", "scenario_ids": list(scenario_ids), "model": model, **_without_none(options)}
+
+
+def evaluation_create(body: Mapping[str, Any]) -> Call[EvaluationJob]:
+    return _read("POST", "/v1/evaluations", EvaluationJob, json=dict(body))
+
+
+def evaluation_get(evaluation_id: str) -> Call[EvaluationJob]:
+    return _read("GET", f"/v1/evaluations/{_seg(evaluation_id)}", EvaluationJob)
+
+
+def evaluation_list(limit: int | None, offset: int | None) -> Call[Page[EvaluationJob]]:
+    return _read("GET", "/v1/evaluations", Page[EvaluationJob], params=_page_params(limit, offset))
+
+
+def evaluation_cancel(evaluation_id: str) -> Call[EvaluationJob]:
+    return _read("POST", f"/v1/evaluations/{_seg(evaluation_id)}/cancel", EvaluationJob)
+
+
+def evaluation_results(evaluation_id: str, include_transcript: bool) -> Call[list[EpisodeResult]]:
+    params = {"include": "transcript"} if include_transcript else None
+    return Call("GET", f"/v1/evaluations/{_seg(evaluation_id)}/results", _ndjson_parser, params=params,
+                model=EpisodeResult)
+
+
+# --------------------------------------------------------------------------- admin (operator key)
+
+
+def tenant_create(tenant_id: str, fields: Mapping[str, Any]) -> Call[Tenant]:
+    return _read("POST", "/v1/admin/tenants", Tenant, json={"id": tenant_id, **_without_none(fields)},
+                 auth="operator")
+
+
+def tenant_list() -> Call[Page[Tenant]]:
+    return _read("GET", "/v1/admin/tenants", Page[Tenant], auth="operator")
+
+
+def tenant_get(tenant_id: str) -> Call[Tenant]:
+    return _read("GET", f"/v1/admin/tenants/{_seg(tenant_id)}", Tenant, auth="operator")
+
+
+def tenant_update(tenant_id: str, fields: Mapping[str, Any]) -> Call[Tenant]:
+    return _read("PATCH", f"/v1/admin/tenants/{_seg(tenant_id)}", Tenant, json=_without_none(fields),
+                 auth="operator")
+
+
+def key_create(tenant_id: str, name: str | None, expires_in_s: float | None) -> Call[ApiKey]:
+    return _read("POST", f"/v1/admin/tenants/{_seg(tenant_id)}/keys", ApiKey,
+                 json=_without_none({"name": name, "expires_in_s": expires_in_s}), auth="operator")
+
+
+def key_list(tenant_id: str) -> Call[Page[ApiKey]]:
+    return _read("GET", f"/v1/admin/tenants/{_seg(tenant_id)}/keys", Page[ApiKey], auth="operator")
+
+
+def key_revoke(key_id: str) -> Call[ApiKey]:
+    return _read("POST", f"/v1/admin/keys/{_seg(key_id)}/revoke", ApiKey, auth="operator")
+
+
+def audit_list(tenant: str | None, action: str | None, limit: int | None,
+               offset: int | None) -> Call[Page[AuditEvent]]:
+    return _read("GET", "/v1/admin/audit", Page[AuditEvent], auth="operator",
+                 params=_query(tenant=tenant, action=action, limit=limit, offset=offset))

@@ -1,0 +1,56 @@
+"""`client.scenarios`: EnvScaler scenarios (sync and async)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from . import calls
+from .models import Page, Scenario
+from .transport import AsyncTransport, SyncTransport
+
+__all__ = ["AsyncScenarios", "Scenarios"]
+
+
+class Scenarios:
+    """`client.scenarios`: EnvScaler scenarios. `create(body)` takes the server's
+    `ScenarioCreate` fields (`environment_id`, `task`, `init_config`, `checklist`,
+    `checklist_with_func`, `external_id`)."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self._t = transport
+
+    def create(self, body: Mapping[str, Any]) -> Scenario:
+        """Store a scenario. Raises `NotFound` (environment), `InvalidRequest`."""
+        return self._t.run(calls.scenario_create(body))
+
+    def get(self, scenario_id: str) -> Scenario:
+        """One scenario. Raises `NotFound`."""
+        return self._t.run(calls.scenario_get(scenario_id))
+
+    def list(self, limit: int | None = None, offset: int | None = None) -> Page[Scenario]:
+        """A page of scenarios."""
+        return self._t.run(calls.scenario_list(limit, offset))
+
+    def delete(self, scenario_id: str) -> None:
+        """Delete a scenario. Raises `NotFound`."""
+        self._t.run(calls.scenario_delete(scenario_id))
+
+
+class AsyncScenarios:
+    """`AsyncClient.scenarios`: see `Scenarios`."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(self, body: Mapping[str, Any]) -> Scenario:
+        return await self._t.run(calls.scenario_create(body))
+
+    async def get(self, scenario_id: str) -> Scenario:
+        return await self._t.run(calls.scenario_get(scenario_id))
+
+    async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Scenario]:
+        return await self._t.run(calls.scenario_list(limit, offset))
+
+    async def delete(self, scenario_id: str) -> None:
+        await self._t.run(calls.scenario_delete(scenario_id))

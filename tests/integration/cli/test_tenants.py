@@ -1,0 +1,65 @@
+"""`sandpit tenants ...` (through `client.admin`) against a real server: what it prints,
+that the keys it prints work, and its errors (exit 1, one line)."""
+
+from __future__ import annotations
+
+import pytest
+from sandpit.cli import app
+from sandpit.client import Client, Unauthorized
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def runner(server, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.setenv("SANDPIT_URL", server.url)
+    monkeypatch.setenv("SANDPIT_OPERATOR_KEY", server.operator_key)
+    return CliRunner()
+
+
+def test_create_list_and_revoke(runner: CliRunner, server) -> None:
+    created = runner.invoke(app, ["tenants", "create", "cli-a", "--quota", "max_live_envs=3", "--quiet"])
+    assert created.exit_code == 0, created.output
+    first_key = created.stdout.strip()
+    verbose = runner.invoke(app, ["tenants", "create", "cli-b", "--key-name", "main", "--expires-in-days", "2"])
+    assert verbose.exit_code == 0 and "tenant cli-b created; API key key_" in flat(verbose.stderr)
+    assert "(expires 20" in flat(verbose.stderr) and verbose.stdout.strip().count("\n") == 0
+    another = runner.invoke(app, ["tenants", "create-key", "cli-a", "--name", "second"])
+    assert another.exit_code == 0 and "for cli-a (expires never)" in flat(another.stderr)
+    listed = runner.invoke(app, ["tenants", "list", "--keys"])
+    assert listed.exit_code == 0, listed.output
+    assert "cli-a" in listed.stdout and "max_live_envs=3" in listed.stdout and "second" in listed.stdout
+    with Client(server.url, api_key=first_key, timeout=30) as tenant:
+        assert tenant.envs.list().count == 0
+        key_id = next(k.id for k in _keys(server, "cli-a") if k.name is None)
+        revoked = runner.invoke(app, ["tenants", "revoke-key", key_id])
+        assert revoked.exit_code == 0 and f"revoked {key_id} of tenant cli-a at 20" in flat(revoked.stderr)
+        with pytest.raises(Unauthorized):
+            tenant.envs.list()
+
+
+def test_errors_are_one_line_and_exit_1(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runner.invoke(app, ["tenants", "create", "cli-dup", "--quiet"]).exit_code == 0
+    duplicate = runner.invoke(app, ["tenants", "create", "cli-dup"])
+    assert duplicate.exit_code == 1 and duplicate.stderr.startswith("error: 409: ")
+    unknown = runner.invoke(app, ["tenants", "create-key", "no-such-tenant"])
+    assert unknown.exit_code == 1 and unknown.stderr.startswith("error: 404: ")
+    monkeypatch.setenv("SANDPIT_OPERATOR_KEY", "not-the-key")
+    assert runner.invoke(app, ["tenants", "list"]).stderr.startswith("error: 403: the admin API needs the operator key")
+    monkeypatch.delenv("SANDPIT_OPERATOR_KEY")
+    missing = runner.invoke(app, ["tenants", "list"])
+    assert missing.exit_code == 1 and "no operator key: set SANDPIT_OPERATOR_KEY" in flat(missing.stderr)
+    monkeypatch.setenv("SANDPIT_OPERATOR_KEY", "k")
+    down = runner.invoke(app, ["tenants", "list", "--url", "http://127.0.0.1:9"])
+    assert down.exit_code == 1 and down.stderr.startswith("error: cannot reach http://127.0.0.1:9: ")
+
+
+def flat(text: str) -> str:
+    """``text`` with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def _keys(server, tenant_id: str) -> list:
+    with Client(server.url, operator_key=server.operator_key, timeout=30) as operator:
+        return operator.admin.keys.list(tenant_id).data
