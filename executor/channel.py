@@ -16,6 +16,7 @@ import socket
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from sandpit.sandbox_images.runner import protocol
 
@@ -33,7 +34,7 @@ class RunnerChannel:
         self.sandbox_id = sandbox_id
         self._max_frame = max_frame
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[dict]] = {}
+        self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._dead: str | None = None
@@ -44,7 +45,7 @@ class RunnerChannel:
     def alive(self) -> bool:
         return self._dead is None
 
-    def request(self, op: str, timeout_s: float, **fields: object) -> dict:
+    def request(self, op: str, timeout_s: float, **fields: object) -> dict[str, Any]:
         """Send one request and wait for its reply (a dict with ``status``).
 
         Raises:
@@ -54,7 +55,7 @@ class RunnerChannel:
         """
         request_id = next(self._ids)
         frame = protocol.encode({"id": request_id, "op": op, **fields})
-        future: Future[dict] = Future()
+        future: Future[dict[str, Any]] = Future()
         with self._state_lock:
             if self._dead is not None:
                 raise SandboxLost(f"sandbox {self.sandbox_id} is gone: {self._dead}", self.sandbox_id)

@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -54,8 +55,8 @@ def _sha(parts: list[bytes]) -> str:
     return digest.hexdigest()[:16]
 
 
-def base_recipe(settings: ImageSettings) -> dict:
-    recipe = json.loads((DEFINITION_DIR / "base.json").read_text())
+def base_recipe(settings: ImageSettings) -> dict[str, Any]:
+    recipe: dict[str, Any] = json.loads((DEFINITION_DIR / "base.json").read_text())
     recipe["suite"] = settings.debian_suite
     return recipe
 

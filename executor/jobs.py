@@ -60,11 +60,11 @@ def check_tenant(tenant: object) -> str:
 def _timeout(value: object, profile: ResourceProfile, default: float, what: str) -> float:
     if value is None:
         return min(default, profile.call_timeout_s)
-    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]
+    if not (type(value) is int or type(value) is float) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a positive number of seconds")
-    if value > profile.call_timeout_s:  # type: ignore[operator]
+    if value > profile.call_timeout_s:
         raise ValueError(f"{what}={value:g} is above the profile's call_timeout_s={profile.call_timeout_s:g}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def check_checks(checks: object, initial_state: object, final_state: object, profile: ResourceProfile,
@@ -201,12 +201,12 @@ def _optional_text(value: object, cap: int, what: str) -> str | None:
 
 
 def _duration(value: object, what: str) -> float:
-    if type(value) not in (int, float) or not 0 <= value < 1e9:  # type: ignore[operator]
+    if not (type(value) is int or type(value) is float) or not 0 <= value < 1e9:
         raise SessionError(f"sandbox sent a malformed {what}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
-def _status(reply: dict, what: str) -> str:
+def _status(reply: dict[str, Any], what: str) -> str:
     status = reply.get("status")
     if status == "fault":
         raise SessionError(f"sandbox refused the {what}: {str(reply.get('message'))[:500]}")
@@ -215,7 +215,7 @@ def _status(reply: dict, what: str) -> str:
     return str(status)
 
 
-def parse_check_results(reply: dict, checks: list[dict[str, Any]]) -> tuple[list[CheckResult], int]:
+def parse_check_results(reply: dict[str, Any], checks: list[dict[str, Any]]) -> tuple[list[CheckResult], int]:
     """The runner's ``checks`` reply as one :class:`CheckResult` per check (in order),
     and how many fresh processes the batch needed beyond the first.
 
@@ -247,7 +247,7 @@ def parse_check_results(reply: dict, checks: list[dict[str, Any]]) -> tuple[list
     return out, restarts
 
 
-def parse_exec_result(reply: dict, profile: ResourceProfile, duration_ms: float) -> ExecResult:
+def parse_exec_result(reply: dict[str, Any], profile: ResourceProfile, duration_ms: float) -> ExecResult:
     """The runner's ``exec`` reply as an :class:`ExecResult` (``duration_ms``: the host's
     round trip). Raises SessionError: refused (``fault``) or malformed (types, output
     over the profile's ``output_cap_bytes``)."""
@@ -255,14 +255,14 @@ def parse_exec_result(reply: dict, profile: ResourceProfile, duration_ms: float)
     exit_code = reply.get("exit_code")
     if exit_code is not None and (type(exit_code) is not int or not -128 <= exit_code <= 255):
         raise SessionError("sandbox sent a malformed exit code")
-    truncated = [reply.get("stdout_truncated"), reply.get("stderr_truncated")]
-    if not all(type(flag) is bool for flag in truncated):
+    stdout_truncated, stderr_truncated = reply.get("stdout_truncated"), reply.get("stderr_truncated")
+    if type(stdout_truncated) is not bool or type(stderr_truncated) is not bool:
         raise SessionError("sandbox sent malformed truncation flags")
     cap = profile.output_cap_bytes
     return ExecResult(
         status=status, exit_code=exit_code,  # type: ignore[arg-type]
         stdout=_text(reply.get("stdout"), cap, "stdout"), stderr=_text(reply.get("stderr"), cap, "stderr"),
-        stdout_truncated=truncated[0], stderr_truncated=truncated[1], duration_ms=duration_ms,
+        stdout_truncated=stdout_truncated, stderr_truncated=stderr_truncated, duration_ms=duration_ms,
         error=_optional_text(reply.get("error"), limits.EXEC_ERROR_CHARS, "error"))
 
 

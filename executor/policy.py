@@ -114,7 +114,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from RestrictedPython import compile_restricted_exec
+from RestrictedPython.compile import compile_restricted_exec
 from RestrictedPython.transformer import RestrictingNodeTransformer
 
 Severity = Literal["error", "warning", "info"]
@@ -361,6 +361,8 @@ def _utf8_size(source: str) -> int:
 
 def _parse(source: str, filename: str, sink: _Sink) -> ast.Module | None:
     """``ast.parse``, with every way it can fail on hostile text turned into a finding."""
+    line: int | None
+    col: int | None
     try:
         return ast.parse(source, filename=filename)
     except SyntaxError as exc:
@@ -415,6 +417,8 @@ class _Sink:
 
     def add_node(self, rule: str, node: ast.AST, message: str) -> None:
         """A finding at ``node``; for ``x.attr``, at ``attr`` itself (where the chain is)."""
+        line: int | None
+        col: int | None
         if isinstance(node, ast.Attribute) and node.end_lineno is not None and node.end_col_offset is not None:
             line, col = node.end_lineno, node.end_col_offset - len(node.attr.encode("utf-8", "surrogatepass"))
         else:

@@ -9,7 +9,7 @@ operator raises limits, by defining profiles in settings, and no profile may exc
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sandpit.sandbox_images.runner import limits
@@ -53,7 +53,7 @@ class ResourceProfile(BaseModel):
         return (self.memory_mib + 32 * max(1, sessions_per_sandbox)) * MiB
 
     def runner_limits(self, sessions_per_sandbox: int, spare_child: bool, poll_interval_s: float = 1.0,
-                      runtime: str = "runc") -> dict:
+                      runtime: str = "runc") -> dict[str, Any]:
         """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``);
         ``poll_interval_s`` bounds how long its event loop sleeps without an event.
         ``memory_rlimit`` says how a session's memory is capped: RLIMIT_DATA under runc,

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import docker
 from sandpit.sandbox_images.runner import protocol
@@ -100,7 +101,7 @@ class Sandbox:
             spec.pop("detach")
             with engine.map_docker_errors("creating a sandbox container"):
                 container = client.containers.create(**spec)
-                container_id = container.id
+                container_id = str(container.id)
                 container.start()
             conn = _accept(listener, client, container_id, sandbox_id, settings.startup_timeout_s)
             _unlink(token_path)  # read before connecting; no session process exists yet
@@ -136,7 +137,7 @@ class Sandbox:
     def alive(self) -> bool:
         return not self.destroyed and self.channel.alive
 
-    def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict:
+    def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         """One runner request. Default timeout: two call timeouts (a re-create plus the
         call itself) plus the watchdog grace.
 

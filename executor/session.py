@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
@@ -36,6 +36,7 @@ from .results import (
     EncodedValue,
     Snapshot,
     StateDelta,
+    Status,
     check_encoded,
     check_tool_schemas,
     render_state,
@@ -103,7 +104,7 @@ class Session:
         self.recoveries += 1
         return True
 
-    def _request(self, op: str, **fields: Any) -> tuple[dict, bool]:
+    def _request(self, op: str, **fields: Any) -> tuple[dict[str, Any], bool]:
         if self.closed:
             raise SessionClosed(f"session {self.id} is closed")
         recovered = self._ensure_placed()
@@ -166,7 +167,7 @@ class Session:
                 for key in deleted:
                     self._snapshot.pop(key, None)
             return CallResult(
-                status=status, observation=str(reply.get("observation", "")), duration_ms=_ms(started),
+                status=cast(Status, status), observation=str(reply.get("observation", "")), duration_ms=_ms(started),
                 tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
                 stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
                 observation_truncated=bool(reply.get("observation_truncated")),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from sandpit.client import Client, EnvHandle, InvalidRequest, NotFound, PayloadTooLarge, StepResult
 from sandpit.client.llm import ModelClient
@@ -255,7 +255,7 @@ def _judgement(text: str) -> dict[str, Any]:
     return value
 
 
-def _case_header(content: str) -> tuple[str, str]:
+def _case_header(content: str) -> tuple[Literal["positive", "negative"], str]:
     try:
         value = extract_json(content)
     except MalformedOutput:

@@ -39,11 +39,14 @@ from ..sandboxes import Sandboxes
 from ..schemas.evaluations import (
     EnvironmentBreakdown,
     EpisodeResult,
+    EpisodeStatus,
     EvaluationCreate,
     EvaluationJobPublic,
     EvaluationJobsPublic,
     EvaluationProgress,
     EvaluationSummary,
+    JobStatus,
+    Mode,
     check_base_url,
 )
 from ..services.common import new_id, owned
@@ -259,7 +262,8 @@ class EvaluationJobs:
     def _public(self, row: models.EvaluationJob, progress: EvaluationProgress,
                 with_summary: bool = True) -> EvaluationJobPublic:
         summary = self.summary(row.id) if with_summary and row.status not in ACTIVE else None
-        return EvaluationJobPublic(id=row.id, mode=row.mode, status=row.status, config=row.config,
+        return EvaluationJobPublic(id=row.id, mode=cast(Mode, row.mode), status=cast(JobStatus, row.status),
+                                   config=row.config,
                                    concurrency=row.concurrency, total=row.total, progress=progress, summary=summary,
                                    error=row.error, created_by=row.created_by, created_at=row.created_at,
                                    finished_at=row.finished_at)
@@ -352,7 +356,7 @@ class EvaluationJobs:
     @staticmethod
     def _result(row: models.EvaluationEpisode, include_transcript: bool) -> bytes:
         result = EpisodeResult(index=row.index, scenario_id=row.scenario_id, environment_id=row.environment_id,
-                               status=row.status, reward=row.reward, passed=row.passed,
+                               status=cast(EpisodeStatus, row.status), reward=row.reward, passed=row.passed,
                                checks_total=row.checks_total, checks=row.checks, steps=row.steps,
                                error_status=row.error_status, error=row.error, env_id=row.env_id,
                                attempt=row.attempt, trajectory=row.trajectory, usage=row.usage,

@@ -22,6 +22,7 @@ MAX_STEPS = 200
 """Tool calls of one episode (a replay's list, or a rollout's ``max_steps``)."""
 ID = Annotated[str, Field(min_length=1, max_length=64)]
 
+Mode = Literal["replay", "rollout"]
 JobStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
 EpisodeStatus = Literal["pending", "running", "done", "error", "cancelled"]
 
@@ -77,7 +78,7 @@ class EvaluationCreate(_Request):
     Every scenario must exist and belong to the caller (404 naming the index otherwise);
     nothing is created when any is refused."""
 
-    mode: Literal["replay", "rollout"]
+    mode: Mode
     episodes: list[ReplayEpisode] | None = Field(default=None, min_length=1, max_length=MAX_EPISODES)
     """Replay mode only."""
     scenario_ids: list[ID] | None = Field(default=None, min_length=1, max_length=MAX_EPISODES)
@@ -193,7 +194,7 @@ class EvaluationJobPublic(BaseModel):
     """A batch evaluation: status, configuration (never the API key) and progress."""
 
     id: str
-    mode: Literal["replay", "rollout"]
+    mode: Mode
     status: JobStatus
     config: dict[str, Any]
     """Mode parameters: model, base_url, max_steps, temperature, retries, keep_envs, ..."""

@@ -4,7 +4,7 @@ acknowledged step of every episode stays readable, its state as the one JSON vie
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
@@ -13,7 +13,7 @@ from ..db import models
 from ..db.database import Database
 from ..db.store import load_state
 from ..errors import Conflict, NotFound
-from ..schemas.envs import EpisodePublic, EpisodesPublic, StateView, Trajectory, TrajectoryStep
+from ..schemas.envs import EpisodePublic, EpisodesPublic, EpisodeStatus, StateView, Trajectory, TrajectoryStep
 from .common import owned
 from .live import LiveEnvs
 from .quotas import TenantContext
@@ -38,7 +38,7 @@ class EnvHistory:
         """``GET /trajectory``: a page of :meth:`trajectory`."""
         row, number, steps, total, record = self.trajectory(caller.tenant, env_id, episode, limit, offset)
         return Trajectory(env_id=row.id, episode=number, count=total,
-                          status=record.status if record is not None else "running",
+                          status=cast(EpisodeStatus, record.status) if record is not None else "running",
                           reward=record.reward if record is not None else None,
                           steps=[TrajectoryStep.model_validate(s, from_attributes=True) for s in steps])
 
@@ -47,7 +47,7 @@ class EnvHistory:
         records, total = self.episodes_of(caller.tenant, env_id, limit, offset)
         return EpisodesPublic(count=total, data=[
             EpisodePublic(episode=r.episode, environment_id=r.environment_id, scenario_id=r.scenario_id,
-                          status=r.status, steps=steps, observation=r.observation,
+                          status=cast(EpisodeStatus, r.status), steps=steps, observation=r.observation,
                           task=r.task, reward=r.reward, checks=r.checks, config=r.config, started_at=r.started_at,
                           ended_at=r.ended_at)
             for r, steps in records])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sandpit.client.llm import ModelError
 from sqlalchemy import Table
@@ -30,6 +30,7 @@ from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
 from ..evaluations.rewards import Checks
 from ..metrics import Metrics
 from ..sandboxes import CallResult, SandboxError, SessionClosedError
+from ..schemas.common import Status
 from ..schemas.envs import StepRequest, StepResult
 from ..schemas.scenarios import CheckOutcome
 from ..settings import ApiSettings
@@ -54,9 +55,9 @@ INCLUDES = {"state_diff", "state"}
 class StepRun:
     """What one action did (before it is committed): the step's record."""
 
-    status: str
+    status: Status
     observation: str
-    role: str = "tool"
+    role: Literal["tool", "user"] = "tool"
     """EnvScaler's observation type: ``tool`` or ``user``."""
     duration_ms: float = 0.0
     result: CallResult | None = None
@@ -203,7 +204,7 @@ class StepService:
             self.live.drop(env_id)
             raise
         terminated = result.status == "error" and config.on_tool_error == "terminate"
-        role = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
+        role: Literal["tool", "user"] = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
         return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
                        findings=findings or None, terminated=terminated,
                        end_reason="tool_error" if terminated else None)

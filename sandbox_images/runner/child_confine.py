@@ -70,7 +70,7 @@ ARCHES = {
                              "sched_setparam": 118, "sched_setattr": 274,
                              "setpriority": 140, "ioprio_set": 30}),
 }
-RULES = {
+RULES: dict[str, tuple[str, int | None]] = {
     "shmget": (ALWAYS, None), "semget": (ALWAYS, None), "msgget": (ALWAYS, None),
     "mq_open": (ALWAYS, None), "add_key": (ALWAYS, None), "request_key": (ALWAYS, None),
     "keyctl": (ALWAYS, None), "process_vm_readv": (ALWAYS, None), "process_vm_writev": (ALWAYS, None),
@@ -92,6 +92,10 @@ _OFFSET_ARG0 = 16  # args[i] is a u64 at 16 + 8 * i; its low half comes first (l
 _OFFSET_ARG1 = 24
 
 
+_Insn = tuple[int, int | str, int | str, int]
+"""(code, jt, jf, k); a jump target is an offset or a label resolved at the end."""
+
+
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 
@@ -104,7 +108,7 @@ def filter_program(machine: str) -> bytes:
     resolved to BPF's relative offsets at the end."""
     arch, numbers = ARCHES[machine]
     deny = SECCOMP_RET_ERRNO | errno.EPERM
-    prog: list[tuple] = [(_LD_W_ABS, 0, 0, _OFFSET_ARCH), (_JEQ_K, 1, 0, arch), (_RET_K, 0, 0, deny)]
+    prog: list[_Insn | tuple[str, str]] = [(_LD_W_ABS, 0, 0, _OFFSET_ARCH), (_JEQ_K, 1, 0, arch), (_RET_K, 0, 0, deny)]
     load_nr = (_LD_W_ABS, 0, 0, _OFFSET_NR)
     prog.append(load_nr)
     if machine == "x86_64":
@@ -119,15 +123,16 @@ def filter_program(machine: str) -> bytes:
         if condition == OTHER_PID:
             prog += [(_LD_W_ABS, 0, 0, _OFFSET_ARG0), (_JEQ_K, "allow", "deny", 0)]
         else:
+            assert which is not None  # NOT_SELF rules name the "process" value
             prog += [(_LD_W_ABS, 0, 0, _OFFSET_ARG0), (_JEQ_K, 0, "deny", which),
                      (_LD_W_ABS, 0, 0, _OFFSET_ARG1), (_JEQ_K, "allow", "deny", 0)]
         prog.append(("label", rule_end))
         prog.append(load_nr)
     prog += [("label", "allow"), (_RET_K, 0, 0, SECCOMP_RET_ALLOW), ("label", "deny"), (_RET_K, 0, 0, deny)]
     labels: dict[str, int] = {}
-    code: list[tuple] = []
+    code: list[_Insn] = []
     for insn in prog:
-        if insn[0] == "label":
+        if len(insn) == 2:  # ("label", name)
             labels[insn[1]] = len(code)
         else:
             code.append(insn)

@@ -69,6 +69,8 @@ import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any  # annotations only: never evaluated in the sandbox
+
     from .limits import (
         CHECK_RESULT_MAX_BYTES,
         CHECK_RESULT_TEXT_CAPS,
@@ -198,7 +200,7 @@ def _load_env_module(source: str | None) -> types.ModuleType:
     return module
 
 
-def decode_state(encoded: dict, source: str | None) -> dict:
+def decode_state(encoded: dict[str, Any], source: str | None) -> dict[str, Any]:
     """Real Python objects of an encoded state (module docstring). Raises StateError;
     MemoryError propagates."""
     import base64
@@ -219,7 +221,7 @@ def decode_state(encoded: dict, source: str | None) -> dict:
                 _load_env_module(source)
                 return super().find_class(module, name)
 
-    state: dict = {}
+    state: dict[str, Any] = {}
     for name, entry in encoded.items():
         kind = entry[0]
         if kind == "j":
@@ -236,7 +238,7 @@ def decode_state(encoded: dict, source: str | None) -> dict:
     return state
 
 
-def unrender(value: object) -> object:
+def unrender(value: Any) -> object:
     """Objects back from a rendering's tags (``child_render.py``) where Python can rebuild them:
     sets, frozensets, tuples, bytes, dates and times, Decimal, Fraction, complex, UUID,
     non-finite floats, dicts with non-str keys; ``$object`` becomes a
@@ -258,7 +260,7 @@ def unrender(value: object) -> object:
         return value
 
 
-def _unrender_tag(tag: str, body: object, whole: dict) -> object:
+def _unrender_tag(tag: str, body: Any, whole: dict[str, Any]) -> object:
     if tag in ("$set", "$frozenset", "$tuple") and type(body) is list:
         items = [unrender(item) for item in body]
         return set(items) if tag == "$set" else frozenset(items) if tag == "$frozenset" else tuple(items)
@@ -270,7 +272,8 @@ def _unrender_tag(tag: str, body: object, whole: dict) -> object:
     if tag in ("$datetime", "$date", "$time") and type(body) is str:
         import datetime
 
-        kind = {"$datetime": datetime.datetime, "$date": datetime.date, "$time": datetime.time}[tag]
+        kind: type[datetime.datetime | datetime.date | datetime.time] = {
+            "$datetime": datetime.datetime, "$date": datetime.date, "$time": datetime.time}[tag]
         return kind.fromisoformat(body)
     if tag == "$timedelta" and type(body) in (int, float):
         import datetime
@@ -309,18 +312,18 @@ def _hashable(key: object) -> object:
     return key
 
 
-def run_check(source: str, initial: object, final: object) -> dict:
+def run_check(source: str, initial: object, final: object) -> dict[str, Any]:
     """Run one check on ``initial`` (the ``initial_state`` global) and ``final`` (the
     argument) in this process and return its result fields (without ``id``/``index``).
     ``MemoryError`` propagates: the caller reports it and exits."""
     started = time.perf_counter()
-    out: dict = {"status": "ok", "passed": False, "result": None, "error": None, "traceback": None}
+    out: dict[str, Any] = {"status": "ok", "passed": False, "result": None, "error": None, "traceback": None}
     try:
         code = compile(source, CHECK_FILENAME, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         out.update(status="rejected", error=syntax_error_text(exc))
         return _timed(out, started)
-    namespace: dict = {"__name__": "check_func_module", "__builtins__": builtins, "initial_state": initial}
+    namespace: dict[str, Any] = {"__name__": "check_func_module", "__builtins__": builtins, "initial_state": initial}
     try:
         exec(code, namespace)  # noqa: S102 - this is the sandbox
         check_func = namespace.get("check_func")
@@ -342,7 +345,7 @@ def run_check(source: str, initial: object, final: object) -> dict:
     return _timed(out, started)
 
 
-def _timed(out: dict, started: float) -> dict:
+def _timed(out: dict[str, Any], started: float) -> dict[str, Any]:
     out["duration_ms"] = (time.perf_counter() - started) * 1000.0
     return out
 
@@ -373,7 +376,7 @@ class _Channel:
             data = data[end:]
         return index if type(index) is int else None
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict[str, Any]) -> None:
         data = self._dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace")
         view = memoryview(len(data).to_bytes(HEADER_SIZE, "big") + data)
         while view:
@@ -414,8 +417,8 @@ def _script_environment(workdir: str) -> types.ModuleType:
     try:
         import _sitebuiltins
 
-        builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
-        builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")  # type: ignore[attr-defined]
+        builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+        builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
     except Exception:  # noqa: BLE001 - exit() is a convenience
         pass
     return main
@@ -460,7 +463,7 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def run_script(msg: dict, channel: _Channel) -> int:
+def run_script(msg: dict[str, Any], channel: _Channel) -> int:
     """Serve one ``exec`` request; returns the exit status for the interpreter's normal
     shutdown (which runs ``atexit`` handlers, joins threads and flushes, as Python does)."""
     token = msg.get("id")
@@ -521,7 +524,7 @@ def _print_uncaught(exc: BaseException) -> None:
             pass
 
 
-def run_checks(msg: dict, channel: _Channel) -> None:
+def run_checks(msg: dict[str, Any], channel: _Channel) -> None:
     """Serve one ``checks`` request as the zygote (module docstring): restore both states
     once, then one forked process per check, each after the runner's go-ahead naming it
     (``{"op": "next", "index"}``), so what a check prints is all in the pipes before the
@@ -534,6 +537,8 @@ def run_checks(msg: dict, channel: _Channel) -> None:
     index = msg["checks"][0]["index"]
     source = msg.get("source")
     state_error = None
+    initial: dict[str, Any] | None
+    final: dict[str, Any] | None
     try:
         initial = decode_state(msg["initial_state"], source)
         final = decode_state(msg["final_state"], source)
@@ -570,7 +575,7 @@ def run_checks(msg: dict, channel: _Channel) -> None:
             return
 
 
-def _forked_check(source: str, initial: object, final: object) -> dict:
+def _forked_check(source: str, initial: object, final: object) -> dict[str, Any]:
     """Run one check in a fresh process forked from this one; its result fields,
     validated. The child writes one length-prefixed JSON object to a private socket and
     exits; it never holds the runner channel. Its process group is killed once it has
@@ -686,7 +691,7 @@ def _kill_and_wait(pid: int) -> int:
 _RESULT_STATUSES = ("ok", "error", "rejected", "oom")
 
 
-def _result_fields(raw: bytes) -> dict | None:
+def _result_fields(raw: bytes) -> dict[str, Any] | None:
     """The fields of a check process's result, rebuilt with exact types and caps (None
     when it is not a well-formed result)."""
     try:
@@ -696,10 +701,10 @@ def _result_fields(raw: bytes) -> dict | None:
     if type(message) is not dict or message.get("status") not in _RESULT_STATUSES:
         return None
     passed, duration = message.get("passed"), message.get("duration_ms")
-    if type(passed) is not bool or type(duration) not in (int, float):
+    if type(passed) is not bool or not (type(duration) is int or type(duration) is float):
         return None
-    out = {"status": message["status"], "passed": passed and message["status"] == "ok",
-           "duration_ms": float(duration)}
+    out: dict[str, Any] = {"status": message["status"], "passed": passed and message["status"] == "ok",
+                           "duration_ms": float(duration)}
     for name, cap in CHECK_RESULT_TEXT_CAPS.items():
         value = message.get(name)
         if value is not None and type(value) is not str:
@@ -708,7 +713,7 @@ def _result_fields(raw: bytes) -> dict | None:
     return out
 
 
-def run_job(msg: dict, ctrl_fd: int) -> None:
+def run_job(msg: dict[str, Any], ctrl_fd: int) -> None:
     """Entry point from ``child_session.py`` for a spare whose first request is ``exec`` or
     ``checks``. Never returns: ``exec`` ends through ``SystemExit`` (normal interpreter
     shutdown), ``checks`` through ``os._exit``."""

@@ -54,6 +54,8 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any  # annotations only: never evaluated in the sandbox
+
     from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     from limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
@@ -75,10 +77,11 @@ def is_tag(value: object) -> bool:
     """True when ``value`` (a rendering) is a tag: a one-key dict whose key starts with ``$``."""
     if type(value) is not dict or len(value) != 1:
         return False
-    return next(iter(value)).startswith("$")
+    key: str = next(iter(value))  # renderings are JSON: keys are strings
+    return key.startswith("$")
 
 
-def ambiguous_dict(value: dict) -> bool:
+def ambiguous_dict(value: dict[Any, Any]) -> bool:
     """True for a dict that a rendering could not tell from a tag (one ``$`` key)."""
     return len(value) == 1 and type(next(iter(value))) is str and next(iter(value)).startswith("$")
 
@@ -116,7 +119,7 @@ class _Renderer:
         self.open: dict[int, str] = {}
         """id() of each container being rendered -> its path."""
 
-    def marker(self, value: object, reason: str, **extra: object) -> dict:
+    def marker(self, value: object, reason: str, **extra: object) -> dict[str, object]:
         self.truncated = True
         body: dict[str, object] = {"type": type_name(value), "reason": reason}
         body.update(extra)
@@ -127,16 +130,15 @@ class _Renderer:
         return self.budget >= 0
 
     def render(self, value: object, depth: int, path: str) -> object:
-        kind = type(value)
-        if value is None or kind is bool:
+        if value is None or type(value) is bool:
             return value
-        if kind is int:
+        if type(value) is int:
             return value if self.spend(8) else self.marker(value, "size", repr="")
-        if kind is str:
+        if type(value) is str:
             if self.spend(len(value)):
                 return value
             return self.marker(value, "size", repr=value[:200])
-        if kind is float:
+        if type(value) is float:
             self.spend(8)
             if math.isfinite(value):
                 return value
@@ -157,7 +159,7 @@ class _Renderer:
         finally:
             del self.open[ident]
 
-    def simple(self, value: object) -> dict | None:
+    def simple(self, value: object) -> dict[str, object] | None:
         """Tags of leaf types (no recursion), or None. Modules are looked up in
         ``sys.modules``: a type whose module was never imported cannot occur."""
         mods = sys.modules
@@ -218,7 +220,7 @@ class _Renderer:
             return self.render(float.__float__(value), depth, path)
         return self.instance(value, depth, path)
 
-    def mapping(self, value: dict, depth: int, path: str) -> object:
+    def mapping(self, value: dict[Any, Any], depth: int, path: str) -> object:
         try:
             items = list(dict.items(value))
         except Exception:  # noqa: BLE001 - mutated while rendering
@@ -239,7 +241,7 @@ class _Renderer:
             return self.marker(value, "items", kept={"$dict": pairs}, dropped=dropped)
         return {"$dict": pairs}
 
-    def sequence(self, value: list | tuple, depth: int, path: str, tag: str | None) -> object:
+    def sequence(self, value: list[Any] | tuple[Any, ...], depth: int, path: str, tag: str | None) -> object:
         try:
             items = list(value)
         except Exception:  # noqa: BLE001
@@ -251,7 +253,7 @@ class _Renderer:
             return self.marker(value, "items", kept=out, dropped=dropped)
         return out
 
-    def unordered(self, value: set | frozenset, depth: int, path: str) -> object:
+    def unordered(self, value: set[Any] | frozenset[Any], depth: int, path: str) -> object:
         try:
             items = list(value)
         except Exception:  # noqa: BLE001

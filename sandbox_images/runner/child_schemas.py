@@ -62,6 +62,7 @@ import json
 import re
 import types
 import typing
+from typing import Any
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
@@ -127,7 +128,7 @@ _ARRAY_NAMES = {"list", "List", "tuple", "Tuple", "set", "Set", "frozenset", "Fr
                 "Deque", "Iterator"}
 _OBJECT_NAMES = {"dict", "Dict", "Mapping", "MutableMapping", "DefaultDict", "defaultdict", "OrderedDict",
                  "Counter", "ChainMap", "TypedDict"}
-_NAME_SCHEMAS: dict[str, dict] = {
+_NAME_SCHEMAS: dict[str, dict[str, Any]] = {
     "str": {"type": "string"}, "bytes": {"type": "string"}, "int": {"type": "integer"},
     "float": {"type": "number"}, "bool": {"type": "boolean"}, "None": {"type": "null"},
     "NoneType": {"type": "null"}, "Any": {}, "object": {}, "string": {"type": "string"},
@@ -135,7 +136,7 @@ _NAME_SCHEMAS: dict[str, dict] = {
 }
 
 
-def annotation_schema(annotation: object, depth: int = 0) -> dict:
+def annotation_schema(annotation: object, depth: int = 0) -> dict[str, Any]:
     """JSON schema (without ``description``) for a type annotation: a type, a typing
     construct, or a string (parsed with ``ast``, never evaluated). Unknown -> ``{}``."""
     if depth > MAX_SCHEMA_DEPTH or annotation is _EMPTY or annotation is typing.Any or annotation is object:
@@ -190,12 +191,12 @@ def annotation_schema(annotation: object, depth: int = 0) -> dict:
     return {}
 
 
-def _union_schema(members: list[dict]) -> dict:
+def _union_schema(members: list[dict[str, Any]]) -> dict[str, Any]:
     """Schemas of a union's non-None members -> one schema: ``Optional[X]`` is X's schema,
     several members ``anyOf``, no member (``None`` alone) ``null``, Any among them ``{}``."""
     if not members:
         return {"type": "null"}
-    unique: list[dict] = []
+    unique: list[dict[str, Any]] = []
     for member in members:
         if member == {}:
             return {}  # Any in a union: anything goes
@@ -208,7 +209,7 @@ def _union_schema(members: list[dict]) -> dict:
     return {"anyOf": unique}
 
 
-def _array_schema(items: list[dict | None], tuple_like: bool) -> dict:
+def _array_schema(items: list[dict[str, Any] | None], tuple_like: bool) -> dict[str, Any]:
     """``list[X]``/``set[X]``/``tuple[X, ...]`` -> items X; ``tuple[A, B]`` -> items A
     when A == B, else ``anyOf``; no argument -> no ``items``."""
     known = [item for item in items if item is not None]
@@ -224,11 +225,11 @@ def _array_schema(items: list[dict | None], tuple_like: bool) -> dict:
 def _json_scalar(value: object) -> bool:
     kind = type(value)
     if kind is float:
-        return value == value and value not in (float("inf"), float("-inf"))  # type: ignore[comparison-overlap]
+        return value == value and value not in (float("inf"), float("-inf"))
     return kind is str or kind is int or kind is bool or value is None
 
 
-def _enum_schema(values: list) -> dict:
+def _enum_schema(values: list[Any]) -> dict[str, Any]:
     """``enum`` of JSON scalar values (Enum members give their value) with the common
     ``type`` when there is one. Non-JSON or too many values: only the common type."""
     values = [v.value if isinstance(v, enum.Enum) else v for v in values]
@@ -239,10 +240,10 @@ def _enum_schema(values: list) -> dict:
         kinds.add({str: "string", bool: "boolean", int: "integer", float: "number"}.get(type(value), "null"))
     if kinds == {"integer", "number"}:
         kinds = {"number"}
-    schema: dict = {"type": kinds.pop()} if len(kinds) == 1 else {}
+    schema: dict[str, Any] = {"type": kinds.pop()} if len(kinds) == 1 else {}
     if values and len(values) <= MAX_ENUM_VALUES and sum(
             len(v) for v in values if isinstance(v, str)) <= MAX_ENUM_CHARS:
-        unique = []
+        unique: list[Any] = []
         for value in values:
             if not any(type(value) is type(seen) and value == seen for seen in unique):
                 unique.append(value)
@@ -250,7 +251,7 @@ def _enum_schema(values: list) -> dict:
     return schema
 
 
-def string_annotation_schema(text: str, depth: int = 0) -> dict:
+def string_annotation_schema(text: str, depth: int = 0) -> dict[str, Any]:
     """Schema for an annotation written as text (``"Optional[List[str]]"``, ``"int | None"``,
     a docstring's ``"str, optional"`` or ``"int or None"``). Parsed with ``ast``; names are
     matched by spelling, never looked up or evaluated."""
@@ -284,7 +285,7 @@ def _is_none(node: ast.expr) -> bool:
     return (isinstance(node, ast.Constant) and node.value is None) or _node_name(node) == "NoneType"
 
 
-def _node_schema(node: ast.expr, depth: int) -> dict:
+def _node_schema(node: ast.expr, depth: int) -> dict[str, Any]:
     if depth > MAX_SCHEMA_DEPTH:
         return {}
     if isinstance(node, ast.Constant):
@@ -324,7 +325,7 @@ def _node_schema(node: ast.expr, depth: int) -> dict:
                 return {}
         return _enum_schema(values)
     if base in _ARRAY_NAMES:
-        items: list[dict | None] = [None if isinstance(a, ast.Constant) and a.value is Ellipsis
+        items: list[dict[str, Any] | None] = [None if isinstance(a, ast.Constant) and a.value is Ellipsis
                                     else _node_schema(a, depth + 1) for a in args]
         return _array_schema(items, tuple_like=base in ("tuple", "Tuple"))
     if base in _OBJECT_NAMES:
@@ -615,13 +616,13 @@ def _json_native(value: object, depth: int = 0) -> bool:
     return False
 
 
-def _fallback(name: str, description: str) -> dict:
+def _fallback(name: str, description: str) -> dict[str, Any]:
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": True}}}
 
 
-def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[str]) -> dict:
+def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[str]) -> dict[str, Any]:
     """The tool entry for one public method (see the module docstring); problems that
     only affect parameters are appended to ``notes`` and give the fallback schema."""
     doc = getattr(function, "__doc__", None)
@@ -641,12 +642,12 @@ def tool_schema(cls: type, name: str, kind: str, function: object, notes: list[s
         _note(notes, f"{name}: more than {MAX_PARAMS} parameters; parameters not described")
         return _fallback(name, summary)
     try:
-        hints: dict = typing.get_type_hints(inspect.unwrap(function))  # type: ignore[arg-type]
+        hints: dict[str, Any] = typing.get_type_hints(inspect.unwrap(function))  # type: ignore[arg-type]
     except MemoryError:
         raise
     except Exception:  # noqa: BLE001 - unresolvable names: fall back to the raw annotations
         hints = {}
-    properties: dict[str, dict] = {}
+    properties: dict[str, dict[str, Any]] = {}
     required: list[str] = []
     extra = False
     for param in parameters:
@@ -688,7 +689,7 @@ def _note(notes: list[str], text: str) -> None:
         notes.append(text[:MAX_NOTE_CHARS])
 
 
-def describe_class(cls: type) -> tuple[list[dict], list[str]]:
+def describe_class(cls: type) -> tuple[list[dict[str, Any]], list[str]]:
     """Tool schemas of every public method of ``cls`` plus notes on what could not be
     described. Returns ``(tools, notes)``; ``tools`` is in tool order (module docstring).
 
@@ -698,7 +699,7 @@ def describe_class(cls: type) -> tuple[list[dict], list[str]]:
         TypeError: ``cls`` is not a class.
     """
     notes: list[str] = []
-    tools: list[dict] = []
+    tools: list[dict[str, Any]] = []
     size = 2
     for name, kind, function in public_methods(cls):
         if not TOOL_NAME.fullmatch(name):

@@ -47,6 +47,13 @@ import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any, TypeAlias  # annotations only: never evaluated in the sandbox
+
+    Encoding: TypeAlias = tuple[Any, ...]
+    """``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u",
+    rendering_json_text)`` | ``("K", private JSON copy)`` (a large JSON object tracked key
+    by key, see keyed_delta)."""
+
     from .limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
@@ -84,7 +91,7 @@ def _json_native(value: object) -> bool:
     """True when ``value`` round-trips through JSON with exact types and reads back as
     itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
     ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
-    stack = [(value, 0)]
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         kind = type(item)
@@ -126,7 +133,7 @@ def _entry_json(enc: Encoding) -> str:
     return f'["u",{enc[1]}]'
 
 
-def decode_entry(entry: list) -> tuple[object, bool]:
+def decode_entry(entry: list[Any]) -> tuple[object, bool]:
     """The value of one encoded attribute and whether it is restorable: ``"j"`` its
     value, ``"p"`` the unpickled object, ``"u"`` its rendering (not restorable). An
     unpickling error propagates (the caller reports it)."""
@@ -139,11 +146,6 @@ def decode_entry(entry: list) -> tuple[object, bool]:
 
         return pickle.loads(base64.b64decode(entry[1])), True
     return entry[1] if len(entry) > 1 else None, False
-
-
-Encoding = tuple
-"""``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u", rendering_json_text)``
-| ``("K", private JSON copy)`` (a large JSON object tracked key by key, see keyed_delta)."""
 
 
 def _rendering(value: object) -> str:
@@ -189,7 +191,7 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
 _MISSING = object()
 
 
-def keyed_delta(value: dict, previous: dict) -> str | None:
+def keyed_delta(value: dict[str, Any], previous: dict[str, Any]) -> str | None:
     """Key-level changes of a large JSON object since ``previous`` (a private JSON copy
     of its last encoding, updated in place). Returns ``""`` when nothing changed, the
     JSON text of a ``["k", ...]`` entry otherwise, or None when the object is no longer
@@ -228,13 +230,13 @@ def keyed_delta(value: dict, previous: dict) -> str | None:
 class Session:
     """One environment instance and its encoded-state cache."""
 
-    def __init__(self, ctrl_fd: int, limits: dict) -> None:
+    def __init__(self, ctrl_fd: int, limits: dict[str, Any]) -> None:
         self.fd = ctrl_fd
         self.limits = limits
         self.instance: object | None = None
         self.cls: type | None = None
         self.describe_only = False
-        self.cache: dict[str, tuple[str, str]] = {}
+        self.cache: dict[str, Encoding] = {}
 
     # -- framing ---------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
@@ -247,9 +249,10 @@ class Session:
             n -= len(chunk)
         return b"".join(chunks)
 
-    def recv(self) -> dict:
+    def recv(self) -> dict[str, Any]:
         length = int.from_bytes(self._read_exact(HEADER_SIZE), "big")
-        return json.loads(self._read_exact(length).decode("utf-8"))
+        message: dict[str, Any] = json.loads(self._read_exact(length).decode("utf-8"))
+        return message
 
     def send_text(self, body: str) -> None:
         data = body.encode("utf-8", "replace")  # a lone surrogate (not UTF-8) becomes "?"
@@ -259,7 +262,7 @@ class Session:
             written = os.write(self.fd, view_)
             view_ = view_[written:]
 
-    def reply(self, request_id: str, fields: dict, raw: dict[str, str] | None = None) -> None:
+    def reply(self, request_id: str, fields: dict[str, Any], raw: dict[str, str] | None = None) -> None:
         """Send ``fields`` plus pre-serialized JSON members ``raw`` (name -> JSON text)."""
         body = _dumps({"id": request_id, **fields})
         if raw:
@@ -284,11 +287,11 @@ class Session:
         holding only what changed since the last call (everything when ``full``)."""
         current = self.state_attrs()
         changed: list[str] = []
-        new_cache: dict[str, tuple[str, str]] = {}
+        new_cache: dict[str, Encoding] = {}
         for name, value in current.items():
             old = self.cache.get(name)
             if not full and old is not None and old[0] == "K" and type(value) is dict:
-                part = keyed_delta(value, old[1])  # type: ignore[arg-type]
+                part = keyed_delta(value, old[1])
                 if part is not None:
                     new_cache[name] = old
                     if part:
@@ -296,7 +299,7 @@ class Session:
                     continue
             enc = encode_value(value, old if old is not None and old[0] != "K" else None)
             if enc[0] == "j" and type(value) is dict and len(enc[1]) >= KEYED_MIN_BYTES:
-                new_cache[name] = ("K", json.loads(enc[1]))  # type: ignore[assignment]
+                new_cache[name] = ("K", json.loads(enc[1]))
             else:
                 new_cache[name] = enc
             if full or enc is not old:
@@ -320,7 +323,7 @@ class Session:
                 parts.append(f"{_dumps(name)}:{enc[1] if enc[0] == 'j' else enc[-1]}")
         return "{" + ",".join(parts) + "}"
 
-    def apply_snapshot(self, snapshot: dict) -> None:
+    def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Set every restorable attribute from ``snapshot`` and drop attributes it does
         not name (``"u"`` entries keep the value ``init`` produced)."""
         attrs = self.state_attrs()
@@ -333,7 +336,7 @@ class Session:
                 setattr(self.instance, name, value)
 
     # -- operations ------------------------------------------------------------------
-    def op_init(self, msg: dict) -> None:
+    def op_init(self, msg: dict[str, Any]) -> None:
         workdir = msg["workdir"]
         os.chdir(workdir)
         os.environ["HOME"] = workdir
@@ -367,12 +370,12 @@ class Session:
         schemas = _schemas()
         target = self.cls if self.describe_only else type(self.instance)
         try:
-            tools, notes = schemas.describe_class(target)  # type: ignore[arg-type]
+            tools, notes = schemas.describe_class(target)
         except schemas.SchemaLimitError as exc:
             return "rejected", error_observation(exc), []
         return "ok", _dumps(tools), notes
 
-    def op_call(self, msg: dict) -> tuple[str, str, str | None]:
+    def op_call(self, msg: dict[str, Any]) -> tuple[str, str, str | None]:
         if self.describe_only:
             return "rejected", "Error: this session only describes the environment; it has no instance", None
         name = msg["name"]
@@ -394,33 +397,33 @@ class Session:
 def _schemas() -> types.ModuleType:
     """The schema module, imported on first use (sessions that only call never pay for
     ``inspect``/``typing``): a sibling file in the sandbox, a package module on the host."""
-    if __package__:
+    if TYPE_CHECKING or __package__:
         from . import child_schemas as schemas
     else:  # run as a script: its directory is sys.path[0]
-        import child_schemas as schemas  # type: ignore[no-redef]
+        import child_schemas as schemas
     return schemas
 
 
 def _render() -> types.ModuleType:
     """The rendering module, imported on first use like :func:`_schemas`."""
-    if __package__:
+    if TYPE_CHECKING or __package__:
         from . import child_render as render
     else:
-        import child_render as render  # type: ignore[no-redef]
+        import child_render as render
     return render
 
 
 def _oneshot() -> types.ModuleType:
     """The one-shot job module (scripts, check functions), imported on first use like
     :func:`_schemas`."""
-    if __package__:
+    if TYPE_CHECKING or __package__:
         from . import child_oneshot as oneshot
     else:
-        import child_oneshot as oneshot  # type: ignore[no-redef]
+        import child_oneshot as oneshot
     return oneshot
 
 
-def instantiate(cls: type, init_config: dict) -> object:
+def instantiate(cls: type, init_config: dict[str, Any]) -> object:
     """EnvScaler ``init_env_instance``: ``cls(init_config)`` (``cls({})`` when the config is
     empty); on ``TypeError``, ``cls()``; then every key of a non-empty config is set as an
     attribute. ``init_config`` is this process's own copy (parsed from the request)."""
@@ -435,10 +438,10 @@ def instantiate(cls: type, init_config: dict) -> object:
 
 def _confine() -> types.ModuleType:
     """The seccomp module (``child_confine.py``), a sibling file like :func:`_schemas`."""
-    if __package__:
+    if TYPE_CHECKING or __package__:
         from . import child_confine as confine
     else:
-        import child_confine as confine  # type: ignore[no-redef]
+        import child_confine as confine
     return confine
 
 
@@ -486,7 +489,7 @@ def cap_observation(text: str, limit: int) -> tuple[str, bool]:
     return text[:limit] + f"\n...[truncated {len(text) - limit} characters]", True
 
 
-def harden(limits: dict) -> None:
+def harden(limits: dict[str, Any]) -> None:
     """Per-session limits, set before any untrusted code exists. Hard limits equal soft
     ones so the environment cannot raise them again.
 

@@ -271,7 +271,7 @@ def _ipc_objects() -> list[str]:
 def _own_sockets() -> set[str]:
     """Inode numbers of the sockets this process holds (its connection to the host shows
     the host's socket path in /proc/net/unix)."""
-    inodes = set()
+    inodes: set[str] = set()
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:

@@ -48,6 +48,11 @@ import signal
 import time
 
 TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
+    from collections.abc import Callable
+    from typing import Any
+
+    from .pid1_runner import Child, Runner
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from . import protocol
     from .limits import (
@@ -123,7 +128,8 @@ class Job:
         self.rid = rid
         self.workdir = workdir
         self.timeout_s = timeout_s
-        self.child = None  # the runner's Child, while a process runs
+        self.child: Child | None = None
+        """The runner's Child, while a process runs."""
         self.token = ""
         self.deadline = 0.0
         self.started = time.monotonic()
@@ -133,8 +139,8 @@ class Job:
         self.memory_error = False  # exec: the script reported an uncaught MemoryError
         self.ctrl_open = False
         # checks
-        self.request: dict = {}
-        self.results: list[dict | None] = []
+        self.request: dict[str, Any] = {}
+        self.results: list[dict[str, Any] | None] = []
         self.next = 0
         self.check_started = 0.0
         self.budget_deadline = 0.0
@@ -147,7 +153,7 @@ class Jobs:
     ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
     ``pid1_runner.py``)."""
 
-    def __init__(self, runner, work_root: str, oom_kills) -> None:
+    def __init__(self, runner: Runner, work_root: str, oom_kills: Callable[[], int]) -> None:
         self.runner = runner
         self.work_root = work_root
         self.oom_kills = oom_kills
@@ -161,15 +167,15 @@ class Jobs:
     def _max_jobs(self) -> int:
         return JOBS_PER_SLOT * max(1, int(self.runner.limits.get("max_sessions", 1)))
 
-    def _timeout(self, msg: dict) -> float:
+    def _timeout(self, msg: dict[str, Any]) -> float:
         limit = float(self.runner.limits["call_timeout_s"])
         value = msg.get("time_limit_s", limit)
-        if type(value) not in (int, float) or not value > 0:
+        if not (type(value) is int or type(value) is float) or not value > 0:
             raise ValueError("field 'time_limit_s' must be a positive number")
         return min(float(value), limit)
 
     # -- host requests ---------------------------------------------------------------
-    def start(self, rid: object, msg: dict) -> None:
+    def start(self, rid: object, msg: dict[str, Any]) -> None:
         """Validate and start an ``exec`` or ``checks`` request (``fault`` if malformed)."""
         op = msg.get("op")
         if len(self.active) >= self._max_jobs():
@@ -186,7 +192,7 @@ class Jobs:
         cap = int(self.runner.limits["output_cap_bytes"])
         if op == "checks":
             cap = min(cap, CHECK_OUTPUT_CAP_BYTES)
-        job = Job(op, rid, workdir, timeout_s, cap)
+        job = Job(str(op), rid, workdir, timeout_s, cap)
         job.request = request
         self.active.append(job)
         if op == "exec":
@@ -198,7 +204,7 @@ class Jobs:
             job.budget_deadline = job.started + timeout_s * count + BATCH_SLACK_S + STARTUP_S
             self._next_checks(job)
 
-    def _launch(self, job: Job, fields: dict | None = None) -> bool:
+    def _launch(self, job: Job, fields: dict[str, Any] | None = None) -> bool:
         """Start ``job``'s next process and send it the request. False (and the job is
         finished or failed over) when no process could be started."""
         try:
@@ -259,7 +265,7 @@ class Jobs:
             return
         (job.out if kind == "job-out" else job.err).add(chunk)
 
-    def _feed(self, job: Job, child, data: bytes) -> None:
+    def _feed(self, job: Job, child: Child, data: bytes) -> None:
         try:
             messages = child.frames.feed(data)
         except protocol.ProtocolViolation as exc:
@@ -284,10 +290,11 @@ class Jobs:
         """EOF on the control channel: the process is exiting (its exit status, soon
         reported by waitpid, says how) or closed fd 3 itself (then a check batch can no
         longer report and ends at its exit or deadline)."""
-        _unregister(self.runner.sel, job.child.sock)
+        if job.child is not None:
+            _unregister(self.runner.sel, job.child.sock)
         job.ctrl_open = False
 
-    def _on_message(self, job: Job, msg: dict) -> None:
+    def _on_message(self, job: Job, msg: dict[str, Any]) -> None:
         if msg.get("id") != job.token:
             return  # not from our request (a forged or garbled frame): ignored
         if job.kind == "exec":
@@ -330,7 +337,8 @@ class Jobs:
             job.check_started = now
             job.deadline = min(now + job.timeout_s, job.budget_deadline)
             try:
-                job.child.send({"op": "next", "index": job.next})
+                if job.child is not None:
+                    job.child.send({"op": "next", "index": job.next})
             except (OSError, ValueError):
                 pass  # it died or closed the channel: its exit or deadline says so
 
@@ -496,7 +504,7 @@ class Jobs:
     def _read_final_frames(self, job: Job) -> None:
         """Frames the process wrote just before exiting (still in the socket)."""
         child = job.child
-        while job.ctrl_open and job.child is child:
+        while child is not None and job.ctrl_open and job.child is child:
             data = protocol.recv_ready(child.sock)
             if not data:
                 return
@@ -530,14 +538,14 @@ class Jobs:
         self.runner.jobs_ended()
 
 
-def _unregister(sel, obj) -> None:
+def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
     try:
         sel.unregister(obj)
     except (KeyError, ValueError, OSError):
         pass
 
 
-def _exec_request(msg: dict) -> dict:
+def _exec_request(msg: dict[str, Any]) -> dict[str, Any]:
     """The fields of an ``exec`` request forwarded to the job process, validated."""
     code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
     if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
@@ -549,7 +557,7 @@ def _exec_request(msg: dict) -> dict:
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
-def _checks_request(msg: dict) -> dict:
+def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
     """The fields of a ``checks`` request forwarded to the job process, validated (the
     states' sizes were bounded by the host frame cap)."""
     checks = msg.get("checks")
@@ -582,13 +590,13 @@ def _encoded_entry(entry: object) -> bool:
     return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
 
 
-def _check_result(msg: dict, index: int) -> dict | None:
+def _check_result(msg: dict[str, Any], index: int) -> dict[str, Any] | None:
     """One check result frame from the job process, validated and capped (None when
     malformed: the process is then treated as crashed)."""
     if msg.get("index") != index or msg.get("status") not in CHECK_STATUSES:
         return None
     passed, duration = msg.get("passed"), msg.get("duration_ms")
-    if type(passed) is not bool or type(duration) not in (int, float) or not 0 <= duration < 1e9:
+    if type(passed) is not bool or not (type(duration) is int or type(duration) is float) or not 0 <= duration < 1e9:
         return None
     fields = {}
     for name, cap in CHECK_RESULT_TEXT_CAPS.items():
@@ -600,7 +608,7 @@ def _check_result(msg: dict, index: int) -> dict | None:
     return {"status": status, "passed": passed and status == "ok", **fields, "duration_ms": float(duration)}
 
 
-def _failed(status: str, error: str, duration_ms: float) -> dict:
+def _failed(status: str, error: str, duration_ms: float) -> dict[str, Any]:
     return {"status": status, "passed": False, "result": None, "error": error, "traceback": None,
             "duration_ms": duration_ms, "stdout": "", "stderr": ""}
 

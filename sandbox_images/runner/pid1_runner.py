@@ -57,31 +57,56 @@ import socket
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
-import pid1_cleanup  # noqa: E402
-import pid1_jobs  # noqa: E402
-import protocol  # noqa: E402
-from limits import (  # noqa: E402
-    BROKEN_MAX_CHARS,
-    CHILD_SEND_TIMEOUT_S,
-    CONNECT_TIMEOUT_S,
-    DEFAULT_CALL_TIMEOUT_S,
-    DEFAULT_OBSERVATION_CAP_BYTES,
-    DEFAULT_OUTPUT_CAP_BYTES,
-    DEFAULT_SESSION_MEMORY_BYTES,
-    DEFAULT_SESSION_NOFILE,
-    DESCRIBE_ERROR_CHARS,
-    DESCRIBE_TRACEBACK_CHARS,
-    MAX_FRAME_BYTES,
-    MAX_NOTE_CHARS,
-    MAX_NOTES,
-    MAX_SCHEMAS_BYTES,
-    RECYCLE_MAX_PROBLEMS,
-    SESSION_ID_MAX_CHARS,
-    SPAWN_RETRY_S,
-    TOKEN_MAX_CHARS,
-)
+    from . import pid1_cleanup, pid1_jobs, protocol
+    from .limits import (
+        BROKEN_MAX_CHARS,
+        CHILD_SEND_TIMEOUT_S,
+        CONNECT_TIMEOUT_S,
+        DEFAULT_CALL_TIMEOUT_S,
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_OUTPUT_CAP_BYTES,
+        DEFAULT_SESSION_MEMORY_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        DESCRIBE_ERROR_CHARS,
+        DESCRIBE_TRACEBACK_CHARS,
+        MAX_FRAME_BYTES,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_SCHEMAS_BYTES,
+        RECYCLE_MAX_PROBLEMS,
+        SESSION_ID_MAX_CHARS,
+        SPAWN_RETRY_S,
+        TOKEN_MAX_CHARS,
+    )
+else:  # in the sandbox, run as a script: its directory comes first on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pid1_cleanup
+    import pid1_jobs
+    import protocol
+    from limits import (
+        BROKEN_MAX_CHARS,
+        CHILD_SEND_TIMEOUT_S,
+        CONNECT_TIMEOUT_S,
+        DEFAULT_CALL_TIMEOUT_S,
+        DEFAULT_OBSERVATION_CAP_BYTES,
+        DEFAULT_OUTPUT_CAP_BYTES,
+        DEFAULT_SESSION_MEMORY_BYTES,
+        DEFAULT_SESSION_NOFILE,
+        DESCRIBE_ERROR_CHARS,
+        DESCRIBE_TRACEBACK_CHARS,
+        MAX_FRAME_BYTES,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        MAX_SCHEMAS_BYTES,
+        RECYCLE_MAX_PROBLEMS,
+        SESSION_ID_MAX_CHARS,
+        SPAWN_RETRY_S,
+        TOKEN_MAX_CHARS,
+    )
 
 SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
 TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
@@ -126,7 +151,7 @@ class Child:
     """A session child process and its three channels (control socketpair on fd 3,
     stdout/stderr streams the runner reads)."""
 
-    def __init__(self, limits: dict) -> None:
+    def __init__(self, limits: dict[str, Any]) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = _stream()
         err_r, err_w = _stream()
@@ -175,7 +200,7 @@ class Child:
         self.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         self.alive = True
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(protocol.encode(message))
 
     def kill(self) -> None:
@@ -194,14 +219,14 @@ class Child:
 
 
 class Session:
-    def __init__(self, sid: str, spec: dict, workdir: str, limits: dict) -> None:
+    def __init__(self, sid: str, spec: dict[str, Any], workdir: str, limits: dict[str, Any]) -> None:
         self.sid = sid
         self.spec = spec  # source, class_name, init_config
         self.workdir = workdir
         self.child: Child | None = None
-        self.queue: collections.deque = collections.deque()
-        self.current: dict | None = None  # in-flight item
-        self.snapshot: dict = {}
+        self.queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.current: dict[str, Any] | None = None  # in-flight item
+        self.snapshot: dict[str, Any] = {}
         self.broken: str | None = None
         self.opened = False
         self.out = pid1_jobs.Output(limits["output_cap_bytes"])
@@ -209,7 +234,7 @@ class Session:
 
 
 class Runner:
-    def __init__(self, sock: socket.socket, limits: dict) -> None:
+    def __init__(self, sock: socket.socket, limits: dict[str, Any]) -> None:
         self.host = sock  # blocking: read only when the selector reports it readable
         self.limits = limits
         self.sel = selectors.DefaultSelector()
@@ -230,7 +255,7 @@ class Runner:
         """Why this sandbox must not be reused (a sweep that could not kill everything)."""
 
     # -- children --------------------------------------------------------------------
-    def _session_limits(self) -> dict:
+    def _session_limits(self) -> dict[str, Any]:
         return {
             "session_memory_bytes": self.limits["session_memory_bytes"],
             "memory_rlimit": self.limits.get("memory_rlimit", "data"),
@@ -317,7 +342,7 @@ class Runner:
         session.child = None
 
     # -- host side -------------------------------------------------------------------
-    def reply(self, message: dict) -> None:
+    def reply(self, message: dict[str, Any]) -> None:
         # "replace": a lone surrogate that a session escaped into its JSON (valid JSON,
         # not encodable as UTF-8) becomes "?" instead of an exception in PID 1
         self.host.sendall(protocol.encode(message, errors="replace"))
@@ -325,7 +350,7 @@ class Runner:
     def fault(self, request_id: object, message: str) -> None:
         self.reply({"id": request_id, "status": "fault", "message": message})
 
-    def on_host_message(self, msg: dict) -> None:
+    def on_host_message(self, msg: dict[str, Any]) -> None:
         rid = msg.get("id")
         op = msg.get("op")
         if op == "ping":
@@ -358,7 +383,7 @@ class Runner:
         session.queue.append({"rid": rid, "msg": msg})
         self.pump(session)
 
-    def open_session(self, rid: object, sid: str, msg: dict) -> None:
+    def open_session(self, rid: object, sid: str, msg: dict[str, Any]) -> None:
         if sid in self.sessions:
             self.fault(rid, f"session {sid!r} already exists")
             return
@@ -446,6 +471,7 @@ class Runner:
                 request = {"op": "init", "id": token, "workdir": session.workdir, **session.spec,
                            "snapshot": item.get("snapshot")}
             else:
+                assert msg is not None  # only the internal init item has no host message
                 request = {"op": msg["op"], "id": token}
                 if msg["op"] == "call":
                     request["name"] = msg.get("name")
@@ -503,7 +529,7 @@ class Runner:
                     return
                 self.on_child_message(session, msg)
 
-    def on_child_message(self, session: Session, msg: dict) -> None:
+    def on_child_message(self, session: Session, msg: dict[str, Any]) -> None:
         item = session.current
         if item is None or msg.get("id") != item["token"]:
             return  # unsolicited or stale frame: ignored, cannot answer anything
@@ -568,7 +594,7 @@ class Runner:
             self.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
         self.pump(session)
 
-    def child_failed(self, session: Session, status: str, item: dict | None = None, note: str = "") -> None:
+    def child_failed(self, session: Session, status: str, item: dict[str, Any] | None = None, note: str = "") -> None:
         """The child timed out, ran out of memory or died: kill it, answer the in-flight
         request with ``status``, and schedule re-creation from the last good snapshot."""
         item = item or session.current
@@ -686,7 +712,9 @@ class Runner:
             wait = min(wait, job_wait)
         return wait
 
-    def on_readable(self, kind: str, session: Session | None, obj) -> None:
+    def on_readable(self, kind: str, owner: Session | pid1_jobs.Job | None, obj: Any) -> None:
+        """``obj`` (registered as ``(kind, owner)``) is readable: the host socket, the wake-up
+        socket, or a session's or job's control socket or output stream."""
         if kind == "wake":  # SIGCHLD: the loop goes on to reap()
             try:
                 while obj.recv(4096):
@@ -695,7 +723,8 @@ class Runner:
                 pass
             return
         if kind.startswith("job-"):
-            self.jobs.on_readable(kind, session)
+            assert isinstance(owner, pid1_jobs.Job)
+            self.jobs.on_readable(kind, owner)
             return
         if kind == "host":
             try:
@@ -712,22 +741,23 @@ class Runner:
                     sys.stderr.write(f"sandpit-runner: request failed: {exc!r}\n")
                     self.fault(msg.get("id"), f"runner error: {type(exc).__name__}: {exc}")
             return
-        assert session is not None
+        assert isinstance(owner, Session)
+        session = owner
         child = session.child
         if child is None:
             return
         if kind == "ctrl":
-            data = protocol.recv_ready(child.sock)
-            if data is None:
+            received = protocol.recv_ready(child.sock)
+            if received is None:
                 return
-            if not data:
+            if not received:
                 if session.current is not None:
                     self.child_failed(session, "crashed", note="closed its control channel")
                 else:
                     self._detach(session)
                 return
             try:
-                messages = child.frames.feed(data)
+                messages = child.frames.feed(received)
             except protocol.ProtocolViolation as exc:
                 self.child_failed(session, "crashed", note=str(exc)[:200])
                 return
@@ -779,7 +809,7 @@ class Runner:
             self.reap()
 
 
-def _describe_reply(rid: object, status: object, msg: dict) -> dict:
+def _describe_reply(rid: object, status: object, msg: dict[str, Any]) -> dict[str, Any]:
     """The host reply to a ``describe`` answered by a child. Nothing the child sends is
     trusted: ``tools`` must be a list and encode to at most MAX_SCHEMAS_BYTES, ``notes``
     a short list of strings, an error's observation/traceback are cut to 4 KiB; anything

@@ -20,6 +20,8 @@ import struct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any  # annotations only: never evaluated in the sandbox
+
     from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     from limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH
@@ -47,7 +49,7 @@ class ProtocolViolation(Exception):
     :meth:`FrameBuffer.feed`, ``messages`` holds the frames that were complete and valid
     before the offending one (in order)."""
 
-    messages: list[dict] = []
+    messages: list[dict[str, Any]] = []
 
 
 def _refuse_constant(name: str) -> float:
@@ -83,7 +85,7 @@ def _check_depth(payload: bytes, limit: int) -> None:
             depth -= 1
 
 
-def encode(message: dict, errors: str = "strict") -> bytes:
+def encode(message: dict[str, Any], errors: str = "strict") -> bytes:
     """Serialize one message to a frame (header + compact JSON). Raises ``ValueError``
     for NaN/Infinity and ``TypeError`` for non-JSON values. A string holding a lone
     surrogate (which UTF-8 cannot carry) raises ``UnicodeEncodeError`` (a ValueError),
@@ -94,7 +96,7 @@ def encode(message: dict, errors: str = "strict") -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def decode_payload(payload: bytes, max_depth: int = MAX_FRAME_DEPTH) -> dict:
+def decode_payload(payload: bytes, max_depth: int = MAX_FRAME_DEPTH) -> dict[str, Any]:
     """Parse one frame body. Raises :class:`ProtocolViolation` unless it is a JSON object."""
     _check_depth(payload, max_depth)
     try:
@@ -119,9 +121,9 @@ class FrameBuffer:
         self.max_frame = max_frame
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[dict]:
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._buf += data
-        messages: list[dict] = []
+        messages: list[dict[str, Any]] = []
         try:
             while len(self._buf) >= HEADER.size:
                 (length,) = HEADER.unpack_from(self._buf, 0)
@@ -146,7 +148,7 @@ class FrameBuffer:
         return len(self._buf)
 
 
-def recv_exact(sock, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly ``n`` bytes from a blocking socket; raises ``EOFError`` on close."""
     chunks = []
     remaining = n
@@ -159,7 +161,7 @@ def recv_exact(sock, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock, max_frame: int = MAX_FRAME_BYTES) -> dict:
+def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME_BYTES) -> dict[str, Any]:
     """Blocking read of one frame. Raises ``EOFError`` or :class:`ProtocolViolation`."""
     (length,) = HEADER.unpack(recv_exact(sock, HEADER.size))
     if length > max_frame:
@@ -167,7 +169,7 @@ def recv_frame(sock, max_frame: int = MAX_FRAME_BYTES) -> dict:
     return decode_payload(recv_exact(sock, length))
 
 
-def apply_keyed(base: object, change: object) -> list | None:
+def apply_keyed(base: object, change: object) -> list[Any] | None:
     """Apply a keyed delta entry's payload (``["k", {"set": {key: value}, "del": [key]}]``,
     sent for large JSON-object attributes instead of the whole value) to the attribute's
     previous encoding ``["j", {...}]``. Returns the new ``["j", merged]`` (a new dict; the

@@ -125,10 +125,10 @@ EPISODES = {
 
 def _reference(api: httpx.Client, actions: list[dict]) -> list[dict]:
     render_source = (DEFINITION_DIR / "runner" / "child_render.py").read_text()
-    limits_source = (DEFINITION_DIR / "runner" / "limits.py").read_text()  # render imports its caps from it
+    limits_source = (DEFINITION_DIR / "runner" / "limits.py").read_text()  # child_render's caps
     script = "\n".join([
         "import json, sys, types",
-        f"limits = types.ModuleType('limits'); exec({limits_source!r}, limits.__dict__); sys.modules['limits'] = limits",
+        f"sys.modules['limits'] = types.ModuleType('limits'); exec({limits_source!r}, sys.modules['limits'].__dict__)",
         f"render_module = types.ModuleType('render'); exec({render_source!r}, render_module.__dict__)",
         f"reference = types.ModuleType('envscaler_reference'); exec({REFERENCE.read_text()!r}, reference.__dict__)",
         f"records = reference.run({HOTEL!r}, 'HotelDesk', {INIT!r}, {CHECKS!r}, json.loads({json.dumps(actions)!r}),",

@@ -102,3 +102,7 @@ def test_pid1_never_imports_child_modules() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 names.append(node.module)
             assert not any(n.startswith("child_") for n in names), f"{name} imports a child_ module: {names}"
+
+
+def test_new_runner_modules_ship_in_the_image() -> None:
+    assert {"pid1_cleanup.py", "child_confine.py"} <= set(RUNNER_FILES)

@@ -97,3 +97,12 @@ def test_sandbox_memory_and_runner_limits() -> None:
     assert limits["spare_child"] is False
     # the session process's own memory limit stays below the container's
     assert limits["session_memory_bytes"] < profile.sandbox_memory_bytes(1)
+
+
+def test_session_memory_is_rlimit_as_under_gvisor_only() -> None:
+    from sandpit.executor.profiles import ResourceProfile
+
+    profile = ResourceProfile(memory_mib=100)
+    assert profile.runner_limits(1, True)["memory_rlimit"] == "data"
+    assert profile.runner_limits(1, True, 0.05, "runsc")["memory_rlimit"] == "as"
+    assert profile.runner_limits(1, True, 0.05, "runsc")["session_memory_bytes"] == 100 * 1024 * 1024

@@ -1,18 +1,12 @@
-"""Pure helpers of the runner's containment (``pid1_cleanup.py``) and of the session's seccomp
-filter (``child_confine.py``): imported on the host, never installed on a test process."""
+"""The session's seccomp filter (``child_confine``): the program it would install, run by a
+tiny BPF interpreter here; never installed on a test process."""
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
-from sandpit.sandbox_images import RUNNER_FILES
-from sandpit.sandbox_images.runner import child_confine, pid1_cleanup
-
-
-def test_new_runner_modules_ship_in_the_image() -> None:
-    assert {"pid1_cleanup.py", "child_confine.py"} <= set(RUNNER_FILES)
+from sandpit.sandbox_images.runner import child_confine
 
 
 def _run_bpf(program: bytes, nr: int, arch: int, *args: int) -> int:
@@ -62,46 +56,3 @@ def test_filter_denies_persistent_ipc_and_touching_other_processes(machine: str)
 def test_unknown_machine_has_no_filter() -> None:
     with pytest.raises(KeyError):
         child_confine.filter_program("sparc64")
-
-
-def test_remove_handles_unreadable_and_deep_trees(tmp_path) -> None:
-    root = tmp_path / "leftover"
-    deep = root
-    for _ in range(300):
-        deep = deep / "d"
-    deep.mkdir(parents=True)
-    (deep / "f").write_text("x")
-    locked = root / "locked"
-    (locked / "inner").mkdir(parents=True)
-    (locked / "inner" / "g").write_text("y")
-    os.chmod(locked / "inner", 0)
-    os.chmod(locked, 0)
-    os.symlink("/etc/passwd", root / "link")
-    pid1_cleanup.remove(str(root))
-    assert not root.exists()
-    assert os.path.exists("/etc/passwd")  # a symlink is removed, never followed
-    pid1_cleanup.remove(str(root))  # missing: no error
-
-
-def test_scrub_and_baseline_prove_a_directory_empty(tmp_path) -> None:
-    (tmp_path / "a").write_text("x")
-    (tmp_path / "b" / "c").mkdir(parents=True)
-    assert pid1_cleanup.scrub(str(tmp_path)) == []
-    assert os.listdir(tmp_path) == []
-    assert pid1_cleanup.scrub(str(tmp_path / "missing")) == []
-
-
-def test_sweep_outside_a_pid_namespace_selects_nothing_it_is_not_told_to() -> None:
-    seen = []
-    assert pid1_cleanup.sweep(lambda pid, sid: seen.append(pid) or False)
-    assert os.getpid() not in seen and seen  # it scanned, selected nothing, killed nothing
-    assert pid1_cleanup.kill_all() is True  # not PID 1: refuses to kill(-1) on a host
-
-
-def test_session_memory_is_rlimit_as_under_gvisor_only() -> None:
-    from sandpit.executor.profiles import ResourceProfile
-
-    profile = ResourceProfile(memory_mib=100)
-    assert profile.runner_limits(1, True)["memory_rlimit"] == "data"
-    assert profile.runner_limits(1, True, 0.05, "runsc")["memory_rlimit"] == "as"
-    assert profile.runner_limits(1, True, 0.05, "runsc")["session_memory_bytes"] == 100 * 1024 * 1024

@@ -117,3 +117,14 @@ def test_recv_frame_eof_mid_body() -> None:
         left.close()
         with pytest.raises(EOFError):
             protocol.recv_frame(right)
+
+
+def test_frames_before_a_bad_one_are_kept() -> None:
+    good = protocol.encode({"id": 1, "x": "a"}) + protocol.encode({"id": 2})
+    buffer = protocol.FrameBuffer(1024)
+    with pytest.raises(protocol.ProtocolViolation) as info:
+        buffer.feed(good + b"\x00\x00\x00\x05hello")
+    assert info.value.messages == [{"id": 1, "x": "a"}, {"id": 2}]
+    with pytest.raises(protocol.ProtocolViolation) as info:
+        protocol.FrameBuffer(8).feed(b"\xff\xff\xff\xff")
+    assert info.value.messages == []

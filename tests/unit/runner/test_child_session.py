@@ -1,6 +1,7 @@
 """Pure helpers of the in-sandbox session child (imported, never run as a process here):
 state encoding (EnvScaler state: every non-dunder attribute), tool-name checks, EnvScaler
-init detection. The rendering itself is tested in ``test_render.py``."""
+init detection. The rendering itself (``child_render``) is exercised through these encodings and
+the integration tests (``test_episode.py``, ``test_checks.py``)."""
 
 from __future__ import annotations
 

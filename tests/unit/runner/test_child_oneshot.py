@@ -1,0 +1,90 @@
+"""Pure helpers of the one-shot job process (``child_oneshot``): EnvScaler result
+classification, bounded reprs and error texts, exit statuses, the go-ahead channel. Nothing
+here runs a check or a script: that only ever happens in sandboxes."""
+
+from __future__ import annotations
+
+import pytest
+from sandpit.sandbox_images.runner import child_oneshot, limits, protocol
+
+
+class BoolSub(int):
+    pass
+
+
+class Hostile:
+    def __repr__(self) -> str:
+        raise RuntimeError("no")
+
+
+class Huge:
+    def __repr__(self) -> str:
+        return "h" * 5000
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (True, ("ok", True, None)),
+    (False, ("ok", False, None)),
+    (None, ("error", False, "returned None, not a bool")),
+    (1, ("error", False, "returned int 1, not a bool")),
+    (0, ("error", False, "returned int 0, not a bool")),
+    ("yes", ("error", False, "returned str 'yes', not a bool")),
+    ([True], ("error", False, "returned list [True], not a bool")),
+    (1.0, ("error", False, "returned float 1.0, not a bool")),
+    (BoolSub(1), ("error", False, "returned BoolSub 1, not a bool")),
+])
+def test_only_true_passes(value: object, expected: tuple) -> None:
+    assert child_oneshot.classify(value) == expected
+
+
+def test_bounded_repr() -> None:
+    assert child_oneshot.bounded_repr("x") == "'x'"
+    assert child_oneshot.bounded_repr(Hostile()) == "<unrepresentable Hostile: RuntimeError>"
+    text = child_oneshot.bounded_repr(Huge())
+    assert len(text) == limits.RESULT_REPR_CHARS + 3 and text.endswith("...")
+    assert child_oneshot.classify(Huge())[2].endswith(", not a bool") and len(child_oneshot.classify(Huge())[2]) < 300
+
+
+def test_error_texts() -> None:
+    assert child_oneshot.error_text(KeyError("x")) == "Error: KeyError: 'x'"
+    assert child_oneshot.error_text(ValueError()) == "Error: ValueError"
+    assert len(child_oneshot.error_text(ValueError("v" * 10000))) == limits.ERROR_CHARS
+    try:
+        compile("def f(:\n", "<check_func>", "exec")
+    except SyntaxError as exc:
+        assert child_oneshot.syntax_error_text(exc).startswith("syntax error: ") and "(line 1)" in child_oneshot.syntax_error_text(exc)
+    assert child_oneshot.syntax_error_text(ValueError("source code string cannot contain null bytes")) == \
+        "syntax error: source code string cannot contain null bytes"
+
+
+@pytest.mark.parametrize(("code", "status"), [(None, 0), (0, 0), (3, 3), (256 + 4, 4), (-1, 255), (True, 1)])
+def test_exit_status_of_system_exit(code: object, status: int) -> None:
+    assert child_oneshot._exit_status(SystemExit(code)) == status
+
+
+def test_exit_status_of_a_message_is_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert child_oneshot._exit_status(SystemExit("bad input")) == 1
+    assert capsys.readouterr().err == "bad input\n"
+
+
+def test_go_ahead_frames_name_the_next_check() -> None:
+    import os
+
+    read_fd, write_fd = os.pipe()
+    try:
+        channel = child_oneshot._Channel(read_fd)
+        os.write(write_fd, protocol.encode({"op": "next", "index": 4}))
+        assert channel.wait() == 4
+        os.write(write_fd, protocol.encode({"op": "next", "index": 5}) + protocol.encode({"op": "next", "index": 7}))
+        assert channel.wait() == 7  # several at once (a forked twin lagged behind): the last one counts
+        os.write(write_fd, protocol.encode({"op": "next"}))
+        assert channel.wait() is None
+        os.write(write_fd, b"\x00\x00\x00\x03abc")
+        assert channel.wait() is None
+        os.close(write_fd)
+        write_fd = -1
+        assert channel.wait() is None  # closed
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
