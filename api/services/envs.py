@@ -1,4 +1,4 @@
-"""Envs: instances of environments in sandboxes (``/v1/envs``), their lifecycle and history.
+"""Envs: instances of environments in sandboxes (``/v1/envs``) and their lifecycle.
 
 :class:`EnvService` owns the mapping from envs (database rows) to sandbox sessions
 (through the live-session cache, :mod:`.live`). Rules:
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -83,8 +83,8 @@ def count_open_envs(db: Database, tenant: str) -> int:
 
 
 class EnvService:
-    """Envs: create, read, list, delete, reset, restore, fork, evaluate and their history
-    (see the module docstring)."""
+    """Envs: create, read, list, delete, reset, restore, fork and evaluate (see the module
+    docstring)."""
 
     def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, environments: EnvironmentService,
                  episodes: EpisodeService, checks: Checks, live: LiveEnvs, quotas: QuotaService,
@@ -175,7 +175,7 @@ class EnvService:
                          **self.env_view(row, with_tools=tools))
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def janitor_tasks(self) -> list[Any]:
+    def janitor_tasks(self) -> list[Callable[[], object]]:
         """What the janitor runs each pass: idle eviction, expiry, storage collection."""
         return [lambda: self.live.evict_idle(self.settings.env_idle_evict_s), self.close_expired,
                 self.collect_garbage_if_wanted]
