@@ -1,5 +1,5 @@
-"""The FastAPI application: ``create_app(settings)`` wires database, executor pool and
-service in the lifespan (nothing is created at import time).
+"""The FastAPI application: ``create_app(settings)`` wires database, executor and services
+in the lifespan (nothing is created at import time).
 
 Every route but ``/healthz``, ``/readyz`` (and ``/metrics`` unless
 ``metrics_require_auth``) needs ``Authorization: Bearer <key>``: a tenant's API key, or the
@@ -7,82 +7,170 @@ operator key for ``/v1/admin``. Start-up refuses an unmigrated database (:class:
 ``sandpit db upgrade``), reaps sandboxes left by dead API processes, starts the warm pool
 and the janitor. Shutdown closes every session and sandbox; the state of every env stays
 in the database and resumes on the next start.
+
+This module and :mod:`.sandboxes` are the only ones that import ``sandpit.executor``: here
+the Docker pool is built and handed, as an :class:`~sandpit.executor.interface.Executor`,
+to the adapter every service uses (``executor_factory`` lets a caller give another).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
 
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sandpit.executor.errors import ExecutorError
+from sandpit.executor.interface import Executor
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings, get_settings
 
 from . import openapi
 from .body_timeout import BodyReadTimeout
-from .db import make_engine, make_sessionmaker, require_current
-from .errors import register_handlers
-from .evaluation import EvaluationService
-from .evaluations import EvaluationJobs
+from .db.database import Database
+from .db.engine import make_engine, make_sessionmaker, require_current
+from .errors import error_response, register_handlers
+from .evaluations.jobs import EvaluationJobs
+from .evaluations.rewards import Checks
+from .evaluations.runner import EvaluationRunner
 from .metrics import Metrics
-from .quotas import QuotaService
 from .routes import admin, environments, envs, evaluations, health, scenarios, validation
-from .service import EnvService
+from .sandboxes import Sandboxes, translate
+from .services.environments import EnvironmentService
+from .services.envs import EnvService, count_open_envs
+from .services.episodes import EpisodeService
+from .services.execution import ExecutionService
+from .services.health import HealthService
+from .services.history import EnvHistory
+from .services.live import Janitor, LiveEnvs
+from .services.quotas import QuotaService
+from .services.scenarios import ScenarioService
+from .services.steps import StepService
+from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
-from .tenancy import TenantService
+
+SERVED = ("metrics", "tenants", "quotas", "environments", "envs", "history", "steps", "scenarios", "execution", "evaluations",
+          "health")
+"""Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
+ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
+           evaluations.router, admin.router, admin.tenant_router]
 
 
-def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None) -> FastAPI:
+def _pool(settings: ExecutorSettings) -> Executor:
+    return SandboxPool(settings).start()
+
+
+def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None,
+               executor_factory: Callable[[ExecutorSettings], Executor] = _pool) -> FastAPI:
     """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
-    the database is behind."""
-    settings = settings or get_api_settings()
-    executor_settings = executor_settings or get_settings()
+    the database is behind. ``executor_factory`` builds (and starts) the executor in the
+    lifespan; it is closed at shutdown."""
+    api_settings = settings or get_api_settings()
+    pool_settings = executor_settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.resolved_database_url())
+        engine = make_engine(api_settings.resolved_database_url())
         try:
             require_current(engine)
-            sessions = make_sessionmaker(engine)
-            pool = SandboxPool(executor_settings).start()
+            db = Database(make_sessionmaker(engine))
+            executor = executor_factory(pool_settings)
             try:
-                anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http_threads
-                metrics = Metrics(pool.stats)
-                service = EnvService(settings, sessions, pool, metrics,
-                                     running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
-                tenants = TenantService(settings, service._db, service._write)
-                service.bind_tenants(tenants)
-                app.state.sessions, app.state.pool, app.state.metrics, app.state.service = sessions, pool, metrics, service
-                app.state.tenants = tenants
-                app.state.quotas = QuotaService(service.count_open_envs, settings)
-                app.state.evaluation = EvaluationService(service)
-                app.state.evaluations = EvaluationJobs(service, app.state.evaluation, tenants)
-                service.start()
-                app.state.evaluations.start()  # resumes unfinished evaluations
-                if settings.warm_on_start and executor_settings.pool_size:
-                    threading.Thread(target=pool.warm, args=(settings.tenant,), daemon=True,
+                anyio.to_thread.current_default_thread_limiter().total_tokens = api_settings.http_threads
+                services = build(api_settings, db, executor, warm_target=pool_settings.pool_size)
+                for name in SERVED:  # what the routes' dependencies (deps.py) read
+                    setattr(app.state, name, getattr(services, name))
+                services.start()
+                if api_settings.warm_on_start and pool_settings.pool_size:
+                    threading.Thread(target=services.sandboxes.warm, args=(api_settings.tenant,), daemon=True,
                                      name="sandpit-warm").start()
                 try:
                     yield
                 finally:
-                    app.state.evaluations.close()
-                    service.close()
+                    services.close()
             finally:
-                pool.close()
+                executor.close()
         finally:
             engine.dispose()
 
     app = FastAPI(title="Sandpit", version="0.1.0", lifespan=lifespan,
                   summary="Sandboxed execution of LLM-synthesized tool environments")
-    app.state.settings = settings
-    register_handlers(app, settings.capacity_retry_after_s)
-    app.add_middleware(BodyReadTimeout, timeout_s=settings.body_read_timeout_s)
-    routers = [health.router, environments.router, envs.router, scenarios.router, validation.router,
-               evaluations.router, admin.router, admin.tenant_router]
-    for router in routers:
+    app.state.settings = api_settings
+    register_handlers(app)
+
+    @app.exception_handler(ExecutorError)
+    async def _executor_error(_request: Request, exc: ExecutorError) -> JSONResponse:
+        # the adapter translates every executor error it sees; this one catches any other
+        return error_response(translate(exc, api_settings.capacity_retry_after_s))
+
+    app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
+    for router in ROUTERS:
         app.include_router(router)
-    app.state.api_routes = [route for router in routers for route in router.routes]  # for 405's Allow
-    openapi.install(app, routers)
+    app.state.api_routes = [route for router in ROUTERS for route in router.routes]  # for 405's Allow
+    openapi.install(app, ROUTERS)
     return app
+
+
+@dataclass
+class Services:
+    """Everything one app instance runs on (built by :func:`build`)."""
+
+    db: Database
+    metrics: Metrics
+    sandboxes: Sandboxes
+    tenants: TenantService
+    quotas: QuotaService
+    live: LiveEnvs
+    checks: Checks
+    environments: EnvironmentService
+    episodes: EpisodeService
+    envs: EnvService
+    history: EnvHistory
+    steps: StepService
+    scenarios: ScenarioService
+    execution: ExecutionService
+    runner: EvaluationRunner
+    evaluations: EvaluationJobs
+    health: HealthService
+    janitor: Janitor
+
+    def start(self) -> None:
+        """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
+        self.janitor.start()
+        self.evaluations.start()
+
+    def close(self) -> None:
+        """Stop the runner and the janitor; close every live session (state stays stored)."""
+        self.evaluations.close()
+        self.janitor.close()
+        self.envs.close()
+
+
+def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: int = 0) -> Services:
+    """The services over ``db`` and ``executor``, wired (no thread started: see
+    :meth:`Services.start`). ``/readyz`` wants ``warm_target`` sandboxes when
+    ``warm_on_start``."""
+    metrics = Metrics(executor.stats)
+    tenants = TenantService(settings, db)
+    sandboxes = Sandboxes(executor, settings, metrics,
+                          running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
+    quotas = QuotaService(partial(count_open_envs, db), settings)
+    live = LiveEnvs(metrics)
+    checks = Checks(db, sandboxes)
+    environments = EnvironmentService(settings, db, sandboxes, quotas, tenants)
+    episodes = EpisodeService(settings, tenants)
+    envs = EnvService(settings, db, sandboxes, environments, episodes, checks, live, quotas, tenants)
+    steps = StepService(settings, db, envs, episodes, checks, quotas, metrics)
+    scenarios = ScenarioService(settings, db, environments, quotas, tenants)
+    runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
+    return Services(
+        db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
+        environments=environments, episodes=episodes, envs=envs, history=EnvHistory(db, live), steps=steps, scenarios=scenarios,
+        execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
+        evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
+        health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
+        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks()))

@@ -1,47 +1,110 @@
-"""Typed dependencies for routes (``ServiceDep``, ``CallerDep``, ``PageDep``, ...)."""
+"""What routes depend on: typed dependency aliases (``EnvsDep``, ``CallerDep``,
+``PageDep``, ...) over the services the app's lifespan creates, and :func:`router`.
+
+``MeteredDep`` is the caller of a route that counts against the tenant's quotas (its
+service enforces them); depending on it is what makes the OpenAPI document list the
+route's 429 (:mod:`.openapi`).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, cast
 
-from fastapi import Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
-from .evaluation import EvaluationService
-from .quotas import QuotaService, TenantContext
-from .service import EnvService
-from .tenancy import TenantService
+from .evaluations.jobs import EvaluationJobs
+from .services.environments import EnvironmentService
+from .services.envs import EnvService
+from .services.execution import ExecutionService
+from .services.health import HealthService
+from .services.history import EnvHistory
+from .services.quotas import QuotaService, TenantContext
+from .services.scenarios import ScenarioService
+from .services.steps import StepService
+from .services.tenants import TenantService
+from .strict_json import StrictJSONRoute
 
 
-def get_service(request: Request) -> EnvService:
-    """The app's :class:`EnvService` (created in the lifespan)."""
-    return request.app.state.service
+def json_router(prefix: str = "", tags: list[str] | None = None) -> APIRouter:
+    """An ``APIRouter`` whose routes parse JSON bodies strictly (:mod:`.strict_json`)."""
+    return APIRouter(prefix=prefix, tags=cast(list[Any], tags or []), route_class=StrictJSONRoute)
 
 
-def get_evaluation(request: Request) -> EvaluationService:
-    """The app's :class:`EvaluationService` (created in the lifespan)."""
-    return request.app.state.evaluation
+def _state(request: Request, name: str) -> Any:
+    return getattr(request.app.state, name)
+
+
+def get_environments(request: Request) -> EnvironmentService:
+    """The app's :class:`EnvironmentService` (created in the lifespan)."""
+    return cast(EnvironmentService, _state(request, "environments"))
+
+
+def get_envs(request: Request) -> EnvService:
+    """The app's :class:`EnvService`."""
+    return cast(EnvService, _state(request, "envs"))
+
+
+def get_history(request: Request) -> EnvHistory:
+    """The app's :class:`EnvHistory`."""
+    return cast(EnvHistory, _state(request, "history"))
+
+
+def get_steps(request: Request) -> StepService:
+    """The app's :class:`StepService`."""
+    return cast(StepService, _state(request, "steps"))
+
+
+def get_scenarios(request: Request) -> ScenarioService:
+    """The app's :class:`ScenarioService`."""
+    return cast(ScenarioService, _state(request, "scenarios"))
+
+
+def get_execution(request: Request) -> ExecutionService:
+    """The app's :class:`ExecutionService`."""
+    return cast(ExecutionService, _state(request, "execution"))
+
+
+def get_jobs(request: Request) -> EvaluationJobs:
+    """The app's :class:`EvaluationJobs`."""
+    return cast(EvaluationJobs, _state(request, "evaluations"))
 
 
 def get_tenants(request: Request) -> TenantService:
     """The app's :class:`TenantService`."""
-    return request.app.state.tenants
+    return cast(TenantService, _state(request, "tenants"))
 
 
 def get_quotas(request: Request) -> QuotaService:
     """The app's :class:`QuotaService`."""
-    return request.app.state.quotas
+    return cast(QuotaService, _state(request, "quotas"))
+
+
+def get_health(request: Request) -> HealthService:
+    """The app's :class:`HealthService`."""
+    return cast(HealthService, _state(request, "health"))
 
 
 def get_caller(request: Request) -> TenantContext:
     """The tenant of the request's ``Authorization: Bearer <api key>``. Raises
     Unauthorized (401: missing, unknown, revoked or expired key), Forbidden (403: the
     operator key on a tenant route)."""
-    return request.app.state.tenants.authenticate(request.headers.get("authorization"))
+    return get_tenants(request).authenticate(request.headers.get("authorization"))
+
+
+def get_metered(caller: Annotated[TenantContext, Depends(get_caller)],
+                _quotas: Annotated[QuotaService, Depends(get_quotas)]) -> TenantContext:
+    """The caller, on a route whose service counts it against the tenant's quotas."""
+    return caller
 
 
 def require_operator(request: Request) -> None:
     """Admin routes: the operator key. Raises Unauthorized (401) or Forbidden (403)."""
-    request.app.state.tenants.require_operator(request.headers.get("authorization"))
+    get_tenants(request).require_operator(request.headers.get("authorization"))
+
+
+def authorization(request: Request) -> str | None:
+    """The request's ``Authorization`` header, as given (``/metrics`` checks it itself)."""
+    return request.headers.get("authorization")
 
 
 class Page:
@@ -53,10 +116,18 @@ class Page:
         self.offset = offset
 
 
-ServiceDep = Annotated[EnvService, Depends(get_service)]
-EvaluationDep = Annotated[EvaluationService, Depends(get_evaluation)]
+EnvironmentsDep = Annotated[EnvironmentService, Depends(get_environments)]
+EnvsDep = Annotated[EnvService, Depends(get_envs)]
+StepsDep = Annotated[StepService, Depends(get_steps)]
+HistoryDep = Annotated[EnvHistory, Depends(get_history)]
+ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
+ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]
+JobsDep = Annotated[EvaluationJobs, Depends(get_jobs)]
 TenantsDep = Annotated[TenantService, Depends(get_tenants)]
 QuotasDep = Annotated[QuotaService, Depends(get_quotas)]
+HealthDep = Annotated[HealthService, Depends(get_health)]
 CallerDep = Annotated[TenantContext, Depends(get_caller)]
+MeteredDep = Annotated[TenantContext, Depends(get_metered)]
 OperatorDep = Annotated[None, Depends(require_operator)]
+AuthorizationDep = Annotated[str | None, Depends(authorization)]
 PageDep = Annotated[Page, Depends(Page)]

@@ -17,9 +17,9 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     └── ServiceUnavailable        503     unavailable      Docker Engine or DB down
     DatabaseNotMigrated           (start-up only: the server refuses to start)
 
-Executor errors are translated at the edge by :func:`register_handlers`:
+Executor errors are translated at the edge, by the adapter (:mod:`.sandboxes`):
 ``CapacityError`` -> 503 ``no_capacity``, ``DockerUnavailable``/``SandboxLost`` -> 503,
-``ProfileError`` -> 422. Request validation errors -> 422 naming the field. Anything else
+``ProfileError`` -> 422 (subclasses of the classes above). Request validation errors -> 422 naming the field. Anything else
 is a bug: logged with its traceback and answered 500 ``internal`` without details.
 Every error body is :class:`ErrorBody`: ``{"error": {"code", "message", "field"}}``; 429s
 add ``limit``, and errors with a ``Retry-After`` header (429, 503) add ``retry_after``.
@@ -34,7 +34,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sandpit.executor.errors import CapacityError, DockerUnavailable, ExecutorError, ProfileError, SandboxLost
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -93,7 +92,7 @@ class Forbidden(ApiError):
 
 
 class QuotaExceeded(ApiError):
-    """A per-tenant limit (:class:`sandpit.api.quotas.Quotas`) was hit; ``limit`` names it
+    """A per-tenant limit (:class:`sandpit.api.services.quotas.Quotas`) was hit; ``limit`` names it
     and ``retry_after`` (seconds, always set) says when trying again can help. For fixed
     limits (sizes, resource profile) the message says that waiting does not help."""
 
@@ -192,17 +191,6 @@ def error_response(exc: ApiError) -> JSONResponse:
                         headers=headers or None)
 
 
-def translate_executor_error(exc: ExecutorError, retry_after: int) -> ApiError:
-    """Executor failures as API errors (the executor knows nothing about HTTP)."""
-    if isinstance(exc, CapacityError):
-        return NoCapacity(f"no sandbox capacity: {exc}", retry_after=retry_after)
-    if isinstance(exc, ProfileError):
-        return InvalidRequest(str(exc), field="profile")
-    if isinstance(exc, (DockerUnavailable, SandboxLost)):
-        return ServiceUnavailable(f"sandbox backend unavailable: {exc}", retry_after=retry_after)
-    return ServiceUnavailable(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
-
-
 def _field_of(loc: tuple[Any, ...]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
     return ".".join(parts) or None
@@ -220,7 +208,7 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
-def register_handlers(app: FastAPI, retry_after: int) -> None:
+def register_handlers(app: FastAPI) -> None:
     """Install the exception handlers (by class, so subclasses are covered)."""
 
     @app.exception_handler(ApiError)
@@ -230,10 +218,6 @@ def register_handlers(app: FastAPI, retry_after: int) -> None:
             if metrics is not None:
                 metrics.quota_rejections.labels(exc.limit).inc()
         return error_response(exc)
-
-    @app.exception_handler(ExecutorError)
-    async def _executor_error(_request: Request, exc: ExecutorError) -> JSONResponse:
-        return error_response(translate_executor_error(exc, retry_after))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:

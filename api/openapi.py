@@ -110,7 +110,7 @@ def error_statuses(route: APIRoute) -> set[int]:
         statuses.add(422)
     if isinstance(route, StrictJSONRoute):
         statuses.add(413)
-        if route.methods & BODY_METHODS:
+        if (route.methods or set()) & BODY_METHODS:
             statuses |= {408, 422}
     if get_quotas in calls:
         statuses.add(429)
@@ -142,7 +142,7 @@ def _document(schema: dict[str, Any], routes: list[APIRoute]) -> None:
     for route in routes:
         if not route.include_in_schema:
             continue
-        for method in route.methods:
+        for method in route.methods or ():
             operation = schema["paths"][route.path_format][method.lower()]
             responses = operation["responses"]
             responses.pop("422", None)  # FastAPI's {"detail": [...]}, also where nothing can fail

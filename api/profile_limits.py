@@ -17,13 +17,15 @@ import math
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
+
+from .sandboxes import ProfileOverrides, ResourceProfile
 
 
 def _numeric_schema(model: type[BaseModel], name: str) -> dict[str, Any]:
     """The JSON schema of field ``name`` of ``model`` without its ``None`` branch."""
-    prop = model.model_json_schema()["properties"][name]
-    for variant in prop.get("anyOf", [prop]):
+    prop: dict[str, Any] = model.model_json_schema()["properties"][name]
+    variants: list[dict[str, Any]] = prop.get("anyOf", [prop])
+    for variant in variants:
         if variant.get("type") in ("integer", "number"):
             return variant
     raise TypeError(f"{model.__name__}.{name} is not a number")
@@ -54,4 +56,6 @@ def executor_bounds(name: str) -> dict[str, float]:
 def profile_value(name: str, description: str | None = None) -> Any:
     """A pydantic ``Field`` for a request's value of profile field ``name`` (bounds from
     :func:`executor_bounds`); use as ``Annotated[int | None, profile_value("memory_mib")]``."""
-    return Field(description=description, **executor_bounds(name))
+    bounds = executor_bounds(name)
+    return Field(description=description, gt=bounds.get("gt"), ge=bounds.get("ge"), lt=bounds.get("lt"),
+                 le=bounds.get("le"))

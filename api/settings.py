@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .quotas import Quotas
+from .services.quotas import Quotas
 
 KiB = 1024
 MiB = 1024 * KiB

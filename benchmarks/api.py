@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from sandpit.api.db import upgrade
+from sandpit.api.db.engine import upgrade
 
 SOURCE = '''
 class Bench:

@@ -105,7 +105,7 @@ app.add_typer(db_app, name="db")
 @db_app.command("upgrade")
 def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) -> None:
     """Apply database migrations (creates the SQLite file and its directory if needed)."""
-    from sandpit.api.db import upgrade
+    from sandpit.api.db.engine import upgrade
     from sandpit.api.settings import get_api_settings
 
     url = get_api_settings().resolved_database_url()
@@ -122,7 +122,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     import uvicorn
     from pydantic import ValidationError
     from sandpit.api.app import create_app
-    from sandpit.api.db import make_engine, require_current
+    from sandpit.api.db.engine import make_engine, require_current
     from sandpit.api.errors import DatabaseNotMigrated
     from sandpit.api.settings import get_api_settings
 

@@ -1,7 +1,7 @@
-"""Alembic environment: migrates ``sandpit.api.models.Base.metadata``."""
+"""Alembic environment: migrates ``sandpit.api.db.models.Base.metadata``."""
 
 from alembic import context
-from sandpit.api.models import Base
+from sandpit.api.db.models import Base
 from sqlalchemy import engine_from_config, pool
 
 config = context.config

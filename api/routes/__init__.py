@@ -1,0 +1,1 @@
+"""HTTP routes, one module per resource (thin: parse, call one service method, return a schema)."""

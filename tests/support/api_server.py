@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import httpx
-from sandpit.api.db import upgrade
+from sandpit.api.db.engine import upgrade
 
 COUNTER_SOURCE = '''
 from typing import Dict, List, Optional

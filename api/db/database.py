@@ -1,0 +1,60 @@
+"""The unit of work: :class:`Database` hands out read sessions and write transactions.
+
+Every service reaches the control database through one instance (created in the app's
+lifespan): ``with db.read() as s: ...`` for reads, ``with db.write() as s: ...`` for a
+transaction that commits when the block ends (and rolls back when it raises). SQLite has
+one writer at a time and its busy handler sleeps in growing steps (up to 100 ms) when
+writers collide, so on SQLite writers queue on an in-process lock instead (FIFO-ish, no
+sleeping); other databases go straight in. A database failure (``SQLAlchemyError``) is
+:class:`~sandpit.api.errors.ServiceUnavailable` (503, ``Retry-After: 1``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import ServiceUnavailable
+
+
+class Database:
+    """Sessions of one engine (see the module docstring)."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+        bind = sessions.kw["bind"]
+        self.dialect: str = bind.dialect.name
+        """``sqlite``, ``postgresql``, ..."""
+        self._write_lock = threading.Lock()
+        self._serialize_writes = self.dialect == "sqlite"
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session for reads (objects stay usable after the block). Raises
+        ServiceUnavailable when the database fails."""
+        try:
+            with self.sessions() as db:
+                yield db
+        except SQLAlchemyError as exc:
+            raise ServiceUnavailable(f"database error: {type(exc).__name__}", retry_after=1) from exc
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction, committed at the end of the block (one writer at a time on
+        SQLite). Raises ServiceUnavailable when the database fails."""
+        if self._serialize_writes:
+            with self._write_lock, self.read() as db, db.begin():
+                yield db
+        else:
+            with self.read() as db, db.begin():
+                yield db
+
+    def ping(self) -> None:
+        """``SELECT 1``; raises the driver's error when the database does not answer."""
+        with self.sessions() as db:
+            db.execute(text("SELECT 1"))

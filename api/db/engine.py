@@ -1,0 +1,84 @@
+"""Database engine, sessions and the migration gate (no sessions of its own: see
+:mod:`.database` for the unit of work).
+
+SQLite files run in WAL mode with ``synchronous=NORMAL`` (a committed step survives a
+process crash; an OS crash may lose the last few milliseconds) and a 30 s busy timeout.
+The schema is owned by Alembic (``migrations/``): :func:`upgrade` applies it and
+:func:`require_current` refuses to serve a database that is behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import DatabaseNotMigrated
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent.parent / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; creates the parent directory of a SQLite file."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               pool_size=16, max_overflow=48)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:  # a DB-API connection
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded attributes usable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Config:
+    """Alembic configuration pointing at ``migrations/`` and ``url``."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (``sandpit db upgrade``)."""
+    if url.startswith("sqlite"):
+        make_engine(url).dispose()  # creates the data directory
+    command.upgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    """The newest migration's revision id."""
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def require_current(engine: Engine) -> None:
+    """Raise :class:`DatabaseNotMigrated` unless the database is at the newest migration."""
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    head = head_revision()
+    if current != head:
+        raise DatabaseNotMigrated(
+            f"database {engine.url.render_as_string(hide_password=True)} is at revision "
+            f"{current or 'none (empty)'}, this Sandpit needs {head}: run `sandpit db upgrade`")

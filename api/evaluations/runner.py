@@ -1,0 +1,519 @@
+"""The background runner of batch evaluations: claims episodes, runs them, records them.
+
+Threads: one dispatcher and one thread per running episode. The dispatcher wakes on a
+new job, a finished episode or a cancel (else every ``POLL_S``) and claims ``pending``
+episodes, oldest job first within a tenant and round-robin across tenants, within three
+bounds: ``settings.evaluation_workers`` episodes in the process, the tenant's
+``max_evaluation_concurrency`` over all its jobs, and each job's ``concurrency``. Every
+sandbox run an episode makes goes through the env service, hence through the fair
+scheduler (``max_running_calls``) like any API request.
+
+Exactly-once episodes:
+
+* claiming is ``pending -> running`` with ``attempt + 1``, guarded by ``status='pending'``;
+* an episode's end (``done``/``error``/``cancelled`` with reward, checks, trajectory,
+  transcript, usage) is one UPDATE guarded by ``status='running' AND attempt=<this
+  attempt>``, so a superseded run can never record a second result;
+* start-up (:meth:`EvaluationRunner.recover`): episodes left ``running`` by a dead
+  process have their half-run env deleted and go back to ``pending`` (``cancelled`` when
+  their job was cancelled); they rerun from scratch in a fresh env. Finished episodes are
+  never rerun. One API process per database runs evaluations (like the in-process quota
+  counters of :mod:`sandpit.api.services.quotas`).
+* an episode's env id is written to its row *before* the env is created
+  (``EnvService.create_env(env_id=...)``), so a process killed at any point leaves no env
+  that recovery does not find and delete.
+
+Episode failures are per-episode ``error`` statuses (``error_status``): ``model_error``,
+``model_unavailable`` (see :mod:`.rollout`), ``no_capacity`` / ``unavailable`` (sandbox
+capacity or backend still failing after ``TRANSIENT_ATTEMPTS`` tries with backoff),
+``env_error`` (the scenario's env could not be created), ``env_lost`` (its env was
+deleted or expired meanwhile), ``check_error``, ``scenario_not_found``,
+``secret_unavailable`` (the stored model key cannot be decrypted), ``internal`` (a bug;
+logged). A refused tool call (unknown tool, bad arguments) is a ``rejected`` step, not a
+failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar, cast
+
+from pydantic import ValidationError
+from sqlalchemy import CursorResult, func, select, update
+
+from ..db import models
+from ..db.database import Database
+from ..errors import (
+    ApiError,
+    Conflict,
+    InvalidRequest,
+    NoCapacity,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    ServiceUnavailable,
+)
+from ..schemas.envs import FunctionCall, StepRequest
+from ..secrets import SecretUnavailable
+from ..services.common import new_id
+from ..services.common import utcnow as _now
+from ..services.environments import EnvironmentService
+from ..services.envs import EnvService
+from ..services.episodes import OPEN_ENDED, introduction_text
+from ..services.scenarios import ScenarioService
+from ..services.steps import StepService
+from ..services.tenants import TenantService
+from ..settings import ApiSettings
+from .rollout import (
+    CHAT_COUNTERS,
+    ModelClient,
+    ModelError,
+    ModelSettings,
+    StepRecord,
+    initial_messages,
+    run_episode,
+)
+
+log = logging.getLogger("sandpit.api.evaluations")
+JOB = models.EvaluationJob
+EP = models.EvaluationEpisode
+POLL_S = 0.5
+TRANSIENT_ATTEMPTS = 5
+TRANSIENT_BACKOFF_S = 0.5
+"""First wait between tries of a sandbox operation that hit a transient error (doubles)."""
+CLOSE_WAIT_S = 15.0
+T = TypeVar("T")
+
+
+class _Interrupted(Exception):
+    """The episode must stop now: ``reason`` is ``cancelled`` or ``shutdown``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EpisodeFailed(Exception):
+    """The episode ends with ``status='error'``; ``status`` is its ``error_status``."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a worker needs of its job row (read once per dispatch)."""
+
+    id: str
+    tenant: str
+    mode: str
+    config: dict[str, Any]
+    key_enc: bytes | None
+    concurrency: int
+    created_at: datetime
+
+
+@dataclass
+class _Episode:
+    """A running episode's mutable record (written at its end)."""
+
+    job: _Job
+    index: int
+    attempt: int
+    env_id: str | None = None
+    trajectory: list[StepRecord] | None = None
+    transcript: list[dict[str, Any]] | None = None
+    usage: dict[str, int] | None = None
+
+
+class EvaluationRunner:
+    """Runs evaluation episodes in the background (see the module docstring)."""
+
+    def __init__(self, settings: ApiSettings, db: Database, envs: EnvService, steps: StepService,
+                 environments: EnvironmentService, scenarios: ScenarioService, tenants: TenantService) -> None:
+        self.settings = settings
+        self.db = db
+        self.envs = envs
+        self.steps = steps
+        self.environments = environments
+        self.scenarios = scenarios
+        self.tenants = tenants
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], threading.Thread] = {}
+        self._tenant_of: dict[str, str] = {}
+        self._cancelled: set[str] = set()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._dispatcher: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover episodes of a dead process, then start the dispatcher thread."""
+        self.recover()
+        self._dispatcher = threading.Thread(target=self._loop, name="sandpit-eval-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    def close(self) -> None:
+        """Stop claiming; running episodes stop at their next step and go back to
+        ``pending``. Waits up to ``CLOSE_WAIT_S`` seconds for them; an episode still
+        blocked after that (a model request in flight) stays ``running`` in the database
+        and is recovered on the next start."""
+        self._stop.set()
+        self._wake.set()
+        if self._dispatcher is not None:
+            self._dispatcher.join(timeout=5)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        with self._lock:
+            threads = list(self._running.values())
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def wake(self) -> None:
+        """Look for work now (a job was created)."""
+        self._wake.set()
+
+    def cancel(self, job_id: str) -> None:
+        """Make the job's running episodes stop at their next step."""
+        with self._lock:
+            self._cancelled.add(job_id)
+        self._wake.set()
+
+    def recover(self) -> int:
+        """Episodes left ``running`` (by a process that died): delete their env if it
+        still exists, then mark them ``pending`` (``cancelled`` when their job no longer
+        runs). Returns how many were reset."""
+        with self.db.read() as db:
+            rows = db.execute(select(EP.evaluation_id, EP.index, EP.env_id, JOB.tenant, JOB.status)
+                              .join(JOB, JOB.id == EP.evaluation_id).where(EP.status == "running")).all()
+        for job_id, index, env_id, tenant, job_status in rows:
+            if env_id:
+                self._delete_env(tenant, env_id)
+            active = job_status in ("queued", "running")
+            values: dict[str, Any] = {"status": "pending", "env_id": None, "started_at": None} if active else {
+                "status": "cancelled", "env_id": None, "finished_at": _now()}
+            with self.db.write() as db:
+                db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index, EP.status == "running")
+                           .values(**values))
+        if rows:
+            log.warning("evaluations: %d episode(s) interrupted by a restart will run again", len(rows))
+        return len(rows)
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._dispatch()
+            except Exception:  # noqa: BLE001 - the dispatcher must keep running; logged
+                log.exception("evaluation dispatch failed")
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+
+    def _active_jobs(self) -> list[_Job]:
+        with self.db.read() as db:
+            rows = db.scalars(select(JOB).where(JOB.status.in_(("queued", "running")))
+                              .order_by(JOB.created_at, JOB.id)).all()
+        return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at)
+                for r in rows]
+
+    def _dispatch(self) -> None:
+        """Claim and start as many episodes as the bounds allow (fair across tenants);
+        mark jobs with nothing left ``completed``."""
+        jobs = self._active_jobs()
+        by_tenant: dict[str, list[_Job]] = {}
+        for job in jobs:
+            by_tenant.setdefault(job.tenant, []).append(job)
+        exhausted: set[str] = set()
+        progress = True
+        while progress and not self._stop.is_set():
+            progress = False
+            for tenant in sorted(by_tenant, key=self._tenant_running):
+                if self._total_running() >= self.settings.evaluation_workers:
+                    return
+                if self._tenant_running(tenant) >= self.tenants.quotas(tenant).max_evaluation_concurrency:
+                    continue
+                for job in by_tenant[tenant]:
+                    if job.id in exhausted or self._job_running(job.id) >= job.concurrency:
+                        continue
+                    if self._claim_and_start(job):
+                        progress = True
+                        break
+                    exhausted.add(job.id)
+                    if not self._job_running(job.id):
+                        self._finish_if_done(job.id)
+
+    def _total_running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def _job_running(self, job_id: str) -> int:
+        with self._lock:
+            return sum(1 for j, _ in self._running if j == job_id)
+
+    def _tenant_running(self, tenant: str) -> int:
+        with self._lock:
+            return sum(1 for j, _ in self._running if self._tenant_of.get(j) == tenant)
+
+    def _claim_and_start(self, job: _Job) -> bool:
+        """Claim the job's first pending episode and start its thread; False when none is pending."""
+        with self.db.read() as db:  # read first: most polls find nothing and need no write
+            row = db.execute(select(EP.index, EP.attempt).where(EP.evaluation_id == job.id, EP.status == "pending")
+                             .order_by(EP.index).limit(1)).first()
+        if row is None:
+            return False
+        index, previous = row
+        attempt = previous + 1
+        with self.db.write() as db:
+            claimed = db.execute(update(EP).where(EP.evaluation_id == job.id, EP.index == index,
+                                                  EP.status == "pending", EP.attempt == previous)
+                                 .values(status="running", attempt=attempt, started_at=_now(), env_id=None))
+            if cast(CursorResult[Any], claimed).rowcount != 1:
+                return True  # cancelled or taken meanwhile: look again
+            db.execute(update(JOB).where(JOB.id == job.id, JOB.status == "queued").values(status="running"))
+        episode = _Episode(job, index, attempt)
+        thread = threading.Thread(target=self._run, args=(episode,), daemon=True,
+                                  name=f"sandpit-eval-{job.id[-6:]}-{index}")
+        with self._lock:
+            self._running[(job.id, index)] = thread
+            self._tenant_of[job.id] = job.tenant
+        thread.start()
+        return True
+
+    def _finish_if_done(self, job_id: str) -> bool:
+        """Mark the job ``completed`` when no episode is pending or running; True if it
+        has nothing left to claim."""
+        with self.db.write() as db:
+            left = db.scalar(select(func.count()).select_from(EP).where(
+                EP.evaluation_id == job_id, EP.status.in_(("pending", "running")))) or 0
+            if left == 0:
+                db.execute(update(JOB).where(JOB.id == job_id, JOB.status.in_(("queued", "running")))
+                           .values(status="completed", finished_at=_now()))
+                return True
+        return False
+
+    # -- one episode --------------------------------------------------------------------------
+    def _run(self, episode: _Episode) -> None:
+        job = episode.job
+        try:
+            self._episode(episode)
+        except _Interrupted as stop:
+            self._delete_env(job.tenant, episode.env_id)
+            if stop.reason == "cancelled":
+                self._complete(episode, status="cancelled")
+            else:  # shutdown: run again from scratch on the next start
+                self._guarded(episode, status="pending", env_id=None, started_at=None)
+        except EpisodeFailed as failed:
+            if not job.config.get("keep_envs"):
+                self._delete_env(job.tenant, episode.env_id)
+            self._complete(episode, status="error", error_status=failed.status, error=failed.message[:4000])
+        except Exception:  # noqa: BLE001 - one episode's bug must not stop the job; logged
+            log.exception("evaluation %s episode %d failed", job.id, episode.index)
+            self._delete_env(job.tenant, episode.env_id)
+            self._complete(episode, status="error", error_status="internal", error="internal error (logged)")
+        finally:
+            with self._lock:
+                self._running.pop((job.id, episode.index), None)
+            if not self._stop.is_set():
+                try:
+                    self._finish_if_done(job.id)
+                except ApiError:
+                    log.warning("evaluation %s: could not update its status; the dispatcher will", job.id)
+            self._wake.set()
+
+    def _episode(self, episode: _Episode) -> None:
+        job = episode.job
+        with self.db.read() as db:
+            row = db.get(EP, (job.id, episode.index))
+        assert row is not None
+        try:
+            scenario = self.scenarios.get_scenario(job.tenant, row.scenario_id)
+        except NotFound:
+            raise EpisodeFailed("scenario_not_found", f"scenario {row.scenario_id!r} no longer exists") from None
+        self._check_stop(job)
+        env_id = new_id("env")  # recorded before the env exists: recovery deletes it whatever happens next
+        episode.env_id = env_id
+        if not self._guarded(episode, env_id=env_id):  # superseded (cannot happen in one process)
+            return
+        try:
+            self._transient(job, lambda: self.envs.create_env(
+                job.tenant, environment_id=None, source_code=None, class_name=None, init_config=None,
+                profile=job.config.get("profile"), scenario_id=scenario.id, env_id=env_id,
+                episode_config=OPEN_ENDED))  # the job decides when the episode ends; checks run after
+        except (InvalidRequest, PayloadTooLarge, NotFound) as exc:
+            raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
+        episode.trajectory = []
+        if job.mode == "replay":
+            self._replay(episode, list(row.tool_calls or []))
+        else:
+            self._rollout(episode, scenario.environment_id, scenario.task)
+        self._check_stop(job)
+        try:
+            outcome = self._transient(job, lambda: self.envs.evaluate(job.tenant, env_id, None))
+        except (InvalidRequest, Conflict) as exc:
+            raise EpisodeFailed("check_error", f"running the checks failed: {exc.message}") from None
+        except NotFound as exc:
+            raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
+        if not job.config.get("keep_envs"):
+            self._delete_env(job.tenant, env_id)
+        self._complete(episode, status="done", reward=outcome.reward, passed=outcome.passed,
+                       checks_total=outcome.total, checks=[r.model_dump() for r in outcome.results])
+
+    def _replay(self, episode: _Episode, calls: list[dict[str, Any]]) -> None:
+        assert episode.trajectory is not None and episode.env_id is not None
+        for number, raw in enumerate(calls, start=1):
+            self._check_stop(episode.job)
+            try:
+                request = StepRequest.model_validate(raw)
+            except ValidationError as exc:  # stored before a schema change: recorded, not run
+                name, arguments = _raw_action(raw)
+                episode.trajectory.append(StepRecord(number, {"name": name, "arguments": arguments},
+                                                     f"Error: {str(exc)[:300]}", "rejected"))
+                continue
+            episode.trajectory.append(self._step(episode, number, request))
+
+    def _rollout(self, episode: _Episode, environment_id: str, task: str) -> None:
+        job = episode.job
+        assert episode.trajectory is not None
+        environment = self.environments.get_environment(job.tenant, environment_id)
+        config = job.config
+        key: str | None
+        try:
+            if job.key_enc:
+                key = self.tenants.box.decrypt(job.key_enc)
+            else:  # the tenant's key only ever goes to the tenant's own endpoint (checked at creation)
+                key = self._tenant_key(job.tenant) if config.get("api_key_source") == "tenant" else None
+        except SecretUnavailable as exc:
+            raise EpisodeFailed("secret_unavailable", str(exc)) from None
+        model = ModelClient(ModelSettings(
+            base_url=config["base_url"], model=config["model"], temperature=config.get("temperature"),
+            max_tokens=config.get("max_tokens"), request_timeout_s=config.get("request_timeout_s", 120.0),
+            retries=config.get("retries", 4), retry_initial_s=config.get("retry_initial_s", 1.0),
+            retry_max_s=config.get("retry_max_s", 30.0)), key)
+        introduction = introduction_text(environment.introduction, environment.rules, environment.description)
+        messages = initial_messages(environment.name, introduction, task)
+        episode.transcript = messages
+        try:
+            result = run_episode(model, messages, list(environment.tools),
+                                 lambda number, name, arguments: self._step(
+                                     episode, number, StepRequest(function=FunctionCall(name=name[:1024],
+                                                                                        arguments=arguments))),
+                                 max_steps=int(config.get("max_steps", 30)),
+                                 should_stop=lambda: self._stop_reason(job) is not None)
+        except ModelError as exc:
+            if exc.result is not None:
+                episode.trajectory[:] = exc.result.trajectory
+                episode.usage = exc.result.usage.as_dict(CHAT_COUNTERS)
+            raise EpisodeFailed(exc.status, exc.message) from None
+        finally:
+            model.close()
+        episode.trajectory[:] = result.trajectory
+        episode.usage = result.usage.as_dict(CHAT_COUNTERS)
+        self._check_stop(job)
+
+    def _tenant_key(self, tenant: str) -> str | None:
+        try:
+            return self.tenants.model_api_key(tenant)
+        except NotFound:
+            return None
+
+    def _step(self, episode: _Episode, number: int, request: StepRequest) -> StepRecord:
+        """Run one action in the episode's env; a malformed one is a ``rejected`` step
+        recorded in the env, like any step (over the arguments cap: recorded here only)."""
+        job = episode.job
+        assert episode.env_id is not None
+        self._check_stop(job)
+        try:
+            action = self.steps.parse(request)
+        except PayloadTooLarge as exc:
+            name, arguments = _raw_action(request.model_dump(exclude_none=True))
+            return StepRecord(number, {"name": name, "arguments": "<over the size cap>"}, f"Error: {exc.message}",
+                              "rejected")
+        env_id = episode.env_id
+        try:
+            outcome = self._transient(job, lambda: self.steps.step(job.tenant, env_id, action,
+                                                                  want_diff=False, want_state=False))
+        except (NotFound, Conflict) as exc:
+            raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
+        run = outcome.run
+        observation = run.observation if run.error is None else f"{run.observation}: {run.error}"
+        return StepRecord(number, outcome.action, observation, run.status, run.duration_ms)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _stop_reason(self, job: _Job) -> str | None:
+        if self._stop.is_set():
+            return "shutdown"
+        with self._lock:
+            return "cancelled" if job.id in self._cancelled else None
+
+    def _check_stop(self, job: _Job) -> None:
+        reason = self._stop_reason(job)
+        if reason is not None:
+            raise _Interrupted(reason)
+
+    def _transient(self, job: _Job, operation: Callable[[], T]) -> T:
+        """``operation()``, retried on sandbox capacity / backend / scheduler-queue errors
+        (``TRANSIENT_ATTEMPTS`` tries, backoff from ``TRANSIENT_BACKOFF_S``). Raises
+        EpisodeFailed (``no_capacity`` or ``unavailable``) when they persist, _Interrupted
+        when the job is cancelled or the server stops meanwhile."""
+        wait = TRANSIENT_BACKOFF_S
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                return operation()
+            except (NoCapacity, QuotaExceeded, ServiceUnavailable) as exc:
+                if attempt == TRANSIENT_ATTEMPTS - 1:
+                    capacity = isinstance(exc, NoCapacity | QuotaExceeded)
+                    message = exc.message
+                    raise EpisodeFailed("no_capacity" if capacity else "unavailable",
+                                        f"gave up after {TRANSIENT_ATTEMPTS} tries: {message}") from None
+            if self._stop.wait(wait):
+                raise _Interrupted("shutdown")
+            self._check_stop(job)
+            wait *= 2
+        raise AssertionError("unreachable")
+
+    def _guarded(self, episode: _Episode, **values: Any) -> bool:
+        """Update the episode row only if this attempt still owns it (``running`` with
+        this ``attempt``); True if it did."""
+        with self.db.write() as db:
+            result = db.execute(update(EP).where(EP.evaluation_id == episode.job.id, EP.index == episode.index,
+                                                 EP.status == "running", EP.attempt == episode.attempt)
+                                .values(**values))
+            return cast(CursorResult[Any], result).rowcount == 1
+
+    def _complete(self, episode: _Episode, **values: Any) -> bool:
+        """Record the episode's end (one guarded transaction). False when a newer
+        attempt owns it: this run's result is dropped."""
+        trajectory = [r.as_dict() for r in episode.trajectory] if episode.trajectory is not None else None
+        done = self._guarded(episode, env_id=episode.env_id, trajectory=trajectory,
+                             steps=len(trajectory or []), transcript=episode.transcript, usage=episode.usage,
+                             finished_at=_now(), **values)
+        if not done:
+            log.warning("evaluation %s episode %d attempt %d was superseded; its result is dropped",
+                        episode.job.id, episode.index, episode.attempt)
+        return done
+
+    def _delete_env(self, tenant: str, env_id: str | None) -> None:
+        if env_id is None:
+            return
+        try:
+            self.envs.delete_env(tenant, env_id)
+        except NotFound:
+            pass
+        except ApiError as exc:
+            log.warning("could not delete evaluation env %s: %s", env_id, exc.message)
+
+
+def _raw_action(raw: Any) -> tuple[str, Any]:
+    """Name and arguments of a replayed call as given (for a ``rejected`` record)."""
+    if not isinstance(raw, dict):
+        return "", raw
+    function = raw.get("function")
+    if isinstance(function, dict):
+        return str(function.get("name", "")), function.get("arguments")
+    return str(raw.get("name", "")), raw.get("arguments")

@@ -1,0 +1,255 @@
+"""The executor seam: the one module of the API that imports ``sandpit.executor`` (with
+the app factory, which builds the executor).
+
+The API depends on the :class:`~sandpit.executor.interface.Executor` and
+:class:`~sandpit.executor.interface.ExecutorSession` protocols, never on the Docker pool:
+:class:`Sandboxes` wraps any ``Executor`` (the pool in production, a scripted fake in unit
+tests) and owns two things every caller used to repeat:
+
+* **slots**: every run of untrusted code (opening a session, a tool call, restoring a
+  snapshot, deriving tools, checks, scripts) holds one slot of the :class:`FairScheduler`
+  for its tenant (``max_running_calls`` of the tenant, ``call_slots`` in all); a call that
+  waits ``call_queue_timeout_s`` without one is :class:`~.errors.QuotaExceeded` (429).
+* **translation**: executor errors become API errors here, at the edge::
+
+      executor error                      API error (HTTP status)
+      CapacityError                       SandboxCapacity (NoCapacity, 503 + Retry-After)
+      ProfileError                        SandboxRefused (InvalidRequest, 422, field profile)
+      SessionClosed                       SessionClosedError (ServiceUnavailable, 503)
+      DockerUnavailable, SandboxLost,     SandboxUnavailable (ServiceUnavailable, 503)
+      SessionError, other ExecutorError
+      SessionOpenError                    CodeFailed (not an ApiError: each caller words it)
+
+  All but ``CodeFailed`` are also :class:`SandboxError`, so a caller can tell a sandbox
+  failure (drop the session) from its own errors. ``ValueError`` (bad arguments) passes
+  through for the caller to name the field.
+
+The executor's result types (plain pydantic data) are re-exported for the services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sandpit.executor.errors import (
+    CapacityError,
+    DockerUnavailable,
+    ExecutorError,
+    ProfileError,
+    SandboxLost,
+    SessionClosed,
+)
+from sandpit.executor.interface import Executor, ExecutorSession
+from sandpit.executor.jobs import encode_json_state
+from sandpit.executor.policy import PolicyReport, check_source
+from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
+from sandpit.executor.results import CallResult, CheckResult, ExecResult, Snapshot, is_truncated, render_entry
+from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
+from sandpit.executor.session import SessionOpenError
+
+from .errors import ApiError, InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .settings import ApiSettings
+
+__all__ = [
+    "CallResult", "CheckResult", "CodeFailed", "ExecResult", "PolicyReport", "ProfileOverrides", "ResourceProfile",
+    "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
+    "SessionClosedError", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
+    "translate",
+]
+
+
+class SandboxError(Exception):
+    """Mixin of the API errors a sandbox operation raises (see the module's table)."""
+
+
+class SandboxCapacity(NoCapacity, SandboxError):
+    """No sandbox could be placed (``CapacityError``)."""
+
+
+class SandboxRefused(InvalidRequest, SandboxError):
+    """A resource profile above the operator's (``ProfileError``)."""
+
+
+class SandboxUnavailable(ServiceUnavailable, SandboxError):
+    """The backend or the sandbox failed (Docker Engine down, sandbox lost, broken session)."""
+
+
+class SessionClosedError(SandboxUnavailable):
+    """The session was closed under the call (evicted, or its sandbox retired)."""
+
+
+class CodeFailed(Exception):
+    """Environment code failed to load or instantiate in the sandbox (``SessionOpenError``):
+    ``status`` (``error``, ``timeout``, ``oom``, ``crashed``, ``rejected``) and
+    ``observation`` (``"Error: <Type>: <message>"``) say how."""
+
+    def __init__(self, status: str, observation: str) -> None:
+        super().__init__(observation)
+        self.status = status
+        self.observation = observation
+
+
+def translate(exc: ExecutorError, retry_after: int) -> ApiError:
+    """An executor error as the API error of the module's table."""
+    if isinstance(exc, CapacityError):
+        return SandboxCapacity(f"no sandbox capacity: {exc}", retry_after=retry_after)
+    if isinstance(exc, ProfileError):
+        return SandboxRefused(str(exc), field="profile")
+    if isinstance(exc, SessionClosed):
+        return SessionClosedError(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
+    if isinstance(exc, DockerUnavailable | SandboxLost):
+        return SandboxUnavailable(f"sandbox backend unavailable: {exc}", retry_after=retry_after)
+    return SandboxUnavailable(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
+
+
+class SandboxSession:
+    """One environment instance in a sandbox (an :class:`ExecutorSession` behind the
+    slot discipline and the error translation)."""
+
+    def __init__(self, session: ExecutorSession, owner: Sandboxes) -> None:
+        self._session = session
+        self._owner = owner
+
+    @property
+    def id(self) -> str:
+        return self._session.id
+
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
+
+    def call(self, name: str, arguments: dict[str, Any]) -> CallResult:
+        """``getattr(instance, name)(**arguments)`` in a slot: a result whatever the tool
+        does. Raises QuotaExceeded (no slot), a SandboxError."""
+        with self._owner.slot(self._session.tenant), self._owner.translated():
+            return self._session.call(name, arguments)
+
+    def state(self) -> dict[str, Any]:
+        """The state's JSON view (no untrusted code runs). Raises a SandboxError."""
+        with self._owner.translated():
+            return self._session.state()
+
+    def encoded_state(self) -> dict[str, list[Any]]:
+        """The last good snapshot's encoded attributes. Raises a SandboxError."""
+        with self._owner.translated():
+            return self._session.snapshot().attributes
+
+    def restore(self, attributes: dict[str, list[Any]]) -> None:
+        """Put the instance into the state of ``attributes`` (in a slot: restoring opaque
+        values runs the environment's code). Raises QuotaExceeded, a SandboxError."""
+        with self._owner.slot(self._session.tenant), self._owner.translated():
+            self._session.restore(Snapshot(attributes=attributes))
+
+    def close(self) -> None:
+        """End the session (idempotent; a failure to close is the executor's to log)."""
+        with self._owner.translated():
+            self._session.close()
+
+
+class Sandboxes:
+    """The API's view of an :class:`Executor` (see the module docstring).
+
+    Args:
+        executor: where untrusted code runs.
+        settings: ``call_slots``, ``call_queue_timeout_s``, ``capacity_retry_after_s``.
+        metrics: ``queue_seconds`` observes slot waits.
+        running_limit: a tenant's ``max_running_calls`` (default: the settings' quota).
+        scheduler: the fair scheduler (default: one of ``call_slots`` slots).
+    """
+
+    def __init__(self, executor: Executor, settings: ApiSettings, metrics: Metrics | None = None,
+                 running_limit: Callable[[str], int] | None = None, scheduler: FairScheduler | None = None) -> None:
+        self.executor = executor
+        self.settings = settings
+        self.metrics = metrics
+        self.scheduler = scheduler or FairScheduler(settings.resolved_call_slots())
+        self._running_limit = running_limit or (lambda _tenant: settings.quotas.max_running_calls)
+
+    # -- the two disciplines ---------------------------------------------------------------
+    @contextmanager
+    def slot(self, tenant: str) -> Iterator[None]:
+        """Hold one execution slot for ``tenant``. Raises QuotaExceeded
+        (``max_running_calls``) when none frees within ``call_queue_timeout_s``."""
+        limit = self._running_limit(tenant)
+        try:
+            with self.scheduler.slot(tenant, limit, self.settings.call_queue_timeout_s) as waited:
+                if waited > 0.001 and self.metrics is not None:
+                    self.metrics.queue_seconds.observe(waited)
+                yield
+        except SchedulerBusy as exc:
+            raise QuotaExceeded(f"{exc}; tenant {tenant!r} may run max_running_calls={limit} at once",
+                                limit="max_running_calls", retry_after=5) from None
+
+    @contextmanager
+    def translated(self) -> Iterator[None]:
+        """Executor errors raised in the block as API errors (module docstring)."""
+        try:
+            yield
+        except SessionOpenError as exc:
+            raise CodeFailed(exc.status, exc.observation) from None
+        except ExecutorError as exc:
+            raise translate(exc, self.settings.capacity_retry_after_s) from exc
+
+    # -- profiles ----------------------------------------------------------------------------
+    def profile(self, overrides: dict[str, Any] | None = None) -> ResourceProfile:
+        """The default profile lowered by ``overrides`` (``memory_mib``, ``cpus``,
+        ``call_timeout_s``). Raises SandboxRefused (above the operator's profile)."""
+        with self.translated():
+            return self.executor.profile(overrides=ProfileOverrides(**overrides) if overrides else None)
+
+    def default_limits(self) -> dict[str, float]:
+        """``memory_mib``, ``cpus`` and ``call_timeout_s`` of the default profile."""
+        default = self.profile()
+        return {"memory_mib": default.memory_mib, "cpus": default.cpus, "call_timeout_s": default.call_timeout_s}
+
+    # -- untrusted code ----------------------------------------------------------------------
+    def open_session(self, *, tenant: str, source: str, class_name: str, init_config: dict[str, Any] | None = None,
+                     profile: ResourceProfile | None = None,
+                     snapshot: dict[str, list[Any]] | None = None) -> SandboxSession:
+        """Instantiate ``class_name`` (restoring ``snapshot`` when given) in a slot.
+        Raises CodeFailed, QuotaExceeded, a SandboxError (SandboxCapacity when full)."""
+        with self.slot(tenant), self.translated():
+            session = self.executor.open_session(tenant=tenant, source=source, class_name=class_name,
+                                                 init_config=init_config, profile=profile, snapshot=snapshot)
+        return SandboxSession(session, self)
+
+    def describe(self, *, tenant: str, source: str, class_name: str) -> list[dict[str, Any]]:
+        """Tool schemas of ``class_name`` (module loaded, class not instantiated), in a
+        slot. Raises CodeFailed, QuotaExceeded, a SandboxError."""
+        with self.slot(tenant), self.translated():
+            return self.executor.describe(tenant=tenant, source=source, class_name=class_name)
+
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, list[Any]],
+                   final_state: dict[str, list[Any]], profile: ResourceProfile | None = None,
+                   source: str | None = None) -> list[CheckResult]:
+        """Check functions on two encoded states, each in a fresh process, in one slot.
+        Raises ValueError (a check over the caps), QuotaExceeded, a SandboxError."""
+        with self.slot(tenant), self.translated():
+            return self.executor.run_checks(tenant=tenant, checks=checks, initial_state=initial_state,
+                                            final_state=final_state, profile=profile, source=source)
+
+    def execute(self, *, tenant: str, code: str, stdin: str | None, files: dict[str, str] | None,
+                timeout_s: float | None, profile: ResourceProfile) -> ExecResult:
+        """``code`` as a script in a fresh process, in a slot. Raises ValueError (bad
+        files), QuotaExceeded, a SandboxError."""
+        with self.slot(tenant), self.translated():
+            return self.executor.execute(tenant=tenant, code=code, stdin=stdin, files=files, timeout_s=timeout_s,
+                                         profile=profile)
+
+    # -- operations ----------------------------------------------------------------------------
+    def warm(self, tenant: str) -> int:
+        """Fill the warm pool of ``tenant``'s default profile; how many are idle."""
+        return self.executor.warm(tenant)
+
+    def stats(self) -> dict[str, Any]:
+        """The executor's counters (``idle``, ``active``, ``sessions``, ...)."""
+        return self.executor.stats()
+
+    def ping(self) -> None:
+        """Raise when the backend cannot take work (``/readyz`` reports the error's type)."""
+        self.executor.ping()

@@ -1,0 +1,299 @@
+"""``/v1/envs``: create (``EnvCreate`` with ``EpisodeOptions``) -> ``EnvPublic`` /
+``EnvsPublic``; a step (``StepRequest``) -> ``StepResult``; ``StateView``, ``Trajectory``,
+``EpisodesPublic``; reset, restore and fork requests."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from ..profile_limits import profile_value
+from .common import NAME_PATTERN, ArgumentChecking, Status, Timestamp, _Request
+from .scenarios import CheckOutcome
+
+EpisodeStatus = Literal["running", "terminated", "truncated"]
+
+
+class ProfileRequest(_Request):
+    """Lowering overrides of the resource profile (raising is refused with 422)."""
+
+    memory_mib: Annotated[int | None, profile_value("memory_mib")] = None
+    cpus: Annotated[float | None, profile_value("cpus")] = None
+    call_timeout_s: Annotated[float | None, profile_value("call_timeout_s")] = None
+
+class UserSimulator(_Request):
+    """The simulated user of a conversational episode: an OpenAI-compatible chat model
+    (EnvScaler's user agent). Without ``base_url``, the tenant's default endpoint (set by
+    the operator) is used, with the tenant's stored key; a ``base_url`` given here must be
+    one of the operator's allowed model endpoints (``SANDPIT_MODEL_URL_ALLOW``) when that
+    list is set."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    base_url: Annotated[str | None, Field(max_length=2000)] = None
+    api_key: SecretStr | None = None
+    """Stored encrypted with the episode (so it survives a restart); never returned."""
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    request_timeout_s: Annotated[float, Field(gt=0, le=600)] = 60.0
+    """Seconds per model request; transient failures are retried (429, 5xx, timeouts)."""
+
+class EpisodeOptions(_Request):
+    """How an episode runs and ends (EnvScaler's RL environments). An env made from a
+    scenario is an episode of it: the reset/create response gives the task, the tools and
+    the environment introduction; each step returns ``reward``, ``terminated`` and
+    ``truncated``; at the end the scenario's checks give the reward."""
+
+    mode: Literal["non_conversational", "conversational"] = "non_conversational"
+    """``non_conversational``: the task is the first observation and calling
+    ``termination_action`` ends the episode (EnvScaler ``EnvScalerNonConvRLEnv``).
+    ``conversational``: a simulated user (``user``) gets the task, its first message is
+    the first observation, ``chat_with_user(content)`` talks to it, and the episode ends
+    when it says the task is done (``###STOP###``; EnvScaler ``EnvScalerConvRLEnv``)."""
+    max_steps: Annotated[int | None, Field(ge=1, le=100_000)] = 30
+    """Steps after which the episode is truncated (every recorded step counts, rejected
+    ones included); null: no limit."""
+    termination_action: Annotated[str, Field(min_length=1, max_length=64)] = "chat_with_user"
+    """Non-conversational: the action that ends the episode (EnvScaler: ``chat_with_user``;
+    its ``content`` argument is required). Offered to the agent as a tool."""
+    on_tool_error: Literal["continue", "terminate"] = "continue"
+    """``continue``: a tool that raises gives an ``Error: ...`` observation and the episode
+    goes on (Sandpit's default). ``terminate``: it ends the episode with reward 0.0
+    (EnvScaler's RL environment does this)."""
+    score_truncated: bool = True
+    """Run the checks when the episode is truncated by ``max_steps`` too (false: reward 0.0,
+    as ROLL's trajectory manager leaves it)."""
+    user: UserSimulator | None = None
+    """Required for ``conversational`` episodes."""
+
+    @model_validator(mode="after")
+    def _user_for_conversation(self) -> EpisodeOptions:
+        if self.mode == "conversational" and self.user is None:
+            raise ValueError("a conversational episode needs `user` (the simulated user's model)")
+        return self
+
+class EnvCreate(_Request):
+    """Create an env from a registered environment, from inline code, or from a scenario
+    (an episode of it)."""
+
+    environment_id: str | None = None
+    source_code: Annotated[str | None, Field(min_length=1)] = None
+    class_name: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
+    scenario_id: str | None = None
+    """Create from a scenario: its environment, and its ``init_config`` unless one is given."""
+    init_config: dict[str, Any] | None = None
+    """EnvScaler ``init_config``: ``cls(init_config)``, else ``cls()`` + setattr per key."""
+    profile: ProfileRequest | None = None
+    episode: EpisodeOptions | None = None
+    """How episodes run and end; defaults apply when omitted (30 steps, ``chat_with_user``)."""
+    argument_checking: ArgumentChecking | None = None
+    """Override of the environment's ``argument_checking`` for this env."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvCreate:
+        given = [self.environment_id is not None, self.source_code is not None, self.scenario_id is not None]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of environment_id, scenario_id or source_code (+ class_name)")
+        if self.source_code is not None and self.class_name is None:
+            raise ValueError("class_name is required with source_code")
+        if self.environment_id is not None and self.class_name is not None:
+            raise ValueError("class_name is only for inline source_code")
+        return self
+
+class EnvPublic(BaseModel):
+    """An env and its current episode. For a fresh episode (create, reset) this is
+    EnvScaler's ``reset()`` result: ``observation`` (the task, or the simulated user's
+    first message), ``tools`` and ``introduction``."""
+
+    id: str
+    environment_id: str
+    episode: int
+    """Starts at 1; each reset begins the next episode."""
+    step: int
+    """Last acknowledged step of the episode (0 = just instantiated)."""
+    status: Literal["live", "evicted", "closed"]
+    """live: in a sandbox now; evicted: state in the database, restored on next use."""
+    init_config: dict[str, Any]
+    created_at: Timestamp
+    expires_at: Timestamp
+    forked_from: str | None = None
+    forked_at_step: int | None = None
+    scenario_id: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """OpenAI function-calling schemas the agent may call: the environment's tools plus the
+    termination/chat action (``chat_with_user``) when the class has no tool of that name."""
+    episode_status: EpisodeStatus = "running"
+    observation: str = ""
+    """The episode's initial observation: the scenario's task (non-conversational), the
+    simulated user's first message (conversational), or "" without a scenario."""
+    task: str | None = None
+    introduction: str | None = None
+    """EnvScaler's environment introduction: the environment's introduction and its rules."""
+    reward: float | None = None
+    """The episode's reward once it has ended (None while running)."""
+    episode_config: dict[str, Any] = Field(default_factory=dict)
+    """The episode's options (:class:`EpisodeOptions`, without the user model's key)."""
+    argument_checking: ArgumentChecking = "off"
+
+class EnvsPublic(BaseModel):
+    data: list[EnvPublic]
+    count: int
+
+class FunctionCall(_Request):
+    name: Annotated[str, Field(max_length=1024)]
+    """The tool's name (a name that is no tool is recorded as a ``rejected`` step)."""
+    arguments: Annotated[Any, Field(json_schema_extra={
+        "type": ["string", "object", "array", "number", "integer", "boolean", "null"],
+        "description": "A JSON string (as chat-completions emits it) or an object; anything that does "
+                       "not give an object is recorded as a rejected step."})] = "{}"
+    """JSON string (as chat-completions emits it) or an object; one that does not parse to an
+    object is recorded as a ``rejected`` step."""
+
+class StepRequest(BaseModel):
+    """One action, in one of three forms: ``{"name", "arguments"}``; an OpenAI tool call
+    ``{"type": "function", "function": {"name", "arguments": "<json string>"}}`` (``id`` is
+    accepted and ignored); or ``{"text": "<raw model output>"}`` (``<think>``/``<tool_call>``
+    prompt format; plain text is ``chat_with_user``). A malformed action (unknown tool,
+    private or dunder name, arguments that are not an object or not valid JSON, output that
+    does not parse) is recorded as a ``rejected`` step with EnvScaler's observation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str | None, Field(max_length=1024)] = None
+    arguments: Annotated[Any, Field(json_schema_extra={
+        "type": ["object", "array", "string", "number", "integer", "boolean", "null"],
+        "description": "Keyword arguments of the tool: an object. Any other JSON value is accepted "
+                       "and recorded as a rejected step (EnvScaler: Error: Failed to parse response to action)."})] = None
+    """Keyword arguments of the tool (an object; any other JSON value is recorded as a
+    ``rejected`` step, never refused)."""
+    type: Literal["function"] | None = None
+    function: FunctionCall | None = None
+    text: Annotated[str | None, Field(max_length=4 * 1024 * 1024)] = None
+    id: Annotated[str | None, Field(max_length=256)] = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StepRequest:
+        forms = [self.name is not None, self.function is not None, self.text is not None]
+        if sum(forms) != 1:
+            raise ValueError("give exactly one of name (+ arguments), function (an OpenAI tool call) or text")
+        if self.arguments is not None and self.name is None:
+            raise ValueError("arguments belong with name")
+        return self
+
+class StepResult(BaseModel):
+    """EnvScaler ``step()``: ``observation``, ``reward``, ``terminated``, ``truncated``,
+    plus the step's record."""
+
+    env_id: str
+    episode: int
+    step: int
+    action: dict[str, Any] | None = None
+    """The action as parsed and recorded: ``{"name", "arguments"}``."""
+    observation: str
+    status: Status
+    observation_role: Literal["tool", "user"] = "tool"
+    """EnvScaler's observation type: ``tool`` for a tool's result, ``user`` for the
+    simulated user's reply, errors of the action, and "Task finished"."""
+    reward: float = 0.0
+    """0.0 until the step that ends the episode; then the episode's reward (the mean of the
+    scenario's checks' results, rounded to 4 places; EnvScaler ``calculate_reward``)."""
+    terminated: bool = False
+    """The episode ended by the termination action, the simulated user, or a tool error
+    with ``on_tool_error: terminate``."""
+    truncated: bool = False
+    """The episode reached ``max_steps``."""
+    duration_ms: float
+    """Wall-clock time of the tool call in the sandbox round trip, milliseconds."""
+    stdout: str = ""
+    stderr: str = ""
+    traceback: str | None = None
+    """The tool's traceback when it raised (last frames, at most ~4 KiB)."""
+    error: str | None = None
+    """Why a ``rejected`` action was refused (the observation is EnvScaler's generic one)."""
+    argument_findings: list[str] | None = None
+    """``argument_checking: warn|strict``: how the arguments do not fit the tool's schema."""
+    checks: list[CheckOutcome] | None = None
+    """At the end of an episode with a scenario: each check's outcome."""
+    recovered: bool = False
+    """The env was restored into a (new) sandbox from its last snapshot before this call."""
+    state_diff: dict[str, Any] | None = None
+    """With ``?include=state_diff``: EnvScaler ``get_state_diff`` of the step, ``{key:
+    {"added": v} | {"removed": v} | {"changed": {"old", "new"}} | <nested diff>}``."""
+    state: dict[str, Any] | None = None
+    """With ``?include=state``: the state after the step (the same view as ``GET /state``)."""
+
+class ResetRequest(_Request):
+    """Start the next episode (EnvScaler ``reset()``)."""
+
+    init_config: dict[str, Any] | None = None
+    """New ``init_config``; the scenario's (or else the env's current one) when omitted."""
+    scenario_id: str | None = None
+    """Bind the new episode to this scenario (its environment, task, ``init_config`` and
+    checks); the env's current scenario when omitted."""
+    episode: EpisodeOptions | None = None
+    """New episode options; the current episode's when omitted."""
+
+class RestoreRequest(_Request):
+    step: Annotated[int, Field(ge=0)]
+
+class ForkRequest(_Request):
+    step: Annotated[int | None, Field(ge=0)] = None
+    """Fork point in the current episode; the head when omitted."""
+    count: Annotated[int, Field(ge=1)] = 1
+
+class StateView(BaseModel):
+    """EnvScaler's state (``vars(instance)`` without dunder keys) as JSON: JSON-native
+    values exactly; sets, tuples, dates, bytes, objects... as explicit ``$`` tags
+    (``{"$set": [...]}``, ``{"$date": "2024-05-01"}``, ``{"$object": {"type", "attrs"}}``;
+    see the README's "State" section); anything cut says so with a ``$truncated`` tag."""
+
+    env_id: str
+    episode: int
+    step: int
+    state: dict[str, Any]
+    truncated: bool = False
+    """True when a rendering in ``state`` was cut (a ``$truncated`` tag is in it)."""
+
+class TrajectoryStep(BaseModel):
+    step: int
+    action: dict[str, Any] | None
+    observation: str
+    status: Status
+    duration_ms: float
+    reward: float | None = None
+    done: EpisodeStatus | None = None
+    """``terminated`` or ``truncated`` on the step that ended the episode."""
+    info: dict[str, Any] | None = None
+    """``observation_role``, ``error``, ``argument_findings``, ``traceback`` when present."""
+    created_at: Timestamp
+
+class EpisodePublic(BaseModel):
+    """One episode of an env: its scenario, options, outcome and size."""
+
+    episode: int
+    environment_id: str
+    scenario_id: str | None
+    status: EpisodeStatus
+    steps: int
+    """Steps recorded in the episode (its head)."""
+    observation: str
+    task: str | None
+    reward: float | None
+    checks: list[dict[str, Any]] | None = None
+    config: dict[str, Any]
+    started_at: Timestamp
+    ended_at: Timestamp | None = None
+
+class EpisodesPublic(BaseModel):
+    data: list[EpisodePublic]
+    count: int
+
+class Trajectory(BaseModel):
+    """Steps of one episode (1..head), a page at a time (``limit``/``offset``)."""
+
+    env_id: str
+    episode: int
+    steps: list[TrajectoryStep]
+    count: int = 0
+    """Steps in the episode (all pages)."""
+    status: EpisodeStatus = "running"
+    reward: float | None = None

@@ -1,0 +1,191 @@
+"""Environments: registered environment code (``/v1/environments``) and the inline
+environments ``POST /v1/envs`` makes from ``source_code``.
+
+Registration runs the static policy on the host (errors reject, warnings are kept in the
+report), derives the tools by introspecting the class in a sandbox and (unless inline)
+instantiates the class once there with ``sample_init_config``, so an ``__init__`` that
+fails is refused at registration. Environments are immutable once registered: their
+:class:`~.tools.ToolSet` is compiled once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from sqlalchemy import func, select
+
+from ..db import models
+from ..db.database import Database
+from ..errors import Conflict, InvalidRequest
+from ..sandboxes import CodeFailed, Sandboxes
+from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
+from ..settings import ApiSettings
+from .common import clean_text, new_id, owned, utcnow
+from .limits import check_code, check_config
+from .policy import check_source, policy_summary
+from .quotas import QuotaService, TenantContext
+from .tenants import TenantService
+from .tools import ToolSet, json_size, text_size
+
+
+class EnvironmentService:
+    """Register, read, list and delete environments (see the module docstring)."""
+
+    def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, quotas: QuotaService,
+                 tenants: TenantService) -> None:
+        self.settings = settings
+        self.db = db
+        self.sandboxes = sandboxes
+        self.quotas = quotas
+        self.tenants = tenants
+        self._toolsets: dict[str, ToolSet] = {}
+        """Environment id -> its tools (environments are immutable once registered)."""
+
+    # -- the HTTP contract -----------------------------------------------------------------
+    def register(self, caller: TenantContext, body: EnvironmentCreate) -> EnvironmentPublic:
+        """``POST /v1/environments``: the tenant's size quotas, then :meth:`create_environment`
+        in one of its concurrent calls; audited. Raises what that raises, QuotaExceeded."""
+        self.quotas.check_size(caller, "max_code_bytes", text_size(body.source_code), "source_code")
+        if body.sample_init_config is not None:
+            self.quotas.check_size(caller, "max_init_config_bytes", json_size(body.sample_init_config),
+                                   "sample_init_config")
+        with self.quotas.call(caller):
+            row = self.create_environment(caller.tenant, name=body.name, source_code=body.source_code,
+                                          class_name=body.class_name, description=body.description,
+                                          policy=body.policy, introduction=body.introduction, rules=body.rules,
+                                          argument_checking=body.argument_checking,
+                                          sample_init_config=body.sample_init_config)
+        self.tenants.audit(caller.tenant, caller.actor, "environment.create", row.id,
+                           {"class_name": row.class_name, "code_sha256": row.code_sha256})
+        return EnvironmentPublic.model_validate(row, from_attributes=True)
+
+    def read(self, caller: TenantContext, environment_id: str) -> EnvironmentPublic:
+        """One environment. Raises NotFound (also for another tenant's id)."""
+        return EnvironmentPublic.model_validate(self.get_environment(caller.tenant, environment_id),
+                                                from_attributes=True)
+
+    def page(self, caller: TenantContext, limit: int, offset: int) -> EnvironmentsPublic:
+        """A page of the tenant's registered environments, newest first."""
+        rows, total = self.list_environments(caller.tenant, limit, offset)
+        return EnvironmentsPublic(data=[EnvironmentPublic.model_validate(r, from_attributes=True) for r in rows],
+                                  count=total)
+
+    def delete(self, caller: TenantContext, environment_id: str) -> None:
+        """Delete an environment; audited. Raises NotFound, Conflict (in use)."""
+        self.delete_environment(caller.tenant, environment_id)
+        self.tenants.audit(caller.tenant, caller.actor, "environment.delete", environment_id)
+
+    # -- environments ------------------------------------------------------------------------
+    def create_environment(self, tenant: str, *, name: str | None, source_code: str, class_name: str,
+                           description: str | None, inline: bool = False, policy: str = "standard",
+                           introduction: str | None = None, rules: list[str] | None = None,
+                           argument_checking: str = "off",
+                           sample_init_config: dict[str, Any] | None = None) -> models.Environment:
+        """Register code: the static ``policy`` must pass (errors reject, warnings are
+        kept in the report), its tools are derived by introspecting the class in a
+        sandbox, and (unless ``inline``) the class is instantiated once there with
+        ``sample_init_config`` (``{}``). Raises PayloadTooLarge (code or config over cap),
+        InvalidRequest (policy errors; the code fails to load, has no such class, or its
+        ``__init__`` fails: the message carries the sandbox's observation), NoCapacity
+        (503 + Retry-After)."""
+        check_code(self.settings, source_code)
+        report = check_source(source_code, policy)
+        if not report.passed:
+            raise InvalidRequest(f"static policy {policy!r} rejected the code: {policy_summary(report)}",
+                                 field="source_code")
+        tools = self._derive_tools(tenant, source_code, class_name)
+        if not inline:
+            config = sample_init_config or {}
+            check_config(self.settings, config, "sample_init_config")
+            self._try_instantiate(tenant, source_code, class_name, config)
+        row = models.Environment(
+            id=new_id("envr"), tenant=tenant, name=name, class_name=class_name, source_code=source_code,
+            code_sha256=code_digest(source_code), tools=tools, description=description, inline=inline,
+            policy=policy, policy_report=report.to_dict(), introduction=introduction, rules=rules,
+            argument_checking=argument_checking, created_at=utcnow())
+        with self.db.write() as db:
+            db.add(row)
+        return row
+
+    def _derive_tools(self, tenant: str, source_code: str, class_name: str) -> list[dict[str, Any]]:
+        try:
+            return self.sandboxes.describe(tenant=tenant, source=source_code, class_name=class_name)
+        except CodeFailed as exc:
+            raise InvalidRequest(f"environment code failed in the sandbox ({exc.status}): "
+                                 f"{clean_text(exc.observation)[:2000]}", field="source_code") from None
+
+    def _try_instantiate(self, tenant: str, source_code: str, class_name: str, init_config: dict[str, Any]) -> None:
+        """Instantiate the class once in a sandbox and discard the instance (registration's
+        check that ``__init__`` works). Raises InvalidRequest (``sample_init_config``)."""
+        try:
+            session = self.sandboxes.open_session(tenant=tenant, source=source_code, class_name=class_name,
+                                                  init_config=init_config)
+        except CodeFailed as exc:
+            raise InvalidRequest(f"instantiating {class_name} with sample_init_config "
+                                 f"{'{}' if not init_config else '(given)'} failed ({exc.status}): "
+                                 f"{clean_text(exc.observation)[:2000]}; give a sample_init_config with what "
+                                 "__init__ needs", field="sample_init_config") from None
+        session.close()
+
+    def inline_environment(self, tenant: str, source_code: str, class_name: str) -> models.Environment:
+        """The tenant's inline environment of this code and class (registered without the
+        instantiation check on first use)."""
+        check_code(self.settings, source_code)
+        digest = code_digest(source_code)
+        with self.db.read() as db:
+            existing = db.scalars(select(models.Environment).where(
+                models.Environment.tenant == tenant, models.Environment.code_sha256 == digest,
+                models.Environment.class_name == class_name, models.Environment.inline.is_(True)).limit(1)).first()
+        if existing is not None:
+            return existing
+        return self.create_environment(tenant, name=None, source_code=source_code, class_name=class_name,
+                                       description=None, inline=True)
+
+    def get_environment(self, tenant: str, environment_id: str) -> models.Environment:
+        """The environment or :class:`NotFound` (also for another tenant's id)."""
+        with self.db.read() as db:
+            return owned(db, models.Environment, environment_id, tenant, "environment")
+
+    def list_environments(self, tenant: str, limit: int, offset: int) -> tuple[list[models.Environment], int]:
+        """A page of registered (non-inline) environments, newest first, and the total."""
+        where = (models.Environment.tenant == tenant, models.Environment.inline.is_(False))
+        with self.db.read() as db:
+            total = db.scalar(select(func.count()).select_from(models.Environment).where(*where)) or 0
+            rows = db.scalars(select(models.Environment).where(*where)
+                              .order_by(models.Environment.created_at.desc(), models.Environment.id)
+                              .limit(limit).offset(offset)).all()
+        return list(rows), total
+
+    def delete_environment(self, tenant: str, environment_id: str) -> None:
+        """Delete an environment. Raises NotFound, or Conflict while envs use it."""
+        with self.db.write() as db:
+            row = owned(db, models.Environment, environment_id, tenant, "environment")
+            users = db.scalar(select(func.count()).select_from(models.Env)
+                              .where(models.Env.environment_id == row.id)) or 0
+            episodes = db.scalar(select(func.count()).select_from(models.Episode)
+                                 .where(models.Episode.environment_id == row.id)) or 0
+            scenarios = db.scalar(select(func.count()).select_from(models.Scenario)
+                                  .where(models.Scenario.environment_id == row.id)) or 0
+            if users or scenarios or episodes:
+                raise Conflict(f"environment {environment_id!r} is used by {max(users, episodes and 1)} env(s) and "
+                               f"{scenarios} scenario(s); delete them first")
+            db.delete(row)
+        self._toolsets.pop(environment_id, None)
+
+    # -- tools -------------------------------------------------------------------------------
+    def toolset(self, environment: models.Environment) -> ToolSet:
+        """The environment's tools with compiled argument validators (cached)."""
+        toolset = self._toolsets.get(environment.id)
+        if toolset is None:
+            toolset = self._toolsets[environment.id] = ToolSet(environment.tools)
+        return toolset
+
+    def cached_toolset(self, environment_id: str) -> ToolSet | None:
+        """The tools of an environment this process has compiled, if it has."""
+        return self._toolsets.get(environment_id)
+
+
+def code_digest(source_code: str) -> str:
+    """Hex SHA-256 of the code (lone surrogates kept as they are)."""
+    return hashlib.sha256(source_code.encode("utf-8", "surrogatepass")).hexdigest()

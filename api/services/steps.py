@@ -1,0 +1,299 @@
+"""Steps: one action of an env's episode, run and committed (``POST /v1/envs/{id}/step``).
+
+A step is EnvScaler's ``step()`` (:mod:`.episodes`): a malformed action is a recorded
+``rejected`` step, never an HTTP error; the termination action ends a non-conversational
+episode, ``chat_with_user`` talks to a conversational episode's simulated user; any other
+action is a tool call in the env's sandbox. The episode ends by its termination action,
+its simulated user, a tool error (``on_tool_error: terminate``) or ``max_steps``, and the
+step that ends it carries the reward from the scenario's checks
+(:mod:`sandpit.api.evaluations.rewards`).
+
+Every acknowledged step is committed (action, observation, status, duration, reward,
+state root) before the call returns. If the database write fails after the sandbox ran
+the call, the env's session is dropped, so the next request restores the last
+*committed* state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from sandpit.client.llm import ModelError
+from sqlalchemy import Table
+
+from ..db import models
+from ..db.database import Database
+from ..db.store import PendingBlobs, apply_delta
+from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
+from ..evaluations.rewards import Checks
+from ..metrics import Metrics
+from ..sandboxes import CallResult, SandboxError, SessionClosedError
+from ..schemas.common import Status
+from ..schemas.envs import StepRequest, StepResult
+from ..schemas.scenarios import CheckOutcome
+from ..settings import ApiSettings
+from .common import clean_text, utcnow
+from .diff import state_diff
+from .envs import EnvService
+from .episodes import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService
+from .live import LiveEnv
+from .quotas import QuotaService, TenantContext
+from .state import state_view
+from .tools import INVALID_ACTION, Action, parse_step
+
+FAILURE_STATUSES = ("timeout", "oom", "crashed")
+STEPS = cast(Table, models.Step.__table__)
+ENVS = cast(Table, models.Env.__table__)
+EPISODES = cast(Table, models.Episode.__table__)
+INCLUDES = {"state_diff", "state"}
+"""What ``?include=`` may name."""
+
+
+@dataclass
+class StepRun:
+    """What one action did (before it is committed): the step's record."""
+
+    status: Status
+    observation: str
+    role: Literal["tool", "user"] = "tool"
+    """EnvScaler's observation type: ``tool`` or ``user``."""
+    duration_ms: float = 0.0
+    result: CallResult | None = None
+    """The sandbox's result, when a tool ran."""
+    error: str | None = None
+    findings: list[str] | None = None
+    terminated: bool = False
+    end_reason: str | None = None
+    """``action``, ``user`` or ``tool_error`` when ``terminated``."""
+    user_messages: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class StepOutcome:
+    """What :meth:`StepService.step` returns."""
+
+    env_id: str
+    episode: int
+    step: int
+    action: dict[str, Any]
+    run: StepRun
+    recovered: bool
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    checks: list[CheckOutcome] | None = None
+    state_before: dict[str, Any] | None = None
+    state_after: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> CallResult:
+        """The step as an executor result (rejected and non-tool steps included)."""
+        run = self.run
+        if run.result is not None:
+            return run.result
+        return CallResult(status=run.status, observation=run.observation,
+                          duration_ms=run.duration_ms)
+
+    def diff(self) -> dict[str, Any] | None:
+        """EnvScaler ``get_state_diff`` of the step (when both states were asked for)."""
+        if self.state_before is None or self.state_after is None:
+            return None
+        return state_diff(self.state_before, self.state_after)
+
+    def public(self, wanted: set[str]) -> StepResult:
+        """The step as the API shows it, with the ``?include=`` parts in ``wanted``."""
+        run, r = self.run, self.result
+        return StepResult(env_id=self.env_id, episode=self.episode, step=self.step, action=self.action,
+                          observation=run.observation, status=run.status,
+                          observation_role=run.role, reward=self.reward,
+                          terminated=self.terminated, truncated=self.truncated, duration_ms=run.duration_ms,
+                          stdout=clean_text(r.stdout), stderr=clean_text(r.stderr),
+                          traceback=clean_text(r.traceback) if r.traceback else None, error=run.error,
+                          argument_findings=run.findings, checks=self.checks, recovered=self.recovered,
+                          state_diff=self.diff() if "state_diff" in wanted else None,
+                          state=self.state_after if "state" in wanted else None)
+
+
+def _step_info(run: StepRun) -> dict[str, Any]:
+    """The ``info`` stored with a step: its observation role and what explains it."""
+    info: dict[str, Any] = {"observation_role": run.role}
+    if run.error:
+        info["error"] = run.error[:2000]
+    if run.findings:
+        info["argument_findings"] = run.findings
+    result = run.result
+    if result is not None:
+        if result.traceback:
+            info["traceback"] = clean_text(result.traceback)
+        if result.observation_truncated:
+            info["observation_truncated"] = True
+    if run.end_reason:
+        info["end_reason"] = run.end_reason
+    return info
+
+
+class StepService:
+    """Runs and commits steps (see the module docstring)."""
+
+    def __init__(self, settings: ApiSettings, db: Database, envs: EnvService, episodes: EpisodeService,
+                 checks: Checks, quotas: QuotaService, metrics: Metrics) -> None:
+        self.settings = settings
+        self.db = db
+        self.envs = envs
+        self.live = envs.live
+        self.environments = envs.environments
+        self.episodes = episodes
+        self.checks = checks
+        self.quotas = quotas
+        self.metrics = metrics
+
+    # -- the HTTP contract -------------------------------------------------------------------
+    def take(self, caller: TenantContext, env_id: str, body: StepRequest, include: str | None) -> StepResult:
+        """``POST /step``: parse the action (the tenant's ``max_arguments_bytes``), then
+        one token of ``steps_per_minute`` and a concurrent call for :meth:`step`.
+        Raises InvalidRequest (``include``), and what :meth:`step` raises."""
+        wanted = set(filter(None, (include or "").split(",")))
+        if not wanted <= INCLUDES:
+            raise InvalidRequest(f"include may name {sorted(INCLUDES)}, got {sorted(wanted - INCLUDES)}",
+                                 field="include")
+        action = parse_step(body, self.settings.max_arguments_bytes, self.settings.max_json_depth,
+                            lambda size: self.quotas.check_size(caller, "max_arguments_bytes", size, "arguments"))
+        with self.quotas.call(caller):
+            self.quotas.take_step(caller)
+            outcome = self.step(caller.tenant, env_id, action, want_diff="state_diff" in wanted,
+                                want_state="state" in wanted)
+        return outcome.public(wanted)
+
+    def parse(self, request: StepRequest) -> Action:
+        """The action of ``request`` under the server's caps (no tenant quota). Raises
+        PayloadTooLarge."""
+        return parse_step(request, self.settings.max_arguments_bytes, self.settings.max_json_depth)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _act(self, tenant: str, env_id: str, entry: LiveEnv, action: Action) -> StepRun:
+        """Carry out one action of the episode (module docstring of :mod:`.episodes`)."""
+        run = entry.run
+        config = run.config
+        if action.problem is not None:
+            return StepRun("rejected", action.problem, "user", error=action.error)
+        name, arguments = action.name, action.arguments
+        toolset = self.environments.cached_toolset(entry.environment_id)
+        assert toolset is not None  # compiled by live_entry
+        chat_is_action = name == CHAT_ACTION and (config.conversational or config.termination_action == CHAT_ACTION)
+        if chat_is_action and not isinstance(arguments.get("content"), str):
+            return StepRun("rejected", INVALID_ACTION, "user", error="chat_with_user needs a string argument 'content'")
+        if not config.conversational and config.termination_action is not None and name == config.termination_action:
+            return StepRun("ok", TASK_FINISHED, "user", terminated=True, end_reason="action")
+        if config.conversational and name == CHAT_ACTION:
+            return self._chat(tenant, entry, arguments["content"])
+        if name not in toolset:
+            return StepRun("rejected", INVALID_ACTION, "user", error=toolset.unknown(name))
+        call = action.call
+        findings = toolset.findings(call) if entry.argument_checking != "off" else []
+        if findings and entry.argument_checking == "strict":
+            return StepRun("rejected", INVALID_ACTION, "user", findings=findings,
+                           error="the arguments do not fit the tool's schema (argument_checking: strict)")
+        try:
+            result = entry.session.call(call.name, call.arguments)
+        except SessionClosedError:
+            self.live.drop(env_id)
+            raise ServiceUnavailable("the env's session closed during the call; retry", retry_after=1) from None
+        except SandboxError:
+            self.live.drop(env_id)
+            raise
+        terminated = result.status == "error" and config.on_tool_error == "terminate"
+        role: Literal["tool", "user"] = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
+        return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
+                       findings=findings or None, terminated=terminated,
+                       end_reason="tool_error" if terminated else None)
+
+    def _chat(self, tenant: str, entry: LiveEnv, content: str) -> StepRun:
+        """``chat_with_user`` in a conversational episode: the simulated user's reply."""
+        started = time.perf_counter()
+        simulator = self.episodes.simulator(tenant, entry.run)
+        try:
+            reply = simulator.reply(content)
+        except ModelError as exc:
+            raise ServiceUnavailable(f"the simulated user's model failed ({exc.status}): {exc.message}; "
+                                     "the step was not recorded, retry it", retry_after=5) from None
+        done = STOP_TOKEN in reply
+        return StepRun("ok", reply, "user", (time.perf_counter() - started) * 1000.0, terminated=done,
+                       end_reason="user" if done else None, user_messages=simulator.messages)
+
+    def step(self, tenant: str, env_id: str, action: Action, *, want_diff: bool, want_state: bool) -> StepOutcome:
+        """Run one action and commit it (EnvScaler ``step()``, see :mod:`.episodes`): a
+        malformed action is recorded as ``rejected``; the step that ends the episode
+        (termination action, simulated user, ``max_steps``) carries the reward.
+
+        Raises NotFound, Conflict (expired), EpisodeEnded (409: reset first),
+        NoCapacity (503 + Retry-After), ServiceUnavailable (database, Docker Engine or
+        the simulated user's model failed; the step is not acknowledged and the env
+        resumes from its last committed state), QuotaExceeded (no execution slot)."""
+        started = time.perf_counter()
+        with self.live.lock(env_id):
+            entry, restored = self.envs.live_entry(tenant, env_id)
+            run = entry.run
+            if run.ended:
+                raise EpisodeEnded(f"episode {entry.episode} of env {env_id!r} has {run.status} "
+                                   f"(reward {run.reward}); reset the env to start the next one")
+            before = entry.cache
+            outcome_run = self._act(tenant, env_id, entry, action)
+            result = outcome_run.result
+            pending = PendingBlobs()
+            after = before
+            if result is not None and result.status in ("ok", "error"):
+                after = apply_delta(before, result.delta.set, result.delta.deleted, pending)
+            number = entry.step + 1
+            terminated = outcome_run.terminated
+            truncated = (not terminated and run.config.max_steps is not None and number >= run.config.max_steps)
+            reward, checks = 0.0, None
+            if terminated and outcome_run.end_reason != "tool_error" or truncated and run.config.score_truncated:
+                reward, checks = self.checks.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
+                                                   after)
+            done = "terminated" if terminated else "truncated" if truncated else None
+            info = _step_info(outcome_run)
+            if outcome_run.user_messages is not None:
+                info["user_turns"] = len(outcome_run.user_messages)
+            try:
+                now = utcnow()
+                with self.db.write() as db:  # Core statements: no unit-of-work overhead
+                    pending.write(db)
+                    db.execute(STEPS.insert(), [{
+                        "env_id": env_id, "episode": entry.episode, "step": number, "action": action.record(),
+                        "observation": outcome_run.observation, "status": outcome_run.status,
+                        "duration_ms": outcome_run.duration_ms, "state_root": after.root, "created_at": now,
+                        "reward": reward, "done": done, "info": info or None}])
+                    db.execute(ENVS.update().where(ENVS.c.id == env_id).values(step=number, last_used_at=now))
+                    changes: dict[str, Any] = {}
+                    if outcome_run.user_messages is not None:
+                        changes["user_messages"] = outcome_run.user_messages
+                    if done is not None:
+                        changes.update(status=done, reward=reward, ended_at=now,
+                                       checks=[c.model_dump() for c in checks] if checks is not None else None)
+                    if changes:
+                        db.execute(EPISODES.update().where(EPISODES.c.env_id == env_id,
+                                                           EPISODES.c.episode == entry.episode).values(**changes))
+            except BaseException:
+                self.live.drop(env_id)  # the sandbox is ahead of the database: resync on next use
+                raise
+            entry.cache = after
+            entry.step = number
+            entry.last_used = time.monotonic()
+            if outcome_run.user_messages is not None:
+                run.user_messages = outcome_run.user_messages
+            if done is not None:
+                run.status, run.reward = done, reward
+        self.metrics.step_seconds.labels(outcome_run.status).observe(time.perf_counter() - started)
+        self.metrics.snapshot_bytes.inc(pending.stored_bytes)
+        if outcome_run.status in FAILURE_STATUSES:
+            self.metrics.failures.labels(outcome_run.status).inc()
+        recovered = restored or bool(result is not None and result.recovered)
+        outcome = StepOutcome(env_id, entry.episode, number, action.record(), outcome_run, recovered, reward,
+                              terminated, truncated, checks)
+        if want_diff or want_state:
+            outcome.state_after = state_view(after)
+            if want_diff:
+                outcome.state_before = state_view(before)
+        return outcome
