@@ -40,6 +40,7 @@ from sandpit.executor.errors import (
     ProfileError,
     SandboxLost,
     SessionClosed,
+    SessionOpenError,
 )
 from sandpit.executor.interface import Executor, ExecutorSession
 from sandpit.executor.jobs import encode_json_state
@@ -47,7 +48,6 @@ from sandpit.executor.policy import PolicyReport, check_source
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult, CheckResult, ExecResult, Snapshot, is_truncated, render_entry
 from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
-from sandpit.executor.session import SessionOpenError
 
 from .errors import ApiError, InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
 

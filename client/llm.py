@@ -44,7 +44,7 @@ shared by threads. ``max_concurrency`` bounds the requests in flight per client.
 
 Mapping from the two wrappers this module replaces:
 
-* ``sandpit.api.rollout`` (rollout evaluations, ``api/episodes.py``'s simulated user):
+* the API's former ``ModelClient`` (now ``sandpit.api.evaluations.rollout`` and the simulated user in ``sandpit.api.services.episodes`` use this module):
   ``ModelSettings`` has the same fields and meaning (``retries`` = extra attempts after the
   first) plus ``embedding_model``; ``ModelClient(settings, api_key, http_client=...)`` is
   built the same way; ``chat(messages, tools, usage, should_stop)`` takes the same

@@ -41,7 +41,6 @@ from .placement import SandboxSlot, SessionSpec
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from .results import CheckResult, EncodedValue, ExecResult, check_encoded
 from .sandbox import PoolKey, Sandbox
-from .session import MAX_SOURCE_BYTES as MAX_SOURCE_BYTES  # its former home: kept importable
 from .session import Session, check_open_arguments
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 

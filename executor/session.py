@@ -29,7 +29,6 @@ from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
 from .errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
-from .errors import SessionOpenError as SessionOpenError  # its former home: kept importable
 from .placement import Placement, SandboxSlot, SessionSpec
 from .results import (
     CallResult,
@@ -43,18 +42,13 @@ from .results import (
 )
 
 log = logging.getLogger(__name__)
-MAX_SOURCE_BYTES = limits.MAX_SOURCE_BYTES
-"""Largest environment source (``limits.MAX_SOURCE_BYTES``; importable from here and
-from ``pool``, where it was defined)."""
-
-
 def check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
     """Raise ValueError naming the first bad argument of ``open_session``/``describe``
     (any :class:`~sandpit.executor.interface.Executor` applies these checks)."""
     if not isinstance(tenant, str) or not tenant or len(tenant) > limits.TENANT_MAX_CHARS:
         raise ValueError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
-    if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
-        raise ValueError(f"source must be a string of at most {MAX_SOURCE_BYTES} bytes")
+    if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > limits.MAX_SOURCE_BYTES:
+        raise ValueError(f"source must be a string of at most {limits.MAX_SOURCE_BYTES} bytes")
     if not isinstance(class_name, str) or not class_name.isidentifier():
         raise ValueError("class_name must be a Python identifier")
     if init_config is not None and not isinstance(init_config, dict):

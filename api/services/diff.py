@@ -12,7 +12,7 @@ exactly as EnvScaler's ``get_state_diff`` builds it (keys with equal values do n
 lists, scalars and anything that is not a dict on both sides are compared whole with
 ``==``, so ``1`` -> ``1.0`` is no change, as in Python).
 
-The diff runs on renderings (``sandbox_images/runner/render.py``), not on live objects:
+The diff runs on renderings (``sandbox_images/runner/child_render.py``), not on live objects:
 a *tag* (``{"$set": [...]}``, ``{"$date": ...}``, ``{"$object": ...}``) is one value, never
 recursed into, just as EnvScaler compares a set or an object whole; a ``{"$dict": [[k, v],
 ...]}`` (a dict with non-string keys) on both sides is recursed into like the dict it

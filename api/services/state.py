@@ -12,7 +12,7 @@ from ..sandboxes import is_truncated, render_entry
 def state_view(cache: StateCache) -> dict[str, Any]:
     """The JSON view of a stored state (the one rendering every reader sees): JSON
     attributes as they are, others as the rendering their sandbox made
-    (``sandbox_images/runner/render.py``). Nothing is decoded or executed here."""
+    (``sandbox_images/runner/child_render.py``). Nothing is decoded or executed here."""
     return {name: render_entry(attr.encoded) for name, attr in cache.attrs.items()}
 
 

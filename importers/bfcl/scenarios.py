@@ -112,7 +112,7 @@ only inside sandboxes as part of each check's source)."""
 
 def is_tag(value: object) -> bool:
     """True when ``value`` (a state rendering) is a ``$`` tag: a one-key dict whose key
-    starts with ``$`` (the rendering's rule, ``sandbox_images/runner/render.py``, restated
+    starts with ``$`` (the rendering's rule, ``sandbox_images/runner/child_render.py``, restated
     here: an importer reads the API's JSON and imports nothing of the server's)."""
     if type(value) is not dict or len(value) != 1:
         return False

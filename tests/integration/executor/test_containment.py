@@ -20,9 +20,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from sandpit.executor.errors import SessionOpenError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
-from sandpit.executor.session import SessionOpenError
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -15,10 +15,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from sandpit.executor.errors import SessionError
+from sandpit.executor.errors import SessionError, SessionOpenError, ToolSchemaError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ResourceProfile
-from sandpit.executor.session import SessionOpenError, ToolSchemaError
 from sandpit.executor.settings import get_image_settings
 from sandpit.sandbox_images import DEFINITION_DIR
 from sandpit.sandbox_images.runner import limits

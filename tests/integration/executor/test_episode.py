@@ -4,9 +4,8 @@ state, snapshot and restore."""
 from __future__ import annotations
 
 import pytest
-from sandpit.executor.errors import SessionClosed
+from sandpit.executor.errors import SessionClosed, SessionOpenError
 from sandpit.executor.results import Snapshot
-from sandpit.executor.session import SessionOpenError
 
 pytestmark = pytest.mark.docker
 

@@ -36,7 +36,7 @@ Schema = dict[str, Any]
 
 NARROWER = {
     "Trajectory.steps[].action": "the server documents a free object; it always records {name, arguments} "
-                                 "(Action.record in api/tools.py), which the client reads as a ToolAction",
+                                 "(Action.record in api/services/tools.py), which the client reads as a ToolAction",
 }
 """Client fields deliberately narrower than the server's documented type, with the reason
 (each is a gap in the OpenAPI document, not in the data)."""
