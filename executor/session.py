@@ -42,6 +42,8 @@ from .results import (
 )
 
 log = logging.getLogger(__name__)
+
+
 def check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
     """Raise ValueError naming the first bad argument of ``open_session``/``describe``
     (any :class:`~sandpit.executor.interface.Executor` applies these checks)."""
