@@ -46,14 +46,16 @@ def test_no_capacity_is_503_with_retry_after(make_server, counter_source: str) -
     with server.client(timeout=60) as api:
         environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                             "class_name": "Counter"}).json()["id"]
-        created = api.post("/v1/envs", json={"environment_id": environment_id, "profile": {"call_timeout_s": 4}})
+        created = api.post("/v1/envs", json={"environment_id": environment_id, "profile": {"call_timeout_s": 10}})
         assert created.status_code == 201, created.text
         busy = created.json()["id"]
         spinning = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/envs/{busy}/step",
                                                               json={"name": "spin"}, timeout=60,
                                                               headers=server.headers))
         spinning.start()
-        time.sleep(0.5)  # the only sandbox is busy, and its env cannot be evicted mid-call
+        # the only sandbox is busy, and its env cannot be evicted mid-call; the margin is for a
+        # loaded CI machine, where the spin call can take well over a second to reach the sandbox
+        time.sleep(3)
         refused = api.post("/v1/envs", json={"environment_id": environment_id})
         spinning.join()
         assert refused.status_code == 503, refused.text

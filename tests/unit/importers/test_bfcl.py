@@ -242,7 +242,7 @@ def test_composite_embeds_the_wheel_modules_verbatim_under_their_own_names(
 
 
 def test_source_size_fits_the_executor_limit(suite: bfcl.BfclSuite) -> None:
-    from sandpit.executor.pool import MAX_SOURCE_BYTES
+    from sandpit.sandbox_images.runner.limits import MAX_SOURCE_BYTES
 
     largest = max(len(env.source_code.encode()) for env in suite.environments.values())
     assert largest < MAX_SOURCE_BYTES
