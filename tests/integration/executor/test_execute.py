@@ -253,9 +253,7 @@ def test_execute_many_keeps_order_and_bounds_concurrency(pool, fast_profile) -> 
                           f"time.sleep({0.05 * (8 - i)})\n"
                           f"print({i}, start, time.time(), os.listdir('.'))\n"),
                  "files": {f"only-{i}.txt": str(i)}} for i in range(8)]
-    started = time.monotonic()
     results = pool.execute_many(tenant=TENANT, snippets=snippets, concurrency=3, profile=fast_profile)
-    elapsed = time.monotonic() - started
     assert [r.status for r in results] == ["ok"] * 8, results
     spans = []
     for index, result in enumerate(results):
@@ -263,8 +261,7 @@ def test_execute_many_keeps_order_and_bounds_concurrency(pool, fast_profile) -> 
         assert int(number) == index and listing.strip() == f"['only-{index}.txt']"  # fresh dir, own files
         spans.append((float(begin), float(end)))
     overlap = max(sum(1 for b, e in spans if b <= t < e) for t, _ in spans)
-    assert 2 <= overlap <= 3, spans
-    assert elapsed < sum(0.05 * (8 - i) for i in range(8))  # not one after the other
+    assert 2 <= overlap <= 3, spans  # concurrent (not one after the other), never above the bound
 
 
 def test_execute_many_isolates_failures_and_validates(pool, fast_profile) -> None:
