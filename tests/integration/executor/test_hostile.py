@@ -74,7 +74,7 @@ def test_ignoring_sigterm_and_blocking_signals_does_not_stop_the_timeout(open_en
         "while True:\n"
         "    pass\n"))
     assert result.status == "timeout", result
-    assert time.monotonic() - started <= fast_profile.call_timeout_s + 1.0
+    assert time.monotonic() - started <= fast_profile.call_timeout_s + 3.0  # slack for a loaded machine
     after = session.call("bump", {"by": 1})
     assert (after.status, after.observation) == ("ok", "2")
 

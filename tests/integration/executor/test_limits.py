@@ -29,7 +29,7 @@ def test_infinite_loop_times_out_and_its_mutation_is_discarded(open_env, probe, 
     result = probe.run(session, "self.counter = 999\nself.log.append('mutated')\nwhile True:\n    pass\n")
     elapsed = time.monotonic() - started
     assert result.status == "timeout", result
-    assert elapsed <= fast_profile.call_timeout_s + 1.0, elapsed
+    assert elapsed <= fast_profile.call_timeout_s + 3.0, elapsed  # slack for a loaded machine
     assert elapsed >= fast_profile.call_timeout_s * 0.9
     assert result.observation == "Error: tool call exceeded the 2 s time limit"
     assert result.delta.set == {}
@@ -45,7 +45,7 @@ def test_sleeping_call_times_out_too(open_env, probe, fast_profile) -> None:
     session = open_env()
     started = time.monotonic()
     assert probe.run(session, "import time\ntime.sleep(60)\n").status == "timeout"
-    assert time.monotonic() - started <= fast_profile.call_timeout_s + 1.0
+    assert time.monotonic() - started <= fast_profile.call_timeout_s + 3.0  # slack for a loaded machine
     assert session.call("bump", {}).observation == "1"
 
 
