@@ -263,8 +263,9 @@ def _fork(fds: list[int], cls: type, limits: dict[str, Any], runner: int) -> int
     if intermediate == 0:
         try:
             os.close(read_end)
+            me = os.getpid()
             if os.fork() == 0:
-                _become_session(fds, write_end, cls, limits, os.getpid(), runner)
+                _become_session(fds, write_end, cls, limits, me, runner)
         finally:
             os._exit(0)
     os.close(write_end)

@@ -263,7 +263,8 @@ class Templates:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            self.fail(template, "fork answered a bad pid")
+            detail = _stat(pid)[:4] if type(pid) is int and pid > 1 and _stat(pid) else None
+            self.fail(template, f"fork answered a bad pid ({str(reply.get('status'))[:20]}, {pid!r:.20}, {detail})")
             return 0
         template.forks += 1
         self.forked += 1
