@@ -49,10 +49,10 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from typing import Any, NoReturn  # annotations only: never evaluated in the sandbox
 
     from . import child_session
-    from .limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+    from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     import child_session
-    from limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+    from limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
 
 PURE_MODULES = frozenset({
     "__future__", "abc", "bisect", "calendar", "collections", "copy", "dataclasses", "datetime", "decimal",
@@ -81,8 +81,6 @@ NEVER_NAMED = frozenset({"open", "exec", "eval", "compile", "__import__", "break
                          "vars", "locals", "getattr", "setattr", "delattr", "__builtins__"})
 """Names that make a source unsuitable wherever they appear (they reach what the other
 rules check: files, dynamic imports, dynamic code)."""
-MAX_NODES = 200_000
-"""Sources with more AST nodes than this are not templated (the check's own cost)."""
 
 
 def unsuitable(source: str, class_name: str) -> str | None:
@@ -95,7 +93,7 @@ def unsuitable(source: str, class_name: str) -> str | None:
     nodes = 0
     for node in ast.walk(tree):
         nodes += 1
-        if nodes > MAX_NODES:
+        if nodes > TEMPLATE_CHECK_MAX_NODES:
             return "source too large to check"
         if isinstance(node, ast.Import):
             for alias in node.names:

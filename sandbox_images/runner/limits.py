@@ -259,3 +259,7 @@ child of PID 1)."""
 TEMPLATE_MAX_PER_SANDBOX = 8
 """Most template processes one sandbox keeps (one per environment source and class);
 further environments start their sessions the normal way."""
+TEMPLATE_CHECK_MAX_NODES = 200_000
+"""Sources with more syntax-tree nodes than this are not templated (the check's own cost)."""
+TEMPLATE_FRAME_MAX_BYTES = 4096
+"""Largest frame a template may send to PID 1 (its answers are a few dozen bytes)."""

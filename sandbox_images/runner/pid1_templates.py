@@ -38,19 +38,16 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
+    from collections.abc import Callable
     from typing import Any
 
     from .pid1_runner import Child, Runner
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from . import protocol
-    from .limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_MAX_PER_SANDBOX
+    from .limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     import protocol
-    from limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_MAX_PER_SANDBOX
-
-TEMPLATE_FRAME_BYTES = 4096
-"""Largest frame a template may send (its answers are a few dozen bytes)."""
-
+    from limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
 
 def template_key(source: str, class_name: str) -> str:
     """The template key of an environment: sha256 of its UTF-8 source, ``:``, class name."""
@@ -114,7 +111,7 @@ class Templates:
             child = self.runner.take_child()
         except OSError:
             return  # pids limit: the template is only an optimisation
-        child.frames = protocol.FrameBuffer(TEMPLATE_FRAME_BYTES)
+        child.frames = protocol.FrameBuffer(TEMPLATE_FRAME_MAX_BYTES)
         template = Template(key, child, time.monotonic() + self.runner.timeout_s)
         self.by_key[key] = template
         sel = self.runner.sel
@@ -202,7 +199,7 @@ class Templates:
         self.failed.clear()
 
     # -- forking ----------------------------------------------------------------------------
-    def fork(self, key: str, make_child: Any) -> Child | None:
+    def fork(self, key: str, make_child: Callable[[int, socket.socket, int, int], Child]) -> Child | None:
         """A session process forked from ``key``'s ready template, or None (no ready
         template, or the fork failed: the template is then failed and the caller starts
         the session the normal way). ``make_child(pid, sock, out_r, err_r)`` wraps the
@@ -241,7 +238,7 @@ class Templates:
                 if remaining <= 0:
                     raise TimeoutError
                 sock.settimeout(remaining)
-                data = sock.recv(TEMPLATE_FRAME_BYTES)
+                data = sock.recv(TEMPLATE_FRAME_MAX_BYTES)
                 if not data:
                     raise EOFError
                 for msg in template.child.frames.feed(data):
@@ -263,7 +260,8 @@ class Templates:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            detail = _stat(pid)[:4] if type(pid) is int and pid > 1 and _stat(pid) else None
+            fields = _stat(pid) if type(pid) is int and pid > 1 else None
+            detail = fields[:4] if fields else None
             self.fail(template, f"fork answered a bad pid ({str(reply.get('status'))[:20]}, {pid!r:.20}, {detail})")
             return 0
         template.forks += 1
