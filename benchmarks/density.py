@@ -133,11 +133,13 @@ def metric(text: str, name: str) -> float:
     return total
 
 
-def containers_memory(pool_label: str | None = None) -> dict:
-    """Summed cgroup memory and process PSS of every sandbox container on this host."""
+def containers_memory(owner_pid: int) -> dict:
+    """Summed cgroup memory and process PSS of the sandbox containers owned by process
+    ``owner_pid`` (the server's pool)."""
     client = engine.make_client(ExecutorSettings())
     total = pss = 0.0
-    containers = engine.list_sandboxes(client)
+    owner = engine.owner_id(owner_pid)
+    containers = [c for c in engine.list_sandboxes(client) if c.labels.get(engine.LABEL_OWNER) == owner]
     for container in containers:
         used = engine.host_memory(container.id)
         total += (used or 0) / MiB
@@ -215,7 +217,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
 
             def sample() -> None:
                 while not sampler_stop.wait(5.0):
-                    peak["cgroup_mib"] = max(peak["cgroup_mib"], containers_memory()["cgroup_mib"])
+                    peak["cgroup_mib"] = max(peak["cgroup_mib"], containers_memory(server.process.pid)["cgroup_mib"])
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
@@ -237,7 +239,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 "live_envs_metric": [metric(metrics_before, "sandpit_live_envs"),
                                      metric(metrics_after, "sandpit_live_envs")],
                 "server_rss_mib": round(server.rss_mib(), 1),
-                "sandbox_memory": containers_memory(),
+                "sandbox_memory": containers_memory(server.process.pid),
                 "sandbox_memory_peak_cgroup_mib": round(peak["cgroup_mib"], 1),
             })
             out["evictions_during_run"] = max(0, out["resident_before"] - out["resident_after"]) + restores

@@ -192,11 +192,13 @@ class Templates:
             self.fail(template, "exited")
 
     def clear(self) -> None:
-        """Forget every template and failed key (``recycle``: they are killed with the rest)."""
+        """Forget every template, failed key and count (``recycle``: the templates are killed
+        with the rest)."""
         for template in list(self.by_key.values()):
             self.fail(template, "recycled")
         self.by_key.clear()
         self.failed.clear()
+        self.forked = self.fallbacks = 0
 
     # -- forking ----------------------------------------------------------------------------
     def fork(self, key: str, make_child: Callable[[int, socket.socket, int, int], Child]) -> Child | None:
