@@ -7,7 +7,10 @@ length-prefixed JSON requests (``protocol.py``) from one single-threaded event l
 
     host socket ──► runner (this file, trusted) ──► session child 1 (untrusted env code)
                                                ├──► session child 2 ...
-                                               └──► spare child (started ahead, no code yet)
+                                               ├──► spare child (started ahead, no code yet)
+                                               └──► template per environment (shared sandboxes:
+                                                    module executed once, sessions forked
+                                                    from it; ``pid1_templates.py``)
 
 Every session is its own child process (``child_session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
@@ -34,7 +37,7 @@ Host requests (each has an integer ``id``; each reply echoes it):
       (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
-  ping {} -> {status, sessions}
+  ping {} -> {status, sessions, templates: {ready, loading, forked, fallbacks, failed, reasons}}
   recycle {} -> {status, clean, problems}: once no session or job is left, kill every
       process but PID 1, empty and prove empty every writable place (``pid1_cleanup.reset``);
       ``clean`` False means the host must destroy the sandbox instead of reusing it
