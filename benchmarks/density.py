@@ -15,7 +15,8 @@ file, memory-admitted shared sandboxes (``SANDPIT_EXECUTOR_*`` below); creates `
 live envs of one environment over HTTP, then ``--stepping`` of them step for
 ``--seconds``: each stepping env is one client that sends a step, waits for the answer,
 then waits ``--think-s`` (an agent waiting for its model) before the next; ``--think-s 0``
-is a closed loop (every client saturating). Reports step p50/p99, steps/s, resident envs
+is a closed loop (every client saturating). Then one client steps 200 of the envs twice
+each with nothing else running (``step_1_client_after_ms``). Reports step p50/p99, steps/s, resident envs
 (``GET /v1/envs/{id}`` says ``live``) before and after, restores during the run (steps
 answered with ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS and
 the containers' total memory (cgroups) and PSS.
@@ -147,6 +148,15 @@ def containers_memory(owner_pid: int) -> dict:
     return {"containers": len(containers), "cgroup_mib": round(total, 1), "pss_mib": round(pss, 1)}
 
 
+def _timed_step(client: httpx.Client, env_id: str) -> float:
+    started = time.perf_counter()
+    response = client.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {}})
+    elapsed = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        raise RuntimeError(response.text)
+    return elapsed
+
+
 def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
     env = {
         "SANDPIT_EXECUTOR_POOL_SIZE": "2",
@@ -185,6 +195,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             out["resident_before"] = live_count()
             metrics_before = client.get("/metrics").text
             latencies: list[float] = []
+            error_samples: list[str] = []
             restores = errors = 0
             lock = threading.Lock()
             stop_at = time.perf_counter() + args.seconds
@@ -200,11 +211,15 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                         body = response.json()
                         if response.status_code != 200 or body.get("status") != "ok":
                             failed += 1
+                            if len(error_samples) < 5:
+                                error_samples.append(f"{response.status_code}: {response.text[:200]}")
                         else:
                             local.append((time.perf_counter() - t0) * 1000)
                             recovered += bool(body.get("recovered"))
-                    except httpx.HTTPError:
+                    except httpx.HTTPError as exc:
                         failed += 1
+                        if len(error_samples) < 5:
+                            error_samples.append(repr(exc)[:200])
                     if args.think_s:
                         time.sleep(args.think_s)
                 with lock:
@@ -228,7 +243,11 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             wall = time.perf_counter() - started
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
+            # the same server at rest (1,000 envs resident, nothing else stepping): one client
+            quiet = [_timed_step(client, env_id) for env_id in ids[:200] for _ in range(2)]
             out.update({
+                "step_1_client_after_ms": pcts(quiet),
+                "error_samples": error_samples,
                 "steps": len(latencies), "errors": errors, "steps_per_s": round(len(latencies) / wall, 1),
                 "step_ms": pcts(latencies) if latencies else None,
                 "restores_during_run": restores,
