@@ -152,12 +152,18 @@ def _called_name(func: ast.AST) -> str | None:
 def _extra_state(own: int) -> str | None:
     """What the executed module left that a fork would share: threads, descriptors (other
     than 0-2 and ``own``, the template's channel)."""
+    return _extra_threads() or _extra_descriptors(own)
+
+
+def _extra_threads() -> str | None:
     try:
         threads = len(os.listdir("/proc/self/task"))
     except OSError:
         threads = 1
-    if threads != 1:
-        return f"{threads} threads after import"
+    return f"{threads} threads after import" if threads != 1 else None
+
+
+def _extra_descriptors(own: int) -> str | None:
     try:
         fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
     except OSError:

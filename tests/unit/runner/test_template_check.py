@@ -84,8 +84,9 @@ def test_imports_that_could_differ_per_session_are_not_templatable(source: str, 
 def test_the_run_time_check_sees_threads_and_descriptors() -> None:
     read_end, write_end = os.pipe()
     try:
-        found = child_template._extra_state(own=-1)
+        found = child_template._extra_descriptors(own=-1)
         assert found is not None and "descriptors" in found  # pytest's own files, and the pipe
+        assert child_template._extra_state(own=-1) is not None
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -93,8 +94,9 @@ def test_the_run_time_check_sees_threads_and_descriptors() -> None:
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        found = child_template._extra_state(own=-1)
+        found = child_template._extra_threads()
         assert found is not None and "threads" in found
+        assert child_template._extra_state(own=-1) is not None
     finally:
         stop.set()
         thread.join()
