@@ -187,8 +187,11 @@ class Templates:
     def on_exit(self, pid: int) -> None:
         """``pid`` (a template's) was reaped: its sessions live on; new ones fall back."""
         template = self.by_pid(pid)
-        if template is not None:
-            template.child.alive = False
+        if template is None:
+            return
+        template.child.alive = False
+        self.on_readable("tmpl", template, template.child.sock)  # an answer sent before exiting wins
+        if self.by_key.get(template.key) is template:
             self.fail(template, "exited")
 
     def clear(self) -> None:
