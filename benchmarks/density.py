@@ -21,8 +21,11 @@ each with nothing else running (``step_1_client_after_ms``). Reports step p50/p9
 answered with ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS and
 the containers' total memory (cgroups) and PSS.
 
+``executor`` (``--executor``): the same envs and stepping straight through the pool (no
+HTTP, no database): the sandbox side's share of a step.
+
 Usage: ``python benchmarks/density.py [--sessions 16] [--envs 1000] [--stepping 200]
-[--seconds 60] [--think-s 1.0]``. Numbers on a loaded machine are noisy: re-run on a
+[--seconds 60] [--think-s 1.0] [--executor] [--skip-api] [--skip-memory]``. Numbers on a loaded machine are noisy: re-run on a
 quiet one.
 """
 
@@ -124,6 +127,60 @@ def bench_memory(templates: bool, extra: int) -> dict:
             f"with_{extra + 1}_sessions": after,
             "per_extra_session_mib": {"pss": per("pss_mib"), "rss": per("rss_mib"), "cgroup": per("cgroup_mib")},
             "runner_templates": ping.get("templates")}
+
+
+def bench_executor(args: argparse.Namespace) -> dict:
+    """The sandbox side alone (no HTTP, no database): ``--envs`` sessions opened through the
+    pool with the API part's settings, then ``--stepping`` threads call ``bump`` on their own
+    session for ``--seconds`` with ``--think-s`` between calls. Call p50/p99 in ms."""
+    settings = ExecutorSettings(
+        pool_size=2, sessions_per_sandbox=args.per_sandbox, max_sandboxes=args.max_sandboxes,
+        sandbox_memory_mib=args.sandbox_memory_mib, session_templates=args.templates,
+        profiles={"default": {"pids": 4 * args.per_sandbox + 32, "cpus": args.cpus}})
+    out: dict = {"envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
+    with SandboxPool(settings) as pool:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as starter:
+            sessions = list(starter.map(lambda i: pool.open_session(tenant="bench", source=SOURCE, class_name="Bench",
+                                                                     init_config={"count": i}), range(args.envs)))
+        out["open_all_s"] = round(time.perf_counter() - started, 1)
+        latencies: list[float] = []
+        failures = 0
+        lock = threading.Lock()
+        stop_at = time.perf_counter() + args.seconds
+
+        def drive(session) -> None:
+            nonlocal failures
+            local, failed = [], 0
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                result = session.call("bump", {"by": 1})
+                if result.status == "ok":
+                    local.append((time.perf_counter() - t0) * 1000)
+                else:
+                    failed += 1
+                if args.think_s:
+                    time.sleep(args.think_s)
+            with lock:
+                latencies.extend(local)
+                failures += failed
+
+        stepping = sessions[:: max(1, len(sessions) // args.stepping)][: args.stepping]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(stepping)) as runner:
+            list(runner.map(drive, stepping))
+        wall = time.perf_counter() - started
+        stats = pool.stats()
+        out.update({"calls": len(latencies), "failures": failures, "calls_per_s": round(len(latencies) / wall, 1),
+                    "call_ms": pcts(latencies) if latencies else None,
+                    "recoveries": sum(s.recoveries for s in sessions),
+                    "sandboxes": stats["sandboxes"], "sessions": stats["sessions"],
+                    "memory_projected_mib": stats["memory_projected_mib"],
+                    "session_estimate_mib": stats["session_estimate_mib"],
+                    "sandbox_memory": containers_memory(os.getpid())})
+        for session in sessions:
+            session.close()
+    return out
 
 
 def metric(text: str, name: str) -> float:
@@ -281,6 +338,9 @@ def main() -> None:
     parser.add_argument("--call-slots", type=int, default=64, help="SANDPIT_CALL_SLOTS of the server")
     parser.add_argument("--no-templates", dest="templates", action="store_false")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--executor", action="store_true",
+                        help="also run the envs through the executor alone (no HTTP, no database)")
+    parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "density.json")
     args = parser.parse_args()
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -289,7 +349,10 @@ def main() -> None:
         results["memory"] = {"forked_from_template": bench_memory(True, args.sessions),
                              "spawned_as_before": bench_memory(False, args.sessions)}
         print(json.dumps(results["memory"], indent=2), flush=True)
-    if args.envs:
+    if args.executor and args.envs:
+        results["executor"] = bench_executor(args)
+        print(json.dumps(results["executor"], indent=2), flush=True)
+    if args.envs and not args.skip_api:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="sandpit-density-") as tmp:
