@@ -98,7 +98,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
     ``pids * runsc_pids_per_process + runsc_pids_headroom``; the sandboxed processes
     stay bounded by ``pids`` through RLIMIT_NPROC, which gVisor enforces.
     """
-    memory = profile.sandbox_memory_bytes(settings.sessions_per_sandbox)
+    memory = sandbox_memory_limit(settings, profile)
     tmpfs_opts = f"rw,nosuid,nodev,noexec,size={profile.tmpfs_mib}m"
     spec: dict[str, Any] = {
         "image": image,
@@ -208,6 +208,44 @@ def reap(client: docker.DockerClient, *, exclude_pool: str | None = None, everyt
 PIDS_CURRENT = ("/sys/fs/cgroup/pids/docker/{id}/pids.current",  # cgroup v1, cgroupfs driver
                 "/sys/fs/cgroup/system.slice/docker-{id}.scope/pids.current",  # v2, systemd
                 "/sys/fs/cgroup/docker/{id}/pids.current")  # v2, cgroupfs
+
+
+MEMORY_CURRENT = ("/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes",  # cgroup v1, cgroupfs driver
+                  "/sys/fs/cgroup/system.slice/docker-{id}.scope/memory.current",  # v2, systemd
+                  "/sys/fs/cgroup/docker/{id}/memory.current")  # v2, cgroupfs
+
+
+def sandbox_memory_limit(settings: ExecutorSettings, profile: ResourceProfile) -> int:
+    """A sandbox container's memory limit in bytes: ``sandbox_memory_mib`` when set, else
+    the profile's ``memory_mib`` plus 32 MiB per session slot."""
+    if settings.sandbox_memory_mib:
+        return settings.sandbox_memory_mib * MiB
+    return profile.sandbox_memory_bytes(settings.sessions_per_sandbox)
+
+
+def host_memory(container_id: str) -> int | None:
+    """Bytes the container's memory cgroup is charged now (what its limit and the kernel's
+    OOM killer compare: process memory, tmpfs files, kernel memory), read from the host's
+    cgroup filesystem; None when it cannot be read (a remote engine, another layout)."""
+    for pattern in MEMORY_CURRENT:
+        try:
+            with open(pattern.format(id=container_id)) as handle:
+                return int(handle.read())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def host_memory_total() -> int:
+    """The host's MemTotal in bytes (``/proc/meminfo``); 0 when unreadable."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def host_pids(container_id: str) -> int | None:

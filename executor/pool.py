@@ -5,9 +5,19 @@
   sandboxes ready, starting at most ``pool_refill_concurrency`` containers at once.
   Containers carry their tenant label from creation, so a warm sandbox can only ever
   serve the tenant it was started for.
-* Placement: a session goes to a live sandbox of its key with a free slot (fullest
-  first, up to ``sessions_per_sandbox``), else to a warm one, else a new one is started;
-  beyond ``max_sandboxes`` :class:`CapacityError` is raised (with ``retry_after_s``).
+* Placement: a session goes to a live sandbox of its key with room (fullest first), else
+  to a warm one, else a new one is started; beyond ``max_sandboxes`` :class:`CapacityError`
+  is raised (with ``retry_after_s``).
+* Admission by measured memory (with ``sessions_per_sandbox > 1``): a sandbox has room
+  while it holds fewer than its hard cap of sessions (``sessions_per_sandbox``, lowered so
+  that the runner's descriptors, 4 per session, fit the profile's ``nofile`` and the
+  processes its ``pids``) *and* its cgroup's measured memory, plus the expected cost of the
+  sessions placed since that sample and of one more, plus the headroom
+  (``sandbox_memory_headroom_mib``, default the profile's ``memory_mib``), stays within
+  its memory limit. The expected cost of a session is learnt from the sandboxes' own
+  samples ((usage - usage when empty) / sessions, moving average). Across the pool, every
+  placement must keep the sum of all sandboxes' projected memory within
+  ``memory_budget_mib`` (default 80 % of the host's memory), else CapacityError.
 * Sandboxes with no session return to the warm set; those beyond ``pool_size`` are
   removed after ``idle_timeout_s``. Dead sandboxes are removed at once.
 * One-shot jobs (:meth:`SandboxPool.run_checks`, :meth:`SandboxPool.execute`,
@@ -38,7 +48,7 @@ from . import engine, jobs
 from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
 from .images import resolve_image
 from .placement import SandboxSlot, SessionSpec
-from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
+from .profiles import MiB, ProfileOverrides, ResourceProfile, resolve_profile
 from .results import CheckResult, EncodedValue, ExecResult, check_encoded
 from .sandbox import PoolKey, Sandbox
 from .session import Session, check_open_arguments
@@ -70,6 +80,12 @@ class SandboxPool:
         self._starter: ThreadPoolExecutor | None = None
         self.started_ms: collections.deque[float] = collections.deque(maxlen=1000)
         self.failures: collections.Counter[str] = collections.Counter()
+        self._session_bytes = self.settings.session_memory_estimate_mib * MiB
+        """Expected memory of one more session (bytes), learnt from samples."""
+        self._empty_bytes = 24 * MiB
+        """Expected memory of a sandbox with no session (runner, spare), learnt from samples."""
+        self.memory_rejections = 0
+        """Placements refused because the pool's memory budget was reached."""
         self.check_restarts = 0
         """Fresh processes check batches needed after a check timed out, crashed or ran
         out of memory (all calls of this pool)."""
@@ -374,6 +390,10 @@ class SandboxPool:
                 "sessions": sum(len(s.sessions) for s in self._all.values()),
                 "failures": dict(self.failures),
                 "check_restarts": self.check_restarts,
+                "memory_projected_mib": round(self._projected_total_locked() / MiB, 1),
+                "memory_budget_mib": round(self._memory_budget() / MiB, 1),
+                "session_estimate_mib": round(self._session_bytes / MiB, 3),
+                "memory_rejections": self.memory_rejections,
             }
 
     # -- placement (the protocol sessions depend on) ----------------------------------
@@ -415,12 +435,14 @@ class SandboxPool:
         """A sandbox of ``(tenant, profile)`` with ``slot_id`` added to its sessions: a
         live one with a free slot, else a warm one, else a new one. Raises CapacityError."""
         key = self._key(tenant, profile)
-        per = self.settings.sessions_per_sandbox
+        per = self.session_cap(profile)
         with self._lock:
             self._wanted.setdefault(key, profile)
             candidates = [s for s in self._active[key] if s.alive and not s.retiring and len(s.sessions) < per]
+            candidates = [s for s in candidates if self._fits_locked(s, profile)]
             if candidates:
                 sandbox = max(candidates, key=lambda s: len(s.sessions))
+                self._check_budget_locked(self._session_bytes)
             else:
                 sandbox = None
                 while self._idle[key]:
@@ -431,6 +453,7 @@ class SandboxPool:
                     self._drop_locked(candidate)
                 self._lock.notify_all()  # refill
                 if sandbox is None:
+                    self._check_budget_locked(self._session_bytes + self._empty_bytes)
                     if (len(self._all) + sum(self._starting.values()) >= self.settings.max_sandboxes
                             and not self._reclaim_idle_locked(key)):
                         raise CapacityError(
@@ -438,6 +461,7 @@ class SandboxPool:
                     self._starting[key] += 1
                     uid = self._take_uid_locked()
                 else:
+                    self._check_budget_locked(self._session_bytes, unless_back=sandbox, key=key)
                     self._active[key].append(sandbox)
             if sandbox is not None:
                 sandbox.sessions.add(slot_id)
@@ -452,6 +476,61 @@ class SandboxPool:
             self._active[key].append(sandbox)
             sandbox.sessions.add(slot_id)
         return sandbox
+
+    # -- memory admission ----------------------------------------------------------------
+    def session_cap(self, profile: ResourceProfile) -> int:
+        """Hard cap of sessions in one sandbox of ``profile``: ``sessions_per_sandbox``,
+        lowered so the runner's descriptors (4 per session: control socket, two output
+        streams, selector) fit the profile's ``nofile`` and processes (a session, the spare,
+        templates) its ``pids``; at least 1."""
+        per = self.settings.sessions_per_sandbox
+        if per == 1:
+            return 1
+        return max(1, min(per, (profile.nofile - 32) // 4, profile.pids - 16))
+
+    def _memory_budget(self) -> int:
+        if self.settings.memory_budget_mib:
+            return self.settings.memory_budget_mib * MiB
+        return int(engine.host_memory_total() * 0.8) or 1 << 62
+
+    def _projected_locked(self, sandbox: Sandbox) -> int:
+        """Measured memory of ``sandbox`` plus the expected cost of sessions placed since
+        the sample (bytes); the expected empty sandbox when it cannot be measured."""
+        used = sandbox.sample_memory(self.settings.memory_sample_s)
+        if used is None:
+            return self._empty_bytes + len(sandbox.sessions) * int(self._session_bytes)
+        if sandbox.memory_empty is not None and sandbox.sessions_at_sample >= 2:
+            per_session = (used - sandbox.memory_empty) / sandbox.sessions_at_sample
+            floor = self.settings.session_memory_floor_mib * MiB
+            self._session_bytes = max(floor, 0.8 * self._session_bytes + 0.2 * per_session)
+        if sandbox.memory_empty is not None:
+            self._empty_bytes = int(0.8 * self._empty_bytes + 0.2 * sandbox.memory_empty)
+        return used + max(0, len(sandbox.sessions) - sandbox.sessions_at_sample) * int(self._session_bytes)
+
+    def _projected_total_locked(self) -> int:
+        starting = sum(self._starting.values())
+        return sum(self._projected_locked(s) for s in self._all.values()) + starting * int(self._empty_bytes)
+
+    def _fits_locked(self, sandbox: Sandbox, profile: ResourceProfile) -> bool:
+        """Room for one more session in ``sandbox`` by its measured memory (see the module
+        docstring); True for one-session sandboxes and when the limit is unknown."""
+        if self.settings.sessions_per_sandbox == 1 or not sandbox.memory_limit:
+            return True
+        headroom = (self.settings.sandbox_memory_headroom_mib or profile.memory_mib) * MiB
+        return self._projected_locked(sandbox) + self._session_bytes + headroom <= sandbox.memory_limit
+
+    def _check_budget_locked(self, extra: float, unless_back: Sandbox | None = None,
+                             key: PoolKey | None = None) -> None:
+        """Raise CapacityError when ``extra`` more bytes would take the pool's projected
+        memory past ``memory_budget_mib``. ``unless_back``: a warm sandbox taken for this
+        placement, put back first."""
+        if self._projected_total_locked() + extra <= self._memory_budget():
+            return
+        self.memory_rejections += 1
+        if unless_back is not None and key is not None:
+            self._idle[key].appendleft(unless_back)
+        raise CapacityError(f"the sandboxes' memory budget ({self._memory_budget() // MiB} MiB) is reached",
+                            retry_after_s=1.0)
 
     def _start_sandbox(self, key: PoolKey, profile: ResourceProfile, uid: int) -> Sandbox:
         try:

@@ -3,7 +3,8 @@
 Lifecycle: :meth:`Sandbox.start` (create container → runner connects to the protocol
 socket → hello with the per-container token) → requests → :meth:`Sandbox.destroy`.
 A sandbox belongs to exactly one tenant (label ``sandpit.tenant``) and hosts up to
-``sessions_per_sandbox`` sessions of that tenant.
+``sessions_per_sandbox`` sessions of that tenant, as many as its measured memory admits
+(:meth:`Sandbox.sample_memory`, the pool's admission).
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ class Sandbox:
         self.pids_limit = 0
         self.retire_pids_fraction = 1.0
         self.idle_since = time.monotonic()
+        self.memory_limit = 0
+        """The container's memory limit, bytes (0: unknown)."""
+        self.memory_used: int | None = None
+        """Bytes its cgroup was charged at the last sample (None: never read, or unreadable)."""
+        self.memory_empty: int | None = None
+        """The first sample taken with no session placed: the runner and its spare."""
+        self.memory_sampled_at = 0.0
+        self.sessions_at_sample = 0
+        """How many sessions were placed when :attr:`memory_used` was read."""
         self._destroy_lock = threading.Lock()
         self.destroyed = False
 
@@ -94,7 +104,7 @@ class Sandbox:
             _write_token(token_path, token, settings.sandbox_gid)
             poll = settings.runsc_poll_interval_s if settings.runtime == "runsc" else 1.0
             limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child, poll,
-                                           settings.runtime)
+                                           settings.runtime, settings.session_templates)
             spec = engine.container_spec(
                 settings=settings, profile=profile, image=image, tenant=tenant, sandbox_id=sandbox_id,
                 pool_id=pool_id, uid=uid, socket_dir=str(socket_dir), limits_json=json.dumps(limits))
@@ -128,6 +138,7 @@ class Sandbox:
         sandbox = cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
                       key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
                       watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
+        sandbox.memory_limit = int(spec["mem_limit"])
         if settings.runtime == "runsc":
             sandbox.pids_limit = int(spec["pids_limit"])
             sandbox.retire_pids_fraction = settings.runsc_retire_pids_fraction
@@ -156,6 +167,21 @@ class Sandbox:
                 status = "oom" if oom_killed else "crashed"
             self.destroy()
             raise SandboxLost(str(exc), self.id, status=status) from exc
+
+    def sample_memory(self, max_age_s: float) -> int | None:
+        """The bytes its memory cgroup is charged (``engine.host_memory``), re-read when the
+        last sample is older than ``max_age_s`` seconds; None when the host cannot read it.
+        Call with the pool's lock held (it updates the sample fields)."""
+        now = time.monotonic()
+        if self.memory_used is None or now - self.memory_sampled_at >= max_age_s:
+            used = engine.host_memory(self.container_id)
+            if used is not None:
+                self.memory_used = used
+                self.memory_sampled_at = now
+                self.sessions_at_sample = len(self.sessions)
+                if not self.sessions and self.memory_empty is None:
+                    self.memory_empty = used
+        return self.memory_used
 
     def check_churn(self) -> bool:
         """Under runsc, retire this sandbox when gVisor's host pids (which it does not

@@ -45,7 +45,34 @@ class ExecutorSettings(BaseSettings):
     pool_refill_concurrency: Annotated[int, Field(ge=1, le=64)] = 2
     """Containers started in parallel by the background refill."""
     sessions_per_sandbox: Annotated[int, Field(ge=1, le=256)] = 1
-    """Placement: sessions of one tenant hosted by one sandbox (1 = container per session)."""
+    """Placement: hard upper cap on sessions of one tenant hosted by one sandbox (1 =
+    container per session). Below it, admission is by measured memory: a session joins a
+    sandbox only while the sandbox's measured memory plus the expected cost of one more
+    session stays under its memory limit, and the pool's total under ``memory_budget_mib``."""
+    session_templates: bool = True
+    """With ``sessions_per_sandbox > 1``: each sandbox keeps one warm template process per
+    environment (source and class) and forks new sessions of it copy-on-write instead of
+    executing the source again (``sandbox_images/runner/pid1_templates.py``; sources whose
+    import is not provably side-effect free start the normal way)."""
+    sandbox_memory_mib: Annotated[int, Field(ge=0, le=1048576)] = 0
+    """Memory limit of a sandbox container (cgroup, MiB; swap = memory). 0: the profile's
+    ``memory_mib`` plus 32 MiB per session slot (``ResourceProfile.sandbox_memory_bytes``).
+    It is a ceiling; how many sessions a sandbox takes is decided by what it actually uses."""
+    memory_budget_mib: Annotated[int, Field(ge=0, le=16777216)] = 0
+    """Host memory all sandboxes of this pool may use together (MiB), measured as the sum of
+    their cgroups' memory usage plus the expected cost of sandboxes being started; a
+    placement that would exceed it raises CapacityError. 0: 80 % of the host's MemTotal."""
+    session_memory_estimate_mib: Annotated[float, Field(gt=0, le=65536)] = 8.0
+    """Expected memory of one more session (MiB) until a sandbox has measured its own:
+    afterwards the estimate is that sandbox's measured (usage - empty usage) / sessions,
+    never below ``session_memory_floor_mib``."""
+    session_memory_floor_mib: Annotated[float, Field(gt=0, le=65536)] = 1.0
+    """Smallest per-session memory estimate admission uses (MiB)."""
+    sandbox_memory_headroom_mib: Annotated[int, Field(ge=0, le=1048576)] = 0
+    """Memory kept free in every shared sandbox for its sessions to grow (MiB); 0: the
+    profile's ``memory_mib`` (one session at its full limit)."""
+    memory_sample_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """How long a sandbox's measured memory is reused before the cgroup is read again (s)."""
     max_sandboxes: Annotated[int, Field(ge=1, le=100000)] = 64
     """Hard cap on live sandboxes (warm + busy); beyond it placement raises CapacityError."""
     idle_timeout_s: Annotated[float, Field(gt=0)] = 300.0

@@ -237,6 +237,9 @@ class Session:
         self.cls: type | None = None
         self.describe_only = False
         self.cache: dict[str, Encoding] = {}
+        self.preloaded: type | None = None
+        """The class already loaded by the template this process was forked from
+        (``child_template.py``); ``op_init`` then skips executing the source."""
 
     # -- framing ---------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
@@ -341,20 +344,10 @@ class Session:
         os.chdir(workdir)
         os.environ["HOME"] = workdir
         os.environ["TMPDIR"] = workdir
-        module = types.ModuleType(MODULE_NAME)
-        module.__file__ = "<environment>"
-        sys.modules[MODULE_NAME] = module
-        for alias in LEGACY_MODULE_NAMES:
-            sys.modules[alias] = module
-        code = compile(msg["source"], "<environment>", "exec")
-        exec(code, module.__dict__)  # noqa: S102 - this is the sandbox
-        name = msg["class_name"]
-        if name not in module.__dict__:
-            raise LookupError(f"class {name!r} is not defined by the environment code")
-        cls = module.__dict__[name]
-        if not issubclass(type(cls), type):  # its real type: a forged __class__ does not count
-            raise TypeError(f"{name!r} is not a class (the environment code binds it to a "
-                            f"{type(cls).__name__})")
+        if self.preloaded is not None:  # forked from a template that executed the same source
+            cls, self.preloaded = self.preloaded, None
+        else:
+            cls = load_class(msg["source"], msg["class_name"])
         self.cls = cls
         if msg.get("describe_only"):
             self.describe_only = True
@@ -423,6 +416,26 @@ def _oneshot() -> types.ModuleType:
     return oneshot
 
 
+def load_class(source: str, class_name: str) -> type:
+    """Execute ``source`` as the module ``dynamic_env`` (EnvScaler ``init_env_class``; also
+    registered under LEGACY_MODULE_NAMES) and return its class ``class_name``. Raises what
+    the code raises, LookupError (no such name) or TypeError (not a class)."""
+    module = types.ModuleType(MODULE_NAME)
+    module.__file__ = "<environment>"
+    sys.modules[MODULE_NAME] = module
+    for alias in LEGACY_MODULE_NAMES:
+        sys.modules[alias] = module
+    code = compile(source, "<environment>", "exec")
+    exec(code, module.__dict__)  # noqa: S102 - this is the sandbox
+    if class_name not in module.__dict__:
+        raise LookupError(f"class {class_name!r} is not defined by the environment code")
+    cls = module.__dict__[class_name]
+    if not issubclass(type(cls), type):  # its real type: a forged __class__ does not count
+        raise TypeError(f"{class_name!r} is not a class (the environment code binds it to a "
+                        f"{type(cls).__name__})")
+    return cls  # type: ignore[no-any-return]
+
+
 def instantiate(cls: type, init_config: dict[str, Any]) -> object:
     """EnvScaler ``init_env_instance``: ``cls(init_config)`` (``cls({})`` when the config is
     empty); on ``TypeError``, ``cls()``; then every key of a non-empty config is set as an
@@ -434,6 +447,15 @@ def instantiate(cls: type, init_config: dict[str, Any]) -> object:
     for key, value in init_config.items():
         setattr(instance, key, value)
     return instance
+
+
+def _template() -> types.ModuleType:
+    """The template module (``child_template.py``), imported on first use like :func:`_schemas`."""
+    if TYPE_CHECKING or __package__:
+        from . import child_template as template
+    else:
+        import child_template as template
+    return template
 
 
 def _confine() -> types.ModuleType:
@@ -534,6 +556,8 @@ def serve(session: Session) -> None:
         op = msg.get("op")
         if op in ("exec", "checks") and session.cls is None:  # a fresh spare's one-shot job
             _oneshot().run_job(msg, session.fd)  # never returns
+        if op == "template" and session.cls is None and session.preloaded is None:  # a fresh spare
+            _template().run_template(msg, session)  # never returns
         _reap_children()
         try:
             if op == "init":

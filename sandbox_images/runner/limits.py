@@ -247,3 +247,19 @@ def check_files(files: object) -> dict[str, str]:
                 raise ValueError(f"file path {path[:80]!r} lies under {'/'.join(parts[:depth])[:80]!r}, "
                                  "which is a file")
     return files
+
+# -- templates (pid1_templates.py, child_template.py) ------------------------------------------
+TEMPLATE_FORK_TIMEOUT_S = 2.0
+"""Longest wait of PID 1 for a template's answer to ``fork`` (the template forks twice and
+reports the new session's pid); past it the template is killed and the environment's
+sessions start the normal way for the rest of the sandbox's use."""
+TEMPLATE_REPARENT_S = 1.0
+"""Longest wait of a forked session for its intermediate parent to exit (it is then a
+child of PID 1)."""
+TEMPLATE_MAX_PER_SANDBOX = 8
+"""Most template processes one sandbox keeps (one per environment source and class);
+further environments start their sessions the normal way."""
+TEMPLATE_CHECK_MAX_NODES = 200_000
+"""Sources with more syntax-tree nodes than this are not templated (the check's own cost)."""
+TEMPLATE_FRAME_MAX_BYTES = 4096
+"""Largest frame a template may send to PID 1 (its answers are a few dozen bytes)."""

@@ -7,7 +7,10 @@ length-prefixed JSON requests (``protocol.py``) from one single-threaded event l
 
     host socket ──► runner (this file, trusted) ──► session child 1 (untrusted env code)
                                                ├──► session child 2 ...
-                                               └──► spare child (started ahead, no code yet)
+                                               ├──► spare child (started ahead, no code yet)
+                                               └──► template per environment (shared sandboxes:
+                                                    module executed once, sessions forked
+                                                    from it; ``pid1_templates.py``)
 
 Every session is its own child process (``child_session.py``), own process session, own private
 working directory (``/work/<random>``, the parent is not listable), non-dumpable, with
@@ -34,7 +37,7 @@ Host requests (each has an integer ``id``; each reply echoes it):
       (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
   state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
   restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
-  ping {} -> {status, sessions}
+  ping {} -> {status, sessions, templates: {ready, loading, forked, fallbacks, failed, reasons}}
   recycle {} -> {status, clean, problems}: once no session or job is left, kill every
       process but PID 1, empty and prove empty every writable place (``pid1_cleanup.reset``);
       ``clean`` False means the host must destroy the sandbox instead of reusing it
@@ -61,7 +64,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from typing import Any  # annotations only: never evaluated in the sandbox
 
-    from . import pid1_cleanup, pid1_jobs, protocol
+    from . import pid1_cleanup, pid1_jobs, pid1_templates, protocol
     from .limits import (
         BROKEN_MAX_CHARS,
         CHILD_SEND_TIMEOUT_S,
@@ -86,6 +89,7 @@ else:  # in the sandbox, run as a script: its directory comes first on sys.path
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import pid1_cleanup
     import pid1_jobs
+    import pid1_templates
     import protocol
     from limits import (
         BROKEN_MAX_CHARS,
@@ -200,6 +204,25 @@ class Child:
         self.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         self.alive = True
 
+    @classmethod
+    def adopt(cls, pid: int, sock: socket.socket, out_r: int, err_r: int) -> Child:
+        """A session process forked from a template (``pid1_templates``), already verified
+        as this runner's child and the leader of its own process session: from here on
+        handled exactly like a spawned one."""
+        child = cls.__new__(cls)
+        try:  # first candidate for the kernel OOM killer, before the runner
+            with open(f"/proc/{pid}/oom_score_adj", "w") as handle:
+                handle.write("1000")
+        except OSError:
+            pass
+        sock.settimeout(CHILD_SEND_TIMEOUT_S)
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
+        child.pid, child.sock, child.out_r, child.err_r = pid, sock, out_r, err_r
+        child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
+        child.alive = True
+        return child
+
     def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(protocol.encode(message))
 
@@ -222,6 +245,7 @@ class Session:
     def __init__(self, sid: str, spec: dict[str, Any], workdir: str, limits: dict[str, Any]) -> None:
         self.sid = sid
         self.spec = spec  # source, class_name, init_config
+        self.key = pid1_templates.template_key(spec["source"], spec["class_name"])
         self.workdir = workdir
         self.child: Child | None = None
         self.queue: collections.deque[dict[str, Any]] = collections.deque()
@@ -248,6 +272,7 @@ class Runner:
         self.timeout_s = float(limits["call_timeout_s"])
         self.running = True
         self.jobs = pid1_jobs.Jobs(self, WORK_ROOT, _oom_kills)
+        self.templates = pid1_templates.Templates(self)
         self.baseline = pid1_cleanup.Baseline(WORK_ROOT)
         self.leftovers: list[str] = []
         """Work directories that could not be removed when their session or job ended."""
@@ -270,9 +295,25 @@ class Runner:
         return child
 
     def take_child(self) -> Child:
-        """A fresh process for a one-shot job (the spare when there is one). Raises
-        OSError when none can be started (pids limit)."""
+        """A fresh process for a one-shot job or a template (the spare when there is
+        one). Raises OSError when none can be started (pids limit)."""
         return self._take_child()
+
+    def _session_child(self, session: Session) -> Child:
+        """The process for ``session``: forked from its environment's ready template
+        when there is one, else the spare or a new one (``_take_child``)."""
+        if not session.spec.get("describe_only"):
+            child = self.templates.fork(session.key, Child.adopt)
+            if child is not None:
+                return child
+        return self._take_child()
+
+    def tracked_pids(self) -> set[int]:
+        """Every process the runner follows: sessions', jobs', templates', the spare."""
+        tracked = set(self.by_pid) | self.jobs.pids() | self.templates.pids()
+        if self.spare is not None:
+            tracked.add(self.spare.pid)
+        return tracked
 
     def jobs_ended(self) -> None:
         """A one-shot job finished: keep a spare (the host asks for ``recycle`` before
@@ -311,9 +352,7 @@ class Runner:
     def _reap_untracked(self) -> None:
         """Reap exited children that are neither a session's process nor the spare (those
         are left to :meth:`reap`, which acts on their death)."""
-        tracked = set(self.by_pid) | self.jobs.pids()
-        if self.spare is not None:
-            tracked.add(self.spare.pid)
+        tracked = self.tracked_pids()
         for pid in pid1_cleanup.scan():
             if pid != os.getpid() and pid not in tracked:
                 try:
@@ -354,7 +393,8 @@ class Runner:
         rid = msg.get("id")
         op = msg.get("op")
         if op == "ping":
-            self.reply({"id": rid, "status": "ok", "sessions": len(self.sessions), "pid": os.getpid()})
+            self.reply({"id": rid, "status": "ok", "sessions": len(self.sessions), "pid": os.getpid(),
+                        "templates": self.templates.stats()})
             return
         if op == "recycle":
             self.recycle(rid)
@@ -407,6 +447,7 @@ class Runner:
         self.sessions[sid] = session
         session.queue.append({"internal": "init", "rid": rid, "snapshot": msg.get("snapshot")})
         self.pump(session)
+        self.templates.want(session.key, spec)  # after the session took the spare
 
     def close_session(self, session: Session) -> None:
         self._detach(session)
@@ -436,6 +477,7 @@ class Runner:
         if self.spare is not None:
             self.spare.kill()
             self.spare = None
+        self.templates.clear()
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
         problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
@@ -463,7 +505,7 @@ class Runner:
             if session.child is None:
                 if not is_init:
                     session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
-                self._attach(session, self._take_child())
+                self._attach(session, self._session_child(session))
                 continue
             session.queue.popleft()
             token = secrets.token_hex(16)
@@ -640,7 +682,8 @@ class Runner:
         elsewhere /proc would show processes that are not ours."""
         if os.getpid() != 1:
             return
-        known = {s.child.pid for s in self.sessions.values() if s.child is not None} | self.jobs.pids()
+        templates = self.templates.pids()
+        known = {s.child.pid for s in self.sessions.values() if s.child is not None} | self.jobs.pids() | templates
         if self.spare is not None:
             known.add(self.spare.pid)
         me = os.getpid()
@@ -655,9 +698,10 @@ class Runner:
         def stray(pid: int, sid: int) -> bool:
             if pid in known:
                 return False
-            return sid not in known or sid == own  # not another running session's
+            # not another running session's; a template's process session holds only it
+            return sid not in known or sid == own or sid in templates
 
-        tracked = set(self.by_pid) | self.jobs.pids()
+        tracked = self.tracked_pids()
 
         def reap(pid: int) -> None:
             if pid not in tracked:
@@ -677,6 +721,9 @@ class Runner:
                 return
             if pid in self.jobs.by_pid:
                 self.jobs.on_exit(pid, wait_status)
+                continue
+            if self.templates.by_pid(pid) is not None:
+                self.templates.on_exit(pid)
                 continue
             session = self.by_pid.get(pid)
             if session is not None and session.child is not None and session.child.pid == pid:
@@ -710,9 +757,13 @@ class Runner:
         job_wait = self.jobs.check_deadlines(now)
         if job_wait is not None:
             wait = min(wait, job_wait)
+        template_wait = self.templates.check_deadlines(now)
+        if template_wait is not None:
+            wait = min(wait, template_wait)
         return wait
 
-    def on_readable(self, kind: str, owner: Session | pid1_jobs.Job | None, obj: Any) -> None:
+    def on_readable(self, kind: str, owner: Session | pid1_jobs.Job | pid1_templates.Template | None,
+                    obj: Any) -> None:
         """``obj`` (registered as ``(kind, owner)``) is readable: the host socket, the wake-up
         socket, or a session's or job's control socket or output stream."""
         if kind == "wake":  # SIGCHLD: the loop goes on to reap()
@@ -725,6 +776,10 @@ class Runner:
         if kind.startswith("job-"):
             assert isinstance(owner, pid1_jobs.Job)
             self.jobs.on_readable(kind, owner)
+            return
+        if kind.startswith("tmpl"):
+            assert isinstance(owner, pid1_templates.Template)
+            self.templates.on_readable(kind, owner, obj)
             return
         if kind == "host":
             try:
@@ -871,6 +926,12 @@ def main() -> None:
     except Exception:
         pass
     os.umask(0o077)
+    try:  # outside a container (not PID 1): orphans of templates' forks come back to us
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
     # PID 1 of the sandbox: with no handler, signals from sessions (same uid) are ignored by
     # the kernel; Python's default SIGINT handler would let a session stop the runner.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

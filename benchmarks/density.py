@@ -1,0 +1,367 @@
+"""Density benchmark (issue 14, fourth target): memory per session and 1,000 resident envs.
+
+Two parts, one JSON (``benchmarks/results/density.json``):
+
+``memory`` (straight through the executor, no API): one sandbox, one session of a small
+environment, then ``--sessions`` more; the added PSS and RSS of the container's processes
+(read from the host's ``/proc/<pid>/smaps_rollup``, so run as root) and of its cgroup
+(``memory.usage_in_bytes`` / ``memory.current``) divided by the sessions added, once with
+sessions forked from the environment's template (``session_templates=True``) and once
+the way they started before (a fresh interpreter executing the source:
+``session_templates=False``). Also the idle sandbox (runner + spare) and the template.
+
+``api`` (``--envs``, 0 to skip): ``sandpit serve`` on loopback with a temporary SQLite
+file, memory-admitted shared sandboxes (``SANDPIT_EXECUTOR_*`` below); creates ``--envs``
+live envs of one environment over HTTP, then ``--stepping`` of them step for
+``--seconds``: each stepping env is one client that sends a step, waits for the answer,
+then waits ``--think-s`` (an agent waiting for its model) before the next; ``--think-s 0``
+is a closed loop (every client saturating). Then one client steps 200 of the envs twice
+each with nothing else running (``step_1_client_after_ms``). Reports step p50/p99, steps/s, resident envs
+(``GET /v1/envs/{id}`` says ``live``) before and after, restores during the run (steps
+answered with ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS and
+the containers' total memory (cgroups) and PSS.
+
+``executor`` (``--executor``): the same envs and stepping straight through the pool (no
+HTTP, no database): the sandbox side's share of a step.
+
+Usage: ``python benchmarks/density.py [--sessions 16] [--envs 1000] [--stepping 200]
+[--seconds 60] [--think-s 1.0] [--executor] [--skip-api] [--skip-memory]``. Numbers on a loaded machine are noisy: re-run on a
+quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from sandpit.executor import engine
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.settings import ExecutorSettings
+
+sys.path.insert(0, str(Path(__file__).parent))
+from api import SOURCE, Server, pcts  # noqa: E402 - the API benchmark's server and environment
+
+MiB = 1024 * 1024
+SMALL = '''
+from typing import Any, Dict
+
+
+class Counter:
+    """A counter with a few records (templatable: nothing but typing at import)."""
+
+    def __init__(self, init_config: Dict[str, Any]):
+        self.count = init_config.get("count", 0)
+        self.records = {f"r{i}": {"value": i} for i in range(20)}
+
+    def bump(self, by: int = 1) -> int:
+        """Add to the counter."""
+        self.count += by
+        return self.count
+'''
+
+
+def container_pids(client, container_id: str) -> list[int]:
+    top = client.api.top(container_id, ps_args="-o pid")
+    return [int(row[0]) for row in top.get("Processes") or []]
+
+
+def rss_pss(pids: list[int]) -> tuple[float, float]:
+    """Summed RSS and PSS of ``pids`` in MiB (``smaps_rollup``)."""
+    rss = pss = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return rss / MiB, pss / MiB
+
+
+def sandbox_memory(client, container_id: str) -> dict:
+    pids = container_pids(client, container_id)
+    rss, pss = rss_pss(pids)
+    cgroup = engine.host_memory(container_id)
+    return {"processes": len(pids), "rss_mib": round(rss, 2), "pss_mib": round(pss, 2),
+            "cgroup_mib": round(cgroup / MiB, 2) if cgroup is not None else None}
+
+
+def bench_memory(templates: bool, extra: int) -> dict:
+    """Per-session memory with or without templates (see the module docstring)."""
+    settings = ExecutorSettings(sessions_per_sandbox=extra + 1, pool_size=1, session_templates=templates,
+                                sandbox_memory_mib=1024)
+    with SandboxPool(settings) as pool:
+        pool.warm("bench", count=1)
+        first = pool.open_session(tenant="bench", source=SMALL, class_name="Counter")
+        sandbox = first._sandbox
+        assert sandbox is not None
+        time.sleep(1.0)  # the spare (and the template) finish starting
+        before = sandbox_memory(pool.client, sandbox.container_id)
+        sessions = [first] + [pool.open_session(tenant="bench", source=SMALL, class_name="Counter")
+                              for _ in range(extra)]
+        assert all(s._sandbox is sandbox for s in sessions), "sessions were not co-located"
+        for session in sessions:
+            assert session.call("bump", {"by": 1}).status == "ok"
+        time.sleep(1.0)
+        after = sandbox_memory(pool.client, sandbox.container_id)
+        ping = sandbox.request("ping")
+        for session in sessions:
+            session.close()
+
+    def per(field: str) -> float | None:
+        if before[field] is None or after[field] is None:
+            return None
+        return round((after[field] - before[field]) / extra, 3)
+
+    return {"templates": templates, "sessions_added": extra, "with_1_session": before,
+            f"with_{extra + 1}_sessions": after,
+            "per_extra_session_mib": {"pss": per("pss_mib"), "rss": per("rss_mib"), "cgroup": per("cgroup_mib")},
+            "runner_templates": ping.get("templates")}
+
+
+def bench_executor(args: argparse.Namespace) -> dict:
+    """The sandbox side alone (no HTTP, no database): ``--envs`` sessions opened through the
+    pool with the API part's settings, then ``--stepping`` threads call ``bump`` on their own
+    session for ``--seconds`` with ``--think-s`` between calls. Call p50/p99 in ms."""
+    settings = ExecutorSettings(
+        pool_size=2, sessions_per_sandbox=args.per_sandbox, max_sandboxes=args.max_sandboxes,
+        sandbox_memory_mib=args.sandbox_memory_mib, session_templates=args.templates,
+        profiles={"default": {"pids": 4 * args.per_sandbox + 32, "cpus": args.cpus}})
+    out: dict = {"envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
+    with SandboxPool(settings) as pool:
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as starter:
+            sessions = list(starter.map(lambda i: pool.open_session(tenant="bench", source=SOURCE, class_name="Bench",
+                                                                     init_config={"count": i}), range(args.envs)))
+        out["open_all_s"] = round(time.perf_counter() - started, 1)
+        latencies: list[float] = []
+        failures = 0
+        lock = threading.Lock()
+        stop_at = time.perf_counter() + args.seconds
+
+        def drive(session) -> None:
+            nonlocal failures
+            local, failed = [], 0
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                result = session.call("bump", {"by": 1})
+                if result.status == "ok":
+                    local.append((time.perf_counter() - t0) * 1000)
+                else:
+                    failed += 1
+                if args.think_s:
+                    time.sleep(args.think_s)
+            with lock:
+                latencies.extend(local)
+                failures += failed
+
+        stepping = sessions[:: max(1, len(sessions) // args.stepping)][: args.stepping]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(stepping)) as runner:
+            list(runner.map(drive, stepping))
+        wall = time.perf_counter() - started
+        stats = pool.stats()
+        out.update({"calls": len(latencies), "failures": failures, "calls_per_s": round(len(latencies) / wall, 1),
+                    "call_ms": pcts(latencies) if latencies else None,
+                    "recoveries": sum(s.recoveries for s in sessions),
+                    "sandboxes": stats["sandboxes"], "sessions": stats["sessions"],
+                    "memory_projected_mib": stats["memory_projected_mib"],
+                    "session_estimate_mib": stats["session_estimate_mib"],
+                    "sandbox_memory": containers_memory(os.getpid())})
+        for session in sessions:
+            session.close()
+    return out
+
+
+def metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def containers_memory(owner_pid: int) -> dict:
+    """Summed cgroup memory and process PSS of the sandbox containers owned by process
+    ``owner_pid`` (the server's pool)."""
+    client = engine.make_client(ExecutorSettings())
+    total = pss = 0.0
+    owner = engine.owner_id(owner_pid)
+    containers = [c for c in engine.list_sandboxes(client) if c.labels.get(engine.LABEL_OWNER) == owner]
+    for container in containers:
+        used = engine.host_memory(container.id)
+        total += (used or 0) / MiB
+        pss += rss_pss(container_pids(client, container.id))[1]
+    return {"containers": len(containers), "cgroup_mib": round(total, 1), "pss_mib": round(pss, 1)}
+
+
+def _timed_step(client: httpx.Client, env_id: str) -> float:
+    started = time.perf_counter()
+    response = client.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {}})
+    elapsed = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        raise RuntimeError(response.text)
+    return elapsed
+
+
+def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
+    env = {
+        "SANDPIT_EXECUTOR_POOL_SIZE": "2",
+        "SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX": str(args.per_sandbox),
+        "SANDPIT_EXECUTOR_MAX_SANDBOXES": str(args.max_sandboxes),
+        "SANDPIT_EXECUTOR_SANDBOX_MEMORY_MIB": str(args.sandbox_memory_mib),
+        "SANDPIT_EXECUTOR_SESSION_TEMPLATES": "true" if args.templates else "false",
+        "SANDPIT_EXECUTOR_PROFILES": json.dumps({"default": {"pids": 4 * args.per_sandbox + 32, "cpus": args.cpus}}),
+        "SANDPIT_CALL_SLOTS": str(args.call_slots),
+    }
+    server = Server(data_dir, **env)
+    out: dict = {"server_env": env, "envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
+    try:
+        with server.client(limits=httpx.Limits(max_connections=args.stepping + 16,
+                                               max_keepalive_connections=args.stepping + 16)) as client:
+            environment_id = client.post("/v1/environments", json={"source_code": SOURCE,
+                                                                   "class_name": "Bench"}).json()["id"]
+
+            def create(i: int) -> str:
+                for _ in range(20):
+                    response = client.post("/v1/envs", json={"environment_id": environment_id,
+                                                             "init_config": {"count": i}})
+                    if response.status_code == 201:
+                        return str(response.json()["id"])
+                    time.sleep(0.5)
+                raise RuntimeError(response.text)
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(8) as pool:
+                ids = list(pool.map(create, range(args.envs)))
+            out["create_all_s"] = round(time.perf_counter() - started, 1)
+
+            def live_count() -> int:
+                return sum(client.get(f"/v1/envs/{i}").json().get("status") == "live" for i in ids)
+
+            out["resident_before"] = live_count()
+            metrics_before = client.get("/metrics").text
+            latencies: list[float] = []
+            error_samples: list[str] = []
+            restores = errors = 0
+            lock = threading.Lock()
+            stop_at = time.perf_counter() + args.seconds
+
+            def drive(env_id: str) -> None:
+                nonlocal restores, errors
+                local: list[float] = []
+                recovered = failed = 0
+                while time.perf_counter() < stop_at:
+                    t0 = time.perf_counter()
+                    try:
+                        response = client.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {}})
+                        body = response.json()
+                        if response.status_code != 200 or body.get("status") != "ok":
+                            failed += 1
+                            if len(error_samples) < 5:
+                                error_samples.append(f"{response.status_code}: {response.text[:200]}")
+                        else:
+                            local.append((time.perf_counter() - t0) * 1000)
+                            recovered += bool(body.get("recovered"))
+                    except httpx.HTTPError as exc:
+                        failed += 1
+                        if len(error_samples) < 5:
+                            error_samples.append(repr(exc)[:200])
+                    if args.think_s:
+                        time.sleep(args.think_s)
+                with lock:
+                    latencies.extend(local)
+                    restores += recovered
+                    errors += failed
+
+            sampler_stop = threading.Event()
+            peak = {"cgroup_mib": 0.0}
+
+            def sample() -> None:
+                while not sampler_stop.wait(5.0):
+                    peak["cgroup_mib"] = max(peak["cgroup_mib"], containers_memory(server.process.pid)["cgroup_mib"])
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            started = time.perf_counter()
+            stepping = ids[:: max(1, len(ids) // args.stepping)][: args.stepping]
+            with ThreadPoolExecutor(len(stepping)) as pool:
+                list(pool.map(drive, stepping))
+            wall = time.perf_counter() - started
+            sampler_stop.set()
+            metrics_after = client.get("/metrics").text
+            # the same server at rest (1,000 envs resident, nothing else stepping): one client
+            quiet = [_timed_step(client, env_id) for env_id in ids[:200] for _ in range(2)]
+            out.update({
+                "step_1_client_after_ms": pcts(quiet),
+                "error_samples": error_samples,
+                "steps": len(latencies), "errors": errors, "steps_per_s": round(len(latencies) / wall, 1),
+                "step_ms": pcts(latencies) if latencies else None,
+                "restores_during_run": restores,
+                "resident_after": live_count(),
+                "pool_sessions": metric(metrics_after, "sandpit_pool_sessions"),
+                "sandboxes": {state: metric(metrics_after, f'sandpit_pool_sandboxes{{state="{state}"}}')
+                              for state in ("idle", "active", "starting")},
+                "live_envs_metric": [metric(metrics_before, "sandpit_live_envs"),
+                                     metric(metrics_after, "sandpit_live_envs")],
+                "server_rss_mib": round(server.rss_mib(), 1),
+                "sandbox_memory": containers_memory(server.process.pid),
+                "sandbox_memory_peak_cgroup_mib": round(peak["cgroup_mib"], 1),
+            })
+            out["evictions_during_run"] = max(0, out["resident_before"] - out["resident_after"]) + restores
+    finally:
+        server.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=16, help="sessions added for the memory part")
+    parser.add_argument("--envs", type=int, default=1000, help="live envs for the API part (0: skip)")
+    parser.add_argument("--stepping", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--think-s", type=float, default=1.0, help="pause of each stepping client between steps")
+    parser.add_argument("--per-sandbox", type=int, default=64, help="hard cap of sessions per sandbox")
+    parser.add_argument("--max-sandboxes", type=int, default=64)
+    parser.add_argument("--sandbox-memory-mib", type=int, default=1024)
+    parser.add_argument("--cpus", type=float, default=1.0, help="CPU quota of each sandbox")
+    parser.add_argument("--call-slots", type=int, default=64, help="SANDPIT_CALL_SLOTS of the server")
+    parser.add_argument("--no-templates", dest="templates", action="store_false")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--executor", action="store_true",
+                        help="also run the envs through the executor alone (no HTTP, no database)")
+    parser.add_argument("--skip-api", action="store_true")
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "density.json")
+    args = parser.parse_args()
+    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                 "mem_total_mib": round(engine.host_memory_total() / MiB)}}
+    if not args.skip_memory:
+        results["memory"] = {"forked_from_template": bench_memory(True, args.sessions),
+                             "spawned_as_before": bench_memory(False, args.sessions)}
+        print(json.dumps(results["memory"], indent=2), flush=True)
+    if args.executor and args.envs:
+        results["executor"] = bench_executor(args)
+        print(json.dumps(results["executor"], indent=2), flush=True)
+    if args.envs and not args.skip_api:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="sandpit-density-") as tmp:
+            results["api"] = bench_api(args, Path(tmp))
+    print(json.dumps(results, indent=2))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2))
+    print(f"saved {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Template process: an environment's module executed once, forked for each new session.
+
+Stdlib only; runs inside the sandbox as a child of the runner, confined exactly like a
+session process (it *is* a spare session process, ``child_session.harden`` already applied:
+rlimits, non-dumpable, seccomp filter), handed over here by ``child_session.serve`` when its
+first request is ``template {id, source, class_name}``. It then:
+
+1. decides whether the source may be loaded once for many sessions (:func:`unsuitable`):
+   the code run at import (module body, class bodies, decorators, default values; not
+   function bodies) must be deterministic and touch nothing outside the process, so that a
+   session forked from the template starts exactly as one that executed the source itself.
+   Imports (anywhere) must come from PURE_MODULES, import-time calls may only name
+   IMPORT_TIME_CALLS, and ``open``/``exec``/``eval``/``compile``/``__import__`` may not appear
+   at all. Anything else (``os``, ``random.seed(0)``, ``uuid4()`` or ``datetime.now()`` at import,
+   threads, files) is *unsuitable*: the environment's sessions start the normal way;
+2. executes the source (``child_session.load_class``), then checks at run time that the
+   process has one thread and no file descriptor beyond 0-3; ``gc.freeze()`` keeps the
+   collector of forked sessions from writing to (and so copying) the template's objects;
+3. answers ``{status: ok}`` (or ``{status: unsuitable, reason}``) and serves ``fork``
+   requests: each carries three descriptors (SCM_RIGHTS: the new session's control socket,
+   stdout and stderr streams, made by PID 1). The template forks an intermediate process
+   that forks the session and exits, so the session is re-parented to PID 1 (which waits
+   for it, as for a spawned session); the session calls ``setsid()``, puts the descriptors
+   on 0-3, closes every other descriptor, re-arms PR_SET_PDEATHSIG (cleared by fork) once
+   PID 1 is its parent, writes its pid to the template through a pipe, and serves the
+   session protocol (``child_session.serve``) with the class already loaded. The template
+   answers ``{status: ok, pid}``; PID 1 checks in /proc that the pid is its child and the
+   leader of its own session before it uses it (nothing a template says is trusted).
+
+Inherited from the template unchanged: rlimits (hard = soft), the seccomp filter
+(irremovable), non-dumpability, the environment variables; copy-on-write memory (each
+session writes only to its own copy). ``random``'s global generator is re-seeded in every
+forked process by Python itself (``os.register_at_fork``).
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import json
+import os
+import select
+import socket
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any, NoReturn  # annotations only: never evaluated in the sandbox
+
+    from . import child_session
+    from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import child_session
+    from limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+
+PURE_MODULES = frozenset({
+    "__future__", "abc", "bisect", "calendar", "collections", "copy", "dataclasses", "datetime", "decimal",
+    "enum", "fractions", "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers",
+    "operator", "random", "re", "statistics", "string", "textwrap", "typing", "typing_extensions", "uuid",
+})
+"""Modules an environment may import (anywhere in its source) and still be templated:
+importing them runs no code of the environment and opens nothing (``random`` seeds its
+global generator at import and Python re-seeds it after every fork)."""
+IMPORT_TIME_CALLS = frozenset({
+    "dataclass", "field", "namedtuple", "NamedTuple", "TypedDict", "TypeVar", "NewType", "Enum", "IntEnum",
+    "StrEnum", "Flag", "IntFlag", "auto", "unique", "frozenset", "set", "dict", "list", "tuple", "str", "int",
+    "float", "bool", "bytes", "range", "Decimal", "Fraction", "date", "timedelta", "defaultdict",
+    "OrderedDict", "Counter", "deque", "staticmethod", "classmethod", "property", "abstractmethod",
+    "total_ordering", "lru_cache", "cache", "wraps", "partial", "cast", "overload", "final",
+    "runtime_checkable", "len", "sum", "zip", "enumerate", "isinstance", "chr", "ord", "abs", "round",
+    "reversed", "any", "all", "Optional", "Union", "Literal",
+})
+"""Names a call executed at import may name (``dataclass(...)``, ``field(default_factory=
+list)``, ``Enum("Status", ...)``): deterministic, no side effect outside the process, and
+none of them calls back into the environment's own functions. Decorators count as calls.
+Classes with a ``metaclass=`` or defining ``__init_subclass__``/``__set_name__``/
+``__class_getitem__`` (code that runs when a class statement runs) are unsuitable."""
+HOOKS = frozenset({"__init_subclass__", "__set_name__", "__class_getitem__"})
+NEVER_NAMED = frozenset({"open", "exec", "eval", "compile", "__import__", "breakpoint", "input", "globals",
+                         "vars", "locals", "getattr", "setattr", "delattr", "__builtins__"})
+"""Names that make a source unsuitable wherever they appear (they reach what the other
+rules check: files, dynamic imports, dynamic code)."""
+
+
+def unsuitable(source: str, class_name: str) -> str | None:
+    """Why ``source`` must not be executed once for many sessions, or None when it may (see
+    the module docstring). Parsing errors and oversize sources are reasons too."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"source does not parse: {type(exc).__name__}"
+    nodes = 0
+    for node in ast.walk(tree):
+        nodes += 1
+        if nodes > TEMPLATE_CHECK_MAX_NODES:
+            return "source too large to check"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] not in PURE_MODULES:
+                    return f"imports {alias.name}"
+        elif isinstance(node, ast.ImportFrom):
+            if node.level or (node.module or "").split(".")[0] not in PURE_MODULES:
+                return f"imports from {node.module}"
+        elif isinstance(node, ast.Name) and node.id in NEVER_NAMED:
+            return f"names {node.id}"
+        elif isinstance(node, ast.Attribute) and node.attr in NEVER_NAMED:
+            return f"names .{node.attr}"
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            return "rebinds module globals from a function"
+    return _import_time_calls(tree)
+
+
+def _import_time_calls(tree: ast.Module) -> str | None:
+    """The first call executed at import that IMPORT_TIME_CALLS does not allow: walks the
+    module body and class bodies, and of a function only its decorators and defaults."""
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for decorator in node.decorator_list:
+                if not isinstance(decorator, ast.Call) and _called_name(decorator) not in IMPORT_TIME_CALLS:
+                    return f"decorator {_called_name(decorator) or 'expression'} runs at import"
+            if isinstance(node, ast.ClassDef):
+                if any(k.arg == "metaclass" for k in node.keywords):
+                    return "a metaclass runs at import"
+                if any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name in HOOKS for d in node.body):
+                    return "a class hook runs at import"
+                stack.extend(ast.iter_child_nodes(node))
+                continue
+            stack.extend(node.decorator_list)
+            stack.extend(node.args.defaults)
+            stack.extend(d for d in node.args.kw_defaults if d is not None)
+            stack.extend(a.annotation for a in (*node.args.args, *node.args.kwonlyargs) if a.annotation)
+            continue
+        if isinstance(node, ast.Lambda):
+            stack.extend(node.args.defaults)
+            continue
+        if isinstance(node, ast.Call):
+            name = _called_name(node.func)
+            if name not in IMPORT_TIME_CALLS:
+                return f"calls {name or 'an expression'} at import"
+        stack.extend(ast.iter_child_nodes(node))
+    return None
+
+
+def _called_name(func: ast.AST) -> str | None:
+    """``f`` of ``f(...)`` or ``m.f(...)``; None for any other callee."""
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _extra_state(own: int) -> str | None:
+    """What the executed module left that a fork would share: threads, descriptors (other
+    than 0-2 and ``own``, the template's channel)."""
+    return _extra_threads() or _extra_descriptors(own)
+
+
+def _extra_threads() -> str | None:
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = 1
+    return f"{threads} threads after import" if threads != 1 else None
+
+
+def _extra_descriptors(own: int) -> str | None:
+    try:
+        fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    except OSError:
+        return "cannot list descriptors"
+    extra = sorted(fd for fd in fds if fd > 2 and fd != own and _is_open(fd))
+    return f"descriptors {extra[:8]} open after import" if extra else None
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False  # the listing's own descriptor, closed since
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode("utf-8", "replace")
+    sock.sendall(len(data).to_bytes(4, "big") + data)
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request frame and the descriptors that came with it. Raises EOFError when PID 1
+    closed the channel."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 3)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError
+    while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+        more = sock.recv(1 << 16)
+        if not more:
+            raise EOFError
+        data += more
+    length = int.from_bytes(data[:4], "big")
+    message = json.loads(data[4:4 + length].decode("utf-8"))
+    if not isinstance(message, dict):
+        raise EOFError
+    return message, list(fds)
+
+
+def run_template(msg: dict[str, Any], session: child_session.Session) -> NoReturn:
+    """Serve as the template of ``msg``'s environment until PID 1 closes the channel (or
+    kills it); never returns. ``session`` is the spare process's (unused) session object:
+    its control descriptor and limits."""
+    os.chdir("/")  # read-only: nothing written at import can be shared by forked sessions
+    sock = socket.socket(fileno=os.dup(session.fd))  # fd 3 stays free for the sessions' channel
+    os.close(session.fd)
+    request_id = msg.get("id", "")
+    source, class_name = msg.get("source"), msg.get("class_name")
+    reason = None if isinstance(source, str) and isinstance(class_name, str) else "malformed request"
+    cls: type | None = None
+    if reason is None:
+        assert isinstance(source, str) and isinstance(class_name, str)
+        reason = unsuitable(source, class_name)
+    if reason is None:
+        try:
+            cls = child_session.load_class(source, class_name)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - the normal path reports it per session
+            reason = f"import failed: {type(exc).__name__}"
+    if reason is None:
+        reason = _extra_state(sock.fileno())
+    if reason is not None or cls is None:
+        _send(sock, {"id": request_id, "status": "unsuitable", "reason": str(reason)[:200]})
+        os._exit(0)
+    child_session._flush_std()
+    gc.collect()
+    gc.freeze()
+    _send(sock, {"id": request_id, "status": "ok"})
+    _serve_forks(sock, cls, session.limits)
+
+
+def _serve_forks(sock: socket.socket, cls: type, limits: dict[str, Any]) -> NoReturn:
+    runner = os.getppid()
+    while True:
+        try:
+            msg, fds = _recv(sock)
+        except (EOFError, OSError, ValueError):
+            os._exit(0)
+        try:
+            if msg.get("op") != "fork" or len(fds) != 3:
+                _send(sock, {"id": msg.get("id", ""), "status": "error", "reason": "expected fork with 3 fds"})
+                continue
+            pid = _fork(fds, cls, limits, runner)
+            _send(sock, {"id": msg.get("id", ""), "status": "ok" if pid else "error", "pid": pid})
+        except OSError:
+            os._exit(0)
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _fork(fds: list[int], cls: type, limits: dict[str, Any], runner: int) -> int:
+    """Fork a session (see the module docstring); its pid, or 0 when it did not report."""
+    read_end, write_end = os.pipe()
+    child_session._flush_std()
+    intermediate = os.fork()
+    if intermediate == 0:
+        try:
+            os.close(read_end)
+            me = os.getpid()
+            if os.fork() == 0:
+                _become_session(fds, write_end, cls, limits, me, runner)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], TEMPLATE_FORK_TIMEOUT_S)
+        data = os.read(read_end, 32) if ready else b""
+    finally:
+        os.close(read_end)
+        os.waitpid(intermediate, 0)
+    try:
+        return int(data.decode("ascii")) if data else 0
+    except ValueError:
+        return 0
+
+
+def _become_session(fds: list[int], report: int, cls: type, limits: dict[str, Any], parent: int,
+                    runner: int) -> NoReturn:
+    """In the forked session: own process session, descriptors 0-3 only, death signal,
+    pid reported, then the session protocol with ``cls`` preloaded. Never returns."""
+    try:
+        os.setsid()
+        ctrl, out, err = fds
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((devnull, 0), (out, 1), (err, 2), (ctrl, 3)):
+            os.dup2(source, target)
+        keep = {0, 1, 2, 3, report}
+        for entry in os.listdir("/proc/self/fd"):
+            fd = int(entry)
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + TEMPLATE_REPARENT_S
+        while os.getppid() == parent and time.monotonic() < deadline:
+            time.sleep(0.0002)
+        if os.getppid() != runner:
+            os._exit(0)
+        try:
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = 1, SIGKILL: die with the runner
+        except Exception:  # noqa: BLE001 - the container dies with PID 1 anyway
+            pass
+        os.write(report, str(os.getpid()).encode("ascii"))
+        os.close(report)
+        sys.argv = ["environment"]
+        forked = child_session.Session(child_session.CTRL_FD, limits)
+        forked.preloaded = cls
+        child_session.serve(forked)
+    finally:
+        os._exit(0)

@@ -1,0 +1,316 @@
+"""Warm per-environment templates of the runner (PID 1): sessions forked copy-on-write from
+a process that already executed the environment's module. Stdlib only; runs in the runner
+and never executes environment code (the template is an untrusted child, ``child_template.py``).
+
+Key: sha256 of the source plus the class name. Two environments never share a template,
+and a template serves only the sandbox's tenant (sandboxes are per tenant).
+
+    open of a session of key K, no template for K yet:
+        the session starts the normal way (spare process, source executed);
+        a spare is sent ``template {source, class_name}`` and becomes K's template (loading)
+    template answers ``ok`` before its deadline (``call_timeout_s``)  -> ready
+    any later (re)start of a session of K:
+        PID 1 makes the session's three channels, sends ``fork`` with them (SCM_RIGHTS) and
+        waits up to TEMPLATE_FORK_TIMEOUT_S for ``{status: ok, pid}``; it accepts the pid
+        only if /proc says it is PID 1's child and the leader of its own process session
+        and process group, and it is not already tracked. The session is then exactly a
+        spawned one for the runner: same Child object, same kill (``killpg``), same sweeps,
+        reaped by PID 1, its own work directory, and the same ``init`` request (the child
+        skips executing the source it already has).
+    anything else (``unsuitable``, a malformed or late answer, the template's death, a
+    bad pid)  -> the template is killed and K is marked: its sessions start the normal way
+    until the sandbox is recycled (a failing template is never retried).
+
+A template is not a session: its pid is known to the sweeps (it is not a stray), but every
+other process in its process session is (it must fork nothing outside a ``fork`` request).
+``recycle`` kills every template with everything else and forgets all keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import selectors
+import signal
+import socket
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
+    from collections.abc import Callable
+    from typing import Any
+
+    from .pid1_runner import Child, Runner
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from . import protocol
+    from .limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import protocol
+    from limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
+
+def template_key(source: str, class_name: str) -> str:
+    """The template key of an environment: sha256 of its UTF-8 source, ``:``, class name."""
+    digest = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{digest}:{class_name}"
+
+
+class Template:
+    """One template process (a :class:`Child` whose first request was ``template``)."""
+
+    def __init__(self, key: str, child: Child, deadline: float) -> None:
+        self.key = key
+        self.child = child
+        self.token = secrets.token_hex(16)
+        self.deadline: float | None = deadline
+        """While loading: when it must have answered (monotonic seconds); None once ready."""
+        self.ready = False
+        self.forks = 0
+
+
+class Templates:
+    """The runner's templates (see the module docstring)."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.by_key: dict[str, Template] = {}
+        self.failed: dict[str, str] = {}
+        """Keys whose template failed (key -> reason): no new template until recycle."""
+        self.forked = 0
+        self.fallbacks = 0
+
+    def enabled(self) -> bool:
+        limits = self.runner.limits
+        return bool(limits.get("templates", False)) and int(limits.get("max_sessions", 1)) > 1
+
+    def pids(self) -> set[int]:
+        return {t.child.pid for t in self.by_key.values()}
+
+    def by_pid(self, pid: int) -> Template | None:
+        for template in self.by_key.values():
+            if template.child.pid == pid:
+                return template
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys."""
+        return {"ready": sum(t.ready for t in self.by_key.values()),
+                "loading": sum(not t.ready for t in self.by_key.values()),
+                "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(self.failed),
+                "reasons": sorted(set(self.failed.values()))[:4]}
+
+    # -- loading --------------------------------------------------------------------------
+    def want(self, key: str, spec: dict[str, Any]) -> None:
+        """A session of ``key`` was opened: start its template unless one exists, failed,
+        or the sandbox holds TEMPLATE_MAX_PER_SANDBOX already. Never raises."""
+        if not self.enabled() or key in self.by_key or key in self.failed or spec.get("describe_only"):
+            return
+        if len(self.by_key) >= TEMPLATE_MAX_PER_SANDBOX:
+            return
+        try:
+            child = self.runner.take_child()
+        except OSError:
+            return  # pids limit: the template is only an optimisation
+        child.frames = protocol.FrameBuffer(TEMPLATE_FRAME_MAX_BYTES)
+        template = Template(key, child, time.monotonic() + self.runner.timeout_s)
+        self.by_key[key] = template
+        sel = self.runner.sel
+        sel.register(child.sock, selectors.EVENT_READ, ("tmpl", template))
+        sel.register(child.out_r, selectors.EVENT_READ, ("tmpl-out", template))
+        sel.register(child.err_r, selectors.EVENT_READ, ("tmpl-out", template))
+        try:
+            child.send({"op": "template", "id": template.token, "source": spec["source"],
+                        "class_name": spec["class_name"]})
+        except (OSError, ValueError, TypeError):
+            self.fail(template, "request could not be delivered")
+
+    def on_readable(self, kind: str, template: Template, obj: Any) -> None:
+        """The template's control socket or one of its output streams is readable."""
+        if self.by_key.get(template.key) is not template:
+            _unregister(self.runner.sel, obj)
+            return
+        if kind == "tmpl-out":  # what the module printed at import belongs to nobody
+            try:
+                chunk = os.read(obj, 65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                _unregister(self.runner.sel, obj)
+            return
+        data = protocol.recv_ready(template.child.sock)
+        if data is None:
+            return
+        if not data:
+            self.fail(template, "closed its channel")
+            return
+        try:
+            messages = template.child.frames.feed(data)
+        except protocol.ProtocolViolation:
+            self.fail(template, "broke the protocol")
+            return
+        for msg in messages:
+            if template.ready or msg.get("id") != template.token:
+                self.fail(template, "unsolicited message")
+                return
+            if msg.get("status") != "ok":
+                self.fail(template, f"unsuitable: {str(msg.get('reason'))[:200]}")
+                return
+            template.ready = True
+            template.deadline = None
+            template.child.sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
+            self.runner.sweep_strays()  # whatever its import left running dies now
+
+    def check_deadlines(self, now: float) -> float | None:
+        """Fail templates still loading past their deadline; seconds to the next one."""
+        wait = None
+        for template in list(self.by_key.values()):
+            if template.deadline is None:
+                continue
+            if template.deadline <= now:
+                self.fail(template, "did not load in time")
+            else:
+                wait = template.deadline - now if wait is None else min(wait, template.deadline - now)
+        return wait
+
+    def fail(self, template: Template, reason: str) -> None:
+        """Kill ``template`` and mark its key (no new template until recycle)."""
+        if self.by_key.get(template.key) is template:
+            del self.by_key[template.key]
+        self.failed[template.key] = reason
+        child = template.child
+        for obj in (child.sock, child.out_r, child.err_r):
+            _unregister(self.runner.sel, obj)
+        child.kill()
+
+    def on_exit(self, pid: int) -> None:
+        """``pid`` (a template's) was reaped: its sessions live on; new ones fall back."""
+        template = self.by_pid(pid)
+        if template is None:
+            return
+        template.child.alive = False
+        self.on_readable("tmpl", template, template.child.sock)  # an answer sent before exiting wins
+        if self.by_key.get(template.key) is template:
+            self.fail(template, "exited")
+
+    def clear(self) -> None:
+        """Forget every template, failed key and count (``recycle``: the templates are killed
+        with the rest)."""
+        for template in list(self.by_key.values()):
+            self.fail(template, "recycled")
+        self.by_key.clear()
+        self.failed.clear()
+        self.forked = self.fallbacks = 0
+
+    # -- forking ----------------------------------------------------------------------------
+    def fork(self, key: str, make_child: Callable[[int, socket.socket, int, int], Child]) -> Child | None:
+        """A session process forked from ``key``'s ready template, or None (no ready
+        template, or the fork failed: the template is then failed and the caller starts
+        the session the normal way). ``make_child(pid, sock, out_r, err_r)`` wraps the
+        verified process in the runner's Child."""
+        template = self.by_key.get(key)
+        if template is None or not template.ready:
+            return None
+        parent, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = _stream()
+        err_r, err_w = _stream()
+        ours = [parent.detach(), out_r, err_r]
+        pid = 0
+        try:
+            pid = self._request_fork(template, [theirs.fileno(), out_w, err_w])
+        finally:
+            theirs.close()
+            os.close(out_w)
+            os.close(err_w)
+        if pid:
+            return make_child(pid, socket.socket(fileno=ours[0]), out_r, err_r)
+        for fd in ours:
+            os.close(fd)
+        self.fallbacks += 1
+        return None
+
+    def _request_fork(self, template: Template, fds: list[int]) -> int:
+        """Send ``fork`` and wait for the pid; 0 (template failed) on any problem."""
+        token = secrets.token_hex(16)
+        sock = template.child.sock
+        try:
+            socket.send_fds(sock, [protocol.encode({"op": "fork", "id": token})], fds)
+            deadline = time.monotonic() + TEMPLATE_FORK_TIMEOUT_S
+            reply: dict[str, Any] | None = None
+            while reply is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                data = sock.recv(TEMPLATE_FRAME_MAX_BYTES)
+                if not data:
+                    raise EOFError
+                for msg in template.child.frames.feed(data):
+                    if msg.get("id") != token:
+                        raise ValueError("unsolicited message")
+                    reply = msg
+        except (OSError, EOFError, ValueError, protocol.ProtocolViolation) as exc:
+            self.fail(template, f"fork failed: {type(exc).__name__}")
+            return 0
+        finally:
+            try:
+                sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
+            except OSError:
+                pass
+        pid = reply.get("pid")
+        if reply.get("status") != "ok" or type(pid) is not int or not self._verified(pid):
+            if type(pid) is int and pid > 1 and _parent(pid) == os.getpid():
+                try:  # our child, but not a session we can use
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            fields = _stat(pid) if type(pid) is int and pid > 1 else None
+            detail = fields[:4] if fields else None
+            self.fail(template, f"fork answered a bad pid ({str(reply.get('status'))[:20]}, {pid!r:.20}, {detail})")
+            return 0
+        template.forks += 1
+        self.forked += 1
+        return pid
+
+    def _verified(self, pid: int) -> bool:
+        """``pid`` is PID 1's child, leads its own process session and group, and is no
+        process the runner tracks already (read from /proc: nothing the template says)."""
+        if pid <= 1 or pid in self.runner.tracked_pids():
+            return False
+        fields = _stat(pid)
+        if fields is None or fields[0] in ("Z", "X", "x"):
+            return False
+        ppid, pgrp, sid = int(fields[1]), int(fields[2]), int(fields[3])
+        return ppid == os.getpid() and pgrp == pid and sid == pid
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
+
+
+def _parent(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _stream() -> tuple[int, int]:
+    """(read end, write end) of a one-way socketpair stream, as ``pid1_runner._stream``."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.shutdown(socket.SHUT_WR)
+    theirs.shutdown(socket.SHUT_RD)
+    return ours.detach(), theirs.detach()
+
+
+def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
+    try:
+        sel.unregister(obj)
+    except (KeyError, ValueError, OSError):
+        pass
+
