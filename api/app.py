@@ -111,7 +111,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     def _translated(exc: Exception) -> ApiError | None:
         return translate(exc, api_settings.capacity_retry_after_s) if isinstance(exc, ExecutorError) else None
 
-    app.add_middleware(LeanStep, translate=_translated)  # inside BodyReadTimeout (added next: outer)
+    if api_settings.lean_step:
+        app.add_middleware(LeanStep, translate=_translated)  # inside BodyReadTimeout (added next: outer)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
     for router in ROUTERS:
         app.include_router(router)
