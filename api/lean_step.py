@@ -84,7 +84,11 @@ class LeanStep:
         if headers is None or tenants is None or steps is None or match is None:
             await self.app(scope, receive, send)
             return
-        body = await _read(receive)
+        try:
+            body = await _read(receive)
+        except ApiError as exc:  # 408 of BodyReadTimeout: the body did not arrive in time
+            await self._error(exc, scope, receive, send)
+            return
         replay = _replay(body, receive)
         started = time.thread_time()
         try:

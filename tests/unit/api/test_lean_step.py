@@ -197,3 +197,41 @@ def test_step_metrics_count_both_paths(tmp_path: Path, lean: bool) -> None:
         value = re.search(rf'sandpit_step_phase_wall_seconds_total{{phase="{phase}"}} (\S+)', seen["metrics"])
         assert value is not None and float(value.group(1)) > 0, phase
 
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_stalled_step_body_is_408_on_both_paths(tmp_path: Path, lean: bool) -> None:
+    """A step whose body stops arriving gets 408 and ``Connection: close`` (BodyReadTimeout),
+    not a 500, whether the lean path or the router was reading it."""
+    settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
+                           janitor_interval_s=60, lean_step=lean, body_read_timeout_s=0.3)
+    from sandpit.api.db.engine import upgrade
+
+    upgrade(settings.resolved_database_url())
+    app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+    sent: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            chunks = [{"type": "http.request", "body": b'{"name": "bu', "more_body": True}]
+
+            async def receive() -> dict[str, Any]:
+                if chunks:
+                    return chunks.pop()
+                await asyncio.sleep(30)  # stalls
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/envs/env_x/step", "raw_path": b"/v1/envs/env_x/step",
+                     "root_path": "", "query_string": b"", "server": ("sandpit", 80), "client": ("127.0.0.1", 1),
+                     "headers": [(b"content-type", b"application/json"), (b"content-length", b"100"),
+                                 (b"authorization", b"Bearer whatever")]}
+            await asyncio.wait_for(app(scope, receive, send), timeout=10)
+
+    asyncio.run(main())
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    assert start["status"] == 408
+    assert (b"connection", b"close") in start["headers"]
