@@ -33,10 +33,11 @@ from . import openapi
 from .body_timeout import BodyReadTimeout
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
-from .errors import error_response, register_handlers
+from .errors import ApiError, error_response, register_handlers
 from .evaluations.jobs import EvaluationJobs
 from .evaluations.rewards import Checks
 from .evaluations.runner import EvaluationRunner
+from .lean_step import LeanStep
 from .metrics import Metrics
 from .routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .sandboxes import Sandboxes, translate
@@ -107,6 +108,11 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
         # the adapter translates every executor error it sees; this one catches any other
         return error_response(translate(exc, api_settings.capacity_retry_after_s))
 
+    def _translated(exc: Exception) -> ApiError | None:
+        return translate(exc, api_settings.capacity_retry_after_s) if isinstance(exc, ExecutorError) else None
+
+    if api_settings.lean_step:
+        app.add_middleware(LeanStep, translate=_translated)  # inside BodyReadTimeout (added next: outer)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
     for router in ROUTERS:
         app.include_router(router)

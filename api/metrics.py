@@ -5,7 +5,12 @@ one process, e.g. in tests).
 ``sandpit_pool_sandboxes`` by state (idle/active/starting) · ``sandpit_sandbox_failures_total``
 by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
 offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
-``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total``.
+``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total`` ·
+``sandpit_step_phase_cpu_seconds_total`` / ``sandpit_step_phase_wall_seconds_total`` by
+phase (``parse``, ``auth``, ``sandbox``, ``persist``, ``serialize``, ``other``: where the
+request thread of ``POST /step`` spent its CPU and wall time) with
+``sandpit_step_phase_steps_total`` steps timed, so a benchmark divides one by the other
+for a per-step budget.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+STEP_PHASES = ("parse", "auth", "sandbox", "persist", "serialize", "other")
+"""Phases of a step request timed by ``StepClock`` (:mod:`sandpit.api.services.steps`)."""
 STEP_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -58,7 +65,28 @@ class Metrics:
         self.evaluation_episodes = Counter("sandpit_evaluation_episodes_total",
                                            "Evaluation episodes finished, by mode and status",
                                            ["mode", "status"], registry=self.registry)
+        cpu = Counter("sandpit_step_phase_cpu_seconds_total", "CPU seconds of step requests' own thread, by phase",
+                      ["phase"], registry=self.registry)
+        wall = Counter("sandpit_step_phase_wall_seconds_total", "Wall-clock seconds of step requests, by phase",
+                       ["phase"], registry=self.registry)
+        self.step_phases = Counter("sandpit_step_phase_steps_total", "Step requests timed by phase",
+                                   registry=self.registry)
+        self._phase_cpu = {phase: cpu.labels(phase) for phase in STEP_PHASES}
+        self._phase_wall = {phase: wall.labels(phase) for phase in STEP_PHASES}
         self.registry.register(_PoolCollector(pool_stats))
+
+    def observe_phases(self, cpu: dict[str, float], wall: dict[str, float]) -> None:
+        """Add one step's per-phase CPU and wall seconds (phases of :data:`STEP_PHASES`;
+        others are ignored)."""
+        for phase, seconds in cpu.items():
+            counter = self._phase_cpu.get(phase)
+            if counter is not None:
+                counter.inc(max(0.0, seconds))
+        for phase, seconds in wall.items():
+            counter = self._phase_wall.get(phase)
+            if counter is not None:
+                counter.inc(max(0.0, seconds))
+        self.step_phases.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

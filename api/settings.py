@@ -69,6 +69,11 @@ class ApiSettings(BaseSettings):
     """Threads running evaluation episodes, across all tenants (each tenant is further
     bounded by its ``max_evaluation_concurrency``)."""
 
+    lean_step: bool = True
+    """Answer plain ``POST /v1/envs/{id}/step`` requests on the lean ASGI path
+    (:mod:`sandpit.api.lean_step`: same replies, a fraction of the CPU); false: every step
+    goes through FastAPI's router."""
+
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""
     body_read_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0

@@ -1,7 +1,20 @@
 """API benchmark: starts its own ``sandpit serve`` (loopback, temporary SQLite file) and
 measures, over real HTTP:
 
-* step latency p50/p99 with 1 client and with 32 concurrent clients, and steps/s;
+* step latency p50/p99 with 1 client and with 32 concurrent clients, and steps/s, each
+  with two load generators: httpx (what the Python client uses) and a lean keep-alive
+  ``http.client`` one (far less CPU per request in this process, which shares the 2
+  cores with the server); the 32-client runs as the default tenant quotas allow
+  (``max_running_calls`` = half the cores) and with ``max_running_calls=32``;
+* beside each run, the per-step CPU budget: the server process (split by the server's
+  own phase timers, ``sandpit_step_phase_*_seconds_total`` on ``/metrics``: parse,
+  auth/quotas, sandbox call, persistence/commit, response serialization, the rest of
+  the step; "http+loop" is the server's CPU outside the request thread's phases: HTTP
+  parsing, the event loop, the channel threads), this server's sandbox containers
+  (cgroup CPU), and the load generator; plus the server-measured sandbox round trip
+  (``duration_ms`` of the replies) and, as the anchor, the executor's own call round trip
+  measured in this process before the server starts (``benchmarks/sandbox.py``'s
+  ``call_rtt_ms``);
 * env create latency (warm pool);
 * snapshot bytes stored per step on a ~2 MB ``Dict[id, record]`` state where each step
   changes one record, and that step's latency;
@@ -10,15 +23,19 @@ measures, over real HTTP:
   (idle ones evicted to snapshots), errors and the server's resident memory.
 
 Prints a table and saves JSON to ``benchmarks/results/api.json``.
-Usage: ``python benchmarks/api.py [--steps 2000] [--density 1000]``.
+Usage: ``python benchmarks/api.py [--steps 2000] [--density 1000] [--only-steps]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import http.client
 import json
 import os
 import platform
+import re
+import resource
 import secrets
 import signal
 import socket
@@ -34,6 +51,8 @@ from pathlib import Path
 
 import httpx
 from sandpit.api.db.engine import upgrade
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.settings import ExecutorSettings
 
 SOURCE = '''
 class Bench:
@@ -121,13 +140,170 @@ class Server:
         self.process.wait(timeout=120)
 
 
-def step(client: httpx.Client, env_id: str, name: str, **arguments) -> float:
+class RawClient:
+    """A keep-alive HTTP/1.1 load generator over ``http.client`` (one connection per
+    thread): the same requests as httpx, at a fraction of its CPU per request."""
+
+    def __init__(self, url: str, api_key: str) -> None:
+        self.host, port = url.removeprefix("http://").split(":")
+        self.port = int(port)
+        self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self.local = threading.local()
+
+    def post(self, path: str, json_body: dict) -> tuple[int, dict]:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = self.local.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        conn.request("POST", path, body=json.dumps(json_body).encode(), headers=self.headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+
+
+def step_timed(client: httpx.Client | RawClient, env_id: str, name: str, **arguments) -> tuple[float, float]:
+    """One step: (client-measured latency, server-measured sandbox round trip), ms."""
+    body = {"name": name, "arguments": arguments}
     started = time.perf_counter()
-    response = client.post(f"/v1/envs/{env_id}/step", json={"name": name, "arguments": arguments})
+    if isinstance(client, RawClient):
+        code, reply = client.post(f"/v1/envs/{env_id}/step", body)
+    else:
+        response = client.post(f"/v1/envs/{env_id}/step", json=body)
+        code, reply = response.status_code, response.json()
     elapsed = (time.perf_counter() - started) * 1000
-    if response.status_code != 200 or response.json()["status"] != "ok":
-        raise RuntimeError(response.text)
-    return elapsed
+    if code != 200 or reply["status"] != "ok":
+        raise RuntimeError(f"{code}: {reply}")
+    return elapsed, reply["duration_ms"]
+
+
+def step(client: httpx.Client | RawClient, env_id: str, name: str, **arguments) -> float:
+    return step_timed(client, env_id, name, **arguments)[0]
+
+
+def anchor_call_rtt(calls: int) -> dict:
+    """The executor's own call round trip (``benchmarks/sandbox.py``'s ``call_rtt_ms``):
+    a trivial tool called in one session, in this process, no HTTP and no database."""
+    settings = ExecutorSettings().model_copy(update={"pool_size": 1, "pool_refill_concurrency": 1})
+    with SandboxPool(settings) as pool:
+        session = pool.open_session(tenant="bench-anchor", source=SOURCE, class_name="Bench")
+        for _ in range(200):
+            session.call("bump", {})
+        samples = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            assert session.call("bump", {}).status == "ok"
+            samples.append((time.perf_counter() - started) * 1000)
+        session.close()
+    return pcts(samples)
+
+
+PHASE_LINE = re.compile(r'^sandpit_step_phase_(cpu|wall)_seconds_total\{phase="(\w+)"\} (\S+)$|'
+                        r'^sandpit_step_phase_steps_total (\S+)$')
+
+
+def phase_counters(url: str) -> dict:
+    """The server's step phase counters from ``/metrics``."""
+    out: dict = {"cpu": {}, "wall": {}, "steps": 0.0}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        match = PHASE_LINE.match(line)
+        if match is None:
+            continue
+        if match.group(4) is not None:
+            out["steps"] = float(match.group(4))
+        else:
+            out[match.group(1)][match.group(2)] = float(match.group(3))
+    return out
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sandboxes_cpu_s(server_pid: int) -> float:
+    """CPU seconds of the sandbox containers this server owns (label ``sandpit.owner``
+    ``<host>:<pid>:...``), from their cgroups (v1 or v2); 0 when unreadable."""
+    try:
+        listing = subprocess.run(["docker", "ps", "--no-trunc", "--filter", "label=sandpit=1", "--format",
+                                  '{{.ID}} {{.Label "sandpit.owner"}}'], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0.0
+    total = 0.0
+    for line in listing.splitlines():
+        container, _, owner = line.partition(" ")
+        if owner.split(":")[1:2] != [str(server_pid)]:
+            continue
+        for path in glob.glob(f"/sys/fs/cgroup/cpuacct/docker/{container}/cpuacct.usage"):
+            total += int(open(path).read()) / 1e9
+        for path in glob.glob(f"/sys/fs/cgroup/**/docker-{container}.scope/cpu.stat", recursive=True):
+            for stat in open(path):
+                if stat.startswith("usage_usec"):
+                    total += int(stat.split()[1]) / 1e6
+    return total
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def step_run(server: Server, client: httpx.Client | RawClient, env_ids: list[str], per_client: int) -> dict:
+    """``per_client`` steps on each of ``env_ids``, one thread per env (all at once):
+    latency percentiles, steps/s, and the per-step CPU budget (module docstring)."""
+    samples: list[float] = []
+    rtts: list[float] = []
+    lock = threading.Lock()
+
+    def drive(eid: str) -> None:
+        local = [step_timed(client, eid, "bump") for _ in range(per_client)]
+        with lock:
+            samples.extend(ms for ms, _ in local)
+            rtts.extend(rtt for _, rtt in local)
+
+    phases0, server0, boxes0, own0 = (phase_counters(server.url), process_cpu_s(server.process.pid),
+                                      sandboxes_cpu_s(server.process.pid), own_cpu_s())
+    started = time.perf_counter()
+    if len(env_ids) == 1:
+        drive(env_ids[0])
+    else:
+        with ThreadPoolExecutor(len(env_ids)) as pool:
+            list(pool.map(drive, env_ids))
+    wall = time.perf_counter() - started
+    own1, server1, boxes1, phases1 = (own_cpu_s(), process_cpu_s(server.process.pid),
+                                      sandboxes_cpu_s(server.process.pid), phase_counters(server.url))
+    n = len(samples)
+    timed = max(1.0, phases1["steps"] - phases0["steps"])
+    cpu_phases = {k: round((v - phases0["cpu"].get(k, 0.0)) / timed * 1000, 3) for k, v in phases1["cpu"].items()}
+    wall_phases = {k: round((v - phases0["wall"].get(k, 0.0)) / timed * 1000, 3) for k, v in phases1["wall"].items()}
+    server_ms = (server1 - server0) / n * 1000
+    return {"latency_ms": pcts(samples), "steps_per_s": round(n / wall, 1),
+            "server_sandbox_rtt_ms": pcts(rtts),
+            "cpu_ms_per_step": {"server": round(server_ms, 3),
+                                "server_phases": cpu_phases,
+                                "server_http_loop_other": round(server_ms - sum(cpu_phases.values()), 3),
+                                "sandboxes": round((boxes1 - boxes0) / n * 1000, 3),
+                                "load_generator": round((own1 - own0) / n * 1000, 3)},
+            "wall_ms_per_step_server_phases": wall_phases}
+
+
+def budget_table(results: dict) -> str:
+    """The step runs as a table: latency, throughput and the CPU budget per step."""
+    phases = ("parse", "auth", "sandbox", "persist", "serialize", "other")
+    head = ["run", "p50 ms", "p99 ms", "steps/s", "rtt p50", "server cpu", *phases, "http+loop", "sandbox cpu",
+            "client cpu"]
+    rows = [head]
+    for name, run in results.get("step_runs", {}).items():
+        cpu = run["cpu_ms_per_step"]
+        rows.append([name, run["latency_ms"]["p50"], run["latency_ms"]["p99"], run["steps_per_s"],
+                     run["server_sandbox_rtt_ms"]["p50"], cpu["server"],
+                     *[cpu["server_phases"].get(p, 0.0) for p in phases], cpu["server_http_loop_other"],
+                     cpu["sandboxes"], cpu["load_generator"]])
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    anchor = results.get("anchor_call_rtt_ms")
+    if anchor:
+        lines.append(f"anchor: executor call round trip in-process p50 {anchor['p50']} ms, p99 {anchor['p99']} ms "
+                     "(CPU columns: ms per step)")
+    return "\n".join(lines)
 
 
 def create(client: httpx.Client, environment_id: str, **init_config) -> tuple[str, float]:
@@ -137,6 +313,10 @@ def create(client: httpx.Client, environment_id: str, **init_config) -> tuple[st
     if response.status_code != 201:
         raise RuntimeError(response.text)
     return response.json()["id"], elapsed
+
+
+class _Done(Exception):
+    """``--only-steps``: the step runs are done."""
 
 
 def blob_bytes(db: Path) -> int:
@@ -149,9 +329,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="steps for the 1-client latency run")
     parser.add_argument("--concurrent-steps", type=int, default=4000, help="steps for the 32-client run")
     parser.add_argument("--density", type=int, default=0, help="live envs for the density run (0: skip)")
+    parser.add_argument("--anchor-calls", type=int, default=2000, help="executor round trips for the anchor (0: skip)")
+    parser.add_argument("--only-steps", action="store_true", help="only the step runs (no create/state/fork/restore)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "api.json")
     args = parser.parse_args()
-    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
+    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                 "loadavg_at_start": os.getloadavg()}}
+    if args.anchor_calls:
+        results["anchor_call_rtt_ms"] = anchor_call_rtt(args.anchor_calls)
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         data_dir = Path(tmp)
         server = Server(data_dir, SANDPIT_EXECUTOR_POOL_SIZE="4", SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX="8",
@@ -163,28 +348,38 @@ def main() -> None:
                 create_ms = [create(client, environment_id)[1] for _ in range(20)]
                 results["env_create_ms"] = pcts(create_ms)
 
+                raw = RawClient(server.url, server.api_key)
+                wide_key = server.new_tenant("wide", {"max_live_envs": 1_000_000, "max_concurrent_calls": 1024,
+                                                      "max_running_calls": 32})
+                wide_raw = RawClient(server.url, wide_key)
                 env_id, _ = create(client, environment_id)
-                for _ in range(50):
-                    step(client, env_id, "bump")
-                one = [step(client, env_id, "bump") for _ in range(args.steps)]
-                results["step_1_client_ms"] = pcts(one)
-
                 env_ids = [create(client, environment_id)[0] for _ in range(32)]
-                per_client = args.concurrent_steps // 32
-                samples: list[float] = []
-                lock = threading.Lock()
-
-                def drive(eid: str) -> None:
-                    local = [step(client, eid, "bump") for _ in range(per_client)]
-                    with lock:
-                        samples.extend(local)
-
-                started = time.perf_counter()
-                with ThreadPoolExecutor(32) as pool:
-                    list(pool.map(drive, env_ids))
-                wall = time.perf_counter() - started
-                results["step_32_clients_ms"] = pcts(samples)
-                results["steps_per_s_32_clients"] = round(len(samples) / wall, 1)
+                with server.client(wide_key, limits=httpx.Limits(max_connections=64,
+                                                                 max_keepalive_connections=64)) as wide:
+                    wide_environment = wide.post("/v1/environments", json={"source_code": SOURCE,
+                                                                           "class_name": "Bench"}).json()["id"]
+                    wide_ids = [create(wide, wide_environment)[0] for _ in range(32)]
+                    for eid in [env_id, *env_ids]:
+                        for _ in range(10):
+                            step(client, eid, "bump")
+                    for eid in wide_ids:
+                        for _ in range(10):
+                            step(wide, eid, "bump")
+                    per_client = args.concurrent_steps // 32
+                    runs = {"1 client (httpx)": step_run(server, client, [env_id], args.steps),
+                            "1 client (raw)": step_run(server, raw, [env_id], args.steps),
+                            "32 clients (httpx)": step_run(server, client, env_ids, per_client),
+                            "32 clients (raw)": step_run(server, raw, env_ids, per_client),
+                            "32 clients (httpx, max_running_calls=32)": step_run(server, wide, wide_ids, per_client),
+                            "32 clients (raw, max_running_calls=32)": step_run(server, wide_raw, wide_ids,
+                                                                                per_client)}
+                results["step_runs"] = runs
+                # the headline figures as before (httpx client, default quotas)
+                results["step_1_client_ms"] = runs["1 client (httpx)"]["latency_ms"]
+                results["step_32_clients_ms"] = runs["32 clients (httpx)"]["latency_ms"]
+                results["steps_per_s_32_clients"] = runs["32 clients (httpx)"]["steps_per_s"]
+                if args.only_steps:
+                    raise _Done
 
                 records = {f"r{i:05d}": {"value": f"v{i}", "owner": f"user{i % 97}", "pad": "p" * 170}
                            for i in range(10000)}
@@ -220,6 +415,7 @@ def main() -> None:
                 results["restore_ms"] = pcts(restore_ms)
 
                 if args.density:
+                    lock = threading.Lock()
                     dense_ids = []
                     started = time.perf_counter()
                     for i in range(args.density):
@@ -246,9 +442,12 @@ def main() -> None:
                                       "server_rss_mib": round(server.rss_mib(), 1)})
                     results["density"] = results_d
                 results["server_rss_mib"] = round(server.rss_mib(), 1)
+        except _Done:
+            results["server_rss_mib"] = round(server.rss_mib(), 1)
         finally:
             server.stop()
     print(json.dumps(results, indent=2))
+    print(budget_table(results))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2))
     print(f"saved {args.output}")

@@ -9,22 +9,35 @@ step that ends it carries the reward from the scenario's checks
 (:mod:`sandpit.api.evaluations.rewards`).
 
 Every acknowledged step is committed (action, observation, status, duration, reward,
-state root) before the call returns. If the database write fails after the sandbox ran
-the call, the env's session is dropped, so the next request restores the last
-*committed* state.
+state root) before the call returns. Steps of different envs that finish at the same
+time share one transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`: the step
+rows of a batch in one ``executemany``); a step whose transaction fails is retried alone,
+and if its write still fails after the sandbox ran the call, the env's session is
+dropped, so the next request restores the last *committed* state.
+
+The HTTP reply is built here as JSON bytes (:meth:`StepService.take_json`, orjson; the
+same document as :class:`~sandpit.api.schemas.envs.StepResult`), so neither the FastAPI
+route nor the lean ASGI path (:mod:`sandpit.api.lean_step`) round-trips it through a
+pydantic model. :class:`StepClock` adds each phase's CPU and wall time to
+``sandpit_step_phase_*_seconds_total`` (the per-step budget ``benchmarks/api.py`` prints).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, cast
 
+import orjson
 from sandpit.client.llm import ModelError
-from sqlalchemy import Table
+from sqlalchemy import Connection, Engine, Executable, ScalarResult, Table, bindparam
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
 
 from ..db import models
 from ..db.database import Database
+from ..db.group_commit import GroupCommit
 from ..db.store import PendingBlobs, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
 from ..evaluations.rewards import Checks
@@ -49,6 +62,86 @@ ENVS = cast(Table, models.Env.__table__)
 EPISODES = cast(Table, models.Episode.__table__)
 INCLUDES = {"state_diff", "state"}
 """What ``?include=`` may name."""
+ENV_HEAD = ENVS.update().where(ENVS.c.id == bindparam("env")).values(step=bindparam("head"),
+                                                                     last_used_at=bindparam("used"))
+"""Move an env's head (one ``executemany`` for a batch of steps)."""
+
+
+class StepClock:
+    """Per-phase CPU (``time.thread_time``) and wall (``time.perf_counter``) seconds of
+    one request, added to the metrics' phase counters by :meth:`flush`. Phases:
+    ``parse`` (body and action), ``auth`` (API key, quotas), ``sandbox`` (the tool call,
+    slot included), ``persist`` (state encoding and the commit), ``serialize`` (the JSON
+    reply), ``other`` (the rest of the step: locks, episode bookkeeping, metrics)."""
+
+    __slots__ = ("cpu", "wall", "_cpu", "_wall")
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+        self._cpu = time.thread_time()
+        self._wall = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or creation) to ``phase``."""
+        cpu, wall = time.thread_time(), time.perf_counter()
+        self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu - self._cpu
+        self.wall[phase] = self.wall.get(phase, 0.0) + wall - self._wall
+        self._cpu, self._wall = cpu, wall
+
+    def flush(self, metrics: Metrics) -> None:
+        """Add the laps to ``metrics`` (one step counted)."""
+        metrics.observe_phases(self.cpu, self.wall)
+
+
+@dataclass
+class StepWrite:
+    """One step's rows, as the group commit writes them (:func:`write_steps`)."""
+
+    env_id: str
+    episode: int
+    row: dict[str, Any]
+    """The ``steps`` row."""
+    pending: PendingBlobs
+    now: datetime
+    episode_changes: dict[str, Any] = field(default_factory=dict)
+    """Columns of the ``episodes`` row to update (user transcript, end of the episode)."""
+
+
+class _CoreSession:
+    """What :meth:`PendingBlobs.write` uses of a session (``get_bind``, ``execute``), over
+    a Core connection: the store's own insert statement, run as Core (no ORM bulk-insert
+    bookkeeping, which cost more than the rest of a step's write)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def get_bind(self) -> Engine | Connection:
+        return self.conn
+
+    def execute(self, statement: Executable, rows: list[dict[str, Any]]) -> CursorResult[Any]:
+        return self.conn.execute(statement, rows)
+
+    def scalars(self, statement: Executable) -> ScalarResult[Any]:
+        return self.conn.scalars(statement)
+
+
+def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
+    """Write a batch of steps into ``conn``'s transaction: their new blobs (one
+    :meth:`PendingBlobs.write` of the union: identical blobs once), step rows and env
+    heads (one ``executemany`` each), episode changes. The group commit commits it."""
+    blobs = writes[0].pending
+    if len(writes) > 1:
+        blobs = PendingBlobs()
+        for write in writes:
+            blobs.blobs.update(write.pending.blobs)
+    blobs.write(cast(Session, _CoreSession(conn)))
+    conn.execute(STEPS.insert(), [w.row for w in writes])
+    conn.execute(ENV_HEAD, [{"env": w.env_id, "head": w.row["step"], "used": w.now} for w in writes])
+    for write in writes:
+        if write.episode_changes:
+            conn.execute(EPISODES.update().where(EPISODES.c.env_id == write.env_id,
+                                                 EPISODES.c.episode == write.episode).values(**write.episode_changes))
 
 
 @dataclass
@@ -102,18 +195,33 @@ class StepOutcome:
             return None
         return state_diff(self.state_before, self.state_after)
 
+    def document(self, wanted: set[str]) -> dict[str, Any]:
+        """The step as the API shows it (:class:`StepResult`'s fields, in its order), with
+        the ``?include=`` parts in ``wanted``: plain JSON data."""
+        run, r = self.run, self.result
+        return {"env_id": self.env_id, "episode": self.episode, "step": self.step, "action": self.action,
+                "observation": run.observation, "status": run.status, "observation_role": run.role,
+                "reward": float(self.reward), "terminated": self.terminated, "truncated": self.truncated,
+                "duration_ms": float(run.duration_ms), "stdout": clean_text(r.stdout), "stderr": clean_text(r.stderr),
+                "traceback": clean_text(r.traceback) if r.traceback else None, "error": run.error,
+                "argument_findings": run.findings,
+                "checks": [c.model_dump() for c in self.checks] if self.checks is not None else None,
+                "recovered": self.recovered,
+                "state_diff": self.diff() if "state_diff" in wanted else None,
+                "state": self.state_after if "state" in wanted else None}
+
     def public(self, wanted: set[str]) -> StepResult:
         """The step as the API shows it, with the ``?include=`` parts in ``wanted``."""
-        run, r = self.run, self.result
-        return StepResult(env_id=self.env_id, episode=self.episode, step=self.step, action=self.action,
-                          observation=run.observation, status=run.status,
-                          observation_role=run.role, reward=self.reward,
-                          terminated=self.terminated, truncated=self.truncated, duration_ms=run.duration_ms,
-                          stdout=clean_text(r.stdout), stderr=clean_text(r.stderr),
-                          traceback=clean_text(r.traceback) if r.traceback else None, error=run.error,
-                          argument_findings=run.findings, checks=self.checks, recovered=self.recovered,
-                          state_diff=self.diff() if "state_diff" in wanted else None,
-                          state=self.state_after if "state" in wanted else None)
+        return StepResult.model_validate(self.document(wanted))
+
+    def json(self, wanted: set[str]) -> bytes:
+        """:meth:`public` as JSON bytes (orjson; a value orjson refuses, such as an
+        integer beyond 64 bits in a state, goes through the pydantic model instead)."""
+        document = self.document(wanted)
+        try:
+            return orjson.dumps(document)
+        except TypeError:
+            return StepResult.model_validate(document).model_dump_json().encode("utf-8")
 
 
 def _step_info(run: StepRun) -> dict[str, Any]:
@@ -148,23 +256,46 @@ class StepService:
         self.checks = checks
         self.quotas = quotas
         self.metrics = metrics
+        self.commits: GroupCommit[StepWrite] = GroupCommit(db, write_steps)
+        """Steps committed together when they finish together (module docstring)."""
 
     # -- the HTTP contract -------------------------------------------------------------------
     def take(self, caller: TenantContext, env_id: str, body: StepRequest, include: str | None) -> StepResult:
+        """``POST /step`` as a model (see :meth:`take_json`, which the routes use)."""
+        outcome, wanted = self._take(caller, env_id, body, include, None)
+        return outcome.public(wanted)
+
+    def take_json(self, caller: TenantContext, env_id: str, body: StepRequest, include: str | None,
+                  clock: StepClock | None = None) -> bytes:
         """``POST /step``: parse the action (the tenant's ``max_arguments_bytes``), then
-        one token of ``steps_per_minute`` and a concurrent call for :meth:`step`.
-        Raises InvalidRequest (``include``), and what :meth:`step` raises."""
+        one token of ``steps_per_minute`` and a concurrent call for :meth:`step`; the
+        reply as :class:`StepResult` JSON bytes. ``clock`` (the lean path's) times the
+        phases; without one, the step is timed from here. Raises InvalidRequest
+        (``include``), and what :meth:`step` raises."""
+        clock = clock or StepClock()
+        outcome, wanted = self._take(caller, env_id, body, include, clock)
+        data = outcome.json(wanted)
+        clock.lap("serialize")
+        clock.flush(self.metrics)
+        return data
+
+    def _take(self, caller: TenantContext, env_id: str, body: StepRequest, include: str | None,
+              clock: StepClock | None) -> tuple[StepOutcome, set[str]]:
         wanted = set(filter(None, (include or "").split(",")))
         if not wanted <= INCLUDES:
             raise InvalidRequest(f"include may name {sorted(INCLUDES)}, got {sorted(wanted - INCLUDES)}",
                                  field="include")
         action = parse_step(body, self.settings.max_arguments_bytes, self.settings.max_json_depth,
                             lambda size: self.quotas.check_size(caller, "max_arguments_bytes", size, "arguments"))
+        if clock is not None:
+            clock.lap("parse")
         with self.quotas.call(caller):
             self.quotas.take_step(caller)
+            if clock is not None:
+                clock.lap("auth")
             outcome = self.step(caller.tenant, env_id, action, want_diff="state_diff" in wanted,
-                                want_state="state" in wanted)
-        return outcome.public(wanted)
+                                want_state="state" in wanted, clock=clock)
+        return outcome, wanted
 
     def parse(self, request: StepRequest) -> Action:
         """The action of ``request`` under the server's caps (no tenant quota). Raises
@@ -222,7 +353,8 @@ class StepService:
         return StepRun("ok", reply, "user", (time.perf_counter() - started) * 1000.0, terminated=done,
                        end_reason="user" if done else None, user_messages=simulator.messages)
 
-    def step(self, tenant: str, env_id: str, action: Action, *, want_diff: bool, want_state: bool) -> StepOutcome:
+    def step(self, tenant: str, env_id: str, action: Action, *, want_diff: bool, want_state: bool,
+             clock: StepClock | None = None) -> StepOutcome:
         """Run one action and commit it (EnvScaler ``step()``, see :mod:`.episodes`): a
         malformed action is recorded as ``rejected``; the step that ends the episode
         (termination action, simulated user, ``max_steps``) carries the reward.
@@ -230,7 +362,8 @@ class StepService:
         Raises NotFound, Conflict (expired), EpisodeEnded (409: reset first),
         NoCapacity (503 + Retry-After), ServiceUnavailable (database, Docker Engine or
         the simulated user's model failed; the step is not acknowledged and the env
-        resumes from its last committed state), QuotaExceeded (no execution slot)."""
+        resumes from its last committed state), QuotaExceeded (no execution slot).
+        ``clock`` (optional) is charged the ``sandbox``, ``persist`` and ``other`` phases."""
         started = time.perf_counter()
         with self.live.lock(env_id):
             entry, restored = self.envs.live_entry(tenant, env_id)
@@ -239,7 +372,11 @@ class StepService:
                 raise EpisodeEnded(f"episode {entry.episode} of env {env_id!r} has {run.status} "
                                    f"(reward {run.reward}); reset the env to start the next one")
             before = entry.cache
+            if clock is not None:
+                clock.lap("other")
             outcome_run = self._act(tenant, env_id, entry, action)
+            if clock is not None:
+                clock.lap("sandbox")
             result = outcome_run.result
             pending = PendingBlobs()
             after = before
@@ -256,28 +393,24 @@ class StepService:
             info = _step_info(outcome_run)
             if outcome_run.user_messages is not None:
                 info["user_turns"] = len(outcome_run.user_messages)
+            now = utcnow()
+            write = StepWrite(env_id, entry.episode, {
+                "env_id": env_id, "episode": entry.episode, "step": number, "action": action.record(),
+                "observation": outcome_run.observation, "status": outcome_run.status,
+                "duration_ms": outcome_run.duration_ms, "state_root": after.root, "created_at": now,
+                "reward": reward, "done": done, "info": info or None}, pending, now)
+            if outcome_run.user_messages is not None:
+                write.episode_changes["user_messages"] = outcome_run.user_messages
+            if done is not None:
+                write.episode_changes.update(status=done, reward=reward, ended_at=now,
+                                             checks=[c.model_dump() for c in checks] if checks is not None else None)
             try:
-                now = utcnow()
-                with self.db.write() as db:  # Core statements: no unit-of-work overhead
-                    pending.write(db)
-                    db.execute(STEPS.insert(), [{
-                        "env_id": env_id, "episode": entry.episode, "step": number, "action": action.record(),
-                        "observation": outcome_run.observation, "status": outcome_run.status,
-                        "duration_ms": outcome_run.duration_ms, "state_root": after.root, "created_at": now,
-                        "reward": reward, "done": done, "info": info or None}])
-                    db.execute(ENVS.update().where(ENVS.c.id == env_id).values(step=number, last_used_at=now))
-                    changes: dict[str, Any] = {}
-                    if outcome_run.user_messages is not None:
-                        changes["user_messages"] = outcome_run.user_messages
-                    if done is not None:
-                        changes.update(status=done, reward=reward, ended_at=now,
-                                       checks=[c.model_dump() for c in checks] if checks is not None else None)
-                    if changes:
-                        db.execute(EPISODES.update().where(EPISODES.c.env_id == env_id,
-                                                           EPISODES.c.episode == entry.episode).values(**changes))
+                self.commits.submit(write)
             except BaseException:
                 self.live.drop(env_id)  # the sandbox is ahead of the database: resync on next use
                 raise
+            if clock is not None:
+                clock.lap("persist")
             entry.cache = after
             entry.step = number
             entry.last_used = time.monotonic()
@@ -296,4 +429,6 @@ class StepService:
             outcome.state_after = state_view(after)
             if want_diff:
                 outcome.state_before = state_view(before)
+        if clock is not None:
+            clock.lap("other")
         return outcome
