@@ -42,11 +42,14 @@ def test_expired_envs_answer_409_and_deleting_envs_frees_their_state(make_server
 
 
 def test_no_capacity_is_503_with_retry_after(make_server, counter_source: str) -> None:
-    server = make_server(SANDPIT_EXECUTOR_MAX_SANDBOXES="1", SANDPIT_EXECUTOR_POOL_SIZE="0")
+    # two running calls for the tenant: the create must not queue behind the spin call's slot
+    # (the default is half the cores, 1 on a 2-core machine), it must meet the full pool
+    server = make_server(SANDPIT_EXECUTOR_MAX_SANDBOXES="1", SANDPIT_EXECUTOR_POOL_SIZE="0",
+                         SANDPIT_QUOTAS__MAX_RUNNING_CALLS="2")
     with server.client(timeout=60) as api:
         environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                             "class_name": "Counter"}).json()["id"]
-        created = api.post("/v1/envs", json={"environment_id": environment_id, "profile": {"call_timeout_s": 10}})
+        created = api.post("/v1/envs", json={"environment_id": environment_id, "profile": {"call_timeout_s": 8}})
         assert created.status_code == 201, created.text
         busy = created.json()["id"]
         spinning = threading.Thread(target=lambda: httpx.post(f"{server.url}/v1/envs/{busy}/step",
@@ -55,7 +58,7 @@ def test_no_capacity_is_503_with_retry_after(make_server, counter_source: str) -
         spinning.start()
         # the only sandbox is busy, and its env cannot be evicted mid-call; the margin is for a
         # loaded CI machine, where the spin call can take well over a second to reach the sandbox
-        time.sleep(3)
+        time.sleep(2)
         refused = api.post("/v1/envs", json={"environment_id": environment_id})
         spinning.join()
         assert refused.status_code == 503, refused.text
