@@ -75,6 +75,9 @@ class Env(Base):
     """The scenario of the current episode (its checks give the episode's reward)."""
     argument_checking: Mapped[str | None] = mapped_column(String(8))
     """Override of the environment's ``argument_checking`` (None: the environment's)."""
+    init_config_hash: Mapped[str | None] = mapped_column(String(64))
+    """The ``init_configs`` row holding this env's ``init_config`` (then the column above is
+    ``{}``); None for rows written before configs were stored once (:mod:`.configs`)."""
 
 
 class Episode(Base):
@@ -141,6 +144,18 @@ class Blob(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
     size: Mapped[int] = mapped_column(Integer)
     """Uncompressed size, bytes."""
+
+
+class InitConfig(Base):
+    """An ``init_config`` stored once however many envs use it (:mod:`sandpit.api.db.configs`):
+    keyed by a 128-bit SHA-256 prefix of its canonical JSON bytes, zlib-compressed."""
+
+    __tablename__ = "init_configs"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(Integer)
+    """Canonical JSON size, bytes."""
 
 
 class Scenario(Base):

@@ -74,13 +74,14 @@ def reset(env_id: str, envs: EnvsDep, caller: MeteredDep, body: ResetRequest | N
     return envs.reset_env(caller, env_id, body)
 
 
-@router.get("/{env_id}/state", response_model=StateView)
+@router.get("/{env_id}/state", response_model=StateView, response_class=Response)
 def get_state(env_id: str, history: HistoryDep, caller: CallerDep,
               step: Annotated[int | None, Query(ge=0, le=10**9)] = None,
-              episode: Annotated[int | None, Query(ge=1, le=10**9)] = None) -> StateView:
+              episode: Annotated[int | None, Query(ge=1, le=10**9)] = None) -> Response:
     """State at the head, or at ``?step=k`` of the current episode or of ``?episode=e``
     (EnvScaler's state: every non-dunder attribute; non-JSON values as ``$`` tags)."""
-    return history.state_at(caller, env_id, step, episode)
+    # pre-rendered bytes (one rendering per state root): no model round trip of a large state
+    return Response(history.state_json(caller, env_id, step, episode), media_type="application/json")
 
 
 @router.get("/{env_id}/trajectory", response_model=Trajectory)

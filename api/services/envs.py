@@ -19,8 +19,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,9 +33,18 @@ from sqlalchemy import Table, delete, func, select
 from sqlalchemy.orm import Session as DbSession
 
 from ..db import models
+from ..db.configs import (
+    CanonicalConfig,
+    ConfigCache,
+    MissingConfig,
+    canonical,
+    collect_configs,
+    env_config,
+    store_config,
+)
 from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, collect_garbage, encode_state, load_state
-from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded, ServiceUnavailable
+from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, ServiceUnavailable
 from ..evaluations.rewards import Checks, episode_reward
 from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession
 from ..schemas.envs import (
@@ -51,16 +62,17 @@ from ..settings import ApiSettings
 from .common import aware, clean_text, new_id, owned, utcnow
 from .environments import EnvironmentService
 from .episodes import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, introduction_text
-from .limits import check_config
 from .live import LiveEnv, LiveEnvs
 from .quotas import QuotaService, TenantContext
 from .scenarios import check_policy
 from .tenants import TenantService
-from .tools import json_size, text_size
+from .tools import text_size
 
 EPISODES = cast(Table, models.Episode.__table__)
 STEPS = cast(Table, models.Step.__table__)
 CAPACITY_ATTEMPTS = 4
+POLICY_MEMO = 4096
+"""Check sources remembered as passing the static policy (by SHA-256)."""
 
 
 @dataclass
@@ -69,7 +81,8 @@ class EpisodeStart:
 
     environment: models.Environment
     scenario: models.Scenario | None
-    init_config: dict[str, Any]
+    init_config: CanonicalConfig
+    """The config with its canonical bytes and hash (stored once: :mod:`sandpit.api.db.configs`)."""
     config: EpisodeConfig
     user_key_enc: bytes | None = None
 
@@ -98,6 +111,9 @@ class EnvService:
         self.live = live
         self.quotas = quotas
         self.tenants = tenants
+        self.configs = ConfigCache()
+        self._policy_passed: OrderedDict[str, None] = OrderedDict()
+        self._memo_lock = threading.Lock()
         self._gc_wanted = threading.Event()
 
     # -- the HTTP contract -------------------------------------------------------------------
@@ -106,15 +122,16 @@ class EnvService:
         ``max_live_envs`` and a concurrent call, then :meth:`create_env`; audited."""
         if body.source_code is not None:
             self.quotas.check_size(caller, "max_code_bytes", text_size(body.source_code), "source_code")
-        if body.init_config is not None:
-            self.quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
+        config = canonical(body.init_config) if body.init_config is not None else None
+        if config is not None:  # measured once: the same bytes are hashed and stored
+            self.quotas.check_size(caller, "max_init_config_bytes", config.size, "init_config")
         requested = body.profile.model_dump(exclude_none=True) if body.profile else None
         if requested:  # above the operator's profile is a bad request (422) whatever the tenant's quota
             self.sandboxes.profile(requested)
         profile = self.quotas.profile_overrides(caller, requested, self.sandboxes.default_limits())
         with self.quotas.reserve_envs(caller), self.quotas.call(caller):
             row = self.create_env(caller.tenant, environment_id=body.environment_id, source_code=body.source_code,
-                                  class_name=body.class_name, init_config=body.init_config,
+                                  class_name=body.class_name, init_config=config,
                                   scenario_id=body.scenario_id, profile=profile, episode=body.episode,
                                   argument_checking=body.argument_checking)
         self.tenants.audit(caller.tenant, caller.actor, "env.create", row.id,
@@ -137,10 +154,11 @@ class EnvService:
 
     def reset_env(self, caller: TenantContext, env_id: str, body: ResetRequest | None) -> EnvPublic:
         """``POST /reset``: the size quota, a concurrent call, then :meth:`reset`."""
-        if body is not None and body.init_config is not None:
-            self.quotas.check_size(caller, "max_init_config_bytes", json_size(body.init_config), "init_config")
+        config = canonical(body.init_config) if body is not None and body.init_config is not None else None
+        if config is not None:
+            self.quotas.check_size(caller, "max_init_config_bytes", config.size, "init_config")
         with self.quotas.call(caller):
-            row = self.reset(caller.tenant, env_id, body.init_config if body else None,
+            row = self.reset(caller.tenant, env_id, config,
                              scenario_id=body.scenario_id if body else None, episode=body.episode if body else None)
         return self.public(row)
 
@@ -170,9 +188,32 @@ class EnvService:
     def public(self, row: models.Env, tools: bool = True) -> EnvPublic:
         """``row`` as the API shows it (:meth:`env_view` adds status, tools, episode)."""
         return EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
-                         init_config=row.init_config, created_at=row.created_at, expires_at=row.expires_at,
+                         init_config=self.config_of(row), created_at=row.created_at, expires_at=row.expires_at,
                          forked_from=row.forked_from, forked_at_step=row.forked_at_step, scenario_id=row.scenario_id,
                          **self.env_view(row, with_tools=tools))
+
+    def config_of(self, row: models.Env) -> dict[str, Any]:
+        """``row``'s ``init_config`` (shared: do not mutate), read only when it is not in
+        memory. Raises ServiceUnavailable when the stored config is missing."""
+        if row.init_config_hash is None:
+            return row.init_config
+        cached = self.configs.cached(row.init_config_hash)
+        if cached is not None:
+            return cached
+        with self.db.read() as db:
+            return self._config(db, row)
+
+    def _config(self, db: DbSession, row: models.Env) -> dict[str, Any]:
+        try:
+            return env_config(db, row, self.configs)
+        except MissingConfig as exc:
+            raise ServiceUnavailable(f"env {row.id!r}: {exc}", retry_after=1) from None
+
+    def _check_config(self, config: CanonicalConfig) -> None:
+        """The server-wide cap (``max_init_config_bytes``): raises PayloadTooLarge."""
+        limit = self.settings.max_init_config_bytes
+        if config.size > limit:
+            raise PayloadTooLarge(f"init_config is {config.size} bytes, over {limit}", field="init_config")
 
     # -- lifecycle ----------------------------------------------------------------------------
     def janitor_tasks(self) -> list[Callable[[], object]]:
@@ -200,13 +241,14 @@ class EnvService:
         raise AssertionError("unreachable")
 
     @contextmanager
-    def _new_episode(self, env_id: str, tenant: str, environment: models.Environment, init_config: dict[str, Any],
+    def _new_episode(self, env_id: str, tenant: str, environment: models.Environment,
+                     init_config: CanonicalConfig,
                      profile: dict[str, Any] | None) -> Iterator[tuple[SandboxSession, StateCache, PendingBlobs]]:
         """Instantiate ``environment`` for ``env_id`` and encode its initial state; yields
         ``(session, state, blobs to write)``. The session is closed if the block raises.
         Raises InvalidRequest (field ``init_config``) when the environment code fails."""
         try:
-            session = self.open_session(env_id, tenant, environment, init_config, profile, None)
+            session = self.open_session(env_id, tenant, environment, init_config.value, profile, None)
         except CodeFailed as exc:
             raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
@@ -224,7 +266,8 @@ class EnvService:
                            duration_ms=0.0, state_root=root, created_at=now)
 
     def _start(self, tenant: str, *, environment_id: str | None, source_code: str | None, class_name: str | None,
-               scenario_id: str | None, init_config: dict[str, Any] | None, options: EpisodeOptions | None,
+               scenario_id: str | None, init_config: dict[str, Any] | CanonicalConfig | None,
+               options: EpisodeOptions | None,
                current: models.Env | None = None, current_run: EpisodeRun | None = None) -> EpisodeStart:
         """Resolve what a new episode (create or reset) runs: environment, scenario,
         ``init_config`` (given > scenario's > the env's current) and options."""
@@ -236,8 +279,9 @@ class EnvService:
             if init_config is None:
                 init_config = scenario.init_config
         if init_config is None:
-            init_config = current.init_config if current is not None else {}
-        check_config(self.settings, init_config)
+            init_config = self.config_of(current) if current is not None else {}
+        config = init_config if isinstance(init_config, CanonicalConfig) else canonical(init_config)
+        self._check_config(config)
         if environment_id is not None:
             environment = self.environments.get_environment(tenant, environment_id)
         else:
@@ -245,10 +289,10 @@ class EnvService:
             environment = self.environments.inline_environment(tenant, source_code, class_name)
         self.environments.toolset(environment)
         keep = current_run.config if current_run is not None else None
-        config, key_enc = self.episodes.config_for(tenant, options, scenario is not None, keep)
+        episode_config, key_enc = self.episodes.config_for(tenant, options, scenario is not None, keep)
         if options is None and current_run is not None:
             key_enc = current_run.user_key_enc
-        return EpisodeStart(environment, scenario, init_config, config, key_enc)
+        return EpisodeStart(environment, scenario, config, episode_config, key_enc)
 
     @staticmethod
     def _episode_row(env_id: str, episode: int, start: EpisodeStart, run: EpisodeRun,
@@ -259,7 +303,8 @@ class EnvService:
                               user_messages=run.user_messages, started_at=now)
 
     def create_env(self, tenant: str, *, environment_id: str | None, source_code: str | None,
-                   class_name: str | None, init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
+                   class_name: str | None, init_config: dict[str, Any] | CanonicalConfig | None,
+                   profile: dict[str, Any] | None,
                    scenario_id: str | None = None, env_id: str | None = None, episode: EpisodeOptions | None = None,
                    argument_checking: str | None = None,
                    episode_config: EpisodeConfig | None = None) -> models.Env:
@@ -285,11 +330,14 @@ class EnvService:
             self.episodes.first_observation(tenant, start.scenario.task if start.scenario else None, run)
             run.initial_root = cache.root
             now = utcnow()
-            row = models.Env(id=env_id, tenant=tenant, environment_id=environment.id, init_config=start.init_config,
-                             profile=profile, episode=1, step=0, closed=False, created_at=now, last_used_at=now,
+            row = models.Env(id=env_id, tenant=tenant, environment_id=environment.id, init_config={},
+                             init_config_hash=start.init_config.hash, profile=profile, episode=1, step=0,
+                             closed=False, created_at=now, last_used_at=now,
                              expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
                              scenario_id=scenario_id, argument_checking=argument_checking)
+            self.configs.put(start.init_config)
             with self.db.write() as db:
+                store_config(db, start.init_config)
                 pending.write(db)
                 db.add(row)
                 db.flush()
@@ -372,7 +420,7 @@ class EnvService:
         """Delete state blobs no step references any more (one write transaction, see
         :func:`~sandpit.api.db.store.collect_garbage`). Returns how many."""
         with self.db.write() as db:
-            return collect_garbage(db)
+            return collect_garbage(db) + collect_configs(db)
 
     def collect_garbage_if_wanted(self) -> int:
         """:meth:`collect_garbage` when an env was deleted or restored since the last one."""
@@ -415,7 +463,7 @@ class EnvService:
             raise ServiceUnavailable(f"env {row.id!r} has no stored head state", retry_after=1)
         cache = load_state(db, head.state_root)
         try:
-            session = self.open_session(row.id, row.tenant, environment, row.init_config, row.profile,
+            session = self.open_session(row.id, row.tenant, environment, self._config(db, row), row.profile,
                                         cache.encoded())
         except CodeFailed as exc:
             raise ServiceUnavailable(f"restoring env {row.id!r} failed ({exc.status}): "
@@ -444,7 +492,7 @@ class EnvService:
             return self._ensure_live(db, row)
 
     # -- episodes -----------------------------------------------------------------------------
-    def reset(self, tenant: str, env_id: str, init_config: dict[str, Any] | None,
+    def reset(self, tenant: str, env_id: str, init_config: dict[str, Any] | CanonicalConfig | None,
               scenario_id: str | None = None, episode: EpisodeOptions | None = None) -> models.Env:
         """Start the next episode (EnvScaler ``reset()``): re-instantiate with
         ``init_config`` (given, else the scenario's, else the current one), bound to
@@ -453,7 +501,8 @@ class EnvService:
         readable (``?episode=``). Raises NotFound, Conflict, InvalidRequest,
         NoCapacity (503 + Retry-After), ServiceUnavailable (the simulated user)."""
         if init_config is not None:
-            check_config(self.settings, init_config)
+            init_config = init_config if isinstance(init_config, CanonicalConfig) else canonical(init_config)
+            self._check_config(init_config)
         with self.live.lock(env_id):
             with self.db.read() as db:
                 row = self.usable(db, tenant, env_id)
@@ -462,7 +511,7 @@ class EnvService:
             start = self._start(tenant, environment_id=row.environment_id if scenario is None else None,
                                 source_code=None, class_name=None, scenario_id=scenario,
                                 init_config=init_config if init_config is not None or scenario_id is not None else
-                                (row.init_config if scenario is None else None),
+                                (self.config_of(row) if scenario is None else None),
                                 options=episode, current=row, current_run=current_run)
             self.live.drop(env_id)
             number = row.episode + 1
@@ -473,12 +522,15 @@ class EnvService:
                 self.episodes.first_observation(tenant, start.scenario.task if start.scenario else None, run)
                 run.initial_root = cache.root
                 now = utcnow()
+                self.configs.put(start.init_config)
                 with self.db.write() as db:
+                    store_config(db, start.init_config)
                     pending.write(db)
                     db.add(self._step_zero(env_id, number, cache.root, now))
                     db.add(self._episode_row(env_id, number, start, run, now))
                     db.query(models.Env).filter(models.Env.id == env_id).update(
-                        {models.Env.episode: number, models.Env.step: 0, models.Env.init_config: start.init_config,
+                        {models.Env.episode: number, models.Env.step: 0, models.Env.init_config: {},
+                         models.Env.init_config_hash: start.init_config.hash,
                          models.Env.environment_id: environment.id, models.Env.scenario_id: scenario,
                          models.Env.last_used_at: now})
             self.live.put(env_id, LiveEnv(session, cache, number, 0, tenant, environment.id, row.expires_at,
@@ -571,7 +623,8 @@ class EnvService:
             rewind = self._rewind_run(db, env_id, row.episode, point, record)
             now = utcnow()
             forks = [models.Env(id=new_id("env"), tenant=tenant, environment_id=row.environment_id,
-                                init_config=row.init_config, profile=row.profile, episode=1, step=point,
+                                init_config=row.init_config, init_config_hash=row.init_config_hash,
+                                profile=row.profile, episode=1, step=point,
                                 closed=False, created_at=now, last_used_at=now,
                                 expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
                                 forked_from=env_id, forked_at_step=point, scenario_id=row.scenario_id,
@@ -599,13 +652,37 @@ class EnvService:
         return forks
 
     # -- evaluate ------------------------------------------------------------------------------
+    def _check_policy(self, checks: list[CheckSpec]) -> None:
+        """:func:`~.scenarios.check_policy` (the ``standard`` static policy) for sources not
+        seen passing before: a verdict is a pure function of the source, so passing sources
+        are remembered by SHA-256 (at most ``POLICY_MEMO``). A refused source is checked
+        again with the whole list, so the error names its index as before. Raises
+        InvalidRequest."""
+        for check in checks:
+            digest = hashlib.sha256(check.check_func.encode("utf-8", "surrogatepass")).hexdigest()
+            with self._memo_lock:
+                known = digest in self._policy_passed
+                if known:
+                    self._policy_passed.move_to_end(digest)
+            if known:
+                continue
+            try:
+                check_policy([check], "checks")
+            except InvalidRequest:
+                check_policy(checks, "checks")
+                raise
+            with self._memo_lock:
+                self._policy_passed[digest] = None
+                while len(self._policy_passed) > POLICY_MEMO:
+                    self._policy_passed.popitem(last=False)
+
     def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None) -> EvaluationPublic:
         """Run check functions on the env's initial and current state (restored as real
         objects in a sandbox); store and return the outcome. Raises NotFound, Conflict (no
         checks given and no scenario), InvalidRequest (a check over the caps or refused
         by the static policy), NoCapacity (503 + Retry-After)."""
         if checks is not None:
-            check_policy(checks, "checks")
+            self._check_policy(checks)
         with self.live.lock(env_id), self.db.read() as db:
             row = owned(db, models.Env, env_id, tenant, "env")
             if checks is None:
@@ -621,7 +698,10 @@ class EnvService:
             if first is None or head is None or environment is None:
                 raise NotFound(f"env {env_id!r} has no stored state")
             initial = load_state(db, first.state_root)
-            final = load_state(db, head.state_root)
+            entry = self.live.get(env_id)  # the live head, when it is this one: no second load
+            live_head = (entry is not None and entry.episode == row.episode and entry.step == row.step
+                         and entry.cache.root == head.state_root)
+            final = entry.cache if live_head and entry is not None else load_state(db, head.state_root)
             episode, step = row.episode, row.step
         results = self.checks.on_states(tenant, specs, initial, final, environment.source_code)
         passed = sum(1 for r in results if r.passed)

@@ -17,21 +17,55 @@ from ..schemas.envs import EpisodePublic, EpisodesPublic, EpisodeStatus, StateVi
 from .common import owned
 from .live import LiveEnvs
 from .quotas import TenantContext
-from .state import state_view, view_truncated
+from .state import RenderedStates, state_response, state_view, view_truncated
 
 
 class EnvHistory:
     """Reads of envs' stored steps, states and episodes."""
 
-    def __init__(self, db: Database, live: LiveEnvs) -> None:
+    def __init__(self, db: Database, live: LiveEnvs, rendered: RenderedStates | None = None) -> None:
         self.db = db
         self.live = live
+        self.rendered = rendered if rendered is not None else RenderedStates()
 
     # -- the HTTP contract -------------------------------------------------------------------
     def state_at(self, caller: TenantContext, env_id: str, step: int | None, episode: int | None) -> StateView:
         """``GET /state``: :meth:`state` as the API shows it."""
         row, number, at, state, truncated = self.state(caller.tenant, env_id, step, episode)
         return StateView(env_id=row.id, episode=number, step=at, state=state, truncated=truncated)
+
+    def state_json(self, caller: TenantContext, env_id: str, step: int | None, episode: int | None) -> bytes:
+        """``GET /state`` as JSON bytes: the same ``StateView`` as :meth:`state_at`, its
+        ``state`` rendered once per state root (:class:`~.state.RenderedStates`). The head
+        of a live env is read without the database (its live entry is the committed head);
+        other reads fetch the step's root and load the state only when that root was not
+        rendered before. Raises what :meth:`state` raises."""
+        entry = self.live.get(env_id)
+        if (step is None and episode is None and entry is not None and entry.tenant == caller.tenant
+                and not entry.session.closed):
+            number, at, cache = entry.episode, entry.step, entry.cache
+            if cache.root:
+                state, truncated = self.rendered.render(cache)
+                return state_response(env_id, number, at, state, truncated)
+        with self.db.read() as db:
+            found = db.execute(select(models.Env.tenant, models.Env.episode, models.Env.step)
+                               .where(models.Env.id == env_id)).first()
+            if found is None or found.tenant != caller.tenant:
+                raise NotFound(f"env {env_id[:64]!r} not found")
+            number, head = self._head_of(db, env_id, found.episode, found.step, episode)
+            at = self._checked_step(env_id, number, head, found.episode, step)
+            entry = self.live.get(env_id)
+            if entry is not None and entry.episode == number and entry.step == at and not entry.session.closed:
+                state, truncated = self.rendered.render(entry.cache)
+                return state_response(env_id, number, at, state, truncated)
+            root = db.scalar(select(models.Step.state_root).where(
+                models.Step.env_id == env_id, models.Step.episode == number, models.Step.step == at))
+            if root is None:
+                raise NotFound(f"step {at} of env {env_id!r} not found")
+            hit = self.rendered.get(root)
+            if hit is None:
+                hit = self.rendered.render(load_state(db, root))
+        return state_response(env_id, number, at, *hit)
 
     def trajectory_page(self, caller: TenantContext, env_id: str, episode: int | None, limit: int | None,
                         offset: int) -> Trajectory:
@@ -64,6 +98,28 @@ class EnvHistory:
         if head is None:
             raise NotFound(f"episode {episode} of env {row.id!r} not found (it has episodes 1..{row.episode})")
         return episode, head
+
+    @staticmethod
+    def _head_of(db: DbSession, env_id: str, current: int, current_head: int, episode: int | None) -> tuple[int, int]:
+        """:meth:`_episode_number` from the env's ``(episode, step)`` columns alone."""
+        if episode is None or episode == current:
+            return current, current_head
+        head = db.scalar(select(func.max(models.Step.step)).where(models.Step.env_id == env_id,
+                                                                   models.Step.episode == episode))
+        if head is None:
+            raise NotFound(f"episode {episode} of env {env_id!r} not found (it has episodes 1..{current})")
+        return episode, head
+
+    @staticmethod
+    def _checked_step(env_id: str, number: int, head: int, current: int, step: int | None) -> int:
+        """``step`` (the head when None) if it is not past ``head``. Raises Conflict (past
+        the head of the current episode), NotFound (past the last step of an older one)."""
+        at = head if step is None else step
+        if at > head:
+            if number == current:
+                raise Conflict(f"step {at} is past the head ({head}) of episode {number}")
+            raise NotFound(f"step {at} of episode {number} of env {env_id!r} not found (its last step is {head})")
+        return at
 
     def state(self, tenant: str, env_id: str, step: int | None,
               episode: int | None = None) -> tuple[models.Env, int, int, dict[str, Any], bool]:

@@ -20,6 +20,7 @@ from sandpit.api.schemas.envs import (
     RestoreRequest,
     StepRequest,
 )
+from sandpit.api.schemas.evaluations import EvaluateRequest
 from sandpit.api.schemas.scenarios import CheckSpec, ScenarioCreate
 from sandpit.api.schemas.tenants import TenantCreate
 from sandpit.api.services.tools import INVALID_ACTION
@@ -283,3 +284,18 @@ def test_evaluate_runs_the_scenarios_checks_on_the_current_state(services: Servi
                                                .environment_id))
     with pytest.raises(Conflict):
         services.envs.evaluate_env(ME, plain.id, None)
+
+
+def test_evaluate_remembers_passing_check_sources_and_names_a_refused_one(services: Services, scenario_id: str,
+                                                                          fake: FakeExecutor) -> None:
+    env = services.envs.create(ME, EnvCreate(scenario_id=scenario_id))
+    step(services, env.id, "bump", by=2)
+    good = [CheckSpec(check_item="count is 3", check_func=CHECK_COUNT)]
+    for _ in range(2):  # the second time from memory: same verdict, same result
+        assert services.envs.evaluate_env(ME, env.id, EvaluateRequest(checks=good)).reward == 1.0
+    refused = CheckSpec(check_item="escape", check_func="def check_func(s):\n    return ().__class__.__bases__\n")
+    with pytest.raises(InvalidRequest) as caught:
+        services.envs.evaluate_env(ME, env.id, EvaluateRequest(checks=[*good, refused]))
+    assert caught.value.field == "checks.1.check_func"
+    with pytest.raises(InvalidRequest):  # a refused source is never remembered
+        services.envs.evaluate_env(ME, env.id, EvaluateRequest(checks=[refused]))

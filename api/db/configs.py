@@ -1,0 +1,186 @@
+"""``init_config`` stored once, content-addressed (table ``init_configs``).
+
+An env row points at its config by hash (``envs.init_config_hash``) instead of holding a
+copy: a 3 MB config used by a thousand envs (creates, forks, resets with the same config)
+is one row, written once; a config that differs by one value is another row. The key is
+a 128-bit SHA-256 prefix of the config's *canonical bytes*: compact JSON in the config's
+own key order (two configs with the same keys in another order are different configs:
+``__init__`` may iterate them). Canonical bytes come from orjson, or from Python's
+``json`` when orjson would not give the exact value back (non-finite floats, which orjson
+writes as ``null``, lone surrogates, integers beyond 64 bits); a config always takes
+the same path, so equal configs get equal bytes.
+
+:class:`ConfigCache` keeps recently used configs parsed (by hash), so reading an env's
+config (restore after eviction, reset, the API's view of the env) does not re-parse
+megabytes. Configs handed out are shared: callers must not mutate them.
+:func:`collect_configs` deletes configs no env points at any more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import Executable, delete, insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session as DbSession
+
+from .models import Env, InitConfig
+
+HASH_HEX = 32
+_LONG_NUMBER = re.compile(rb"\d{19}")
+CACHE_BYTES = 64 * 1024 * 1024
+"""Default budget of :class:`ConfigCache`, in canonical JSON bytes of the configs kept."""
+
+
+class MissingConfig(RuntimeError):
+    """An env points at a config that is not stored (the database was edited)."""
+
+
+@dataclass(frozen=True)
+class CanonicalConfig:
+    """One config with its canonical bytes, content hash and size."""
+
+    value: dict[str, Any]
+    data: bytes
+    """Canonical JSON bytes (UTF-8; lone surrogates kept as ``surrogatepass`` bytes)."""
+    hash: str
+    size: int
+    """Compact JSON size in bytes, as ``json.dumps(separators=(",", ":"),
+    ensure_ascii=False)`` counts it (what the ``max_init_config_bytes`` caps measure)."""
+
+
+def _python_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def canonical(value: dict[str, Any]) -> CanonicalConfig:
+    """``value``'s canonical bytes, hash and size (see the module docstring). orjson is
+    used when its bytes are exactly Python's (no ``null`` that could stand for a
+    non-finite float); the size equals Python's compact JSON size either way (orjson
+    spells small exponents differently, so a body holding ``e-`` is measured by Python)."""
+    try:
+        data = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):  # lone surrogates, huge integers
+        data = b""
+    if not data or b"null" in data:
+        data = _python_json(value)
+        size = len(data)
+    else:
+        size = len(data) if b"e-" not in data else len(_python_json(value))
+    return CanonicalConfig(value, data, hashlib.sha256(data).hexdigest()[:HASH_HEX], size)
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The config of canonical bytes (orjson, or Python's ``json`` for what orjson does not
+    read back exactly: ``Infinity``, lone surrogates, integers beyond 64 bits, which
+    orjson would make floats: any run of 19 digits takes Python's parser)."""
+    value: Any = None
+    if not _LONG_NUMBER.search(data):
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            value = None
+    if value is None:
+        value = json.loads(data.decode("utf-8", "surrogatepass"))
+    if not isinstance(value, dict):
+        raise MissingConfig("a stored init_config is not an object")
+    return value
+
+
+def store_config(db: DbSession, config: CanonicalConfig) -> None:
+    """Insert ``config`` unless a row with its hash exists (in ``db``'s transaction)."""
+    row = {"hash": config.hash, "data": zlib.compress(config.data, 1), "size": config.size}
+    dialect = db.get_bind().dialect.name
+    stmt: Executable
+    if dialect == "sqlite":
+        stmt = sqlite_insert(InitConfig).values(row).on_conflict_do_nothing(index_elements=["hash"])
+    elif dialect == "postgresql":
+        stmt = pg_insert(InitConfig).values(row).on_conflict_do_nothing(index_elements=["hash"])
+    else:  # pragma: no cover - other dialects: check first
+        if db.get(InitConfig, config.hash) is not None:
+            return
+        stmt = insert(InitConfig).values(row)
+    db.execute(stmt)
+
+
+class ConfigCache:
+    """Hash -> parsed config, least recently used out past ``max_bytes`` (canonical
+    bytes). Thread-safe. Values are shared: never mutate them."""
+
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def put(self, config: CanonicalConfig) -> None:
+        """Remember ``config`` (not when larger than the whole budget)."""
+        if config.size > self.max_bytes:
+            return
+        with self._lock:
+            if config.hash in self._entries:
+                self._entries.move_to_end(config.hash)
+                return
+            self._entries[config.hash] = (config.value, config.size)
+            self._size += config.size
+            while self._size > self.max_bytes:
+                _, (_, size) = self._entries.popitem(last=False)
+                self._size -= size
+
+    def cached(self, digest: str) -> dict[str, Any] | None:
+        """The config of ``digest`` if it is in memory, else None."""
+        with self._lock:
+            hit = self._entries.get(digest)
+            if hit is None:
+                return None
+            self._entries.move_to_end(digest)
+            return hit[0]
+
+    def get(self, db: DbSession, digest: str) -> dict[str, Any]:
+        """The config stored under ``digest`` (from memory, else read and parsed).
+        Raises MissingConfig."""
+        hit = self.cached(digest)
+        if hit is not None:
+            return hit
+        data = db.scalar(select(InitConfig.data).where(InitConfig.hash == digest))
+        if data is None:
+            raise MissingConfig(f"init_config {digest} is not stored")
+        raw = zlib.decompress(data)
+        value = parse(raw)
+        self.put(CanonicalConfig(value, b"", digest, len(raw)))
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def env_config(db: DbSession, row: Env, cache: ConfigCache) -> dict[str, Any]:
+    """``row``'s ``init_config``: the stored config it points at, or (rows from before
+    configs were stored once) its own column. Raises MissingConfig."""
+    if row.init_config_hash is None:
+        return row.init_config
+    return cache.get(db, row.init_config_hash)
+
+
+def collect_configs(db: DbSession) -> int:
+    """Delete stored configs no env points at (give it a write transaction: on SQLite it
+    takes the write lock before reading, so no env can start pointing at a config while
+    it is judged unreferenced). Returns how many were deleted."""
+    if db.get_bind().dialect.name == "sqlite":
+        db.execute(text("DELETE FROM init_configs WHERE 0"))  # take the write lock before reading
+    else:
+        db.execute(text("LOCK TABLE init_configs IN SHARE ROW EXCLUSIVE MODE"))
+    used = set(db.scalars(select(Env.init_config_hash).where(Env.init_config_hash.is_not(None)).distinct()))
+    dead = [h for h in db.scalars(select(InitConfig.hash)) if h not in used]
+    for start in range(0, len(dead), 500):
+        db.execute(delete(InitConfig).where(InitConfig.hash.in_(dead[start:start + 500])))
+    return len(dead)
