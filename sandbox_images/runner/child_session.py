@@ -30,7 +30,10 @@ float (finite), bool, None; a dict with a single ``$`` key is not JSON-native, s
 sandbox) plus its JSON rendering (``child_render.py``), which is what the host shows;
 ``["u", rendering]`` not picklable (cannot be restored; the attribute keeps whatever
 ``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
-``"j"`` value, which UTF-8 cannot carry, arrives as ``?``.
+``"j"`` value, which UTF-8 cannot carry, arrives as ``?``. In a call's delta, a large JSON
+dict or list that changed is sent as ``["k", {"v": 2, "ops": [...]}]``: only its changed
+paths, found strictly (``child_delta.py``), applied by PID 1 and the host
+(``protocol.apply_keyed``); a snapshot is always whole ``"j"``/``"p"``/``"u"`` entries.
 
 What this process reports is trusted only as far as its own session: the runner matches
 replies by a random per-request id and kills the process on any protocol violation.
