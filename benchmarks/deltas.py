@@ -41,8 +41,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from api import Server  # noqa: E402 - the sibling benchmark's server launcher
 from taubench_shaped import DOMAINS, json_size  # noqa: E402
+
+from api import Server  # noqa: E402 - the sibling benchmark's server launcher
 
 TARGET_RATIO = 10.0
 TARGET_STEP_P50_MS = 15.0
@@ -88,9 +89,10 @@ def anchor_step(instance: object, call: dict[str, Any]) -> tuple[float, bool]:
     started = time.perf_counter()
     before = copy.deepcopy(state_info(instance))
     try:
-        getattr(instance, call["name"])(**call["arguments"])
-    except Exception:  # noqa: BLE001 - EnvScaler: an error is an observation
-        pass
+        observation = str(getattr(instance, call["name"])(**call["arguments"]))
+    except Exception as exc:  # noqa: BLE001 - EnvScaler: an error is an observation
+        observation = f"Error: {type(exc).__name__}: {exc}"
+    del observation  # recorded by EnvScaler with the diff; not compared here
     after = copy.deepcopy(state_info(instance))
     diff = get_state_diff(before, after)
     return (time.perf_counter() - started) * 1000.0, bool(diff)
