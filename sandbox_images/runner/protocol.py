@@ -270,6 +270,10 @@ def apply_path_ops(value: Any, ops: list[Any]) -> Any:
             if type(target) is not list or type(keep) is not int or not 0 <= keep <= len(target) \
                     or not isinstance(items, list):
                 raise ValueError("malformed resize")
+            if id(target) in fresh:  # ours already: in place (each container is copied at most once)
+                del target[keep:]
+                target.extend(items)
+                continue
             resized = target[:keep] + items
             fresh.add(id(resized))
             alive.append(resized)
