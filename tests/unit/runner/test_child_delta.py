@@ -297,3 +297,11 @@ def test_ops_refuse_values_that_are_not_json() -> None:
         ops.set(["a"], {1, 2})
     with pytest.raises(child_delta.Abort):
         ops.resize(["a"], 0, [datetime.date(2024, 1, 1)])
+
+
+def test_many_operations_on_one_large_list_apply_in_place_after_one_copy() -> None:
+    base = {"log": list(range(100_000))}
+    ops = [["r", ["log"], 100_000 + i, [i]] for i in range(5_000)] + [["s", ["log", 0], "first"]]
+    after = apply_path_ops(base, ops)
+    assert after["log"][:2] == ["first", 1] and after["log"][-1] == 4_999 and len(after["log"]) == 105_000
+    assert len(base["log"]) == 100_000 and base["log"][0] == 0  # the base is untouched
