@@ -258,3 +258,13 @@ def test_a_malformed_node_is_a_corrupt_state(database: Database) -> None:
         with database.read() as db, pytest.raises(CorruptState):
             load_state(db, root)
     assert zlib.decompress(zlib.compress(b"x")) == b"x"
+
+
+def test_values_the_fast_codec_refuses_round_trip_through_json(database: Database) -> None:
+    deep: Any = "bottom"
+    for _ in range(280):  # past orjson's nesting limit
+        deep = [deep]
+    chain = Chain(database, data=state_tables(), odd=["x" * 3000, "\ud800", 2**100, deep])
+    chain.ops("data", [["s", ["users", "U0001", "id"], 2**90], ["s", ["users", "U0002", "pad"], "lone \udfff"]])
+    back = chain.load(chain.head.root).encoded()
+    assert back["data"][1]["users"]["U0001"]["id"] == 2**90 and back["odd"][1][1] == "\ud800"
