@@ -147,7 +147,7 @@ class Session:
                     raise ProtocolViolation("delta 'set' is not an object")
                 keyed = {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == 2 and v[0] == "k"}
                 changed = check_encoded({k: v for k, v in raw.items() if k not in keyed}, "delta")
-                for key, entry in keyed.items():  # large JSON objects arrive as key-level changes
+                for key, entry in keyed.items():  # large JSON values arrive as path operations
                     merged = apply_keyed(self._snapshot.get(key), entry[1])
                     if merged is None:
                         raise ProtocolViolation(f"delta: keyed change of {key!r} does not apply")

@@ -30,7 +30,10 @@ float (finite), bool, None; a dict with a single ``$`` key is not JSON-native, s
 sandbox) plus its JSON rendering (``child_render.py``), which is what the host shows;
 ``["u", rendering]`` not picklable (cannot be restored; the attribute keeps whatever
 ``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
-``"j"`` value, which UTF-8 cannot carry, arrives as ``?``.
+``"j"`` value, which UTF-8 cannot carry, arrives as ``?``. In a call's delta, a large JSON
+dict or list that changed is sent as ``["k", {"v": 2, "ops": [...]}]``: only its changed
+paths, found strictly (``child_delta.py``), applied by PID 1 and the host
+(``protocol.apply_keyed``); a snapshot is always whole ``"j"``/``"p"``/``"u"`` entries.
 
 What this process reports is trusted only as far as its own session: the runner matches
 replies by a random per-request id and kills the process on any protocol violation.
@@ -51,9 +54,10 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
 
     Encoding: TypeAlias = tuple[Any, ...]
     """``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u",
-    rendering_json_text)`` | ``("K", private JSON copy)`` (a large JSON object tracked key
-    by key, see keyed_delta)."""
+    rendering_json_text)`` | ``("T", child_delta.Tree)`` (a large JSON dict or list tracked
+    path by path, see ``child_delta.py``)."""
 
+    from . import child_delta
     from .limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
@@ -62,6 +66,7 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
         SESSION_TRACEBACK_CHARS,
     )
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import child_delta
     from limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
@@ -87,11 +92,12 @@ child runs with ``-S`` (no ``site``), so this is appended to ``sys.path`` explic
 the standard library. Not a boundary: environment code could append it itself."""
 
 
-def _json_native(value: object) -> bool:
+def _json_native(value: object, depth: int = 0) -> bool:
     """True when ``value`` round-trips through JSON with exact types and reads back as
     itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
-    ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk), counting
+    from ``depth`` (the level ``value`` sits at inside its attribute)."""
+    stack: list[tuple[Any, int]] = [(value, depth)]
     while stack:
         item, depth = stack.pop()
         kind = type(item)
@@ -188,43 +194,22 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
     return ("p", encoded, _rendering(value))
 
 
-_MISSING = object()
-
-
-def keyed_delta(value: dict[str, Any], previous: dict[str, Any]) -> str | None:
-    """Key-level changes of a large JSON object since ``previous`` (a private JSON copy
-    of its last encoding, updated in place). Returns ``""`` when nothing changed, the
-    JSON text of a ``["k", ...]`` entry otherwise, or None when the object is no longer
-    JSON-native (the caller re-encodes it whole).
-
-    Equality is Python's ``==`` (C speed): a change that keeps values equal but alters
-    their type (``1`` -> ``1.0`` or ``True``) inside a record, or only reorders keys, is not
-    seen until that record changes otherwise (a top-level value's type change is seen)."""
-    if value == previous:
-        return ""
-    sets: list[tuple[str, str]] = []
-    added = 0
-    for key, item in value.items():
-        if type(key) is not str:
-            return None
-        before = previous.get(key, _MISSING)
-        if before is _MISSING:
-            added += 1
-        elif type(before) is type(item) and before == item:
-            continue
-        if not _json_native(item):
-            return None
-        try:
-            sets.append((key, _dumps(item)))
-        except (TypeError, ValueError, RecursionError):
-            return None
-    removed = [key for key in previous if key not in value] if len(previous) + added != len(value) else []
-    for key, text in sets:
-        previous[key] = json.loads(text)
-    for key in removed:
-        del previous[key]
-    body = ",".join(f"{_dumps(key)}:{text}" for key, text in sets)
-    return '["k",{"set":{' + body + '},"del":' + _dumps(removed) + "}]"
+def tree_delta(value: object, tree: child_delta.Tree) -> tuple[str, child_delta.Tree] | None:
+    """Path-level changes of a large JSON attribute since ``tree`` (``child_delta.py``):
+    ``("", tree)`` when nothing changed, ``(entry JSON text, tree)`` with the entry
+    ``["k", {"v": 2, "ops": [...]}]`` otherwise, or None when the value must be encoded
+    whole (no longer JSON-native, or too many changes). Strict: ``1`` -> ``1.0`` ->
+    ``True`` and a reordering of keys are changes, at any depth."""
+    if type(value) is not dict and type(value) is not list:
+        return None
+    ops = child_delta.Ops(_dumps, _json_native)
+    try:
+        tree = child_delta.check(tree, value, [], ops, 0)
+    except child_delta.Abort:
+        return None
+    if not ops.texts:
+        return "", tree
+    return '["k",{"v":2,"ops":[' + ",".join(ops.texts) + "]}]", tree
 
 
 class Session:
@@ -287,22 +272,24 @@ class Session:
 
     def delta_json(self, full: bool = False) -> str:
         """Re-encode the state; return a JSON object ``{"set": {...}, "del": [...]}``
-        holding only what changed since the last call (everything when ``full``)."""
+        holding only what changed since the last call (everything when ``full``). A large
+        JSON dict or list (at least KEYED_MIN_BYTES encoded) is tracked by a
+        ``child_delta.Tree`` and sends its changed paths (:func:`tree_delta`)."""
         current = self.state_attrs()
         changed: list[str] = []
         new_cache: dict[str, Encoding] = {}
         for name, value in current.items():
             old = self.cache.get(name)
-            if not full and old is not None and old[0] == "K" and type(value) is dict:
-                part = keyed_delta(value, old[1])
+            if not full and old is not None and old[0] == "T":
+                part = tree_delta(value, old[1])
                 if part is not None:
-                    new_cache[name] = old
-                    if part:
-                        changed.append(f"{_dumps(name)}:{part}")
+                    new_cache[name] = ("T", part[1])
+                    if part[0]:
+                        changed.append(f"{_dumps(name)}:{part[0]}")
                     continue
-            enc = encode_value(value, old if old is not None and old[0] != "K" else None)
-            if enc[0] == "j" and type(value) is dict and len(enc[1]) >= KEYED_MIN_BYTES:
-                new_cache[name] = ("K", json.loads(enc[1]))
+            enc = encode_value(value, old if old is not None and old[0] != "T" else None)
+            if enc[0] == "j" and type(value) in (dict, list) and len(enc[1]) >= KEYED_MIN_BYTES:
+                new_cache[name] = ("T", child_delta.Tree(value, 0))
             else:
                 new_cache[name] = enc
             if full or enc is not old:
@@ -319,7 +306,7 @@ class Session:
             enc = self.cache.get(name)
             if enc is not None and enc[0] == "j":
                 parts.append(f"{_dumps(name)}:{enc[1]}")
-            elif enc is not None and enc[0] == "K":
+            elif enc is not None and enc[0] == "T":
                 parts.append(f"{_dumps(name)}:{_dumps(value)}")
             else:
                 enc = encode_value(value, None)

@@ -76,9 +76,20 @@ JSON_NATIVE_MAX_DEPTH = 100
 """JSON values nested deeper than this are pickled (and rendered with a depth marker)
 rather than sent as ``"j"``: frames may nest at most MAX_FRAME_DEPTH levels."""
 KEYED_MIN_BYTES = 32 * KiB
-"""JSON objects whose encoding is at least this large are tracked key by key: a call that
-changes a few records sends ``["k", {"set": {key: value}, "del": [key]}]`` instead of the
-whole object (runner and host merge it into their snapshots)."""
+"""JSON dicts and lists whose encoding is at least this large are tracked path by path
+(``child_delta.py``): a call that changes a few records sends ``["k", {"v": 2, "ops":
+[...]}]`` (set/delete/resize at a path) instead of the whole value; PID 1 and the host
+apply it to their snapshots (``protocol.apply_keyed``)."""
+TREE_MIN_BYTES = 16 * KiB
+"""Inside a tracked value, a dict or list child whose ``marshal`` encoding is at least
+this large gets buckets of its own (smaller children are compared bucket by bucket)."""
+TREE_MAX_DEPTH = 32
+"""Deepest level at which a tracked value gets a sub-tree (deeper ones are bucket members)."""
+MAX_PATH_OPS = 4096
+"""Most operations of one attribute's path delta; a call that changes more sends the
+attribute whole."""
+MAX_PATH_LENGTH = JSON_NATIVE_MAX_DEPTH
+"""Longest path of a path-delta operation (host and PID 1 refuse longer ones)."""
 DESCRIBE_ERROR_CHARS = 4096
 """A failed ``describe``'s observation, cut by PID 1 and checked again by the host."""
 DESCRIBE_TRACEBACK_CHARS = 8192

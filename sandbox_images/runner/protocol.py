@@ -22,9 +22,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from typing import Any  # annotations only: never evaluated in the sandbox
 
-    from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH
+    from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH
+    from limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
 
 HEADER = struct.Struct(">I")
 
@@ -191,14 +191,34 @@ def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME_BYTES) -> dict[st
 
 
 def apply_keyed(base: object, change: object) -> list[Any] | None:
-    """Apply a keyed delta entry's payload (``["k", {"set": {key: value}, "del": [key]}]``,
-    sent for large JSON-object attributes instead of the whole value) to the attribute's
-    previous encoding ``["j", {...}]``. Returns the new ``["j", merged]`` (a new dict; the
-    base is not modified), or None when the change does not apply (malformed, or the base
-    is not a JSON object): the caller treats that as a protocol violation."""
-    if not (isinstance(base, list) and len(base) == 2 and base[0] == "j" and isinstance(base[1], dict)):
+    """Apply a keyed delta entry's payload to the attribute's previous encoding ``["j",
+    value]``; returns the new ``["j", value]`` or None when the change does not apply
+    (malformed, or the base is not JSON): the caller treats that as a protocol violation.
+    ``base`` is never modified: the result shares every untouched node with it (copy on
+    write along the changed paths), so unchanged subtrees keep their identity.
+
+    Two payload versions (``child_delta.py`` sends v2):
+
+    * v1 ``{"set": {key: value}, "del": [key]}``: top-level keys of a JSON object;
+    * v2 ``{"v": 2, "ops": [op, ...]}``: path operations, applied in order, ``op`` one of
+      ``["s", path, value]`` (replace the node at ``path``, or add a dict key at the end;
+      ``[]`` replaces the whole value), ``["d", path]`` (delete an existing dict key),
+      ``["r", path, n, items]`` (keep the list's first ``n`` items, then append ``items``).
+      ``path`` is at most MAX_PATH_LENGTH dict keys (str) and list indexes (int, in range).
+    """
+    if not (isinstance(base, list) and len(base) == 2 and base[0] == "j"):
         return None
     if not isinstance(change, dict):
+        return None
+    if change.get("v") == 2:
+        ops = change.get("ops")
+        if not isinstance(ops, list):
+            return None
+        try:
+            return ["j", apply_path_ops(base[1], ops)]
+        except (LookupError, TypeError, ValueError):
+            return None
+    if not isinstance(base[1], dict):
         return None
     sets, dels = change.get("set"), change.get("del")
     if not isinstance(sets, dict) or not isinstance(dels, list) or not all(isinstance(k, str) for k in dels):
@@ -208,3 +228,87 @@ def apply_keyed(base: object, change: object) -> list[Any] | None:
     for key in dels:
         merged.pop(key, None)
     return ["j", merged]
+
+
+def apply_path_ops(value: Any, ops: list[Any]) -> Any:
+    """``value`` after the path operations ``ops`` (see :func:`apply_keyed`), copying only
+    the containers on the changed paths. Raises ``ValueError`` (malformed operation, path
+    too long), ``LookupError`` (a path that does not exist, an index out of range) or
+    ``TypeError`` (a step into a scalar, a key of the wrong type)."""
+    root = value
+    fresh: set[int] = set()  # ids of the containers copied here (safe to change in place)
+    alive: list[Any] = []  # ...kept referenced, so that no id is reused while we look
+
+    def writable(node: Any) -> Any:
+        if type(node) is dict:
+            node = dict(node)
+        elif type(node) is list:
+            node = list(node)
+        else:
+            raise TypeError("a path goes through a scalar")
+        fresh.add(id(node))
+        alive.append(node)
+        return node
+
+    for op in ops:
+        if not isinstance(op, list) or not op or op[0] not in ("s", "d", "r"):
+            raise ValueError("malformed operation")
+        kind = op[0]
+        if len(op) != {"s": 3, "d": 2, "r": 4}[kind] or not isinstance(op[1], list):
+            raise ValueError("malformed operation")
+        path = op[1]
+        if len(path) > MAX_PATH_LENGTH:
+            raise ValueError("path too long")
+        if not path:
+            if kind == "s":
+                root = op[2]
+                continue
+            if kind == "d":
+                raise ValueError("cannot delete the whole value")
+        if id(root) not in fresh:
+            root = writable(root)
+        parent = root
+        for step in path[:-1] if path else []:
+            child = _step(parent, step)
+            if id(child) not in fresh:
+                child = writable(child)
+                parent[step] = child
+            parent = child
+        last = path[-1] if path else None
+        if kind == "s":
+            if type(parent) is dict and type(last) is str:
+                parent[last] = op[2]
+            else:
+                _step(parent, last)  # must exist: list items are replaced, never added
+                parent[last] = op[2]
+        elif kind == "d":
+            if type(parent) is not dict or type(last) is not str:
+                raise TypeError("delete of a non-key")
+            del parent[last]
+        else:
+            target = parent if not path else _step(parent, last)
+            keep, items = op[2], op[3]
+            if type(target) is not list or type(keep) is not int or not 0 <= keep <= len(target) \
+                    or not isinstance(items, list):
+                raise ValueError("malformed resize")
+            if id(target) in fresh:  # ours already: in place (each container is copied at most once)
+                del target[keep:]
+                target.extend(items)
+                continue
+            resized = target[:keep] + items
+            fresh.add(id(resized))
+            alive.append(resized)
+            if path:
+                parent[last] = resized
+            else:
+                root = resized
+    return root
+
+
+def _step(node: Any, key: Any) -> Any:
+    """``node[key]`` for a dict and a str key or a list and an in-range int index."""
+    if type(node) is dict and type(key) is str:
+        return node[key]
+    if type(node) is list and type(key) is int and 0 <= key < len(node):
+        return node[key]
+    raise TypeError("a path step does not fit its container")

@@ -251,7 +251,7 @@ def _keyed_session(records: dict) -> child.Session:
     return session
 
 
-def test_large_objects_travel_as_key_level_deltas_that_merge_back_exactly() -> None:
+def test_large_objects_travel_as_path_deltas_that_merge_back_exactly() -> None:
     from sandpit.sandbox_images.runner.protocol import apply_keyed
 
     records = {f"r{i:04d}": {"value": i, "pad": "p" * 40} for i in range(2000)}
@@ -266,7 +266,9 @@ def test_large_objects_travel_as_key_level_deltas_that_merge_back_exactly() -> N
     records["r0003"] = {"value": True, "pad": ""}
     delta = json.loads(session.delta_json())
     kind, change = delta["set"]["records"]
-    assert kind == "k" and set(change["set"]) == {"r0001", "zz", "r0003"} and change["del"] == ["r0002"]
+    assert kind == "k" and change["v"] == 2
+    assert sorted(change["ops"]) == sorted([["s", ["r0001", "value"], -1], ["d", ["r0002"]], ["s", ["zz"], {"value": None}],
+                                            ["s", ["r0003", "value"], True], ["s", ["r0003", "pad"], ""]])
     merged = apply_keyed(snapshot["records"], change)
     assert merged == ["j", records] and list(merged[1]) == list(records)
 

@@ -1,0 +1,303 @@
+"""Path-level deltas of large JSON attributes, found strictly (session child side).
+
+Stdlib only; runs in the session process (``child_session.py``), also imported on the
+host by unit tests. Nothing here executes environment code: it reads the instance's
+attribute values after a call.
+
+A JSON-native dict or list attribute whose marshal encoding is at least
+``limits.TREE_MIN_BYTES`` is tracked by a :class:`Tree`: its children are grouped in
+buckets (dict: by the key's hash; list: contiguous runs of indexes) and the tree keeps the
+``marshal`` bytes of every bucket, plus a sub-tree for every child that is itself large.
+After a call, :func:`check` re-marshals each bucket (one pass over the state in C, about
+the cost of one ``marshal.dumps`` of the attribute) and compares bytes: equal bytes mean
+equal content, exactly (marshal records the exact type of every scalar, ``1``, ``1.0``
+and ``True`` differ, and dict insertion order). Only a bucket whose bytes differ is
+looked into: its previous content is ``marshal.loads``-ed from the kept bytes and compared
+child by child with :func:`diff`, a type-aware walk (``type(a) is type(b)``, key order,
+``-0.0`` vs ``0.0``), which emits the changed paths as operations:
+
+``["s", path, value]``   set: replace the node at ``path`` (or add a dict key, at the end)
+``["d", path]``          delete a dict key
+``["r", path, n, items]`` resize a list: keep its first ``n`` items, then append ``items``
+
+``path`` is a list of dict keys (str) and list indexes (int) below the attribute. A node
+whose type or key order changed is set whole; a list whose length changed gets element
+operations for its common prefix plus one ``r``. Any value a ``s``/``r`` carries is
+checked JSON-native (``child_session._json_native``) at its depth, so the attribute
+stays within ``JSON_NATIVE_MAX_DEPTH``; when it is not (a ``set`` or ``date`` appeared
+deep inside, a cycle, a non-str key, a dict that reads like a ``$`` tag), :func:`check`
+returns None and the caller re-encodes the attribute whole (pickle + rendering).
+
+Marshal bytes may also differ for equal content (marshal flags objects referenced more
+than once, which depends on reference counts); the walk then finds nothing and only the
+kept bytes are refreshed. Aliasing needs no care: every attribute and every key is
+compared by content, so one object reachable under two names shows its change under
+both. The operations are applied by ``protocol.apply_keyed`` (PID 1 and the host).
+"""
+
+from __future__ import annotations
+
+import marshal
+import math
+
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from typing import Any
+
+    from .limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
+else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _marshal(value: Any) -> bytes:
+    """``marshal.dumps(value)``; an unmarshallable object (not JSON: a ``date``, an
+    instance) or a structure nested too deeply raises :class:`Abort`."""
+    try:
+        return marshal.dumps(value)
+    except ValueError:
+        raise Abort("not marshallable") from None
+
+
+class Abort(Exception):
+    """The attribute can no longer be sent as path operations (not JSON-native, too many
+    operations): the caller encodes it whole."""
+
+
+class Ops:
+    """Operations gathered for one attribute, as JSON texts."""
+
+    def __init__(self, dumps: Any, json_native: Any) -> None:
+        self.dumps = dumps
+        self.json_native = json_native
+        self.texts: list[str] = []
+
+    def _add(self, text: str) -> None:
+        if len(self.texts) >= MAX_PATH_OPS:
+            raise Abort("too many changes")
+        self.texts.append(text)
+
+    def set(self, path: list[Any], value: Any) -> None:
+        if not self.json_native(value, len(path)):
+            raise Abort("not JSON-native")
+        self._add(f'["s",{self.dumps(path)},{self.dumps(value)}]')
+
+    def delete(self, path: list[Any]) -> None:
+        self._add(f'["d",{self.dumps(path)}]')
+
+    def resize(self, path: list[Any], keep: int, items: list[Any]) -> None:
+        if not self.json_native(items, len(path)):
+            raise Abort("not JSON-native")
+        self._add(f'["r",{self.dumps(path)},{keep},{self.dumps(items)}]')
+
+
+def _kind(value: Any) -> type:
+    """``type(value)`` (a call, so that a comparison does not narrow ``value`` for mypy)."""
+    return type(value)
+
+
+def _bucket_count(children: int) -> int:
+    """Buckets of a node with ``children`` small children: about their square root."""
+    return max(1, min(1024, int(math.sqrt(children))))
+
+
+def _check_keys(path: list[Any], keys: list[Any], ops: Ops) -> None:
+    """A dict's keys must be str and must not read like a ``child_render`` tag."""
+    if len(keys) == 1 and type(keys[0]) is str and keys[0].startswith("$"):
+        raise Abort("reads like a tag")
+    for key in keys:
+        if type(key) is not str:
+            raise Abort("non-str key")
+
+
+class Tree:
+    """Marshal bytes of a large JSON container, bucket by bucket (see the module docstring)."""
+
+    __slots__ = ("kind", "keys", "members", "blobs", "subs", "span")
+
+    def __init__(self, value: Any, depth: int) -> None:
+        self.kind: type = type(value)
+        self.subs: dict[Any, Tree] = {}
+        if self.kind is dict:
+            self.keys: list[Any] = list(value)
+            small = []
+            for key in self.keys:
+                child = value[key]
+                if type(child) in (dict, list) and depth + 1 < TREE_MAX_DEPTH \
+                        and len(marshal.dumps(child)) >= TREE_MIN_BYTES:
+                    self.subs[key] = Tree(child, depth + 1)
+                else:
+                    small.append(key)
+            count = _bucket_count(len(small))
+            self.members: list[list[Any]] = [[] for _ in range(count)]
+            for key in small:
+                self.members[hash(key) % count].append(key)
+            self.span = 0
+        else:
+            self.keys = []
+            self.span = max(1, -(-len(value) // _bucket_count(len(value))))
+            self.members = [list(range(start, min(start + self.span, len(value))))
+                            for start in range(0, len(value), self.span)]
+        self.blobs: list[bytes] = [self.encode(value, members) for members in self.members]
+
+    def encode(self, value: Any, members: list[Any]) -> bytes:
+        """Marshal bytes of one bucket: a list slice, or a tuple of a dict's values."""
+        if self.kind is list:
+            return _marshal(value[members[0]:members[-1] + 1] if members else [])
+        return _marshal(tuple(map(value.__getitem__, members)))
+
+
+def check(tree: Tree, value: Any, path: list[Any], ops: Ops, depth: int) -> Tree:
+    """Add to ``ops`` what changed in ``value`` since ``tree`` was made (or last checked);
+    returns the tree to keep (``tree`` updated, or a new one). ``value`` must be a dict or
+    a list. Raises :class:`Abort` when the attribute must be encoded whole;
+    ``MemoryError`` propagates."""
+    if _kind(value) is not tree.kind:
+        ops.set(path, value)
+        return Tree(value, depth)
+    if tree.kind is list:
+        return _check_list(tree, value, path, ops, depth)
+    keys = list(value)
+    old_members = tree.members
+    members = old_members
+    if keys != tree.keys:
+        present = value.keys()
+        kept = [key for key in tree.keys if key in present]
+        if keys[:len(kept)] != kept:  # reordered: set the node whole
+            ops.set(path, value)
+            return Tree(value, depth)
+        _check_keys(path, keys, ops)
+        members = [list(bucket) for bucket in old_members]
+        gone = set(tree.keys).difference(kept)
+        for key in tree.keys:
+            if key in gone:
+                ops.delete([*path, key])
+                if tree.subs.pop(key, None) is None:
+                    members[hash(key) % len(members)].remove(key)
+        for key in keys[len(kept):]:
+            ops.set([*path, key], value[key])
+            members[hash(key) % len(members)].append(key)
+        tree.keys = keys
+    for key, sub in list(tree.subs.items()):
+        child = value[key]
+        if type(child) is sub.kind:
+            tree.subs[key] = check(sub, child, [*path, key], ops, depth + 1)
+            continue
+        ops.set([*path, key], child)  # a large node became something else: a small child now
+        del tree.subs[key]
+        if members is old_members:
+            members = [list(bucket) for bucket in old_members]
+        members[hash(key) % len(members)].append(key)
+    for index, bucket in enumerate(members):
+        old_bucket = old_members[index]
+        if not bucket and not old_bucket:
+            continue
+        blob = tree.encode(value, bucket)
+        if blob == tree.blobs[index] and bucket == old_bucket:
+            continue
+        before = dict(zip(old_bucket, marshal.loads(tree.blobs[index]), strict=True))  # noqa: S302 - bytes this process made of its own state
+        for key in bucket:
+            old = before.get(key, _MISSING)
+            if old is not _MISSING:
+                diff(old, value[key], [*path, key], ops, depth + 1)
+        tree.blobs[index] = blob
+    tree.members = members
+    if len(tree.keys) > 4 * max(16, len(members) ** 2):  # grown far past its layout
+        return Tree(value, depth)
+    return tree
+
+
+_MISSING = object()
+
+
+def _check_list(tree: Tree, value: list[Any], path: list[Any], ops: Ops, depth: int) -> Tree:
+    """:func:`check` of a list node: element operations for the common prefix, one
+    resize when the length changed (the tree is then re-bucketed)."""
+    length = sum(len(bucket) for bucket in tree.members)
+    common = min(length, len(value))
+    for index, bucket in enumerate(tree.members):
+        if not bucket or bucket[0] >= common:
+            break
+        end = min(bucket[-1] + 1, common)
+        blob = _marshal(value[bucket[0]:end])
+        whole = end == bucket[-1] + 1
+        if whole and blob == tree.blobs[index]:
+            continue
+        before = marshal.loads(tree.blobs[index])  # noqa: S302 - bytes this process made of its own state
+        for position in range(bucket[0], end):
+            diff(before[position - bucket[0]], value[position], [*path, position], ops, depth + 1)
+        tree.blobs[index] = blob
+    if len(value) != length:
+        ops.resize(path, common, value[common:])
+        return Tree(value, depth)
+    return tree
+
+
+def _same_float(a: float, b: float) -> bool:
+    return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+def diff(old: Any, new: Any, path: list[Any], ops: Ops, depth: int) -> None:
+    """Add to ``ops`` the changes from ``old`` (a private copy) to ``new``, strictly:
+    types, key order and the sign of zero count. Raises :class:`Abort` (not JSON-native,
+    too deep, too many operations)."""
+    kind = type(new)
+    if type(old) is not kind:
+        ops.set(path, new)
+        return
+    if kind in _SCALARS:
+        if old != new:
+            ops.set(path, new)
+        return
+    if kind is float:
+        if not _same_float(old, new):
+            ops.set(path, new)
+        return
+    if depth >= JSON_NATIVE_MAX_DEPTH:
+        raise Abort("too deep")
+    if kind is dict:
+        keys = list(new)
+        old_keys = list(old)
+        if keys != old_keys:
+            kept = [key for key in old_keys if key in new]
+            if keys[:len(kept)] != kept:
+                ops.set(path, new)
+                return
+            _check_keys(path, keys, ops)
+            for key in old_keys:
+                if key not in new:
+                    ops.delete([*path, key])
+            for key in keys[len(kept):]:
+                ops.set([*path, key], new[key])
+            keys = kept
+        for key in keys:
+            a, b = old[key], new[key]
+            if a is b and type(a) in _SCALARS:
+                continue
+            if type(a) in (dict, list) and type(b) is type(a) and _marshal_equal(a, b):
+                continue
+            diff(a, b, [*path, key], ops, depth + 1)
+        return
+    if kind is list:
+        common = min(len(old), len(new))
+        for index in range(common):
+            a, b = old[index], new[index]
+            if a is b and type(a) in _SCALARS:
+                continue
+            if type(a) in (dict, list) and type(b) is type(a) and _marshal_equal(a, b):
+                continue
+            diff(a, b, [*path, index], ops, depth + 1)
+        if len(new) != len(old):
+            ops.resize(path, common, new[common:])
+        return
+    raise Abort("not JSON-native")
+
+
+def _marshal_equal(a: Any, b: Any) -> bool:
+    """True only when ``a`` and ``b`` are equal exactly (equal marshal bytes); False may
+    also mean "equal, marshalled differently" (the caller then walks them)."""
+    try:
+        return marshal.dumps(a) == marshal.dumps(b)
+    except ValueError:  # unmarshallable (not JSON) or too deep: walk it
+        return False
