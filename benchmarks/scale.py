@@ -2,9 +2,12 @@
 
 Measures, on the real Docker Engine and a real local Ray cluster (all on 127.0.0.1):
   local_call_ms        trivial tool call through the local SandboxPool (baseline)
-  ray_call_ms          the same call through RayExecutor -> host actor -> its pool
-  ray_hop_ms           ray_call p50 - local_call p50: what the Ray hop adds per step
-                       (target p50 <= 1 ms)
+  ray_call_ms          the same call through RayExecutor -> host actor -> its pool,
+                       measured in pairs with the local call (alternating, so machine
+                       noise hits both alike)
+  ray_hop_ms           per pair, ray call - local call: what the Ray hop adds per step
+                       (target p50 <= 1 ms); and ``actor_rtt_ms``, a no-op request to
+                       the host actor (the hop alone)
   steps_per_s          SESSIONS sessions stepped by THREADS threads for DURATION s:
                        local pool, Ray with 1 node, Ray with 2 nodes. On one machine the
                        nodes share the same cores and Docker Engine, so 1 vs 2 nodes shows
@@ -54,26 +57,41 @@ def summary(values: list[float]) -> dict[str, Any]:
             "mean": round(statistics.fmean(values), 3)}
 
 
-def call_latency(executor: Any, calls: int, session_id: str | None = None) -> list[float]:
-    """Milliseconds per trivial call on one session (after 20 warm-up calls)."""
-    session = executor.open_session(tenant="bench", source=TRIVIAL, class_name="Echo", session_id=session_id)
+def paired(local: Any, remote: Any, calls: int) -> tuple[list[float], list[float]]:
+    """Milliseconds per trivial call on a local and a Ray session, alternating."""
+    a = local.open_session(tenant="bench", source=TRIVIAL, class_name="Echo")
+    b = remote.open_session(tenant="bench", source=TRIVIAL, class_name="Echo", session_id="bench_pair")
     try:
         for _ in range(20):
-            session.call("ping", {"value": 1})
-        out = []
+            a.call("ping", {"value": 1})
+            b.call("ping", {"value": 1})
+        la, lb = [], []
         for i in range(calls):
-            started = time.perf_counter()
-            session.call("ping", {"value": i})
-            out.append((time.perf_counter() - started) * 1000)
-        return out
+            for session, out in ((a, la), (b, lb)) if i % 2 else ((b, lb), (a, la)):
+                started = time.perf_counter()
+                session.call("ping", {"value": i})
+                out.append((time.perf_counter() - started) * 1000)
+        return la, lb
     finally:
-        session.close()
+        a.close()
+        b.close()
 
 
-def throughput(executor: Any, sessions: int, threads: int, duration_s: float) -> dict[str, Any]:
+def actor_rtt(executor: Any, calls: int) -> list[float]:
+    """Milliseconds per no-op request to a host actor (the Ray hop alone)."""
+    host = sorted(executor.refresh())[0]
+    out = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        executor.ask(host, "noop")
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def throughput(executor: Any, sessions: int, threads: int, duration_s: float, tag: str) -> dict[str, Any]:
     """Steps/s of ``threads`` threads each stepping its share of ``sessions`` sessions."""
-    opened = [executor.open_session(tenant="bench", source=TRIVIAL, class_name="Echo", session_id=f"bench_{i}")
-              for i in range(sessions)]
+    opened = [executor.open_session(tenant="bench", source=TRIVIAL, class_name="Echo",
+                                    session_id=f"bench_{tag}_{i}") for i in range(sessions)]
     counts = [0] * threads
     stop = threading.Event()
 
@@ -100,18 +118,22 @@ def throughput(executor: Any, sessions: int, threads: int, duration_s: float) ->
             "sessions": sessions, "threads": threads, "hosts_used": len(hosts)}
 
 
-def model(single_node_steps_s: float, hop_ms: float, api_steps_s_per_replica: float,
+def model(single_node_steps_s: float, local_p50_ms: float, hop_ms: float, api_steps_s_per_replica: float,
           nodes: list[int]) -> list[dict[str, Any]]:
     """Throughput vs node count on separate machines: nodes scale linearly
-    (``n x single_node``: sandboxes of different envs share nothing) until the API replicas
-    saturate; each replica's ceiling is its measured rate lowered by the hop
-    (``1000 / (1000 / api + hop)``), and replicas are added one per two nodes."""
+    (``n x single_node``: sandboxes of different envs share nothing, and the database
+    write per step is the replicas' cost) until the API replicas saturate at
+    ``replicas x api_steps_s_per_replica``, one replica per two nodes. The hop does not
+    lower throughput (requests overlap) but adds ``hop_ms`` to every step's latency:
+    ``step_p50_ms = local_p50_ms + hop_ms``."""
+    hop_ms = max(0.0, hop_ms)
     out = []
     for n in nodes:
         replicas = max(1, n // 2)
-        api_ceiling = replicas * 1000.0 / (1000.0 / api_steps_s_per_replica + hop_ms)
+        api_ceiling = replicas * api_steps_s_per_replica
         out.append({"nodes": n, "replicas": replicas, "steps_per_s": round(min(n * single_node_steps_s, api_ceiling), 1),
-                    "bound": "nodes" if n * single_node_steps_s <= api_ceiling else "api"})
+                    "bound": "nodes" if n * single_node_steps_s <= api_ceiling else "api",
+                    "step_p50_ms": round(local_p50_ms + hop_ms, 3)})
     return out
 
 
@@ -132,31 +154,33 @@ def main() -> None:
     settings = ExecutorSettings(pool_size=1)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                                "note": "one machine: nodes share cores and the Docker Engine; noisy if loaded"}
-    with SandboxPool(settings) as pool:
-        local = call_latency(pool, args.calls)
-        results["local_call_ms"] = summary(local)
-        results["steps_per_s_local"] = throughput(pool, args.sessions, args.threads, args.duration)
-    print("local call ms", results["local_call_ms"], "steps/s", results["steps_per_s_local"]["steps_per_s"])
-
+    pool = SandboxPool(settings).start()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
                                                             "include_dashboard": False})
     try:
+        results["steps_per_s_local"] = throughput(pool, args.sessions, args.threads, args.duration, "local")
+        print("local steps/s", results["steps_per_s_local"]["steps_per_s"])
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
         cluster.wait_for_nodes()
         executor = RayExecutor(cluster.address, settings).start()
         try:
-            remote = call_latency(executor, args.calls, session_id="bench_latency")
+            local, remote = paired(pool, executor, args.calls)
+            results["local_call_ms"] = summary(local)
             results["ray_call_ms"] = summary(remote)
-            results["ray_hop_ms"] = {"p50": round(pct(remote, 0.5) - pct(local, 0.5), 3),
-                                     "p99": round(pct(remote, 0.99) - pct(local, 0.99), 3), "target_p50": 1.0}
-            print("ray call ms", results["ray_call_ms"], "hop ms", results["ray_hop_ms"])
-            results["steps_per_s_ray_1_node"] = throughput(executor, args.sessions, args.threads, args.duration)
+            diffs = [r - loc for loc, r in zip(local, remote, strict=True)]
+            results["ray_hop_ms"] = {**summary(diffs), "target_p50": 1.0}
+            results["actor_rtt_ms"] = summary(actor_rtt(executor, args.calls))
+            print("local call ms", results["local_call_ms"], "\nray call ms", results["ray_call_ms"],
+                  "\nhop ms (paired)", results["ray_hop_ms"], "\nactor rtt ms", results["actor_rtt_ms"])
+            results["steps_per_s_ray_1_node"] = throughput(executor, args.sessions, args.threads, args.duration,
+                                                           "one")
             print("ray 1 node steps/s", results["steps_per_s_ray_1_node"])
             cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
             cluster.wait_for_nodes()
             executor.refresh(force=True)
             executor.warm("bench", count=1)
-            results["steps_per_s_ray_2_nodes"] = throughput(executor, args.sessions, args.threads, args.duration)
+            results["steps_per_s_ray_2_nodes"] = throughput(executor, args.sessions, args.threads, args.duration,
+                                                            "two")
             print("ray 2 nodes steps/s", results["steps_per_s_ray_2_nodes"])
         finally:
             executor.shutdown_hosts()
@@ -165,11 +189,12 @@ def main() -> None:
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
+        pool.close()
     single = results["steps_per_s_ray_1_node"]["steps_per_s"]
     results["model"] = {"assumptions": "separate machines; per node = measured 1-node Ray rate; one API replica "
-                                       f"per two nodes at {args.api_steps_per_s} steps/s minus the hop",
-                        "curve": model(single, results["ray_hop_ms"]["p50"], args.api_steps_per_s,
-                                       [1, 2, 4, 8, 16, 32])}
+                                       f"per two nodes at {args.api_steps_per_s} steps/s; the hop adds latency, not CPU-bound cost",
+                        "curve": model(single, results["local_call_ms"]["p50"], results["ray_hop_ms"]["p50"],
+                                       args.api_steps_per_s, [1, 2, 4, 8, 16, 32])}
     for row in results["model"]["curve"]:
         print(f"model: {row['nodes']:>3} nodes, {row['replicas']:>2} replicas -> {row['steps_per_s']:>9} steps/s "
               f"({row['bound']}-bound)")

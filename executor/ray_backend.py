@@ -74,10 +74,6 @@ RESOURCE = "sandpit_docker"
 HOST_PREFIX = "sandpit-host-"
 HOST_CONCURRENCY = 256
 """Requests one host actor serves at once (threads; the pool bounds sandboxes itself)."""
-REFRESH_S = 2.0
-"""How often the node list is re-read (new nodes get a host; dead ones are skipped)."""
-CALL_TIMEOUT_MARGIN_S = 60.0
-"""Seconds a request to a host may take beyond its own timeouts before the host counts as lost."""
 
 
 def _ray() -> Any:
@@ -158,6 +154,10 @@ class SandboxHost:
             raise SessionClosed(f"session {session_id!r} was used by another replica (version {hosted.version}, "
                                 f"this handle saw {version}); re-open it")
         return hosted
+
+    def noop(self) -> dict[str, Any]:
+        """Nothing: one round trip (``benchmarks/scale.py`` measures the hop with it)."""
+        return {"ok": None}
 
     def info(self) -> dict[str, Any]:
         """Host name, node, process, sessions and the pool's counters."""
@@ -395,6 +395,12 @@ class RayExecutor:
     ``sandpit_docker``.
     """
 
+    refresh_s: float = 2.0
+    """How often the node list is re-read (new nodes get a host; dead ones are skipped)."""
+    hop_margin_s: float = 60.0
+    """Seconds a request to a host may take beyond the longest call timeout before the
+    host counts as lost."""
+
     def __init__(self, address: str | None = None, settings: ExecutorSettings | None = None,
                  image_settings: ImageSettings | None = None, affinity: Affinity | None = None) -> None:
         self.address = address or "auto"
@@ -410,7 +416,7 @@ class RayExecutor:
         self.keyed_sessions = True
         """Sessions are keyed by the caller's ``session_id`` (the env id) and outlive this
         process: the API passes the env id so any replica re-attaches (``Sandboxes``)."""
-        self.hop_timeout_s = self.settings.max_profile.call_timeout_s + CALL_TIMEOUT_MARGIN_S
+        self.hop_timeout_s = self.settings.max_profile.call_timeout_s + self.hop_margin_s
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> RayExecutor:
@@ -465,9 +471,9 @@ class RayExecutor:
                 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(RESOURCE, 0) >= 1]
 
     def refresh(self, force: bool = False) -> dict[str, Any]:
-        """Re-read the node list (every ``REFRESH_S`` at most unless ``force``): a host for
+        """Re-read the node list (every ``refresh_s`` at most unless ``force``): a host for
         every live ``sandpit_docker`` node, none for dead ones. Returns name -> handle."""
-        if not force and time.monotonic() - self._refreshed < REFRESH_S:
+        if not force and time.monotonic() - self._refreshed < self.refresh_s:
             with self._lock:
                 return dict(self._hosts)
         ray = _ray()
