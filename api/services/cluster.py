@@ -14,6 +14,7 @@ from ..db.database import Database
 from ..sandboxes import Sandboxes
 from ..schemas.cluster import ClusterStatus, HostStatus, ReplicaStatus
 from ..settings import ApiSettings
+from .common import aware
 from .live import LiveEnvs
 
 
@@ -46,7 +47,7 @@ class ClusterService:
                 capacity_sessions=cap * per if cap is not None and per is not None else None,
                 envs_placed=placed.get(info["host"], 0)))
         with self.db.read() as db:
-            replicas = [ReplicaStatus(id=r.id, started_at=r.started_at, heartbeat_at=r.heartbeat_at)
+            replicas = [ReplicaStatus(id=r.id, started_at=aware(r.started_at), heartbeat_at=aware(r.heartbeat_at))
                         for r in db.scalars(select(models.Replica).order_by(models.Replica.started_at))]
         caps = [h.capacity_sessions for h in hosts]
         return ClusterStatus(
