@@ -31,6 +31,7 @@ from sandpit.executor.settings import ExecutorSettings, get_settings
 
 from . import openapi
 from .body_timeout import BodyReadTimeout
+from .db.affinity import DbAffinity
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
 from .errors import ApiError, error_response, register_handlers
@@ -41,6 +42,7 @@ from .lean_step import LeanStep
 from .metrics import Metrics
 from .routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .sandboxes import Sandboxes, translate
+from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
 from .services.envs import EnvService, count_open_envs
 from .services.episodes import EpisodeService
@@ -54,7 +56,7 @@ from .services.steps import StepService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
-SERVED = ("metrics", "tenants", "quotas", "environments", "envs", "history", "steps", "scenarios", "execution", "evaluations",
+SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "history", "steps", "scenarios", "execution", "evaluations",
           "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
@@ -65,11 +67,19 @@ def _pool(settings: ExecutorSettings) -> Executor:
     return SandboxPool(settings).start()
 
 
+def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Database) -> Executor:
+    """The Ray backend (``executor_backend="ray"``), env -> host affinity in ``db``."""
+    from sandpit.executor.ray_backend import RayExecutor
+
+    return RayExecutor(api_settings.ray_address, settings, affinity=DbAffinity(db)).start()
+
+
 def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None,
-               executor_factory: Callable[[ExecutorSettings], Executor] = _pool) -> FastAPI:
+               executor_factory: Callable[[ExecutorSettings], Executor] | None = None) -> FastAPI:
     """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
     the database is behind. ``executor_factory`` builds (and starts) the executor in the
-    lifespan; it is closed at shutdown."""
+    lifespan (default: by ``executor_backend``, the local Docker pool or the Ray backend);
+    it is closed at shutdown."""
     api_settings = settings or get_api_settings()
     pool_settings = executor_settings or get_settings()
 
@@ -79,7 +89,12 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
         try:
             require_current(engine)
             db = Database(make_sessionmaker(engine))
-            executor = executor_factory(pool_settings)
+            if executor_factory is not None:
+                executor = executor_factory(pool_settings)
+            elif api_settings.executor_backend == "ray":
+                executor = _ray_executor(api_settings, pool_settings, db)
+            else:
+                executor = _pool(pool_settings)
             try:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = api_settings.http_threads
                 services = build(api_settings, db, executor, warm_target=pool_settings.pool_size)
@@ -143,6 +158,7 @@ class Services:
     evaluations: EvaluationJobs
     health: HealthService
     janitor: Janitor
+    cluster: ClusterService
 
     def start(self) -> None:
         """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
@@ -179,4 +195,5 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
-        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks()))
+        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks()),
+        cluster=ClusterService(settings, db, sandboxes, live, runner.replicas.id))

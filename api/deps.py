@@ -13,6 +13,7 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Depends, Query, Request
 
 from .evaluations.jobs import EvaluationJobs
+from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
 from .services.envs import EnvService
 from .services.execution import ExecutionService
@@ -74,6 +75,11 @@ def get_tenants(request: Request) -> TenantService:
     return cast(TenantService, _state(request, "tenants"))
 
 
+def get_cluster(request: Request) -> ClusterService:
+    """The app's :class:`ClusterService`."""
+    return cast(ClusterService, _state(request, "cluster"))
+
+
 def get_quotas(request: Request) -> QuotaService:
     """The app's :class:`QuotaService`."""
     return cast(QuotaService, _state(request, "quotas"))
@@ -125,6 +131,7 @@ ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]
 JobsDep = Annotated[EvaluationJobs, Depends(get_jobs)]
 TenantsDep = Annotated[TenantService, Depends(get_tenants)]
 QuotasDep = Annotated[QuotaService, Depends(get_quotas)]
+ClusterDep = Annotated[ClusterService, Depends(get_cluster)]
 HealthDep = Annotated[HealthService, Depends(get_health)]
 CallerDep = Annotated[TenantContext, Depends(get_caller)]
 MeteredDep = Annotated[TenantContext, Depends(get_metered)]

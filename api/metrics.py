@@ -2,7 +2,8 @@
 one process, e.g. in tests).
 
 ``sandpit_step_seconds`` histogram by status · ``sandpit_live_envs`` envs in sandboxes ·
-``sandpit_pool_sandboxes`` by state (idle/active/starting) · ``sandpit_sandbox_failures_total``
+``sandpit_pool_sandboxes`` by state (idle/active/starting) · with a multi-host executor
+``sandpit_host_sandboxes`` by host and state and ``sandpit_host_sessions`` by host · ``sandpit_sandbox_failures_total``
 by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
 offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
 ``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total`` ·
@@ -42,6 +43,18 @@ class _PoolCollector(Collector):
         yield family
         yield GaugeMetricFamily("sandpit_pool_sessions", "Sessions placed in sandboxes",
                                 value=float(stats.get("sessions", 0)))
+        hosts = stats.get("hosts")
+        if hosts:  # a multi-host executor (Ray backend): the same per host
+            per_host = GaugeMetricFamily("sandpit_host_sandboxes", "Sandbox containers by host and state",
+                                         labels=["host", "state"])
+            sessions = GaugeMetricFamily("sandpit_host_sessions", "Sessions placed on each host", labels=["host"])
+            for info in hosts:
+                host_stats = info.get("stats", {})
+                for state in ("idle", "active", "starting"):
+                    per_host.add_metric([info["host"], state], float(host_stats.get(state, 0)))
+                sessions.add_metric([info["host"]], float(host_stats.get("sessions", 0)))
+            yield per_host
+            yield sessions
 
 
 class Metrics:

@@ -210,12 +210,17 @@ class Sandboxes:
     # -- untrusted code ----------------------------------------------------------------------
     def open_session(self, *, tenant: str, source: str, class_name: str, init_config: dict[str, Any] | None = None,
                      profile: ResourceProfile | None = None,
-                     snapshot: dict[str, list[Any]] | None = None) -> SandboxSession:
+                     snapshot: dict[str, list[Any]] | None = None, env_id: str | None = None) -> SandboxSession:
         """Instantiate ``class_name`` (restoring ``snapshot`` when given) in a slot.
-        Raises CodeFailed, QuotaExceeded, a SandboxError (SandboxCapacity when full)."""
+        ``env_id`` keys the session in executors whose sessions outlive this process
+        (``keyed_sessions``: the Ray backend, where any replica re-attaches to it); the
+        local pool's session ids stay random. Raises CodeFailed, QuotaExceeded, a
+        SandboxError (SandboxCapacity when full)."""
+        keyed = env_id if getattr(self.executor, "keyed_sessions", False) else None
         with self.slot(tenant), self.translated():
             session = self.executor.open_session(tenant=tenant, source=source, class_name=class_name,
-                                                 init_config=init_config, profile=profile, snapshot=snapshot)
+                                                 init_config=init_config, profile=profile, snapshot=snapshot,
+                                                 session_id=keyed)
         return SandboxSession(session, self)
 
     def describe(self, *, tenant: str, source: str, class_name: str) -> list[dict[str, Any]]:

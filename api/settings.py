@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +33,14 @@ class ApiSettings(BaseSettings):
     database_url: str | None = None
     """SQLAlchemy URL; default ``sqlite:///<data_dir>/sandpit.db`` (WAL mode). PostgreSQL
     works by URL (``postgresql+psycopg://...``) when its driver is installed."""
+    executor_backend: Literal["local", "ray"] = "local"
+    """Where sandboxes run: ``local`` (a Docker pool in this process, the default; no Ray
+    needed) or ``ray`` (host actors on the Ray cluster's nodes that offer the
+    ``sandpit_docker`` resource; needs the ``ray`` extra and, for replicas, a shared
+    PostgreSQL database). Environment: ``SANDPIT_EXECUTOR_BACKEND``."""
+    ray_address: str | None = None
+    """Ray cluster address for the ``ray`` backend (``SANDPIT_RAY_ADDRESS``; empty: ``auto``,
+    the cluster this machine's ``ray start`` joined)."""
     tenant: str = "default"
     """Tenant whose warm pool is filled at start-up (``warm_on_start``)."""
 

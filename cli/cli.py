@@ -145,7 +145,8 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
 def _register_feature_apps() -> None:
     """Sub-apps that live in their own modules (``sandpit import``, ``sandpit bfcl``,
     ``sandpit tenants``, ``sandpit synth``, ``sandpit eval``, ``sandpit environments``,
-    ``sandpit scenarios``, ``sandpit envs``, ``sandpit rl``)."""
+    ``sandpit scenarios``, ``sandpit envs``, ``sandpit rl``, ``sandpit cluster``)."""
+    from sandpit.cluster_cli import cluster_app
     from sandpit.environments_cli import environments_app
     from sandpit.envs_cli import envs_app
     from sandpit.eval_cli import eval_app
@@ -157,6 +158,7 @@ def _register_feature_apps() -> None:
 
     app.add_typer(import_app, name="import")
     app.add_typer(tenants_app, name="tenants")
+    app.add_typer(cluster_app, name="cluster")
     app.add_typer(synth_app, name="synth")
     app.add_typer(eval_app, name="eval")
     app.add_typer(environments_app, name="environments")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import calls
-from .models import ApiKey, AuditEvent, Page, Tenant
+from .models import ApiKey, AuditEvent, ClusterStatus, Page, Tenant
 from .transport import AsyncTransport, SyncTransport
 
 __all__ = ["Admin", "AsyncAdmin"]
@@ -108,13 +108,37 @@ class Audit:
         return self._t.run(calls.audit_list(tenant, action, limit, offset))
 
 
+class Cluster:
+    """`client.admin.cluster`."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self._t = transport
+
+    def status(self) -> ClusterStatus:
+        """Nodes, sandbox hosts (per-host sandboxes, sessions, capacity, envs placed) and
+        the API replicas sharing the database (`sandpit cluster status`)."""
+        return self._t.run(calls.cluster_status())
+
+
+class AsyncCluster:
+    """`AsyncClient.admin.cluster`: see `Cluster`."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def status(self) -> ClusterStatus:
+        """See `Cluster.status`."""
+        return await self._t.run(calls.cluster_status())
+
+
 class Admin:
-    """`client.admin`: `tenants`, `keys`, `audit` (see the module docstring)."""
+    """`client.admin`: `tenants`, `keys`, `audit`, `cluster` (see the module docstring)."""
 
     def __init__(self, transport: SyncTransport) -> None:
         self.tenants = Tenants(transport)
         self.keys = Keys(transport)
         self.audit = Audit(transport)
+        self.cluster = Cluster(transport)
 
 
 class AsyncTenants:
@@ -184,3 +208,4 @@ class AsyncAdmin:
         self.tenants = AsyncTenants(transport)
         self.keys = AsyncKeys(transport)
         self.audit = AsyncAudit(transport)
+        self.cluster = AsyncCluster(transport)

@@ -23,6 +23,7 @@ from .errors import invalid_response
 from .models import (
     ApiKey,
     AuditEvent,
+    ClusterStatus,
     Env,
     Environment,
     Episode,
@@ -409,6 +410,10 @@ def key_list(tenant_id: str) -> Call[Page[ApiKey]]:
 
 def key_revoke(key_id: str) -> Call[ApiKey]:
     return _read("POST", f"/v1/admin/keys/{_seg(key_id)}/revoke", ApiKey, auth="operator")
+
+
+def cluster_status() -> Call[ClusterStatus]:
+    return _read("GET", "/v1/admin/cluster", ClusterStatus, auth="operator")
 
 
 def audit_list(tenant: str | None, action: str | None, limit: int | None,

@@ -19,6 +19,9 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "CheckOutcome",
+    "ClusterHost",
+    "ClusterReplica",
+    "ClusterStatus",
     "Env",
     "EnvStatus",
     "Environment",
@@ -436,3 +439,48 @@ class AuditEvent(_ResponseModel):
     action: str
     resource_id: str | None = None
     detail: dict[str, Any] | None = None
+
+
+class ClusterHost(_ResponseModel):
+    """One sandbox host of `ClusterStatus` (the local pool, or one Ray node's host actor)."""
+
+    host: str
+    node_id: str | None = None
+    hostname: str | None = None
+    pid: int | None = None
+    uptime_s: float | None = None
+    sessions: int
+    """Env sessions placed on the host now."""
+    sandboxes: int
+    idle: int
+    active: int
+    starting: int
+    capacity_sandboxes: int | None = None
+    capacity_sessions: int | None = None
+    """Live sessions the host can hold (`max_sandboxes x sessions_per_sandbox`)."""
+    envs_placed: int = 0
+    """Envs whose recorded affinity is this host."""
+
+
+class ClusterReplica(_ResponseModel):
+    """An API process heart-beating on the shared database."""
+
+    id: str
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class ClusterStatus(_ResponseModel):
+    """`GET /v1/admin/cluster`: nodes, hosts, sandboxes, sessions and capacity, as the
+    answering replica (`replica`) sees them."""
+
+    backend: str
+    """`local` or `ray`."""
+    replica: str
+    nodes: int
+    hosts: list[ClusterHost]
+    replicas: list[ClusterReplica]
+    live_envs: int
+    sandboxes: int
+    sessions: int
+    capacity_sessions: int | None = None

@@ -3,7 +3,8 @@
 
 SQLite files run in WAL mode with ``synchronous=NORMAL`` (a committed step survives a
 process crash; an OS crash may lose the last few milliseconds) and a 30 s busy timeout.
-The schema is owned by Alembic (``migrations/``): :func:`upgrade` applies it and
+PostgreSQL URLs without a driver (``postgresql://``, ``postgres://``) use psycopg 3
+(:func:`normalize_url`). The schema is owned by Alembic (``migrations/``): :func:`upgrade` applies it and
 :func:`require_current` refuses to serve a database that is behind.
 """
 
@@ -24,8 +25,20 @@ from ..errors import DatabaseNotMigrated
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent.parent / "migrations"
 
 
+def normalize_url(url: str) -> str:
+    """``url`` with psycopg 3 as the driver of a driverless PostgreSQL URL
+    (``postgresql://`` or ``postgres://`` -> ``postgresql+psycopg://``: SQLAlchemy's own
+    default would be psycopg2, which Sandpit does not install); other URLs unchanged."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; creates the parent directory of a SQLite file."""
+    """An engine for ``url``; creates the parent directory of a SQLite file. PostgreSQL:
+    16 pooled connections (+48 overflow, like SQLite), checked before use."""
+    url = normalize_url(url)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -43,7 +56,7 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, pool_size=16, max_overflow=48)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
@@ -55,7 +68,7 @@ def alembic_config(url: str) -> Config:
     """Alembic configuration pointing at ``migrations/`` and ``url``."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     return config
 
 

@@ -297,3 +297,30 @@ class EvaluationEpisode(Base):
     """Rollout mode: token totals (prompt_tokens, completion_tokens) and model requests."""
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claimed_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    """The :class:`Replica` running it (``running`` only): recovery resets only the episodes
+    of replicas that stopped heart-beating, never those of a live one."""
+
+
+class Replica(Base):
+    """An API process serving this database (``sandpit serve``; several share a PostgreSQL
+    database). Its evaluation runner writes ``heartbeat_at`` every few seconds; a replica
+    silent for longer than the runner's lease is dead and its running episodes are reset."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class EnvHost(Base):
+    """Env -> sandbox host affinity of a multi-host executor (Ray backend): where the env's
+    live session is (or was last) placed, so any replica reaches it there. A host that is
+    gone is replaced on the env's next use (its session resumes from the head state)."""
+
+    __tablename__ = "env_hosts"
+
+    env_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128), index=True)
+    placed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -10,15 +10,17 @@ scheduler (``max_running_calls``) like any API request.
 
 Exactly-once episodes:
 
-* claiming is ``pending -> running`` with ``attempt + 1``, guarded by ``status='pending'``;
+* claiming is ``pending -> running`` with ``attempt + 1``, guarded by ``status='pending'``
+  (``SELECT ... FOR UPDATE SKIP LOCKED`` first on PostgreSQL, so replicas sharing the
+  database never claim one episode twice nor wait on each other: :mod:`.claims`);
 * an episode's end (``done``/``error``/``cancelled`` with reward, checks, trajectory,
   transcript, usage) is one UPDATE guarded by ``status='running' AND attempt=<this
   attempt>``, so a superseded run can never record a second result;
 * start-up (:meth:`EvaluationRunner.recover`): episodes left ``running`` by a dead
   process have their half-run env deleted and go back to ``pending`` (``cancelled`` when
   their job was cancelled); they rerun from scratch in a fresh env. Finished episodes are
-  never rerun. One API process per database runs evaluations (like the in-process quota
-  counters of :mod:`sandpit.api.services.quotas`).
+  never rerun. On a shared PostgreSQL database "dead" means the claiming replica stopped
+  heart-beating (:mod:`.claims`), checked by every replica every few seconds.
 * an episode's env id is written to its row *before* the env is created
   (``EnvService.create_env(env_id=...)``), so a process killed at any point leaves no env
   that recovery does not find and delete.
@@ -69,6 +71,7 @@ from ..services.scenarios import ScenarioService
 from ..services.steps import StepService
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
+from .claims import HEARTBEAT_S, Replicas
 from .rollout import (
     CHAT_COUNTERS,
     ModelClient,
@@ -152,11 +155,15 @@ class EvaluationRunner:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._dispatcher: threading.Thread | None = None
+        self.replicas = Replicas(db)
+        self._next_beat = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Recover episodes of a dead process, then start the dispatcher thread."""
-        self.recover()
+        """Register this replica, recover episodes of dead ones, then start the dispatcher thread."""
+        self.replicas.register()
+        self._next_beat = time.monotonic() + HEARTBEAT_S
+        self.recover(startup=True)
         self._dispatcher = threading.Thread(target=self._loop, name="sandpit-eval-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -174,6 +181,11 @@ class EvaluationRunner:
             threads = list(self._running.values())
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in threads):
+            try:
+                self.replicas.unregister()
+            except ApiError:
+                log.warning("evaluations: could not remove replica %s; it expires by itself", self.replicas.id)
 
     def wake(self) -> None:
         """Look for work now (a job was created)."""
@@ -185,22 +197,20 @@ class EvaluationRunner:
             self._cancelled.add(job_id)
         self._wake.set()
 
-    def recover(self) -> int:
-        """Episodes left ``running`` (by a process that died): delete their env if it
-        still exists, then mark them ``pending`` (``cancelled`` when their job no longer
-        runs). Returns how many were reset."""
-        with self.db.read() as db:
-            rows = db.execute(select(EP.evaluation_id, EP.index, EP.env_id, JOB.tenant, JOB.status)
-                              .join(JOB, JOB.id == EP.evaluation_id).where(EP.status == "running")).all()
-        for job_id, index, env_id, tenant, job_status in rows:
+    def recover(self, startup: bool = False) -> int:
+        """Episodes left ``running`` by a replica that died (:meth:`.claims.Replicas.orphans`):
+        delete their env if it still exists, then mark them ``pending`` (``cancelled`` when
+        their job no longer runs). Returns how many were reset."""
+        rows = self.replicas.orphans(startup)
+        for job_id, index, attempt, env_id, tenant, job_status in rows:
             if env_id:
                 self._delete_env(tenant, env_id)
             active = job_status in ("queued", "running")
             values: dict[str, Any] = {"status": "pending", "env_id": None, "started_at": None} if active else {
                 "status": "cancelled", "env_id": None, "finished_at": _now()}
             with self.db.write() as db:
-                db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index, EP.status == "running")
-                           .values(**values))
+                db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index, EP.status == "running",
+                                            EP.attempt == attempt).values(claimed_by=None, **values))
         if rows:
             log.warning("evaluations: %d episode(s) interrupted by a restart will run again", len(rows))
         return len(rows)
@@ -209,6 +219,10 @@ class EvaluationRunner:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
+                if time.monotonic() >= self._next_beat:
+                    self._next_beat = time.monotonic() + HEARTBEAT_S
+                    self.replicas.heartbeat()
+                    self.recover()
                 self._dispatch()
             except Exception:  # noqa: BLE001 - the dispatcher must keep running; logged
                 log.exception("evaluation dispatch failed")
@@ -263,19 +277,14 @@ class EvaluationRunner:
     def _claim_and_start(self, job: _Job) -> bool:
         """Claim the job's first pending episode and start its thread; False when none is pending."""
         with self.db.read() as db:  # read first: most polls find nothing and need no write
-            row = db.execute(select(EP.index, EP.attempt).where(EP.evaluation_id == job.id, EP.status == "pending")
-                             .order_by(EP.index).limit(1)).first()
-        if row is None:
+            pending = db.execute(select(EP.index).where(EP.evaluation_id == job.id, EP.status == "pending")
+                                 .limit(1)).first()
+        if pending is None:
             return False
-        index, previous = row
-        attempt = previous + 1
-        with self.db.write() as db:
-            claimed = db.execute(update(EP).where(EP.evaluation_id == job.id, EP.index == index,
-                                                  EP.status == "pending", EP.attempt == previous)
-                                 .values(status="running", attempt=attempt, started_at=_now(), env_id=None))
-            if cast(CursorResult[Any], claimed).rowcount != 1:
-                return True  # cancelled or taken meanwhile: look again
-            db.execute(update(JOB).where(JOB.id == job.id, JOB.status == "queued").values(status="running"))
+        claim = self.replicas.claim(job.id)
+        if claim is None:
+            return True  # cancelled or taken meanwhile: look again
+        index, attempt = claim
         episode = _Episode(job, index, attempt)
         thread = threading.Thread(target=self._run, args=(episode,), daemon=True,
                                   name=f"sandpit-eval-{job.id[-6:]}-{index}")

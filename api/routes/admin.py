@@ -7,7 +7,8 @@ from typing import Annotated
 
 from fastapi import Query, status
 
-from ..deps import CallerDep, OperatorDep, PageDep, QuotasDep, TenantsDep, json_router
+from ..deps import CallerDep, ClusterDep, OperatorDep, PageDep, QuotasDep, TenantsDep, json_router
+from ..schemas.cluster import ClusterStatus
 from ..schemas.tenants import (
     ApiKeyPublic,
     AuditPublic,
@@ -87,3 +88,10 @@ def my_audit(caller: CallerDep, tenants: TenantsDep, page: PageDep,
              action: Annotated[str | None, Query(max_length=64)] = None) -> AuditPublic:
     """The caller's tenant's audit events, newest first."""
     return tenants.audit_page(caller.tenant, page.limit, page.offset, action)
+
+
+@router.get("/cluster", response_model=ClusterStatus)
+def cluster_status(_op: OperatorDep, cluster: ClusterDep) -> ClusterStatus:
+    """Nodes, sandbox hosts (per-host sandboxes, sessions, capacity, envs placed), the API
+    replicas sharing the database, as the answering replica sees them."""
+    return cluster.status()

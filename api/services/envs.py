@@ -234,7 +234,7 @@ class EnvService:
             try:
                 return self.sandboxes.open_session(tenant=tenant, source=environment.source_code,
                                                    class_name=environment.class_name, init_config=init_config,
-                                                   profile=resolved, snapshot=snapshot)
+                                                   profile=resolved, snapshot=snapshot, env_id=env_id)
             except SandboxCapacity:
                 if attempt == CAPACITY_ATTEMPTS - 1 or not self.live.evict_lru(exclude=env_id):
                     raise

@@ -1,9 +1,14 @@
 """Fixtures of the API's unit tests: a migrated SQLite database per test (copied from one
 migrated once per session, so a test costs a file copy, not a migration run). Nothing
-runs but this process."""
+runs but this process.
+
+With ``SANDPIT_TEST_DATABASE=postgresql`` (``scripts/test`` runs the DB-layer tests a
+second time so) the ``database`` fixture is a fresh PostgreSQL database per test instead,
+cloned from a migrated template on the test server (``tests/support/postgres.py``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +34,31 @@ def db_path(tmp_path: Path, migrated_template: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def database_kind() -> Iterator[str]:
+    """``sqlite`` (default) or ``postgresql`` (``SANDPIT_TEST_DATABASE``)."""
+    kind = os.environ.get("SANDPIT_TEST_DATABASE", "sqlite")
+    yield kind
+    if kind == "postgresql":
+        import postgres
+
+        postgres.drop_template()
+
+
 @pytest.fixture
-def database(db_path: Path) -> Iterator[Database]:
-    """The unit of work over this test's database."""
+def database(database_kind: str, request: pytest.FixtureRequest) -> Iterator[Database]:
+    """The unit of work over this test's database (SQLite copy or PostgreSQL clone)."""
+    if database_kind == "postgresql":
+        import postgres
+
+        with postgres.fresh_database() as url:
+            engine = make_engine(url)
+            try:
+                yield Database(make_sessionmaker(engine))
+            finally:
+                engine.dispose()
+        return
+    db_path: Path = request.getfixturevalue("db_path")
     engine = make_engine(f"sqlite:///{db_path}")
     try:
         yield Database(make_sessionmaker(engine))

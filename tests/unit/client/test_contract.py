@@ -108,6 +108,7 @@ SAMPLES: list[tuple[str, Callable[[], Call[Any]]]] = [
     ("key_list", lambda: calls.key_list("team-a")),
     ("key_revoke", lambda: calls.key_revoke("key_1")),
     ("audit_list", lambda: calls.audit_list("team-a", "env.create", 10, 0)),
+    ("cluster_status", lambda: calls.cluster_status()),
 ]
 
 

@@ -1,0 +1,60 @@
+"""``GET /v1/admin/cluster`` (operator key): where sandboxes run and how full they are."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel
+
+
+class HostStatus(BaseModel):
+    """One sandbox host: the local pool, or one Ray host actor (one per node)."""
+
+    host: str
+    """``local``, or ``sandpit-host-<node id prefix>`` (Ray backend)."""
+    node_id: str | None = None
+    """The Ray node it is pinned to (None for the local backend)."""
+    hostname: str | None = None
+    pid: int | None = None
+    uptime_s: float | None = None
+    """Seconds since the host's pool started."""
+    sessions: int
+    """Env sessions placed in this host's sandboxes now."""
+    sandboxes: int
+    """Sandbox containers of the host (idle + active + starting)."""
+    idle: int
+    active: int
+    starting: int
+    capacity_sandboxes: int | None = None
+    """``max_sandboxes`` of the host's pool (None: not reported)."""
+    capacity_sessions: int | None = None
+    """``max_sandboxes x sessions_per_sandbox``: live sessions the host can hold."""
+    envs_placed: int = 0
+    """Envs whose recorded affinity is this host (``env_hosts``; Ray backend)."""
+
+
+class ReplicaStatus(BaseModel):
+    """An API process serving the database (heart-beating within the last minute or so)."""
+
+    id: str
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class ClusterStatus(BaseModel):
+    """Nodes, hosts, sandboxes, sessions and capacity, as seen by the answering replica."""
+
+    backend: Literal["local", "ray"]
+    replica: str
+    """The id of the replica that answered."""
+    nodes: int
+    """Nodes with a sandbox host (1 for the local backend)."""
+    hosts: list[HostStatus]
+    replicas: list[ReplicaStatus]
+    live_envs: int
+    """Envs the answering replica holds a session handle for."""
+    sandboxes: int
+    sessions: int
+    capacity_sessions: int | None = None
+    """Sum over hosts (None when a host does not report it)."""

@@ -1,0 +1,60 @@
+"""``sandpit cluster status``: nodes, sandbox hosts, sandboxes, sessions and capacity through
+the admin API (``client.admin.cluster``; the operator key from ``SANDPIT_OPERATOR_KEY``).
+
+Exit codes: 0 success; 1 no operator key, the server unreachable or refusing (one line on
+stderr); 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sandpit.client import Client, SandpitConnectionError, SandpitError
+
+__all__ = ["cluster_app"]
+
+cluster_app = typer.Typer(help="The cluster behind the API (admin API; needs SANDPIT_OPERATOR_KEY).",
+                          no_args_is_help=True)
+console = Console(stderr=True)
+UrlOption = Annotated[str, typer.Option(envvar="SANDPIT_URL", help="Sandpit API base URL.")]
+OperatorOption = Annotated[str | None, typer.Option(
+    envvar="SANDPIT_OPERATOR_KEY", show_envvar=True, help="The operator key (prefer the environment variable).")]
+TIMEOUT_S = 30.0
+
+
+@cluster_app.command("status")
+def status(url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
+           as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False) -> None:
+    """Backend, nodes, per-host sandboxes/sessions/capacity/envs placed, and the replicas."""
+    if not operator_key:
+        console.print("[red]error:[/red] no operator key: set SANDPIT_OPERATOR_KEY")
+        raise typer.Exit(1)
+    try:
+        with Client(url, timeout=TIMEOUT_S, operator_key=operator_key) as client:
+            answer = client.admin.cluster.status()
+    except SandpitConnectionError as exc:
+        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+        raise typer.Exit(1) from None
+    except SandpitError as exc:
+        console.print(f"[red]error:[/red] {exc.status_code}: {exc.message}")
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
+        return
+    out = Console()
+    capacity = answer.capacity_sessions if answer.capacity_sessions is not None else "?"
+    out.print(f"backend [bold]{answer.backend}[/bold] · {answer.nodes} node(s) · {answer.sandboxes} sandboxes · "
+              f"{answer.sessions}/{capacity} sessions · answered by {answer.replica}")
+    hosts = Table("host", "node", "sandboxes", "idle", "active", "starting", "sessions", "capacity", "envs placed")
+    for h in answer.hosts:
+        hosts.add_row(h.host, (h.node_id or "-")[:12], str(h.sandboxes), str(h.idle), str(h.active),
+                      str(h.starting), str(h.sessions), str(h.capacity_sessions or "?"), str(h.envs_placed))
+    out.print(hosts)
+    replicas = Table("replica", "started", "last heartbeat")
+    for r in answer.replicas:
+        replicas.add_row(r.id, r.started_at.isoformat(timespec="seconds"), r.heartbeat_at.isoformat(timespec="seconds"))
+    out.print(replicas)

@@ -1,0 +1,638 @@
+"""The Ray executor backend: sandbox hosts are Ray actors, one per node with a Docker Engine.
+
+Selected by the API's settings (``SANDPIT_EXECUTOR_BACKEND=ray``, ``SANDPIT_RAY_ADDRESS``);
+needs the ``ray`` extra (``pip install -e '.[ray]'``). The local backend
+(:class:`~sandpit.executor.pool.SandboxPool` in the API process) stays the default and
+never imports Ray. Placement follows ROCK (the ROLL ecosystem's sandbox manager): Ray's own
+scheduler, no home-made cluster protocol::
+
+    API replica (RayExecutor) ──ray──►  SandboxHost actor "sandpit-host-<node>" (detached,
+    API replica (RayExecutor) ──ray──►  one per node with resource sandpit_docker=1, pinned
+                                        to it)  └─ SandboxPool ─► that node's Docker Engine
+
+* **Hosts.** A node offers the custom resource ``sandpit_docker`` (``ray start
+  --resources='{"sandpit_docker": 1}'``) when it has a Docker Engine and the sandbox image.
+  Every :class:`RayExecutor` creates-or-gets the host actor of each such node by name
+  (namespace ``sandpit``, ``lifetime="detached"``, pinned with a hard node affinity), so
+  every API replica reaches the same hosts. A host owns that node's ``SandboxPool`` exactly
+  as the local backend does (same hardening, runner, limits: the executor settings are
+  passed to it whole).
+* **Sessions live in the host**, keyed by the env id (``session_id``), so any replica can
+  reach an env's session. Each hosted session has a *version*, bumped by every mutating
+  request (call, restore) and by every attach; a replica's handle carries the version it
+  last saw and a request with another one raises :class:`SessionClosed` (the handle is
+  stale: another replica stepped the env). The API then drops its cached view and, on the
+  client's retry, re-opens the env from its committed head state: the host *attaches* the
+  existing session (restoring the head state when the sandbox differs from it) instead of
+  starting a new one. Closing with a stale version is a no-op. So the database stays the
+  truth and a sandbox never gets ahead of it silently.
+* **Affinity.** ``env -> host`` is recorded through an :class:`Affinity` (the API keeps it
+  in its database, table ``env_hosts``): a re-open goes to the recorded host while it is
+  alive, else to the least-loaded live host.
+* **Loss.** A host whose node died (or whose actor died) fails its requests with
+  :class:`SandboxLost` (503 at the API, which drops the session); the env's next use opens
+  it on another live host from its last committed snapshot: the same recovery path as a
+  lost sandbox on one machine.
+
+Everything crossing Ray is plain data (JSON-shaped dicts): results are re-validated into
+the executor's pydantic models on the caller's side; executor errors are re-raised as the
+same classes (:func:`_error_data` / :func:`_raise`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import (
+    CapacityError,
+    DockerUnavailable,
+    ExecutorError,
+    ImageError,
+    ProfileError,
+    SandboxLost,
+    SandboxStartError,
+    SessionClosed,
+    SessionError,
+    SessionOpenError,
+    ToolSchemaError,
+)
+from .profiles import ProfileOverrides, ResourceProfile
+from .results import CallResult, CheckResult, ExecResult, Snapshot
+from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
+
+NAMESPACE = "sandpit"
+RESOURCE = "sandpit_docker"
+"""Custom Ray resource marking a node with a Docker Engine (1 per node)."""
+HOST_PREFIX = "sandpit-host-"
+HOST_CONCURRENCY = 256
+"""Requests one host actor serves at once (threads; the pool bounds sandboxes itself)."""
+
+
+def _ray() -> Any:
+    """The ``ray`` module (imported on first use: the local backend never needs it).
+    Raises DockerUnavailable naming the extra when Ray is not installed."""
+    try:
+        return importlib.import_module("ray")
+    except ImportError as exc:
+        raise DockerUnavailable("the Ray backend needs the 'ray' extra: pip install -e '.[ray]'") from exc
+
+
+# -- errors across the hop ----------------------------------------------------------------------
+def _error_data(exc: BaseException) -> dict[str, Any]:
+    """An executor error (or ValueError) as plain data for :func:`_raise`."""
+    data: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    for attr in ("retry_after_s", "sandbox_id", "status", "observation", "traceback", "logs"):
+        if hasattr(exc, attr):
+            data[attr] = getattr(exc, attr)
+    return data
+
+
+def _raise(data: dict[str, Any]) -> None:
+    """Re-raise what :func:`_error_data` described, as the same class."""
+    kind, message = data["type"], data["message"]
+    if kind in ("SessionOpenError", "ToolSchemaError"):
+        cls = ToolSchemaError if kind == "ToolSchemaError" else SessionOpenError
+        raise cls(data["status"], data["observation"], data.get("traceback"))
+    if kind == "CapacityError":
+        raise CapacityError(message, retry_after_s=float(data.get("retry_after_s", 1.0)))
+    if kind == "SandboxLost":
+        raise SandboxLost(message, data.get("sandbox_id", ""), data.get("status", "crashed"))
+    if kind == "SandboxStartError":
+        raise SandboxStartError(message, data.get("sandbox_id", ""), data.get("logs", ""))
+    simple: dict[str, type[Exception]] = {
+        "ProfileError": ProfileError, "SessionClosed": SessionClosed, "SessionError": SessionError,
+        "DockerUnavailable": DockerUnavailable, "ImageError": ImageError, "ValueError": ValueError}
+    raise simple.get(kind, ExecutorError)(message if kind in simple else f"{kind}: {message}")
+
+
+def _guard(fn: Callable[[], Any]) -> dict[str, Any]:
+    """``{"ok": fn()}``, or ``{"error": ...}`` for an executor error or ValueError."""
+    try:
+        return {"ok": fn()}
+    except (ExecutorError, ValueError) as exc:
+        return {"error": _error_data(exc)}
+
+
+# -- the host actor ---------------------------------------------------------------------------
+@dataclass
+class _Hosted:
+    session: Any  # sandpit.executor.session.Session
+    tenant: str
+    version: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SandboxHost:
+    """Body of the host actor (``ray.remote(SandboxHost)``): one node's ``SandboxPool`` and
+    the sessions placed on it (module docstring). Every method returns ``{"ok": value}`` or
+    ``{"error": data}``; values are JSON-shaped."""
+
+    def __init__(self, name: str, settings: dict[str, Any], image_settings: dict[str, Any]) -> None:
+        from .pool import SandboxPool
+
+        self.name = name
+        self.pool = SandboxPool(ExecutorSettings.model_validate(settings), ImageSettings.model_validate(image_settings))
+        self.pool.start()
+        self._sessions: dict[str, _Hosted] = {}
+        self._lock = threading.Lock()
+        self.started = time.time()
+
+    def _hosted(self, session_id: str, version: int | None) -> _Hosted:
+        with self._lock:
+            hosted = self._sessions.get(session_id)
+        if hosted is None or hosted.session.closed:
+            raise SessionClosed(f"session {session_id!r} is not open on host {self.name}")
+        if version is not None and hosted.version != version:
+            raise SessionClosed(f"session {session_id!r} was used by another replica (version {hosted.version}, "
+                                f"this handle saw {version}); re-open it")
+        return hosted
+
+    def noop(self) -> dict[str, Any]:
+        """Nothing: one round trip (``benchmarks/scale.py`` measures the hop with it)."""
+        return {"ok": None}
+
+    def info(self) -> dict[str, Any]:
+        """Host name, node, process, sessions and the pool's counters."""
+        ray = _ray()
+        with self._lock:
+            sessions = sum(1 for h in self._sessions.values() if not h.session.closed)
+        return {"ok": {"host": self.name, "node_id": ray.get_runtime_context().get_node_id(),
+                       "hostname": socket.gethostname(), "pid": os.getpid(), "sessions": sessions,
+                       "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
+                       "max_sandboxes": self.pool.settings.max_sandboxes,
+                       "sessions_per_sandbox": self.pool.settings.sessions_per_sandbox}}
+
+    def open_session(self, session_id: str, tenant: str, source: str, class_name: str,
+                     init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
+                     snapshot: dict[str, list[Any]] | None) -> dict[str, Any]:
+        """Open session ``session_id`` (``snapshot`` None: a fresh instance, replacing a
+        hosted one), or attach to the hosted one when resuming (``snapshot`` given: restored
+        when the sandbox's state differs). ``{"ok": {"version", "attached"}}``."""
+        def run() -> dict[str, Any]:
+            with self._lock:
+                existing = self._sessions.get(session_id)
+            if (snapshot is not None and existing is not None and not existing.session.closed
+                    and existing.tenant == tenant):  # a resume: attach (a fresh open replaces it)
+                with existing.lock:
+                    if snapshot is not None and existing.session.snapshot().attributes != snapshot:
+                        existing.session.restore(Snapshot(attributes=snapshot))
+                    existing.version += 1
+                    return {"version": existing.version, "attached": True}
+            session = self.pool.open_session(
+                tenant=tenant, source=source, class_name=class_name, init_config=init_config,
+                profile=ResourceProfile.model_validate(profile) if profile is not None else None,
+                snapshot=snapshot)  # the pool's own (random) session id; hosted under session_id
+            with self._lock:
+                old = self._sessions.get(session_id)
+                self._sessions[session_id] = _Hosted(session, tenant, version=(old.version + 1) if old else 1)
+                version = self._sessions[session_id].version
+            if old is not None:
+                old.session.close()
+            return {"version": version, "attached": False}
+        return _guard(run)
+
+    def call(self, session_id: str, version: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A tool call on a session at ``version``: ``{"ok": [new_version, result]}``."""
+        def run() -> list[Any]:
+            hosted = self._hosted(session_id, version)
+            with hosted.lock:
+                self._hosted(session_id, version)  # still ours once we hold the lock
+                result = hosted.session.call(name, arguments)
+                hosted.version += 1
+                return [hosted.version, result.model_dump(mode="json")]
+        return _guard(run)
+
+    def restore(self, session_id: str, version: int, attributes: dict[str, list[Any]]) -> dict[str, Any]:
+        """Restore a session at ``version``: ``{"ok": new_version}``."""
+        def run() -> int:
+            hosted = self._hosted(session_id, version)
+            with hosted.lock:
+                self._hosted(session_id, version)
+                hosted.session.restore(Snapshot(attributes=attributes))
+                hosted.version += 1
+                return hosted.version
+        return _guard(run)
+
+    def read(self, session_id: str, what: str) -> dict[str, Any]:
+        """``state`` (JSON view), ``snapshot`` (encoded attributes) or ``describe`` of a session."""
+        def run() -> Any:
+            session = self._hosted(session_id, None).session
+            if what == "state":
+                return session.state()
+            if what == "snapshot":
+                return session.snapshot().attributes
+            if what == "describe":
+                return session.describe()
+            raise ValueError(f"unknown read {what!r}")
+        return _guard(run)
+
+    def close_session(self, session_id: str, version: int | None) -> dict[str, Any]:
+        """Close a session if ``version`` is its current one (None: whatever its version)."""
+        with self._lock:
+            hosted = self._sessions.get(session_id)
+            if hosted is None or (version is not None and hosted.version != version):
+                return {"ok": False}
+            del self._sessions[session_id]
+        hosted.session.close()
+        return {"ok": True}
+
+    def pool_call(self, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``describe``, ``run_checks``, ``execute``, ``warm``, ``ping`` or ``profile`` of the
+        pool (profiles as dicts; results as JSON-shaped data)."""
+        def run() -> Any:
+            if "profile" in kwargs and kwargs["profile"] is not None:
+                kwargs["profile"] = ResourceProfile.model_validate(kwargs["profile"])
+            if method == "profile":
+                overrides = kwargs.get("overrides")
+                return self.pool.profile(kwargs.get("name"), ProfileOverrides.model_validate(overrides)
+                                         if overrides is not None else None).model_dump(mode="json")
+            if method == "describe":
+                return self.pool.describe(**kwargs)
+            if method == "run_checks":
+                return [r.model_dump(mode="json") for r in self.pool.run_checks(**kwargs)]
+            if method == "execute":
+                return self.pool.execute(**kwargs).model_dump(mode="json")
+            if method == "warm":
+                return self.pool.warm(**kwargs)
+            if method == "ping":
+                self.pool.ping()
+                return None
+            raise ValueError(f"unknown pool method {method!r}")
+        return _guard(run)
+
+    def shutdown(self) -> dict[str, Any]:
+        """Close every session and the pool (its containers are removed)."""
+        with self._lock:
+            hosted = list(self._sessions.values())
+            self._sessions.clear()
+        for h in hosted:
+            h.session.close()
+        self.pool.close()
+        return {"ok": True}
+
+
+# -- the API side -------------------------------------------------------------------------------
+class Affinity(Protocol):
+    """Where an env's session is placed (the API implements it over its database)."""
+
+    def get(self, session_id: str) -> str | None:
+        """The host name recorded for ``session_id``, if any."""
+        ...
+
+    def put(self, session_id: str, host: str) -> None:
+        """Record that ``session_id`` is placed on ``host``."""
+        ...
+
+
+class MemoryAffinity:
+    """An in-process :class:`Affinity` (a single API process, tests)."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, str] = {}
+
+    def get(self, session_id: str) -> str | None:
+        return self._hosts.get(session_id)
+
+    def put(self, session_id: str, host: str) -> None:
+        self._hosts[session_id] = host
+
+
+class RaySession:
+    """A replica's handle on a session hosted by a :class:`SandboxHost` (module docstring)."""
+
+    def __init__(self, owner: RayExecutor, host: str, session_id: str, tenant: str, version: int) -> None:
+        self._owner = owner
+        self.host = host
+        self._id = session_id
+        self._tenant = tenant
+        self._version = version
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def tenant(self) -> str:
+        return self._tenant
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check(self) -> None:
+        if self._closed:
+            raise SessionClosed(f"session {self._id!r} is closed")
+
+    def _ask(self, method: str, *args: Any) -> Any:
+        try:
+            return self._owner.ask(self.host, method, *args)
+        except (SandboxLost, SessionClosed):
+            self._closed = True
+            raise
+
+    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
+        """A tool call in the host (EnvScaler semantics). Raises SessionClosed (closed, or
+        stale: another replica used the env), SandboxLost (host lost), ValueError."""
+        self._check()
+        version, result = self._ask("call", self._id, self._version, name, arguments or {})
+        self._version = version
+        return CallResult.model_validate(result)
+
+    def state(self) -> dict[str, Any]:
+        """The state's JSON view."""
+        self._check()
+        state: dict[str, Any] = self._ask("read", self._id, "state")
+        return state
+
+    def snapshot(self) -> Snapshot:
+        """The last good snapshot."""
+        self._check()
+        return Snapshot(attributes=self._ask("read", self._id, "snapshot"))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Put the instance into ``snapshot``'s state. Raises SessionError, SandboxLost."""
+        self._check()
+        self._version = self._ask("restore", self._id, self._version, snapshot.attributes)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The OpenAI tool schemas of the instance's class."""
+        self._check()
+        schemas: list[dict[str, Any]] = self._ask("read", self._id, "describe")
+        return schemas
+
+    def close(self) -> None:
+        """End the session in its host unless another replica took it over (idempotent;
+        a lost host has nothing left to close)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._owner.ask(self.host, "close_session", self._id, self._version)
+        except ExecutorError:
+            pass
+
+
+class RayExecutor:
+    """The :class:`~sandpit.executor.interface.Executor` over Ray host actors (module docstring).
+
+    Args:
+        address: Ray cluster address (``ray.init(address=...)``; ``None``/``""``: ``auto``).
+            Not used when Ray is already initialized in this process.
+        settings, image_settings: handed to every host's ``SandboxPool`` (default: this
+            process's ``SANDPIT_EXECUTOR_*`` / ``SANDPIT_IMAGE_*``).
+        affinity: where env -> host placements are recorded (default: in memory).
+
+    Raises (``start``): DockerUnavailable when Ray cannot be reached or no node offers
+    ``sandpit_docker``.
+    """
+
+    refresh_s: float = 2.0
+    """How often the node list is re-read (new nodes get a host; dead ones are skipped)."""
+    hop_margin_s: float = 60.0
+    """Seconds a request to a host may take beyond the longest call timeout before the
+    host counts as lost."""
+
+    def __init__(self, address: str | None = None, settings: ExecutorSettings | None = None,
+                 image_settings: ImageSettings | None = None, affinity: Affinity | None = None) -> None:
+        self.address = address or "auto"
+        self.settings = settings or get_settings()
+        self.image_settings = image_settings or get_image_settings()
+        self.affinity: Affinity = affinity or MemoryAffinity()
+        self._hosts: dict[str, Any] = {}  # host name -> actor handle (live nodes only)
+        self._dead: set[str] = set()
+        self._refreshed = 0.0
+        self._lock = threading.Lock()
+        self._connected_here = False
+        self._placed = 0
+        self.keyed_sessions = True
+        """Sessions are keyed by the caller's ``session_id`` (the env id) and outlive this
+        process: the API passes the env id so any replica re-attaches (``Sandboxes``)."""
+        self.hop_timeout_s = self.settings.max_profile.call_timeout_s + self.hop_margin_s
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> RayExecutor:
+        """Connect to Ray and create-or-get the host of every ``sandpit_docker`` node."""
+        ray = _ray()
+        if not ray.is_initialized():
+            main = threading.current_thread() is threading.main_thread()
+            saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+            try:
+                ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False,
+                         logging_level="warning")
+            except Exception as exc:  # noqa: BLE001 - Ray's connection errors have no common base
+                raise DockerUnavailable(f"cannot reach the Ray cluster at {self.address!r}: {exc}") from exc
+            finally:  # ray.init's SIGTERM handler exits at once: the server's own graceful stop stays
+                for sig, handler in saved.items():
+                    signal.signal(sig, handler)
+            self._connected_here = True
+        self.refresh(force=True)
+        if not self._hosts:
+            raise DockerUnavailable(f"no Ray node offers the {RESOURCE!r} resource (a node with a Docker Engine "
+                                    f"starts with --resources='{{\"{RESOURCE}\": 1}}')")
+        return self
+
+    def close(self) -> None:
+        """Forget the hosts (they are shared by every replica and stay up) and disconnect
+        from Ray if this executor connected."""
+        with self._lock:
+            self._hosts.clear()
+        if self._connected_here:
+            _ray().shutdown()
+
+    def shutdown_hosts(self) -> None:
+        """Close every host's pool and kill the host actors (operator action; tests)."""
+        ray = _ray()
+        with self._lock:
+            hosts = dict(self._hosts)
+        for handle in hosts.values():
+            try:
+                ray.get(handle.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001, S110 - a host already gone has nothing to close
+                pass
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001, S110
+                pass
+
+    # -- hosts ----------------------------------------------------------------------------------
+    def nodes(self) -> list[dict[str, Any]]:
+        """Alive Ray nodes offering ``sandpit_docker``: ``{"node_id", "address", "resources"}``."""
+        ray = _ray()
+        return [{"node_id": n["NodeID"], "address": n.get("NodeManagerAddress", ""), "resources": n.get("Resources", {})}
+                for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(RESOURCE, 0) >= 1]
+
+    def refresh(self, force: bool = False) -> dict[str, Any]:
+        """Re-read the node list (every ``refresh_s`` at most unless ``force``): a host for
+        every live ``sandpit_docker`` node, none for dead ones. Returns name -> handle."""
+        if not force and time.monotonic() - self._refreshed < self.refresh_s:
+            with self._lock:
+                return dict(self._hosts)
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remote = ray.remote(SandboxHost)
+        hosts: dict[str, Any] = {}
+        for node in self.nodes():
+            name = HOST_PREFIX + node["node_id"][:16]
+            if name in self._dead:
+                continue
+            hosts[name] = remote.options(
+                name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", num_cpus=0,
+                resources={RESOURCE: 1}, max_concurrency=HOST_CONCURRENCY, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["node_id"], soft=False),
+            ).remote(name, self.settings.model_dump(mode="json"), self.image_settings.model_dump(mode="json"))
+        with self._lock:
+            self._hosts = hosts
+            self._refreshed = time.monotonic()
+        return dict(hosts)
+
+    def _lost(self, host: str) -> None:
+        with self._lock:
+            self._hosts.pop(host, None)
+            self._dead.add(host)  # its node is gone (a node id is never reused)
+
+    def ask(self, host: str, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """Call ``method`` on host ``host`` and unwrap its answer. Raises the executor
+        error the host raised, SandboxLost when the host (or its node) is gone or does not
+        answer within ``timeout_s`` (default: the call timeout plus a minute)."""
+        ray = _ray()
+        with self._lock:
+            handle = self._hosts.get(host)
+        if handle is None:
+            raise SandboxLost(f"sandbox host {host} is gone", sandbox_id=host)
+        try:
+            answer = ray.get(getattr(handle, method).remote(*args), timeout=timeout_s or self.hop_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            self._lost(host)
+            raise SandboxLost(f"sandbox host {host} was lost: {type(exc).__name__}", sandbox_id=host) from exc
+        if "error" in answer:
+            _raise(answer["error"])
+        return answer["ok"]
+
+    def _any_host(self) -> str:
+        hosts = self.refresh()
+        if not hosts:
+            raise DockerUnavailable(f"no live sandbox host (no Ray node offers {RESOURCE!r})")
+        return sorted(hosts)[self._placed % len(hosts)]
+
+    def _choose(self, session_id: str) -> str:
+        """The recorded host of ``session_id`` while it lives, else the least-loaded one."""
+        hosts = self.refresh()
+        recorded = self.affinity.get(session_id)
+        if recorded is not None and recorded in hosts:
+            return recorded
+        if not hosts:
+            raise DockerUnavailable(f"no live sandbox host (no Ray node offers {RESOURCE!r})")
+        ray = _ray()
+        loads: dict[str, int] = {}
+        refs = {name: handle.info.remote() for name, handle in hosts.items()}
+        for name, ref in refs.items():
+            try:
+                loads[name] = ray.get(ref, timeout=10)["ok"]["sessions"]
+            except Exception:  # noqa: BLE001 - an unanswering host is not a candidate
+                self._lost(name)
+        if not loads:
+            raise DockerUnavailable("no sandbox host answers")
+        self._placed += 1
+        return min(sorted(loads), key=lambda n: loads[n])
+
+    # -- Executor ----------------------------------------------------------------------------
+    def profile(self, name: str | None = None, overrides: ProfileOverrides | None = None) -> ResourceProfile:
+        """A named profile lowered by ``overrides`` (resolved locally: every host has the
+        same settings). Raises ProfileError."""
+        from .profiles import resolve_profile
+
+        return resolve_profile(self.settings.profiles, self.settings.max_profile,
+                               name or self.settings.default_profile, overrides)
+
+    def open_session(self, *, tenant: str, source: str, class_name: str,
+                     init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
+                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None) -> RaySession:
+        """Open ``class_name`` on the env's host (or attach to its live session there).
+        Raises SessionOpenError, CapacityError, SandboxLost, DockerUnavailable, ValueError."""
+        import secrets
+
+        session_id = session_id or f"ses_{secrets.token_hex(8)}"
+        host = self._choose(session_id)
+        opened = self.ask(host, "open_session", session_id, tenant, source, class_name, init_config,
+                          profile.model_dump(mode="json") if profile is not None else None, snapshot)
+        self.affinity.put(session_id, host)
+        return RaySession(self, host, session_id, tenant, int(opened["version"]))
+
+    def describe(self, *, tenant: str, source: str, class_name: str,
+                 profile: ResourceProfile | None = None) -> list[dict[str, Any]]:
+        """Tool schemas of a class, derived on any host."""
+        schemas: list[dict[str, Any]] = self.ask(self._any_host(), "pool_call", "describe", {
+            "tenant": tenant, "source": source, "class_name": class_name,
+            "profile": profile.model_dump(mode="json") if profile else None})
+        return schemas
+
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
+                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+                   per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
+        """Check functions on two encoded states, on any host."""
+        results = self.ask(self._any_host(), "pool_call", "run_checks", {
+            "tenant": tenant, "checks": checks, "initial_state": initial_state, "final_state": final_state,
+            "profile": profile.model_dump(mode="json") if profile else None,
+            "per_check_timeout_s": per_check_timeout_s, "source": source})
+        return [CheckResult.model_validate(r) for r in results]
+
+    def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
+                timeout_s: float | None = None, profile: ResourceProfile | None = None) -> ExecResult:
+        """``code`` as a script in a fresh process, on any host."""
+        return ExecResult.model_validate(self.ask(self._any_host(), "pool_call", "execute", {
+            "tenant": tenant, "code": code, "stdin": stdin, "files": files, "timeout_s": timeout_s,
+            "profile": profile.model_dump(mode="json") if profile else None}))
+
+    def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
+             timeout_s: float = 120.0) -> int:
+        """Warm every live host; the total of idle sandboxes."""
+        total = 0
+        for host in self.refresh():
+            try:
+                total += int(self.ask(host, "pool_call", "warm", {
+                    "tenant": tenant, "profile": profile.model_dump(mode="json") if profile else None,
+                    "count": count, "timeout_s": timeout_s}, timeout_s=timeout_s + 30))
+            except ExecutorError:
+                continue
+        return total
+
+    def hosts_info(self) -> list[dict[str, Any]]:
+        """Every live host's :meth:`SandboxHost.info` (a host that does not answer is left out)."""
+        out = []
+        for host in sorted(self.refresh()):
+            try:
+                out.append(self.ask(host, "info", timeout_s=10))
+            except ExecutorError:
+                continue
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """The pools' counters summed over hosts, plus ``hosts`` (per-host info)."""
+        hosts = self.hosts_info()
+        total: dict[str, Any] = {}
+        for info in hosts:
+            for key, value in info["stats"].items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    total[key] = total.get(key, 0) + value
+        total["hosts"] = hosts
+        return total
+
+    def ping(self) -> None:
+        """Return when at least one host answers; raise DockerUnavailable otherwise."""
+        for host in sorted(self.refresh()):
+            try:
+                self.ask(host, "pool_call", "ping", {}, timeout_s=10)
+                return
+            except ExecutorError:
+                continue
+        raise DockerUnavailable("no sandbox host answers")

@@ -1,0 +1,58 @@
+"""The Ray backend's plain-data contract (no Ray needed: the module imports Ray lazily):
+executor errors cross the hop as data and come back as the same classes with their fields;
+anything unknown becomes a plain ExecutorError naming the original type."""
+
+from __future__ import annotations
+
+import pytest
+from sandpit.executor.errors import (
+    CapacityError,
+    DockerUnavailable,
+    ExecutorError,
+    ProfileError,
+    SandboxLost,
+    SessionClosed,
+    SessionOpenError,
+    ToolSchemaError,
+)
+from sandpit.executor.ray_backend import MemoryAffinity, _error_data, _guard, _raise
+
+
+@pytest.mark.parametrize("error", [
+    CapacityError("full", retry_after_s=3.5),
+    SandboxLost("gone", "sbx_1", status="oom"),
+    SessionOpenError("timeout", "Error: TimeoutError: init", "tb"),
+    ToolSchemaError("rejected", "Error: too many tools"),
+    ProfileError("above max"),
+    SessionClosed("closed"),
+    DockerUnavailable("down"),
+    ValueError("bad arguments"),
+])
+def test_errors_come_back_as_the_same_class_with_their_fields(error: Exception) -> None:
+    with pytest.raises(type(error)) as caught:
+        _raise(_error_data(error))
+    assert type(caught.value) is type(error) and str(caught.value) == str(error)
+    for attr in ("retry_after_s", "sandbox_id", "status", "observation", "traceback"):
+        if hasattr(error, attr):
+            assert getattr(caught.value, attr) == getattr(error, attr)
+
+
+@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "SystemExit", "os.system", "__import__('os')", ""])
+def test_unknown_or_hostile_types_are_a_plain_executor_error(kind: str) -> None:
+    with pytest.raises(ExecutorError) as caught:
+        _raise({"type": kind, "message": "m"})
+    assert type(caught.value) is ExecutorError and kind in str(caught.value)
+
+
+def test_guard_wraps_executor_errors_and_lets_bugs_through() -> None:
+    assert _guard(lambda: 3) == {"ok": 3}
+    assert _guard(lambda: (_ for _ in ()).throw(SessionClosed("x")))["error"]["type"] == "SessionClosed"
+    with pytest.raises(ZeroDivisionError):
+        _guard(lambda: 1 / 0)
+
+
+def test_memory_affinity_records_the_last_host() -> None:
+    affinity = MemoryAffinity()
+    affinity.put("env_1", "sandpit-host-a")
+    affinity.put("env_1", "sandpit-host-b")
+    assert affinity.get("env_1") == "sandpit-host-b" and affinity.get("env_2") is None
