@@ -1,15 +1,15 @@
 """scale-out: API replicas (heartbeats), the replica that claimed an evaluation episode,
 env -> sandbox host affinity (Ray backend)
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005_init_configs
 Create Date: 2026-11-25 12:00:00.000000
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0005'
-down_revision = '0004'
+revision = '0006'
+down_revision = '0005_init_configs'
 branch_labels = None
 depends_on = None
 
