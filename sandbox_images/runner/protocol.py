@@ -15,6 +15,7 @@ parser's stack.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 
@@ -58,22 +59,29 @@ def _refuse_constant(name: str) -> float:
 
 _PARENS = bytes.maketrans(b"[{]}", b"(())")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STRING = re.compile(rb'"(?:[^"\\]+|\\.)*"', re.DOTALL)
+"""A complete JSON string literal, escapes included (left to right, as the exact scan
+opens and closes strings; a backslash outside a string is skipped by both)."""
 
 
 def _check_depth(payload: bytes, limit: int) -> None:
     """Reject payloads nested deeper than ``limit`` before handing them to ``json``.
 
-    Never recurses. Bytes operations (in C) first: escaped backslashes and quotes are
-    dropped, string contents cut out between quotes, everything but brackets removed,
+    Never recurses. Bytes operations (in C) first: string literals cut out by one regular
+    expression (escapes honoured only inside strings), everything but brackets removed,
     then each ``replace(b"()", b"")`` pass peels one nesting level; only a payload still
     holding brackets after ``limit`` passes (deeper, or unbalanced) gets the exact
-    byte-by-byte scan, which decides. A 3 MB frame: ~30 ms instead of ~200 ms (at 0.5
-    CPU, and a frame is checked at each hop).
+    byte-by-byte scan, which decides. A 3 MB frame without backslashes: ~30 ms instead of
+    ~200 ms (at 0.5 CPU, and a frame is checked at each hop); with backslashes the string
+    literals are cut by a regular expression, about the cost of the scan.
     """
     if payload.count(b"[") + payload.count(b"{") <= limit:
         return
-    outside = payload.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in payload else payload
-    brackets = b"".join(outside.split(b'"')[::2]).translate(_PARENS, _NOT_BRACKETS)
+    if b"\\" in payload:
+        outside = _STRING.sub(b"", payload)  # an unterminated string stays: the scan decides
+    else:
+        outside = b"".join(payload.split(b'"')[::2])
+    brackets = outside.translate(_PARENS, _NOT_BRACKETS)
     for _ in range(limit):
         shorter = brackets.replace(b"()", b"")
         if len(shorter) == len(brackets):
