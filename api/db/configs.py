@@ -58,6 +58,13 @@ class CanonicalConfig:
     ensure_ascii=False)`` counts it (what the ``max_init_config_bytes`` caps measure)."""
 
 
+_FLOAT_SPELLING = re.compile(rb"0\.0000")
+"""Where orjson's spelling of a float differs from Python's ``repr``: a magnitude below
+1e-4, which orjson writes out and Python gives an exponent (other floats, exponents
+included, are spelled alike). Text inside strings can match too; that only costs a
+second, exact measurement."""
+
+
 def _python_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
@@ -65,8 +72,9 @@ def _python_json(value: Any) -> bytes:
 def canonical(value: dict[str, Any]) -> CanonicalConfig:
     """``value``'s canonical bytes, hash and size (see the module docstring). orjson is
     used when its bytes are exactly Python's (no ``null`` that could stand for a
-    non-finite float); the size equals Python's compact JSON size either way (orjson
-    spells small exponents differently, so a body holding ``e-`` is measured by Python)."""
+    non-finite float); the size equals Python's compact JSON size either way: orjson
+    spells floats below 1e-4 out (``6.103515625e-05`` as ``0.00006103515625``), so bytes that may hold such a float (:data:`_FLOAT_SPELLING`) are measured
+    by Python."""
     try:
         data = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError):  # lone surrogates, huge integers
@@ -75,7 +83,7 @@ def canonical(value: dict[str, Any]) -> CanonicalConfig:
         data = _python_json(value)
         size = len(data)
     else:
-        size = len(data) if b"e-" not in data else len(_python_json(value))
+        size = len(data) if _FLOAT_SPELLING.search(data) is None else len(_python_json(value))
     return CanonicalConfig(value, data, hashlib.sha256(data).hexdigest()[:HASH_HEX], size)
 
 
