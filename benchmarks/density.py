@@ -227,7 +227,12 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
     server = Server(data_dir, **env)
     out: dict = {"server_env": env, "envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
     try:
-        with server.client(limits=httpx.Limits(max_connections=args.stepping + 16,
+        # an RL trainer's tenant: its steps may run in parallel (the default max_running_calls
+        # is half the cores, 1 here, which would serialize the 200 stepping clients)
+        trainer_key = server.new_tenant("trainer", {"max_live_envs": 1_000_000, "max_concurrent_calls": 1024,
+                                                    "max_running_calls": args.running_calls})
+        out["tenant_max_running_calls"] = args.running_calls
+        with server.client(trainer_key, limits=httpx.Limits(max_connections=args.stepping + 16,
                                                max_keepalive_connections=args.stepping + 16)) as client:
             environment_id = client.post("/v1/environments", json={"source_code": SOURCE,
                                                                    "class_name": "Bench"}).json()["id"]
@@ -336,6 +341,8 @@ def main() -> None:
     parser.add_argument("--sandbox-memory-mib", type=int, default=1024)
     parser.add_argument("--cpus", type=float, default=1.0, help="CPU quota of each sandbox")
     parser.add_argument("--call-slots", type=int, default=64, help="SANDPIT_CALL_SLOTS of the server")
+    parser.add_argument("--running-calls", type=int, default=16,
+                        help="max_running_calls of the stepping tenant (the default quota is half the cores)")
     parser.add_argument("--no-templates", dest="templates", action="store_false")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--executor", action="store_true",
