@@ -36,17 +36,11 @@ class EnvHistory:
 
     def state_json(self, caller: TenantContext, env_id: str, step: int | None, episode: int | None) -> bytes:
         """``GET /state`` as JSON bytes: the same ``StateView`` as :meth:`state_at`, its
-        ``state`` rendered once per state root (:class:`~.state.RenderedStates`). The head
-        of a live env is read without the database (its live entry is the committed head);
-        other reads fetch the step's root and load the state only when that root was not
-        rendered before. Raises what :meth:`state` raises."""
-        entry = self.live.get(env_id)
-        if (step is None and episode is None and entry is not None and entry.tenant == caller.tenant
-                and not entry.session.closed):
-            number, at, cache = entry.episode, entry.step, entry.cache
-            if cache.root:
-                state, truncated = self.rendered.render(cache)
-                return state_response(env_id, number, at, state, truncated)
+        ``state`` rendered once per state root (:class:`~.state.RenderedStates`). The
+        step's root always comes from the database (with API replicas, another process
+        may have committed a later step than this process's live entry holds); the state is
+        loaded only when that root was rendered neither before nor by the live entry.
+        Raises what :meth:`state` raises."""
         with self.db.read() as db:
             found = db.execute(select(models.Env.tenant, models.Env.episode, models.Env.step)
                                .where(models.Env.id == env_id)).first()
@@ -54,17 +48,17 @@ class EnvHistory:
                 raise NotFound(f"env {env_id[:64]!r} not found")
             number, head = self._head_of(db, env_id, found.episode, found.step, episode)
             at = self._checked_step(env_id, number, head, found.episode, step)
-            entry = self.live.get(env_id)
-            if entry is not None and entry.episode == number and entry.step == at and not entry.session.closed:
-                state, truncated = self.rendered.render(entry.cache)
-                return state_response(env_id, number, at, state, truncated)
             root = db.scalar(select(models.Step.state_root).where(
                 models.Step.env_id == env_id, models.Step.episode == number, models.Step.step == at))
             if root is None:
                 raise NotFound(f"step {at} of env {env_id!r} not found")
             hit = self.rendered.get(root)
             if hit is None:
-                hit = self.rendered.render(load_state(db, root))
+                entry = self.live.get(env_id)
+                if entry is not None and entry.cache.root == root and not entry.session.closed:
+                    hit = self.rendered.render(entry.cache)
+                else:
+                    hit = self.rendered.render(load_state(db, root))
         return state_response(env_id, number, at, *hit)
 
     def trajectory_page(self, caller: TenantContext, env_id: str, episode: int | None, limit: int | None,
