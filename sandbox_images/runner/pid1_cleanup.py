@@ -2,14 +2,26 @@
 proving a sandbox empty before it serves another session. Stdlib only; runs in the
 runner process and never executes session code.
 
-Processes (:func:`sweep`): a pass SIGKILLs every selected process, then passes repeat
-until one finds no selected process that is still alive (a zombie counts as dead). A
-process with a pending SIGKILL can no longer fork (the kernel's ``copy_process`` aborts
-when a fatal signal is pending, and gVisor's does the same), so a fork bomb cannot
-outrun the passes: every child it made before its signal is already in ``/proc`` at the
-next scan. The only bound is ``deadline_s`` of wall-clock time for processes to actually
-die (a killed process needs CPU to exit, which a loaded machine and the CPU quota
-delay); past it the sweep reports failure and the runner stops reusing the sandbox.
+Processes (:func:`sweep`): a pass lists ``/proc``, reads every listed process's state
+and session, SIGKILLs the selected ones still alive and reaps the dead ones. A process
+with a pending SIGKILL can no longer fork (the kernel's ``copy_process`` aborts when a
+signal is pending, and gVisor's does the same), so a fork bomb cannot outrun the passes:
+every child it made before its signal is already in ``/proc`` at the next listing.
+
+A pass is *quiet* only if it found no selected process alive, no selected zombie it had
+not already seen as a zombie in the pass before, and no listed process that vanished
+before its state could be read; the sweep ends at the first quiet pass. The listing is
+not atomic, so a process that forks after the listing and exits before its state is read
+("fork hoppers") leaves a child this pass never saw; but the exited parent is then a new
+zombie (orphans go to PID 1, which reaps only between passes) or, if a process of the
+sandbox reaped it first, it vanished from the listing, or its reaper is itself a listed
+process that was alive, died or vanished: each of these makes the pass noisy and the
+next listing shows the child. A zombie seen in two passes in a row died before the
+first one's listing was complete, so its children are in the second.
+
+The only bound is ``deadline_s`` of wall-clock time for processes to actually die (a
+killed process needs CPU to exit, which a loaded machine and the CPU quota delay); past
+it the sweep reports failure and the runner stops reusing the sandbox.
 
 Emptiness (:func:`reset`, when no session and no job is left): ``kill(-1, SIGKILL)``
 from PID 1 (the kernel spares only PID 1 itself: atomic, no race with forks), then every
@@ -61,8 +73,15 @@ TCP_LISTEN = "0A"
 
 
 def scan() -> dict[int, tuple[str, int]]:
-    """``pid -> (state letter, session id)`` of every process visible in /proc."""
-    out: dict[int, tuple[str, int]] = {}
+    """``pid -> (state letter, session id)`` of every process visible in /proc (a process
+    that vanished between the listing and the read of its stat is left out)."""
+    return {pid: info for pid, info in _scan().items() if info is not None}
+
+
+def _scan() -> dict[int, tuple[str, int] | None]:
+    """Like :func:`scan`, with ``None`` for a listed process whose stat could not be read
+    any more (it exited and was reaped meanwhile)."""
+    out: dict[int, tuple[str, int] | None] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -74,10 +93,10 @@ def scan() -> dict[int, tuple[str, int]]:
             with open(f"/proc/{entry}/stat", "rb") as handle:
                 raw = handle.read()
         except OSError:
+            out[int(entry)] = None
             continue
         fields = raw[raw.rfind(b")") + 2:].split()
-        if len(fields) > 3:
-            out[int(entry)] = (fields[0].decode("ascii", "replace"), int(fields[3]))
+        out[int(entry)] = (fields[0].decode("ascii", "replace"), int(fields[3])) if len(fields) > 3 else None
     return out
 
 
@@ -96,23 +115,38 @@ def reap_pid(pid: int) -> None:
 def sweep(selected: Callable[[int, int], bool], deadline_s: float = SWEEP_DEADLINE_S,
           reap: Callable[[int], None] = reap_pid) -> bool:
     """SIGKILL every process ``selected(pid, sid)`` picks (never this process) and wait
-    until none of them is alive. Dead ones are passed to ``reap`` (so the runner collects
-    only the children it does not track itself).
+    for a quiet pass (see the module docstring): none of them alive and no sign that one
+    forked while the pass was listing. Dead ones are passed to ``reap`` after each pass's
+    listing (so the runner collects only the children it does not track itself).
 
-    Returns True when no selected process is left alive, False when some still were
-    after ``deadline_s`` seconds (the caller must not trust the sandbox any more)."""
+    Returns True when no selected process is left alive, False when the passes were not
+    quiet yet after ``deadline_s`` seconds (the caller must not trust the sandbox any
+    more)."""
     me = os.getpid()
     end = time.monotonic() + deadline_s
+    zombies: set[int] = set()
     while True:
-        alive = []
-        for pid, (state, sid) in scan().items():
-            if pid == me or not selected(pid, sid):
+        alive: list[int] = []
+        dead: list[int] = []
+        noisy = False
+        for pid, info in _scan().items():
+            if pid == me:
+                continue
+            if info is None:
+                noisy = True  # exited and reaped while listed: may have forked unseen
+                continue
+            state, sid = info
+            if not selected(pid, sid):
                 continue
             if _dead(state):
-                reap(pid)
+                dead.append(pid)
+                noisy = noisy or pid not in zombies
             else:
                 alive.append(pid)
-        if not alive:
+        zombies = set(dead)
+        for pid in dead:
+            reap(pid)
+        if not alive and not noisy:
             return True
         for pid in alive:  # again for those signalled before: harmless, they are dying
             try:
