@@ -19,6 +19,13 @@ process that was alive, died or vanished: each of these makes the pass noisy and
 next listing shows the child. A zombie seen in two passes in a row died before the
 first one's listing was complete, so its children are in the second.
 
+Noisy passes alone can lose the race when a pass is slower than a hop (a loaded machine:
+a chain forks hundreds of generations while one pass reads ``/proc``). So a pass also
+kills the process group of every selected process (``killpg``: atomic against forks in
+Linux and gVisor), which ends a hopping chain in one blow as long as its members stay in
+one group. A chain that also makes a new session in every generation can still outpace
+the passes on a saturated machine; then the deadline below ends the sweep.
+
 The only bound is ``deadline_s`` of wall-clock time for processes to actually die (a
 killed process needs CPU to exit, which a loaded machine and the CPU quota delay); past
 it the sweep reports failure and the runner stops reusing the sandbox.
@@ -75,13 +82,13 @@ TCP_LISTEN = "0A"
 def scan() -> dict[int, tuple[str, int]]:
     """``pid -> (state letter, session id)`` of every process visible in /proc (a process
     that vanished between the listing and the read of its stat is left out)."""
-    return {pid: info for pid, info in _scan().items() if info is not None}
+    return {pid: (info[0], info[1]) for pid, info in _scan().items() if info is not None}
 
 
-def _scan() -> dict[int, tuple[str, int] | None]:
-    """Like :func:`scan`, with ``None`` for a listed process whose stat could not be read
-    any more (it exited and was reaped meanwhile)."""
-    out: dict[int, tuple[str, int] | None] = {}
+def _scan() -> dict[int, tuple[str, int, int] | None]:
+    """``pid -> (state letter, session id, process group id)``, with ``None`` for a listed
+    process whose stat could not be read any more (it exited and was reaped meanwhile)."""
+    out: dict[int, tuple[str, int, int] | None] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -96,7 +103,8 @@ def _scan() -> dict[int, tuple[str, int] | None]:
             out[int(entry)] = None
             continue
         fields = raw[raw.rfind(b")") + 2:].split()
-        out[int(entry)] = (fields[0].decode("ascii", "replace"), int(fields[3])) if len(fields) > 3 else None
+        out[int(entry)] = ((fields[0].decode("ascii", "replace"), int(fields[3]), int(fields[2]))
+                           if len(fields) > 3 else None)
     return out
 
 
@@ -116,7 +124,12 @@ def sweep(selected: Callable[[int, int], bool], deadline_s: float = SWEEP_DEADLI
           reap: Callable[[int], None] = reap_pid) -> bool:
     """SIGKILL every process ``selected(pid, sid)`` picks (never this process) and wait
     for a quiet pass (see the module docstring): none of them alive and no sign that one
-    forked while the pass was listing. Dead ones are passed to ``reap`` after each pass's
+    forked while the pass was listing. A selected process's whole process group is killed
+    too (``killpg``) when ``selected(pgid, sid)`` also holds, i.e. the group's leader id is
+    not a protected process: a group-directed signal reaches every member at once, a child
+    being forked included (Linux queues it for the child; gVisor forks and signals groups
+    under one lock), so a chain of processes that fork and exit in a loop inside one
+    group dies in one pass however fast it hops. Dead ones are passed to ``reap`` after each pass's
     listing (so the runner collects only the children it does not track itself).
 
     Returns True when no selected process is left alive, False when the passes were not
@@ -128,6 +141,7 @@ def sweep(selected: Callable[[int, int], bool], deadline_s: float = SWEEP_DEADLI
     while True:
         alive: list[int] = []
         dead: list[int] = []
+        groups: set[int] = set()
         noisy = False
         for pid, info in _scan().items():
             if pid == me:
@@ -135,9 +149,11 @@ def sweep(selected: Callable[[int, int], bool], deadline_s: float = SWEEP_DEADLI
             if info is None:
                 noisy = True  # exited and reaped while listed: may have forked unseen
                 continue
-            state, sid = info
+            state, sid, pgid = info
             if not selected(pid, sid):
                 continue
+            if pgid not in (0, 1, me) and selected(pgid, sid):
+                groups.add(pgid)
             if _dead(state):
                 dead.append(pid)
                 noisy = noisy or pid not in zombies
@@ -148,6 +164,11 @@ def sweep(selected: Callable[[int, int], bool], deadline_s: float = SWEEP_DEADLI
             reap(pid)
         if not alive and not noisy:
             return True
+        for group in groups:  # the whole group at once, including a fork under way
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except OSError:
+                pass
         for pid in alive:  # again for those signalled before: harmless, they are dying
             try:
                 os.kill(pid, signal.SIGKILL)

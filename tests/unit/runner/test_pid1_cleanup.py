@@ -54,6 +54,7 @@ from sandpit.sandbox_images.runner import pid1_cleanup
 assert os.getpid() == 1, "must be PID 1 of its own pid namespace"
 escaped = []
 for round_ in range(int(sys.argv[1])):
+    started_r, started_w = os.pipe()
     session = os.fork()
     if session == 0:  # a session's process: starts eight hoppers and reaps like child_session
         os.setsid()
@@ -71,11 +72,15 @@ for round_ in range(int(sys.argv[1])):
         ready = b""
         while ready.count(b".") < 8:
             ready += os.read(ready_r, 64)
+        os.write(started_w, b"!")  # every hopper runs in a session of its own: the call "returned"
         while True:
             try:
                 os.waitpid(-1, 0)
             except ChildProcessError:
                 time.sleep(0.01)
+    os.close(started_w)
+    assert os.read(started_r, 1) == b"!"
+    os.close(started_r)
     time.sleep(0.05)
     done = pid1_cleanup.sweep(lambda pid, sid: pid != session and sid != session)
     time.sleep(0.2)  # a hopper that slipped through is running again by now
