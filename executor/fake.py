@@ -97,7 +97,7 @@ Verdict = bool | str | CheckResult | Callable[[dict[str, Any], dict[str, Any]], 
 rendered initial and final states returning the value (an exception is ``error``)."""
 ExecScript = str | ExecResult | Callable[[jobs.ExecRequest], str | ExecResult]
 """How a script is answered: its stdout (exit 0), a whole result, or a callable."""
-FAILABLE = frozenset({"open_session", "describe", "run_checks", "execute", "warm", "ping"})
+FAILABLE = frozenset({"open_session", "describe", "run_checks", "execute", "warm", "ping", "call"})
 _RUNNER_MESSAGES = {  # pid1_runner.Runner.child_failed: the runner's words for a failed call
     "timeout": "Error: tool call exceeded the {timeout:g} s time limit",
     "oom": "Error: session ran out of memory",
@@ -189,6 +189,7 @@ class FakeSession:
             return _result("rejected", f"Error: {str(name)[:longest]!r} is not a public tool name", started)
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
             return _result("rejected", "Error: arguments must be an object with string keys", started)
+        self._executor._raise_injected("call")  # e.g. SessionClosed: another replica's handle took it
         with self._lock:
             if self._closed:
                 raise SessionClosed(f"session {self.id} is closed")
@@ -324,7 +325,8 @@ class FakeExecutor:
 
     def fail(self, method: str, error: BaseException, times: int | None = 1) -> None:
         """Make the next ``times`` calls of ``method`` (one of :data:`FAILABLE`; None: every
-        call until :meth:`clear_failures`) raise ``error`` once its arguments are checked."""
+        call until :meth:`clear_failures`) raise ``error`` once its arguments are checked.
+        ``call`` is a tool call of any session, refused before the tool runs."""
         if method not in FAILABLE:
             raise ValueError(f"method must be one of {sorted(FAILABLE)}")
         with self._lock:

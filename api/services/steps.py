@@ -67,6 +67,12 @@ ENV_HEAD = ENVS.update().where(ENVS.c.id == bindparam("env")).values(step=bindpa
 """Move an env's head (one ``executemany`` for a batch of steps)."""
 
 
+
+class _SessionMoved(Exception):
+    """The env's session refused or lost a call before its result was known (another API
+    replica attached to it since, or it closed): the step is not recorded and may be
+    carried out again after re-attaching from the committed head."""
+
 class StepClock:
     """Per-phase CPU (``time.thread_time``) and wall (``time.perf_counter``) seconds of
     one request, added to the metrics' phase counters by :meth:`flush`. Phases:
@@ -330,7 +336,7 @@ class StepService:
             result = entry.session.call(call.name, call.arguments)
         except SessionClosedError:
             self.live.drop(env_id)
-            raise ServiceUnavailable("the env's session closed during the call; retry", retry_after=1) from None
+            raise _SessionMoved from None
         except SandboxError:
             self.live.drop(env_id)
             raise
@@ -363,18 +369,33 @@ class StepService:
         NoCapacity (503 + Retry-After), ServiceUnavailable (database, Docker Engine or
         the simulated user's model failed; the step is not acknowledged and the env
         resumes from its last committed state), QuotaExceeded (no execution slot).
-        ``clock`` (optional) is charged the ``sandbox``, ``persist`` and ``other`` phases."""
+        ``clock`` (optional) is charged the ``sandbox``, ``persist`` and ``other`` phases.
+
+        A session that refuses the call before running it (another API replica stepped the
+        env since this one's handle was made: issue 15, any replica answers any request) is
+        re-attached from the committed head and the action carried out once more within
+        this request; only a second refusal is a 503."""
         started = time.perf_counter()
         with self.live.lock(env_id):
-            entry, restored = self.envs.live_entry(tenant, env_id)
-            run = entry.run
-            if run.ended:
-                raise EpisodeEnded(f"episode {entry.episode} of env {env_id!r} has {run.status} "
-                                   f"(reward {run.reward}); reset the env to start the next one")
-            before = entry.cache
-            if clock is not None:
-                clock.lap("other")
-            outcome_run = self._act(tenant, env_id, entry, action)
+            for attempt in range(2):
+                entry, restored = self.envs.live_entry(tenant, env_id)
+                run = entry.run
+                if run.ended:
+                    raise EpisodeEnded(f"episode {entry.episode} of env {env_id!r} has {run.status} "
+                                       f"(reward {run.reward}); reset the env to start the next one")
+                before = entry.cache
+                if clock is not None:
+                    clock.lap("other")
+                try:
+                    outcome_run = self._act(tenant, env_id, entry, action)
+                    break
+                except _SessionMoved:
+                    if attempt:
+                        raise ServiceUnavailable("the env's session closed during the call twice; retry",
+                                                 retry_after=1) from None
+                    # another API replica used the env since this one did (its handle is
+                    # stale; the host refused the call before running it) or the session
+                    # closed: re-attach from the committed head and act once more
             if clock is not None:
                 clock.lap("sandbox")
             result = outcome_run.result

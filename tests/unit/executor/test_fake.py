@@ -255,4 +255,4 @@ def test_ping_warm_stats_and_close(fake: FakeExecutor) -> None:
     with pytest.raises(ExecutorError, match="closed"):
         fake.open_session(tenant="t", source="", class_name="Counter")
     with pytest.raises(ValueError, match="one of"):
-        fake.fail("call", RuntimeError())
+        fake.fail("nap", RuntimeError())

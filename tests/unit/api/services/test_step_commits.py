@@ -100,3 +100,41 @@ def test_a_failed_write_acknowledges_nothing_and_spares_the_other_envs(services:
     commits.write_batch = write_batch
     resumed = services.steps.take(ME, bad, StepRequest(name="bump"), None)
     assert (resumed.step, resumed.observation, resumed.recovered) == (3, "3", True)
+
+
+def test_a_session_that_refuses_a_call_is_reattached_within_the_same_step(services: Services, fake,
+                                                                          environment_id: str) -> None:
+    """Another API replica stepped the env (this one's handle is stale: the host refuses the
+    call before running it). The step re-attaches from the committed head and succeeds in
+    the same request; the refused attempt leaves no trace (issue 15)."""
+    from sandpit.executor.errors import SessionClosed
+
+    env_id = create(services, environment_id)
+    for i in range(1, 3):
+        assert services.steps.take(ME, env_id, StepRequest(name="bump"), None).observation == str(i)
+    first = services.live.get(env_id)
+    assert first is not None
+    opened = len(fake.sessions)
+    fake.fail("call", SessionClosed("stale handle: another replica used the session"), times=1)
+    reply = services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+    assert (reply.step, reply.observation) == (3, "3")  # from the committed count 2, run once
+    assert committed(services, env_id) == [(1, "1"), (2, "2"), (3, "3")]
+    assert len(fake.sessions) == opened + 1  # re-opened from the committed head
+    assert services.live.get(env_id) is not first
+
+
+def test_a_session_refusing_twice_is_a_503_and_nothing_is_recorded(services: Services, fake,
+                                                                   environment_id: str) -> None:
+    from sandpit.executor.errors import SessionClosed
+
+    env_id = create(services, environment_id)
+    services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+    fake.fail("call", SessionClosed("stale"), times=2)
+    try:
+        services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+    except ServiceUnavailable as exc:
+        assert exc.retry_after == 1
+    else:
+        raise AssertionError("a session refusing twice must be a 503")
+    assert committed(services, env_id) == [(1, "1")]
+    assert services.steps.take(ME, env_id, StepRequest(name="bump"), None).observation == "2"
