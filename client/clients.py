@@ -20,6 +20,7 @@ from .envs import AsyncEnvs, Envs
 from .errors import Unavailable
 from .evaluations import AsyncEvaluations, Evaluations
 from .models import ExecResult
+from .replicas import AsyncReplicaTransport, ReplicaTransport, parse_replicas
 from .scenarios import AsyncScenarios, Scenarios
 from .transport import AsyncTransport, RetryPolicy, SyncTransport, from_environment, http_kwargs
 
@@ -31,7 +32,9 @@ class Client:
 
     Args:
         base_url: e.g. `http://127.0.0.1:8000` (paths `/v1/...` are appended); default the
-            `SANDPIT_URL` environment variable, else `http://127.0.0.1:8600`.
+            `SANDPIT_URL` environment variable, else `http://127.0.0.1:8600`. Several API
+            replicas separated by commas get the requests in turn (`sandpit.client.replicas`;
+            `replica_answers` counts them).
         api_key: sent as `Authorization: Bearer <api_key>`; default `SANDPIT_API_KEY`.
         timeout: seconds for connect, read, write and pool each; a step that takes longer
             raises `SandpitConnectionError(request_sent=True)` and is not retried.
@@ -48,13 +51,22 @@ class Client:
                  headers: Mapping[str, str] | None = None, operator_key: str | None = None) -> None:
         policy = RetryPolicy(max_retry_wait_s)
         base_url, api_key = from_environment(base_url, api_key)
-        self._http = httpx.Client(transport=transport, **http_kwargs(base_url, api_key, timeout, headers))
+        replicas = parse_replicas(base_url)
+        self._replicas = ReplicaTransport(replicas, transport) if len(replicas) > 1 else None
+        self._http = httpx.Client(transport=self._replicas or transport,
+                                  **http_kwargs(str(replicas[0]), api_key, timeout, headers))
         self._t = SyncTransport(self._http, policy, operator_key)
         self.environments = Environments(self._t)
         self.envs = Envs(self._t)
         self.scenarios = Scenarios(self._t)
         self.evaluations = Evaluations(self._t)
         self.admin = Admin(self._t)
+
+    @property
+    def replica_answers(self) -> dict[str, int]:
+        """Responses received per API replica (``host:port``) when `base_url` named several;
+        empty for a single server."""
+        return dict(self._replicas.rotation.answered) if self._replicas is not None else {}
 
     def validate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """`POST /v1/validate` (fields as the server's `ValidateRequest`); the verdict dict."""
@@ -105,13 +117,21 @@ class AsyncClient:
                  headers: Mapping[str, str] | None = None, operator_key: str | None = None) -> None:
         policy = RetryPolicy(max_retry_wait_s)
         base_url, api_key = from_environment(base_url, api_key)
-        self._http = httpx.AsyncClient(transport=transport, **http_kwargs(base_url, api_key, timeout, headers))
+        replicas = parse_replicas(base_url)
+        self._areplicas = AsyncReplicaTransport(replicas, transport) if len(replicas) > 1 else None
+        self._http = httpx.AsyncClient(transport=self._areplicas or transport,
+                                       **http_kwargs(str(replicas[0]), api_key, timeout, headers))
         self._t = AsyncTransport(self._http, policy, operator_key)
         self.environments = AsyncEnvironments(self._t)
         self.envs = AsyncEnvs(self._t)
         self.scenarios = AsyncScenarios(self._t)
         self.evaluations = AsyncEvaluations(self._t)
         self.admin = AsyncAdmin(self._t)
+
+    @property
+    def replica_answers(self) -> dict[str, int]:
+        """See `Client.replica_answers`."""
+        return dict(self._areplicas.rotation.answered) if self._areplicas is not None else {}
 
     async def validate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """See `Client.validate`."""
