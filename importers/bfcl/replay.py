@@ -36,6 +36,9 @@ class EpisodeReplay:
     error: str | None = None
     """Why the episode could not be replayed (API error), or None."""
     final_state: dict[str, Any] | None = None
+    """The env's state after the last step (``GET /state``), when asked for."""
+    observations: list[str] = field(default_factory=list)
+    """Every step's observation, in order (what a comparison of two runs checks)."""
 
 
 @dataclass
@@ -123,6 +126,7 @@ def replay_episode(client: Client, episode: BfclEpisode, environment_id: str, *,
                 outcome.latencies_ms.append((time.perf_counter() - started) * 1000.0)
                 outcome.steps += 1
                 outcome.statuses[result.status] += 1
+                outcome.observations.append(result.observation)
         if want_state:
             outcome.final_state = handle.state()
     except SandpitError as exc:
@@ -137,15 +141,16 @@ def replay_episode(client: Client, episode: BfclEpisode, environment_id: str, *,
 
 
 def replay_suite(client: Client, suite: BfclSuite, environment_ids: dict[str, str], *, concurrency: int = 4,
-                 limit: int | None = None, on_episode: Callable[[EpisodeReplay], None] | None = None
-                 ) -> tuple[ReplaySummary, list[EpisodeReplay]]:
-    """Replay ``limit`` (default all) episodes, ``concurrency`` at a time."""
+                 limit: int | None = None, on_episode: Callable[[EpisodeReplay], None] | None = None,
+                 want_state: bool = False) -> tuple[ReplaySummary, list[EpisodeReplay]]:
+    """Replay ``limit`` (default all) episodes, ``concurrency`` at a time (each episode's
+    final state read too when ``want_state``); results in completion order."""
     episodes = list(suite.episodes[:limit] if limit else suite.episodes)
     started = time.perf_counter()
     results: list[EpisodeReplay] = []
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as workers:
-        futures = [workers.submit(replay_episode, client, ep, environment_ids[ep.environment_name])
-                   for ep in episodes]
+        futures = [workers.submit(replay_episode, client, ep, environment_ids[ep.environment_name],
+                                  want_state=want_state) for ep in episodes]
         for future in as_completed(futures):
             result = future.result()
             results.append(result)
