@@ -58,11 +58,12 @@ class CanonicalConfig:
     ensure_ascii=False)`` counts it (what the ``max_init_config_bytes`` caps measure)."""
 
 
-_FLOAT_SPELLING = re.compile(rb"0\.0000")
+_FLOAT_SPELLING = re.compile(rb"0\.0000|e-[0-9](?![0-9])")
 """Where orjson's spelling of a float differs from Python's ``repr``: a magnitude below
-1e-4, which orjson writes out and Python gives an exponent (other floats, exponents
-included, are spelled alike). Text inside strings can match too; that only costs a
-second, exact measurement."""
+1e-4 that orjson writes out (``0.00001`` for ``1e-05``), and a one-digit negative
+exponent that Python pads (orjson ``5.96e-8``, Python ``5.96e-08``; Hypothesis found it).
+Other floats, larger exponents included, are spelled alike. Text inside strings can
+match too; that only costs a second, exact measurement."""
 
 
 def _python_json(value: Any) -> bytes:
@@ -72,9 +73,9 @@ def _python_json(value: Any) -> bytes:
 def canonical(value: dict[str, Any]) -> CanonicalConfig:
     """``value``'s canonical bytes, hash and size (see the module docstring). orjson is
     used when its bytes are exactly Python's (no ``null`` that could stand for a
-    non-finite float); the size equals Python's compact JSON size either way: orjson
-    spells floats below 1e-4 out (``6.103515625e-05`` as ``0.00006103515625``), so bytes that may hold such a float (:data:`_FLOAT_SPELLING`) are measured
-    by Python."""
+    non-finite float); the size equals Python's compact JSON size either way: where
+    orjson spells a float otherwise (:data:`_FLOAT_SPELLING`) the bytes are measured by
+    Python."""
     try:
         data = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError):  # lone surrogates, huge integers

@@ -44,6 +44,7 @@ def test_size_is_pythons_compact_json_size_and_bytes_give_the_value_back(value: 
 
 @pytest.mark.parametrize("value", [
     {"tiny": 1e-05, "huge": 1e+22, "neg": -2.5e-07},  # exponents orjson spells otherwise
+    {"": 5.96e-08, "e": 1e-7, "two": 2.5e-300, "big": 1.5e16},  # one-digit negative exponent (Hypothesis)
     {"big": 2**80, "neg": -(2**70)},  # beyond 64 bits: Python's json
     {"inf": float("inf"), "nan_free": None},  # orjson would write null for inf
     {"ctl": "\x00\x1f\x7f\u2028", "astral": "\U0001f600", "quote": '"\\'},
