@@ -8,6 +8,7 @@ pool shut down)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Protocol, cast
 
 from sqlalchemy import select
@@ -24,6 +25,9 @@ from .live import LiveEnvs
 
 DRAINED_SHOWN = 20
 """Drained hosts (gone) that ``status`` still lists, most recent first."""
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What a host name can be (``local``, ``sandpit-host-<node id prefix>``): anything else is
+unknown without asking the database (a NUL byte is not even storable in PostgreSQL)."""
 
 
 class Drainable(Protocol):
@@ -106,7 +110,7 @@ class ClusterService:
         drainable = cast(Drainable, executor)
         affinity = DbAffinity(self.db)
         live = set(drainable.refresh(force=True))
-        if host not in live and affinity.drain_record(host) is None:
+        if host not in live and (not HOST_NAME.fullmatch(host) or affinity.drain_record(host) is None):
             raise NotFound(f"sandbox host {host!r} not found")
         row, _created = affinity.start_drain(host, live, allow_last=force)
         if row is None:
@@ -119,7 +123,7 @@ class ClusterService:
     def drain_view(self, host: str) -> HostDrainPublic:
         """The drain of ``host`` now. Raises NotFound (never drained)."""
         affinity = DbAffinity(self.db)
-        row = affinity.drain_record(host)
+        row = affinity.drain_record(host) if HOST_NAME.fullmatch(host) else None
         if row is None:
             raise NotFound(f"sandbox host {host!r} is not being drained")
         sessions = 0
