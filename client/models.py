@@ -461,6 +461,8 @@ class ClusterHost(_ResponseModel):
     """Live sessions the host can hold (`max_sandboxes x sessions_per_sandbox`)."""
     envs_placed: int = 0
     """Envs whose recorded affinity is this host."""
+    calls_in_flight: int | None = None
+    """Tool calls running on the host now (None: not reported)."""
     drain: str | None = None
     """None (takes new envs), `draining` (taking nothing new, its envs moving away) or
     `drained` (empty, its pool shut down)."""

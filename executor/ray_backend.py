@@ -171,6 +171,7 @@ class SandboxHost:
         self.draining = False
         """Set by :meth:`drain`: new sessions and pool work are refused (HostDraining)."""
         self._busy = 0  # opens and pool calls in progress (a drain waits for them)
+        self._calls = 0  # tool calls in progress
 
     def _enter(self, what: str) -> None:
         """Count one open / pool call in progress; HostDraining once the host drains."""
@@ -198,13 +199,15 @@ class SandboxHost:
         return {"ok": None}
 
     def info(self) -> dict[str, Any]:
-        """Host name, node, process, sessions and the pool's counters."""
+        """Host name, node, process, sessions, tool calls in progress, whether it drains,
+        and the pool's counters."""
         ray = _ray()
         with self._lock:
             sessions = sum(1 for h in self._sessions.values() if not h.session.closed)
+            calls = self._calls
         return {"ok": {"host": self.name, "node_id": ray.get_runtime_context().get_node_id(),
                        "hostname": socket.gethostname(), "pid": os.getpid(), "sessions": sessions,
-                       "draining": self.draining,
+                       "draining": self.draining, "calls": calls,
                        "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
                        "max_sandboxes": self.pool.settings.max_sandboxes,
                        "sessions_per_sandbox": self.pool.settings.sessions_per_sandbox}}
@@ -254,7 +257,13 @@ class SandboxHost:
             hosted = self._hosted(session_id, version)
             with hosted.lock:
                 self._hosted(session_id, version)  # still ours once we hold the lock
-                result = hosted.session.call(name, arguments)
+                with self._lock:
+                    self._calls += 1
+                try:
+                    result = hosted.session.call(name, arguments)
+                finally:
+                    with self._lock:
+                        self._calls -= 1
                 hosted.version += 1
                 return [hosted.version, result.model_dump(mode="json")]
         return _guard(run)

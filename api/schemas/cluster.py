@@ -32,6 +32,8 @@ class HostStatus(BaseModel):
     """``max_sandboxes x sessions_per_sandbox``: live sessions the host can hold."""
     envs_placed: int = 0
     """Envs whose recorded affinity is this host (``env_hosts``; Ray backend)."""
+    calls_in_flight: int | None = None
+    """Tool calls running on the host now (None: not reported, e.g. the local backend)."""
     drain: Literal["draining", "drained"] | None = None
     """None: the host takes new envs. ``draining``: it takes nothing new and its sessions
     are being moved; ``drained``: empty, its pool shut down (listed with zero counters)."""

@@ -69,7 +69,7 @@ class ClusterService:
                 sandboxes=int(s.get("sandboxes", 0)), idle=int(s.get("idle", 0)), active=int(s.get("active", 0)),
                 starting=int(s.get("starting", 0)), capacity_sandboxes=cap,
                 capacity_sessions=cap * per if cap is not None and per is not None else None,
-                envs_placed=placed.get(info["host"], 0), drain=drain))  # type: ignore[arg-type]
+                envs_placed=placed.get(info["host"], 0), calls_in_flight=info.get("calls"), drain=drain))  # type: ignore[arg-type]
         live_hosts = list(hosts)
         shown = {h.host for h in hosts}
         with self.db.read() as db:

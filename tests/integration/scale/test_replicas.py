@@ -168,6 +168,27 @@ def wait_for_hosts(admins: list[Client], hosts: set[str], timeout_s: float = 90.
 
 DRAIN_ENVS = 6
 STEPS_AFTER_DRAIN = 3
+NAP_S = 6.0
+NAPPER_SOURCE = '''
+import time
+
+
+class Napper:
+    """A counter whose nap is a call still running when the drain starts."""
+
+    def __init__(self, init_config: dict):
+        self.count = init_config.get("count", 0)
+
+    def nap(self, seconds: float) -> int:
+        """Sleep, then add one.
+
+        Args:
+            seconds (float): how long.
+        """
+        time.sleep(seconds)
+        self.count += 1
+        return self.count
+'''
 
 
 def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
@@ -181,14 +202,16 @@ def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
         wait_for_hosts(clients, {host_of_node(n) for n in cluster.worker_nodes} | {host_of_node(third)})
         environment = clients[0].environments.create(name="counter-drain", source_code=COUNTER_SOURCE,
                                                      class_name="Counter")
+        napper = clients[1].envs.create(source_code=NAPPER_SOURCE, class_name="Napper", init_config={"count": 7})
         envs = [clients[i % 2].envs.create(environment.id, init_config={"count": 1000 * i})
                 for i in range(DRAIN_ENVS)]
         env_ids = [env.id for env in envs]
-        placed = hosts_of(pg_url, env_ids)
+        placed = hosts_of(pg_url, env_ids + [napper.id])
         assert len(set(placed.values())) == 3, f"envs should be spread over the three hosts: {placed}"
-        victim = placed[env_ids[0]]
+        victim = placed[napper.id]
         victim_info = next(h for h in clients[0].admin.cluster.status().hosts if h.host == victim)
         on_victim = [env_id for env_id in env_ids if placed[env_id] == victim]
+        assert on_victim, placed
 
         acknowledged: dict[str, list[int]] = {env_id: [] for env_id in env_ids}
         errors: list[str] = []
@@ -202,7 +225,7 @@ def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
             number = 0
             try:
                 while after_drain < STEPS_AFTER_DRAIN:
-                    if number == 2:
+                    if number == 1:
                         started.wait(timeout=120)
                     by = number * 10 + index + 1
                     was_drained = drained.is_set()
@@ -216,10 +239,18 @@ def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
                 errors.append(f"env {index}: {type(exc).__name__}: {exc}")
                 started.abort()
 
+        napped: list[object] = []
+        nap = threading.Thread(target=lambda: napped.append(napper.step("nap", seconds=NAP_S)))
+        nap.start()
+        deadline = time.monotonic() + 60
+        while not next(h for h in clients[0].admin.cluster.status().hosts if h.host == victim).calls_in_flight:
+            assert time.monotonic() < deadline and nap.is_alive(), "the nap never ran on the victim"
+            time.sleep(0.05)  # nothing else runs yet: this call in flight is the nap
         threads = [threading.Thread(target=stepper, args=(i,), daemon=True) for i in range(DRAIN_ENVS)]
         for thread in threads:
             thread.start()
-        started.wait(timeout=120)  # every env has two acknowledged steps: drain while they keep stepping
+        started.wait(timeout=120)  # every env has acknowledged steps: drain while they keep stepping
+        nap_running = nap.is_alive()
         answers: list[object] = []
 
         def drain_through(index: int) -> None:
@@ -235,23 +266,29 @@ def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
         for thread in drains:
             thread.join(timeout=180)
         drain_s = time.monotonic() - began
+        nap.join(timeout=60)
         drained.set()
         for thread in threads:
             thread.join(timeout=180)
         assert not errors, errors
         assert all(not isinstance(a, Exception) for a in answers), answers
         assert any(getattr(a, "status", None) == "drained" for a in answers), answers
-        print(f"drain of {victim} ({len(on_victim)} envs) took {drain_s:.1f} s")
+        print(f"drain of {victim} ({len(on_victim) + 1} envs) took {drain_s:.1f} s")
+        # the call in flight on the drained host finished and was acknowledged, then the drain ended
+        assert nap_running, f"the nap ended before the drain began (slower than {NAP_S} s: a loaded machine?)"
+        assert [(r.status, r.observation, r.recovered) for r in napped] == [("ok", "8", False)], napped  # type: ignore[attr-defined]
+        assert napper.step("nap", seconds=0).observation == "9"  # resumed elsewhere from the committed step
+        assert [s.observation for s in napper.trajectory().steps if s.action] == ["8", "9"]
 
         statuses = [code for recorder in recorders for code in recorder.statuses]
         assert not [code for code in statuses if code >= 500 and code != 503], statuses
         print(f"{len(statuses)} responses, {statuses.count(503)} x 503 retried by the client")
 
-        moved = hosts_of(pg_url, env_ids)
+        moved = hosts_of(pg_url, env_ids + [napper.id])
         assert all(host != victim for host in moved.values()), moved
-        assert set(moved) == set(env_ids)
+        assert set(moved) == set(env_ids + [napper.id])
         for i, env_id in enumerate(env_ids):  # every acknowledged step, through either replica
-            assert len(acknowledged[env_id]) >= 2 + STEPS_AFTER_DRAIN
+            assert len(acknowledged[env_id]) >= 1 + STEPS_AFTER_DRAIN
             for client in clients:
                 env = client.envs.get(env_id)
                 assert env.env.step == len(acknowledged[env_id])
@@ -274,9 +311,9 @@ def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
         finally:
             docker_client.close()
         assert not left, left
-        for env_id in env_ids:
+        for env_id in env_ids + [napper.id]:
             clients[1].envs.delete(env_id)
-        assert not hosts_of(pg_url, env_ids), "env_hosts rows must go with their env"
+        assert not hosts_of(pg_url, env_ids + [napper.id]), "env_hosts rows must go with their env"
     finally:
         for client in clients:
             client.close()
