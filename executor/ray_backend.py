@@ -784,9 +784,12 @@ class RayExecutor:
                     break
                 if not left["sessions"] and not left["busy"]:
                     break
-                for session_id in left["sessions"]:
-                    self.ask(host, "evict", session_id)
-                    moved += self._move_envs(host, [session_id])
+                try:
+                    for session_id in left["sessions"]:
+                        self.ask(host, "evict", session_id)
+                        moved += self._move_envs(host, [session_id])
+                except SandboxLost:  # the node went away meanwhile: its sessions went with it
+                    break
                 if time.monotonic() > deadline:
                     log.warning("drain of %s gave up after %.0f s: %d sessions, %d requests left", host,
                                 self.drain_timeout_s, len(left["sessions"]), left["busy"])
