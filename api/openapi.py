@@ -75,6 +75,7 @@ EXTRA: dict[str, set[int]] = {
     "evaluate": {409},  # no scenario and no checks
     "cancel_evaluation": {409},  # already finished
     "create_tenant": {409},  # exists
+    "drain_host": {409},  # the last host taking envs, or the local backend
     "metrics": {401, 403},  # with SANDPIT_METRICS_REQUIRE_AUTH
 }
 """Statuses a route sends that its parts do not show, by route name."""

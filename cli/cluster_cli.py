@@ -1,8 +1,11 @@
-"""``sandpit cluster status``: nodes, sandbox hosts, sandboxes, sessions and capacity through
-the admin API (``client.admin.cluster``; the operator key from ``SANDPIT_OPERATOR_KEY``).
+"""``sandpit cluster status``: nodes, sandbox hosts, sandboxes, sessions and capacity;
+``sandpit cluster drain HOST [--wait] [--timeout S] [--force]``: drain a sandbox host (Ray
+backend). Both through the admin API (``client.admin.cluster``; the operator key from
+``SANDPIT_OPERATOR_KEY``).
 
-Exit codes: 0 success; 1 no operator key, the server unreachable or refusing (one line on
-stderr); 2 usage error.
+Exit codes: 0 success (for ``drain --wait``: the host is drained); 1 no operator key, the
+server unreachable or refusing (unknown host, the last host), or ``--wait`` timed out (one
+line on stderr); 2 usage error.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from sandpit.client import Client, SandpitConnectionError, SandpitError
+from sandpit.client.models import HostDrain
 
 __all__ = ["cluster_app"]
 
@@ -49,12 +53,43 @@ def status(url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOptio
     capacity = answer.capacity_sessions if answer.capacity_sessions is not None else "?"
     out.print(f"backend [bold]{answer.backend}[/bold] · {answer.nodes} node(s) · {answer.sandboxes} sandboxes · "
               f"{answer.sessions}/{capacity} sessions · answered by {answer.replica}")
-    hosts = Table("host", "node", "sandboxes", "idle", "active", "starting", "sessions", "capacity", "envs placed")
+    hosts = Table("host", "node", "state", "sandboxes", "idle", "active", "starting", "sessions", "capacity",
+                  "envs placed")
     for h in answer.hosts:
-        hosts.add_row(h.host, (h.node_id or "-")[:12], str(h.sandboxes), str(h.idle), str(h.active),
-                      str(h.starting), str(h.sessions), str(h.capacity_sessions or "?"), str(h.envs_placed))
+        hosts.add_row(h.host, (h.node_id or "-")[:12], h.drain or "active", str(h.sandboxes), str(h.idle),
+                      str(h.active), str(h.starting), str(h.sessions),
+                      str(h.capacity_sessions if h.capacity_sessions is not None else "?"), str(h.envs_placed))
     out.print(hosts)
     replicas = Table("replica", "started", "last heartbeat")
     for r in answer.replicas:
         replicas.add_row(r.id, r.started_at.isoformat(timespec="seconds"), r.heartbeat_at.isoformat(timespec="seconds"))
     out.print(replicas)
+
+
+@cluster_app.command("drain")
+def drain(host: Annotated[str, typer.Argument(help="The host, as `sandpit cluster status` lists it.")],
+          url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
+          wait: Annotated[bool, typer.Option("--wait", help="Wait until the host is drained.")] = False,
+          timeout: Annotated[float, typer.Option("--timeout", min=0, help="Seconds --wait waits at most.")] = 600.0,
+          force: Annotated[bool, typer.Option("--force", help="Drain even the last host taking envs.")] = False,
+          as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False) -> None:
+    """Drain a sandbox host: no new envs on it, calls in flight finish, its envs resume on other
+    hosts from their last committed step, then its pool shuts down (idempotent)."""
+    if not operator_key:
+        console.print("[red]error:[/red] no operator key: set SANDPIT_OPERATOR_KEY")
+        raise typer.Exit(1)
+    try:
+        with Client(url, timeout=TIMEOUT_S, operator_key=operator_key) as client:
+            answer: HostDrain = client.admin.cluster.drain(host, force=force, wait_s=timeout if wait else None)
+    except SandpitConnectionError as exc:
+        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+        raise typer.Exit(1) from None
+    except SandpitError as exc:
+        console.print(f"[red]error:[/red] {exc.status_code or exc.code}: {exc.message}")
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
+        return
+    Console().print(f"host [bold]{answer.host}[/bold] {answer.status}: {answer.sessions} session(s) left, "
+                    f"{answer.envs_placed} env(s) placed, {answer.envs_moved} moved")
+

@@ -11,15 +11,19 @@ Usage::
         tenant.api_key.key                      # the first API key, shown only here
         client.admin.keys.create("team-a", name="ci").key
         client.admin.audit.list(tenant="team-a", limit=20).data
+        client.admin.cluster.drain("sandpit-host-0123abcd", wait_s=300)   # Ray backend
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from . import calls
-from .models import ApiKey, AuditEvent, ClusterStatus, Page, Tenant
+from .errors import NotFound, SandpitError
+from .models import ApiKey, AuditEvent, ClusterHost, ClusterStatus, HostDrain, Page, Tenant
 from .transport import AsyncTransport, SyncTransport
 
 __all__ = ["Admin", "AsyncAdmin"]
@@ -108,6 +112,17 @@ class Audit:
         return self._t.run(calls.audit_list(tenant, action, limit, offset))
 
 
+DRAIN_POLL_S = 1.0
+"""Seconds between two looks at the cluster while waiting for a drain."""
+
+
+def _host_of(status: ClusterStatus, host: str) -> ClusterHost:
+    for entry in status.hosts:
+        if entry.host == host:
+            return entry
+    raise NotFound(f"sandbox host {host!r} is not listed by the cluster any more", status_code=404, code="not_found")
+
+
 class Cluster:
     """`client.admin.cluster`."""
 
@@ -115,9 +130,34 @@ class Cluster:
         self._t = transport
 
     def status(self) -> ClusterStatus:
-        """Nodes, sandbox hosts (per-host sandboxes, sessions, capacity, envs placed) and
-        the API replicas sharing the database (`sandpit cluster status`)."""
+        """Nodes, sandbox hosts (per-host sandboxes, sessions, capacity, envs placed, drain
+        state) and the API replicas sharing the database (`sandpit cluster status`)."""
         return self._t.run(calls.cluster_status())
+
+    def drain(self, host: str, *, force: bool = False, wait_s: float | None = None) -> HostDrain:
+        """Drain sandbox host `host` (Ray backend): nothing new is placed on it, its calls in
+        flight finish and are acknowledged, its envs resume on other hosts from their last
+        committed step on next use, then its pool is shut down. Idempotent.
+
+        Args:
+            force: drain it even when it is the last host taking envs (they then wait for
+                a new host: 503 until one joins).
+            wait_s: seconds to wait until the host is `drained` (None: return at once, the
+                drain goes on in the server), polling `status()` every second.
+
+        Raises:
+            NotFound: unknown host. Conflict: the last host (without `force`), or the local
+            backend. SandpitError (code `drain_timeout`): still draining after `wait_s`.
+        """
+        answer = self._t.run(calls.cluster_drain(host, force))
+        if wait_s is None or answer.status == "drained":
+            return answer
+        deadline = time.monotonic() + wait_s
+        while _host_of(self.status(), host).drain != "drained":
+            if time.monotonic() > deadline:
+                raise SandpitError(f"host {host!r} is still draining after {wait_s:g} s", code="drain_timeout")
+            time.sleep(DRAIN_POLL_S)
+        return self._t.run(calls.cluster_drain(host, force))
 
 
 class AsyncCluster:
@@ -129,6 +169,18 @@ class AsyncCluster:
     async def status(self) -> ClusterStatus:
         """See `Cluster.status`."""
         return await self._t.run(calls.cluster_status())
+
+    async def drain(self, host: str, *, force: bool = False, wait_s: float | None = None) -> HostDrain:
+        """See `Cluster.drain`."""
+        answer = await self._t.run(calls.cluster_drain(host, force))
+        if wait_s is None or answer.status == "drained":
+            return answer
+        deadline = time.monotonic() + wait_s
+        while _host_of(await self.status(), host).drain != "drained":
+            if time.monotonic() > deadline:
+                raise SandpitError(f"host {host!r} is still draining after {wait_s:g} s", code="drain_timeout")
+            await asyncio.sleep(DRAIN_POLL_S)
+        return await self._t.run(calls.cluster_drain(host, force))
 
 
 class Admin:

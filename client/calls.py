@@ -31,6 +31,7 @@ from .models import (
     Evaluation,
     EvaluationJob,
     ExecResult,
+    HostDrain,
     Include,
     Page,
     Profile,
@@ -414,6 +415,11 @@ def key_revoke(key_id: str) -> Call[ApiKey]:
 
 def cluster_status() -> Call[ClusterStatus]:
     return _read("GET", "/v1/admin/cluster", ClusterStatus, auth="operator")
+
+
+def cluster_drain(host: str, force: bool) -> Call[HostDrain]:
+    return _read("POST", f"/v1/admin/cluster/hosts/{_seg(host)}/drain", HostDrain,
+                 params={"force": "true"} if force else None, auth="operator")
 
 
 def audit_list(tenant: str | None, action: str | None, limit: int | None,

@@ -33,6 +33,7 @@ __all__ = [
     "EvaluationProgress",
     "EvaluationSummary",
     "ExecResult",
+    "HostDrain",
     "Include",
     "Page",
     "Profile",
@@ -460,6 +461,11 @@ class ClusterHost(_ResponseModel):
     """Live sessions the host can hold (`max_sandboxes x sessions_per_sandbox`)."""
     envs_placed: int = 0
     """Envs whose recorded affinity is this host."""
+    calls_in_flight: int | None = None
+    """Tool calls running on the host now (None: not reported)."""
+    drain: str | None = None
+    """None (takes new envs), `draining` (taking nothing new, its envs moving away) or
+    `drained` (empty, its pool shut down)."""
 
 
 class ClusterReplica(_ResponseModel):
@@ -468,6 +474,22 @@ class ClusterReplica(_ResponseModel):
     id: str
     started_at: datetime
     heartbeat_at: datetime
+
+
+class HostDrain(_ResponseModel):
+    """`POST /v1/admin/cluster/hosts/{host}/drain`: the drain of one sandbox host."""
+
+    host: str
+    status: str
+    """`draining`, then `drained` once the host is empty and its pool shut down."""
+    started_at: datetime
+    finished_at: datetime | None = None
+    sessions: int
+    """Sessions still on the host."""
+    envs_placed: int
+    """Envs still recorded on the host."""
+    envs_moved: int = 0
+    """Envs the drain moved to other hosts (counted when it finishes)."""
 
 
 class ClusterStatus(_ResponseModel):

@@ -33,6 +33,17 @@ scheduler, no home-made cluster protocol::
   :class:`SandboxLost` (503 at the API, which drops the session); the env's next use opens
   it on another live host from its last committed snapshot: the same recovery path as a
   lost sandbox on one machine.
+* **Drain** (an operator's orderly removal of a host, :meth:`RayExecutor.drain`): the host
+  is recorded as draining where every replica reads it (the API's ``host_drains`` table,
+  through the :class:`Affinity`), so no replica places anything new on it, and the host
+  itself refuses new sessions and pool work (:class:`HostDraining`: the replica retries on
+  another host, the client sees nothing). Each hosted session is then evicted once its
+  in-flight call has finished (that call is answered and acknowledged normally) and its env's
+  affinity moves to another host; the replica's next request finds the session closed (a
+  retryable 503 the client library retries) and re-opens the env there from its last
+  committed step: the lost-host recovery, with nothing cut. When the host holds no session
+  and runs no work its pool is closed (containers removed), the actor is killed and the
+  drain is recorded ``drained``; a drained host is never re-created.
 
 Everything crossing Ray is plain data (JSON-shaped dicts): results are re-validated into
 the executor's pydantic models on the caller's side; executor errors are re-raised as the
@@ -42,6 +53,7 @@ same classes (:func:`_error_data` / :func:`_raise`).
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import signal
 import socket
@@ -68,12 +80,22 @@ from .profiles import ProfileOverrides, ResourceProfile
 from .results import CallResult, CheckResult, ExecResult, Snapshot
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 
+log = logging.getLogger("sandpit.executor")
+
 NAMESPACE = "sandpit"
 RESOURCE = "sandpit_docker"
 """Custom Ray resource marking a node with a Docker Engine (1 per node)."""
 HOST_PREFIX = "sandpit-host-"
 HOST_CONCURRENCY = 256
 """Requests one host actor serves at once (threads; the pool bounds sandboxes itself)."""
+DRAIN_POLL_S = 0.2
+"""Seconds between two passes of a drain over its host's sessions and work in flight."""
+
+
+class HostDraining(SessionClosed):
+    """The host is being drained: it takes no new session nor pool work (the
+    :class:`RayExecutor` then places the request on another host). A ``SessionClosed``, so
+    anything that reaches the API is a retryable 503."""
 
 
 def _ray() -> Any:
@@ -105,6 +127,8 @@ def _raise(data: dict[str, Any]) -> None:
         raise CapacityError(message, retry_after_s=float(data.get("retry_after_s", 1.0)))
     if kind == "SandboxLost":
         raise SandboxLost(message, data.get("sandbox_id", ""), data.get("status", "crashed"))
+    if kind == "HostDraining":
+        raise HostDraining(message)
     if kind == "SandboxStartError":
         raise SandboxStartError(message, data.get("sandbox_id", ""), data.get("logs", ""))
     simple: dict[str, type[Exception]] = {
@@ -144,6 +168,21 @@ class SandboxHost:
         self._sessions: dict[str, _Hosted] = {}
         self._lock = threading.Lock()
         self.started = time.time()
+        self.draining = False
+        """Set by :meth:`drain`: new sessions and pool work are refused (HostDraining)."""
+        self._busy = 0  # opens and pool calls in progress (a drain waits for them)
+        self._calls = 0  # tool calls in progress
+
+    def _enter(self, what: str) -> None:
+        """Count one open / pool call in progress; HostDraining once the host drains."""
+        with self._lock:
+            if self.draining:
+                raise HostDraining(f"sandbox host {self.name} is draining: {what} goes to another host")
+            self._busy += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
 
     def _hosted(self, session_id: str, version: int | None) -> _Hosted:
         with self._lock:
@@ -160,12 +199,15 @@ class SandboxHost:
         return {"ok": None}
 
     def info(self) -> dict[str, Any]:
-        """Host name, node, process, sessions and the pool's counters."""
+        """Host name, node, process, sessions, tool calls in progress, whether it drains,
+        and the pool's counters."""
         ray = _ray()
         with self._lock:
             sessions = sum(1 for h in self._sessions.values() if not h.session.closed)
+            calls = self._calls
         return {"ok": {"host": self.name, "node_id": ray.get_runtime_context().get_node_id(),
                        "hostname": socket.gethostname(), "pid": os.getpid(), "sessions": sessions,
+                       "draining": self.draining, "calls": calls,
                        "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
                        "max_sandboxes": self.pool.settings.max_sandboxes,
                        "sessions_per_sandbox": self.pool.settings.sessions_per_sandbox}}
@@ -175,29 +217,39 @@ class SandboxHost:
                      snapshot: dict[str, list[Any]] | None) -> dict[str, Any]:
         """Open session ``session_id`` (``snapshot`` None: a fresh instance, replacing a
         hosted one), or attach to the hosted one when resuming (``snapshot`` given: restored
-        when the sandbox's state differs). ``{"ok": {"version", "attached"}}``."""
+        when the sandbox's state differs). ``{"ok": {"version", "attached"}}``; HostDraining
+        (as data) when the host drains."""
         def run() -> dict[str, Any]:
-            with self._lock:
-                existing = self._sessions.get(session_id)
-            if (snapshot is not None and existing is not None and not existing.session.closed
-                    and existing.tenant == tenant):  # a resume: attach (a fresh open replaces it)
-                with existing.lock:
-                    if snapshot is not None and existing.session.snapshot().attributes != snapshot:
-                        existing.session.restore(Snapshot(attributes=snapshot))
-                    existing.version += 1
-                    return {"version": existing.version, "attached": True}
-            session = self.pool.open_session(
-                tenant=tenant, source=source, class_name=class_name, init_config=init_config,
-                profile=ResourceProfile.model_validate(profile) if profile is not None else None,
-                snapshot=snapshot)  # the pool's own (random) session id; hosted under session_id
-            with self._lock:
-                old = self._sessions.get(session_id)
-                self._sessions[session_id] = _Hosted(session, tenant, version=(old.version + 1) if old else 1)
-                version = self._sessions[session_id].version
-            if old is not None:
-                old.session.close()
-            return {"version": version, "attached": False}
+            self._enter(f"session {session_id!r}")
+            try:
+                return self._open(session_id, tenant, source, class_name, init_config, profile, snapshot)
+            finally:
+                self._leave()
         return _guard(run)
+
+    def _open(self, session_id: str, tenant: str, source: str, class_name: str,
+              init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
+              snapshot: dict[str, list[Any]] | None) -> dict[str, Any]:
+        with self._lock:
+            existing = self._sessions.get(session_id)
+        if (snapshot is not None and existing is not None and not existing.session.closed
+                and existing.tenant == tenant):  # a resume: attach (a fresh open replaces it)
+            with existing.lock:
+                if snapshot is not None and existing.session.snapshot().attributes != snapshot:
+                    existing.session.restore(Snapshot(attributes=snapshot))
+                existing.version += 1
+                return {"version": existing.version, "attached": True}
+        session = self.pool.open_session(
+            tenant=tenant, source=source, class_name=class_name, init_config=init_config,
+            profile=ResourceProfile.model_validate(profile) if profile is not None else None,
+            snapshot=snapshot)  # the pool's own (random) session id; hosted under session_id
+        with self._lock:
+            old = self._sessions.get(session_id)
+            self._sessions[session_id] = _Hosted(session, tenant, version=(old.version + 1) if old else 1)
+            version = self._sessions[session_id].version
+        if old is not None:
+            old.session.close()
+        return {"version": version, "attached": False}
 
     def call(self, session_id: str, version: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """A tool call on a session at ``version``: ``{"ok": [new_version, result]}``."""
@@ -205,7 +257,13 @@ class SandboxHost:
             hosted = self._hosted(session_id, version)
             with hosted.lock:
                 self._hosted(session_id, version)  # still ours once we hold the lock
-                result = hosted.session.call(name, arguments)
+                with self._lock:
+                    self._calls += 1
+                try:
+                    result = hosted.session.call(name, arguments)
+                finally:
+                    with self._lock:
+                        self._calls -= 1
                 hosted.version += 1
                 return [hosted.version, result.model_dump(mode="json")]
         return _guard(run)
@@ -246,8 +304,19 @@ class SandboxHost:
 
     def pool_call(self, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``describe``, ``run_checks``, ``execute``, ``warm``, ``ping`` or ``profile`` of the
-        pool (profiles as dicts; results as JSON-shaped data)."""
+        pool (profiles as dicts; results as JSON-shaped data). HostDraining (as data) for
+        any but ``ping`` once the host drains."""
         def run() -> Any:
+            if method == "ping":
+                self.pool.ping()
+                return None
+            self._enter(f"pool call {method!r}")
+            try:
+                return pool_run()
+            finally:
+                self._leave()
+
+        def pool_run() -> Any:
             if "profile" in kwargs and kwargs["profile"] is not None:
                 kwargs["profile"] = ResourceProfile.model_validate(kwargs["profile"])
             if method == "profile":
@@ -262,11 +331,32 @@ class SandboxHost:
                 return self.pool.execute(**kwargs).model_dump(mode="json")
             if method == "warm":
                 return self.pool.warm(**kwargs)
-            if method == "ping":
-                self.pool.ping()
-                return None
             raise ValueError(f"unknown pool method {method!r}")
         return _guard(run)
+
+    def drain(self) -> dict[str, Any]:
+        """Refuse new sessions and pool work from now on (HostDraining; idempotent) and say
+        what is left: ``{"ok": {"sessions": [session ids], "busy": opens and pool calls in
+        progress}}``."""
+        with self._lock:
+            self.draining = True
+            return {"ok": {"sessions": sorted(self._sessions), "busy": self._busy}}
+
+    def evict(self, session_id: str) -> dict[str, Any]:
+        """Close session ``session_id`` once its call in progress (if any) has returned, so
+        that call is answered and acknowledged normally; the replica's next request finds it
+        closed (SessionClosed) and re-opens the env elsewhere from its committed head.
+        ``{"ok": True}`` if it was hosted here (idempotent)."""
+        with self._lock:
+            hosted = self._sessions.get(session_id)
+        if hosted is None:
+            return {"ok": False}
+        with hosted.lock:  # waits for a call in progress (bounded by its call timeout)
+            with self._lock:
+                if self._sessions.get(session_id) is hosted:
+                    del self._sessions[session_id]
+            hosted.session.close()
+        return {"ok": True}
 
     def shutdown(self) -> dict[str, Any]:
         """Close every session and the pool (its containers are removed)."""
@@ -291,18 +381,59 @@ class Affinity(Protocol):
         """Record that ``session_id`` is placed on ``host``."""
         ...
 
+    def drains(self) -> dict[str, str]:
+        """Host -> ``draining`` / ``drained`` of every host an operator drains (or drained)."""
+        ...
+
+    def envs_on(self, host: str) -> list[str]:
+        """The session ids recorded on ``host``."""
+        ...
+
+    def move(self, session_id: str, from_host: str, to_host: str | None) -> bool:
+        """Re-record ``session_id`` on ``to_host`` (None: forget it) if it is still on
+        ``from_host``; True if moved."""
+        ...
+
+    def finish_drain(self, host: str, moved: int) -> None:
+        """Record ``host``'s drain as done (``drained``), ``moved`` envs moved."""
+        ...
+
 
 class MemoryAffinity:
-    """An in-process :class:`Affinity` (a single API process, tests)."""
+    """An in-process :class:`Affinity` (a single API process, tests); a drain is recorded
+    with :meth:`start_drain`."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, str] = {}
+        self._drains: dict[str, str] = {}
 
     def get(self, session_id: str) -> str | None:
         return self._hosts.get(session_id)
 
     def put(self, session_id: str, host: str) -> None:
         self._hosts[session_id] = host
+
+    def start_drain(self, host: str) -> None:
+        """Record ``host`` as draining (idempotent)."""
+        self._drains.setdefault(host, "draining")
+
+    def drains(self) -> dict[str, str]:
+        return dict(self._drains)
+
+    def envs_on(self, host: str) -> list[str]:
+        return [sid for sid, h in self._hosts.items() if h == host]
+
+    def move(self, session_id: str, from_host: str, to_host: str | None) -> bool:
+        if self._hosts.get(session_id) != from_host:
+            return False
+        if to_host is None:
+            del self._hosts[session_id]
+        else:
+            self._hosts[session_id] = to_host
+        return True
+
+    def finish_drain(self, host: str, moved: int) -> None:
+        self._drains[host] = "drained"
 
 
 class RaySession:
@@ -400,6 +531,9 @@ class RayExecutor:
     hop_margin_s: float = 60.0
     """Seconds a request to a host may take beyond the longest call timeout before the
     host counts as lost."""
+    drain_timeout_s: float = 900.0
+    """Seconds a drain waits for its host to empty before it gives up (the host stays
+    ``draining``, placing nothing; issuing the drain again resumes it)."""
 
     def __init__(self, address: str | None = None, settings: ExecutorSettings | None = None,
                  image_settings: ImageSettings | None = None, affinity: Affinity | None = None) -> None:
@@ -413,6 +547,8 @@ class RayExecutor:
         self._lock = threading.Lock()
         self._connected_here = False
         self._placed = 0
+        self._drains: dict[str, str] = {}  # host -> draining / drained, as last read from the affinity
+        self._drain_threads: dict[str, threading.Thread] = {}
         self.keyed_sessions = True
         """Sessions are keyed by the caller's ``session_id`` (the env id) and outlive this
         process: the API passes the env id so any replica re-attaches (``Sandboxes``)."""
@@ -471,19 +607,28 @@ class RayExecutor:
                 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(RESOURCE, 0) >= 1]
 
     def refresh(self, force: bool = False) -> dict[str, Any]:
-        """Re-read the node list (every ``refresh_s`` at most unless ``force``): a host for
-        every live ``sandpit_docker`` node, none for dead ones. Returns name -> handle."""
+        """Re-read the node list and the drains (every ``refresh_s`` at most unless
+        ``force``): a host for every live ``sandpit_docker`` node, none for dead ones nor
+        drained ones; a draining host is reached only if its actor still exists (never
+        re-created). Returns name -> handle (draining hosts included: see :meth:`placeable`)."""
         if not force and time.monotonic() - self._refreshed < self.refresh_s:
             with self._lock:
                 return dict(self._hosts)
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        drains = self._read_drains()
         remote = ray.remote(SandboxHost)
         hosts: dict[str, Any] = {}
         for node in self.nodes():
             name = HOST_PREFIX + node["node_id"][:16]
-            if name in self._dead:
+            if name in self._dead or drains.get(name) == "drained":
+                continue
+            if name in drains:
+                try:
+                    hosts[name] = ray.get_actor(name, namespace=NAMESPACE)
+                except ValueError:  # its drain already shut it down
+                    pass
                 continue
             hosts[name] = remote.options(
                 name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", num_cpus=0,
@@ -492,8 +637,40 @@ class RayExecutor:
             ).remote(name, self.settings.model_dump(mode="json"), self.image_settings.model_dump(mode="json"))
         with self._lock:
             self._hosts = hosts
+            self._drains = drains
             self._refreshed = time.monotonic()
         return dict(hosts)
+
+    def _read_drains(self) -> dict[str, str]:
+        """The affinity's drains, merged with what this process learnt itself (a host that
+        answered HostDraining); the last known ones when the affinity cannot be read."""
+        with self._lock:
+            known = dict(self._drains)
+        try:
+            recorded = self.affinity.drains()
+        except Exception as exc:  # noqa: BLE001 - a database hiccup must not stop placement
+            log.warning("cannot read host drains (%s: %s); using the last known ones", type(exc).__name__, exc)
+            return known
+        merged = {host: status for host, status in known.items() if status == "draining"}
+        merged.update(recorded)
+        return merged
+
+    def placeable(self, hosts: dict[str, Any] | None = None) -> list[str]:
+        """Names of the live hosts that take new work (not draining nor drained), sorted."""
+        hosts = self.refresh() if hosts is None else hosts
+        with self._lock:
+            drains = set(self._drains)
+        return sorted(name for name in hosts if name not in drains)
+
+    def drain_states(self) -> dict[str, str]:
+        """Host -> ``draining`` / ``drained`` as this process last read them."""
+        self.refresh()
+        with self._lock:
+            return dict(self._drains)
+
+    def _learnt_draining(self, host: str) -> None:
+        with self._lock:
+            self._drains.setdefault(host, "draining")
 
     def _lost(self, host: str) -> None:
         with self._lock:
@@ -518,32 +695,142 @@ class RayExecutor:
             _raise(answer["error"])
         return answer["ok"]
 
-    def _any_host(self) -> str:
-        hosts = self.refresh()
+    def _any_host(self, exclude: set[str]) -> str:
+        hosts = [name for name in self.placeable() if name not in exclude]
         if not hosts:
-            raise DockerUnavailable(f"no live sandbox host (no Ray node offers {RESOURCE!r})")
-        return sorted(hosts)[self._placed % len(hosts)]
+            raise DockerUnavailable(f"no live sandbox host that takes work (no Ray node offers {RESOURCE!r}, "
+                                    "or every host is draining)")
+        self._placed += 1
+        return hosts[self._placed % len(hosts)]
 
-    def _choose(self, session_id: str) -> str:
-        """The recorded host of ``session_id`` while it lives, else the least-loaded one."""
-        hosts = self.refresh()
-        recorded = self.affinity.get(session_id)
-        if recorded is not None and recorded in hosts:
-            return recorded
-        if not hosts:
-            raise DockerUnavailable(f"no live sandbox host (no Ray node offers {RESOURCE!r})")
+    def _on_any_host(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """:meth:`ask` on any host that takes work, moving on to another when the chosen
+        one turns out to be draining (its HostDraining never reaches the caller while some
+        host is left)."""
+        tried: set[str] = set()
+        while True:
+            host = self._any_host(tried)
+            try:
+                return self.ask(host, method, *args, timeout_s=timeout_s)
+            except HostDraining:
+                self._learnt_draining(host)
+                tried.add(host)
+
+    def _loads(self, names: list[str]) -> dict[str, int]:
+        """Sessions per host of ``names`` (a host that does not answer is left out, as lost)."""
         ray = _ray()
+        with self._lock:
+            handles = {name: self._hosts[name] for name in names if name in self._hosts}
         loads: dict[str, int] = {}
-        refs = {name: handle.info.remote() for name, handle in hosts.items()}
+        refs = {name: handle.info.remote() for name, handle in handles.items()}
         for name, ref in refs.items():
             try:
                 loads[name] = ray.get(ref, timeout=10)["ok"]["sessions"]
             except Exception:  # noqa: BLE001 - an unanswering host is not a candidate
                 self._lost(name)
+        return loads
+
+    def _choose(self, session_id: str, exclude: set[str]) -> str:
+        """The recorded host of ``session_id`` while it lives and takes work, else the
+        least-loaded such host."""
+        candidates = [name for name in self.placeable() if name not in exclude]
+        recorded = self.affinity.get(session_id)
+        if recorded is not None and recorded in candidates:
+            return recorded
+        if not candidates:
+            raise DockerUnavailable(f"no live sandbox host that takes work (no Ray node offers {RESOURCE!r}, "
+                                    "or every host is draining)")
+        loads = self._loads(candidates)
         if not loads:
             raise DockerUnavailable("no sandbox host answers")
         self._placed += 1
         return min(sorted(loads), key=lambda n: loads[n])
+
+    # -- drain --------------------------------------------------------------------------------
+    def drain(self, host: str, wait_s: float | None = None) -> bool:
+        """Drain ``host`` (module docstring) in a background thread of this process (one per
+        host: a second call joins the running one). The caller records the drain in the
+        affinity first, so every replica stops placing on ``host``. ``wait_s``: seconds to
+        wait for the drain to finish (None: return at once). Returns True when this
+        process's drain thread has finished. Raises ValueError for a host this executor
+        does not know (neither live nor recorded)."""
+        with self._lock:
+            known = host in self._hosts or host in self._drains
+        if not known and host not in self.refresh(force=True) and host not in self.drain_states():
+            raise ValueError(f"unknown sandbox host {host!r}")
+        self._learnt_draining(host)
+        with self._lock:
+            thread = self._drain_threads.get(host)
+            if thread is None or not thread.is_alive():
+                thread = threading.Thread(target=self._drain, args=(host,), daemon=True, name=f"sandpit-drain-{host}")
+                self._drain_threads[host] = thread
+                thread.start()
+        if wait_s is not None:
+            thread.join(wait_s)
+        return not thread.is_alive()
+
+    def _drain(self, host: str) -> None:
+        """The drain of ``host`` (module docstring): evict its sessions once their calls
+        return, move their envs' affinity, wait for its opens and pool work, close its pool,
+        kill its actor, record it ``drained``. Failures are logged; the host then stays
+        ``draining`` (nothing placed on it) until the drain is issued again."""
+        moved = 0
+        deadline = time.monotonic() + self.drain_timeout_s
+        try:
+            while True:
+                try:
+                    left = self.ask(host, "drain", timeout_s=30)
+                except SandboxLost:  # the node went away meanwhile: nothing left to wait for
+                    break
+                if not left["sessions"] and not left["busy"]:
+                    break
+                try:
+                    for session_id in left["sessions"]:
+                        self.ask(host, "evict", session_id)
+                        moved += self._move_envs(host, [session_id])
+                except SandboxLost:  # the node went away meanwhile: its sessions went with it
+                    break
+                if time.monotonic() > deadline:
+                    log.warning("drain of %s gave up after %.0f s: %d sessions, %d requests left", host,
+                                self.drain_timeout_s, len(left["sessions"]), left["busy"])
+                    return
+                if not left["sessions"]:
+                    time.sleep(DRAIN_POLL_S)
+            moved += self._move_envs(host, self.affinity.envs_on(host))
+            try:
+                self.ask(host, "shutdown", timeout_s=120)
+            except SandboxLost:
+                pass
+            self.affinity.finish_drain(host, moved)
+            with self._lock:
+                self._drains[host] = "drained"
+                handle = self._hosts.pop(host, None)
+            if handle is not None:
+                try:
+                    _ray().kill(handle, no_restart=True)
+                except Exception:  # noqa: BLE001, S110 - already gone
+                    pass
+            late = self._move_envs(host, self.affinity.envs_on(host))  # a placement recorded after the sweep
+            if late:
+                self.affinity.finish_drain(host, late)
+            log.info("drained %s: %d envs moved", host, moved + late)
+        except Exception:  # noqa: BLE001 - a background thread: logged, the host stays draining
+            log.exception("drain of %s failed; it stays draining (issue the drain again to resume)", host)
+
+    def _move_envs(self, host: str, session_ids: list[str]) -> int:
+        """Re-record ``session_ids`` (still recorded on ``host``) on the least-loaded hosts
+        that take work (forgotten when there is none). How many moved."""
+        if not session_ids:
+            return 0
+        loads = self._loads([name for name in self.placeable() if name != host])
+        moved = 0
+        for session_id in session_ids:
+            target = min(sorted(loads), key=lambda n: loads[n]) if loads else None
+            if self.affinity.move(session_id, host, target):
+                moved += 1
+                if target is not None:
+                    loads[target] += 1
+        return moved
 
     # -- Executor ----------------------------------------------------------------------------
     def profile(self, name: str | None = None, overrides: ProfileOverrides | None = None) -> ResourceProfile:
@@ -562,16 +849,23 @@ class RayExecutor:
         import secrets
 
         session_id = session_id or f"ses_{secrets.token_hex(8)}"
-        host = self._choose(session_id)
-        opened = self.ask(host, "open_session", session_id, tenant, source, class_name, init_config,
-                          profile.model_dump(mode="json") if profile is not None else None, snapshot)
+        tried: set[str] = set()
+        while True:
+            host = self._choose(session_id, tried)
+            try:
+                opened = self.ask(host, "open_session", session_id, tenant, source, class_name, init_config,
+                                  profile.model_dump(mode="json") if profile is not None else None, snapshot)
+                break
+            except HostDraining:  # this process had not seen the drain yet: another host
+                self._learnt_draining(host)
+                tried.add(host)
         self.affinity.put(session_id, host)
         return RaySession(self, host, session_id, tenant, int(opened["version"]))
 
     def describe(self, *, tenant: str, source: str, class_name: str,
                  profile: ResourceProfile | None = None) -> list[dict[str, Any]]:
         """Tool schemas of a class, derived on any host."""
-        schemas: list[dict[str, Any]] = self.ask(self._any_host(), "pool_call", "describe", {
+        schemas: list[dict[str, Any]] = self._on_any_host("pool_call", "describe", {
             "tenant": tenant, "source": source, "class_name": class_name,
             "profile": profile.model_dump(mode="json") if profile else None})
         return schemas
@@ -580,7 +874,7 @@ class RayExecutor:
                    final_state: dict[str, Any], profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
         """Check functions on two encoded states, on any host."""
-        results = self.ask(self._any_host(), "pool_call", "run_checks", {
+        results = self._on_any_host("pool_call", "run_checks", {
             "tenant": tenant, "checks": checks, "initial_state": initial_state, "final_state": final_state,
             "profile": profile.model_dump(mode="json") if profile else None,
             "per_check_timeout_s": per_check_timeout_s, "source": source})
@@ -589,15 +883,15 @@ class RayExecutor:
     def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
                 timeout_s: float | None = None, profile: ResourceProfile | None = None) -> ExecResult:
         """``code`` as a script in a fresh process, on any host."""
-        return ExecResult.model_validate(self.ask(self._any_host(), "pool_call", "execute", {
+        return ExecResult.model_validate(self._on_any_host("pool_call", "execute", {
             "tenant": tenant, "code": code, "stdin": stdin, "files": files, "timeout_s": timeout_s,
             "profile": profile.model_dump(mode="json") if profile else None}))
 
     def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
              timeout_s: float = 120.0) -> int:
-        """Warm every live host; the total of idle sandboxes."""
+        """Warm every live host that takes work; the total of idle sandboxes."""
         total = 0
-        for host in self.refresh():
+        for host in self.placeable():
             try:
                 total += int(self.ask(host, "pool_call", "warm", {
                     "tenant": tenant, "profile": profile.model_dump(mode="json") if profile else None,

@@ -1,17 +1,20 @@
 """Env -> sandbox host affinity in the control database (table ``env_hosts``), for a
 multi-host executor (the Ray backend's ``Affinity``): any API replica sharing the database
-finds the host an env's live session is on."""
+finds the host an env's live session is on. Hosts being drained (table ``host_drains``)
+are recorded here too, so every replica's executor stops placing envs on them."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import CursorResult, delete, func, select, text, update
 
 from . import models
 from .database import Database
 
 EnvHost = models.EnvHost
+HostDrain = models.HostDrain
 
 
 class DbAffinity:
@@ -45,3 +48,60 @@ class DbAffinity:
         with self.db.read() as db:
             return {host: int(n) for host, n in db.execute(
                 select(EnvHost.host, func.count()).group_by(EnvHost.host)).all()}
+
+    # -- drains ---------------------------------------------------------------------------------
+    def drains(self) -> dict[str, str]:
+        """Host -> ``draining`` / ``drained`` for every recorded drain."""
+        with self.db.read() as db:
+            return {host: status for host, status in db.execute(select(HostDrain.host, HostDrain.status)).all()}
+
+    def drain_record(self, host: str) -> HostDrain | None:
+        """The drain row of ``host``, if it was ever drained."""
+        with self.db.read() as db:
+            return db.get(HostDrain, host)
+
+    def start_drain(self, host: str, live_hosts: set[str], allow_last: bool) -> tuple[HostDrain | None, bool]:
+        """Record ``host`` as draining unless it already is (idempotent). Refused (``(None,
+        False)``) when no other host of ``live_hosts`` would be left to place envs on and
+        ``allow_last`` is False. The check and the insert are one transaction, serialized
+        across replicas (``LOCK TABLE`` on PostgreSQL; SQLite has one writer), so two
+        concurrent drains of the last two hosts cannot both pass. Returns ``(row,
+        created_now)``."""
+        with self.db.write() as db:
+            if self.db.dialect == "postgresql":
+                db.execute(text("LOCK TABLE host_drains IN SHARE ROW EXCLUSIVE MODE"))
+            row = db.get(HostDrain, host)
+            if row is not None:
+                return row, False
+            drained = set(db.scalars(select(HostDrain.host)).all())
+            if not allow_last and not (live_hosts - drained - {host}):
+                return None, False
+            row = HostDrain(host=host, status="draining", started_at=datetime.now(UTC), envs_moved=0)
+            db.add(row)
+            return row, True
+
+    def envs_on(self, host: str) -> list[str]:
+        """Env ids whose recorded host is ``host``."""
+        with self.db.read() as db:
+            return list(db.scalars(select(EnvHost.env_id).where(EnvHost.host == host)).all())
+
+    def move(self, session_id: str, from_host: str, to_host: str | None) -> bool:
+        """Move env ``session_id`` from ``from_host`` to ``to_host`` (None: forget its
+        placement) if it is still recorded on ``from_host`` (compare-and-set: a replica
+        may have placed it meanwhile). True if moved."""
+        with self.db.write() as db:
+            where = (EnvHost.env_id == session_id, EnvHost.host == from_host)
+            result = db.execute(delete(EnvHost).where(*where)) if to_host is None else db.execute(
+                update(EnvHost).where(*where).values(host=to_host, placed_at=datetime.now(UTC)))
+            return cast(CursorResult[Any], result).rowcount == 1
+
+    def finish_drain(self, host: str, moved: int) -> None:
+        """Mark ``host``'s drain done (``drained``, ``finished_at`` now), adding ``moved``
+        to its count of moved envs."""
+        with self.db.write() as db:
+            row = db.get(HostDrain, host)
+            if row is not None:
+                row.envs_moved += moved
+                if row.status != "drained":
+                    row.status, row.finished_at = "drained", datetime.now(UTC)
+

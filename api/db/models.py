@@ -324,3 +324,22 @@ class EnvHost(Base):
     env_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     host: Mapped[str] = mapped_column(String(128), index=True)
     placed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class HostDrain(Base):
+    """A sandbox host an operator drains (``POST /v1/admin/cluster/hosts/{host}/drain``):
+    every replica's executor reads these rows and places nothing new on such a host; the
+    drain moves its envs' affinity elsewhere, then shuts its pool down. ``status`` is
+    ``draining`` until the host is empty and shut down, then ``drained`` (kept: a drained
+    host is never re-created)."""
+
+    __tablename__ = "host_drains"
+
+    host: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    """``draining`` or ``drained``."""
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    envs_moved: Mapped[int] = mapped_column(Integer, default=0)
+    """Envs whose affinity the drain moved to another host (or dropped when none was left)."""
+

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Query, status
+from fastapi import Path, Query, status
 
 from ..deps import CallerDep, ClusterDep, OperatorDep, PageDep, QuotasDep, TenantsDep, json_router
-from ..schemas.cluster import ClusterStatus
+from ..schemas.cluster import ClusterStatus, HostDrainPublic
 from ..schemas.tenants import (
     ApiKeyPublic,
     AuditPublic,
@@ -95,3 +95,15 @@ def cluster_status(_op: OperatorDep, cluster: ClusterDep) -> ClusterStatus:
     """Nodes, sandbox hosts (per-host sandboxes, sessions, capacity, envs placed), the API
     replicas sharing the database, as the answering replica sees them."""
     return cluster.status()
+
+
+@router.post("/cluster/hosts/{host}/drain", status_code=status.HTTP_202_ACCEPTED, response_model=HostDrainPublic)
+def drain_host(host: Annotated[str, Path(max_length=1024)], _op: OperatorDep, cluster: ClusterDep,
+               force: Annotated[bool, Query(description="Drain even the last host taking envs.")] = False
+               ) -> HostDrainPublic:
+    """Drain a sandbox host: nothing new is placed on it, its in-flight calls finish and are
+    acknowledged, its envs move to other hosts (resuming from their last committed step on
+    next use), then its pool shuts down. Idempotent; poll ``GET /v1/admin/cluster`` until
+    the host shows ``drained``. 404 unknown host; 409 last host (unless ``force``)."""
+    return cluster.drain(host, force)
+

@@ -32,6 +32,11 @@ class HostStatus(BaseModel):
     """``max_sandboxes x sessions_per_sandbox``: live sessions the host can hold."""
     envs_placed: int = 0
     """Envs whose recorded affinity is this host (``env_hosts``; Ray backend)."""
+    calls_in_flight: int | None = None
+    """Tool calls running on the host now (None: not reported, e.g. the local backend)."""
+    drain: Literal["draining", "drained"] | None = None
+    """None: the host takes new envs. ``draining``: it takes nothing new and its sessions
+    are being moved; ``drained``: empty, its pool shut down (listed with zero counters)."""
 
 
 class ReplicaStatus(BaseModel):
@@ -58,3 +63,21 @@ class ClusterStatus(BaseModel):
     sessions: int
     capacity_sessions: int | None = None
     """Sum over hosts (None when a host does not report it)."""
+
+
+class HostDrainPublic(BaseModel):
+    """``POST /v1/admin/cluster/hosts/{host}/drain``: the drain of one sandbox host."""
+
+    host: str
+    status: Literal["draining", "drained"]
+    """``draining`` until the host holds no session and runs no work, then ``drained``
+    (its pool shut down, its containers removed, its actor gone)."""
+    started_at: datetime
+    finished_at: datetime | None = None
+    sessions: int
+    """Sessions still on the host now (0 once drained, or when the host does not answer)."""
+    envs_placed: int
+    """Envs whose recorded affinity is still this host (moved to others as the drain goes)."""
+    envs_moved: int
+    """Envs whose affinity the drain moved (counted when it finishes)."""
+

@@ -1,25 +1,45 @@
 """The cluster view behind ``GET /v1/admin/cluster`` and ``sandpit cluster status``: the
 executor's hosts (one ``local`` pool, or the Ray backend's host actors with their per-host
-counters), the API replicas heart-beating on the database and the env -> host placements."""
+counters), the API replicas heart-beating on the database and the env -> host placements;
+and the drain of a host (``POST /v1/admin/cluster/hosts/{host}/drain``, ``sandpit cluster
+drain``): recorded in ``host_drains`` so every replica stops placing on it, carried out by
+the executor (``RayExecutor.drain``: sessions evicted once their calls return, envs moved,
+pool shut down)."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Protocol, cast
 
 from sqlalchemy import select
 
 from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
+from ..errors import Conflict, NotFound
 from ..sandboxes import Sandboxes
-from ..schemas.cluster import ClusterStatus, HostStatus, ReplicaStatus
+from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, ReplicaStatus
 from ..settings import ApiSettings
 from .common import aware
 from .live import LiveEnvs
 
+DRAINED_SHOWN = 20
+"""Drained hosts (gone) that ``status`` still lists, most recent first."""
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""What a host name can be (``local``, ``sandpit-host-<node id prefix>``): anything else is
+unknown without asking the database (a NUL byte is not even storable in PostgreSQL)."""
+
+
+class Drainable(Protocol):
+    """What a multi-host executor (the Ray backend) offers for drains, structurally."""
+
+    def refresh(self, force: bool = False) -> dict[str, Any]: ...
+
+    def drain(self, host: str, wait_s: float | None = None) -> bool: ...
+
 
 class ClusterService:
-    """Reads only; the executor's ``stats()`` is one request per host (Ray backend)."""
+    """Reads, plus :meth:`drain`; the executor's ``stats()`` is one request per host (Ray backend)."""
 
     def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live: LiveEnvs,
                  replica_id: str) -> None:
@@ -30,29 +50,89 @@ class ClusterService:
         self.replica_id = replica_id
 
     def status(self) -> ClusterStatus:
-        """The cluster as this replica sees it. Raises ServiceUnavailable (database)."""
+        """The cluster as this replica sees it (drained hosts listed last, with zero
+        counters). Raises ServiceUnavailable (database)."""
         stats = self.sandboxes.stats()
-        placed = DbAffinity(self.db).counts()
+        affinity = DbAffinity(self.db)
+        placed = affinity.counts()
+        drains = affinity.drains() if "hosts" in stats else {}
         raw: list[dict[str, Any]] = stats.get("hosts") or [{"host": "local", "stats": stats}]
         hosts = []
         for info in raw:
             s = info.get("stats", {})
             cap = info.get("max_sandboxes")
             per = info.get("sessions_per_sandbox")
+            drain = drains.get(info["host"]) or ("draining" if info.get("draining") else None)
             hosts.append(HostStatus(
                 host=info["host"], node_id=info.get("node_id"), hostname=info.get("hostname"), pid=info.get("pid"),
                 uptime_s=info.get("uptime_s"), sessions=int(s.get("sessions", 0)),
                 sandboxes=int(s.get("sandboxes", 0)), idle=int(s.get("idle", 0)), active=int(s.get("active", 0)),
                 starting=int(s.get("starting", 0)), capacity_sandboxes=cap,
                 capacity_sessions=cap * per if cap is not None and per is not None else None,
-                envs_placed=placed.get(info["host"], 0)))
+                envs_placed=placed.get(info["host"], 0), calls_in_flight=info.get("calls"), drain=drain))  # type: ignore[arg-type]
+        live_hosts = list(hosts)
+        shown = {h.host for h in hosts}
         with self.db.read() as db:
             replicas = [ReplicaStatus(id=r.id, started_at=aware(r.started_at), heartbeat_at=aware(r.heartbeat_at))
                         for r in db.scalars(select(models.Replica).order_by(models.Replica.started_at))]
+            gone = db.scalars(select(models.HostDrain).where(models.HostDrain.status == "drained")
+                              .order_by(models.HostDrain.finished_at.desc()).limit(DRAINED_SHOWN)).all()
+        hosts += [HostStatus(host=d.host, sessions=0, sandboxes=0, idle=0, active=0, starting=0, capacity_sandboxes=0,
+                             capacity_sessions=0, envs_placed=placed.get(d.host, 0), drain="drained")
+                  for d in gone if d.host not in shown]
         caps = [h.capacity_sessions for h in hosts]
         return ClusterStatus(
             backend=self.settings.executor_backend, replica=self.replica_id,
-            nodes=len({h.node_id or h.host for h in hosts}), hosts=hosts, replicas=replicas,
+            nodes=len({h.node_id or h.host for h in live_hosts}), hosts=hosts, replicas=replicas,
             live_envs=len(self.live), sandboxes=sum(h.sandboxes for h in hosts),
             sessions=sum(h.sessions for h in hosts),
             capacity_sessions=sum(c for c in caps if c is not None) if caps and None not in caps else None)
+
+    def drain(self, host: str, force: bool = False) -> HostDrainPublic:
+        """Drain sandbox host ``host``: record it ``draining`` (every replica stops placing
+        envs on it within ``RayExecutor.refresh_s``, and the host itself refuses new work at
+        once), then let this replica's executor move its sessions and shut it down in the
+        background. Idempotent: draining a draining host (re)starts the work in this replica
+        (so a drain whose replica died is resumed by issuing it again); a drained host is
+        answered as is.
+
+        Raises:
+            NotFound: ``host`` is neither a live host nor a drained one.
+            Conflict: it is the last host taking envs and ``force`` is False (its envs would
+                have nowhere to go), or the local backend (its one pool cannot be drained).
+            ServiceUnavailable: database or Ray failure.
+        """
+        executor = self.sandboxes.executor
+        if not hasattr(executor, "drain"):
+            if host == "local":
+                raise Conflict("the local backend has one sandbox host: there is nowhere to drain it to")
+            raise NotFound(f"sandbox host {host!r} not found")
+        drainable = cast(Drainable, executor)
+        affinity = DbAffinity(self.db)
+        live = set(drainable.refresh(force=True))
+        if host not in live and (not HOST_NAME.fullmatch(host) or affinity.drain_record(host) is None):
+            raise NotFound(f"sandbox host {host!r} not found")
+        row, _created = affinity.start_drain(host, live, allow_last=force)
+        if row is None:
+            raise Conflict(f"host {host!r} is the last sandbox host taking envs: draining it would leave its envs "
+                           "nowhere to go (drain with force=true to do it anyway)")
+        if row.status != "drained":
+            drainable.drain(host)
+        return self.drain_view(host)
+
+    def drain_view(self, host: str) -> HostDrainPublic:
+        """The drain of ``host`` now. Raises NotFound (never drained)."""
+        affinity = DbAffinity(self.db)
+        row = affinity.drain_record(host) if HOST_NAME.fullmatch(host) else None
+        if row is None:
+            raise NotFound(f"sandbox host {host!r} is not being drained")
+        sessions = 0
+        if row.status != "drained":
+            for info in self.sandboxes.stats().get("hosts", []):
+                if info.get("host") == host:
+                    sessions = int(info.get("sessions", 0))
+        return HostDrainPublic(host=row.host, status=row.status,  # type: ignore[arg-type]
+                               started_at=aware(row.started_at),
+                               finished_at=aware(row.finished_at) if row.finished_at is not None else None,
+                               sessions=sessions, envs_placed=affinity.counts().get(host, 0),
+                               envs_moved=row.envs_moved)

@@ -391,13 +391,14 @@ class EnvService:
         return count_open_envs(self.db, tenant)
 
     def delete_env(self, tenant: str, env_id: str) -> None:
-        """Delete an env: its session, episodes, steps and (via collection) unreferenced
-        state blobs. Raises NotFound."""
+        """Delete an env: its session, episodes, steps, host affinity (``env_hosts``) and
+        (via collection) unreferenced state blobs. Raises NotFound."""
         with self.live.lock(env_id):
             with self.db.write() as db:
                 row = owned(db, models.Env, env_id, tenant, "env")
                 db.execute(delete(models.Step).where(models.Step.env_id == row.id))
                 db.execute(delete(models.Episode).where(models.Episode.env_id == row.id))
+                db.execute(delete(models.EnvHost).where(models.EnvHost.env_id == row.id))  # its host affinity
                 db.delete(row)
             self.live.drop(env_id)
         self.live.forget(env_id)

@@ -1,14 +1,16 @@
 """``GET /v1/admin/cluster`` and ``sandpit cluster status`` on a real server (local backend:
-one host, ``local``), with the operator key and refused without it."""
+one host, ``local``), with the operator key and refused without it; drains there (unknown
+hosts 404, the one local host 409: nowhere to drain to)."""
 
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import httpx
 import pytest
 from sandpit.cli import app
-from sandpit.client import Client, Unauthorized
+from sandpit.client import Client, Conflict, Unauthorized
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.docker
@@ -57,3 +59,39 @@ def test_cli_without_operator_key_exits_1(server, monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("SANDPIT_OPERATOR_KEY", raising=False)
     result = CliRunner().invoke(app, ["cluster", "status"])
     assert result.exit_code == 1 and "no operator key" in result.output
+
+
+@pytest.mark.parametrize("host", ["sandpit-host-0123456789abcdef", " ", "../admin/tenants", "x" * 1000,
+                                  "h\u00e9te\u0000", "' OR 1=1 --"])
+def test_a_drain_of_an_unknown_host_is_404_in_the_error_shape(server, host: str) -> None:
+    response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{quote(host, safe='')}/drain",
+                          headers=server.operator_headers, timeout=30)
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "not_found"
+    long = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{'y' * 5000}/drain", headers=server.operator_headers,
+                      timeout=30)
+    assert long.status_code == 422 and "error" in long.json()
+
+
+def test_the_local_backend_has_nowhere_to_drain_to(server, api: httpx.Client, counter_env_id: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    created = api.post("/v1/envs", json={"environment_id": counter_env_id})
+    assert created.status_code == 201, created.text
+    env_id = created.json()["id"]
+    try:
+        for force in (False, True):
+            with Client(server.url, operator_key=server.operator_key, timeout=30) as client, \
+                    pytest.raises(Conflict) as refusal:
+                client.admin.cluster.drain("local", force=force)
+            assert refusal.value.status_code == 409
+        assert api.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {"by": 1}}).status_code == 200
+        tenant = httpx.post(f"{server.url}/v1/admin/cluster/hosts/local/drain", headers=server.headers, timeout=30)
+        assert tenant.status_code in (401, 403)
+        monkeypatch.setenv("SANDPIT_URL", server.url)
+        monkeypatch.setenv("SANDPIT_OPERATOR_KEY", server.operator_key)
+        result = CliRunner().invoke(app, ["cluster", "drain", "local", "--wait", "--timeout", "5"])
+        assert result.exit_code == 1 and "409" in result.output, result.output
+        result = CliRunner().invoke(app, ["cluster", "drain", "no-such-host"])
+        assert result.exit_code == 1 and "404" in result.output, result.output
+    finally:
+        api.delete(f"/v1/envs/{env_id}")

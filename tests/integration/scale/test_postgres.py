@@ -1,7 +1,8 @@
 """The control database on a real PostgreSQL server (``scripts/ensure-postgres``): Alembic
 migrations up and down, and evaluation episodes claimed exactly once by replicas racing in
 separate processes (``FOR UPDATE SKIP LOCKED`` + the guarded compare-and-set), with lease
-recovery of a dead replica's episodes."""
+recovery of a dead replica's episodes; host drain records (migration 0007 up and down on
+SQLite and PostgreSQL, the last-host refusal under concurrent drains)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
 import postgres
 import pytest
 from sandpit.api.db import models
+from sandpit.api.db.affinity import DbAffinity
 from sandpit.api.db.database import Database
 from sandpit.api.db.engine import head_revision, make_engine, make_sessionmaker, require_current, upgrade
 from sandpit.api.evaluations.claims import LEASE_S, Replicas
@@ -170,3 +173,78 @@ def test_hostile_job_ids_claim_nothing(database: Database, job_id: str) -> None:
         assert replica.claim(job_id) is None
     with database.read() as db:
         assert db.execute(select(models.Replica.id).where(models.Replica.id == replica.id)).first()
+
+
+# -- host drains (migration 0007, DbAffinity) ------------------------------------------------
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """An empty database of each kind (no migration run)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'drains.db'}"
+    else:
+        with postgres.fresh_database(migrated=False) as url:
+            yield url
+
+
+def test_the_host_drains_migration_goes_up_down_and_up_keeping_placements(empty_url: str) -> None:
+    from alembic import command
+    from sandpit.api.db.engine import alembic_config
+
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        affinity = DbAffinity(Database(make_sessionmaker(engine)))
+        affinity.put("env_a", "h1")
+        row, created = affinity.start_drain("h1", {"h1", "h2"}, allow_last=False)
+        assert created and row is not None and row.status == "draining"
+        command.downgrade(alembic_config(empty_url), "0006")
+        tables = set(inspect(engine).get_table_names())
+        assert "host_drains" not in tables and "env_hosts" in tables
+        assert affinity.get("env_a") == "h1"  # placements survive the downgrade
+        upgrade(empty_url)
+        require_current(engine)
+        assert affinity.drains() == {} and affinity.get("env_a") == "h1"
+    finally:
+        engine.dispose()
+
+
+def test_drain_records_refuse_the_last_host_and_move_envs_once(database: Database) -> None:
+    affinity = DbAffinity(database)
+    for i in range(3):
+        affinity.put(f"env_{i}", "h1")
+    affinity.put("env_x", "h2")
+    assert affinity.start_drain("h1", {"h1"}, allow_last=False) == (None, False)  # the only host
+    row, created = affinity.start_drain("h1", {"h1", "h2"}, allow_last=False)
+    assert created and row is not None
+    assert affinity.start_drain("h1", {"h1", "h2"}, allow_last=False)[1] is False  # idempotent
+    assert affinity.start_drain("h2", {"h1", "h2"}, allow_last=False) == (None, False)  # h1 drains: h2 is last
+    assert sorted(affinity.envs_on("h1")) == ["env_0", "env_1", "env_2"]
+    assert affinity.move("env_0", "h1", "h2") and not affinity.move("env_0", "h1", "h2")  # compare-and-set
+    assert affinity.move("env_1", "h1", None) and affinity.get("env_1") is None
+    assert not affinity.move("env_x", "h1", "h3")  # not on h1
+    affinity.finish_drain("h1", 2)
+    record = affinity.drain_record("h1")
+    assert record is not None and record.status == "drained" and record.envs_moved == 2
+    assert affinity.drains() == {"h1": "drained"}
+    affinity.drop("env_2")
+    assert affinity.counts() == {"h2": 2}
+
+
+def test_concurrent_drains_of_the_last_two_hosts_let_exactly_one_through(database: Database) -> None:
+    live = {"race-a", "race-b"}
+    outcomes: list[tuple[str, bool]] = []
+    barrier = threading.Barrier(8)
+
+    def drain(host: str) -> None:
+        barrier.wait(timeout=30)
+        row, _created = DbAffinity(database).start_drain(host, live, allow_last=False)
+        outcomes.append((host, row is not None))
+
+    threads = [threading.Thread(target=drain, args=(sorted(live)[i % 2],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    recorded = {host for host, status in DbAffinity(database).drains().items() if host in live}
+    assert len(recorded) == 1, outcomes
+    assert {host for host, accepted in outcomes if accepted} == recorded

@@ -1,25 +1,39 @@
 """Scale-out end to end: a real local Ray cluster of two sandbox nodes (plus a head without
 Docker), a real PostgreSQL database, two ``sandpit serve`` replicas on the Ray backend.
 
-Envs are created through both replicas and spread over both nodes; every env is stepped
-through either replica in turn; one node is removed mid-run. Every acknowledged step must
-be in the database and in the state, and the envs of the lost node must resume on the
-other node from their last committed step. Everything runs on loopback only (Ray's node
-address is forced to 127.0.0.1; see ``loopback_ray``)."""
+The tests share one cluster and run in file order:
+
+1. drain: a third node joins; envs spread over the three hosts are stepped by client
+   threads through both replicas while one host is drained (twice, concurrently, through
+   both replicas). Every acknowledged step must be there, the drained host's envs on other
+   hosts with the right state, no 5xx but the 503s the client library retries, no
+   container of the drained host left. The two remaining hosts serve the next test.
+2. loss: envs are created through both replicas and spread over both nodes; every env is
+   stepped through either replica in turn; one node is removed mid-run. Every acknowledged
+   step must be in the database and in the state, and the envs of the lost node must
+   resume on the other node from their last committed step.
+3. hostile drains: unknown, empty, long and odd host names, a tenant key, and two
+   concurrent drains of the last two hosts taking envs (exactly one is refused: 409).
+
+Everything runs on loopback only (Ray's node address is forced to 127.0.0.1; see
+``LOOPBACK``)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import docker
 import httpx
 import postgres
 import pytest
 from api_server import COUNTER_SOURCE, ApiServer
+from sandpit.client import Client, Conflict, NotFound, SandpitError, Unauthorized
 from sandpit.executor import engine
 from sqlalchemy import create_engine, text
 
@@ -118,6 +132,193 @@ def hosts_of(pg_url: str, env_ids: list[str]) -> dict[str, str]:
     return {env_id: host for env_id, host in rows if env_id in env_ids}
 
 
+class StatusRecorder(httpx.HTTPTransport):
+    """An httpx transport that records the status of every response (the client library's
+    retries included), so a test sees every 5xx even when the client retried it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[int] = []
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        with self.lock:
+            self.statuses.append(response.status_code)
+        return response
+
+
+def host_of_node(node: Any) -> str:
+    from sandpit.executor.ray_backend import HOST_PREFIX
+
+    return HOST_PREFIX + node.node_id[:16]
+
+
+def wait_for_hosts(admins: list[Client], hosts: set[str], timeout_s: float = 90.0) -> None:
+    """Until every replica lists ``hosts`` among its live, non-drained hosts."""
+    deadline = time.monotonic() + timeout_s
+    for admin in admins:
+        while True:
+            seen = {h.host for h in admin.admin.cluster.status().hosts if h.drain != "drained"}
+            if hosts <= seen:
+                break
+            assert time.monotonic() < deadline, f"hosts {hosts} not all seen: {seen}"
+            time.sleep(0.5)
+
+
+DRAIN_ENVS = 6
+STEPS_AFTER_DRAIN = 3
+NAP_S = 6.0
+NAPPER_SOURCE = '''
+import time
+
+
+class Napper:
+    """A counter whose nap is a call still running when the drain starts."""
+
+    def __init__(self, init_config: dict):
+        self.count = init_config.get("count", 0)
+
+    def nap(self, seconds: float) -> int:
+        """Sleep, then add one.
+
+        Args:
+            seconds (float): how long.
+        """
+        time.sleep(seconds)
+        self.count += 1
+        return self.count
+'''
+
+
+def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
+        cluster: Cluster, replicas: list[ApiServer], pg_url: str) -> None:
+    third = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
+    cluster.wait_for_nodes()
+    recorders = [StatusRecorder() for _ in replicas]
+    clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120,
+                      max_retry_wait_s=120, transport=recorder) for server, recorder in zip(replicas, recorders, strict=True)]
+    try:
+        wait_for_hosts(clients, {host_of_node(n) for n in cluster.worker_nodes} | {host_of_node(third)})
+        environment = clients[0].environments.create(name="counter-drain", source_code=COUNTER_SOURCE,
+                                                     class_name="Counter")
+        napper = clients[1].envs.create(source_code=NAPPER_SOURCE, class_name="Napper", init_config={"count": 7})
+        envs = [clients[i % 2].envs.create(environment.id, init_config={"count": 1000 * i})
+                for i in range(DRAIN_ENVS)]
+        env_ids = [env.id for env in envs]
+        placed = hosts_of(pg_url, env_ids + [napper.id])
+        assert len(set(placed.values())) == 3, f"envs should be spread over the three hosts: {placed}"
+        victim = placed[napper.id]
+        victim_info = next(h for h in clients[0].admin.cluster.status().hosts if h.host == victim)
+        on_victim = [env_id for env_id in env_ids if placed[env_id] == victim]
+        assert on_victim, placed
+
+        acknowledged: dict[str, list[int]] = {env_id: [] for env_id in env_ids}
+        errors: list[str] = []
+        drained = threading.Event()
+        started = threading.Barrier(DRAIN_ENVS + 1)
+
+        def stepper(index: int) -> None:
+            env_id = env_ids[index]
+            handles = [client.envs.get(env_id) for client in clients]
+            after_drain = 0
+            number = 0
+            try:
+                while after_drain < STEPS_AFTER_DRAIN:
+                    if number == 1:
+                        started.wait(timeout=120)
+                    by = number * 10 + index + 1
+                    was_drained = drained.is_set()
+                    result = handles[number % 2].step("bump", by=by)  # alternate replicas on every step
+                    assert result.status == "ok", result
+                    acknowledged[env_id].append(by)
+                    assert result.observation == str(1000 * index + sum(acknowledged[env_id]))
+                    number += 1
+                    after_drain += was_drained
+            except Exception as exc:  # noqa: BLE001 - reported by the test thread
+                errors.append(f"env {index}: {type(exc).__name__}: {exc}")
+                started.abort()
+
+        napped: list[object] = []
+        nap = threading.Thread(target=lambda: napped.append(napper.step("nap", seconds=NAP_S)))
+        nap.start()
+        deadline = time.monotonic() + 60
+        while not next(h for h in clients[0].admin.cluster.status().hosts if h.host == victim).calls_in_flight:
+            assert time.monotonic() < deadline and nap.is_alive(), "the nap never ran on the victim"
+            time.sleep(0.05)  # nothing else runs yet: this call in flight is the nap
+        threads = [threading.Thread(target=stepper, args=(i,), daemon=True) for i in range(DRAIN_ENVS)]
+        for thread in threads:
+            thread.start()
+        started.wait(timeout=120)  # every env has acknowledged steps: drain while they keep stepping
+        nap_running = nap.is_alive()
+        answers: list[object] = []
+
+        def drain_through(index: int) -> None:
+            try:
+                answers.append(clients[index].admin.cluster.drain(victim, wait_s=120 if index == 0 else None))
+            except Exception as exc:  # noqa: BLE001 - reported by the test thread
+                answers.append(exc)
+
+        drains = [threading.Thread(target=drain_through, args=(i,)) for i in (0, 1)]  # concurrent, both replicas
+        began = time.monotonic()
+        for thread in drains:
+            thread.start()
+        for thread in drains:
+            thread.join(timeout=180)
+        drain_s = time.monotonic() - began
+        nap.join(timeout=60)
+        drained.set()
+        for thread in threads:
+            thread.join(timeout=180)
+        assert not errors, errors
+        assert all(not isinstance(a, Exception) for a in answers), answers
+        assert any(getattr(a, "status", None) == "drained" for a in answers), answers
+        print(f"drain of {victim} ({len(on_victim) + 1} envs) took {drain_s:.1f} s")
+        # the call in flight on the drained host finished and was acknowledged, then the drain ended
+        assert nap_running, f"the nap ended before the drain began (slower than {NAP_S} s: a loaded machine?)"
+        assert [(r.status, r.observation, r.recovered) for r in napped] == [("ok", "8", False)], napped  # type: ignore[attr-defined]
+        assert napper.step("nap", seconds=0).observation == "9"  # resumed elsewhere from the committed step
+        assert [s.observation for s in napper.trajectory().steps if s.action] == ["8", "9"]
+
+        statuses = [code for recorder in recorders for code in recorder.statuses]
+        assert not [code for code in statuses if code >= 500 and code != 503], statuses
+        print(f"{len(statuses)} responses, {statuses.count(503)} x 503 retried by the client")
+
+        moved = hosts_of(pg_url, env_ids + [napper.id])
+        assert all(host != victim for host in moved.values()), moved
+        assert set(moved) == set(env_ids + [napper.id])
+        for i, env_id in enumerate(env_ids):  # every acknowledged step, through either replica
+            assert len(acknowledged[env_id]) >= 1 + STEPS_AFTER_DRAIN
+            for client in clients:
+                env = client.envs.get(env_id)
+                assert env.env.step == len(acknowledged[env_id])
+                bumps = [s.action.arguments["by"] for s in env.trajectory().steps if s.action]
+                assert bumps == acknowledged[env_id]
+                state = env.state()
+                assert state["count"] == 1000 * i + sum(acknowledged[env_id])
+                assert state["log"] == [f"bump {by}" for by in acknowledged[env_id]]
+
+        for client in clients:  # every replica shows it drained; a third drain is a no-op
+            host = next(h for h in client.admin.cluster.status().hosts if h.host == victim)
+            assert host.drain == "drained" and host.sessions == 0 and host.envs_placed == 0
+            again = client.admin.cluster.drain(victim)
+            assert again.status == "drained" and again.finished_at is not None
+        docker_client = docker.from_env(timeout=30)
+        try:  # the drained host's pool removed its containers before its actor exited
+            left = [c.name for c in docker_client.containers.list(all=True, filters={"label": "sandpit=1"},
+                                                                   ignore_removed=True)
+                    if c.labels.get(engine.LABEL_OWNER, "").split(":")[1:2] == [str(victim_info.pid)]]
+        finally:
+            docker_client.close()
+        assert not left, left
+        for env_id in env_ids + [napper.id]:
+            clients[1].envs.delete(env_id)
+        assert not hosts_of(pg_url, env_ids + [napper.id]), "env_hosts rows must go with their env"
+    finally:
+        for client in clients:
+            client.close()
+
+
 def test_envs_survive_the_loss_of_a_node_through_either_replica(cluster: Cluster, replicas: list[ApiServer],
                                                                  pg_url: str, tmp_path: Path) -> None:
     clients = [server.client(timeout=120) for server in replicas]
@@ -181,3 +382,68 @@ def test_envs_survive_the_loss_of_a_node_through_either_replica(cluster: Cluster
     finally:
         for client in clients:
             client.close()
+
+
+@pytest.mark.parametrize("host", ["", " ", "sandpit-host-0000000000000000", "x" * 5000, "../../tenants",
+                                  "sandpit-host-' OR 1=1 --", "h\u00e9te\u2028\u0000"])
+def test_a_drain_of_an_unknown_or_odd_host_is_404_or_422(replicas: list[ApiServer], host: str) -> None:
+    response = httpx.post(f"{replicas[0].url}/v1/admin/cluster/hosts/{quote(host, safe='')}/drain",
+                          headers=replicas[0].operator_headers, timeout=30)
+    assert response.status_code in (404, 405, 422), response.text
+    if response.status_code != 405:
+        assert set(response.json()["error"]) >= {"code", "message"}, response.text
+
+
+def test_drains_need_the_operator_key_and_never_take_the_last_host(cluster: Cluster, replicas: list[ApiServer],
+                                                                  pg_url: str) -> None:
+    clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120)
+               for server in replicas]
+    try:
+        for server in replicas:  # a tenant key or garbage: 401/403, never a drain
+            for headers in (server.headers, {"Authorization": "Bearer not-a-key"}, {}):
+                response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/anything/drain", headers=headers,
+                                      timeout=30)
+                assert response.status_code in (401, 403), response.text
+        with Client(replicas[0].url, operator_key="y" * 40, timeout=30) as wrong, pytest.raises(Unauthorized):
+            wrong.admin.cluster.drain("anything")
+        with pytest.raises(NotFound):
+            clients[1].admin.cluster.drain("sandpit-host-unknown")
+
+        fourth = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
+        cluster.wait_for_nodes()
+        taking = {h.host for h in clients[0].admin.cluster.status().hosts if h.drain is None}
+        wait_for_hosts(clients, taking | {host_of_node(fourth)})
+        taking = {h.host for h in clients[0].admin.cluster.status().hosts if h.drain is None}
+        assert len(taking) == 2, taking  # the survivor of the loss test and the new node
+        outcomes: dict[str, object] = {}
+
+        def drain_through(index: int, host: str) -> None:
+            try:
+                outcomes[host] = clients[index].admin.cluster.drain(host)
+            except SandpitError as exc:
+                outcomes[host] = exc
+
+        racers = [threading.Thread(target=drain_through, args=(i, host)) for i, host in enumerate(sorted(taking))]
+        for thread in racers:
+            thread.start()
+        for thread in racers:
+            thread.join(timeout=120)
+        refused = [host for host, outcome in outcomes.items() if isinstance(outcome, Conflict)]
+        accepted = [host for host, outcome in outcomes.items() if getattr(outcome, "status", None) in
+                    ("draining", "drained")]
+        assert len(refused) == 1 and len(accepted) == 1, outcomes
+        last = refused[0]
+        for client in clients:  # the last host taking envs stays refused, through either replica
+            with pytest.raises(Conflict) as refusal:
+                client.admin.cluster.drain(last)
+            assert "last" in refusal.value.message
+        drained = clients[0].admin.cluster.drain(accepted[0], wait_s=60)
+        assert drained.status == "drained"
+        env = clients[0].envs.create(source_code=COUNTER_SOURCE, class_name="Counter")  # still served
+        assert env.step("bump", by=2).observation == "2"
+        assert hosts_of(pg_url, [env.id]) == {env.id: last}
+        env.delete()
+    finally:
+        for client in clients:
+            client.close()
+

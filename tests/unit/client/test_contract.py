@@ -109,6 +109,7 @@ SAMPLES: list[tuple[str, Callable[[], Call[Any]]]] = [
     ("key_revoke", lambda: calls.key_revoke("key_1")),
     ("audit_list", lambda: calls.audit_list("team-a", "env.create", 10, 0)),
     ("cluster_status", lambda: calls.cluster_status()),
+    ("cluster_drain", lambda: calls.cluster_drain("sandpit-host-0123abcd", True)),
 ]
 
 
@@ -286,6 +287,8 @@ def _coerce(value: str, schema: Schema) -> Any:
     types = {b.get("type") for b in schema.get("anyOf", [schema])}
     if "integer" in types and re.fullmatch(r"-?\d+", value):
         return int(value)
+    if "boolean" in types and value in ("true", "false"):
+        return value == "true"
     return value
 
 
