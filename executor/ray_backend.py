@@ -88,8 +88,6 @@ RESOURCE = "sandpit_docker"
 HOST_PREFIX = "sandpit-host-"
 HOST_CONCURRENCY = 256
 """Requests one host actor serves at once (threads; the pool bounds sandboxes itself)."""
-DRAIN_POLL_S = 0.2
-"""Seconds between two passes of a drain over its host's sessions and work in flight."""
 
 
 class HostDraining(SessionClosed):
@@ -531,6 +529,8 @@ class RayExecutor:
     hop_margin_s: float = 60.0
     """Seconds a request to a host may take beyond the longest call timeout before the
     host counts as lost."""
+    drain_poll_s: float = 0.2
+    """Seconds between two passes of a drain over its host's sessions and work in flight."""
     drain_timeout_s: float = 900.0
     """Seconds a drain waits for its host to empty before it gives up (the host stays
     ``draining``, placing nothing; issuing the drain again resumes it)."""
@@ -795,7 +795,7 @@ class RayExecutor:
                                 self.drain_timeout_s, len(left["sessions"]), left["busy"])
                     return
                 if not left["sessions"]:
-                    time.sleep(DRAIN_POLL_S)
+                    time.sleep(self.drain_poll_s)
             moved += self._move_envs(host, self.affinity.envs_on(host))
             try:
                 self.ask(host, "shutdown", timeout_s=120)

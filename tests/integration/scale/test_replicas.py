@@ -122,6 +122,20 @@ def call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.R
         time.sleep(min(float(response.headers.get("Retry-After", "1")), 2.0))
 
 
+def wait_until_gone(pid: int, timeout_s: float = 60.0) -> None:
+    """Wait until process ``pid`` (a lost node's host actor) has exited: removing a node
+    kills its raylet at once, but the worker process notices only later (seconds on a
+    loaded machine) and answers direct actor calls until then."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the lost node's host process {pid} still runs after {timeout_s} s")
+
+
 def hosts_of(pg_url: str, env_ids: list[str]) -> dict[str, str]:
     engine_ = create_engine(pg_url)
     try:
@@ -359,7 +373,10 @@ def test_envs_survive_the_loss_of_a_node_through_either_replica(cluster: Cluster
         lost_host = placed[env_ids[0]]
         victim = next(node for node in cluster.worker_nodes
                       if HOST_PREFIX + node.node_id[:16] == lost_host)
+        status = call(clients[0], "GET", "/v1/admin/cluster", headers=replicas[0].operator_headers).json()
+        host_pid = next(h["pid"] for h in status["hosts"] if h["host"] == lost_host)
         cluster.remove_node(victim, allow_graceful=False)
+        wait_until_gone(host_pid)  # a loaded machine lets the host's worker answer a while
         affected = [env_id for env_id in env_ids if placed[env_id] == lost_host]
 
         for number in range(ROUNDS_BEFORE, ROUNDS_BEFORE + ROUNDS_AFTER):
