@@ -2,7 +2,9 @@
 fresh process that never served an environment session. Stdlib only; runs in the runner
 process and never executes job code (that happens in the child, ``child_oneshot.py``).
 
-A job takes a pre-started spare process (the runner's ``Child``), gives it a private
+A job takes a fresh process (a check batch: forked from the sandbox's jobs template when
+it is ready, ``pid1_templates``; else, and for scripts, the pre-started spare, the runner's
+``Child``), gives it a private
 empty work directory under ``/work`` and one request, and watches it with the same
 machinery as sessions: its stdout/stderr are pipes read here and capped, its control
 channel is read frame by frame with a size cap, its deadline is checked by the runner's
@@ -150,7 +152,7 @@ class Job:
 
 class Jobs:
     """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
-    ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
+    ``fault``, ``job_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
     ``pid1_runner.py``)."""
 
     def __init__(self, runner: Runner, work_root: str, oom_kills: Callable[[], int]) -> None:
@@ -208,7 +210,7 @@ class Jobs:
         """Start ``job``'s next process and send it the request. False (and the job is
         finished or failed over) when no process could be started."""
         try:
-            child = self.runner.take_child()
+            child = self.runner.job_child(job.kind)
         except OSError as exc:
             self._no_process(job, f"could not start a process: {exc}")
             return False
@@ -535,7 +537,7 @@ class Jobs:
         if job in self.active:
             self.active.remove(job)
         self.runner.remove_workdir(job.workdir)
-        self.runner.jobs_ended()
+        self.runner.jobs_ended(job.kind)
 
 
 def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:

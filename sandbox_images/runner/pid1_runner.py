@@ -315,10 +315,23 @@ class Runner:
             tracked.add(self.spare.pid)
         return tracked
 
-    def jobs_ended(self) -> None:
+    def jobs_ended(self, kind: str = "exec") -> None:
         """A one-shot job finished: keep a spare (the host asks for ``recycle`` before
-        the sandbox serves anything else)."""
+        the sandbox serves anything else); after a check batch, start the jobs template
+        (``pid1_templates``) for the next batches, now that this one has its reply."""
         self._ensure_spare()
+        if kind == "checks":
+            self.templates.want_jobs()
+
+    def job_child(self, kind: str) -> Child:
+        """A fresh process for a one-shot job: for a check batch, forked from the ready
+        jobs template when there is one, else (and for ``exec``) the spare or a new one.
+        Raises OSError when none can be started (pids limit)."""
+        if kind == "checks":
+            child = self.templates.fork(pid1_templates.JOBS_KEY, Child.adopt)
+            if child is not None:
+                return child
+        return self._take_child()
 
     def remove_workdir(self, path: str) -> None:
         """Remove a finished session's or job's work directory; what cannot be removed
@@ -477,13 +490,15 @@ class Runner:
         if self.spare is not None:
             self.spare.kill()
             self.spare = None
-        self.templates.clear()
+        had_jobs_template = self.templates.clear()
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
         problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
         self.tainted = problems[:]
         self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:RECYCLE_MAX_PROBLEMS]})
         self._ensure_spare()
+        if had_jobs_template and not problems:  # a sandbox that served check batches serves more
+            self.templates.want_jobs()  # (fresh processes, started after the emptiness proof)
 
     # -- dispatch to child -----------------------------------------------------------
     def pump(self, session: Session) -> None:
