@@ -182,10 +182,7 @@ class EnvService:
     def evaluate_env(self, caller: TenantContext, env_id: str, body: EvaluateRequest | None) -> EvaluationPublic:
         """``POST /evaluate``: :meth:`evaluate` in a concurrent call; audited."""
         with self.quotas.call(caller):
-            result = self.evaluate(caller.tenant, env_id, body.checks if body else None)
-        self.tenants.audit(caller.tenant, caller.actor, "env.evaluate", env_id,
-                           {"reward": result.reward, "evaluation": result.id})
-        return result
+            return self.evaluate(caller.tenant, env_id, body.checks if body else None, audit_actor=caller.actor)
 
     def public(self, row: models.Env, tools: bool = True) -> EnvPublic:
         """``row`` as the API shows it (:meth:`env_view` adds status, tools, episode)."""
@@ -701,11 +698,13 @@ class EnvService:
                 while len(self._policy_passed) > POLICY_MEMO:
                     self._policy_passed.popitem(last=False)
 
-    def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None) -> EvaluationPublic:
+    def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None,
+                 audit_actor: str | None = None) -> EvaluationPublic:
         """Run check functions on the env's initial and current state (restored as real
-        objects in a sandbox); store and return the outcome. Raises NotFound, Conflict (no
-        checks given and no scenario), InvalidRequest (a check over the caps or refused
-        by the static policy), NoCapacity (503 + Retry-After)."""
+        objects in a sandbox); store and return the outcome (with ``audit_actor``, the
+        ``env.evaluate`` audit event commits in the same transaction). Raises NotFound,
+        Conflict (no checks given and no scenario), InvalidRequest (a check over the caps or
+        refused by the static policy), NoCapacity (503 + Retry-After)."""
         if checks is not None:
             self._check_policy(checks)
         with self.live.lock(env_id), self.db.read() as db:
@@ -735,6 +734,9 @@ class EnvService:
                                        results=[r.model_dump() for r in results], created_at=utcnow())
         with self.db.write() as db:
             db.add(evaluation)
+            if audit_actor is not None:
+                db.add(audit_event(tenant, audit_actor, "env.evaluate", env_id,
+                                   {"reward": reward, "evaluation": evaluation.id}))
         return EvaluationPublic(id=evaluation.id, env_id=env_id, episode=episode, step=step, reward=reward,
                                 passed=passed, total=len(results), results=results, created_at=evaluation.created_at)
 
