@@ -34,7 +34,9 @@ Host requests (each has an integer ``id``; the reply echoes it):
       it); ``time_limit_s`` bounds each check. A check that times out gets that status
       and the remaining checks go on in a fresh zygote (``restarts`` counts them); one
       that dies or runs out of memory is reported by the zygote (``crashed``; ``oom``
-      when the cgroup's OOM-kill counter rose meanwhile). The whole batch is bounded by
+      when the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
+      restored the states (no check ran in it) is replaced once by a newly spawned one,
+      charging no check. The whole batch is bounded by
       ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
       ``timeout`` ("not run").
 
@@ -148,6 +150,7 @@ class Job:
         self.budget_deadline = 0.0
         self.restarts = 0
         self.ready = False  # checks: the current zygote has restored the states
+        self.replaced = False  # checks: a process that died before restoring was replaced once
 
 
 class Jobs:
@@ -206,11 +209,12 @@ class Jobs:
             job.budget_deadline = job.started + timeout_s * count + BATCH_SLACK_S + STARTUP_S
             self._next_checks(job)
 
-    def _launch(self, job: Job, fields: dict[str, Any] | None = None) -> bool:
-        """Start ``job``'s next process and send it the request. False (and the job is
-        finished or failed over) when no process could be started."""
+    def _launch(self, job: Job, fields: dict[str, Any] | None = None, spawn: bool = False) -> bool:
+        """Start ``job``'s next process (``spawn``: a newly spawned one) and send it the
+        request. False (and the job is finished or failed over) when no process could be
+        started."""
         try:
-            child = self.runner.job_child(job.kind)
+            child = self.runner.spawn_child() if spawn else self.runner.job_child(job.kind)
         except OSError as exc:
             self._no_process(job, f"could not start a process: {exc}")
             return False
@@ -355,6 +359,13 @@ class Jobs:
             return  # its last frames already ended the job or moved it to a new process
         if job.kind == "exec":
             self._finish_exec(job, wait_status)
+        elif not job.ready and not job.replaced:
+            # died before restoring the states (e.g. a spare or the jobs template killed by
+            # an earlier check, not reaped yet when it was taken): no check ran in it, so
+            # no check is charged; the batch goes on once in a newly spawned process
+            job.replaced = True
+            self._end_process(job)
+            self._next_checks(job, spawn=True)
         else:
             oom = self.oom_kills() > job.oom_baseline
             detail = _death(wait_status)
@@ -384,8 +395,9 @@ class Jobs:
         return wait
 
     # -- checks ------------------------------------------------------------------------
-    def _next_checks(self, job: Job) -> None:
-        """Start a process for the checks not run yet, or finish the batch."""
+    def _next_checks(self, job: Job, spawn: bool = False) -> None:
+        """Start a process for the checks not run yet (``spawn``: a newly spawned one),
+        or finish the batch."""
         count = len(job.results)
         if job.next >= count:
             self._finish_checks(job)
@@ -403,7 +415,7 @@ class Jobs:
         job.check_started = now
         job.ready = False
         job.deadline = min(now + job.timeout_s + STARTUP_S, job.budget_deadline)
-        self._launch(job, {"checks": pending})
+        self._launch(job, {"checks": pending}, spawn)
 
     def _process_failed(self, job: Job, status: str, message: str) -> None:
         """The current process of ``job`` timed out, died or misbehaved: an exec job ends;

@@ -325,6 +325,11 @@ class Runner:
         one). Raises OSError when none can be started (pids limit)."""
         return self._take_child()
 
+    def spawn_child(self) -> Child:
+        """A newly spawned process (never the spare, which may have been killed). Raises
+        OSError when none can be started (pids limit)."""
+        return self._spawn()
+
     def _session_child(self, session: Session) -> Child:
         """The process for ``session``: forked from its environment's ready template
         when there is one, else the spare or a new one (``_take_child``)."""
