@@ -13,7 +13,9 @@
 Each figure is p50/p99/mean over N runs (milliseconds). Prints a table with the target
 beside each figure and saves JSON to ``benchmarks/results/cold.json``. The numbers are
 wall-clock times on whatever else the machine is doing: run it on a quiet machine.
-Usage: ``python benchmarks/cold.py [--runs 30] [--size-mb 3]``.
+Usage: ``python benchmarks/cold.py [--runs 30] [--size-mb 3] [--only warm,evaluate,retail,airline]``
+(``--only`` runs some parts and prints their rows; it saves to ``--output``, so give a
+path other than the default when the run is partial).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ TARGETS_MS = {
     "state_3mb_head": 50.0,
     "evaluate_8_checks": 30.0,
 }
+PARTS = ("warm", "evaluate", "retail", "airline")
 CHECKS = [{"check_item": f"check {i}", "check_func": f"def check_func(final_state):\n"
                                                        f"    return final_state['count'] >= {i}\n"}
           for i in range(8)]
@@ -172,8 +175,13 @@ def bench_evaluate(client: httpx.Client, runs: int) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = [("env create, warm pool, small config", results["create_warm_small_ms"], TARGETS_MS["create_warm_small"])]
+    rows = []
+    if "create_warm_small_ms" in results:
+        rows.append(("env create, warm pool, small config", results["create_warm_small_ms"],
+                     TARGETS_MS["create_warm_small"]))
     for domain in ("retail", "airline"):
+        if domain not in results:
+            continue
         r = results[domain]
         label = f"{domain} {r['config_bytes'] / 1e6:.1f} MB"
         rows += [(f"env create {label}, same config", r["create_same_config_ms"],
@@ -182,13 +190,14 @@ def table(results: dict[str, Any]) -> str:
                  (f"GET /state {label}, head", r["state_head_ms"], TARGETS_MS["state_3mb_head"]),
                  (f"GET /state {label}, first read after a step", r["state_after_step_ms"], None),
                  (f"GET /state {label}, ?step=0", r["state_step_0_ms"], None)]
-    rows.append(("evaluate, 8 checks", results["evaluate_8_checks_ms"], TARGETS_MS["evaluate_8_checks"]))
+    if "evaluate_8_checks_ms" in results:
+        rows.append(("evaluate, 8 checks", results["evaluate_8_checks_ms"], TARGETS_MS["evaluate_8_checks"]))
     lines = [f"{'measure':58s} {'p50 ms':>8s} {'p99 ms':>8s} {'n':>4s} {'target p50':>11s}"]
     for label, stats, target in rows:
         goal = f"<= {target:g}" if target is not None else "-"
         met = "" if target is None else ("  ok" if stats["p50"] <= target else "  MISSED")
         lines.append(f"{label:58s} {stats['p50']:8.1f} {stats['p99']:8.1f} {stats['n']:4d} {goal:>11s}{met}")
-    for domain in ("retail", "airline"):
+    for domain in (d for d in ("retail", "airline") if d in results):
         lines.append(f"first create of a new {domain} config: {results[domain]['create_first_ms']:.0f} ms")
     return "\n".join(lines)
 
@@ -198,7 +207,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30, help="samples per measure")
     parser.add_argument("--size-mb", type=float, default=3.0, help="init_config size of the large creates (MB)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "cold.json")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     args = parser.parse_args()
+    parts = [part for part in args.only.split(",") if part]
+    if not parts or any(part not in PARTS for part in parts):
+        parser.error(f"--only takes parts of {', '.join(PARTS)}")
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                            "load_avg_at_start": os.getloadavg()},
                                "targets_ms": TARGETS_MS}
@@ -207,10 +221,13 @@ def main() -> None:
                         SANDPIT_EXECUTOR_MAX_SANDBOXES="16")
         try:
             with server.client() as client:
-                results["create_warm_small_ms"] = bench_warm(client, args.runs)
-                results["evaluate_8_checks_ms"] = bench_evaluate(client, args.runs)
+                if "warm" in parts:
+                    results["create_warm_small_ms"] = bench_warm(client, args.runs)
+                if "evaluate" in parts:
+                    results["evaluate_8_checks_ms"] = bench_evaluate(client, args.runs)
                 for domain in ("retail", "airline"):
-                    results[domain] = bench_large(client, domain, args.size_mb, args.runs)
+                    if domain in parts:
+                        results[domain] = bench_large(client, domain, args.size_mb, args.runs)
             results["server_rss_mib"] = round(server.rss_mib(), 1)
         finally:
             server.stop()

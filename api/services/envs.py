@@ -65,7 +65,7 @@ from .episodes import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, 
 from .live import LiveEnv, LiveEnvs
 from .quotas import QuotaService, TenantContext
 from .scenarios import check_policy
-from .tenants import TenantService
+from .tenants import TenantService, audit_event
 from .tools import text_size
 
 EPISODES = cast(Table, models.Episode.__table__)
@@ -130,13 +130,15 @@ class EnvService:
             self.sandboxes.profile(requested)
         profile = self.quotas.profile_overrides(caller, requested, self.sandboxes.default_limits())
         with self.quotas.reserve_envs(caller), self.quotas.call(caller):
-            row = self.create_env(caller.tenant, environment_id=body.environment_id, source_code=body.source_code,
-                                  class_name=body.class_name, init_config=config,
-                                  scenario_id=body.scenario_id, profile=profile, episode=body.episode,
-                                  argument_checking=body.argument_checking)
-        self.tenants.audit(caller.tenant, caller.actor, "env.create", row.id,
-                           {"environment_id": row.environment_id, "scenario_id": row.scenario_id})
-        return self.public(row)
+            row, environment, episode = self._create(
+                caller.tenant, environment_id=body.environment_id, source_code=body.source_code,
+                class_name=body.class_name, init_config=config, scenario_id=body.scenario_id, profile=profile,
+                episode=body.episode, argument_checking=body.argument_checking, audit_actor=caller.actor)
+        # the rows just committed (objects stay usable): no second read for the reply
+        return EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
+                         init_config=self.config_of(row), created_at=row.created_at, expires_at=row.expires_at,
+                         forked_from=row.forked_from, forked_at_step=row.forked_at_step, scenario_id=row.scenario_id,
+                         **self._view(row, environment, episode, with_tools=True))
 
     def read(self, caller: TenantContext, env_id: str) -> EnvPublic:
         """One env with its tools and current episode. Raises NotFound."""
@@ -180,10 +182,7 @@ class EnvService:
     def evaluate_env(self, caller: TenantContext, env_id: str, body: EvaluateRequest | None) -> EvaluationPublic:
         """``POST /evaluate``: :meth:`evaluate` in a concurrent call; audited."""
         with self.quotas.call(caller):
-            result = self.evaluate(caller.tenant, env_id, body.checks if body else None)
-        self.tenants.audit(caller.tenant, caller.actor, "env.evaluate", env_id,
-                           {"reward": result.reward, "evaluation": result.id})
-        return result
+            return self.evaluate(caller.tenant, env_id, body.checks if body else None, audit_actor=caller.actor)
 
     def public(self, row: models.Env, tools: bool = True) -> EnvPublic:
         """``row`` as the API shows it (:meth:`env_view` adds status, tools, episode)."""
@@ -319,6 +318,20 @@ class EnvService:
         (instantiation failed: the message carries the observation; policy errors in
         inline code; a profile above the operator's; an unusable user endpoint),
         NoCapacity (503 + Retry-After), ServiceUnavailable (the simulated user's model)."""
+        return self._create(tenant, environment_id=environment_id, source_code=source_code, class_name=class_name,
+                            init_config=init_config, profile=profile, scenario_id=scenario_id, env_id=env_id,
+                            episode=episode, argument_checking=argument_checking,
+                            episode_config=episode_config)[0]
+
+    def _create(self, tenant: str, *, environment_id: str | None, source_code: str | None,
+                class_name: str | None, init_config: dict[str, Any] | CanonicalConfig | None,
+                profile: dict[str, Any] | None, scenario_id: str | None = None, env_id: str | None = None,
+                episode: EpisodeOptions | None = None, argument_checking: str | None = None,
+                episode_config: EpisodeConfig | None = None,
+                audit_actor: str | None = None) -> tuple[models.Env, models.Environment, models.Episode]:
+        """:meth:`create_env`, returning the env row with the environment and episode rows
+        it committed; with ``audit_actor``, the ``env.create`` audit event is committed in
+        the same transaction (one database round trip fewer than a separate audit)."""
         start = self._start(tenant, environment_id=environment_id, source_code=source_code, class_name=class_name,
                             scenario_id=scenario_id, init_config=init_config, options=episode)
         if episode_config is not None:
@@ -336,16 +349,20 @@ class EnvService:
                              expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
                              scenario_id=scenario_id, argument_checking=argument_checking)
             self.configs.put(start.init_config)
+            episode_row = self._episode_row(env_id, 1, start, run, now)
             with self.db.write() as db:
                 store_config(db, start.init_config)
                 pending.write(db)
                 db.add(row)
                 db.flush()
                 db.add(self._step_zero(env_id, 1, cache.root, now))
-                db.add(self._episode_row(env_id, 1, start, run, now))
+                db.add(episode_row)
+                if audit_actor is not None:
+                    db.add(audit_event(tenant, audit_actor, "env.create", env_id,
+                                       {"environment_id": environment.id, "scenario_id": scenario_id}))
         self.live.put(env_id, LiveEnv(session, cache, 1, 0, tenant, environment.id, row.expires_at, run=run,
                                       argument_checking=argument_checking or environment.argument_checking))
-        return row
+        return row, environment, episode_row
 
     def get_env(self, tenant: str, env_id: str) -> models.Env:
         """The env row or NotFound (also for another tenant's id)."""
@@ -365,6 +382,11 @@ class EnvService:
         with self.db.read() as db:
             environment = db.get(models.Environment, row.environment_id)
             episode = db.get(models.Episode, (row.id, row.episode))
+        return self._view(row, environment, episode, with_tools)
+
+    def _view(self, row: models.Env, environment: models.Environment | None, episode: models.Episode | None,
+              with_tools: bool) -> dict[str, Any]:
+        """:meth:`env_view` of rows already at hand (no database read)."""
         config = EpisodeConfig.from_stored(episode.config if episode is not None else None)
         view: dict[str, Any] = {"status": self.env_status(row), "episode_config": config.public()}
         if environment is not None:
@@ -677,11 +699,13 @@ class EnvService:
                 while len(self._policy_passed) > POLICY_MEMO:
                     self._policy_passed.popitem(last=False)
 
-    def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None) -> EvaluationPublic:
+    def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None,
+                 audit_actor: str | None = None) -> EvaluationPublic:
         """Run check functions on the env's initial and current state (restored as real
-        objects in a sandbox); store and return the outcome. Raises NotFound, Conflict (no
-        checks given and no scenario), InvalidRequest (a check over the caps or refused
-        by the static policy), NoCapacity (503 + Retry-After)."""
+        objects in a sandbox); store and return the outcome (with ``audit_actor``, the
+        ``env.evaluate`` audit event commits in the same transaction). Raises NotFound,
+        Conflict (no checks given and no scenario), InvalidRequest (a check over the caps or
+        refused by the static policy), NoCapacity (503 + Retry-After)."""
         if checks is not None:
             self._check_policy(checks)
         with self.live.lock(env_id), self.db.read() as db:
@@ -711,6 +735,9 @@ class EnvService:
                                        results=[r.model_dump() for r in results], created_at=utcnow())
         with self.db.write() as db:
             db.add(evaluation)
+            if audit_actor is not None:
+                db.add(audit_event(tenant, audit_actor, "env.evaluate", env_id,
+                                   {"reward": reward, "evaluation": evaluation.id}))
         return EvaluationPublic(id=evaluation.id, env_id=env_id, episode=episode, step=step, reward=reward,
                                 passed=passed, total=len(results), results=results, created_at=evaluation.created_at)
 

@@ -277,8 +277,7 @@ class TenantService:
               detail: dict[str, Any] | None = None) -> None:
         """Append one audit event (``action`` like ``env.create``; ``detail`` without secrets)."""
         with self.db.write() as db:
-            db.add(models.AuditEvent(at=_now(), tenant=tenant, actor=actor, action=action,
-                                     resource_id=resource_id, detail=detail))
+            db.add(audit_event(tenant, actor, action, resource_id, detail))
 
     def list_audit(self, tenant: str | None, limit: int, offset: int,
                    action: str | None = None) -> tuple[list[models.AuditEvent], int]:
@@ -352,3 +351,11 @@ class TenantService:
         """A page of audit events, newest first (one tenant's, or all for ``None``)."""
         rows, total = self.list_audit(tenant, limit, offset, action)
         return AuditPublic(data=[AuditEventPublic.model_validate(r, from_attributes=True) for r in rows], count=total)
+
+
+def audit_event(tenant: str, actor: str, action: str, resource_id: str | None,
+                detail: dict[str, Any] | None = None) -> models.AuditEvent:
+    """One audit event row, stamped now, for a caller that adds it to its own write
+    transaction (so the event commits with what it records, in one round trip)."""
+    return models.AuditEvent(at=_now(), tenant=tenant, actor=actor, action=action, resource_id=resource_id,
+                             detail=detail)

@@ -47,6 +47,9 @@ SESSION_ID_MAX_CHARS = 128
 """Longest session id a host request may name."""
 CHILD_SEND_TIMEOUT_S = 5.0
 """Longest blocking send of a request to a session process."""
+DEFER_MAX_S = 0.25
+"""Longest delay (seconds) of a spare's or template's start while calls are in flight:
+started right after a reply it would compete with that request for the CPU quota."""
 SPAWN_RETRY_S = 2.0
 """How long a session process start that hits the pids limit is retried (strays of a
 killed fork bomb not reaped yet)."""

@@ -2,7 +2,9 @@
 fresh process that never served an environment session. Stdlib only; runs in the runner
 process and never executes job code (that happens in the child, ``child_oneshot.py``).
 
-A job takes a pre-started spare process (the runner's ``Child``), gives it a private
+A job takes a fresh process (a check batch: forked from the sandbox's jobs template when
+it is ready, ``pid1_templates``; else, and for scripts, the pre-started spare, the runner's
+``Child``), gives it a private
 empty work directory under ``/work`` and one request, and watches it with the same
 machinery as sessions: its stdout/stderr are pipes read here and capped, its control
 channel is read frame by frame with a size cap, its deadline is checked by the runner's
@@ -32,7 +34,9 @@ Host requests (each has an integer ``id``; the reply echoes it):
       it); ``time_limit_s`` bounds each check. A check that times out gets that status
       and the remaining checks go on in a fresh zygote (``restarts`` counts them); one
       that dies or runs out of memory is reported by the zygote (``crashed``; ``oom``
-      when the cgroup's OOM-kill counter rose meanwhile). The whole batch is bounded by
+      when the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
+      restored the states (no check ran in it) is replaced once by a newly spawned one,
+      charging no check. The whole batch is bounded by
       ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
       ``timeout`` ("not run").
 
@@ -146,11 +150,12 @@ class Job:
         self.budget_deadline = 0.0
         self.restarts = 0
         self.ready = False  # checks: the current zygote has restored the states
+        self.replaced = False  # checks: a process that died before restoring was replaced once
 
 
 class Jobs:
     """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
-    ``fault``, ``take_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
+    ``fault``, ``job_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
     ``pid1_runner.py``)."""
 
     def __init__(self, runner: Runner, work_root: str, oom_kills: Callable[[], int]) -> None:
@@ -204,11 +209,12 @@ class Jobs:
             job.budget_deadline = job.started + timeout_s * count + BATCH_SLACK_S + STARTUP_S
             self._next_checks(job)
 
-    def _launch(self, job: Job, fields: dict[str, Any] | None = None) -> bool:
-        """Start ``job``'s next process and send it the request. False (and the job is
-        finished or failed over) when no process could be started."""
+    def _launch(self, job: Job, fields: dict[str, Any] | None = None, spawn: bool = False) -> bool:
+        """Start ``job``'s next process (``spawn``: a newly spawned one) and send it the
+        request. False (and the job is finished or failed over) when no process could be
+        started."""
         try:
-            child = self.runner.take_child()
+            child = self.runner.spawn_child() if spawn else self.runner.job_child(job.kind)
         except OSError as exc:
             self._no_process(job, f"could not start a process: {exc}")
             return False
@@ -353,6 +359,13 @@ class Jobs:
             return  # its last frames already ended the job or moved it to a new process
         if job.kind == "exec":
             self._finish_exec(job, wait_status)
+        elif not job.ready and not job.replaced:
+            # died before restoring the states (e.g. a spare or the jobs template killed by
+            # an earlier check, not reaped yet when it was taken): no check ran in it, so
+            # no check is charged; the batch goes on once in a newly spawned process
+            job.replaced = True
+            self._end_process(job)
+            self._next_checks(job, spawn=True)
         else:
             oom = self.oom_kills() > job.oom_baseline
             detail = _death(wait_status)
@@ -382,8 +395,9 @@ class Jobs:
         return wait
 
     # -- checks ------------------------------------------------------------------------
-    def _next_checks(self, job: Job) -> None:
-        """Start a process for the checks not run yet, or finish the batch."""
+    def _next_checks(self, job: Job, spawn: bool = False) -> None:
+        """Start a process for the checks not run yet (``spawn``: a newly spawned one),
+        or finish the batch."""
         count = len(job.results)
         if job.next >= count:
             self._finish_checks(job)
@@ -401,7 +415,7 @@ class Jobs:
         job.check_started = now
         job.ready = False
         job.deadline = min(now + job.timeout_s + STARTUP_S, job.budget_deadline)
-        self._launch(job, {"checks": pending})
+        self._launch(job, {"checks": pending}, spawn)
 
     def _process_failed(self, job: Job, status: str, message: str) -> None:
         """The current process of ``job`` timed out, died or misbehaved: an exec job ends;
@@ -535,7 +549,7 @@ class Jobs:
         if job in self.active:
             self.active.remove(job)
         self.runner.remove_workdir(job.workdir)
-        self.runner.jobs_ended()
+        self.runner.jobs_ended(job.kind)
 
 
 def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:

@@ -62,6 +62,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from collections.abc import Callable
     from typing import Any  # annotations only: never evaluated in the sandbox
 
     from . import pid1_cleanup, pid1_jobs, pid1_templates, protocol
@@ -74,6 +75,7 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
         DEFAULT_OUTPUT_CAP_BYTES,
         DEFAULT_SESSION_MEMORY_BYTES,
         DEFAULT_SESSION_NOFILE,
+        DEFER_MAX_S,
         DESCRIBE_ERROR_CHARS,
         DESCRIBE_TRACEBACK_CHARS,
         MAX_FRAME_BYTES,
@@ -100,6 +102,7 @@ else:  # in the sandbox, run as a script: its directory comes first on sys.path
         DEFAULT_OUTPUT_CAP_BYTES,
         DEFAULT_SESSION_MEMORY_BYTES,
         DEFAULT_SESSION_NOFILE,
+        DEFER_MAX_S,
         DESCRIBE_ERROR_CHARS,
         DESCRIBE_TRACEBACK_CHARS,
         MAX_FRAME_BYTES,
@@ -267,6 +270,9 @@ class Runner:
         self.sessions: dict[str, Session] = {}
         self.by_pid: dict[int, Session] = {}
         self.spare: Child | None = None
+        self.deferred: list[Callable[[], None]] = []
+        """Process starts waiting for a quiet moment (:meth:`later`)."""
+        self.deferred_due: float | None = None
         self.closed: set[str] = set()
         self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
@@ -291,13 +297,38 @@ class Runner:
     def _take_child(self) -> Child:
         child = self.spare if self.spare is not None and self.spare.alive else self._spawn()
         self.spare = None
-        self._ensure_spare()
+        self.later(self._ensure_spare)
         return child
+
+    def later(self, action: Callable[[], None]) -> None:
+        """Run ``action`` (starting a spare or a template: a Python start-up, ~30 ms of
+        the sandbox's CPU quota) once no call, open or job is in flight, so it does not
+        compete with the request that made it necessary; at the latest DEFER_MAX_S
+        seconds from now. Each action at most once per round."""
+        if action not in self.deferred:
+            self.deferred.append(action)
+        if self.deferred_due is None:
+            self.deferred_due = time.monotonic() + DEFER_MAX_S
+
+    def _busy(self) -> bool:
+        return bool(self.jobs.active) or any(s.current is not None for s in self.sessions.values())
+
+    def _run_deferred(self) -> None:
+        if not self.deferred or (self._busy() and time.monotonic() < (self.deferred_due or 0.0)):
+            return
+        actions, self.deferred, self.deferred_due = self.deferred, [], None
+        for action in actions:
+            action()
 
     def take_child(self) -> Child:
         """A fresh process for a one-shot job or a template (the spare when there is
         one). Raises OSError when none can be started (pids limit)."""
         return self._take_child()
+
+    def spawn_child(self) -> Child:
+        """A newly spawned process (never the spare, which may have been killed). Raises
+        OSError when none can be started (pids limit)."""
+        return self._spawn()
 
     def _session_child(self, session: Session) -> Child:
         """The process for ``session``: forked from its environment's ready template
@@ -315,10 +346,23 @@ class Runner:
             tracked.add(self.spare.pid)
         return tracked
 
-    def jobs_ended(self) -> None:
+    def jobs_ended(self, kind: str = "exec") -> None:
         """A one-shot job finished: keep a spare (the host asks for ``recycle`` before
-        the sandbox serves anything else)."""
+        the sandbox serves anything else); after a check batch, start the jobs template
+        (``pid1_templates``) for the next batches, now that this one has its reply."""
         self._ensure_spare()
+        if kind == "checks":
+            self.templates.want_jobs()
+
+    def job_child(self, kind: str) -> Child:
+        """A fresh process for a one-shot job: for a check batch, forked from the ready
+        jobs template when there is one, else (and for ``exec``) the spare or a new one.
+        Raises OSError when none can be started (pids limit)."""
+        if kind == "checks":
+            child = self.templates.fork(pid1_templates.JOBS_KEY, Child.adopt)
+            if child is not None:
+                return child
+        return self._take_child()
 
     def remove_workdir(self, path: str) -> None:
         """Remove a finished session's or job's work directory; what cannot be removed
@@ -447,7 +491,8 @@ class Runner:
         self.sessions[sid] = session
         session.queue.append({"internal": "init", "rid": rid, "snapshot": msg.get("snapshot")})
         self.pump(session)
-        self.templates.want(session.key, spec)  # after the session took the spare
+        key = session.key  # the template starts after the open's reply (or DEFER_MAX_S)
+        self.later(lambda: self.templates.want(key, spec))
 
     def close_session(self, session: Session) -> None:
         self._detach(session)
@@ -477,13 +522,16 @@ class Runner:
         if self.spare is not None:
             self.spare.kill()
             self.spare = None
-        self.templates.clear()
+        self.deferred, self.deferred_due = [], None  # what was wanted before is not wanted now
+        had_jobs_template = self.templates.clear()
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
         problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
         self.tainted = problems[:]
         self.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:RECYCLE_MAX_PROBLEMS]})
         self._ensure_spare()
+        if had_jobs_template and not problems:  # a sandbox that served check batches serves more
+            self.templates.want_jobs()  # (fresh processes, started after the emptiness proof)
 
     # -- dispatch to child -----------------------------------------------------------
     def pump(self, session: Session) -> None:
@@ -853,6 +901,8 @@ class Runner:
         self._ensure_spare()
         while self.running:
             timeout = self.check_deadlines()
+            if self.deferred_due is not None:
+                timeout = max(0.0, min(timeout, self.deferred_due - time.monotonic()))
             for key, _ in self.sel.select(timeout):
                 kind, session = key.data
                 try:
@@ -862,6 +912,7 @@ class Runner:
                     self.running = False
                     break
             self.reap()
+            self._run_deferred()
 
 
 def _describe_reply(rid: object, status: object, msg: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,13 @@ and a template serves only the sandbox's tenant (sandboxes are per tenant).
 A template is not a session: its pid is known to the sweeps (it is not a stray), but every
 other process in its process session is (it must fork nothing outside a ``fork`` request).
 ``recycle`` kills every template with everything else and forgets all keys.
+
+The jobs template (key JOBS_KEY, with ``templates`` enabled, in any sandbox) executes no
+environment: it is started after the sandbox's first check batch ends (``want_jobs``) and
+again after a ``recycle`` that killed one, and each check batch's zygote is forked from it
+(same ``fork`` request, same verification) instead of taking the spare, whose replacement
+would cost a Python start-up (~30 ms of CPU quota) per batch. When it is not ready or
+fails, the batch takes the spare as before.
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     import protocol
     from limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
+
+JOBS_KEY = "jobs"
+"""Key of the jobs template (an environment's key always holds a ``:``)."""
+
 
 def template_key(source: str, class_name: str) -> str:
     """The template key of an environment: sha256 of its UTF-8 source, ``:``, class name."""
@@ -83,6 +94,9 @@ class Templates:
         limits = self.runner.limits
         return bool(limits.get("templates", False)) and int(limits.get("max_sessions", 1)) > 1
 
+    def jobs_enabled(self) -> bool:
+        return bool(self.runner.limits.get("templates", False))
+
     def pids(self) -> set[int]:
         return {t.child.pid for t in self.by_key.values()}
 
@@ -105,8 +119,18 @@ class Templates:
         or the sandbox holds TEMPLATE_MAX_PER_SANDBOX already. Never raises."""
         if not self.enabled() or key in self.by_key or key in self.failed or spec.get("describe_only"):
             return
-        if len(self.by_key) >= TEMPLATE_MAX_PER_SANDBOX:
+        if sum(k != JOBS_KEY for k in self.by_key) >= TEMPLATE_MAX_PER_SANDBOX:
             return
+        self._start(key, {"source": spec["source"], "class_name": spec["class_name"]})
+
+    def want_jobs(self) -> None:
+        """Start the jobs template unless it exists or failed since the last recycle (or
+        templates are off). Never raises."""
+        if self.jobs_enabled() and JOBS_KEY not in self.by_key and JOBS_KEY not in self.failed:
+            self._start(JOBS_KEY, {"jobs": True})
+
+    def _start(self, key: str, fields: dict[str, Any]) -> None:
+        """Make a spare the template of ``key``: send it ``template {id, **fields}``."""
         try:
             child = self.runner.take_child()
         except OSError:
@@ -119,8 +143,7 @@ class Templates:
         sel.register(child.out_r, selectors.EVENT_READ, ("tmpl-out", template))
         sel.register(child.err_r, selectors.EVENT_READ, ("tmpl-out", template))
         try:
-            child.send({"op": "template", "id": template.token, "source": spec["source"],
-                        "class_name": spec["class_name"]})
+            child.send({"op": "template", "id": template.token, **fields})
         except (OSError, ValueError, TypeError):
             self.fail(template, "request could not be delivered")
 
@@ -194,14 +217,16 @@ class Templates:
         if self.by_key.get(template.key) is template:
             self.fail(template, "exited")
 
-    def clear(self) -> None:
+    def clear(self) -> bool:
         """Forget every template, failed key and count (``recycle``: the templates are killed
-        with the rest)."""
+        with the rest). Returns whether a jobs template was among them (started or ready)."""
+        had_jobs = JOBS_KEY in self.by_key
         for template in list(self.by_key.values()):
             self.fail(template, "recycled")
         self.by_key.clear()
         self.failed.clear()
         self.forked = self.fallbacks = 0
+        return had_jobs
 
     # -- forking ----------------------------------------------------------------------------
     def fork(self, key: str, make_child: Callable[[int, socket.socket, int, int], Child]) -> Child | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from sandpit.executor.errors import CapacityError, SessionOpenError
+from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.sandbox import Sandbox
 from sandpit.executor.session import Session
@@ -236,6 +237,49 @@ def test_two_environments_never_share_a_template(shared_pool, opened) -> None:
     assert templates(sandbox)["forked"] == 2
     assert [s.call("label").observation for s in (x1, x2, y1, y2)] == ["X", "X", "Y", "Y"]
     assert json.loads(json.dumps(y2.state())) == {"count": 0}
+
+
+OK_CHECK = "def check_func(final_state):\n    return final_state['count'] == 1\n"
+FALSE_CHECK = "def check_func(final_state):\n    return final_state['count'] == 2\n"
+KILL_EVERYONE_ELSE = """def check_func(final_state):
+    import os
+    for entry in os.listdir('/proc'):
+        if entry.isdigit() and int(entry) not in (1, os.getpid()):
+            try:
+                os.kill(int(entry), 9)
+            except OSError:
+                pass
+    return True
+"""
+
+
+def batch(pool: SandboxPool, sources: list[str]) -> list[tuple[str, bool]]:
+    """Run ``sources`` as a check batch on ``{"count": 1}`` (the fast profile)."""
+    state = encode_json_state({"count": 1})
+    results = pool.run_checks(tenant=TENANT, checks=[{"check_item": str(i), "check_func": source}
+                                                     for i, source in enumerate(sources)],
+                              initial_state=state, final_state=state, profile=pool.profile(overrides=FAST))
+    return [(r.status, r.passed) for r in results]
+
+
+def test_check_batches_fork_from_the_jobs_template_and_outlive_its_death(shared_pool, opened) -> None:
+    session = open_(shared_pool, opened, count=1)  # the batches share its sandbox
+    sandbox = session._sandbox
+    deadline = time.monotonic() + 30
+    while True:  # the jobs template starts after the sandbox's first batch
+        before = templates(sandbox)["forked"]
+        assert batch(shared_pool, [OK_CHECK, FALSE_CHECK]) == [("ok", True), ("ok", False)]
+        if templates(sandbox)["forked"] > before:
+            break  # this batch's zygote came from the template
+        assert time.monotonic() < deadline, templates(sandbox)
+        time.sleep(0.2)
+    # a check that kills every process it can see (its zygote, the template, the spare, the
+    # session) crashes alone; the batch goes on in a fresh process, later ones too
+    assert batch(shared_pool, [KILL_EVERYONE_ELSE, OK_CHECK, FALSE_CHECK]) == [
+        ("crashed", False), ("ok", True), ("ok", False)]
+    assert batch(shared_pool, [FALSE_CHECK, OK_CHECK]) == [("ok", False), ("ok", True)]
+    assert session.call("bump").status in ("ok", "crashed")  # killed too: re-created from its snapshot
+    assert session.call("bump").status == "ok"
 
 
 def test_memory_admission_spreads_sessions_below_the_hard_cap(leak_check, pool_settings) -> None:
