@@ -248,6 +248,20 @@ class Probe:
         """``[[pid, state, comm], ...]`` of every process in the session's sandbox."""
         return json.loads(self.ok(session, PROCESS_LIST))
 
+    def settled_processes(self, session: Session, quiet_s: float = 0.5, timeout_s: float = 15.0) -> list[list]:
+        """:meth:`processes` once the set of pids stayed the same over ``quiet_s`` seconds:
+        the runner starts a spare or a template after the reply of an open, or within
+        ``limits.DEFER_MAX_S`` while calls are in flight, so right after an open the list
+        may still grow by one."""
+        deadline = time.monotonic() + timeout_s
+        seen = self.processes(session)
+        while True:
+            time.sleep(quiet_s)
+            now = self.processes(session)
+            if {p[0] for p in now} == {p[0] for p in seen} or time.monotonic() > deadline:
+                return now
+            seen = now
+
 
 @pytest.fixture
 def probe() -> Probe:
