@@ -29,6 +29,7 @@ The executor's result types (plain pydantic data) are re-exported for the servic
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,8 @@ from sandpit.executor.results import CallResult, CheckResult, ExecResult, Snapsh
 from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
 
 from .errors import ApiError, InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
+
+log = logging.getLogger("sandpit.api")
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -222,6 +225,19 @@ class Sandboxes:
                                                  init_config=init_config, profile=profile, snapshot=snapshot,
                                                  session_id=keyed)
         return SandboxSession(session, self)
+
+    def discard(self, env_id: str) -> None:
+        """End the executor's session of a deleted env, whichever process's handle on it is
+        current (executors with ``keyed_sessions`` and a ``discard`` method: the Ray
+        backend, where another API replica may have stepped the env last). Best effort:
+        never raises; a session left behind ends with its pool's idle eviction."""
+        discard = getattr(self.executor, "discard", None)
+        if not getattr(self.executor, "keyed_sessions", False) or discard is None:
+            return
+        try:
+            discard(env_id)
+        except Exception as exc:  # noqa: BLE001 - deleting the env must not fail on it
+            log.warning("could not end the session of deleted env %s: %s: %s", env_id, type(exc).__name__, exc)
 
     def describe(self, *, tenant: str, source: str, class_name: str) -> list[dict[str, Any]]:
         """Tool schemas of ``class_name`` (module loaded, class not instantiated), in a

@@ -900,6 +900,20 @@ class RayExecutor:
                 continue
         return total
 
+    def discard(self, session_id: str) -> bool:
+        """End the hosted session ``session_id`` whatever its version, for an env that is
+        deleted: the deleting replica's handle may be stale (another replica stepped the
+        env last), and a version-guarded close would then leave the session on its host
+        until the pool's idle eviction. Best effort: a lost host or an unknown session is
+        nothing to end. Returns True when a session was ended."""
+        host = self.affinity.get(session_id)
+        if host is None or host not in self.refresh():
+            return False
+        try:
+            return bool(self.ask(host, "close_session", session_id, None))
+        except ExecutorError:
+            return False
+
     def hosts_info(self) -> list[dict[str, Any]]:
         """Every live host's :meth:`SandboxHost.info` (a host that does not answer is left out)."""
         out = []

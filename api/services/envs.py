@@ -416,13 +416,16 @@ class EnvService:
         """Delete an env: its session, episodes, steps, host affinity (``env_hosts``) and
         (via collection) unreferenced state blobs. Raises NotFound."""
         with self.live.lock(env_id):
+            with self.db.read() as db:
+                owned(db, models.Env, env_id, tenant, "env")  # NotFound before touching a session
+            self.live.drop(env_id)
+            self.sandboxes.discard(env_id)  # on its host, even if another replica stepped it last
             with self.db.write() as db:
                 row = owned(db, models.Env, env_id, tenant, "env")
                 db.execute(delete(models.Step).where(models.Step.env_id == row.id))
                 db.execute(delete(models.Episode).where(models.Episode.env_id == row.id))
                 db.execute(delete(models.EnvHost).where(models.EnvHost.env_id == row.id))  # its host affinity
                 db.delete(row)
-            self.live.drop(env_id)
         self.live.forget(env_id)
         self._gc_wanted.set()
 

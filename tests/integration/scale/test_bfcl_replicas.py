@@ -45,8 +45,11 @@ def test_bfcl_replay_through_two_ray_replicas_matches_the_local_backend(tmp_path
         assert report[setup]["steps"] > EPISODES
     answers = report["ray"]["requests_per_replica"]
     assert len(answers) == 2 and min(answers.values()) >= report["ray"]["steps"] // 2 - 1, answers
-    assert len([n for n in report["ray"]["peak_sessions_per_host"].values() if n > 0]) == 2, \
-        f"both Ray hosts should have held sessions: {report['ray']['peak_sessions_per_host']}"
+    peaks = report["ray"]["peak_sessions_per_host"]
+    assert len([n for n in peaks.values() if n > 0]) == 2, f"both Ray hosts should have held sessions: {peaks}"
+    # 4 episodes at a time, each env deleted after its episode: a deleted env's session ends
+    # on its host even when the other replica stepped it last (it once stayed: peaks of 50)
+    assert sum(peaks.values()) <= 2 * 4, f"sessions of deleted envs stayed on their hosts: {peaks}"
     client = docker.from_env(timeout=30)
     try:  # every server of the script has exited: none of their sandboxes may be left
         left = [c.name for c in client.containers.list(all=True, filters={"label": "sandpit=1"}, ignore_removed=True)
