@@ -139,6 +139,14 @@ class SandboxSession:
         with self._owner.translated():
             return self._session.snapshot().attributes
 
+    def opened_state(self) -> tuple[dict[str, list[Any]], str | None]:
+        """The last good snapshot's encoded attributes and, while it is still the state
+        the session was opened with, the runner's digest of it (None otherwise): equal
+        digests of one tenant are equal states. Raises a SandboxError."""
+        with self._owner.translated():
+            snapshot = self._session.snapshot()
+        return snapshot.attributes, snapshot.digest
+
     def restore(self, attributes: dict[str, list[Any]]) -> None:
         """Put the instance into the state of ``attributes`` (in a slot: restoring opaque
         values runs the environment's code). Raises QuotaExceeded, a SandboxError."""

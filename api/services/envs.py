@@ -73,6 +73,36 @@ STEPS = cast(Table, models.Step.__table__)
 CAPACITY_ATTEMPTS = 4
 POLICY_MEMO = 4096
 """Check sources remembered as passing the static policy (by SHA-256)."""
+INITIAL_STATES = 16
+"""Encoded initial states remembered by (tenant, digest) (:class:`InitialStates`)."""
+
+
+class InitialStates:
+    """Stored initial states by ``(tenant, digest)``: an env whose session opened with a
+    state the runner gave the same digest as an earlier one (the same environment and
+    config; sessions forked from a config template always do) reuses that state's
+    :class:`StateCache` (same root: the store is content-addressed) instead of encoding
+    megabytes again. Its blobs are offered again in the env's transaction (insert unless
+    stored), so a collection that ran meanwhile loses nothing. Keyed by tenant: digests
+    come from the tenant's own sandboxes. Thread-safe; entries are never mutated."""
+
+    def __init__(self, max_entries: int = INITIAL_STATES) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], tuple[StateCache, PendingBlobs]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str, digest: str) -> tuple[StateCache, PendingBlobs] | None:
+        with self._lock:
+            found = self._entries.get((tenant, digest))
+            if found is not None:
+                self._entries.move_to_end((tenant, digest))
+            return found
+
+    def put(self, tenant: str, digest: str, cache: StateCache, pending: PendingBlobs) -> None:
+        with self._lock:
+            self._entries[(tenant, digest)] = (cache, pending)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
 
 @dataclass
@@ -112,6 +142,7 @@ class EnvService:
         self.quotas = quotas
         self.tenants = tenants
         self.configs = ConfigCache()
+        self.initial_states = InitialStates()
         self._policy_passed: OrderedDict[str, None] = OrderedDict()
         self._memo_lock = threading.Lock()
         self._gc_wanted = threading.Event()
@@ -253,8 +284,16 @@ class EnvService:
             raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
         try:
-            pending = PendingBlobs()
-            yield session, encode_state(session.encoded_state(), pending), pending
+            attributes, digest = session.opened_state()
+            known = self.initial_states.get(tenant, digest) if digest is not None else None
+            if known is not None:
+                yield session, known[0], known[1]
+            else:
+                pending = PendingBlobs()
+                cache = encode_state(attributes, pending)
+                if digest is not None:
+                    self.initial_states.put(tenant, digest, cache, pending)
+                yield session, cache, pending
         except BaseException:
             session.close()
             raise
