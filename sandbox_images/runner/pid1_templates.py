@@ -163,6 +163,8 @@ class Templates:
         """Environment key -> (config hash, bytes) wanted as a config template once the
         environment's template is ready."""
         self.make_child: Callable[[int, socket.socket, int, int], Child] | None = None
+        self.config_builds = 0
+        """Config templates started (processes forked for them are not counted in ``forked``)."""
 
     def enabled(self) -> bool:
         limits = self.runner.limits
@@ -180,11 +182,14 @@ class Templates:
     def stats(self) -> dict[str, Any]:
         """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys."""
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
+        failed = [k for k in self.failed if "|" not in k]
         return {"ready": sum(t.ready for t in self.by_key.values() if t.config_hash is None),
                 "loading": sum(not t.ready for t in self.by_key.values() if t.config_hash is None),
+                "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(failed),
+                "reasons": sorted({self.failed[k] for k in failed})[:4],
                 "configs_ready": sum(t.ready for t in configs), "configs_loading": sum(not t.ready for t in configs),
-                "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(self.failed),
-                "reasons": sorted(set(self.failed.values()))[:4]}
+                "configs_built": self.config_builds, "configs_failed": len(self.failed) - len(failed),
+                "config_reasons": sorted({v for k, v in self.failed.items() if "|" in k})[:4]}
 
     # -- loading --------------------------------------------------------------------------
     def want(self, key: str, spec: dict[str, Any]) -> None:
@@ -303,7 +308,7 @@ class Templates:
         self.by_key.clear()
         self.failed.clear()
         self.pending.clear()
-        self.forked = self.fallbacks = 0
+        self.forked = self.fallbacks = self.config_builds = 0
 
     # -- config templates -------------------------------------------------------------------
     def want_config(self, key: str, config_hash: str, data: bytes) -> None:
@@ -327,6 +332,8 @@ class Templates:
         child = self.fork(key, self.make_child)
         if child is None:
             return
+        self.forked -= 1
+        self.config_builds += 1
         child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         template = Template(ckey, child, time.monotonic() + 3 * self.runner.timeout_s, config_hash)
         self.by_key[ckey] = template
