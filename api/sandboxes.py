@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from sandpit.executor.configs import SharedConfig
 from sandpit.executor.errors import (
     CapacityError,
     DockerUnavailable,
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CallResult", "CheckResult", "CodeFailed", "ExecResult", "PolicyReport", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
+    "SessionClosedError", "SharedConfig", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
     "translate",
 ]
 

@@ -30,9 +30,17 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 """A ``\\uD800``..``\\uDFFF`` escape: a body without one cannot decode to a surrogate."""
 _PARENS = bytes.maketrans(b"[{]}", b"(())")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_LONG_NUMBER = re.compile(rb"\d{19}")
-"""19 digits in a row: a number orjson would not parse as Python's json does (integers
-beyond 64 bits become floats there); such bodies take Python's parser."""
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x2E for b in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def has_long_number(data: bytes) -> bool:
+    """True when ``data`` holds 19 digits in a row: a number orjson would not parse as
+    Python's json does (integers beyond 64 bits become floats there); such bodies take
+    Python's parser. Every digit mapped to ``0`` by one ``translate``, then one substring
+    search, both in C (3 MB: a few ms; the regular expression ``\\d{19}`` took ~40 ms
+    on a body full of numbers, retrying at every digit)."""
+    return _LONG_RUN in data.translate(_DIGITS)
 
 
 def json_depth_exceeds(body: bytes, limit: int) -> bool:
@@ -88,7 +96,7 @@ def strict_loads(body: bytes, max_depth: int) -> Any:
     malformed JSON or nesting deeper than ``max_depth``."""
     if json_depth_exceeds(body, max_depth):
         raise InvalidRequest(f"JSON nested deeper than {max_depth} levels")
-    if not _LONG_NUMBER.search(body):
+    if not has_long_number(body):
         try:  # orjson refuses NaN/Infinity, lone surrogates and bad UTF-8: json below says which
             return orjson.loads(body)
         except orjson.JSONDecodeError:

@@ -43,6 +43,22 @@ def wire_config(init_config: dict[str, Any]) -> tuple[bytes, str] | None:
     return data, hashlib.sha256(data).hexdigest()
 
 
+class SharedConfig(dict[str, Any]):
+    """A config whose owner promises never to mutate it (the API's configs cached by hash):
+    its wire bytes (:func:`wire_config`) are computed on first use and kept on the object,
+    so opening more sessions of it does not encode and hash megabytes again."""
+
+    _wire: tuple[bytes, str] | None = None
+    _wired = False
+
+    def wired(self) -> tuple[bytes, str] | None:
+        """:func:`wire_config` of this config, computed once."""
+        if not self._wired:
+            self._wire = wire_config(self)
+            self._wired = True
+        return self._wire
+
+
 class InitialSnapshots:
     """``(tenant, digest)`` -> encoded initial state, least recently used out past
     ``max_entries``. Thread-safe. Values are shared: never mutate them."""

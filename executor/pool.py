@@ -168,7 +168,9 @@ class SandboxPool:
             ValueError: bad arguments (empty tenant, oversize source, non-dict config).
         """
         check_open_arguments(tenant, source, class_name, init_config)
-        wire = configs.wire_config(init_config) if init_config and self.settings.sessions_per_sandbox > 1 else None
+        wire = None
+        if init_config and self.settings.sessions_per_sandbox > 1:
+            wire = init_config.wired() if isinstance(init_config, configs.SharedConfig) else configs.wire_config(init_config)
         session = Session(placement=self, spec=SessionSpec(
             session_id=session_id or secrets.token_hex(8), tenant=tenant, profile=profile or self.profile(),
             source=source, class_name=class_name, init_config=init_config or {},

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -46,7 +46,7 @@ from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, collect_garbage, encode_state, load_state
 from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, ServiceUnavailable
 from ..evaluations.rewards import Checks, episode_reward
-from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession
+from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession, SharedConfig
 from ..schemas.envs import (
     EnvCreate,
     EnvPublic,
@@ -278,8 +278,11 @@ class EnvService:
         """Instantiate ``environment`` for ``env_id`` and encode its initial state; yields
         ``(session, state, blobs to write)``. The session is closed if the block raises.
         Raises InvalidRequest (field ``init_config``) when the environment code fails."""
+        cached = self.configs.cached(init_config.hash)  # one object per config: its wire bytes are computed once
+        value = cached if isinstance(cached, SharedConfig) else SharedConfig(init_config.value)
+        self.configs.put(replace(init_config, value=value), replace=value is not cached)
         try:
-            session = self.open_session(env_id, tenant, environment, init_config.value, profile, None)
+            session = self.open_session(env_id, tenant, environment, value, profile, None)
         except CodeFailed as exc:
             raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
