@@ -104,9 +104,15 @@ def parse(data: bytes) -> dict[str, Any]:
     return value
 
 
-def store_config(db: DbSession, config: CanonicalConfig) -> None:
-    """Insert ``config`` unless a row with its hash exists (in ``db``'s transaction)."""
-    row = {"hash": config.hash, "data": zlib.compress(config.data, 1), "size": config.size}
+def compressed(config: CanonicalConfig) -> bytes:
+    """What :func:`store_config` stores of ``config``: its canonical bytes, zlib level 1."""
+    return zlib.compress(config.data, 1)
+
+
+def store_config(db: DbSession, config: CanonicalConfig, data: bytes | None = None) -> None:
+    """Insert ``config`` unless a row with its hash exists (in ``db``'s transaction);
+    ``data``: its :func:`compressed` bytes when the caller has them already."""
+    row = {"hash": config.hash, "data": data if data is not None else compressed(config), "size": config.size}
     dialect = db.get_bind().dialect.name
     stmt: Executable
     if dialect == "sqlite":

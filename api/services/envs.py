@@ -39,6 +39,7 @@ from ..db.configs import (
     MissingConfig,
     canonical,
     collect_configs,
+    compressed,
     env_config,
     store_config,
 )
@@ -143,6 +144,7 @@ class EnvService:
         self.tenants = tenants
         self.configs = ConfigCache()
         self.initial_states = InitialStates()
+        self._compressed_configs: OrderedDict[str, bytes] = OrderedDict()
         self._policy_passed: OrderedDict[str, None] = OrderedDict()
         self._memo_lock = threading.Lock()
         self._gc_wanted = threading.Event()
@@ -239,6 +241,21 @@ class EnvService:
             return env_config(db, row, self.configs)
         except MissingConfig as exc:
             raise ServiceUnavailable(f"env {row.id!r}: {exc}", retry_after=1) from None
+
+    def _compressed(self, config: CanonicalConfig) -> bytes:
+        """:func:`~sandpit.api.db.configs.compressed` of ``config``, remembered for the
+        last few hashes (a repeated 3 MB config is not compressed again on every create)."""
+        with self._memo_lock:
+            data = self._compressed_configs.get(config.hash)
+            if data is not None:
+                self._compressed_configs.move_to_end(config.hash)
+                return data
+        data = compressed(config)
+        with self._memo_lock:
+            self._compressed_configs[config.hash] = data
+            while len(self._compressed_configs) > INITIAL_STATES:
+                self._compressed_configs.popitem(last=False)
+        return data
 
     def _check_config(self, config: CanonicalConfig) -> None:
         """The server-wide cap (``max_init_config_bytes``): raises PayloadTooLarge."""
@@ -379,7 +396,7 @@ class EnvService:
                              scenario_id=scenario_id, argument_checking=argument_checking)
             self.configs.put(start.init_config)
             with self.db.write() as db:
-                store_config(db, start.init_config)
+                store_config(db, start.init_config, self._compressed(start.init_config))
                 pending.write(db)
                 db.add(row)
                 db.flush()
@@ -566,7 +583,7 @@ class EnvService:
                 now = utcnow()
                 self.configs.put(start.init_config)
                 with self.db.write() as db:
-                    store_config(db, start.init_config)
+                    store_config(db, start.init_config, self._compressed(start.init_config))
                     pending.write(db)
                     db.add(self._step_zero(env_id, number, cache.root, now))
                     db.add(self._episode_row(env_id, number, start, run, now))
