@@ -28,7 +28,8 @@ other process in its process session is (it must fork nothing outside a ``fork``
 Config templates (an environment *instance* kept, keyed by the environment's key plus
 the SHA-256 of the exact ``init_config`` bytes):
 
-    open of a session of K with config H (sent by hash, :class:`Configs`), K's template ready:
+    the second open of a session of K with config H (sent by hash, :class:`Configs`) in
+    this sandbox, K's template ready (a config opened once costs nothing more):
         a process is forked from K's template and sent ``config_template {config}``
         (``child_template.run_config_template``): it constructs the instance twice (once in
         a probe process of its own), and is *suitable* only when both encoded states are
@@ -82,6 +83,7 @@ else:  # in the sandbox: pid1_runner.py put this directory on sys.path
         TEMPLATE_FRAME_MAX_BYTES,
         TEMPLATE_MAX_PER_SANDBOX,
     )
+CONFIG_OPENS_REMEMBERED = 256
 MEMORY_FILES = (("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
                 ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
@@ -165,6 +167,9 @@ class Templates:
         self.make_child: Callable[[int, socket.socket, int, int], Child] | None = None
         self.config_builds = 0
         """Config templates started (processes forked for them are not counted in ``forked``)."""
+        self.config_opens: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Opens per config template key (the last CONFIG_OPENS_REMEMBERED): a template is
+        built for a config opened twice, not for one-off configs."""
 
     def enabled(self) -> bool:
         limits = self.runner.limits
@@ -308,6 +313,7 @@ class Templates:
         self.by_key.clear()
         self.failed.clear()
         self.pending.clear()
+        self.config_opens.clear()
         self.forked = self.fallbacks = self.config_builds = 0
 
     # -- config templates -------------------------------------------------------------------
@@ -317,6 +323,12 @@ class Templates:
         template when it is not ready yet. Never raises."""
         ckey = config_template_key(key, config_hash)
         if not self.enabled() or ckey in self.by_key or ckey in self.failed or key in self.failed:
+            return
+        opens = self.config_opens.pop(ckey, 0) + 1
+        self.config_opens[ckey] = opens
+        while len(self.config_opens) > CONFIG_OPENS_REMEMBERED:
+            self.config_opens.popitem(last=False)
+        if opens < 2:
             return
         module = self.by_key.get(key)
         if module is None or not module.ready:
