@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 from . import configs, engine, jobs
 from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
@@ -433,6 +434,9 @@ class SandboxPool:
             if status == "ok":
                 try:
                     return sandbox, self._opened(sandbox, spec, reply, bool(snapshot))
+                except (SessionError, ProtocolViolation) as exc:
+                    self.release(sandbox, spec.session_id)
+                    raise SessionError(f"sandbox opened the session with a malformed state: {exc}") from exc
                 except SandboxLost as exc:
                     self.forget(sandbox, spec.session_id)
                     self.failures[exc.status] += 1
@@ -481,6 +485,8 @@ class SandboxPool:
         key = _config_key(spec)
         if key is not None:
             sandbox.config_keys.add(key)
+        if reply.get("template") is True and digest is None:
+            raise SessionError("sandbox opened a session from a template without naming its state")
         if reply.get("template") is True and digest is not None:
             known = self.initial_snapshots.get(spec.tenant, digest)
             if known is None:
