@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from sandpit.executor.configs import SharedConfig
 from sandpit.executor.errors import (
     CapacityError,
     DockerUnavailable,
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CallResult", "CheckResult", "CodeFailed", "ExecResult", "PolicyReport", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
+    "SessionClosedError", "SharedConfig", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
     "translate",
 ]
 
@@ -141,6 +142,14 @@ class SandboxSession:
         """The last good snapshot's encoded attributes. Raises a SandboxError."""
         with self._owner.translated():
             return self._session.snapshot().attributes
+
+    def opened_state(self) -> tuple[dict[str, list[Any]], str | None]:
+        """The last good snapshot's encoded attributes and, while it is still the state
+        the session was opened with, the runner's digest of it (None otherwise): equal
+        digests of one tenant are equal states. Raises a SandboxError."""
+        with self._owner.translated():
+            snapshot = self._session.snapshot()
+        return snapshot.attributes, snapshot.digest
 
     def restore(self, attributes: dict[str, list[Any]]) -> None:
         """Put the instance into the state of ``attributes`` (in a slot: restoring opaque

@@ -74,6 +74,11 @@ class SessionSpec:
     init_config: dict[str, Any]
     describe_only: bool = False
     """Load the class without instantiating it; only ``describe`` is served."""
+    config_json: bytes | None = None
+    """``init_config`` as exact JSON bytes (:func:`~sandpit.executor.configs.wire_config`),
+    sent once per sandbox and by ``config_hash`` afterwards; None: sent inside the request."""
+    config_hash: str | None = None
+    """SHA-256 hex of ``config_json``."""
 
 
 class Placement(Protocol):
@@ -85,7 +90,9 @@ class Placement(Protocol):
         (encoded attributes; ``{}`` for none) on top of its ``init_config``.
 
         Returns:
-            The sandbox now holding the session and the session's encoded state there.
+            The sandbox now holding the session and the session's encoded state there
+            (an :class:`~sandpit.executor.configs.OpenedSnapshot` carries the state's
+            digest when the runner gave one).
 
         Raises:
             SessionOpenError: the environment failed to load or instantiate (or the

@@ -34,7 +34,9 @@
 
 from __future__ import annotations
 
+import base64
 import collections
+import hashlib
 import logging
 import secrets
 import threading
@@ -43,8 +45,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
-from . import engine, jobs
+from . import configs, engine, jobs
 from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
 from .images import resolve_image
 from .placement import SandboxSlot, SessionSpec
@@ -89,6 +92,9 @@ class SandboxPool:
         self.check_restarts = 0
         """Fresh processes check batches needed after a check timed out, crashed or ran
         out of memory (all calls of this pool)."""
+        self.initial_snapshots = configs.InitialSnapshots()
+        """Initial states by (tenant, digest): sessions forked from a config template get
+        theirs from here instead of over the wire (``executor/configs.py``)."""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> SandboxPool:
@@ -163,9 +169,13 @@ class SandboxPool:
             ValueError: bad arguments (empty tenant, oversize source, non-dict config).
         """
         check_open_arguments(tenant, source, class_name, init_config)
+        wire = None
+        if init_config and self.settings.sessions_per_sandbox > 1:
+            wire = init_config.wired() if isinstance(init_config, configs.SharedConfig) else configs.wire_config(init_config)
         session = Session(placement=self, spec=SessionSpec(
             session_id=session_id or secrets.token_hex(8), tenant=tenant, profile=profile or self.profile(),
-            source=source, class_name=class_name, init_config=init_config or {}))
+            source=source, class_name=class_name, init_config=init_config or {},
+            config_json=wire[0] if wire else None, config_hash=wire[1] if wire else None))
         session.open(check_encoded(snapshot or {}, "snapshot"))
         return session
 
@@ -405,13 +415,12 @@ class SandboxPool:
         slot, else a warm one, else a new one), ``snapshot`` restored; retried in another
         sandbox when one is lost while opening (three attempts). Called by a session with
         its lock held. Raises as :meth:`sandpit.executor.placement.Placement.place` says."""
+        affinity = _config_key(spec)
         for attempt in range(3):
-            sandbox = self._reserve_slot(spec.tenant, spec.profile, spec.session_id)
+            sandbox = self._reserve_slot(spec.tenant, spec.profile, spec.session_id, affinity)
             fields: dict[str, Any] = {"describe_only": True} if spec.describe_only else {}
             try:
-                reply = sandbox.request("open", session=spec.session_id, source=spec.source,
-                                        class_name=spec.class_name, init_config=spec.init_config,
-                                        snapshot=snapshot or None, **fields)
+                reply = self._open(sandbox, spec, snapshot, fields)
             except SandboxLost as exc:
                 self.forget(sandbox, spec.session_id)
                 self.failures[exc.status] += 1
@@ -423,7 +432,17 @@ class SandboxPool:
                 raise ValueError(f"init_config is not JSON-encodable: {exc}") from exc
             status = reply.get("status")
             if status == "ok":
-                return sandbox, check_encoded(reply.get("snapshot") or {}, "snapshot")
+                try:
+                    return sandbox, self._opened(sandbox, spec, reply, bool(snapshot))
+                except (SessionError, ProtocolViolation) as exc:
+                    self.release(sandbox, spec.session_id)
+                    raise SessionError(f"sandbox opened the session with a malformed state: {exc}") from exc
+                except SandboxLost as exc:
+                    self.forget(sandbox, spec.session_id)
+                    self.failures[exc.status] += 1
+                    if attempt == 2:
+                        raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
+                    continue
             self.release(sandbox, spec.session_id, close=False)
             if status == "fault":
                 raise SessionError(f"sandbox refused to open the session: {reply.get('message')}")
@@ -431,9 +450,64 @@ class SandboxPool:
             raise SessionOpenError(str(status), str(reply.get("observation", "")), reply.get("traceback"))
         raise AssertionError("unreachable")
 
-    def _reserve_slot(self, tenant: str, profile: ResourceProfile, slot_id: str) -> Sandbox:
+    def _open(self, sandbox: Sandbox, spec: SessionSpec, snapshot: dict[str, EncodedValue],
+              fields: dict[str, Any]) -> dict[str, Any]:
+        """The runner's reply to ``open``. A config with wire bytes goes by hash when the
+        sandbox was sent it before, else as base64 bytes with the hash; a ``missing_config``
+        answer (the runner let it go) is asked again with the bytes. Raises SandboxLost,
+        ValueError/TypeError (not JSON-encodable)."""
+        common = {"session": spec.session_id, "source": spec.source, "class_name": spec.class_name,
+                  "snapshot": snapshot or None, **fields}
+        if spec.config_json is None or spec.config_hash is None:
+            return sandbox.request("open", init_config=spec.init_config, **common)
+        if spec.config_hash in sandbox.configs:
+            reply = sandbox.request("open", config_hash=spec.config_hash, **common)
+            if reply.get("status") != "fault" or reply.get("missing_config") is not True:
+                sandbox.configs.move_to_end(spec.config_hash)
+                return reply
+            sandbox.configs.pop(spec.config_hash, None)
+        reply = sandbox.request("open", config_hash=spec.config_hash,
+                                config_b64=base64.b64encode(spec.config_json).decode("ascii"), **common)
+        if reply.get("status") != "fault":
+            sandbox.configs[spec.config_hash] = None
+            while len(sandbox.configs) > 64:
+                sandbox.configs.popitem(last=False)
+        return reply
+
+    def _opened(self, sandbox: Sandbox, spec: SessionSpec, reply: dict[str, Any],
+                restored: bool) -> configs.OpenedSnapshot:
+        """The encoded state of a session the runner opened: the reply's, or, for a session
+        forked from a config template (``template: true``, no snapshot), the one known by
+        its digest for this tenant, else asked of the runner once (``snapshot``). Raises
+        SandboxLost, SessionError (malformed reply)."""
+        digest = reply.get("snapshot_digest")
+        digest = digest if isinstance(digest, str) and len(digest) == 64 and not restored else None
+        key = _config_key(spec)
+        if key is not None:
+            sandbox.config_keys.add(key)
+        if reply.get("template") is True and digest is None:
+            raise SessionError("sandbox opened a session from a template without naming its state")
+        if reply.get("template") is True and digest is not None:
+            known = self.initial_snapshots.get(spec.tenant, digest)
+            if known is None:
+                asked = sandbox.request("snapshot", session=spec.session_id)
+                if asked.get("status") != "ok":
+                    raise SessionError(f"sandbox refused the opened state: {asked.get('message')}")
+                known = check_encoded(asked.get("snapshot") or {}, "snapshot")
+                self.initial_snapshots.put(spec.tenant, digest, known)
+            opened = configs.OpenedSnapshot(known)
+        else:
+            opened = configs.OpenedSnapshot(check_encoded(reply.get("snapshot") or {}, "snapshot"))
+            if digest is not None and spec.config_hash is not None:
+                self.initial_snapshots.put(spec.tenant, digest, dict(opened))
+        opened.digest = digest
+        return opened
+
+    def _reserve_slot(self, tenant: str, profile: ResourceProfile, slot_id: str,
+                      affinity: tuple[str, str, str] | None = None) -> Sandbox:
         """A sandbox of ``(tenant, profile)`` with ``slot_id`` added to its sessions: a
-        live one with a free slot, else a warm one, else a new one. Raises CapacityError."""
+        live one with a free slot (one that opened ``affinity``, a (source, class, config)
+        key, before the fullest), else a warm one, else a new one. Raises CapacityError."""
         key = self._key(tenant, profile)
         per = self.session_cap(profile)
         with self._lock:
@@ -441,7 +515,7 @@ class SandboxPool:
             candidates = [s for s in self._active[key] if s.alive and not s.retiring and len(s.sessions) < per]
             candidates = [s for s in candidates if self._fits_locked(s, profile)]
             if candidates:
-                sandbox = max(candidates, key=lambda s: len(s.sessions))
+                sandbox = max(candidates, key=lambda s: (affinity in s.config_keys, len(s.sessions)))
                 self._check_budget_locked(self._session_bytes)
             else:
                 sandbox = None
@@ -705,6 +779,14 @@ class _Slot:
             sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
             self.pool.release(sandbox, self._id, close=False)
+
+
+def _config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
+    """(source sha256, class name, config hash) of a session whose config goes by hash."""
+    if spec.config_hash is None or spec.describe_only:
+        return None
+    return (hashlib.sha256(spec.source.encode("utf-8", "surrogatepass")).hexdigest(), spec.class_name,
+            spec.config_hash)
 
 
 def _without_renderings(state: dict[str, Any]) -> dict[str, Any]:

@@ -200,6 +200,10 @@ class Snapshot(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attributes: dict[str, EncodedValue]
+    digest: str | None = None
+    """SHA-256 (hex) of the state's JSON text as the sandbox's runner wrote it, when the
+    state is still the one the session was opened with (no call, no restore since), and
+    the runner said; equal digests of one tenant mean equal initial states."""
 
 
 class CallResult(BaseModel):

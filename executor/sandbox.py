@@ -9,6 +9,7 @@ A sandbox belongs to exactly one tenant (label ``sandpit.tenant``) and hosts up 
 
 from __future__ import annotations
 
+import collections
 import hmac
 import json
 import logging
@@ -68,6 +69,12 @@ class Sandbox:
         self.memory_sampled_at = 0.0
         self.sessions_at_sample = 0
         """How many sessions were placed when :attr:`memory_used` was read."""
+        self.configs: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Config hashes sent to its runner (what we believe it holds; a miss is answered
+        ``missing_config`` and the bytes are sent again)."""
+        self.config_keys: set[tuple[str, str, str]] = set()
+        """(source sha256, class name, config hash) opened here since the last recycle: where
+        a config template may be ready (placement prefers such a sandbox)."""
         self._destroy_lock = threading.Lock()
         self.destroyed = False
 
@@ -204,6 +211,8 @@ class Sandbox:
         within ``watchdog_grace_s + 10`` seconds. Never raises for a lost sandbox."""
         if self.check_churn():
             return False
+        self.configs.clear()  # the runner forgets its configs and templates
+        self.config_keys.clear()
         try:
             reply = self.request("recycle", timeout_s=self.watchdog_grace_s + 10.0)
         except SandboxLost:

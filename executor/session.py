@@ -73,6 +73,8 @@ class Session:
         self._placement = placement
         self._sandbox: SandboxSlot | None = None
         self._snapshot: dict[str, EncodedValue] = {}
+        self._digest: str | None = None
+        """The runner's digest of the opened state, until a call or restore changes it."""
         self._lock = threading.Lock()
         self.closed = False
         self.recoveries = 0
@@ -86,6 +88,8 @@ class Session:
             if self._sandbox is not None or self.closed:
                 raise SessionError(f"session {self.id} was opened already")
             self._sandbox, self._snapshot = self._placement.place(self.spec, snapshot)
+            self._digest = getattr(self._snapshot, "digest", None) if not snapshot else None
+            self._snapshot = dict(self._snapshot)  # this session's own map; entries are shared, never mutated
 
     # -- placement (called with self._lock held) -------------------------------------
     def _ensure_placed(self) -> bool:
@@ -96,7 +100,8 @@ class Session:
         elif self._sandbox is not None:
             self._placement.forget(self._sandbox, self.id)
         self._sandbox = None
-        self._sandbox, self._snapshot = self._placement.place(self.spec, self._snapshot)
+        self._sandbox, placed = self._placement.place(self.spec, self._snapshot)
+        self._snapshot = dict(placed)
         self.recoveries += 1
         return True
 
@@ -159,6 +164,8 @@ class Session:
             if self._sandbox is not None:
                 self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
             if status in ("ok", "error"):
+                if changed or deleted:
+                    self._digest = None
                 self._snapshot.update(changed)
                 for key in deleted:
                     self._snapshot.pop(key, None)
@@ -226,7 +233,7 @@ class Session:
     def snapshot(self) -> Snapshot:
         """The last good snapshot (host copy; no sandbox round trip)."""
         with self._lock:
-            return Snapshot(attributes=dict(self._snapshot))
+            return Snapshot(attributes=dict(self._snapshot), digest=self._digest)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Put the instance into ``snapshot``'s state (attributes not in it are deleted).
@@ -242,11 +249,13 @@ class Session:
             except SandboxLost:
                 self._lose()
                 self._snapshot = dict(attributes)
+                self._digest = None
                 self._ensure_placed()
                 return
             if reply.get("status") != "ok":
                 raise SessionError(f"restore failed: {reply.get('observation') or reply.get('message')}")
             self._snapshot = check_encoded(reply.get("snapshot") or {}, "snapshot")
+            self._digest = None
 
     def close(self) -> None:
         """End the session: its process, work directory and slot are freed. Idempotent."""

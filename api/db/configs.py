@@ -33,10 +33,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
 
+from ..strict_json import has_long_number
 from .models import Env, InitConfig
 
 HASH_HEX = 32
-_LONG_NUMBER = re.compile(rb"\d{19}")
 CACHE_BYTES = 64 * 1024 * 1024
 """Default budget of :class:`ConfigCache`, in canonical JSON bytes of the configs kept."""
 
@@ -93,7 +93,7 @@ def parse(data: bytes) -> dict[str, Any]:
     read back exactly: ``Infinity``, lone surrogates, integers beyond 64 bits, which
     orjson would make floats: any run of 19 digits takes Python's parser)."""
     value: Any = None
-    if not _LONG_NUMBER.search(data):
+    if not has_long_number(data):
         try:
             value = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -105,9 +105,15 @@ def parse(data: bytes) -> dict[str, Any]:
     return value
 
 
-def store_config(db: DbSession, config: CanonicalConfig) -> None:
-    """Insert ``config`` unless a row with its hash exists (in ``db``'s transaction)."""
-    row = {"hash": config.hash, "data": zlib.compress(config.data, 1), "size": config.size}
+def compressed(config: CanonicalConfig) -> bytes:
+    """What :func:`store_config` stores of ``config``: its canonical bytes, zlib level 1."""
+    return zlib.compress(config.data, 1)
+
+
+def store_config(db: DbSession, config: CanonicalConfig, data: bytes | None = None) -> None:
+    """Insert ``config`` unless a row with its hash exists (in ``db``'s transaction);
+    ``data``: its :func:`compressed` bytes when the caller has them already."""
+    row = {"hash": config.hash, "data": data if data is not None else compressed(config), "size": config.size}
     dialect = db.get_bind().dialect.name
     stmt: Executable
     if dialect == "sqlite":
@@ -131,13 +137,16 @@ class ConfigCache:
         self._size = 0
         self._lock = threading.Lock()
 
-    def put(self, config: CanonicalConfig) -> None:
-        """Remember ``config`` (not when larger than the whole budget)."""
+    def put(self, config: CanonicalConfig, replace: bool = False) -> None:
+        """Remember ``config`` (not when larger than the whole budget); an entry of the same
+        hash stays unless ``replace`` (then ``config.value`` is the object handed out)."""
         if config.size > self.max_bytes:
             return
         with self._lock:
             if config.hash in self._entries:
                 self._entries.move_to_end(config.hash)
+                if replace:
+                    self._entries[config.hash] = (config.value, self._entries[config.hash][1])
                 return
             self._entries[config.hash] = (config.value, config.size)
             self._size += config.size

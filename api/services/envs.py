@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -39,6 +39,7 @@ from ..db.configs import (
     MissingConfig,
     canonical,
     collect_configs,
+    compressed,
     env_config,
     store_config,
 )
@@ -46,7 +47,7 @@ from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, collect_garbage, encode_state, load_state
 from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, ServiceUnavailable
 from ..evaluations.rewards import Checks, episode_reward
-from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession
+from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession, SharedConfig
 from ..schemas.envs import (
     EnvCreate,
     EnvPublic,
@@ -73,6 +74,36 @@ STEPS = cast(Table, models.Step.__table__)
 CAPACITY_ATTEMPTS = 4
 POLICY_MEMO = 4096
 """Check sources remembered as passing the static policy (by SHA-256)."""
+INITIAL_STATES = 16
+"""Encoded initial states remembered by (tenant, digest) (:class:`InitialStates`)."""
+
+
+class InitialStates:
+    """Stored initial states by ``(tenant, digest)``: an env whose session opened with a
+    state the runner gave the same digest as an earlier one (the same environment and
+    config; sessions forked from a config template always do) reuses that state's
+    :class:`StateCache` (same root: the store is content-addressed) instead of encoding
+    megabytes again. Its blobs are offered again in the env's transaction (insert unless
+    stored), so a collection that ran meanwhile loses nothing. Keyed by tenant: digests
+    come from the tenant's own sandboxes. Thread-safe; entries are never mutated."""
+
+    def __init__(self, max_entries: int = INITIAL_STATES) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], tuple[StateCache, PendingBlobs]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, tenant: str, digest: str) -> tuple[StateCache, PendingBlobs] | None:
+        with self._lock:
+            found = self._entries.get((tenant, digest))
+            if found is not None:
+                self._entries.move_to_end((tenant, digest))
+            return found
+
+    def put(self, tenant: str, digest: str, cache: StateCache, pending: PendingBlobs) -> None:
+        with self._lock:
+            self._entries[(tenant, digest)] = (cache, pending)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
 
 
 @dataclass
@@ -112,6 +143,8 @@ class EnvService:
         self.quotas = quotas
         self.tenants = tenants
         self.configs = ConfigCache()
+        self.initial_states = InitialStates()
+        self._compressed_configs: OrderedDict[str, bytes] = OrderedDict()
         self._policy_passed: OrderedDict[str, None] = OrderedDict()
         self._memo_lock = threading.Lock()
         self._gc_wanted = threading.Event()
@@ -208,6 +241,21 @@ class EnvService:
         except MissingConfig as exc:
             raise ServiceUnavailable(f"env {row.id!r}: {exc}", retry_after=1) from None
 
+    def _compressed(self, config: CanonicalConfig) -> bytes:
+        """:func:`~sandpit.api.db.configs.compressed` of ``config``, remembered for the
+        last few hashes (a repeated 3 MB config is not compressed again on every create)."""
+        with self._memo_lock:
+            data = self._compressed_configs.get(config.hash)
+            if data is not None:
+                self._compressed_configs.move_to_end(config.hash)
+                return data
+        data = compressed(config)
+        with self._memo_lock:
+            self._compressed_configs[config.hash] = data
+            while len(self._compressed_configs) > INITIAL_STATES:
+                self._compressed_configs.popitem(last=False)
+        return data
+
     def _check_config(self, config: CanonicalConfig) -> None:
         """The server-wide cap (``max_init_config_bytes``): raises PayloadTooLarge."""
         limit = self.settings.max_init_config_bytes
@@ -246,14 +294,25 @@ class EnvService:
         """Instantiate ``environment`` for ``env_id`` and encode its initial state; yields
         ``(session, state, blobs to write)``. The session is closed if the block raises.
         Raises InvalidRequest (field ``init_config``) when the environment code fails."""
+        cached = self.configs.cached(init_config.hash)  # one object per config: its wire bytes are computed once
+        value = cached if isinstance(cached, SharedConfig) else SharedConfig(init_config.value)
+        self.configs.put(replace(init_config, value=value), replace=value is not cached)
         try:
-            session = self.open_session(env_id, tenant, environment, init_config.value, profile, None)
+            session = self.open_session(env_id, tenant, environment, value, profile, None)
         except CodeFailed as exc:
             raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
         try:
-            pending = PendingBlobs()
-            yield session, encode_state(session.encoded_state(), pending), pending
+            attributes, digest = session.opened_state()
+            known = self.initial_states.get(tenant, digest) if digest is not None else None
+            if known is not None:
+                yield session, known[0], known[1]
+            else:
+                pending = PendingBlobs()
+                cache = encode_state(attributes, pending)
+                if digest is not None:
+                    self.initial_states.put(tenant, digest, cache, pending)
+                yield session, cache, pending
         except BaseException:
             session.close()
             raise
@@ -351,7 +410,7 @@ class EnvService:
             self.configs.put(start.init_config)
             episode_row = self._episode_row(env_id, 1, start, run, now)
             with self.db.write() as db:
-                store_config(db, start.init_config)
+                store_config(db, start.init_config, self._compressed(start.init_config))
                 pending.write(db)
                 db.add(row)
                 db.flush()
@@ -550,7 +609,7 @@ class EnvService:
                 now = utcnow()
                 self.configs.put(start.init_config)
                 with self.db.write() as db:
-                    store_config(db, start.init_config)
+                    store_config(db, start.init_config, self._compressed(start.init_config))
                     pending.write(db)
                     db.add(self._step_zero(env_id, number, cache.root, now))
                     db.add(self._episode_row(env_id, number, start, run, now))

@@ -225,6 +225,9 @@ class Session:
         self.preloaded: type | None = None
         """The class already loaded by the template this process was forked from
         (``child_template.py``); ``op_init`` then skips executing the source."""
+        self.preinstance: tuple[object, dict[str, Encoding]] | None = None
+        """The instance and its encoding cache kept by the config template this process
+        was forked from; an ``init`` with ``from_template`` takes them as they are."""
 
     # -- framing ---------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
@@ -326,11 +329,20 @@ class Session:
                 setattr(self.instance, name, value)
 
     # -- operations ------------------------------------------------------------------
-    def op_init(self, msg: dict[str, Any]) -> None:
+    def op_init(self, msg: dict[str, Any]) -> bool:
+        """Load the class and instantiate it (see the module docstring); True when the
+        instance was taken from the config template (``from_template``: nothing ran)."""
         workdir = msg["workdir"]
         os.chdir(workdir)
         os.environ["HOME"] = workdir
         os.environ["TMPDIR"] = workdir
+        if msg.get("from_template") is True:
+            if self.preinstance is None or self.preloaded is None:
+                raise RuntimeError("this process was not forked from a config template")
+            self.cls, self.preloaded = self.preloaded, None
+            (self.instance, self.cache), self.preinstance = self.preinstance, None
+            return True
+        self.preinstance = None
         if self.preloaded is not None:  # forked from a template that executed the same source
             cls, self.preloaded = self.preloaded, None
         else:
@@ -338,10 +350,11 @@ class Session:
         self.cls = cls
         if msg.get("describe_only"):
             self.describe_only = True
-            return
+            return False
         self.instance = instantiate(cls, msg.get("init_config") or {})
         if msg.get("snapshot"):
             self.apply_snapshot(msg["snapshot"])
+        return False
 
     def op_describe(self) -> tuple[str, str, list[str]]:
         """Tool schemas of the class (``describe_only``) or of the instance's type:
@@ -545,11 +558,14 @@ def serve(session: Session) -> None:
             _oneshot().run_job(msg, session.fd)  # never returns
         if op == "template" and session.cls is None and session.preloaded is None:  # a fresh spare
             _template().run_template(msg, session)  # never returns
+        if op == "config_template" and session.cls is None and session.preloaded is not None \
+                and session.preinstance is None:  # fresh from an environment's template
+            _template().run_config_template(msg, session)  # never returns
         _reap_children()
         try:
             if op == "init":
                 try:
-                    session.op_init(msg)
+                    kept = session.op_init(msg)
                 except MemoryError:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - reported, not fatal
@@ -557,7 +573,10 @@ def serve(session: Session) -> None:
                         "status": "error", "observation": error_observation(exc),
                         "traceback": bounded_traceback(exc)})
                     return
-                session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
+                if kept:  # the template's state is this instance's: PID 1 has its encoding
+                    session.reply(request_id, {"status": "ok", "from_template": True}, {"delta": '{"set":{},"del":[]}'})
+                else:
+                    session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
             elif op == "call":
                 started = time.perf_counter()
                 traceback_text = None

@@ -39,6 +39,25 @@ serves ``fork`` requests in the same way. Each forked process is a fresh job pro
 check batch's zygote) that never served an environment and never ran untrusted code,
 exactly like a spare taking its first request, without the cost of starting Python (about
 30 ms of the sandbox's CPU quota per check batch).
+
+Config templates (:func:`run_config_template`): a process forked from an environment's
+template receives ``config_template {id, config}`` and keeps an *instance*: it constructs
+``cls(config)`` (EnvScaler ``init_env_instance``, :func:`child_session.instantiate`) and
+encodes its state, while a probe process forked from it before construction does the
+same with its own copy of the config. It is suitable only when
+
+* both encoded states are byte-identical (a constructor that reads the clock, random
+  numbers, uuids, ``id()`` of fresh objects or anything else that varies between two
+  constructions is constructed per session instead);
+* construction left the module-level state as it found it (module globals, class
+  attributes, default arguments: :func:`module_fingerprint`): a constructor that counts
+  instances or registers itself somewhere is constructed per session, so that a session
+  never sees the effects of a construction it did not make;
+* no thread, descriptor or child process is left.
+
+It then answers ``{status: ok, delta: {set: <encoded state>}}`` and serves ``fork``
+exactly as above; a forked session takes the instance and its encoding cache as they are
+(copy-on-write: what one session changes no other process sees).
 """
 
 from __future__ import annotations
@@ -265,7 +284,148 @@ def _run_jobs_template(sock: socket.socket, request_id: object, limits: dict[str
     _serve_forks(sock, None, limits)
 
 
-def _serve_forks(sock: socket.socket, cls: type | None, limits: dict[str, Any]) -> NoReturn:
+def module_fingerprint(cls: type) -> bytes | None:
+    """Pickled module-level state of the environment's module: globals that are not
+    modules, functions or classes; of every class defined there, its attributes that are
+    not functions; of every function, its default arguments. None when some of it cannot
+    be pickled (the caller then treats the module as unsuitable)."""
+    import pickle
+    import types as pytypes
+
+    module = sys.modules.get(cls.__module__)
+    if module is None:
+        return None
+    state: list[Any] = []
+    seen: set[int] = set()
+
+    def function_defaults(func: Any) -> None:
+        state.append((getattr(func, "__qualname__", ""), getattr(func, "__defaults__", None),
+                      getattr(func, "__kwdefaults__", None)))
+
+    def visit_class(klass: type) -> None:
+        if id(klass) in seen:
+            return
+        seen.add(id(klass))
+        for name, value in list(vars(klass).items()):
+            if name.startswith("__") and name.endswith("__"):
+                continue
+            inner = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if isinstance(inner, pytypes.FunctionType):
+                function_defaults(inner)
+            elif isinstance(inner, property):
+                continue
+            elif isinstance(inner, type):
+                if inner.__module__ == module.__name__:
+                    visit_class(inner)
+            else:
+                state.append((klass.__qualname__, name, value))
+
+    for name, value in list(vars(module).items()):
+        if name.startswith("__") and name.endswith("__") or isinstance(value, pytypes.ModuleType):
+            continue
+        if isinstance(value, pytypes.FunctionType):
+            function_defaults(value)
+        elif isinstance(value, type):
+            if value.__module__ == module.__name__:
+                visit_class(value)
+        else:
+            state.append((name, value))
+    try:
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - unpicklable module state: not provably unchanged
+        return None
+
+
+def _construct(cls: type, config: dict[str, Any], limits: dict[str, Any]) -> tuple[child_session.Session, bytes]:
+    """An instance of ``cls`` from ``config`` (EnvScaler semantics) in a session object,
+    and its full encoded state (JSON text of ``{"set": ..., "del": []}``)."""
+    state = child_session.Session(-1, limits)
+    state.cls = cls
+    state.instance = child_session.instantiate(cls, config)
+    return state, state.delta_json(full=True).encode("utf-8", "replace")
+
+
+def run_config_template(msg: dict[str, Any], session: child_session.Session) -> NoReturn:
+    """Serve as the config template of ``msg["config"]`` (see the module docstring) until
+    PID 1 closes the channel (or kills it); never returns. ``session`` is this process's
+    session object, forked from the environment's template (its class preloaded)."""
+    import hashlib
+
+    os.chdir("/")
+    sock = socket.socket(fileno=os.dup(session.fd))
+    os.close(session.fd)
+    request_id = msg.get("id", "")
+    cls, config = session.preloaded, msg.get("config")
+    reason: str | None = None
+    if cls is None or not isinstance(config, dict):
+        reason = "malformed request"
+    before = module_fingerprint(cls) if reason is None and cls is not None else None
+    if reason is None and before is None:
+        reason = "module state cannot be fingerprinted"
+    probe, report = -1, -1
+    if reason is None:
+        read_end, write_end = os.pipe()
+        child_session._flush_std()
+        probe = os.fork()
+        if probe == 0:  # the probe: a second, independent construction from its own copy
+            try:
+                os.close(read_end)
+                _, text = _construct(cls, config, session.limits)  # type: ignore[arg-type]
+                digest = hashlib.sha256(text + (module_fingerprint(cls) or b"?")).hexdigest()  # type: ignore[arg-type]
+                os.write(write_end, digest.encode("ascii"))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        report = read_end
+    state: child_session.Session | None = None
+    text = b""
+    if reason is None:
+        try:
+            state, text = _construct(cls, config, session.limits)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - the normal path reports it per session
+            reason = f"construction failed: {type(exc).__name__}"
+    if probe > 0:
+        ready, _, _ = select.select([report], [], [], float(session.limits.get("call_timeout_s", 30.0)))
+        theirs = os.read(report, 128).decode("ascii", "replace") if ready else ""
+        os.close(report)
+        try:
+            os.kill(probe, 9)
+        except OSError:
+            pass
+        os.waitpid(probe, 0)
+        after = module_fingerprint(cls) if cls is not None else None
+        if reason is None and (after is None or after != before):
+            reason = "construction changed module-level state"
+        if reason is None and theirs != hashlib.sha256(text + after).hexdigest():  # type: ignore[operator]
+            reason = "two constructions differ"
+    if reason is None:
+        reason = _extra_state(sock.fileno()) or _extra_children()
+    if reason is not None or state is None:
+        _send(sock, {"id": request_id, "status": "unsuitable", "reason": str(reason)[:200]})
+        os._exit(0)
+    child_session._flush_std()
+    body = f'{{"id":{json.dumps(request_id)},"status":"ok","delta":'.encode() + text + b"}"
+    sock.sendall(len(body).to_bytes(4, "big") + body)
+    preload = (cls, (state.instance, state.cache))
+    del config, msg, state, text, body
+    gc.collect()
+    gc.freeze()
+    _serve_forks(sock, preload, session.limits)
+
+
+def _extra_children() -> str | None:
+    """A child process left by construction (it would outlive nothing: PID 1 sweeps it,
+    but the template must not hold one)."""
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    except OSError:
+        return "cannot wait for children"
+    return f"construction left a child process ({pid})" if pid else "construction left a child process"
+
+
+def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any]) -> NoReturn:
     runner = os.getppid()
     while True:
         try:
@@ -288,7 +448,7 @@ def _serve_forks(sock: socket.socket, cls: type | None, limits: dict[str, Any]) 
                     pass
 
 
-def _fork(fds: list[int], cls: type | None, limits: dict[str, Any], runner: int) -> int:
+def _fork(fds: list[int], cls: Any, limits: dict[str, Any], runner: int) -> int:
     """Fork a session (see the module docstring); its pid, or 0 when it did not report."""
     read_end, write_end = os.pipe()
     child_session._flush_std()
@@ -314,7 +474,7 @@ def _fork(fds: list[int], cls: type | None, limits: dict[str, Any], runner: int)
         return 0
 
 
-def _become_session(fds: list[int], report: int, cls: type | None, limits: dict[str, Any], parent: int,
+def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any], parent: int,
                     runner: int) -> NoReturn:
     """In the forked session: own process session, descriptors 0-3 only, death signal,
     pid reported, then the session protocol with ``cls`` preloaded (None: a fresh job
@@ -348,7 +508,10 @@ def _become_session(fds: list[int], report: int, cls: type | None, limits: dict[
         os.close(report)
         sys.argv = ["environment"]
         forked = child_session.Session(child_session.CTRL_FD, limits)
-        forked.preloaded = cls
+        if isinstance(cls, tuple):  # a config template's: the class, the instance and its encodings
+            forked.preloaded, forked.preinstance = cls
+        else:
+            forked.preloaded = cls
         child_session.serve(forked)
     finally:
         os._exit(0)

@@ -277,3 +277,16 @@ TEMPLATE_CHECK_MAX_NODES = 200_000
 """Sources with more syntax-tree nodes than this are not templated (the check's own cost)."""
 TEMPLATE_FRAME_MAX_BYTES = 4096
 """Largest frame a template may send to PID 1 (its answers are a few dozen bytes)."""
+CONFIG_TEMPLATE_MAX_PER_SANDBOX = 4
+"""Most config templates (an environment instance constructed once from one
+``init_config``, sessions forked from it) one sandbox keeps; the least recently used is
+killed to make room for a new one."""
+CONFIG_TEMPLATE_MEMORY_FRACTION = 0.5
+"""A config template is only built while the sandbox's cgroup uses less than this
+fraction of its memory limit (a template holds a whole constructed state)."""
+CONFIG_CACHE_MAX_BYTES = 32 * MiB
+"""Bytes of ``init_config`` JSON PID 1 keeps by hash (least recently used out), so a
+repeated config is sent as its hash; configs of open sessions stay referenced beyond it."""
+CONFIG_HASH_CHARS = 64
+"""A config's key: the SHA-256 hex digest of its exact JSON bytes (key order and
+``1``/``1.0``/``true`` distinct)."""

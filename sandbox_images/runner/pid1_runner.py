@@ -31,7 +31,13 @@ session id, or escaped into a session of their own) are killed and waited for
 
 Host requests (each has an integer ``id``; each reply echoes it):
   open {session, source, class_name, init_config, snapshot?, describe_only?}
-      -> {status, observation?, snapshot?}   (describe_only: load the class, never instantiate)
+      -> {status, observation?, snapshot?, snapshot_digest?}   (describe_only: load the class,
+      never instantiate). Instead of ``init_config``: ``config_hash`` (SHA-256 hex of the
+      config's JSON bytes) and, unless PID 1 has it (``Configs``), ``config_b64`` (those
+      bytes); a hash PID 1 does not hold is a fault with ``missing_config: true`` (the host
+      sends the bytes). Such a session of an environment whose config template is ready
+      is forked from it: the reply is ``{status: ok, template: true, snapshot_digest}``
+      without the snapshot (the host asks ``snapshot`` when it does not know the digest).
   call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
   describe {session} -> {status, tools, notes} or {status, observation, traceback?}
       (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
@@ -49,8 +55,10 @@ bad fields); ``message`` says why.
 
 from __future__ import annotations
 
+import base64
 import collections
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -258,6 +266,11 @@ class Session:
         self.opened = False
         self.out = pid1_jobs.Output(limits["output_cap_bytes"])
         self.err = pid1_jobs.Output(limits["output_cap_bytes"])
+        self.config: bytes | None = None
+        """The ``init_config`` JSON bytes when it came by hash (``spec["init_config"]`` is None)."""
+        self.config_hash: str | None = None
+        self.forked_from: pid1_templates.Template | None = None
+        """The config template the current child was forked from, until its init answers."""
 
 
 class Runner:
@@ -279,6 +292,8 @@ class Runner:
         self.running = True
         self.jobs = pid1_jobs.Jobs(self, WORK_ROOT, _oom_kills)
         self.templates = pid1_templates.Templates(self)
+        self.templates.make_child = Child.adopt
+        self.configs = pid1_templates.Configs()
         self.baseline = pid1_cleanup.Baseline(WORK_ROOT)
         self.leftovers: list[str] = []
         """Work directories that could not be removed when their session or job ended."""
@@ -330,9 +345,17 @@ class Runner:
         OSError when none can be started (pids limit)."""
         return self._spawn()
 
-    def _session_child(self, session: Session) -> Child:
-        """The process for ``session``: forked from its environment's ready template
-        when there is one, else the spare or a new one (``_take_child``)."""
+    def _session_child(self, session: Session, fresh: bool = False) -> Child:
+        """The process for ``session``: for a ``fresh`` open (no snapshot) of a config
+        sent by hash, forked from its ready config template; else forked from its
+        environment's ready template; else the spare or a new one (``_take_child``)."""
+        if fresh and session.config_hash is not None:
+            template = self.templates.config_template(session.key, session.config_hash)
+            if template is not None:
+                child = self.templates.fork(template.key, Child.adopt)
+                if child is not None:
+                    session.forked_from = template
+                    return child
         if not session.spec.get("describe_only"):
             child = self.templates.fork(session.key, Child.adopt)
             if child is not None:
@@ -485,14 +508,34 @@ class Runner:
         if spec["init_config"] is not None and not isinstance(spec["init_config"], dict):
             self.fault(rid, "field 'init_config' must be an object")
             return
+        config_hash, config = msg.get("config_hash"), None
+        if config_hash is not None:
+            if not isinstance(config_hash, str) or len(config_hash) != 64 or spec["init_config"] is not None:
+                self.fault(rid, "field 'config_hash' must be a SHA-256 hex digest, without 'init_config'")
+                return
+            if msg.get("config_b64") is not None:
+                try:
+                    data = base64.b64decode(msg["config_b64"], validate=True)
+                except (TypeError, ValueError):
+                    data = b""
+                if not self.configs.put(config_hash, data):
+                    self.fault(rid, "field 'config_b64' does not match 'config_hash'")
+                    return
+            config = self.configs.get(config_hash)
+            if config is None:
+                self.reply({"id": rid, "status": "fault", "message": "unknown config", "missing_config": True})
+                return
         workdir = os.path.join(WORK_ROOT, secrets.token_hex(16))
         os.mkdir(workdir, 0o700)
         session = Session(sid, spec, workdir, self.limits)
+        session.config, session.config_hash = config, config_hash
         self.sessions[sid] = session
         session.queue.append({"internal": "init", "rid": rid, "snapshot": msg.get("snapshot")})
         self.pump(session)
-        key = session.key  # the template starts after the open's reply (or DEFER_MAX_S)
+        key = session.key  # templates start after the open's reply (or DEFER_MAX_S)
         self.later(lambda: self.templates.want(key, spec))
+        if config is not None and config_hash is not None and not spec["describe_only"]:
+            self.later(lambda: self.templates.want_config(key, config_hash, config))
 
     def close_session(self, session: Session) -> None:
         self._detach(session)
@@ -524,6 +567,7 @@ class Runner:
             self.spare = None
         self.deferred, self.deferred_due = [], None  # what was wanted before is not wanted now
         had_jobs_template = self.templates.clear()
+        self.configs.clear()
         self.closed.clear()  # session ids only need to be unique while the sandbox is in use
         problems = list(self.tainted) + pid1_cleanup.reset(WORK_ROOT, self.leftovers, self.baseline)
         self.leftovers = []
@@ -553,13 +597,21 @@ class Runner:
             if session.child is None:
                 if not is_init:
                     session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
-                self._attach(session, self._session_child(session))
+                fresh = is_init and item.get("rid") is not None and not item.get("snapshot") and not session.opened
+                self._attach(session, self._session_child(session, fresh))
                 continue
             session.queue.popleft()
             token = secrets.token_hex(16)
-            if is_init:
+            raw: dict[str, bytes] = {}
+            if is_init and session.forked_from is not None:  # the instance exists already
+                request = {"op": "init", "id": token, "workdir": session.workdir, "from_template": True,
+                           "source": session.spec["source"], "class_name": session.spec["class_name"]}
+            elif is_init:
                 request = {"op": "init", "id": token, "workdir": session.workdir, **session.spec,
                            "snapshot": item.get("snapshot")}
+                if session.config is not None:  # the host's bytes, forwarded without parsing
+                    request.pop("init_config", None)
+                    raw["init_config"] = session.config
             else:
                 assert msg is not None  # only the internal init item has no host message
                 request = {"op": msg["op"], "id": token}
@@ -578,7 +630,10 @@ class Runner:
             item["deadline"] = time.monotonic() + self.timeout_s
             session.current = item
             try:
-                session.child.send(request)
+                if raw:
+                    session.child.sock.sendall(protocol.encode_raw(request, raw))
+                else:
+                    session.child.send(request)
             except (OSError, ValueError, TypeError):
                 self.child_failed(session, "crashed", note="request could not be delivered")
 
@@ -645,11 +700,25 @@ class Runner:
                     self.close_session(session)
                     return
             else:
+                template = session.forked_from
+                if template is not None and (template.snapshot is None or msg.get("from_template") is not True):
+                    self.child_failed(session, "crashed", item=item, note="malformed reply from session")
+                    return
+                session.forked_from = None
+                session.opened = True
+                if template is not None and template.snapshot is not None:
+                    session.snapshot = dict(template.snapshot)  # entries are replaced, never changed in place
+                    if rid is not None:
+                        self.reply({"id": rid, "status": "ok", "template": True, "snapshot_digest": template.digest})
+                    self.pump(session)
+                    return
                 delta = msg.get("delta") or {}
                 session.snapshot = dict(delta.get("set") or {})
-                session.opened = True
                 if rid is not None:
-                    self.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
+                    text = protocol.snapshot_text(session.snapshot)
+                    self.host.sendall(protocol.encode_raw(
+                        {"id": rid, "status": "ok", "snapshot_digest": hashlib.sha256(text).hexdigest()},
+                        {"snapshot": text}, errors="replace"))
         elif kind == "call":
             self._drain(session)
             delta = msg.get("delta") or {"set": {}, "del": []}
@@ -689,6 +758,18 @@ class Runner:
         request with ``status``, and schedule re-creation from the last good snapshot."""
         item = item or session.current
         session.current = None
+        template, session.forked_from = session.forked_from, None
+        if template is not None and item is not None and item.get("internal") == "init" and not session.opened:
+            # forked from a config template and it went wrong: that template is not used
+            # again, and the open is retried the normal way (construction from the config)
+            self.templates.fail(template, f"a forked session failed ({status})")
+            if session.child is not None:
+                self._drain(session, discard=True)
+            self._detach(session)
+            self.sweep_strays()
+            session.queue.appendleft(item)
+            self.pump(session)
+            return
         oom_now = _oom_kills()
         if status == "crashed" and oom_now > self.oom_seen:
             status = "oom"

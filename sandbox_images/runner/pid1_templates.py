@@ -31,10 +31,28 @@ again after a ``recycle`` that killed one, and each check batch's zygote is fork
 (same ``fork`` request, same verification) instead of taking the spare, whose replacement
 would cost a Python start-up (~30 ms of CPU quota) per batch. When it is not ready or
 fails, the batch takes the spare as before.
+Config templates (an environment *instance* kept, keyed by the environment's key plus
+the SHA-256 of the exact ``init_config`` bytes):
+
+    the second open of a session of K with config H (sent by hash, :class:`Configs`) in
+    this sandbox, K's template ready (a config opened once costs nothing more):
+        a process is forked from K's template and sent ``config_template {config}``
+        (``child_template.run_config_template``): it constructs the instance twice (once in
+        a probe process of its own), and is *suitable* only when both encoded states are
+        byte-identical, the module-level state is unchanged by construction, and no thread,
+        descriptor or process is left; it then sends its encoded state, which PID 1 keeps
+        (with its digest, ``protocol.snapshot_text``) and answers forks like K's template
+    a later open of (K, H) with no snapshot: the session is forked from it (copy-on-write:
+        no parse, no construction, no encoding) and starts with the template's state;
+        PID 1 answers the host with the state's digest only
+    at most CONFIG_TEMPLATE_MAX_PER_SANDBOX (least recently used killed), and only while
+    the cgroup uses less than CONFIG_TEMPLATE_MEMORY_FRACTION of its limit; any failure
+    marks (K, H) failed until recycle, and its sessions are constructed the normal way.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import secrets
@@ -51,10 +69,29 @@ if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run ti
     from .pid1_runner import Child, Runner
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from . import protocol
-    from .limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
+    from .limits import (
+        CONFIG_CACHE_MAX_BYTES,
+        CONFIG_TEMPLATE_MAX_PER_SANDBOX,
+        CONFIG_TEMPLATE_MEMORY_FRACTION,
+        MAX_FRAME_BYTES,
+        TEMPLATE_FORK_TIMEOUT_S,
+        TEMPLATE_FRAME_MAX_BYTES,
+        TEMPLATE_MAX_PER_SANDBOX,
+    )
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     import protocol
-    from limits import TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES, TEMPLATE_MAX_PER_SANDBOX
+    from limits import (
+        CONFIG_CACHE_MAX_BYTES,
+        CONFIG_TEMPLATE_MAX_PER_SANDBOX,
+        CONFIG_TEMPLATE_MEMORY_FRACTION,
+        MAX_FRAME_BYTES,
+        TEMPLATE_FORK_TIMEOUT_S,
+        TEMPLATE_FRAME_MAX_BYTES,
+        TEMPLATE_MAX_PER_SANDBOX,
+    )
+CONFIG_OPENS_REMEMBERED = 256
+MEMORY_FILES = (("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
+                ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 JOBS_KEY = "jobs"
 """Key of the jobs template (an environment's key always holds a ``:``)."""
@@ -66,10 +103,48 @@ def template_key(source: str, class_name: str) -> str:
     return f"{digest}:{class_name}"
 
 
-class Template:
-    """One template process (a :class:`Child` whose first request was ``template``)."""
+def config_template_key(key: str, config_hash: str) -> str:
+    """The key of the config template of environment ``key`` and config ``config_hash``."""
+    return f"{key}|{config_hash}"
 
-    def __init__(self, key: str, child: Child, deadline: float) -> None:
+
+class Configs:
+    """``init_config`` JSON bytes by SHA-256 hex digest, least recently used out past
+    CONFIG_CACHE_MAX_BYTES (sessions keep their own reference to the bytes they use)."""
+
+    def __init__(self, max_bytes: int = CONFIG_CACHE_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.by_hash: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.size = 0
+
+    def get(self, digest: str) -> bytes | None:
+        data = self.by_hash.get(digest)
+        if data is not None:
+            self.by_hash.move_to_end(digest)
+        return data
+
+    def put(self, digest: str, data: bytes) -> bool:
+        """Keep ``data`` under ``digest`` if it is its SHA-256 (False otherwise)."""
+        if hashlib.sha256(data).hexdigest() != digest:
+            return False
+        if digest not in self.by_hash and len(data) <= self.max_bytes:
+            self.by_hash[digest] = data
+            self.size += len(data)
+            while self.size > self.max_bytes:
+                _, old = self.by_hash.popitem(last=False)
+                self.size -= len(old)
+        return True
+
+    def clear(self) -> None:
+        self.by_hash.clear()
+        self.size = 0
+
+
+class Template:
+    """One template process (a :class:`Child` whose first request was ``template``, or
+    ``config_template`` for a config template)."""
+
+    def __init__(self, key: str, child: Child, deadline: float, config_hash: str | None = None) -> None:
         self.key = key
         self.child = child
         self.token = secrets.token_hex(16)
@@ -77,6 +152,13 @@ class Template:
         """While loading: when it must have answered (monotonic seconds); None once ready."""
         self.ready = False
         self.forks = 0
+        self.config_hash = config_hash
+        """Config templates: the config's digest (None for an environment's template)."""
+        self.snapshot: dict[str, Any] | None = None
+        """Config templates: the encoded state of the kept instance (never mutated)."""
+        self.digest = ""
+        """Config templates: SHA-256 of ``protocol.snapshot_text(snapshot)``."""
+        self.used = time.monotonic()
 
 
 class Templates:
@@ -89,6 +171,15 @@ class Templates:
         """Keys whose template failed (key -> reason): no new template until recycle."""
         self.forked = 0
         self.fallbacks = 0
+        self.pending: dict[str, tuple[str, bytes]] = {}
+        """Environment key -> (config hash, bytes) wanted as a config template once the
+        environment's template is ready."""
+        self.make_child: Callable[[int, socket.socket, int, int], Child] | None = None
+        self.config_builds = 0
+        """Config templates started (processes forked for them are not counted in ``forked``)."""
+        self.config_opens: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Opens per config template key (the last CONFIG_OPENS_REMEMBERED): a template is
+        built for a config opened twice, not for one-off configs."""
 
     def enabled(self) -> bool:
         limits = self.runner.limits
@@ -108,10 +199,15 @@ class Templates:
 
     def stats(self) -> dict[str, Any]:
         """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys."""
-        return {"ready": sum(t.ready for t in self.by_key.values()),
-                "loading": sum(not t.ready for t in self.by_key.values()),
-                "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(self.failed),
-                "reasons": sorted(set(self.failed.values()))[:4]}
+        configs = [t for t in self.by_key.values() if t.config_hash is not None]
+        failed = [k for k in self.failed if "|" not in k]
+        return {"ready": sum(t.ready for t in self.by_key.values() if t.config_hash is None),
+                "loading": sum(not t.ready for t in self.by_key.values() if t.config_hash is None),
+                "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(failed),
+                "reasons": sorted({self.failed[k] for k in failed})[:4],
+                "configs_ready": sum(t.ready for t in configs), "configs_loading": sum(not t.ready for t in configs),
+                "configs_built": self.config_builds, "configs_failed": len(self.failed) - len(failed),
+                "config_reasons": sorted({v for k, v in self.failed.items() if "|" in k})[:4]}
 
     # -- loading --------------------------------------------------------------------------
     def want(self, key: str, spec: dict[str, Any]) -> None:
@@ -119,7 +215,7 @@ class Templates:
         or the sandbox holds TEMPLATE_MAX_PER_SANDBOX already. Never raises."""
         if not self.enabled() or key in self.by_key or key in self.failed or spec.get("describe_only"):
             return
-        if sum(k != JOBS_KEY for k in self.by_key) >= TEMPLATE_MAX_PER_SANDBOX:
+        if sum(t.config_hash is None and k != JOBS_KEY for k, t in self.by_key.items()) >= TEMPLATE_MAX_PER_SANDBOX:
             return
         self._start(key, {"source": spec["source"], "class_name": spec["class_name"]})
 
@@ -180,10 +276,24 @@ class Templates:
             if msg.get("status") != "ok":
                 self.fail(template, f"unsuitable: {str(msg.get('reason'))[:200]}")
                 return
+            if template.config_hash is not None:
+                delta = msg.get("delta")
+                snapshot = delta.get("set") if isinstance(delta, dict) else None
+                if not isinstance(snapshot, dict):
+                    self.fail(template, "malformed state")
+                    return
+                template.snapshot = snapshot
+                try:
+                    template.digest = hashlib.sha256(protocol.snapshot_text(snapshot)).hexdigest()
+                except (TypeError, ValueError):
+                    self.fail(template, "state not encodable")
+                    return
             template.ready = True
             template.deadline = None
             template.child.sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
             self.runner.sweep_strays()  # whatever its import left running dies now
+            if template.config_hash is None and template.key in self.pending:
+                self.want_config(template.key, *self.pending.pop(template.key))
 
     def check_deadlines(self, now: float) -> float | None:
         """Fail templates still loading past their deadline; seconds to the next one."""
@@ -225,8 +335,66 @@ class Templates:
             self.fail(template, "recycled")
         self.by_key.clear()
         self.failed.clear()
-        self.forked = self.fallbacks = 0
+        self.pending.clear()
+        self.config_opens.clear()
+        self.forked = self.fallbacks = self.config_builds = 0
         return had_jobs
+
+    # -- config templates -------------------------------------------------------------------
+    def want_config(self, key: str, config_hash: str, data: bytes) -> None:
+        """A session of ``key`` was opened with the config ``config_hash`` (``data``, its
+        JSON): build its config template unless one exists or failed; wait for ``key``'s
+        template when it is not ready yet. Never raises."""
+        ckey = config_template_key(key, config_hash)
+        if not self.enabled() or ckey in self.by_key or ckey in self.failed or key in self.failed:
+            return
+        opens = self.config_opens.pop(ckey, 0) + 1
+        self.config_opens[ckey] = opens
+        while len(self.config_opens) > CONFIG_OPENS_REMEMBERED:
+            self.config_opens.popitem(last=False)
+        if opens < 2:
+            return
+        module = self.by_key.get(key)
+        if module is None or not module.ready:
+            self.pending[key] = (config_hash, data)
+            return
+        configs = [t for t in self.by_key.values() if t.config_hash is not None]
+        if len(configs) >= CONFIG_TEMPLATE_MAX_PER_SANDBOX:
+            self.evict(min(configs, key=lambda t: t.used))
+        if not _memory_allows():
+            return
+        if self.make_child is None:
+            return
+        child = self.fork(key, self.make_child)
+        if child is None:
+            return
+        self.forked -= 1
+        self.config_builds += 1
+        child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
+        template = Template(ckey, child, time.monotonic() + 3 * self.runner.timeout_s, config_hash)
+        self.by_key[ckey] = template
+        sel = self.runner.sel
+        sel.register(child.sock, selectors.EVENT_READ, ("tmpl", template))
+        sel.register(child.out_r, selectors.EVENT_READ, ("tmpl-out", template))
+        sel.register(child.err_r, selectors.EVENT_READ, ("tmpl-out", template))
+        try:
+            child.sock.sendall(protocol.encode_raw({"op": "config_template", "id": template.token},
+                                                   {"config": data}))
+        except (OSError, ValueError, TypeError):
+            self.fail(template, "request could not be delivered")
+
+    def evict(self, template: Template) -> None:
+        """Kill a ready config template to make room (its key may be built again)."""
+        self.fail(template, "evicted")
+        self.failed.pop(template.key, None)
+
+    def config_template(self, key: str, config_hash: str) -> Template | None:
+        """The ready config template of (``key``, ``config_hash``), or None."""
+        template = self.by_key.get(config_template_key(key, config_hash))
+        if template is None or not template.ready:
+            return None
+        template.used = time.monotonic()
+        return template
 
     # -- forking ----------------------------------------------------------------------------
     def fork(self, key: str, make_child: Callable[[int, socket.socket, int, int], Child]) -> Child | None:
@@ -339,3 +507,20 @@ def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
     except (KeyError, ValueError, OSError):
         pass
 
+
+
+def _memory_allows() -> bool:
+    """The sandbox's cgroup uses less than CONFIG_TEMPLATE_MEMORY_FRACTION of its limit
+    (True when it cannot be read: the host's admission still measures the cgroup)."""
+    for current_path, limit_path in MEMORY_FILES:
+        try:
+            with open(current_path) as handle:
+                current = int(handle.read().strip())
+            with open(limit_path) as handle:
+                raw = handle.read().strip()
+        except (OSError, ValueError):
+            continue
+        if not raw.isdigit():
+            return True  # "max": no limit
+        return current < int(raw) * CONFIG_TEMPLATE_MEMORY_FRACTION
+    return True

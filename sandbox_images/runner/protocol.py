@@ -125,6 +125,28 @@ def encode(message: dict[str, Any], errors: str = "strict") -> bytes:
     return HEADER.pack(len(data)) + data
 
 
+def encode_raw(message: dict[str, Any], raw: dict[str, bytes], errors: str = "strict") -> bytes:
+    """:func:`encode` of ``message`` plus members whose values are JSON text already
+    (``raw``: name -> UTF-8 JSON bytes), spliced in without being parsed or re-encoded
+    (PID 1 forwards an ``init_config`` it holds as the host's bytes, and its snapshots).
+    The caller vouches that each raw value is one well-formed JSON value."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8", errors)
+    parts = [body[:-1]]
+    for name, value in raw.items():
+        parts.append(b"," if len(parts) > 1 or len(body) > 2 else b"")
+        parts.append(json.dumps(name).encode("ascii") + b":" + value)
+    parts.append(b"}")
+    data = b"".join(parts)
+    return HEADER.pack(len(data)) + data
+
+
+def snapshot_text(snapshot: dict[str, Any]) -> bytes:
+    """The JSON text of an encoded snapshot as PID 1 sends it (compact, UTF-8, a lone
+    surrogate as ``?``): what ``snapshot_digest`` hashes, so equal snapshots get equal
+    digests whichever path (constructed, or forked from a config template) made them."""
+    return json.dumps(snapshot, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8", "replace")
+
+
 def decode_payload(payload: bytes, max_depth: int = MAX_FRAME_DEPTH) -> dict[str, Any]:
     """Parse one frame body. Raises :class:`ProtocolViolation` unless it is a JSON object."""
     _check_depth(payload, max_depth)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import httpx
 import pytest
@@ -154,3 +155,56 @@ def test_hostile_create_bodies_get_the_same_4xx(api: httpx.Client, counter_env_i
     response = api.post("/v1/envs", content=huge, headers={"Content-Type": "application/json"})
     assert response.status_code == 201 and response.json()["init_config"] == {"n": 2**80}
     api.delete(f"/v1/envs/{response.json()['id']}")
+
+
+def test_repeated_creates_of_one_config_start_equal_and_stay_apart(make_server, counter_source: str) -> None:
+    """Shared sandboxes (config templates on): envs of one config share the stored initial
+    state (one root, content-addressed) but never each other's changes; the blobs survive
+    a collection that ran after the first env was deleted; configs that differ only in
+    ``1``/``1.0``/``true`` or key order are different envs."""
+    server = make_server(SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX="8", SANDPIT_EXECUTOR_POOL_SIZE="1",
+                         SANDPIT_JANITOR_INTERVAL_S="0.2")
+    with server.client() as api:
+        response = api.post("/v1/environments", json={"source_code": counter_source, "class_name": "Counter"})
+        assert response.status_code == 201, response.text
+        environment_id = response.json()["id"]
+        config = _config(records=400)
+        envs = [_create(api, environment_id, config) for _ in range(5)]  # the later ones fork from a template
+        roots = set()
+        with sqlite3.connect(server.db_path) as conn:
+            for env in envs:
+                roots.add(conn.execute("SELECT state_root FROM steps WHERE env_id = ? AND step = 0",
+                                       (env["id"],)).fetchone()[0])
+        assert len(roots) == 1
+        states = [_state(api, env["id"])["state"] for env in envs]
+        assert all(state == states[0] for state in states) and states[0]["records"] == config["records"]
+
+        _step(api, envs[3]["id"], "set_record", key="r00001", value="changed")
+        _step(api, envs[3]["id"], "bump", by=5)
+        assert _state(api, envs[4]["id"])["state"] == states[0]
+        assert _state(api, envs[3]["id"])["state"]["records"]["r00001"]["value"] == "changed"
+        assert api.get(f"/v1/envs/{envs[3]['id']}/state", params={"step": 0}).json()["state"] == states[0]
+
+        for env in envs:  # every env gone: a collection may delete the shared blobs
+            assert api.delete(f"/v1/envs/{env['id']}").status_code == 204
+        root = roots.pop()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the janitor collects the now unreferenced blobs
+            with sqlite3.connect(server.db_path) as conn:
+                if conn.execute("SELECT count(*) FROM blobs WHERE hash = ?", (root,)).fetchone()[0] == 0:
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the janitor never collected the shared initial state")
+        again = _create(api, environment_id, config)
+        assert _state(api, again["id"])["state"] == states[0]
+        assert api.get(f"/v1/envs/{again['id']}/state", params={"step": 0}).json()["state"] == states[0]
+
+        variants = [{"count": 1, "flag": 1}, {"count": 1, "flag": 1.0}, {"count": 1, "flag": True},
+                    {"flag": 1, "count": 1}]
+        for _ in range(2):  # the second round may fork from config templates
+            for variant in variants:
+                env = _create(api, environment_id, variant)
+                state = json.loads(api.get(f"/v1/envs/{env['id']}/state").content)["state"]
+                assert type(state["flag"]) is type(variant["flag"]) and state["flag"] == variant["flag"]
+                assert env["init_config"] == variant and list(env["init_config"]) == list(variant)
