@@ -11,7 +11,8 @@ line on stderr); 2 usage error.
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,24 +29,31 @@ UrlOption = Annotated[str, typer.Option(envvar="SANDPIT_URL", help="Sandpit API 
 OperatorOption = Annotated[str | None, typer.Option(
     envvar="SANDPIT_OPERATOR_KEY", show_envvar=True, help="The operator key (prefer the environment variable).")]
 TIMEOUT_S = 30.0
+T = TypeVar("T")
+
+
+def _admin_call(url: str, operator_key: str | None, request: Callable[[Client], T]) -> T:
+    """``request(client)`` on an operator-keyed client of ``url``; a missing key, an
+    unreachable server or a refusal is one line on stderr and exit code 1."""
+    if not operator_key:
+        console.print("[red]error:[/red] no operator key: set SANDPIT_OPERATOR_KEY")
+        raise typer.Exit(1)
+    try:
+        with Client(url, timeout=TIMEOUT_S, operator_key=operator_key) as client:
+            return request(client)
+    except SandpitConnectionError as exc:
+        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
+        raise typer.Exit(1) from None
+    except SandpitError as exc:
+        console.print(f"[red]error:[/red] {exc.status_code or exc.code}: {exc.message}")
+        raise typer.Exit(1) from None
 
 
 @cluster_app.command("status")
 def status(url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False) -> None:
     """Backend, nodes, per-host sandboxes/sessions/capacity/envs placed, and the replicas."""
-    if not operator_key:
-        console.print("[red]error:[/red] no operator key: set SANDPIT_OPERATOR_KEY")
-        raise typer.Exit(1)
-    try:
-        with Client(url, timeout=TIMEOUT_S, operator_key=operator_key) as client:
-            answer = client.admin.cluster.status()
-    except SandpitConnectionError as exc:
-        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
-        raise typer.Exit(1) from None
-    except SandpitError as exc:
-        console.print(f"[red]error:[/red] {exc.status_code}: {exc.message}")
-        raise typer.Exit(1) from None
+    answer = _admin_call(url, operator_key, lambda client: client.admin.cluster.status())
     if as_json:
         typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
         return
@@ -75,18 +83,8 @@ def drain(host: Annotated[str, typer.Argument(help="The host, as `sandpit cluste
           as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False) -> None:
     """Drain a sandbox host: no new envs on it, calls in flight finish, its envs resume on other
     hosts from their last committed step, then its pool shuts down (idempotent)."""
-    if not operator_key:
-        console.print("[red]error:[/red] no operator key: set SANDPIT_OPERATOR_KEY")
-        raise typer.Exit(1)
-    try:
-        with Client(url, timeout=TIMEOUT_S, operator_key=operator_key) as client:
-            answer: HostDrain = client.admin.cluster.drain(host, force=force, wait_s=timeout if wait else None)
-    except SandpitConnectionError as exc:
-        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
-        raise typer.Exit(1) from None
-    except SandpitError as exc:
-        console.print(f"[red]error:[/red] {exc.status_code or exc.code}: {exc.message}")
-        raise typer.Exit(1) from None
+    answer: HostDrain = _admin_call(url, operator_key, lambda client: client.admin.cluster.drain(
+        host, force=force, wait_s=timeout if wait else None))
     if as_json:
         typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
         return
