@@ -176,12 +176,23 @@ class PendingBlobs:
         """Compressed bytes of the blobs gathered so far (upper bound of what is new)."""
         return sum(len(data) for data, _ in self.blobs.values())
 
-    def write(self, db: DbSession) -> int:
-        """Insert every blob that is not stored yet; returns compressed bytes offered."""
+    def write(self, db: DbSession, root: str | None = None) -> int:
+        """Insert every blob that is not stored yet; returns compressed bytes offered.
+
+        ``root``: the state root these blobs make up, when they were written before
+        (an initial state reused by digest). If that root is still stored, so is every
+        blob under it (:func:`collect_garbage` deletes a state's blobs together, under a
+        lock this takes too), and nothing is sent: a 3 MB state's ~1 MB of compressed
+        blobs took ~20 ms to offer again on every env create."""
         if not self.blobs:
             return 0
-        rows = [{"hash": h, "data": data, "size": size} for h, (data, size) in self.blobs.items()]
         dialect = db.get_bind().dialect.name
+        if root is not None and root in self.blobs:
+            if dialect == "postgresql":  # wait for a running collection; none starts before commit
+                db.execute(text("LOCK TABLE blobs IN ROW EXCLUSIVE MODE"))
+            if db.scalar(select(Blob.hash).where(Blob.hash == root)) is not None:
+                return 0
+        rows = [{"hash": h, "data": data, "size": size} for h, (data, size) in self.blobs.items()]
         stmt: Executable
         if dialect == "sqlite":
             stmt = sqlite_insert(Blob).on_conflict_do_nothing(index_elements=["hash"])
