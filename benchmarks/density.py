@@ -47,6 +47,8 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
+
 from api import SOURCE, Server, pcts  # noqa: E402 - the API benchmark's server and environment
 
 MiB = 1024 * 1024
@@ -66,26 +68,6 @@ class Counter:
         self.count += by
         return self.count
 '''
-
-
-def container_pids(client, container_id: str) -> list[int]:
-    top = client.api.top(container_id, ps_args="-o pid")
-    return [int(row[0]) for row in top.get("Processes") or []]
-
-
-def rss_pss(pids: list[int]) -> tuple[float, float]:
-    """Summed RSS and PSS of ``pids`` in MiB (``smaps_rollup``)."""
-    rss = pss = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss += int(line.split()[1]) * 1024
-                elif line.startswith("Pss:"):
-                    pss += int(line.split()[1]) * 1024
-        except OSError:
-            continue
-    return rss / MiB, pss / MiB
 
 
 def sandbox_memory(client, container_id: str) -> dict:
