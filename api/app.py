@@ -65,10 +65,11 @@ ROUTERS = [health.router, environments.router, envs.router, scenarios.router, va
 
 
 def tune_gc(young_threshold: int) -> None:
-    """Process-wide collector settings for a serving process: the youngest generation's
-    threshold (``young_threshold`` allocations; 0 keeps Python's) and ``gc.freeze()`` of
-    everything alive now (modules, the app, its services), so later collections do not
-    walk it again. The older generations keep Python's thresholds. Why: parsing a 3 MB
+    """Process-wide collector settings for a serving process (``sandpit serve`` calls it
+    before uvicorn starts; the app never does, it may share a process): the youngest
+    generation's threshold (``young_threshold`` allocations; 0 keeps Python's) and
+    ``gc.freeze()`` of everything alive now (modules, the app), so later collections do
+    not walk it again. The older generations keep Python's thresholds. Why: parsing a 3 MB
     JSON body at the default threshold of 700 ran hundreds of collections over the
     growing heap (3-4x the parse itself; :attr:`ApiSettings.gc_young_threshold`)."""
     if young_threshold:
@@ -115,7 +116,6 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 for name in SERVED:  # what the routes' dependencies (deps.py) read
                     setattr(app.state, name, getattr(services, name))
                 services.start()
-                tune_gc(api_settings.gc_young_threshold)
                 if api_settings.warm_on_start and pool_settings.pool_size:
                     threading.Thread(target=services.sandboxes.warm, args=(api_settings.tenant,), daemon=True,
                                      name="sandpit-warm").start()

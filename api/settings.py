@@ -70,7 +70,7 @@ class ApiSettings(BaseSettings):
     tenant waiting in the scheduler's queue could exhaust)."""
     gc_young_threshold: Annotated[int, Field(ge=0, le=10_000_000)] = 50_000
     """Allocations of container objects between two collections of the youngest garbage
-    collector generation in ``sandpit serve`` (``gc.set_threshold``'s first value;
+    collector generation in ``sandpit serve`` (:func:`~sandpit.api.app.tune_gc`) (``gc.set_threshold``'s first value;
     0 = Python's default, 700). At 700, parsing a 3 MB request body collected the
     growing heap hundreds of times (orjson.loads of a 3.3 MB body: 92-126 ms, 28-30 ms
     at 50,000 or with the collector off). Objects that exist once the app has started

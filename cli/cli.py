@@ -121,7 +121,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     placeholder operator key."""
     import uvicorn
     from pydantic import ValidationError
-    from sandpit.api.app import create_app
+    from sandpit.api.app import create_app, tune_gc
     from sandpit.api.db.engine import make_engine, require_current
     from sandpit.api.errors import DatabaseNotMigrated
     from sandpit.api.settings import get_api_settings
@@ -138,7 +138,9 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
         _fail(exc)
     finally:
         engine.dispose()
-    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port,
+    app = create_app(settings)
+    tune_gc(settings.gc_young_threshold)
+    uvicorn.run(app, host=host or settings.host, port=port or settings.port,
                 log_level=log_level, access_log=False, timeout_graceful_shutdown=15)
 
 

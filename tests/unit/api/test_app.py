@@ -5,6 +5,7 @@ transport; nothing listens on a port)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 from api_fakes import SOURCE, fake_executor
 from pydantic import SecretStr
-from sandpit.api.app import create_app
+from sandpit.api.app import create_app, tune_gc
 from sandpit.api.settings import ApiSettings
 from sandpit.executor.errors import CapacityError, DockerUnavailable
 from sandpit.executor.fake import FakeExecutor
@@ -100,3 +101,16 @@ def test_readiness_and_executor_failures_as_http_statuses(db_path: Path, tmp_pat
 
     run(db_path, tmp_path, fake, scenario)
 
+
+
+def test_tune_gc_sets_the_young_threshold_and_freezes_what_exists() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_gc(12_345)
+        assert gc.get_threshold() == (12_345, *before[1:])
+        assert gc.get_freeze_count() > 0  # modules, the app: out of the collector's reach
+        tune_gc(0)  # 0 keeps the threshold as it is
+        assert gc.get_threshold() == (12_345, *before[1:])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
