@@ -417,19 +417,15 @@ class Runner:
         the sandbox serves anything else); after a check batch, start the jobs template
         (``pid1_templates``) for the next batches, now that this one has its reply, and,
         when the sandbox serves sessions (so no ``recycle`` follows), fork the next
-        batch's process from it ahead (:meth:`_ensure_job_spare`; in a sandbox without
-        sessions that happens when the template restarted by ``recycle`` is ready).
-        Not while a batch runs: its checks would see one more process."""
+        batch's process from it ahead (:meth:`_ensure_job_spare`; not in a sandbox
+        without sessions, which is recycled next and then holds only the runner, the
+        spare and the jobs template). Not while a batch runs: its checks would see one
+        more process."""
         self._ensure_spare()
         if kind == "checks":
             self.templates.want_jobs()
             if self.sessions:
                 self.later(self._ensure_job_spare)
-
-    def jobs_template_ready(self) -> None:
-        """The jobs template answered ready (``pid1_templates``): fork the first batch's
-        process ahead, once nothing is in flight."""
-        self.later(self._ensure_job_spare)
 
     def _ensure_job_spare(self) -> None:
         """Fork a process from the ready jobs template ahead of the next check batch and

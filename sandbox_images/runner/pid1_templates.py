@@ -29,9 +29,9 @@ The jobs template (key JOBS_KEY, with ``templates`` enabled, in any sandbox) exe
 environment: it is started after the sandbox's first check batch ends (``want_jobs``) and
 again after a ``recycle`` that killed one, and each check batch's zygote is forked from it
 (same ``fork`` request, same verification) instead of taking the spare, whose replacement
-would cost a Python start-up (~30 ms of CPU quota) per batch. PID 1 forks the next
-batch's process from it ahead, when the template turns ready and after each batch of a
-sandbox that serves sessions (``Runner.job_spare``), so a batch's path holds no fork.
+would cost a Python start-up (~30 ms of CPU quota) per batch. In a sandbox that serves
+sessions, PID 1 forks the next batch's process from it ahead, after each batch
+(``Runner.job_spare``), so that batch's path holds no fork.
 When it is not ready or fails, the batch takes the spare as before.
 Config templates (an environment *instance* kept, keyed by the environment's key plus
 the SHA-256 of the exact ``init_config`` bytes):
@@ -294,8 +294,6 @@ class Templates:
             template.deadline = None
             template.child.sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
             self.runner.sweep_strays()  # whatever its import left running dies now
-            if template.key == JOBS_KEY:
-                self.runner.jobs_template_ready()
             if template.config_hash is None and template.key in self.pending:
                 self.want_config(template.key, *self.pending.pop(template.key))
 
