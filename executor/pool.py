@@ -75,6 +75,9 @@ class SandboxPool:
         self._active: dict[PoolKey, list[Sandbox]] = collections.defaultdict(list)
         self._all: dict[str, Sandbox] = {}
         self._starting: collections.Counter[PoolKey] = collections.Counter()
+        self._recycling: collections.Counter[PoolKey] = collections.Counter()
+        """Sandboxes of a key being recycled off their caller's path (:meth:`_release` with
+        ``background``): invisible to placement, which waits for them (:meth:`_reserve_slot`)."""
         self._wanted: dict[PoolKey, ResourceProfile] = {}
         self._uids_in_use: set[int] = set()
         self._next_uid = secrets.randbelow(self.settings.uid_count)
@@ -397,6 +400,7 @@ class SandboxPool:
                 "idle": sum(len(q) for q in self._idle.values()),
                 "active": sum(len(v) for v in self._active.values()),
                 "starting": sum(self._starting.values()),
+                "recycling": sum(self._recycling.values()),
                 "sessions": sum(len(s.sessions) for s in self._all.values()),
                 "failures": dict(self.failures),
                 "check_restarts": self.check_restarts,
@@ -507,13 +511,23 @@ class SandboxPool:
                       affinity: tuple[str, str, str] | None = None) -> Sandbox:
         """A sandbox of ``(tenant, profile)`` with ``slot_id`` added to its sessions: a
         live one with a free slot (one that opened ``affinity``, a (source, class, config)
-        key, before the fullest), else a warm one, else a new one. Raises CapacityError."""
+        key, before the fullest), else a warm one, else one of that key being recycled
+        once it is proven clean (waiting up to the recycle's own timeout: ~20 ms against
+        a container start's hundreds), else a new one. Raises CapacityError."""
         key = self._key(tenant, profile)
         per = self.session_cap(profile)
+        wait_until = time.monotonic() + self.settings.watchdog_grace_s + 10.0  # Sandbox.recycle's timeout
         with self._lock:
             self._wanted.setdefault(key, profile)
-            candidates = [s for s in self._active[key] if s.alive and not s.retiring and len(s.sessions) < per]
-            candidates = [s for s in candidates if self._fits_locked(s, profile)]
+            while True:
+                candidates = [s for s in self._active[key] if s.alive and not s.retiring and len(s.sessions) < per]
+                candidates = [s for s in candidates if self._fits_locked(s, profile)]
+                if candidates or self._idle[key] or not self._recycling[key] or self._stop.is_set():
+                    break
+                remaining = wait_until - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._lock.wait(remaining)  # a recycle under way ends with notify_all
             if candidates:
                 sandbox = max(candidates, key=lambda s: (affinity in s.config_keys, len(s.sessions)))
                 self._check_budget_locked(self._session_bytes)
@@ -634,7 +648,12 @@ class SandboxPool:
         key); one that cannot be proven empty is destroyed."""
         self._release(self._own(sandbox), session_id, close)
 
-    def _release(self, sandbox: Sandbox, session_id: str, close: bool) -> None:
+    def _release(self, sandbox: Sandbox, session_id: str, close: bool, background: bool = False) -> None:
+        """:meth:`release`; with ``background`` (a one-shot job's slot: ``run_checks``,
+        ``execute``) the recycle runs in a thread of its own and this returns at once (the
+        caller's reply no longer waits ~20 ms for it): the sandbox stays out of placement
+        until it is proven clean exactly as in the foreground, and a placement of its key
+        that finds no other sandbox waits for it instead of starting a container."""
         if close and sandbox.alive:
             try:
                 sandbox.request("close", session=session_id, timeout_s=sandbox.watchdog_grace_s + 5)
@@ -651,16 +670,35 @@ class SandboxPool:
             self._lock.notify_all()
         if not recycle:
             return
-        clean = sandbox.recycle()
-        with self._lock:
-            if clean and sandbox.alive and not self._stop.is_set() and sandbox.id in self._all:
-                sandbox.idle_since = time.monotonic()
-                self._idle[sandbox.key].append(sandbox)
-            else:
-                if not clean:
-                    self.failures["unclean"] += 1
-                self._drop_locked(sandbox)
-            self._lock.notify_all()
+        if background:
+            with self._lock:
+                self._recycling[sandbox.key] += 1
+            try:
+                threading.Thread(target=self._recycle, args=(sandbox, True), name="sandpit-recycle",
+                                 daemon=True).start()
+            except BaseException:  # no thread (resource exhaustion): recycle here
+                self._recycle(sandbox, True)
+            return
+        self._recycle(sandbox)
+
+    def _recycle(self, sandbox: Sandbox, background: bool = False) -> None:
+        """Recycle an empty ``sandbox`` that placement cannot see: warm again when the runner
+        proved it clean, destroyed otherwise (``failures["unclean"]``)."""
+        clean = False
+        try:
+            clean = sandbox.recycle()
+        finally:
+            with self._lock:
+                if background:
+                    self._recycling[sandbox.key] -= 1
+                if clean and sandbox.alive and not self._stop.is_set() and sandbox.id in self._all:
+                    sandbox.idle_since = time.monotonic()
+                    self._idle[sandbox.key].append(sandbox)
+                else:
+                    if not clean:
+                        self.failures["unclean"] += 1
+                    self._drop_locked(sandbox)
+                self._lock.notify_all()
 
     def forget(self, sandbox: SandboxSlot, session_id: str) -> None:
         """The sandbox died under ``session_id``: destroy it and drop it from the pool."""
@@ -778,7 +816,7 @@ class _Slot:
         with self._lock:
             sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            self.pool.release(sandbox, self._id, close=False)
+            self.pool._release(sandbox, self._id, close=False, background=True)
 
 
 def _config_key(spec: SessionSpec) -> tuple[str, str, str] | None:

@@ -54,6 +54,10 @@ SPAWN_RETRY_S = 2.0
 """How long a session process start that hits the pids limit is retried (strays of a
 killed fork bomb not reaped yet)."""
 SWEEP_DEADLINE_S = 5.0
+JOB_EXIT_WAIT_S = 0.05
+"""Longest wait (seconds) for a killed job process to exit before the sweep that follows
+(which reads every process of /proc again and again while it is dying): most die in
+well under a millisecond of CPU; a slower one is left to the sweep."""
 """Longest wait for killed processes to die (seconds); past it the sweep fails and the
 sandbox is not reused."""
 JOBS_PER_SLOT = 8

@@ -64,6 +64,7 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
         CHECK_OUTPUT_CAP_BYTES,
         CHECK_RESULT_TEXT_CAPS,
         DRAIN_MAX_READS,
+        JOB_EXIT_WAIT_S,
         JOB_MAX_FRAME_BYTES,
         JOBS_PER_SLOT,
         MAX_CHECK_SOURCE_BYTES,
@@ -80,6 +81,7 @@ else:  # in the sandbox: pid1_runner.py put this directory on sys.path
         CHECK_OUTPUT_CAP_BYTES,
         CHECK_RESULT_TEXT_CAPS,
         DRAIN_MAX_READS,
+        JOB_EXIT_WAIT_S,
         JOB_MAX_FRAME_BYTES,
         JOBS_PER_SLOT,
         MAX_CHECK_SOURCE_BYTES,
@@ -541,6 +543,8 @@ class Jobs:
         child.sock.close()
         if self.by_pid.get(child.pid) is job:
             del self.by_pid[child.pid]
+        if not child.alive:  # killed here: collect it before the sweep, which would see it dying
+            _await_exit(child.pid, JOB_EXIT_WAIT_S)
         self.runner.sweep_strays()
 
     def _cleanup(self, job: Job) -> None:
@@ -550,6 +554,21 @@ class Jobs:
             self.active.remove(job)
         self.runner.remove_workdir(job.workdir)
         self.runner.jobs_ended(job.kind)
+
+
+def _await_exit(pid: int, limit_s: float) -> None:
+    """Reap ``pid``, a child of this process that was sent SIGKILL (or exited), polling for at
+    most ``limit_s`` seconds; no-op when it was reaped already. A process still alive then
+    is left to the sweep that follows (the sweep, not this wait, guarantees it dies)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() > deadline:
+            return
+        time.sleep(0.0005)
 
 
 def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:

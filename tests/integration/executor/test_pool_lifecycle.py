@@ -168,3 +168,52 @@ def test_at_capacity_an_idle_sandbox_of_another_profile_or_tenant_is_reclaimed()
         tenant_b = pool.open_session(tenant="t-reclaim-b", source=COUNTER, class_name="Counter")
         assert tenant_b.call("add").status == "ok"
         tenant_b.close()
+
+
+FILL_TMP = ("def check_func(final_state):\n    for i in range(3000):\n"
+            "        open(f'/tmp/f{i}', 'w').close()\n    return True\n")
+"""A check whose leftovers make the recycle of its sandbox slow (3,000 files to remove)."""
+LEAVE_IN_WORK = "def check_func(final_state):\n    open('/work/left', 'w').write('x')\n    return True\n"
+"""A check that leaves a file the runner cannot remove (/work is not listable): unclean."""
+PASSING_CHECK = "def check_func(final_state):\n    return final_state['count'] == 1\n"
+
+
+def _batch(pool: SandboxPool, source: str) -> list[tuple[str, bool]]:
+    state = {"count": ["j", 1]}
+    results = pool.run_checks(tenant="t", checks=[{"check_item": "x", "check_func": source}],
+                              initial_state=state, final_state=state)
+    return [(r.status, r.passed) for r in results]
+
+
+def _wait_recycled(pool: SandboxPool) -> dict[str, object]:
+    deadline = time.monotonic() + 30
+    while pool.stats()["recycling"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pool.stats()
+
+
+def test_a_batch_replies_before_its_sandbox_is_recycled_and_the_next_one_waits_for_it() -> None:
+    with make_pool() as pool:
+        assert _batch(pool, FILL_TMP) == [("ok", True)]
+        stats = pool.stats()
+        # the reply came back while the runner still empties /tmp: not warm yet, not placeable
+        assert stats["recycling"] == 1 and stats["idle"] == 0 and stats["sandboxes"] == 1, stats
+        # the next batch waits for that sandbox instead of starting a container, and finds /tmp empty
+        assert _batch(pool, "def check_func(final_state):\n    import os\n    return os.listdir('/tmp') == []\n") \
+            == [("ok", True)]
+        assert len(pool.started_ms) == 1
+        stats = _wait_recycled(pool)
+        assert stats["recycling"] == 0 and stats["idle"] == 1 and not stats["failures"].get("unclean"), stats
+
+
+def test_an_unclean_recycle_off_the_callers_path_still_destroys_the_sandbox() -> None:
+    with make_pool() as pool:
+        assert _batch(pool, LEAVE_IN_WORK) == [("ok", True)]
+        stats = _wait_recycled(pool)
+        assert stats["failures"].get("unclean") == 1 and stats["sandboxes"] == 0 and stats["idle"] == 0, stats
+        deadline = time.monotonic() + 30
+        while engine.list_sandboxes(pool.client, pool=pool.id) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not engine.list_sandboxes(pool.client, pool=pool.id)  # the container is gone
+        assert _batch(pool, PASSING_CHECK) == [("ok", True)]  # in a new sandbox
+        assert len(pool.started_ms) == 2

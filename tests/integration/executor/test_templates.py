@@ -282,6 +282,36 @@ def test_check_batches_fork_from_the_jobs_template_and_outlive_its_death(shared_
     assert session.call("bump").status == "ok"
 
 
+ZYGOTE_AGE_OVER_HALF_A_SECOND = """def check_func(final_state):
+    import os
+    stat = open(f'/proc/{os.getppid()}/stat').read()
+    started = int(stat[stat.rfind(')') + 2:].split()[19]) / os.sysconf('SC_CLK_TCK')
+    return float(open('/proc/uptime').read().split()[0]) - started > 0.5
+"""
+
+
+def test_a_batch_takes_the_process_forked_ahead_and_goes_on_when_a_session_killed_it(shared_pool, opened) -> None:
+    session = open_(shared_pool, opened, count=1)
+    sandbox = session._sandbox
+    deadline = time.monotonic() + 30
+    while True:  # the jobs template starts after the sandbox's first batch
+        before = templates(sandbox)["forked"]
+        assert batch(shared_pool, [OK_CHECK]) == [("ok", True)]
+        if templates(sandbox)["forked"] > before:
+            break
+        assert time.monotonic() < deadline, templates(sandbox)
+        time.sleep(0.2)
+    time.sleep(1.0)
+    # the batch's zygote was forked after the previous batch ended, not on this batch's path
+    assert batch(shared_pool, [ZYGOTE_AGE_OVER_HALF_A_SECOND, OK_CHECK]) == [("ok", True), ("ok", True)]
+    time.sleep(0.5)
+    # a session (same uid) kills every process it can see: the waiting process, the template,
+    # the spare; the next batches still run, each check in a fresh process
+    assert int(session.call("kill_everyone_else").observation) >= 3
+    assert batch(shared_pool, [OK_CHECK, FALSE_CHECK]) == [("ok", True), ("ok", False)]
+    assert batch(shared_pool, [FALSE_CHECK, OK_CHECK]) == [("ok", False), ("ok", True)]
+
+
 def test_memory_admission_spreads_sessions_below_the_hard_cap(leak_check, pool_settings) -> None:
     # hard cap 64, but a 200 MiB sandbox with 96 MiB of headroom has room for a few 10 MiB sessions
     settings = pool_settings("admission", sessions_per_sandbox=64, pool_size=0, sandbox_memory_mib=200,
