@@ -212,13 +212,19 @@ class ParsedBodies:
                 self._bytes -= dropped
 
 
+PARSED_BODIES = ParsedBodies()
+"""One parse cache for every route of the process: its memory bound holds for the whole
+server (one cache per route would multiply it by the number of routes that take a body),
+and the same bytes parse to the same value whichever route receives them."""
+
+
 class StrictJSONRoute(APIRoute):
     """An APIRoute whose JSON body must pass :func:`strict_loads` and the body size cap
     (``request.app.state.settings.max_body_bytes``)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         original = super().get_route_handler()
-        parsed_bodies = ParsedBodies()
+        parsed_bodies = PARSED_BODIES
 
         async def handler(request: Request) -> Response:
             settings = request.app.state.settings
