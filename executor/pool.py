@@ -426,10 +426,7 @@ class SandboxPool:
             try:
                 reply = self._open(sandbox, spec, snapshot, fields)
             except SandboxLost as exc:
-                self.forget(sandbox, spec.session_id)
-                self.failures[exc.status] += 1
-                if attempt == 2:
-                    raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
+                self._lost_while_opening(sandbox, spec, exc, last=attempt == 2)
                 continue
             except (ValueError, TypeError) as exc:
                 self.release(sandbox, spec.session_id, close=False)
@@ -442,10 +439,7 @@ class SandboxPool:
                     self.release(sandbox, spec.session_id)
                     raise SessionError(f"sandbox opened the session with a malformed state: {exc}") from exc
                 except SandboxLost as exc:
-                    self.forget(sandbox, spec.session_id)
-                    self.failures[exc.status] += 1
-                    if attempt == 2:
-                        raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
+                    self._lost_while_opening(sandbox, spec, exc, last=attempt == 2)
                     continue
             self.release(sandbox, spec.session_id, close=False)
             if status == "fault":
@@ -453,6 +447,15 @@ class SandboxPool:
             self.failures[str(status)] += 1
             raise SessionOpenError(str(status), str(reply.get("observation", "")), reply.get("traceback"))
         raise AssertionError("unreachable")
+
+    def _lost_while_opening(self, sandbox: Sandbox, spec: SessionSpec, exc: SandboxLost, last: bool) -> None:
+        """``sandbox`` died while opening ``spec`` (sending the open or reading its reply):
+        destroy it and count the loss; on the ``last`` attempt raise SessionOpenError
+        with the loss's status, else the caller tries another sandbox."""
+        self.forget(sandbox, spec.session_id)
+        self.failures[exc.status] += 1
+        if last:
+            raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
 
     def _open(self, sandbox: Sandbox, spec: SessionSpec, snapshot: dict[str, EncodedValue],
               fields: dict[str, Any]) -> dict[str, Any]:
