@@ -37,6 +37,7 @@ from sandpit.executor.images import resolve_image
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult
+from sandpit.executor.sandbox import Sandbox
 from sandpit.executor.session import Session
 from sandpit.executor.settings import ExecutorSettings, get_image_settings
 
@@ -178,6 +179,23 @@ def fast_profile(pool: SandboxPool) -> ResourceProfile:
     profile = pool.profile(overrides=FAST)
     assert profile.call_timeout_s == CALL_TIMEOUT_S
     return profile
+
+
+@pytest.fixture
+def opened() -> Iterator[list[Session]]:
+    """A list the test appends the sessions it opens to; each is closed at teardown
+    (before any module-scoped pool they came from)."""
+    sessions: list[Session] = []
+    yield sessions
+    for session in sessions:
+        session.close()
+
+
+def template_state(sandbox: Any) -> dict[str, Any]:
+    """The runner's template bookkeeping of ``sandbox`` (the ``templates`` field of its
+    ``ping`` reply: ready, loading, configs_loading, ...)."""
+    assert isinstance(sandbox, Sandbox)
+    return dict(sandbox.request("ping")["templates"])
 
 
 OpenEnv = Callable[..., Session]

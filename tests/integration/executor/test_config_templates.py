@@ -19,7 +19,7 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.sandbox import Sandbox
 from sandpit.executor.session import Session
 
-from ..conftest import FAST, TENANT
+from ..conftest import FAST, TENANT, template_state
 
 pytestmark = pytest.mark.docker
 
@@ -84,14 +84,6 @@ def pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
         yield pool
 
 
-@pytest.fixture
-def opened(pool: SandboxPool) -> Iterator[list[Session]]:
-    sessions: list[Session] = []
-    yield sessions
-    for session in sessions:
-        session.close()
-
-
 def open_(pool: SandboxPool, sessions: list[Session], config: dict[str, Any], source: str = SOURCE) -> Session:
     session = pool.open_session(tenant=TENANT, source=source, class_name="Shop", init_config=config,
                                 profile=pool.profile(overrides=FAST))
@@ -99,16 +91,11 @@ def open_(pool: SandboxPool, sessions: list[Session], config: dict[str, Any], so
     return session
 
 
-def templates(sandbox: Any) -> dict[str, Any]:
-    assert isinstance(sandbox, Sandbox)
-    return dict(sandbox.request("ping")["templates"])
-
-
 def settle(sandbox: Any, timeout_s: float = 30.0) -> dict[str, Any]:
     """Wait until no template is loading (config templates are built in the background)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        state = templates(sandbox)
+        state = template_state(sandbox)
         if (state["loading"] == 0 and state["configs_loading"] == 0 and state["ready"] >= 1) \
                 or time.monotonic() > deadline:
             return state
@@ -132,12 +119,12 @@ def test_forked_instance_equals_a_constructed_one_and_shares_nothing(pool, opene
     config = {"data": {"a": {"n": 1, "f": 1.0, "t": True, "z": None}, "b": [1, 2, 3]}, "extra": "x"}
     first = warm(pool, opened, config)
     sandbox = first._sandbox
-    before = templates(sandbox)
+    before = template_state(sandbox)
     assert before["configs_ready"] == 1, before
     a = open_(pool, opened, config)
     b = open_(pool, opened, config)
     assert a._sandbox is sandbox and b._sandbox is sandbox
-    after = templates(sandbox)
+    after = template_state(sandbox)
     assert after["forked"] == before["forked"] + 2
     assert a.snapshot().digest is not None and a.snapshot().digest == b.snapshot().digest
     # indistinguishable from the constructed first session: state, types, key order
@@ -172,7 +159,7 @@ def test_constructors_that_are_not_repeatable_are_constructed_per_session(pool, 
     source = variant(constructor)
     config = {"data": {"k": 1}, "case": reason}
     first = warm(pool, opened, config, source)
-    state = templates(first._sandbox)
+    state = template_state(first._sandbox)
     assert state["configs_ready"] == 0 and any(reason in r for r in state["config_reasons"]), state
     again = open_(pool, opened, config, source)
     if "token" in constructor:  # constructed anew: its own value, not a copy of another's
@@ -209,11 +196,11 @@ def test_a_session_killing_its_config_template_falls_back(pool, opened) -> None:
     config = {"data": {"victim": 1}}
     first = warm(pool, opened, config)
     sandbox = first._sandbox
-    assert templates(sandbox)["configs_ready"] >= 1
+    assert template_state(sandbox)["configs_ready"] >= 1
     hostile = open_(pool, opened, config)
     hostile.call("kill_everyone_else")
     time.sleep(0.3)
-    assert templates(sandbox)["configs_ready"] == 0
+    assert template_state(sandbox)["configs_ready"] == 0
     late = open_(pool, opened, config)
     assert state_view(late)["data"] == {"victim": 1}
     assert late.call("put", {"key": "z", "value": 1}).status == "ok"

@@ -16,10 +16,9 @@ import pytest
 from sandpit.executor.errors import CapacityError, SessionOpenError
 from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.sandbox import Sandbox
 from sandpit.executor.session import Session
 
-from ..conftest import FAST, TENANT
+from ..conftest import FAST, TENANT, template_state
 
 pytestmark = pytest.mark.docker
 
@@ -93,14 +92,6 @@ def shared_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
         yield pool
 
 
-@pytest.fixture
-def opened(shared_pool: SandboxPool) -> Iterator[list[Session]]:
-    sessions: list[Session] = []
-    yield sessions
-    for session in sessions:
-        session.close()
-
-
 def open_(pool: SandboxPool, sessions: list[Session], source: str = FORKABLE, fast: bool = True,
           **config: Any) -> Session:
     """Open a Probe session (the fast profile: 2 s per call; ``fast=False``: the default 10 s)."""
@@ -110,16 +101,10 @@ def open_(pool: SandboxPool, sessions: list[Session], source: str = FORKABLE, fa
     return session
 
 
-def templates(sandbox: Any) -> dict[str, Any]:
-    assert isinstance(sandbox, Sandbox)
-    reply = sandbox.request("ping")
-    return dict(reply["templates"])
-
-
 def wait_ready(sandbox: Any, count: int = 1, timeout_s: float = 30.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
-        state = templates(sandbox)
+        state = template_state(sandbox)
         if state["ready"] >= count or time.monotonic() > deadline:
             return state
         time.sleep(0.1)
@@ -139,7 +124,7 @@ def test_forked_sessions_are_confined_like_spawned_ones_and_share_nothing(shared
     a = open_(shared_pool, opened, count=10)
     b = open_(shared_pool, opened, count=20)
     assert a._sandbox is sandbox and b._sandbox is sandbox
-    assert templates(sandbox)["forked"] == 2
+    assert template_state(sandbox)["forked"] == 2
 
     spawned, fork_a, fork_b = identity(first), identity(a), identity(b)
     for forked in (fork_a, fork_b):
@@ -170,7 +155,7 @@ def test_a_forked_session_that_times_out_is_forked_again_from_its_snapshot(share
     assert forked.call("spin").status == "timeout"
     assert forked.call("bump").observation == "5"  # re-created from the last good snapshot
     assert identity(forked)["pid"] != before
-    assert templates(first._sandbox)["forked"] >= 2
+    assert template_state(first._sandbox)["forked"] >= 2
 
 
 def test_a_session_killing_its_template_and_siblings_leaves_them_restorable(shared_pool, opened) -> None:
@@ -182,14 +167,14 @@ def test_a_session_killing_its_template_and_siblings_leaves_them_restorable(shar
     assert sibling.call("bump").observation == "101"
     assert int(hostile.call("kill_everyone_else").observation) >= 3  # template, spare, sessions
     time.sleep(0.3)
-    state = templates(sandbox)
+    state = template_state(sandbox)
     assert state["ready"] == 0 and state["failed"] == 1  # dead: never retried in this sandbox
     # the siblings come back from their snapshots, started the normal way
     assert sibling.call("bump").observation == "102"
     assert first.call("bump").observation == "2"
     late = open_(shared_pool, opened, count=7)
     assert late._sandbox is sandbox and late.call("bump").observation == "8"
-    assert templates(sandbox)["forked"] == state["forked"]
+    assert template_state(sandbox)["forked"] == state["forked"]
 
 
 @pytest.mark.parametrize("prelude", [
@@ -204,13 +189,13 @@ def test_imports_with_side_effects_are_never_templated(shared_pool, opened, prel
     first = open_(shared_pool, opened, source=source, count=1)
     sandbox = first._sandbox
     deadline = time.monotonic() + 20
-    while (state := templates(sandbox))["failed"] == 0 and time.monotonic() < deadline:
+    while (state := template_state(sandbox))["failed"] == 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert state["failed"] == 1 and state["ready"] == 0
     assert any("unsuitable" in reason for reason in state["reasons"]), state
     second = open_(shared_pool, opened, source=source, count=5)
     assert second._sandbox is sandbox and second.call("bump").observation == "6"
-    assert templates(sandbox)["forked"] == state["forked"]
+    assert template_state(sandbox)["forked"] == state["forked"]
 
 
 def test_a_template_spinning_at_import_is_killed_and_the_sandbox_recycles_clean(shared_pool, opened) -> None:
@@ -234,7 +219,7 @@ def test_two_environments_never_share_a_template(shared_pool, opened) -> None:
     assert wait_ready(sandbox, count=2)["ready"] == 2
     x2 = open_(shared_pool, opened, source=x_source)
     y2 = open_(shared_pool, opened, source=y_source)
-    assert templates(sandbox)["forked"] == 2
+    assert template_state(sandbox)["forked"] == 2
     assert [s.call("label").observation for s in (x1, x2, y1, y2)] == ["X", "X", "Y", "Y"]
     assert json.loads(json.dumps(y2.state())) == {"count": 0}
 
@@ -267,11 +252,11 @@ def test_check_batches_fork_from_the_jobs_template_and_outlive_its_death(shared_
     sandbox = session._sandbox
     deadline = time.monotonic() + 30
     while True:  # the jobs template starts after the sandbox's first batch
-        before = templates(sandbox)["forked"]
+        before = template_state(sandbox)["forked"]
         assert batch(shared_pool, [OK_CHECK, FALSE_CHECK]) == [("ok", True), ("ok", False)]
-        if templates(sandbox)["forked"] > before:
+        if template_state(sandbox)["forked"] > before:
             break  # this batch's zygote came from the template
-        assert time.monotonic() < deadline, templates(sandbox)
+        assert time.monotonic() < deadline, template_state(sandbox)
         time.sleep(0.2)
     # a check that kills every process it can see (its zygote, the template, the spare, the
     # session) crashes alone; the batch goes on in a fresh process, later ones too
@@ -295,11 +280,11 @@ def test_a_batch_takes_the_process_forked_ahead_and_goes_on_when_a_session_kille
     sandbox = session._sandbox
     deadline = time.monotonic() + 30
     while True:  # the jobs template starts after the sandbox's first batch
-        before = templates(sandbox)["forked"]
+        before = template_state(sandbox)["forked"]
         assert batch(shared_pool, [OK_CHECK]) == [("ok", True)]
-        if templates(sandbox)["forked"] > before:
+        if template_state(sandbox)["forked"] > before:
             break
-        assert time.monotonic() < deadline, templates(sandbox)
+        assert time.monotonic() < deadline, template_state(sandbox)
         time.sleep(0.2)
     time.sleep(1.0)
     # the batch's zygote was forked after the previous batch ended, not on this batch's path
