@@ -84,8 +84,9 @@ class InitialStates:
     state the runner gave the same digest as an earlier one (the same environment and
     config; sessions forked from a config template always do) reuses that state's
     :class:`StateCache` (same root: the store is content-addressed) instead of encoding
-    megabytes again. Its blobs are offered again in the env's transaction (insert unless
-    stored), so a collection that ran meanwhile loses nothing. Keyed by tenant: digests
+    megabytes again. In the env's transaction its blobs are written again unless its root
+    is still stored (:meth:`PendingBlobs.write` with the root), so a collection that ran
+    meanwhile loses nothing. Keyed by tenant: digests
     come from the tenant's own sandboxes. Thread-safe; entries are never mutated."""
 
     def __init__(self, max_entries: int = INITIAL_STATES) -> None:
