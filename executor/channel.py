@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner.limits import MAX_FRAME_DEPTH
 
 from .errors import SandboxLost
 
@@ -26,13 +27,17 @@ log = logging.getLogger(__name__)
 
 
 class RunnerChannel:
-    """Request/response over a connected Unix socket to an in-sandbox runner."""
+    """Request/response over a connected socket: a Unix socket to an in-sandbox runner,
+    or a host link's TCP connection to a sandbox host (:mod:`.host_link`). ``max_frame``
+    (bytes) and ``max_depth`` (nesting levels) bound every reply."""
 
-    def __init__(self, sock: socket.socket, sandbox_id: str, max_frame: int) -> None:
+    def __init__(self, sock: socket.socket, sandbox_id: str, max_frame: int,
+                 max_depth: int = MAX_FRAME_DEPTH) -> None:
         sock.settimeout(None)
         self._sock = sock
         self.sandbox_id = sandbox_id
         self._max_frame = max_frame
+        self._max_depth = max_depth
         self._ids = itertools.count(1)
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._send_lock = threading.Lock()
@@ -86,7 +91,7 @@ class RunnerChannel:
         reason = "connection closed"
         try:
             while True:
-                message = protocol.recv_frame(self._sock, self._max_frame)
+                message = protocol.recv_frame(self._sock, self._max_frame, self._max_depth)
                 with self._state_lock:
                     future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
                 if future is not None and not future.done():

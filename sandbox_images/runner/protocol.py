@@ -212,12 +212,14 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME_BYTES) -> dict[str, Any]:
-    """Blocking read of one frame. Raises ``EOFError`` or :class:`ProtocolViolation`."""
+def recv_frame(sock: socket.socket, max_frame: int = MAX_FRAME_BYTES,
+               max_depth: int = MAX_FRAME_DEPTH) -> dict[str, Any]:
+    """Blocking read of one frame (at most ``max_frame`` bytes, nested at most
+    ``max_depth`` levels). Raises ``EOFError`` or :class:`ProtocolViolation`."""
     (length,) = HEADER.unpack(recv_exact(sock, HEADER.size))
     if length > max_frame:
         raise ProtocolViolation(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
-    return decode_payload(recv_exact(sock, length))
+    return decode_payload(recv_exact(sock, length), max_depth)
 
 
 def apply_keyed(base: object, change: object) -> list[Any] | None:
