@@ -294,3 +294,19 @@ repeated config is sent as its hash; configs of open sessions stay referenced be
 CONFIG_HASH_CHARS = 64
 """A config's key: the SHA-256 hex digest of its exact JSON bytes (key order and
 ``1``/``1.0``/``true`` distinct)."""
+
+# -- the Ray backend's host link (executor/host_link.py; host side only, never in a sandbox)
+LINK_HELLO_TIMEOUT_S = 10.0
+"""Seconds a new host link connection has to authenticate before it is closed."""
+LINK_HELLO_MAX_BYTES = 4096
+"""Largest hello frame on a host link (bytes)."""
+LINK_MAX_CONNECTIONS = 512
+"""Connections one sandbox host serves at once (one per API replica is the normal case);
+more are closed at once."""
+LINK_MAX_EXTRA_DEPTH = 16
+"""Nesting levels a host link frame may have beyond MAX_FRAME_DEPTH (the envelope around
+a tool call's result)."""
+LINK_CONNECT_TIMEOUT_S = 5.0
+"""Seconds to open a host link before the request goes through Ray instead."""
+LINK_RETRY_AFTER_S = 5.0
+"""Seconds after a failed host link open before the next attempt (meanwhile: through Ray)."""
