@@ -86,7 +86,8 @@ def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Dat
     """The Ray backend (``executor_backend="ray"``), env -> host affinity in ``db``."""
     from sandpit.executor.ray_backend import RayExecutor
 
-    return RayExecutor(api_settings.ray_address, settings, affinity=DbAffinity(db)).start()
+    return RayExecutor(api_settings.ray_address, settings, affinity=DbAffinity(db),
+                       direct=api_settings.ray_direct_calls).start()
 
 
 def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None,

@@ -45,9 +45,18 @@ scheduler, no home-made cluster protocol::
   and runs no work its pool is closed (containers removed), the actor is killed and the
   drain is recorded ``drained``; a drained host is never re-created.
 
-Everything crossing Ray is plain data (JSON-shaped dicts): results are re-validated into
-the executor's pydantic models on the caller's side; executor errors are re-raised as the
-same classes (:func:`_error_data` / :func:`_raise`).
+* **Direct data path.** A Ray actor call costs about 1 ms of round trip by itself, so the
+  session requests of the step path (tool calls, restores, reads, closes) go over a *host
+  link* instead: one authenticated TCP connection from each replica to each host's
+  :class:`~sandpit.executor.host_link.LinkServer`, framed like the runner protocol
+  (:mod:`sandpit.executor.host_link`). They reach the same host methods with the same
+  versions and answers; Ray keeps placement, opens, pool work, drains and the verdict on
+  whether a host whose link broke is lost. ``RayExecutor(direct=False)`` (setting
+  ``SANDPIT_RAY_DIRECT_CALLS=false``) sends everything through Ray.
+
+Everything crossing Ray or a link is plain data (JSON-shaped dicts): results are
+re-validated into the executor's pydantic models on the caller's side; executor errors are
+re-raised as the same classes (:func:`_error_data` / :func:`_raise`).
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -62,6 +72,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from sandpit.sandbox_images.runner.limits import LINK_RETRY_AFTER_S
 
 from .errors import (
     CapacityError,
@@ -76,6 +88,7 @@ from .errors import (
     SessionOpenError,
     ToolSchemaError,
 )
+from .host_link import DIRECT, HostLink, LinkRefused, LinkServer
 from .profiles import ProfileOverrides, ResourceProfile
 from .results import CallResult, CheckResult, ExecResult, Snapshot
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
@@ -170,6 +183,10 @@ class SandboxHost:
         """Set by :meth:`drain`: new sessions and pool work are refused (HostDraining)."""
         self._busy = 0  # opens and pool calls in progress (a drain waits for them)
         self._calls = 0  # tool calls in progress
+        self._link_token = secrets.token_bytes(32)
+        self.link = LinkServer(self._link_dispatch, _ray().util.get_node_ip_address(), self._link_token,
+                               self.pool.settings.max_frame_bytes, HOST_CONCURRENCY)
+        """The direct data path's server (:mod:`.host_link`), on this node's address."""
 
     def _enter(self, what: str) -> None:
         """Count one open / pool call in progress; HostDraining once the host drains."""
@@ -196,6 +213,21 @@ class SandboxHost:
         """Nothing: one round trip (``benchmarks/scale.py`` measures the hop with it)."""
         return {"ok": None}
 
+    def endpoint(self) -> dict[str, Any]:
+        """Where the host link listens: ``{"ok": {"address", "port", "token"}}`` (token:
+        64 hex digits). Reached only through Ray, like every other method."""
+        return {"ok": {"address": self.link.address, "port": self.link.port, "token": self._link_token.hex()}}
+
+    def _link_dispatch(self, op: str, args: list[Any]) -> dict[str, Any]:
+        """A host link request: the :data:`~.host_link.DIRECT` method ``op`` with ``args``,
+        answered exactly as through Ray; wrong arguments are a ValueError (as data)."""
+        method = getattr(self, op)
+        try:
+            answer: dict[str, Any] = method(*args)
+        except TypeError as exc:  # arity: the methods take plain JSON values
+            return {"error": {"type": "ValueError", "message": f"bad arguments for {op!r}: {exc}"}}
+        return answer
+
     def info(self) -> dict[str, Any]:
         """Host name, node, process, sessions, tool calls in progress, whether it drains,
         and the pool's counters."""
@@ -205,7 +237,7 @@ class SandboxHost:
             calls = self._calls
         return {"ok": {"host": self.name, "node_id": ray.get_runtime_context().get_node_id(),
                        "hostname": socket.gethostname(), "pid": os.getpid(), "sessions": sessions,
-                       "draining": self.draining, "calls": calls,
+                       "draining": self.draining, "calls": calls, "links": self.link.connections(),
                        "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
                        "max_sandboxes": self.pool.settings.max_sandboxes,
                        "sessions_per_sandbox": self.pool.settings.sessions_per_sandbox}}
@@ -363,6 +395,7 @@ class SandboxHost:
             self._sessions.clear()
         for h in hosted:
             h.session.close()
+        self.link.close()
         self.pool.close()
         return {"ok": True}
 
@@ -519,6 +552,8 @@ class RayExecutor:
         settings, image_settings: handed to every host's ``SandboxPool`` (default: this
             process's ``SANDPIT_EXECUTOR_*`` / ``SANDPIT_IMAGE_*``).
         affinity: where env -> host placements are recorded (default: in memory).
+        direct: send session requests over host links (:mod:`.host_link`, the default)
+            instead of Ray actor calls; False: everything through Ray.
 
     Raises (``start``): DockerUnavailable when Ray cannot be reached or no node offers
     ``sandpit_docker``.
@@ -536,8 +571,12 @@ class RayExecutor:
     ``draining``, placing nothing; issuing the drain again resumes it)."""
 
     def __init__(self, address: str | None = None, settings: ExecutorSettings | None = None,
-                 image_settings: ImageSettings | None = None, affinity: Affinity | None = None) -> None:
+                 image_settings: ImageSettings | None = None, affinity: Affinity | None = None,
+                 direct: bool = True) -> None:
         self.address = address or "auto"
+        self.direct = direct
+        self._links: dict[str, HostLink] = {}  # host name -> open link
+        self._link_retry: dict[str, float] = {}  # host name -> monotonic time a failed open may be retried
         self.settings = settings or get_settings()
         self.image_settings = image_settings or get_image_settings()
         self.affinity: Affinity = affinity or MemoryAffinity()
@@ -581,6 +620,9 @@ class RayExecutor:
         from Ray if this executor connected."""
         with self._lock:
             self._hosts.clear()
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.close()
         if self._connected_here:
             _ray().shutdown()
 
@@ -676,16 +718,82 @@ class RayExecutor:
         with self._lock:
             self._hosts.pop(host, None)
             self._dead.add(host)  # its node is gone (a node id is never reused)
+            link = self._links.pop(host, None)
+        if link is not None:
+            link.close()
+
+    def _link(self, host: str, handle: Any) -> HostLink | None:
+        """The open link to ``host``, opened on first use (its endpoint asked through
+        Ray); None when links are off or the last open failed less than
+        :data:`~sandpit.sandbox_images.runner.limits.LINK_RETRY_AFTER_S` ago (the request then goes through Ray)."""
+        if not self.direct:
+            return None
+        with self._lock:
+            link = self._links.get(host)
+            if link is not None and link.alive:
+                return link
+            if time.monotonic() < self._link_retry.get(host, 0.0):
+                return None
+        ray = _ray()
+        try:
+            answer = ray.get(handle.endpoint.remote(), timeout=30)
+            where = answer["ok"]
+            link = HostLink(host, where["address"], int(where["port"]), where["token"], self.settings.max_frame_bytes)
+        except (LinkRefused, ray.exceptions.RayError, KeyError, TypeError, ValueError) as exc:
+            log.warning("no direct link to %s (%s: %s); its requests go through Ray for %.0f s", host,
+                        type(exc).__name__, exc, LINK_RETRY_AFTER_S)
+            with self._lock:
+                self._link_retry[host] = time.monotonic() + LINK_RETRY_AFTER_S
+            return None
+        with self._lock:
+            current = self._links.get(host)
+            if current is not None and current.alive:  # another thread opened one meanwhile
+                spare, link = link, current
+            else:
+                self._links[host], spare = link, None
+        if spare is not None:
+            spare.close()
+        return link
+
+    def _link_broken(self, host: str, link: HostLink, handle: Any, exc: SandboxLost) -> SandboxLost:
+        """After a link failed a request: drop the link and ask Ray whether the host
+        lives (lost if not). The error to raise: the request's outcome is unknown, so it
+        is a SandboxLost whether or not the host lives (the env re-opens from its head)."""
+        with self._lock:
+            if self._links.get(host) is link:
+                del self._links[host]
+        link.close()
+        ray = _ray()
+        try:
+            ray.get(handle.noop.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            self._lost(host)
+            return SandboxLost(f"sandbox host {host} was lost: {exc}", sandbox_id=host)
+        return SandboxLost(f"the link to sandbox host {host} broke: {exc}", sandbox_id=host)
 
     def ask(self, host: str, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        """Call ``method`` on host ``host`` and unwrap its answer. Raises the executor
-        error the host raised, SandboxLost when the host (or its node) is gone or does not
-        answer within ``timeout_s`` (default: the call timeout plus a minute)."""
+        """Call ``method`` on host ``host`` and unwrap its answer: over the host link for
+        the :data:`~.host_link.DIRECT` methods (when ``direct`` and the link opens), else
+        as a Ray actor call. Raises the executor error the host raised, SandboxLost when
+        the host (or its node) is gone, its link broke mid-request, or it does not answer
+        within ``timeout_s`` seconds (default: the call timeout plus a minute)."""
         ray = _ray()
         with self._lock:
             handle = self._hosts.get(host)
         if handle is None:
             raise SandboxLost(f"sandbox host {host} is gone", sandbox_id=host)
+        link = self._link(host, handle) if method in DIRECT else None
+        if link is not None:
+            try:
+                answer = link.request(method, list(args), timeout_s or self.hop_timeout_s)
+            except SandboxLost as exc:
+                raise self._link_broken(host, link, handle, exc) from exc
+            except (ValueError, TypeError):  # not JSON (nothing was sent): Ray carries any value
+                answer = None
+            if answer is not None:
+                if "error" in answer:
+                    _raise(answer["error"])
+                return answer["ok"]
         try:
             answer = ray.get(getattr(handle, method).remote(*args), timeout=timeout_s or self.hop_timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
@@ -846,8 +954,6 @@ class RayExecutor:
                      snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None) -> RaySession:
         """Open ``class_name`` on the env's host (or attach to its live session there).
         Raises SessionOpenError, CapacityError, SandboxLost, DockerUnavailable, ValueError."""
-        import secrets
-
         session_id = session_id or f"ses_{secrets.token_hex(8)}"
         tried: set[str] = set()
         while True:

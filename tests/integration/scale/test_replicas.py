@@ -205,6 +205,80 @@ class Napper:
 '''
 
 
+def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
+        cluster: Cluster, leak_check: None, sandbox_image: str) -> None:
+    """Tool calls reach the host over its link (not Ray) with the same answers as through
+    Ray; a stranger on the link's port is cut off; a link that breaks mid-call fails that
+    call with SandboxLost while the host stays live, and the env then re-attaches on the
+    same host with its state."""
+    import socket
+
+    from sandpit.executor.errors import SandboxLost
+    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.settings import ExecutorSettings
+    from sandpit.sandbox_images.runner import protocol
+
+    settings = ExecutorSettings(pool_size=0)  # as the replicas' (whoever comes first creates the hosts)
+    direct = RayExecutor(cluster.address, settings).start()
+    through_ray = RayExecutor(cluster.address, settings, direct=False).start()
+    try:
+        linked = direct.open_session(tenant="links", source=NAPPER_SOURCE, class_name="Napper",
+                                     init_config={"count": 5}, session_id="env_link_direct")
+        plain = through_ray.open_session(tenant="links", source=NAPPER_SOURCE, class_name="Napper",
+                                         init_config={"count": 5}, session_id="env_link_ray")
+        for seconds in (0.0, 0.01):
+            a, b = linked.call("nap", {"seconds": seconds}), plain.call("nap", {"seconds": seconds})
+            assert a.model_dump(exclude={"duration_ms", "tool_ms"}) == b.model_dump(exclude={"duration_ms", "tool_ms"})
+        assert linked.call("nap", {"seconds": "x"}).status == plain.call("nap", {"seconds": "x"}).status
+        assert linked.state() == plain.state()
+        host = linked.host
+        info = direct.ask(host, "info")  # a Ray call (not a link method)
+        assert info["links"] >= 1 and host in direct._links and not through_ray._links
+
+        where = direct.ask(host, "endpoint")
+        assert where["address"] == "127.0.0.1" and len(where["token"]) == 64
+        stranger = socket.create_connection((where["address"], where["port"]), timeout=10)
+        try:  # a wrong token, then a request: cut off, nothing served
+            stranger.settimeout(10)
+            stranger.sendall(protocol.encode({"op": "hello", "token": "0" * 64})
+                             + protocol.encode({"id": 1, "op": "close_session", "args": ["env_link_direct", None]}))
+            try:
+                assert stranger.recv(1 << 16) == b""
+            except ConnectionResetError:  # closed with the request unread
+                pass
+        finally:
+            stranger.close()
+        assert linked.call("nap", {"seconds": 0}).observation  # the session is still there
+
+        committed = linked.snapshot().attributes  # the head before the call whose outcome is lost
+        count = linked.state()["count"]
+        failures: list[BaseException] = []
+
+        def nap() -> None:
+            try:
+                linked.call("nap", {"seconds": 3.0})
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                failures.append(exc)
+
+        napping = threading.Thread(target=nap)
+        napping.start()
+        time.sleep(1.0)
+        direct._links[host].close()  # the connection breaks under the call in flight
+        napping.join(30)
+        assert len(failures) == 1 and isinstance(failures[0], SandboxLost), failures
+        assert host in direct.refresh() and host not in direct._dead  # Ray says it lives: not lost
+        assert linked.closed
+        resumed = direct.open_session(tenant="links", source=NAPPER_SOURCE, class_name="Napper",
+                                      session_id="env_link_direct", snapshot=committed)
+        assert resumed.host == host and resumed.state()["count"] == count  # the nap's effect is rolled back
+        assert resumed.call("nap", {"seconds": 0}).observation == str(count + 1)
+        resumed.close()
+        plain.close()
+    finally:
+        through_ray.close()
+        direct.close()
+
+
 def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
         cluster: Cluster, replicas: list[ApiServer], pg_url: str) -> None:
     third = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
