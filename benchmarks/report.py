@@ -107,7 +107,9 @@ def collect() -> list[dict[str, Any]]:
     if (scale := _load("scale")) is not None:
         hop = scale["ray_hop_ms"]["p50"]
         _row(rows, "scale-out", "Ray hop added to a call, p50", "<= 1 ms", hop, "ms", hop <= 1,
-             f"local call {scale['local_call_ms']['p50']:.2f} ms")
+             f"local call {scale['local_call_ms']['p50']:.2f} ms"
+             + (f"; through Ray actor calls {scale['ray_actor_hop_ms']['p50']:.2f} ms"
+                if "ray_actor_hop_ms" in scale else ""))
         for key, label in (("steps_per_s_ray_1_node", "1 node"), ("steps_per_s_ray_2_nodes", "2 nodes")):
             if key in scale:
                 _row(rows, "scale-out", f"steps/s on Ray, {label} (one machine)", "(overhead)",

@@ -2,12 +2,15 @@
 
 Measures, on the real Docker Engine and a real local Ray cluster (all on 127.0.0.1):
   local_call_ms        trivial tool call through the local SandboxPool (baseline)
-  ray_call_ms          the same call through RayExecutor -> host actor -> its pool,
-                       measured in pairs with the local call (alternating, so machine
-                       noise hits both alike)
-  ray_hop_ms           per pair, ray call - local call: what the Ray hop adds per step
-                       (target p50 <= 1 ms); and ``actor_rtt_ms``, a no-op request to
-                       the host actor (the hop alone)
+  ray_call_ms          the same call through RayExecutor -> host -> its pool over the
+                       host link (the default data path, executor/host_link.py), and
+                       ray_actor_call_ms through Ray actor calls (``direct=False``), all
+                       measured in rounds with the local call (alternating, so machine
+                       noise hits them alike)
+  ray_hop_ms           per round, ray call - local call: what the hop adds per step
+                       (target p50 <= 1 ms); ray_actor_hop_ms the same through Ray actor
+                       calls; ``link_rtt_ms`` / ``actor_rtt_ms``, a no-op request over the
+                       link / as a Ray actor call (the hop alone)
   steps_per_s          SESSIONS sessions stepped by THREADS threads for DURATION s:
                        local pool, Ray with 1 node, Ray with 2 nodes. On one machine the
                        nodes share the same cores and Docker Engine, so 1 vs 2 nodes shows
@@ -57,35 +60,44 @@ def summary(values: list[float]) -> dict[str, Any]:
             "mean": round(statistics.fmean(values), 3)}
 
 
-def paired(local: Any, remote: Any, calls: int) -> tuple[list[float], list[float]]:
-    """Milliseconds per trivial call on a local and a Ray session, alternating."""
-    a = local.open_session(tenant="bench", source=TRIVIAL, class_name="Echo")
-    b = remote.open_session(tenant="bench", source=TRIVIAL, class_name="Echo", session_id="bench_pair")
+def rounds(executors: list[Any], calls: int) -> list[list[float]]:
+    """Milliseconds per trivial call on one session of each executor, in rounds (one call
+    on each per round, the order rotating so no executor always goes first)."""
+    sessions = [executor.open_session(tenant="bench", source=TRIVIAL, class_name="Echo", session_id=f"bench_round_{k}")
+                for k, executor in enumerate(executors)]
     try:
         for _ in range(20):
-            a.call("ping", {"value": 1})
-            b.call("ping", {"value": 1})
-        la, lb = [], []
+            for session in sessions:
+                session.call("ping", {"value": 1})
+        out: list[list[float]] = [[] for _ in sessions]
         for i in range(calls):
-            for session, out in ((a, la), (b, lb)) if i % 2 else ((b, lb), (a, la)):
+            for k in range(len(sessions)):
+                j = (i + k) % len(sessions)
                 started = time.perf_counter()
-                session.call("ping", {"value": i})
-                out.append((time.perf_counter() - started) * 1000)
-        return la, lb
+                sessions[j].call("ping", {"value": i})
+                out[j].append((time.perf_counter() - started) * 1000)
+        return out
     finally:
-        a.close()
-        b.close()
+        for session in sessions:
+            session.close()
 
 
-def actor_rtt(executor: Any, calls: int) -> list[float]:
-    """Milliseconds per no-op request to a host actor (the Ray hop alone)."""
+def noop_rtt(executor: Any, calls: int, through_ray: bool) -> list[float]:
+    """Milliseconds per no-op request to a host: over the executor's host link, or as a
+    Ray actor call (the hop alone)."""
+    import ray
+
     host = sorted(executor.refresh())[0]
+    handle = executor.refresh()[host]
     out = []
-    for _ in range(calls):
+    for _ in range(calls + 20):
         started = time.perf_counter()
-        executor.ask(host, "noop")
+        if through_ray:
+            ray.get(handle.noop.remote())
+        else:
+            executor.ask(host, "noop")
         out.append((time.perf_counter() - started) * 1000)
-    return out
+    return out[20:]
 
 
 def throughput(executor: Any, sessions: int, threads: int, duration_s: float, tag: str) -> dict[str, Any]:
@@ -163,15 +175,21 @@ def main() -> None:
         cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
         cluster.wait_for_nodes()
         executor = RayExecutor(cluster.address, settings).start()
+        through_ray = RayExecutor(cluster.address, settings, direct=False).start()
         try:
-            local, remote = paired(pool, executor, args.calls)
+            local, remote, actor = rounds([pool, executor, through_ray], args.calls)
             results["local_call_ms"] = summary(local)
             results["ray_call_ms"] = summary(remote)
-            diffs = [r - loc for loc, r in zip(local, remote, strict=True)]
-            results["ray_hop_ms"] = {**summary(diffs), "target_p50": 1.0}
-            results["actor_rtt_ms"] = summary(actor_rtt(executor, args.calls))
-            print("local call ms", results["local_call_ms"], "\nray call ms", results["ray_call_ms"],
-                  "\nhop ms (paired)", results["ray_hop_ms"], "\nactor rtt ms", results["actor_rtt_ms"])
+            results["ray_actor_call_ms"] = summary(actor)
+            results["ray_hop_ms"] = {**summary([r - loc for loc, r in zip(local, remote, strict=True)]),
+                                     "target_p50": 1.0, "path": "host link"}
+            results["ray_actor_hop_ms"] = {**summary([r - loc for loc, r in zip(local, actor, strict=True)]),
+                                           "path": "Ray actor calls"}
+            results["link_rtt_ms"] = summary(noop_rtt(executor, args.calls, through_ray=False))
+            results["actor_rtt_ms"] = summary(noop_rtt(executor, args.calls, through_ray=True))
+            for key in ("local_call_ms", "ray_call_ms", "ray_actor_call_ms", "ray_hop_ms", "ray_actor_hop_ms",
+                        "link_rtt_ms", "actor_rtt_ms"):
+                print(key, results[key])
             results["steps_per_s_ray_1_node"] = throughput(executor, args.sessions, args.threads, args.duration,
                                                            "one")
             print("ray 1 node steps/s", results["steps_per_s_ray_1_node"])
@@ -184,6 +202,7 @@ def main() -> None:
             print("ray 2 nodes steps/s", results["steps_per_s_ray_2_nodes"])
         finally:
             executor.shutdown_hosts()
+            through_ray.close()
             executor.close()
     finally:
         if ray.is_initialized():
