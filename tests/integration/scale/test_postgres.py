@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -87,12 +88,13 @@ RACER = textwrap.dedent('''
     from sandpit.api.db.engine import make_engine, make_sessionmaker
     from sandpit.api.evaluations.claims import Replicas
 
-    url, job, go = sys.argv[1], sys.argv[2], sys.argv[3]
+    url, job, go, ready = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     db = Database(make_sessionmaker(make_engine(url)))
     replica = Replicas(db)
     replica.register()
     claims, lock = [], threading.Lock()
     import os, time
+    open(ready, "w").close()  # imported and registered: the test starts both at once
     while not os.path.exists(go):   # start together
         time.sleep(0.005)
 
@@ -120,8 +122,12 @@ RACER = textwrap.dedent('''
 def test_two_processes_racing_claim_every_episode_exactly_once(database: Database, pg_url: str, tmp_path) -> None:
     make_job(database, "eval_race", EPISODES)
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, pg_url, "eval_race", str(go)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    ready = [tmp_path / f"ready{k}" for k in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, pg_url, "eval_race", str(go), str(ready[k])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    deadline = time.monotonic() + 120  # a loaded machine imports one much later than the other:
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:  # both must be set to race
+        time.sleep(0.01)
     go.touch()
     outs = []
     for proc in procs:
