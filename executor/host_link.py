@@ -3,10 +3,10 @@ over one TCP connection, not through Ray's actor calls.
 
 A Ray actor call costs about 1 ms of round trip on its own (``benchmarks/scale.py``
 measures it as ``actor_rtt_ms``), more than a whole local tool call. So the requests of
-the step path (``call``, ``restore``, ``read``, ``close_session``, ``noop``: the
-:data:`DIRECT` methods of :class:`~sandpit.executor.ray_backend.SandboxHost`) go over a
-*host link* instead, while Ray keeps placement, lifecycle and everything else (opens,
-pool work, drains, liveness)::
+the step path (``open_session``, ``call``, ``restore``, ``read``, ``close_session``,
+``noop``: the :data:`DIRECT` methods of :class:`~sandpit.executor.ray_backend.SandboxHost`)
+go over a *host link* instead, while Ray keeps placement, lifecycle and everything else
+(creating hosts, pool work, drains, liveness)::
 
     RayExecutor (replica) ── one TCP connection per host, multiplexed ──► LinkServer in
         HostLink: RunnerChannel framing                                  the host actor
@@ -58,8 +58,9 @@ from .errors import SandboxLost
 
 log = logging.getLogger("sandpit.executor")
 
-DIRECT = frozenset({"call", "restore", "read", "close_session", "noop"})
-"""Host actor methods served on the link (the session requests of the step path)."""
+DIRECT = frozenset({"open_session", "call", "restore", "read", "close_session", "noop"})
+"""Host actor methods served on the link (the session requests: a replica that takes over
+an env from another re-attaches its session with ``open_session`` on the step path)."""
 class LinkRefused(Exception):
     """The link could not be opened (nothing was sent): use Ray for this request."""
 

@@ -46,12 +46,12 @@ scheduler, no home-made cluster protocol::
   drain is recorded ``drained``; a drained host is never re-created.
 
 * **Direct data path.** A Ray actor call costs about 1 ms of round trip by itself, so the
-  session requests of the step path (tool calls, restores, reads, closes) go over a *host
-  link* instead: one authenticated TCP connection from each replica to each host's
+  session requests (opens and attaches, tool calls, restores, reads, closes) go over a
+  *host link* instead: one authenticated TCP connection from each replica to each host's
   :class:`~sandpit.executor.host_link.LinkServer`, framed like the runner protocol
   (:mod:`sandpit.executor.host_link`). They reach the same host methods with the same
-  versions and answers; Ray keeps placement, opens, pool work, drains and the verdict on
-  whether a host whose link broke is lost. ``RayExecutor(direct=False)`` (setting
+  versions and answers; Ray keeps placement, host creation, pool work, drains and the
+  verdict on whether a host whose link broke is lost. ``RayExecutor(direct=False)`` (setting
   ``SANDPIT_RAY_DIRECT_CALLS=false``) sends everything through Ray.
 
 Everything crossing Ray or a link is plain data (JSON-shaped dicts): results are
@@ -838,11 +838,10 @@ class RayExecutor:
                 self._lost(name)
         return loads
 
-    def _choose(self, session_id: str, exclude: set[str]) -> str:
-        """The recorded host of ``session_id`` while it lives and takes work, else the
-        least-loaded such host."""
+    def _choose(self, session_id: str, exclude: set[str], recorded: str | None) -> str:
+        """The recorded host of ``session_id`` (``recorded``) while it lives and takes work,
+        else the least-loaded such host."""
         candidates = [name for name in self.placeable() if name not in exclude]
-        recorded = self.affinity.get(session_id)
         if recorded is not None and recorded in candidates:
             return recorded
         if not candidates:
@@ -955,9 +954,10 @@ class RayExecutor:
         """Open ``class_name`` on the env's host (or attach to its live session there).
         Raises SessionOpenError, CapacityError, SandboxLost, DockerUnavailable, ValueError."""
         session_id = session_id or f"ses_{secrets.token_hex(8)}"
+        recorded = self.affinity.get(session_id)
         tried: set[str] = set()
         while True:
-            host = self._choose(session_id, tried)
+            host = self._choose(session_id, tried, recorded)
             try:
                 opened = self.ask(host, "open_session", session_id, tenant, source, class_name, init_config,
                                   profile.model_dump(mode="json") if profile is not None else None, snapshot)
@@ -965,7 +965,8 @@ class RayExecutor:
             except HostDraining:  # this process had not seen the drain yet: another host
                 self._learnt_draining(host)
                 tried.add(host)
-        self.affinity.put(session_id, host)
+        if host != recorded:  # a re-attach where it was recorded writes nothing
+            self.affinity.put(session_id, host)
         return RaySession(self, host, session_id, tenant, int(opened["version"]))
 
     def describe(self, *, tenant: str, source: str, class_name: str,

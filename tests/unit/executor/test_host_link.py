@@ -98,7 +98,7 @@ def test_a_failing_or_unencodable_answer_is_an_error_and_the_link_lives_on(serve
         client.close()
 
 
-@pytest.mark.parametrize("op", ["open_session", "shutdown", "drain", "__init__", "_link_dispatch", "", None, 3])
+@pytest.mark.parametrize("op", ["pool_call", "evict", "shutdown", "drain", "__init__", "_link_dispatch", "", None, 3])
 def test_only_the_direct_methods_are_served(server: LinkServer, op: Any) -> None:
     sock = raw(server)
     try:
