@@ -3,7 +3,10 @@ one process, e.g. in tests).
 
 ``sandpit_step_seconds`` histogram by status · ``sandpit_live_envs`` envs in sandboxes ·
 ``sandpit_pool_sandboxes`` by state (idle/active/starting) · with a multi-host executor
-``sandpit_host_sandboxes`` by host and state and ``sandpit_host_sessions`` by host · ``sandpit_sandbox_failures_total``
+``sandpit_host_sandboxes`` by host and state, ``sandpit_host_sessions`` by host and, for the
+Ray backend's host links, ``sandpit_host_link_connections`` (open now) and
+``sandpit_host_link_refused_total`` (connections closed for a bad or missing hello, or over
+the cap) by host · ``sandpit_sandbox_failures_total``
 by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
 offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
 ``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total`` ·
@@ -20,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 STEP_PHASES = ("parse", "auth", "sandbox", "persist", "serialize", "other")
@@ -32,7 +35,7 @@ class _PoolCollector(Collector):
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.stats = stats
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         try:
             stats = self.stats()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the pool is closing
@@ -48,13 +51,24 @@ class _PoolCollector(Collector):
             per_host = GaugeMetricFamily("sandpit_host_sandboxes", "Sandbox containers by host and state",
                                          labels=["host", "state"])
             sessions = GaugeMetricFamily("sandpit_host_sessions", "Sessions placed on each host", labels=["host"])
+            links = GaugeMetricFamily("sandpit_host_link_connections",
+                                      "Host link connections open on each host (about one per API replica)",
+                                      labels=["host"])
+            refused = CounterMetricFamily("sandpit_host_link_refused",
+                                          "Host link connections a host closed for a bad or missing hello, "
+                                          "or over its connection cap", labels=["host"])
             for info in hosts:
                 host_stats = info.get("stats", {})
                 for state in ("idle", "active", "starting"):
                     per_host.add_metric([info["host"], state], float(host_stats.get(state, 0)))
                 sessions.add_metric([info["host"]], float(host_stats.get("sessions", 0)))
+                if "links" in info:
+                    links.add_metric([info["host"]], float(info["links"]))
+                    refused.add_metric([info["host"]], float(info.get("links_refused", 0)))
             yield per_host
             yield sessions
+            yield links
+            yield refused
 
 
 class Metrics:

@@ -114,10 +114,14 @@ class LinkServer:
                 if not full:
                     self._conns.add(conn)
             if full:
-                self.refused += 1
+                self._count_refused()
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="sandpit-link-conn", daemon=True).start()
+
+    def _count_refused(self) -> None:
+        with self._lock:
+            self.refused += 1
 
     def _hello(self, conn: socket.socket) -> bool:
         """True when the connection's first frame is a hello with the token."""
@@ -141,7 +145,7 @@ class LinkServer:
         send_lock = threading.Lock()
         try:
             if not self._hello(conn):
-                self.refused += 1
+                self._count_refused()
                 return
             while True:
                 message = protocol.recv_frame(conn, self._max_frame, self._depth)

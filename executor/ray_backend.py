@@ -230,7 +230,8 @@ class SandboxHost:
 
     def info(self) -> dict[str, Any]:
         """Host name, node, process, sessions, tool calls in progress, whether it drains,
-        and the pool's counters."""
+        host link connections open (``links``) and refused so far (``links_refused``), and
+        the pool's counters."""
         ray = _ray()
         with self._lock:
             sessions = sum(1 for h in self._sessions.values() if not h.session.closed)
@@ -238,6 +239,7 @@ class SandboxHost:
         return {"ok": {"host": self.name, "node_id": ray.get_runtime_context().get_node_id(),
                        "hostname": socket.gethostname(), "pid": os.getpid(), "sessions": sessions,
                        "draining": self.draining, "calls": calls, "links": self.link.connections(),
+                       "links_refused": self.link.refused,
                        "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
                        "max_sandboxes": self.pool.settings.max_sandboxes,
                        "sessions_per_sandbox": self.pool.settings.sessions_per_sandbox}}

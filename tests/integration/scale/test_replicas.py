@@ -279,6 +279,34 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
         direct.close()
 
 
+def test_metrics_show_each_hosts_sessions_and_links(cluster: Cluster, replicas: list[ApiServer]) -> None:
+    """``/metrics`` of a replica on the Ray backend: per host, its sandboxes, sessions and
+    host link connections, and the stranger the previous test sent (refused)."""
+    import re
+
+    client = Client(replicas[0].url, api_key=replicas[0].api_key, timeout=120, max_retry_wait_s=120)
+    env = client.envs.create(source_code=NAPPER_SOURCE, class_name="Napper", init_config={"count": 1})
+    try:
+        assert env.step("nap", seconds=0).observation == "2"
+        with httpx.Client(base_url=replicas[0].url, headers=replicas[0].operator_headers, timeout=60) as raw:
+            response = raw.get("/metrics")
+        assert response.status_code == 200, response.text
+        text = response.text
+        hosts = {host_of_node(node) for node in cluster.worker_nodes}
+        for host in hosts:
+            for family in ("sandpit_host_sessions", "sandpit_host_link_connections", "sandpit_host_link_refused_total"):
+                assert re.search(rf'^{family}{{host="{host}"}} [0-9.e+]+$', text, re.M), (family, host)
+        links = {m[0]: float(m[1]) for m in re.findall(r'^sandpit_host_link_connections\{host="([^"]+)"\} (\S+)$',
+                                                       text, re.M)}
+        assert max(links.values()) >= 1  # this replica's link to the env's host at least
+        refused = sum(float(v) for v in re.findall(r'^sandpit_host_link_refused_total\{host="[^"]+"\} (\S+)$', text,
+                                                  re.M))
+        assert refused >= 1  # the stranger of the test before
+    finally:
+        env.delete()
+        client.close()
+
+
 def test_a_drained_host_loses_no_acknowledged_step_and_leaves_no_container(
         cluster: Cluster, replicas: list[ApiServer], pg_url: str) -> None:
     third = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
