@@ -18,7 +18,9 @@ go over a *host link* instead, while Ray keeps placement, lifecycle and everythi
   "token": <hex>}`` carrying the host's random 32-byte token (compared in constant time),
   within :data:`LINK_HELLO_TIMEOUT_S`; anything else closes the connection. Whoever can reach
   Ray can call the host actor anyway, so the token adds no new trust, and a process that
-  merely reaches the port can do nothing.
+  merely reaches the port can do nothing. Like Ray's own traffic by default, the link is
+  not encrypted: on a network that others can read, run the cluster on a private network
+  (or send everything through Ray with its TLS settings: ``SANDPIT_RAY_DIRECT_CALLS=false``).
 * **Frames** are the runner protocol's (``sandbox_images/runner/protocol.py``: 4-byte
   length + JSON, NaN refused, size- and depth-bounded): requests ``{"id", "op", "args"}``,
   replies ``{"id", "status": "ok", "answer"}`` where ``answer`` is exactly what the same
@@ -157,7 +159,7 @@ class LinkServer:
                     self._reply(conn, send_lock, request_id, answer)
                     continue
                 self._workers.submit(self._run, conn, send_lock, request_id, op, args)
-        except (EOFError, OSError):
+        except (EOFError, OSError, RuntimeError):  # RuntimeError: the server closed (no new work)
             pass
         except protocol.ProtocolViolation as exc:
             log.warning("host link: closing a connection: %s", exc)
