@@ -863,6 +863,8 @@ class RayExecutor:
                     break
                 try:
                     for session_id in left["sessions"]:
+                        if not self._still_draining(host):  # undrained while a call held an eviction
+                            return
                         self.ask(host, "evict", session_id)
                         moved += self._move_envs(host, [session_id])
                 except SandboxLost:  # the node went away meanwhile: its sessions went with it
