@@ -90,7 +90,8 @@ def drain(host: Annotated[str, typer.Argument(help="The host, as `sandpit cluste
     if as_json:
         typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
         return
-    Console().print(f"host [bold]{answer.host}[/bold] {answer.status}: {answer.sessions} session(s) left, "
+    run_by = f" (run by {answer.owner})" if answer.owner and answer.status == "draining" else ""
+    Console().print(f"host [bold]{answer.host}[/bold] {answer.status}{run_by}: {answer.sessions} session(s) left, "
                     f"{answer.envs_placed} env(s) placed, {answer.envs_moved} moved")
 
 

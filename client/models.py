@@ -491,6 +491,8 @@ class HostDrain(_ResponseModel):
     """Envs still recorded on the host."""
     envs_moved: int = 0
     """Envs the drain moved to other hosts (counted when it finishes)."""
+    owner: str | None = None
+    """The API replica running the drain (taken over by another when it dies)."""
 
 
 class HostUndrain(_ResponseModel):

@@ -123,8 +123,9 @@ class DbAffinity:
                 HostDrain.status == "draining", or_(HostDrain.owner.is_(None), HostDrain.owner.not_in(alive)))).all()
         return [(host, owner) for host, owner in rows]
 
-    def claim_drain(self, host: str, old_owner: str | None, new_owner: str) -> bool:
-        """Make ``new_owner`` the replica running ``host``'s drain if it is still
+    def claim_drain(self, host: str, old_owner: str | None, new_owner: str | None) -> bool:
+        """Make ``new_owner`` (None: nobody, so any live replica claims it next) the
+        replica running ``host``'s drain if it is still
         ``draining`` and still owned by ``old_owner`` (None: no owner): one ``UPDATE ...
         WHERE owner = :old_owner``, a compare-and-set, so of replicas racing to take over
         the same dead owner's drain exactly one gets True (PostgreSQL re-checks the WHERE

@@ -80,6 +80,9 @@ class HostDrainPublic(BaseModel):
     """Envs whose recorded affinity is still this host (moved to others as the drain goes)."""
     envs_moved: int
     """Envs whose affinity the drain moved (counted when it finishes)."""
+    owner: str | None = None
+    """The API replica running the drain (``rep_...``, as ``GET /v1/admin/cluster`` lists
+    replicas); another replica takes it over when this one stops heart-beating."""
 
 
 

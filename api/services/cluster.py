@@ -143,7 +143,9 @@ class ClusterService:
         evaluation episodes, or its row gone): one compare-and-set per drain
         (``DbAffinity.claim_drain``), so exactly one live replica resumes each. Run by the
         janitor every ``janitor_interval_s``; a no-op on the local backend. Returns the
-        hosts this replica took over. Raises ServiceUnavailable (database)."""
+        hosts this replica took over. A drain this replica claimed but could not start is
+        released (owner None) before the error is raised, so it is claimed again on a later
+        pass. Raises ServiceUnavailable (database), the executor's errors."""
         executor = self.sandboxes.executor
         if not hasattr(executor, "drain"):
             return []
@@ -153,7 +155,11 @@ class ClusterService:
             if not affinity.claim_drain(host, owner, self.replica_id):
                 continue  # another replica claimed it first
             log.warning("taking over the drain of %s from replica %s (no heartbeat for %.0f s)", host, owner, LEASE_S)
-            cast(Drainable, executor).drain(host)
+            try:
+                cast(Drainable, executor).drain(host)
+            except Exception:
+                affinity.claim_drain(host, self.replica_id, None)  # let the next pass (any replica) retry it
+                raise
             taken.append(host)
         return taken
 
@@ -213,4 +219,4 @@ class ClusterService:
                                started_at=aware(row.started_at),
                                finished_at=aware(row.finished_at) if row.finished_at is not None else None,
                                sessions=sessions, envs_placed=affinity.counts().get(host, 0),
-                               envs_moved=row.envs_moved)
+                               envs_moved=row.envs_moved, owner=row.owner)

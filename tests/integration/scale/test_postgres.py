@@ -316,6 +316,8 @@ def test_only_drains_of_dead_replicas_are_orphaned(any_database: Database) -> No
     assert affinity.orphaned_drains(LEASE_S) == []
     record = affinity.drain_record("h-gone")
     assert record is not None and record.owner == alive.id and record.status == "draining"
+    assert affinity.claim_drain("h-gone", alive.id, None)  # released (its executor could not start it)
+    assert affinity.orphaned_drains(LEASE_S) == [("h-gone", None)]  # so the next pass claims it again
 
 
 def test_exactly_one_of_racing_replicas_takes_a_dead_replicas_drain_over(any_database: Database) -> None:

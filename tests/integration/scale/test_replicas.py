@@ -553,8 +553,9 @@ def test_an_undrained_draining_host_takes_envs_again_and_loses_no_step(cluster: 
         nap = threading.Thread(target=lambda: napped.append(napper.step("nap", seconds=UNDRAIN_NAP_S)))
         nap.start()
         wait_for_call_on(clients[0], victim, nap)
-        assert clients[1].admin.cluster.drain(victim).status == "draining"  # held by the nap
-        assert drain_row(pg_url, victim) == ("draining", clients[1].admin.cluster.status().replica)
+        started = clients[1].admin.cluster.drain(victim)
+        assert (started.status, started.owner) == ("draining", clients[1].admin.cluster.status().replica)  # held by the nap
+        assert drain_row(pg_url, victim) == ("draining", started.owner)
         undone = clients[0].admin.cluster.undrain(victim)  # through the other replica
         assert (undone.host, undone.previous, undone.status) == (victim, "draining", "active")
         assert nap.is_alive(), f"the nap ended before the undrain (slower than {UNDRAIN_NAP_S} s: a loaded machine?)"
@@ -733,6 +734,8 @@ def test_a_drain_whose_replica_died_is_taken_over_by_one_live_replica(cluster: C
         assert sum(log.count(f"taking over the drain of {victim}") for log in logs) == 1, "exactly one replica claims"
         for client in clients:
             assert host_entry(client, victim).drain == "drained"
+            view = client.admin.cluster.drain(victim)  # idempotent on a drained host: the record as is
+            assert (view.status, view.owner) == ("drained", claimer)
         assert hosts_of(pg_url, [napper.id]).get(napper.id) != victim
         assert clients[1].envs.get(napper.id).step("nap", seconds=0).observation == "2"  # resumed elsewhere
         assert [s.observation for s in clients[0].envs.get(napper.id).trajectory().steps if s.action] == ["1", "2"]
