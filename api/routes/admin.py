@@ -103,8 +103,9 @@ def drain_host(host: Annotated[str, Path(max_length=1024)], _op: OperatorDep, cl
                ) -> HostDrainPublic:
     """Drain a sandbox host: nothing new is placed on it, its in-flight calls finish and are
     acknowledged, its envs move to other hosts (resuming from their last committed step on
-    next use), then its pool shuts down. Idempotent; poll ``GET /v1/admin/cluster`` until
-    the host shows ``drained``. 404 unknown host; 409 last host (unless ``force``)."""
+    next use), then its pool shuts down. It runs in the answering replica (``owner``); if
+    that replica dies, another takes it over. Idempotent; poll ``GET /v1/admin/cluster``
+    until the host shows ``drained``. 404 unknown host; 409 last host (unless ``force``)."""
     return cluster.drain(host, force)
 
 
