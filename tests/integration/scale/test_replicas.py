@@ -484,9 +484,8 @@ def test_drains_need_the_operator_key_and_never_take_the_last_host(cluster: Clus
 
 
 # -- undrain and takeover --------------------------------------------------------------------
-UNDRAIN_NAP_S = 8.0
-TAKEOVER_NAP_S = 9.0
-"""Under the default profile's 10 s call timeout."""
+UNDRAIN_NAP_S = TAKEOVER_NAP_S = 9.0
+"""Seconds of the call that holds a drain (under the default profile's 10 s call timeout)."""
 
 
 def drain_row(pg_url: str, host: str) -> tuple[str, str | None] | None:
