@@ -5,8 +5,9 @@ Every route but ``/healthz``, ``/readyz`` (and ``/metrics`` unless
 ``metrics_require_auth``) needs ``Authorization: Bearer <key>``: a tenant's API key, or the
 operator key for ``/v1/admin``. Start-up refuses an unmigrated database (:class:`DatabaseNotMigrated`: run
 ``sandpit db upgrade``), reaps sandboxes left by dead API processes, starts the warm pool
-and the janitor. Shutdown closes every session and sandbox; the state of every env stays
-in the database and resumes on the next start.
+and the janitor (which also takes over the host drains of dead replicas). Shutdown closes
+every session and sandbox; the state of every env stays in the database and resumes on
+the next start.
 
 This module and :mod:`.sandboxes` are the only ones that import ``sandpit.executor``: here
 the Docker pool is built and handed, as an :class:`~sandpit.executor.interface.Executor`,
@@ -205,11 +206,12 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     steps = StepService(settings, db, envs, episodes, checks, quotas, metrics)
     scenarios = ScenarioService(settings, db, environments, quotas, tenants)
     runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
+    cluster = ClusterService(settings, db, sandboxes, live, runner.replicas.id)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, episodes=episodes, envs=envs, history=EnvHistory(db, live), steps=steps, scenarios=scenarios,
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
-        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks()),
-        cluster=ClusterService(settings, db, sandboxes, live, runner.replicas.id))
+        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks() + [cluster.take_over_drains]),
+        cluster=cluster)

@@ -1,11 +1,13 @@
 """``sandpit cluster status``: nodes, sandbox hosts, sandboxes, sessions and capacity;
 ``sandpit cluster drain HOST [--wait] [--timeout S] [--force]``: drain a sandbox host (Ray
-backend). Both through the admin API (``client.admin.cluster``; the operator key from
+backend); ``sandpit cluster undrain HOST``: let a draining or drained host take work again.
+All through the admin API (``client.admin.cluster``; the operator key from
 ``SANDPIT_OPERATOR_KEY``).
 
-Exit codes: 0 success (for ``drain --wait``: the host is drained); 1 no operator key, the
-server unreachable or refusing (unknown host, the last host), or ``--wait`` timed out (one
-line on stderr); 2 usage error.
+Exit codes: 0 success (for ``drain --wait``: the host is drained; for ``undrain``: the host
+takes work, also when it was not drained); 1 no operator key, the server unreachable or
+refusing (unknown host, the last host, a host whose node is gone), or ``--wait`` timed out
+(one line on stderr); 2 usage error.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from sandpit.client import Client, SandpitConnectionError, SandpitError
-from sandpit.client.models import HostDrain
+from sandpit.client.models import HostDrain, HostUndrain
 
 __all__ = ["cluster_app"]
 
@@ -88,6 +90,22 @@ def drain(host: Annotated[str, typer.Argument(help="The host, as `sandpit cluste
     if as_json:
         typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
         return
-    Console().print(f"host [bold]{answer.host}[/bold] {answer.status}: {answer.sessions} session(s) left, "
+    run_by = f" (run by {answer.owner})" if answer.owner and answer.status == "draining" else ""
+    Console().print(f"host [bold]{answer.host}[/bold] {answer.status}{run_by}: {answer.sessions} session(s) left, "
                     f"{answer.envs_placed} env(s) placed, {answer.envs_moved} moved")
 
+
+
+@cluster_app.command("undrain")
+def undrain(host: Annotated[str, typer.Argument(help="The host, as `sandpit cluster status` lists it.")],
+            url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
+            as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False) -> None:
+    """Let a draining or drained sandbox host take new envs again: a running drain stops where it
+    is; a drained host is re-created on its node if the node is still alive (a no-op for a host
+    that was not drained)."""
+    answer: HostUndrain = _admin_call(url, operator_key, lambda client: client.admin.cluster.undrain(host))
+    if as_json:
+        typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
+        return
+    was = answer.previous or "not drained"
+    Console().print(f"host [bold]{answer.host}[/bold] {answer.status} (was {was})")

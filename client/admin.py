@@ -12,6 +12,7 @@ Usage::
         client.admin.keys.create("team-a", name="ci").key
         client.admin.audit.list(tenant="team-a", limit=20).data
         client.admin.cluster.drain("sandpit-host-0123abcd", wait_s=300)   # Ray backend
+        client.admin.cluster.undrain("sandpit-host-0123abcd")             # takes work again
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from . import calls
 from .errors import NotFound, SandpitError
-from .models import ApiKey, AuditEvent, ClusterHost, ClusterStatus, HostDrain, Page, Tenant
+from .models import ApiKey, AuditEvent, ClusterHost, ClusterStatus, HostDrain, HostUndrain, Page, Tenant
 from .transport import AsyncTransport, SyncTransport
 
 __all__ = ["Admin", "AsyncAdmin"]
@@ -159,6 +160,17 @@ class Cluster:
             time.sleep(DRAIN_POLL_S)
         return self._t.run(calls.cluster_drain(host, force))
 
+    def undrain(self, host: str) -> HostUndrain:
+        """Let sandbox host `host` take new envs again (Ray backend): a running drain stops
+        where it is (envs it already moved stay where they re-opened); a drained host whose
+        Ray node is still alive is re-created there with a new pool. A host that was never
+        drained: a no-op (`previous` None).
+
+        Raises:
+            NotFound: unknown host. Conflict: the host's Ray node is gone.
+        """
+        return self._t.run(calls.cluster_undrain(host))
+
 
 class AsyncCluster:
     """`AsyncClient.admin.cluster`: see `Cluster`."""
@@ -181,6 +193,10 @@ class AsyncCluster:
                 raise SandpitError(f"host {host!r} is still draining after {wait_s:g} s", code="drain_timeout")
             await asyncio.sleep(DRAIN_POLL_S)
         return await self._t.run(calls.cluster_drain(host, force))
+
+    async def undrain(self, host: str) -> HostUndrain:
+        """See `Cluster.undrain`."""
+        return await self._t.run(calls.cluster_undrain(host))
 
 
 class Admin:

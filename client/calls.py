@@ -32,6 +32,7 @@ from .models import (
     EvaluationJob,
     ExecResult,
     HostDrain,
+    HostUndrain,
     Include,
     Page,
     Profile,
@@ -420,6 +421,10 @@ def cluster_status() -> Call[ClusterStatus]:
 def cluster_drain(host: str, force: bool) -> Call[HostDrain]:
     return _read("POST", f"/v1/admin/cluster/hosts/{_seg(host)}/drain", HostDrain,
                  params={"force": "true"} if force else None, auth="operator")
+
+
+def cluster_undrain(host: str) -> Call[HostUndrain]:
+    return _read("POST", f"/v1/admin/cluster/hosts/{_seg(host)}/undrain", HostUndrain, auth="operator")
 
 
 def audit_list(tenant: str | None, action: str | None, limit: int | None,

@@ -34,6 +34,7 @@ __all__ = [
     "EvaluationSummary",
     "ExecResult",
     "HostDrain",
+    "HostUndrain",
     "Include",
     "Page",
     "Profile",
@@ -490,6 +491,19 @@ class HostDrain(_ResponseModel):
     """Envs still recorded on the host."""
     envs_moved: int = 0
     """Envs the drain moved to other hosts (counted when it finishes)."""
+    owner: str | None = None
+    """The API replica running the drain (taken over by another when it dies)."""
+
+
+class HostUndrain(_ResponseModel):
+    """`POST /v1/admin/cluster/hosts/{host}/undrain`: a sandbox host taking work again."""
+
+    host: str
+    previous: str | None = None
+    """`draining` (its drain stopped where it was), `drained` (re-created on its node with
+    a new pool) or None (it was not drained: a no-op)."""
+    status: str = "active"
+    """`active`: the host takes new envs again."""
 
 
 class ClusterStatus(_ResponseModel):

@@ -43,7 +43,19 @@ scheduler, no home-made cluster protocol::
   retryable 503 the client library retries) and re-opens the env there from its last
   committed step: the lost-host recovery, with nothing cut. When the host holds no session
   and runs no work its pool is closed (containers removed), the actor is killed and the
-  drain is recorded ``drained``; a drained host is never re-created.
+  drain is recorded ``drained``; a drained host is not re-created (until undrained).
+  The drain runs in a thread of one replica, recorded as the drain's *owner*; when that
+  replica stops heart-beating (the API's ``replicas`` table, the evaluation runner's lease)
+  a live replica claims the drain (compare-and-set on the owner) and resumes it here
+  (:meth:`RayExecutor.drain` again: every step of a drain is idempotent).
+* **Undrain** (:meth:`RayExecutor.undrain`, after the caller removed the drain record):
+  a draining host takes work again: the drain thread (in whichever replica) re-reads the
+  record at each pass and stops without closing the pool, every replica forgets the drain
+  at its next refresh (also what it learnt from HostDraining answers), and the host's own
+  ``draining`` flag is reset (:meth:`SandboxHost.undrain`); sessions already evicted
+  re-open where their affinity now points. A drained host whose node is still alive is
+  re-created on that node by the next refresh (the API refuses the undrain of a host
+  whose node is gone).
 
 * **Direct data path.** A Ray actor call costs about 1 ms of round trip by itself, so the
   session requests (opens and attaches, tool calls, restores, reads, closes) go over a
@@ -101,6 +113,8 @@ RESOURCE = "sandpit_docker"
 HOST_PREFIX = "sandpit-host-"
 HOST_CONCURRENCY = 256
 """Requests one host actor serves at once (threads; the pool bounds sandboxes itself)."""
+UNDRAIN_ATTEMPTS = 10
+"""Tries (0.5 s apart) of :meth:`RayExecutor.undrain` to reach a drained host's new actor."""
 
 
 class HostDraining(SessionClosed):
@@ -374,6 +388,39 @@ class SandboxHost:
             self.draining = True
             return {"ok": {"sessions": sorted(self._sessions), "busy": self._busy}}
 
+    pool_closed = False
+    """Set by :meth:`shutdown`: the pool's containers are gone (:meth:`undrain` starts a new one)."""
+    pool_restarting = False
+    """An :meth:`undrain` is starting the new pool (the host stays ``draining`` until it runs)."""
+
+    def undrain(self) -> dict[str, Any]:
+        """Take sessions and pool work again (an operator undrained the host: the drain
+        record is gone, :meth:`RayExecutor.undrain`): the ``draining`` flag is reset and, if
+        :meth:`shutdown` already closed the pool (a drain that finished as the undrain came),
+        a new pool is started with the same settings. Sessions the drain evicted re-open
+        where their affinity points. Idempotent. ``{"ok": {"restarted": bool}}``; raises
+        nothing but the pool's start errors (DockerUnavailable, ImageError, as data)."""
+        def run() -> dict[str, bool]:
+            from .pool import SandboxPool
+
+            with self._lock:
+                restart, self.pool_closed = self.pool_closed, False  # one caller restarts it
+                if restart:
+                    self.pool_restarting = True
+                elif not self.pool_restarting:
+                    self.draining = False
+            if restart:  # outside the lock: starting a pool talks to Docker
+                try:
+                    pool = SandboxPool(self.pool.settings, self.pool.image_settings).start()
+                except BaseException:
+                    with self._lock:
+                        self.pool_closed, self.pool_restarting = True, False
+                    raise
+                with self._lock:
+                    self.pool, self.pool_restarting, self.draining = pool, False, False
+            return {"restarted": restart}
+        return _guard(run)
+
     def evict(self, session_id: str) -> dict[str, Any]:
         """Close session ``session_id`` once its call in progress (if any) has returned, so
         that call is answered and acknowledged normally; the replica's next request finds it
@@ -399,6 +446,7 @@ class SandboxHost:
             h.session.close()
         self.link.close()
         self.pool.close()
+        self.pool_closed = True
         return {"ok": True}
 
 
@@ -427,14 +475,16 @@ class Affinity(Protocol):
         ``from_host``; True if moved."""
         ...
 
-    def finish_drain(self, host: str, moved: int) -> None:
-        """Record ``host``'s drain as done (``drained``), ``moved`` envs moved."""
+    def finish_drain(self, host: str, moved: int) -> bool:
+        """Record ``host``'s drain as done (``drained``), ``moved`` envs moved. False when
+        the drain is no longer recorded (the host was undrained meanwhile)."""
         ...
 
 
 class MemoryAffinity:
     """An in-process :class:`Affinity` (a single API process, tests); a drain is recorded
-    with :meth:`start_drain`."""
+    with :meth:`start_drain` (before :meth:`RayExecutor.drain`) and forgotten with
+    :meth:`undrain` (before :meth:`RayExecutor.undrain`)."""
 
     def __init__(self) -> None:
         self._hosts: dict[str, str] = {}
@@ -465,8 +515,15 @@ class MemoryAffinity:
             self._hosts[session_id] = to_host
         return True
 
-    def finish_drain(self, host: str, moved: int) -> None:
+    def finish_drain(self, host: str, moved: int) -> bool:
+        if host not in self._drains:
+            return False
         self._drains[host] = "drained"
+        return True
+
+    def undrain(self, host: str) -> None:
+        """Forget ``host``'s drain (it takes work again)."""
+        self._drains.pop(host, None)
 
 
 class RaySession:
@@ -590,6 +647,7 @@ class RayExecutor:
         self._placed = 0
         self._drains: dict[str, str] = {}  # host -> draining / drained, as last read from the affinity
         self._drain_threads: dict[str, threading.Thread] = {}
+        self._learnt: dict[str, float] = {}  # host -> monotonic time it answered HostDraining
         self.keyed_sessions = True
         """Sessions are keyed by the caller's ``session_id`` (the env id) and outlive this
         process: the API passes the env id so any replica re-attaches (``Sandboxes``)."""
@@ -687,7 +745,13 @@ class RayExecutor:
 
     def _read_drains(self) -> dict[str, str]:
         """The affinity's drains, merged with what this process learnt itself (a host that
-        answered HostDraining); the last known ones when the affinity cannot be read."""
+        answered HostDraining since this read began); the last known ones when the affinity
+        cannot be read. A host learnt earlier that the affinity does not record was undrained
+        (a drain is recorded before its host refuses work, an undrain removes the record
+        before the host takes work again): forgotten. So is a host that the previous read
+        recorded and this one does not (undrained): it also leaves the lost hosts, so a
+        drained host whose actor this process saw die is re-created on its node."""
+        started = time.monotonic()
         with self._lock:
             known = dict(self._drains)
         try:
@@ -695,7 +759,13 @@ class RayExecutor:
         except Exception as exc:  # noqa: BLE001 - a database hiccup must not stop placement
             log.warning("cannot read host drains (%s: %s); using the last known ones", type(exc).__name__, exc)
             return known
-        merged = {host: status for host, status in known.items() if status == "draining"}
+        with self._lock:
+            for host in [h for h, at in self._learnt.items() if h not in recorded and at < started]:
+                del self._learnt[host]
+            for host in known:
+                if host not in recorded and host not in self._learnt:
+                    self._dead.discard(host)
+            merged = {host: "draining" for host in self._learnt}
         merged.update(recorded)
         return merged
 
@@ -715,6 +785,7 @@ class RayExecutor:
     def _learnt_draining(self, host: str) -> None:
         with self._lock:
             self._drains.setdefault(host, "draining")
+            self._learnt[host] = time.monotonic()
 
     def _lost(self, host: str) -> None:
         with self._lock:
@@ -881,12 +952,18 @@ class RayExecutor:
     def _drain(self, host: str) -> None:
         """The drain of ``host`` (module docstring): evict its sessions once their calls
         return, move their envs' affinity, wait for its opens and pool work, close its pool,
-        kill its actor, record it ``drained``. Failures are logged; the host then stays
-        ``draining`` (nothing placed on it) until the drain is issued again."""
+        kill its actor, record it ``drained``. Each pass re-reads the drain record: once an
+        operator undrained the host (record gone) or another replica finished the drain
+        the thread stops, leaving the pool up; an undrain that comes after the pool was
+        closed gets a new pool (:meth:`SandboxHost.undrain`) instead of the kill. Failures
+        are logged; the host then stays ``draining`` (nothing placed on it) until the drain
+        is issued again (or its replica dies and another takes it over)."""
         moved = 0
         deadline = time.monotonic() + self.drain_timeout_s
         try:
             while True:
+                if not self._still_draining(host):
+                    return
                 try:
                     left = self.ask(host, "drain", timeout_s=30)
                 except SandboxLost:  # the node went away meanwhile: nothing left to wait for
@@ -895,6 +972,8 @@ class RayExecutor:
                     break
                 try:
                     for session_id in left["sessions"]:
+                        if not self._still_draining(host):  # undrained while a call held an eviction
+                            return
                         self.ask(host, "evict", session_id)
                         moved += self._move_envs(host, [session_id])
                 except SandboxLost:  # the node went away meanwhile: its sessions went with it
@@ -905,12 +984,20 @@ class RayExecutor:
                     return
                 if not left["sessions"]:
                     time.sleep(self.drain_poll_s)
+            if not self._still_draining(host):
+                return
             moved += self._move_envs(host, self.affinity.envs_on(host))
             try:
                 self.ask(host, "shutdown", timeout_s=120)
             except SandboxLost:
                 pass
-            self.affinity.finish_drain(host, moved)
+            if not self.affinity.finish_drain(host, moved):  # undrained as the pool closed
+                log.info("drain of %s was undrained as it shut the pool down: starting a new pool", host)
+                try:
+                    self.ask(host, "undrain", timeout_s=120)
+                except SandboxLost:
+                    pass
+                return
             with self._lock:
                 self._drains[host] = "drained"
                 handle = self._hosts.pop(host, None)
@@ -925,6 +1012,51 @@ class RayExecutor:
             log.info("drained %s: %d envs moved", host, moved + late)
         except Exception:  # noqa: BLE001 - a background thread: logged, the host stays draining
             log.exception("drain of %s failed; it stays draining (issue the drain again to resume)", host)
+
+    def _still_draining(self, host: str) -> bool:
+        """Whether ``host``'s drain is still recorded ``draining`` (a database hiccup counts
+        as yes: the next pass looks again)."""
+        try:
+            status = self.affinity.drains().get(host)
+        except Exception as exc:  # noqa: BLE001 - the drain goes on; the next pass re-reads
+            log.warning("drain of %s cannot read its record (%s: %s)", host, type(exc).__name__, exc)
+            return True
+        if status != "draining":
+            log.info("drain of %s stops: %s", host, "finished by another replica" if status else "undrained")
+        return status == "draining"
+
+    def node_alive(self, host: str) -> bool:
+        """Whether the Ray node of ``host`` (``sandpit-host-<node id prefix>``) is alive and
+        offers ``sandpit_docker``: a drained host can take work again only then."""
+        return any(HOST_PREFIX + node["node_id"][:16] == host for node in self.nodes())
+
+    def undrain(self, host: str) -> bool:
+        """Let ``host`` take work again once the caller removed its drain from the affinity
+        (``DbAffinity.undrain``): forget what this process learnt of the drain (and that the
+        drained host's actor died), re-read hosts (a drained host's actor is re-created on
+        its node), then reset the host's own ``draining`` flag (:meth:`SandboxHost.undrain`,
+        which starts a new pool if the drain closed it). A drain thread of this or another
+        replica stops at its next pass (:meth:`_drain`). Other replicas place on the host
+        again at their next refresh (``refresh_s``). Returns True when the host is live
+        now, False when its node is gone (nothing to reset). Raises the executor errors of
+        the host's answer (DockerUnavailable, ImageError when a new pool cannot start)."""
+        with self._lock:
+            self._learnt.pop(host, None)
+            self._drains.pop(host, None)
+            self._dead.discard(host)
+        for attempt in range(UNDRAIN_ATTEMPTS):  # a drained actor just killed may still hold its name
+            if attempt:
+                time.sleep(0.5)
+                with self._lock:
+                    self._dead.discard(host)
+            if host not in self.refresh(force=True):
+                return False
+            try:
+                self.ask(host, "undrain", timeout_s=120)
+                return True
+            except SandboxLost:
+                continue
+        return False
 
     def _move_envs(self, host: str, session_ids: list[str]) -> int:
         """Re-record ``session_ids`` (still recorded on ``host``) on the least-loaded hosts

@@ -1,20 +1,23 @@
 """Env -> sandbox host affinity in the control database (table ``env_hosts``), for a
 multi-host executor (the Ray backend's ``Affinity``): any API replica sharing the database
 finds the host an env's live session is on. Hosts being drained (table ``host_drains``)
-are recorded here too, so every replica's executor stops placing envs on them."""
+are recorded here too, so every replica's executor stops placing envs on them, with the
+replica running each drain (``owner``: a live replica takes over a dead owner's drain);
+an undrain deletes the record."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, func, select, text, update
+from sqlalchemy import CursorResult, delete, func, or_, select, text, update
 
 from . import models
 from .database import Database
 
 EnvHost = models.EnvHost
 HostDrain = models.HostDrain
+Replica = models.Replica
 
 
 class DbAffinity:
@@ -60,13 +63,14 @@ class DbAffinity:
         with self.db.read() as db:
             return db.get(HostDrain, host)
 
-    def start_drain(self, host: str, live_hosts: set[str], allow_last: bool) -> tuple[HostDrain | None, bool]:
-        """Record ``host`` as draining unless it already is (idempotent). Refused (``(None,
-        False)``) when no other host of ``live_hosts`` would be left to place envs on and
-        ``allow_last`` is False. The check and the insert are one transaction, serialized
-        across replicas (``LOCK TABLE`` on PostgreSQL; SQLite has one writer), so two
-        concurrent drains of the last two hosts cannot both pass. Returns ``(row,
-        created_now)``."""
+    def start_drain(self, host: str, live_hosts: set[str], allow_last: bool,
+                    owner: str | None = None) -> tuple[HostDrain | None, bool]:
+        """Record ``host`` as draining unless it already is (idempotent), run by replica
+        ``owner``. Refused (``(None, False)``) when no other host of ``live_hosts`` would be
+        left to place envs on and ``allow_last`` is False. The check and the insert are one
+        transaction, serialized across replicas (``LOCK TABLE`` on PostgreSQL; SQLite has
+        one writer), so two concurrent drains of the last two hosts cannot both pass.
+        Returns ``(row, created_now)``."""
         with self.db.write() as db:
             if self.db.dialect == "postgresql":
                 db.execute(text("LOCK TABLE host_drains IN SHARE ROW EXCLUSIVE MODE"))
@@ -76,7 +80,7 @@ class DbAffinity:
             drained = set(db.scalars(select(HostDrain.host)).all())
             if not allow_last and not (live_hosts - drained - {host}):
                 return None, False
-            row = HostDrain(host=host, status="draining", started_at=datetime.now(UTC), envs_moved=0)
+            row = HostDrain(host=host, status="draining", started_at=datetime.now(UTC), envs_moved=0, owner=owner)
             db.add(row)
             return row, True
 
@@ -95,13 +99,49 @@ class DbAffinity:
                 update(EnvHost).where(*where).values(host=to_host, placed_at=datetime.now(UTC)))
             return cast(CursorResult[Any], result).rowcount == 1
 
-    def finish_drain(self, host: str, moved: int) -> None:
+    def finish_drain(self, host: str, moved: int) -> bool:
         """Mark ``host``'s drain done (``drained``, ``finished_at`` now), adding ``moved``
-        to its count of moved envs."""
+        to its count of moved envs. False (nothing written) when the drain is no longer
+        recorded: an operator undrained the host meanwhile."""
         with self.db.write() as db:
             row = db.get(HostDrain, host)
-            if row is not None:
-                row.envs_moved += moved
-                if row.status != "drained":
-                    row.status, row.finished_at = "drained", datetime.now(UTC)
+            if row is None:
+                return False
+            row.envs_moved += moved
+            if row.status != "drained":
+                row.status, row.finished_at = "drained", datetime.now(UTC)
+            return True
+
+    def orphaned_drains(self, lease_s: float) -> list[tuple[str, str | None]]:
+        """``(host, owner)`` of every ``draining`` row whose owner replica is dead: its
+        ``replicas`` row is missing or its heartbeat is older than ``lease_s`` seconds (the
+        evaluation runner's rule for a dead replica's episodes, ``claims.LEASE_S``), or it
+        has no owner (recorded before migration 0008)."""
+        alive = select(Replica.id).where(Replica.heartbeat_at >= datetime.now(UTC) - timedelta(seconds=lease_s))
+        with self.db.read() as db:
+            rows = db.execute(select(HostDrain.host, HostDrain.owner).where(
+                HostDrain.status == "draining", or_(HostDrain.owner.is_(None), HostDrain.owner.not_in(alive)))).all()
+        return [(host, owner) for host, owner in rows]
+
+    def claim_drain(self, host: str, old_owner: str | None, new_owner: str | None) -> bool:
+        """Make ``new_owner`` (None: nobody, so any live replica claims it next) the
+        replica running ``host``'s drain if it is still
+        ``draining`` and still owned by ``old_owner`` (None: no owner): one ``UPDATE ...
+        WHERE owner = :old_owner``, a compare-and-set, so of replicas racing to take over
+        the same dead owner's drain exactly one gets True (PostgreSQL re-checks the WHERE
+        on the row another transaction just updated; SQLite has one writer)."""
+        same = HostDrain.owner.is_(None) if old_owner is None else HostDrain.owner == old_owner
+        with self.db.write() as db:
+            result = db.execute(update(HostDrain).where(HostDrain.host == host, HostDrain.status == "draining", same)
+                                .values(owner=new_owner))
+            return cast(CursorResult[Any], result).rowcount == 1
+
+    def undrain(self, host: str, status: str) -> bool:
+        """Delete ``host``'s drain record if its status is still ``status`` (compare-and-
+        delete: a drain finishing meanwhile turns ``draining`` into ``drained``, which the
+        caller must then handle as such). True if deleted: every replica's executor places
+        on the host again at its next refresh, and a drain thread stops at its next pass."""
+        with self.db.write() as db:
+            result = db.execute(delete(HostDrain).where(HostDrain.host == host, HostDrain.status == status))
+            return cast(CursorResult[Any], result).rowcount == 1
 

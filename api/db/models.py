@@ -331,7 +331,8 @@ class HostDrain(Base):
     every replica's executor reads these rows and places nothing new on such a host; the
     drain moves its envs' affinity elsewhere, then shuts its pool down. ``status`` is
     ``draining`` until the host is empty and shut down, then ``drained`` (kept: a drained
-    host is never re-created)."""
+    host is not re-created). An undrain (``POST .../undrain``) deletes the row: the host
+    takes work again (a drained one is re-created on its node if that node still lives)."""
 
     __tablename__ = "host_drains"
 
@@ -342,4 +343,10 @@ class HostDrain(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     envs_moved: Mapped[int] = mapped_column(Integer, default=0)
     """Envs whose affinity the drain moved to another host (or dropped when none was left)."""
+    owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    """The :class:`Replica` whose executor runs the drain (``draining`` only matters). When
+    its heartbeat is older than the evaluation runner's lease (``claims.LEASE_S``, the rule
+    that resets a dead replica's episodes) or its row is gone, a live replica's janitor
+    claims the drain (compare-and-set on this column) and resumes it. None: recorded
+    before migration 0008; claimed like a dead owner's."""
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Path, Query, status
 
 from ..deps import CallerDep, ClusterDep, OperatorDep, PageDep, QuotasDep, TenantsDep, json_router
-from ..schemas.cluster import ClusterStatus, HostDrainPublic
+from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostUndrainPublic
 from ..schemas.tenants import (
     ApiKeyPublic,
     AuditPublic,
@@ -103,7 +103,18 @@ def drain_host(host: Annotated[str, Path(max_length=1024)], _op: OperatorDep, cl
                ) -> HostDrainPublic:
     """Drain a sandbox host: nothing new is placed on it, its in-flight calls finish and are
     acknowledged, its envs move to other hosts (resuming from their last committed step on
-    next use), then its pool shuts down. Idempotent; poll ``GET /v1/admin/cluster`` until
-    the host shows ``drained``. 404 unknown host; 409 last host (unless ``force``)."""
+    next use), then its pool shuts down. It runs in the answering replica (``owner``); if
+    that replica dies, another takes it over. Idempotent; poll ``GET /v1/admin/cluster``
+    until the host shows ``drained``. 404 unknown host; 409 last host (unless ``force``)."""
     return cluster.drain(host, force)
+
+
+@router.post("/cluster/hosts/{host}/undrain", response_model=HostUndrainPublic)
+def undrain_host(host: Annotated[str, Path(max_length=1024)], _op: OperatorDep, cluster: ClusterDep
+                 ) -> HostUndrainPublic:
+    """Let a draining or drained sandbox host take new envs again: a running drain stops
+    where it is (envs it moved stay where they re-opened), a drained host's actor is
+    re-created on its node with a new pool. A host never drained: a no-op (``previous``
+    null). 404 unknown host; 409 a host whose Ray node is gone."""
+    return cluster.undrain(host)
 

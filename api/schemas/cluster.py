@@ -80,4 +80,19 @@ class HostDrainPublic(BaseModel):
     """Envs whose recorded affinity is still this host (moved to others as the drain goes)."""
     envs_moved: int
     """Envs whose affinity the drain moved (counted when it finishes)."""
+    owner: str | None = None
+    """The API replica running the drain (``rep_...``, as ``GET /v1/admin/cluster`` lists
+    replicas); another replica takes it over when this one stops heart-beating."""
 
+
+
+class HostUndrainPublic(BaseModel):
+    """``POST /v1/admin/cluster/hosts/{host}/undrain``: a host taking work again."""
+
+    host: str
+    previous: Literal["draining", "drained"] | None
+    """What the host was: ``draining`` (its drain stopped where it was: sessions already
+    moved stay where they re-opened), ``drained`` (its actor re-created on its node, with a
+    new empty pool), or None (it was not drained: nothing changed, the undrain is a no-op)."""
+    status: Literal["active"] = "active"
+    """The host takes new envs again (every replica places on it within a few seconds)."""

@@ -4,10 +4,14 @@ counters), the API replicas heart-beating on the database and the env -> host pl
 and the drain of a host (``POST /v1/admin/cluster/hosts/{host}/drain``, ``sandpit cluster
 drain``): recorded in ``host_drains`` so every replica stops placing on it, carried out by
 the executor (``RayExecutor.drain``: sessions evicted once their calls return, envs moved,
-pool shut down)."""
+pool shut down). The drain is owned by the replica that started it (``host_drains.owner``):
+when that replica stops heart-beating, a live replica's janitor takes the drain over
+(:meth:`ClusterService.take_over_drains`). ``POST .../undrain`` (``sandpit cluster
+undrain``) lets a draining or drained host take work again (:meth:`ClusterService.undrain`)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Protocol, cast
 
@@ -17,11 +21,14 @@ from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
 from ..errors import Conflict, NotFound
+from ..evaluations.claims import LEASE_S
 from ..sandboxes import Sandboxes
-from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, ReplicaStatus
+from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, HostUndrainPublic, ReplicaStatus
 from ..settings import ApiSettings
 from .common import aware
 from .live import LiveEnvs
+
+log = logging.getLogger("sandpit.api")
 
 DRAINED_SHOWN = 20
 """Drained hosts (gone) that ``status`` still lists, most recent first."""
@@ -37,9 +44,14 @@ class Drainable(Protocol):
 
     def drain(self, host: str, wait_s: float | None = None) -> bool: ...
 
+    def undrain(self, host: str) -> bool: ...
+
+    def node_alive(self, host: str) -> bool: ...
+
 
 class ClusterService:
-    """Reads, plus :meth:`drain`; the executor's ``stats()`` is one request per host (Ray backend)."""
+    """Reads, plus :meth:`drain`, :meth:`undrain` and the janitor's
+    :meth:`take_over_drains`; the executor's ``stats()`` is one request per host (Ray backend)."""
 
     def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live: LiveEnvs,
                  replica_id: str) -> None:
@@ -92,8 +104,9 @@ class ClusterService:
         """Drain sandbox host ``host``: record it ``draining`` (every replica stops placing
         envs on it within ``RayExecutor.refresh_s``, and the host itself refuses new work at
         once), then let this replica's executor move its sessions and shut it down in the
-        background. Idempotent: draining a draining host (re)starts the work in this replica
-        (so a drain whose replica died is resumed by issuing it again); a drained host is
+        background; this replica is recorded as the drain's owner. Idempotent: draining a
+        draining host (re)starts the work in this replica (taking the drain over when its
+        owner is dead: :meth:`take_over_drains` does the same by itself); a drained host is
         answered as is.
 
         Raises:
@@ -112,13 +125,84 @@ class ClusterService:
         live = set(drainable.refresh(force=True))
         if host not in live and (not HOST_NAME.fullmatch(host) or affinity.drain_record(host) is None):
             raise NotFound(f"sandbox host {host!r} not found")
-        row, _created = affinity.start_drain(host, live, allow_last=force)
+        row, created = affinity.start_drain(host, live, allow_last=force, owner=self.replica_id)
         if row is None:
             raise Conflict(f"host {host!r} is the last sandbox host taking envs: draining it would leave its envs "
                            "nowhere to go (drain with force=true to do it anyway)")
         if row.status != "drained":
+            if not created:
+                for orphan, owner in affinity.orphaned_drains(LEASE_S):
+                    if orphan == host:
+                        affinity.claim_drain(host, owner, self.replica_id)
             drainable.drain(host)
         return self.drain_view(host)
+
+    def take_over_drains(self) -> list[str]:
+        """Claim and resume every ``draining`` drain whose owner replica is dead (no
+        heartbeat for ``claims.LEASE_S`` seconds, the rule that resets a dead replica's
+        evaluation episodes, or its row gone): one compare-and-set per drain
+        (``DbAffinity.claim_drain``), so exactly one live replica resumes each. Run by the
+        janitor every ``janitor_interval_s``; a no-op on the local backend. Returns the
+        hosts this replica took over. A drain this replica claimed but could not start is
+        released (owner None) before the error is raised, so it is claimed again on a later
+        pass. Raises ServiceUnavailable (database), the executor's errors."""
+        executor = self.sandboxes.executor
+        if not hasattr(executor, "drain"):
+            return []
+        affinity = DbAffinity(self.db)
+        taken = []
+        for host, owner in affinity.orphaned_drains(LEASE_S):
+            if not affinity.claim_drain(host, owner, self.replica_id):
+                continue  # another replica claimed it first
+            log.warning("taking over the drain of %s from replica %s (no heartbeat for %.0f s)", host, owner, LEASE_S)
+            try:
+                cast(Drainable, executor).drain(host)
+            except Exception:
+                affinity.claim_drain(host, self.replica_id, None)  # let the next pass (any replica) retry it
+                raise
+            taken.append(host)
+        return taken
+
+    def undrain(self, host: str) -> HostUndrainPublic:
+        """Let sandbox host ``host`` take new envs again. A ``draining`` host: its drain
+        record is deleted, the drain (in whichever replica runs it) stops at its next pass
+        without shutting the pool down, and the host's own refusal is lifted; envs it
+        already moved stay where they re-opened. A ``drained`` host whose Ray node is
+        still alive: its record is deleted and its actor re-created there (a new, empty
+        pool). A host that was never drained: a no-op (``previous`` None), so the call is
+        idempotent; on the local backend ``local`` is such a host.
+
+        Raises:
+            NotFound: ``host`` is neither a live host nor a drained one.
+            Conflict: ``host`` is draining or drained and its Ray node is gone (nothing to
+                bring back; a draining one ends ``drained``).
+            ServiceUnavailable: database or Ray failure (also: the re-created host's pool
+                cannot start).
+        """
+        executor = self.sandboxes.executor
+        if not hasattr(executor, "drain"):
+            if host == "local":
+                return HostUndrainPublic(host=host, previous=None)
+            raise NotFound(f"sandbox host {host!r} not found")
+        drainable = cast(Drainable, executor)
+        if not HOST_NAME.fullmatch(host):
+            raise NotFound(f"sandbox host {host!r} not found")
+        affinity = DbAffinity(self.db)
+        for _ in range(3):  # a drain finishing meanwhile turns draining into drained: look again
+            row = affinity.drain_record(host)
+            if row is None:
+                if host not in drainable.refresh(force=True):
+                    raise NotFound(f"sandbox host {host!r} not found")
+                drainable.undrain(host)  # lifts a refusal left behind, if any
+                return HostUndrainPublic(host=host, previous=None)
+            if not drainable.node_alive(host):
+                raise Conflict(f"host {host!r} is {row.status} and its Ray node is gone: it cannot take work again "
+                               "(a new node gets a new host)")
+            if affinity.undrain(host, row.status):
+                drainable.undrain(host)
+                log.info("undrained %s (was %s)", host, row.status)
+                return HostUndrainPublic(host=host, previous=row.status)  # type: ignore[arg-type]
+        raise Conflict(f"the drain of host {host!r} keeps changing; try again")
 
     def drain_view(self, host: str) -> HostDrainPublic:
         """The drain of ``host`` now. Raises NotFound (never drained)."""
@@ -135,4 +219,4 @@ class ClusterService:
                                started_at=aware(row.started_at),
                                finished_at=aware(row.finished_at) if row.finished_at is not None else None,
                                sessions=sessions, envs_placed=affinity.counts().get(host, 0),
-                               envs_moved=row.envs_moved)
+                               envs_moved=row.envs_moved, owner=row.owner)

@@ -1,6 +1,7 @@
 """``GET /v1/admin/cluster`` and ``sandpit cluster status`` on a real server (local backend:
 one host, ``local``), with the operator key and refused without it; drains there (unknown
-hosts 404, the one local host 409: nowhere to drain to)."""
+hosts 404, the one local host 409: nowhere to drain to); undrains there (``local`` is a
+host never drained: a no-op; unknown and hostile names 404, a huge one 422)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,37 @@ def test_the_local_backend_has_nowhere_to_drain_to(server, api: httpx.Client, co
         assert result.exit_code == 1 and "404" in result.output, result.output
     finally:
         api.delete(f"/v1/envs/{env_id}")
+
+
+@pytest.mark.parametrize("host", ["sandpit-host-0123456789abcdef", " ", "../admin/tenants", "..%2F..%2Fcluster",
+                                  "x" * 1000, "h\u00e9te\u0000", "' OR 1=1 --"])
+def test_an_undrain_of_an_unknown_host_is_404_and_a_huge_name_422(server, host: str) -> None:
+    response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{quote(host, safe='')}/undrain",
+                          headers=server.operator_headers, timeout=30)
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "not_found"
+    huge = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{'y' * 10_000}/undrain", headers=server.operator_headers,
+                      timeout=30)
+    assert huge.status_code == 422 and "error" in huge.json()
+
+
+def test_undrain_of_the_local_host_is_a_no_op_for_the_operator_only(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Client(server.url, operator_key=server.operator_key, timeout=30) as client:
+        answer = client.admin.cluster.undrain("local")
+        assert (answer.host, answer.previous, answer.status) == ("local", None, "active")
+        assert client.admin.cluster.undrain("local") == answer  # idempotent
+        assert client.admin.cluster.status().hosts[0].drain is None
+    for headers in (server.headers, {"Authorization": "Bearer not-a-key"}, {}):
+        response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/local/undrain", headers=headers, timeout=30)
+        assert response.status_code in (401, 403), response.text
+    monkeypatch.setenv("SANDPIT_URL", server.url)
+    monkeypatch.setenv("SANDPIT_OPERATOR_KEY", server.operator_key)
+    result = CliRunner().invoke(app, ["cluster", "undrain", "local"])
+    assert result.exit_code == 0 and "active" in result.stdout and "not drained" in result.stdout, result.output
+    raw = CliRunner().invoke(app, ["cluster", "undrain", "local", "--json"])
+    assert raw.exit_code == 0 and json.loads(raw.stdout)["previous"] is None
+    result = CliRunner().invoke(app, ["cluster", "undrain", "no-such-host"])
+    assert result.exit_code == 1 and "404" in result.output, result.output
+    monkeypatch.delenv("SANDPIT_OPERATOR_KEY")
+    result = CliRunner().invoke(app, ["cluster", "undrain", "local"])
+    assert result.exit_code == 1 and "no operator key" in result.output

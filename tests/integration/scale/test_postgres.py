@@ -2,7 +2,10 @@
 migrations up and down, and evaluation episodes claimed exactly once by replicas racing in
 separate processes (``FOR UPDATE SKIP LOCKED`` + the guarded compare-and-set), with lease
 recovery of a dead replica's episodes; host drain records (migration 0007 up and down on
-SQLite and PostgreSQL, the last-host refusal under concurrent drains)."""
+SQLite and PostgreSQL, the last-host refusal under concurrent drains); drain owners and
+undrains (migration 0008 up and down, drains orphaned only by dead replicas, exactly one
+of eight racing replicas taking a dead owner's drain over, compare-and-delete undrains),
+on both SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -254,3 +257,114 @@ def test_concurrent_drains_of_the_last_two_hosts_let_exactly_one_through(databas
     recorded = {host for host, status in DbAffinity(database).drains().items() if host in live}
     assert len(recorded) == 1, outcomes
     assert {host for host, accepted in outcomes if accepted} == recorded
+
+
+# -- drain owners and undrains (migration 0008, DbAffinity) ----------------------------------
+def test_the_drain_owner_migration_goes_up_down_and_up(empty_url: str) -> None:
+    from alembic import command
+    from sandpit.api.db.engine import alembic_config
+
+    upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        affinity = DbAffinity(Database(make_sessionmaker(engine)))
+        affinity.start_drain("h1", {"h1", "h2"}, allow_last=False, owner="rep_a")
+        command.downgrade(alembic_config(empty_url), "0007")
+        columns = {c["name"] for c in inspect(engine).get_columns("host_drains")}
+        assert "owner" not in columns and "status" in columns
+        upgrade(empty_url)
+        require_current(engine)
+        assert affinity.drains() == {"h1": "draining"}  # the drain survives; its owner is unknown now
+        assert affinity.orphaned_drains(LEASE_S) == [("h1", None)]  # so any live replica may claim it
+        assert affinity.claim_drain("h1", None, "rep_b")
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_database(request: pytest.FixtureRequest, tmp_path) -> Iterator[Database]:
+    """A migrated database of each kind."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'owners.db'}"
+        upgrade(url)
+        engine = make_engine(url)
+        try:
+            yield Database(make_sessionmaker(engine))
+        finally:
+            engine.dispose()
+    else:
+        with postgres.fresh_database() as url:
+            engine = make_engine(url)
+            try:
+                yield Database(make_sessionmaker(engine))
+            finally:
+                engine.dispose()
+
+
+def test_only_drains_of_dead_replicas_are_orphaned(any_database: Database) -> None:
+    affinity = DbAffinity(any_database)
+    alive, dead, gone = Replicas(any_database), Replicas(any_database), Replicas(any_database)
+    for replica in (alive, dead, gone):
+        replica.register()
+    for host, owner in (("h-alive", alive), ("h-dead", dead), ("h-gone", gone)):
+        affinity.start_drain(host, {"h-alive", "h-dead", "h-gone", "h-other"}, allow_last=False, owner=owner.id)
+    assert affinity.orphaned_drains(LEASE_S) == []  # every owner heart-beats
+    with any_database.write() as db:
+        db.execute(update(models.Replica).where(models.Replica.id == dead.id)
+                   .values(heartbeat_at=utcnow() - timedelta(seconds=LEASE_S + 1)))
+    gone.unregister()  # a clean shutdown: its drain is orphaned at once
+    assert sorted(affinity.orphaned_drains(LEASE_S)) == [("h-dead", dead.id), ("h-gone", gone.id)]
+    affinity.finish_drain("h-dead", 0)  # a drained host needs no owner any more
+    assert affinity.orphaned_drains(LEASE_S) == [("h-gone", gone.id)]
+    assert not affinity.claim_drain("h-gone", "rep_someone_else", alive.id)  # compare-and-set on the old owner
+    assert not affinity.claim_drain("h-dead", dead.id, alive.id)  # drained: nothing to run
+    assert affinity.claim_drain("h-gone", gone.id, alive.id)
+    assert affinity.orphaned_drains(LEASE_S) == []
+    record = affinity.drain_record("h-gone")
+    assert record is not None and record.owner == alive.id and record.status == "draining"
+    assert affinity.claim_drain("h-gone", alive.id, None)  # released (its executor could not start it)
+    assert affinity.orphaned_drains(LEASE_S) == [("h-gone", None)]  # so the next pass claims it again
+
+
+def test_exactly_one_of_racing_replicas_takes_a_dead_replicas_drain_over(any_database: Database) -> None:
+    affinity = DbAffinity(any_database)
+    racers = [Replicas(any_database) for _ in range(8)]
+    for replica in racers:
+        replica.register()
+    for round_ in range(5):
+        host = f"race-{round_}"
+        affinity.start_drain(host, {host, "other"}, allow_last=False, owner=f"rep_dead_{round_}")
+        outcomes: list[tuple[str, bool]] = []
+        barrier = threading.Barrier(len(racers))
+
+        def take(replica: Replicas, host: str = host, outcomes: list[tuple[str, bool]] = outcomes,
+                 barrier: threading.Barrier = barrier) -> None:
+            mine = DbAffinity(any_database)
+            orphans = dict(mine.orphaned_drains(LEASE_S))
+            barrier.wait(timeout=30)  # every racer read the same dead owner first
+            outcomes.append((replica.id, mine.claim_drain(host, orphans[host], replica.id)))
+
+        threads = [threading.Thread(target=take, args=(replica,)) for replica in racers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        winners = [rid for rid, won in outcomes if won]
+        assert len(outcomes) == len(racers) and len(winners) == 1, outcomes
+        record = affinity.drain_record(host)
+        assert record is not None and record.owner == winners[0]
+
+
+def test_an_undrain_deletes_only_the_status_it_saw(any_database: Database) -> None:
+    affinity = DbAffinity(any_database)
+    affinity.start_drain("u1", {"u1", "u2"}, allow_last=False, owner="rep_x")
+    assert affinity.finish_drain("u1", 3)
+    assert not affinity.undrain("u1", "draining")  # it finished meanwhile: the caller sees drained
+    assert affinity.undrain("u1", "drained")
+    assert affinity.drain_record("u1") is None and affinity.drains() == {}
+    assert not affinity.undrain("u1", "drained")  # idempotent
+    assert not affinity.finish_drain("u1", 1)  # a drain thread finishing after the undrain writes nothing
+    assert affinity.drains() == {}
+    for hostile in ("x' OR '1'='1", "u1; DROP TABLE host_drains; --", "é" * 40):
+        assert not affinity.undrain(hostile, "draining")
+        assert not affinity.claim_drain(hostile, None, "rep_x")

@@ -14,12 +14,23 @@ The tests share one cluster and run in file order:
    resume on the other node from their last committed step.
 3. hostile drains: unknown, empty, long and odd host names, a tenant key, and two
    concurrent drains of the last two hosts taking envs (exactly one is refused: 409).
+4. undrain of a draining host (a fifth node joins): its drain, held by a long tool call,
+   stops at its next pass without shutting the host down; a new env lands there; every
+   acknowledged step is there.
+5. undrain of a drained host whose node lives (drained by test 1 or 3; through the CLI):
+   its actor is re-created on that node and takes envs.
+6. hostile undrains (odd names 404/422, a tenant key 401/403, a never-drained host a
+   no-op) and the undrain of a drained host whose node was removed: 409.
+7. takeover: a third replica starts a drain held by a long call and is killed (SIGKILL);
+   once its heartbeat is stale exactly one of the two live replicas claims the drain and
+   finishes it (row ``drained``, owned by the claimer); the call is acknowledged.
 
 Everything runs on loopback only (Ray's node address is forced to 127.0.0.1; see
 ``LOOPBACK``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -33,6 +44,7 @@ import httpx
 import postgres
 import pytest
 from api_server import COUNTER_SOURCE, ApiServer
+from sandpit.api.evaluations.claims import LEASE_S
 from sandpit.client import Client, Conflict, NotFound, SandpitError, Unauthorized
 from sandpit.executor import engine
 from sqlalchemy import create_engine, text
@@ -93,12 +105,17 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
+def replica_env(cluster: Cluster, pg_url: str) -> dict[str, str]:
+    """The environment of a ``sandpit serve`` replica on ``cluster`` and ``pg_url``."""
+    return {"SANDPIT_DATABASE_URL": pg_url, "SANDPIT_EXECUTOR_BACKEND": "ray", "SANDPIT_RAY_ADDRESS": cluster.address,
+            "SANDPIT_WARM_ON_START": "0", "SANDPIT_EXECUTOR_POOL_SIZE": "0", "SANDPIT_AUTH_CACHE_TTL_S": "0",
+            **LOOPBACK}
+
+
 @pytest.fixture(scope="module")
 def replicas(cluster: Cluster, pg_url: str, tmp_path_factory: pytest.TempPathFactory, leak_check,
              sandbox_image) -> Iterator[list[ApiServer]]:
-    env = {"SANDPIT_DATABASE_URL": pg_url, "SANDPIT_EXECUTOR_BACKEND": "ray", "SANDPIT_RAY_ADDRESS": cluster.address,
-           "SANDPIT_WARM_ON_START": "0", "SANDPIT_EXECUTOR_POOL_SIZE": "0", "SANDPIT_AUTH_CACHE_TTL_S": "0",
-           **LOOPBACK}
+    env = replica_env(cluster, pg_url)
     first = ApiServer(tmp_path_factory.mktemp("replica0"), **env)
     second = ApiServer(tmp_path_factory.mktemp("replica1"), SANDPIT_OPERATOR_KEY=first.operator_key, **env)
     started: list[ApiServer] = []
@@ -566,3 +583,267 @@ def test_drains_need_the_operator_key_and_never_take_the_last_host(cluster: Clus
         for client in clients:
             client.close()
 
+
+
+# -- undrain and takeover --------------------------------------------------------------------
+UNDRAIN_NAP_S = TAKEOVER_NAP_S = 9.0
+"""Seconds of the call that holds a drain (under the default profile's 10 s call timeout)."""
+
+
+def drain_row(pg_url: str, host: str) -> tuple[str, str | None] | None:
+    """``(status, owner)`` of ``host``'s drain record, or None."""
+    engine_ = create_engine(pg_url)
+    try:
+        with engine_.connect() as conn:
+            row = conn.execute(text("SELECT status, owner FROM host_drains WHERE host = :h"), {"h": host}).first()
+    finally:
+        engine_.dispose()
+    return (row[0], row[1]) if row is not None else None
+
+
+def host_entry(client: Client, host: str) -> Any:
+    return next(h for h in client.admin.cluster.status().hosts if h.host == host)
+
+
+def create_on(clients: list[Client], environment_id: str, host: str, pg_url: str, made: list[Any],
+              count: int = 0) -> Any:
+    """An env placed on ``host``: placement takes the least-loaded host taking work, so a
+    few creations (kept, in ``made``, to even the loads out) reach every such host."""
+    for attempt in range(12):
+        env = clients[attempt % 2].envs.create(environment_id, init_config={"count": count})
+        made.append(env)
+        if hosts_of(pg_url, [env.id]).get(env.id) == host:
+            return env
+    raise AssertionError(f"no env landed on {host} in 12 creations: {hosts_of(pg_url, [e.id for e in made])}")
+
+
+def wait_until(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def wait_for_call_on(client: Client, host: str, thread: threading.Thread) -> None:
+    """Until ``host`` runs a tool call (the nap ``thread`` started)."""
+    wait_until(lambda: bool(host_entry(client, host).calls_in_flight) or not thread.is_alive(), "the nap")
+    assert thread.is_alive(), "the nap ended before it was seen running"
+
+
+def test_an_undrained_draining_host_takes_envs_again_and_loses_no_step(cluster: Cluster, replicas: list[ApiServer],
+                                                                       pg_url: str) -> None:
+    fifth = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
+    cluster.wait_for_nodes()
+    recorders = [StatusRecorder() for _ in replicas]
+    clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120,
+                      max_retry_wait_s=120, transport=recorder) for server, recorder in zip(replicas, recorders, strict=True)]
+    made: list[Any] = []
+    try:
+        taking = {h.host for h in clients[0].admin.cluster.status().hosts if h.drain is None}
+        wait_for_hosts(clients, taking | {host_of_node(fifth)})
+        environment = clients[0].environments.create(name="counter-undrain", source_code=COUNTER_SOURCE,
+                                                     class_name="Counter")
+        napper = clients[0].envs.create(source_code=NAPPER_SOURCE, class_name="Napper", init_config={"count": 0})
+        made.append(napper)
+        victim = hosts_of(pg_url, [napper.id])[napper.id]
+        counter = create_on(clients, environment.id, victim, pg_url, made)
+        assert counter.step("bump", by=1).observation == "1"
+        pid = host_entry(clients[0], victim).pid
+
+        napped: list[Any] = []
+        nap = threading.Thread(target=lambda: napped.append(napper.step("nap", seconds=UNDRAIN_NAP_S)))
+        nap.start()
+        wait_for_call_on(clients[0], victim, nap)
+        started = clients[1].admin.cluster.drain(victim)
+        assert (started.status, started.owner) == ("draining", clients[1].admin.cluster.status().replica)  # held by the nap
+        assert drain_row(pg_url, victim) == ("draining", started.owner)
+        undone = clients[0].admin.cluster.undrain(victim)  # through the other replica
+        assert (undone.host, undone.previous, undone.status) == (victim, "draining", "active")
+        assert nap.is_alive(), f"the nap ended before the undrain (slower than {UNDRAIN_NAP_S} s: a loaded machine?)"
+        assert drain_row(pg_url, victim) is None
+        nap.join(timeout=120)
+        assert [(r.status, r.observation) for r in napped] == [("ok", "1")], napped
+
+        for client in clients:  # every replica places on it again
+            wait_until(lambda client=client: host_entry(client, victim).drain is None, "the undrain seen")
+        fresh = create_on(clients, environment.id, victim, pg_url, made, count=50)
+        assert fresh.step("bump", by=2).observation == "52"
+        time.sleep(2.0)  # a drain still running would evict the fresh env within a pass (0.2 s)
+        again = fresh.step("bump", by=3)  # the same replica: a re-open would only come from an eviction
+        assert (again.observation, again.recovered) == ("55", False)
+        assert hosts_of(pg_url, [fresh.id]) == {fresh.id: victim}
+        assert host_entry(clients[0], victim).pid == pid  # the drain stopped: same actor, pool never closed
+        assert drain_row(pg_url, victim) is None
+
+        # every acknowledged step is there, through either replica (an env the drain evicted
+        # before the undrain re-opens where its affinity points)
+        assert clients[1].envs.get(napper.id).step("nap", seconds=0).observation == "2"
+        assert clients[1].envs.get(counter.id).step("bump", by=3).observation == "4"
+        for client in clients:
+            assert [s.observation for s in client.envs.get(napper.id).trajectory().steps if s.action] == ["1", "2"]
+            assert [s.observation for s in client.envs.get(counter.id).trajectory().steps if s.action] == ["1", "4"]
+            assert client.envs.get(counter.id).state()["log"] == ["bump 1", "bump 3"]
+        statuses = [code for recorder in recorders for code in recorder.statuses]
+        assert not [code for code in statuses if code >= 500 and code != 503], statuses
+    finally:
+        for env in made:
+            try:
+                env.delete()
+            except SandpitError:
+                pass
+        for client in clients:
+            client.close()
+
+
+def test_an_undrained_drained_host_is_recreated_on_its_live_node(cluster: Cluster, replicas: list[ApiServer],
+                                                                 pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandpit.cli import app
+    from typer.testing import CliRunner
+
+    clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120,
+                      max_retry_wait_s=120) for server in replicas]
+    made: list[Any] = []
+    try:
+        alive = {host_of_node(node) for node in cluster.worker_nodes}
+        drained = sorted(h.host for h in clients[0].admin.cluster.status().hosts if h.drain == "drained")
+        back = next(host for host in drained if host in alive)  # drained by an earlier test, its node still up
+        monkeypatch.setenv("SANDPIT_URL", replicas[1].url)
+        monkeypatch.setenv("SANDPIT_OPERATOR_KEY", replicas[1].operator_key)
+        result = CliRunner().invoke(app, ["cluster", "undrain", back, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout) == {"host": back, "previous": "drained", "status": "active"}
+        assert drain_row(pg_url, back) is None
+        wait_for_hosts(clients, {back})  # re-created on its node, seen by both replicas
+        entry = host_entry(clients[0], back)
+        assert entry.drain is None and entry.pid and entry.node_id and host_of_node(entry) == back
+        environment = clients[0].environments.create(name="counter-back", source_code=COUNTER_SOURCE,
+                                                     class_name="Counter")
+        env = create_on(clients, environment.id, back, pg_url, made, count=10)
+        assert env.step("bump", by=1).observation == "11"
+        assert clients[1].envs.get(env.id).step("bump", by=1).observation == "12"
+        second = clients[0].admin.cluster.undrain(back)  # not drained any more: a no-op
+        assert (second.previous, second.status) == (None, "active")
+        assert host_entry(clients[1], back).pid == entry.pid
+    finally:
+        for made_env in made:
+            made_env.delete()
+        for client in clients:
+            client.close()
+
+
+def wait_node_dead(cluster: Cluster, node: Any, timeout_s: float = 60.0) -> None:
+    """Until Ray's control store marks ``node`` dead (after a few missed health checks)."""
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="warning")
+    try:
+        wait_until(lambda: not any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()),
+                   "the removed node marked dead", timeout_s)
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("host", ["", " ", "sandpit-host-0000000000000000", "x" * 10_000, "../../tenants",
+                                  "..%2F..%2Fdrain", "sandpit-host-' OR 1=1 --", "h\u00e9te\u2028\u0000", "\u0000"])
+def test_an_undrain_of_an_unknown_or_odd_host_is_404_or_422(replicas: list[ApiServer], host: str) -> None:
+    for server in replicas:
+        response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{quote(host, safe='')}/undrain",
+                              headers=server.operator_headers, timeout=30)
+        assert response.status_code in (404, 405, 422), response.text
+        if response.status_code != 405:
+            assert set(response.json()["error"]) >= {"code", "message"}, response.text
+
+
+def test_undrain_refuses_a_host_whose_node_is_gone_and_needs_the_operator(cluster: Cluster, replicas: list[ApiServer],
+                                                                          pg_url: str) -> None:
+    clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120)
+               for server in replicas]
+    try:
+        for server in replicas:  # a tenant key or garbage: 401/403, never an undrain
+            for headers in (server.headers, {"Authorization": "Bearer not-a-key"}, {}):
+                response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/anything/undrain", headers=headers,
+                                      timeout=30)
+                assert response.status_code in (401, 403), response.text
+        with Client(replicas[0].url, operator_key="y" * 40, timeout=30) as wrong, pytest.raises(Unauthorized):
+            wrong.admin.cluster.undrain("anything")
+        with pytest.raises(NotFound):
+            clients[1].admin.cluster.undrain("sandpit-host-unknown")
+        taking = sorted(h.host for h in clients[0].admin.cluster.status().hosts if h.drain is None)
+        never = clients[0].admin.cluster.undrain(taking[0])  # never drained: a no-op
+        assert (never.previous, never.status) == (None, "active") and drain_row(pg_url, taking[0]) is None
+
+        drained = sorted(h.host for h in clients[0].admin.cluster.status().hosts if h.drain == "drained")
+        gone = drained[0]  # the other host an earlier test drained (its node still up until now)
+        node = next(n for n in cluster.worker_nodes if host_of_node(n) == gone)
+        cluster.remove_node(node, allow_graceful=False)
+        wait_node_dead(cluster, node)
+        for client in clients:
+            with pytest.raises(Conflict) as refusal:
+                client.admin.cluster.undrain(gone)
+            assert refusal.value.status_code == 409 and "node is gone" in refusal.value.message
+        assert drain_row(pg_url, gone) is not None and drain_row(pg_url, gone)[0] == "drained"  # type: ignore[index]
+        assert host_entry(clients[0], gone).drain == "drained"
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_drain_whose_replica_died_is_taken_over_by_one_live_replica(cluster: Cluster, replicas: list[ApiServer],
+                                                                      pg_url: str, tmp_path: Path) -> None:
+    doomed = ApiServer(tmp_path / "doomed", SANDPIT_OPERATOR_KEY=replicas[0].operator_key,
+                       **replica_env(cluster, pg_url))
+    doomed.api_key = replicas[0].api_key
+    doomed.start(timeout_s=120)
+    clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120,
+                      max_retry_wait_s=120) for server in replicas]
+    made: list[Any] = []
+    try:
+        live_ids = {client.admin.cluster.status().replica for client in clients}
+        doomed_id = httpx.get(f"{doomed.url}/v1/admin/cluster", headers=doomed.operator_headers,
+                              timeout=60).json()["replica"]
+        assert len(live_ids) == 2 and doomed_id not in live_ids
+        taking = {h.host for h in clients[0].admin.cluster.status().hosts if h.drain is None}
+        assert len(taking) >= 2, taking
+        wait_for_hosts(clients, taking)
+        napper = clients[0].envs.create(source_code=NAPPER_SOURCE, class_name="Napper", init_config={"count": 0})
+        made.append(napper)
+        victim = hosts_of(pg_url, [napper.id])[napper.id]
+        napped: list[Any] = []
+        nap = threading.Thread(target=lambda: napped.append(napper.step("nap", seconds=TAKEOVER_NAP_S)))
+        nap.start()
+        wait_for_call_on(clients[0], victim, nap)
+
+        started = httpx.post(f"{doomed.url}/v1/admin/cluster/hosts/{victim}/drain", headers=doomed.operator_headers,
+                             timeout=60)
+        assert started.status_code == 202 and started.json()["status"] == "draining", started.text
+        assert drain_row(pg_url, victim) == ("draining", doomed_id)
+        doomed.kill()  # SIGKILL: its drain thread dies mid-drain, held by the nap
+        assert nap.is_alive(), f"the nap ended before the kill (slower than {TAKEOVER_NAP_S} s: a loaded machine?)"
+        assert drain_row(pg_url, victim) == ("draining", doomed_id)
+        engine_ = create_engine(pg_url)  # its heartbeat goes stale: what LEASE_S seconds of silence give
+        try:
+            with engine_.begin() as conn:
+                conn.execute(text("UPDATE replicas SET heartbeat_at = now() - make_interval(secs => :s) "
+                                  "WHERE id = :id"), {"s": LEASE_S + 5, "id": doomed_id})
+        finally:
+            engine_.dispose()
+        wait_until(lambda: (drain_row(pg_url, victim) or ("", doomed_id))[1] != doomed_id, "a takeover", 30)
+        claimer = drain_row(pg_url, victim)[1]  # type: ignore[index]
+        assert claimer in live_ids
+        wait_until(lambda: drain_row(pg_url, victim) == ("drained", claimer), "the drain finished", 120)
+        nap.join(timeout=60)
+        assert [(r.status, r.observation) for r in napped] == [("ok", "1")], napped  # acknowledged, then drained
+        logs = [server.log_path.read_text(errors="replace") for server in replicas]
+        assert sum(log.count(f"taking over the drain of {victim}") for log in logs) == 1, "exactly one replica claims"
+        for client in clients:
+            assert host_entry(client, victim).drain == "drained"
+            view = client.admin.cluster.drain(victim)  # idempotent on a drained host: the record as is
+            assert (view.status, view.owner) == ("drained", claimer)
+        assert hosts_of(pg_url, [napper.id]).get(napper.id) != victim
+        assert clients[1].envs.get(napper.id).step("nap", seconds=0).observation == "2"  # resumed elsewhere
+        assert [s.observation for s in clients[0].envs.get(napper.id).trajectory().steps if s.action] == ["1", "2"]
+    finally:
+        if doomed.process is not None:
+            doomed.kill()
+        for env in made:
+            env.delete()
+        for client in clients:
+            client.close()

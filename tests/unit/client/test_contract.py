@@ -110,6 +110,7 @@ SAMPLES: list[tuple[str, Callable[[], Call[Any]]]] = [
     ("audit_list", lambda: calls.audit_list("team-a", "env.create", 10, 0)),
     ("cluster_status", lambda: calls.cluster_status()),
     ("cluster_drain", lambda: calls.cluster_drain("sandpit-host-0123abcd", True)),
+    ("cluster_undrain", lambda: calls.cluster_undrain("sandpit-host-0123abcd")),
 ]
 
 
