@@ -189,6 +189,11 @@ class LinkServer:
         except OSError:
             pass  # the connection is gone: its reader ends it
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed server is not reopened: start a new one)."""
+        return self._closed
+
     def connections(self) -> int:
         """Connections open now."""
         with self._lock:

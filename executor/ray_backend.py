@@ -198,8 +198,7 @@ class SandboxHost:
         self._busy = 0  # opens and pool calls in progress (a drain waits for them)
         self._calls = 0  # tool calls in progress
         self._link_token = secrets.token_bytes(32)
-        self.link = LinkServer(self._link_dispatch, _ray().util.get_node_ip_address(), self._link_token,
-                               self.pool.settings.max_frame_bytes, HOST_CONCURRENCY)
+        self.link = self._link_server()
         """The direct data path's server (:mod:`.host_link`), on this node's address."""
 
     def _enter(self, what: str) -> None:
@@ -222,6 +221,10 @@ class SandboxHost:
             raise SessionClosed(f"session {session_id!r} was used by another replica (version {hosted.version}, "
                                 f"this handle saw {version}); re-open it")
         return hosted
+
+    def _link_server(self) -> LinkServer:
+        return LinkServer(self._link_dispatch, _ray().util.get_node_ip_address(), self._link_token,
+                          self.pool.settings.max_frame_bytes, HOST_CONCURRENCY)
 
     def noop(self) -> dict[str, Any]:
         """Nothing: one round trip (``benchmarks/scale.py`` measures the hop with it)."""
@@ -397,8 +400,8 @@ class SandboxHost:
         """Take sessions and pool work again (an operator undrained the host: the drain
         record is gone, :meth:`RayExecutor.undrain`): the ``draining`` flag is reset and, if
         :meth:`shutdown` already closed the pool (a drain that finished as the undrain came),
-        a new pool is started with the same settings. Sessions the drain evicted re-open
-        where their affinity points. Idempotent. ``{"ok": {"restarted": bool}}``; raises
+        a new pool (and a new host link server) is started with the same settings. Sessions
+        the drain evicted re-open where their affinity points. Idempotent. ``{"ok": {"restarted": bool}}``; raises
         nothing but the pool's start errors (DockerUnavailable, ImageError, as data)."""
         def run() -> dict[str, bool]:
             from .pool import SandboxPool
@@ -416,8 +419,9 @@ class SandboxHost:
                     with self._lock:
                         self.pool_closed, self.pool_restarting = True, False
                     raise
+                link = self._link_server() if self.link.closed else self.link  # shutdown closed it too
                 with self._lock:
-                    self.pool, self.pool_restarting, self.draining = pool, False, False
+                    self.pool, self.link, self.pool_restarting, self.draining = pool, link, False, False
             return {"restarted": restart}
         return _guard(run)
 
