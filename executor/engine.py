@@ -215,6 +215,32 @@ MEMORY_CURRENT = ("/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes",  # 
                   "/sys/fs/cgroup/docker/{id}/memory.current")  # v2, cgroupfs
 
 
+CPU_BURST = ("/sys/fs/cgroup/cpu/docker/{id}/cpu.cfs_burst_us",  # cgroup v1, cgroupfs driver
+             "/sys/fs/cgroup/cpu,cpuacct/docker/{id}/cpu.cfs_burst_us",  # v1, joint mount
+             "/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.max.burst",  # v2, systemd
+             "/sys/fs/cgroup/docker/{id}/cpu.max.burst")  # v2, cgroupfs
+
+
+def cpu_burst_us(settings: ExecutorSettings, profile: ResourceProfile) -> int:
+    """The CFS burst a sandbox gets, in microseconds per period: ``cpu_burst_fraction`` of
+    its quota (:func:`container_spec`)."""
+    return int(settings.cpu_burst_fraction * max(1000, int(profile.cpus * CPU_PERIOD_US)))
+
+
+def set_cpu_burst(container_id: str, burst_us: int) -> bool:
+    """Write the container's CFS burst (microseconds) to the host's cgroup filesystem. True
+    when written; False when no layout matches or the kernel refuses (older than 5.14, a
+    remote engine, no permission): the sandbox then runs at its plain quota."""
+    for pattern in CPU_BURST:
+        try:
+            with open(pattern.format(id=container_id), "w") as handle:
+                handle.write(str(burst_us))
+            return True
+        except OSError:
+            continue
+    return False
+
+
 def sandbox_memory_limit(settings: ExecutorSettings, profile: ResourceProfile) -> int:
     """A sandbox container's memory limit in bytes: ``sandbox_memory_mib`` when set, else
     the profile's ``memory_mib`` plus 32 MiB per session slot."""

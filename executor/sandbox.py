@@ -120,6 +120,8 @@ class Sandbox:
                 container = client.containers.create(**spec)
                 container_id = str(container.id)
                 container.start()
+            if settings.cpu_burst_fraction > 0:
+                engine.set_cpu_burst(container_id, engine.cpu_burst_us(settings, profile))
             conn = _accept(listener, client, container_id, sandbox_id, settings.startup_timeout_s)
             _unlink(token_path)  # read before connecting; no session process exists yet
             try:

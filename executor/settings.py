@@ -82,6 +82,14 @@ class ExecutorSettings(BaseSettings):
     watchdog_grace_s: Annotated[float, Field(ge=0)] = 5.0
     """Seconds the host waits beyond a call's own timeout before declaring the runner
     unresponsive and killing the container."""
+    cpu_burst_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """CFS burst of each sandbox as a fraction of its CPU quota per period
+    (``cpu.cfs_burst_us`` in cgroup v1, ``cpu.max.burst`` in v2; Linux >= 5.14): quota a
+    sandbox left unused may be spent later, up to this much beyond the quota in one
+    period, so a short step after idle time runs at full speed instead of stalling at the
+    quota. The long-run share stays ``cpus``. The kernel caps the burst at the quota (1.0);
+    0 turns it off. Written by the host after the container starts; a host whose cgroup
+    file is missing or not writable runs without it."""
     spare_child: bool = True
     """Keep one pre-started (code-free) session process per sandbox with a free slot, so
     opening a session does not wait for the Python interpreter to start (~8 MiB each)."""

@@ -96,6 +96,43 @@ def _pids_current_path(container_id: str) -> Path | None:
 
 
 
+def _cpu_files(container_id: str) -> tuple[Path, Path] | None:
+    """(burst file, quota file) of the container's CPU cgroup: v1 ``cpu.cfs_burst_us`` /
+    ``cpu.cfs_quota_us``, or v2 ``cpu.max.burst`` / ``cpu.max``."""
+    for base in (f"/sys/fs/cgroup/cpu/docker/{container_id}", f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}"):
+        if Path(base, "cpu.cfs_burst_us").exists():
+            return Path(base, "cpu.cfs_burst_us"), Path(base, "cpu.cfs_quota_us")
+    for base in (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope", f"/sys/fs/cgroup/docker/{container_id}"):
+        if Path(base, "cpu.max.burst").exists():
+            return Path(base, "cpu.max.burst"), Path(base, "cpu.max")
+    return None
+
+
+SPIN = """
+import time
+started, cpu = time.monotonic(), time.process_time()
+while time.monotonic() - started < 1.5:
+    pass
+result = f"{time.process_time() - cpu:.4f} {time.monotonic() - started:.4f}"
+"""
+
+
+def test_a_sandbox_may_burst_its_unused_quota_but_keeps_its_cpu_share(open_env, probe, fast_profile) -> None:
+    session = open_env()
+    files = _cpu_files(session._sandbox.container_id)
+    if files is None:
+        pytest.skip("this host shows no CPU cgroup file of the container (remote engine or another layout)")
+    burst_file, quota_file = files
+    quota_us = int(quota_file.read_text().split()[0])
+    assert quota_us == int(fast_profile.cpus * 10_000)
+    assert int(burst_file.read_text()) == quota_us  # cpu_burst_fraction 1.0: the kernel's cap
+    cpu_s, wall_s = map(float, probe.ok(session, SPIN).split())
+    # a spinning tool gets at most its share over time, plus one accumulated burst and
+    # a period's rounding: the burst lends unused quota, it does not raise the share
+    assert cpu_s <= fast_profile.cpus * wall_s + 0.06, (cpu_s, wall_s)
+    assert cpu_s > 0.02, (cpu_s, wall_s)
+
+
 @pytest.mark.slow
 def test_fork_bomb_is_contained_and_the_sandbox_keeps_serving(open_env, probe, fast_profile) -> None:
     session = open_env()

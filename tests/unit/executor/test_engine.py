@@ -116,3 +116,27 @@ def test_owner_of_an_exited_process_is_dead() -> None:
         proc.kill()
         proc.wait()
     assert not engine.owner_alive(owner)
+
+
+@pytest.mark.parametrize(("fraction", "cpus", "expected"), [(1.0, 0.25, 2500), (0.5, 0.5, 2500), (0.0, 1.0, 0),
+                                                           (1.0, 0.01, 1000)])
+def test_cpu_burst_is_a_fraction_of_the_quota(fraction: float, cpus: float, expected: int) -> None:
+    from sandpit.executor.engine import cpu_burst_us
+
+    settings = ExecutorSettings(cpu_burst_fraction=fraction)
+    profile = ResourceProfile(cpus=cpus)
+    assert cpu_burst_us(settings, profile) == expected
+    assert cpu_burst_us(settings, profile) <= make_spec(settings, profile)["cpu_quota"]  # the kernel's cap
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.01, float("nan")])
+def test_a_burst_beyond_the_quota_or_negative_is_refused(fraction: float) -> None:
+    with pytest.raises(ValueError):
+        ExecutorSettings(cpu_burst_fraction=fraction)
+
+
+def test_setting_a_burst_without_a_cgroup_file_is_false() -> None:
+    from sandpit.executor.engine import set_cpu_burst
+
+    assert set_cpu_burst("f" * 64, 1000) is False  # no such container
+
