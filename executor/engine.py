@@ -33,7 +33,6 @@ LABEL_SANDBOX = "sandpit.sandbox"
 LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
 SOCKET_MOUNT = "/run/sandpit"
-CPU_PERIOD_US = 10_000
 RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
 
 
@@ -118,10 +117,10 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "security_opt": ["no-new-privileges:true"],
         "mem_limit": memory,
         "memswap_limit": memory,
-        # 10 ms CFS period instead of the default 100 ms: same CPU share, but a sandbox
-        # that hits its quota stalls for at most ~(1 - cpus) * 10 ms, not up to 50 ms.
-        "cpu_period": CPU_PERIOD_US,
-        "cpu_quota": max(1000, int(profile.cpus * CPU_PERIOD_US)),
+        # a CFS period shorter than Docker's 100 ms (cpu_period_us): same CPU share, but a
+        # sandbox that hits its quota stalls for at most ~(1 - cpus) x the period
+        "cpu_period": settings.cpu_period_us,
+        "cpu_quota": cpu_quota_us(settings, profile),
         "pids_limit": (profile.pids * settings.runsc_pids_per_process + settings.runsc_pids_headroom
                        if settings.runtime == "runsc" else profile.pids),
         "ulimits": [
@@ -221,10 +220,16 @@ CPU_BURST = ("/sys/fs/cgroup/cpu/docker/{id}/cpu.cfs_burst_us",  # cgroup v1, cg
              "/sys/fs/cgroup/docker/{id}/cpu.max.burst")  # v2, cgroupfs
 
 
+def cpu_quota_us(settings: ExecutorSettings, profile: ResourceProfile) -> int:
+    """A sandbox's CFS quota in microseconds per ``cpu_period_us``: ``cpus`` of the period
+    (at least 1 ms, the kernel's floor)."""
+    return max(1000, int(profile.cpus * settings.cpu_period_us))
+
+
 def cpu_burst_us(settings: ExecutorSettings, profile: ResourceProfile) -> int:
     """The CFS burst a sandbox gets, in microseconds per period: ``cpu_burst_fraction`` of
-    its quota (:func:`container_spec`)."""
-    return int(settings.cpu_burst_fraction * max(1000, int(profile.cpus * CPU_PERIOD_US)))
+    its quota (:func:`cpu_quota_us`)."""
+    return int(settings.cpu_burst_fraction * cpu_quota_us(settings, profile))
 
 
 def set_cpu_burst(container_id: str, burst_us: int) -> bool:

@@ -82,6 +82,10 @@ class ExecutorSettings(BaseSettings):
     watchdog_grace_s: Annotated[float, Field(ge=0)] = 5.0
     """Seconds the host waits beyond a call's own timeout before declaring the runner
     unresponsive and killing the container."""
+    cpu_period_us: Annotated[int, Field(ge=1000, le=1_000_000)] = 10_000
+    """CFS period of every sandbox, microseconds; its quota is ``cpus`` of it. Shorter than
+    Docker's 100 ms default: same CPU share, but a sandbox that hits its quota stalls for
+    at most ``(1 - cpus) x`` the period."""
     cpu_burst_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
     """CFS burst of each sandbox as a fraction of its CPU quota per period
     (``cpu.cfs_burst_us`` in cgroup v1, ``cpu.max.burst`` in v2; Linux >= 5.14): quota a

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from sandpit.executor.profiles import MiB
+from sandpit.executor.settings import ExecutorSettings
 
 pytestmark = pytest.mark.docker
 
@@ -124,7 +125,7 @@ def test_a_sandbox_may_burst_its_unused_quota_but_keeps_its_cpu_share(open_env, 
         pytest.skip("this host shows no CPU cgroup file of the container (remote engine or another layout)")
     burst_file, quota_file = files
     quota_us = int(quota_file.read_text().split()[0])
-    assert quota_us == int(fast_profile.cpus * 10_000)
+    assert quota_us == int(fast_profile.cpus * ExecutorSettings().cpu_period_us)
     assert int(burst_file.read_text()) == quota_us  # cpu_burst_fraction 1.0: the kernel's cap
     cpu_s, wall_s = map(float, probe.ok(session, SPIN).split())
     # a spinning tool gets at most its share over time, plus one accumulated burst and
