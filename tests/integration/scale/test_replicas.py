@@ -520,14 +520,30 @@ def test_envs_survive_the_loss_of_a_node_through_either_replica(cluster: Cluster
             client.close()
 
 
-@pytest.mark.parametrize("host", ["", " ", "sandpit-host-0000000000000000", "x" * 5000, "../../tenants",
-                                  "sandpit-host-' OR 1=1 --", "h\u00e9te\u2028\u0000"])
-def test_a_drain_of_an_unknown_or_odd_host_is_404_or_422(replicas: list[ApiServer], host: str) -> None:
-    response = httpx.post(f"{replicas[0].url}/v1/admin/cluster/hosts/{quote(host, safe='')}/drain",
-                          headers=replicas[0].operator_headers, timeout=30)
-    assert response.status_code in (404, 405, 422), response.text
-    if response.status_code != 405:
-        assert set(response.json()["error"]) >= {"code", "message"}, response.text
+@pytest.mark.parametrize("verb", ["drain", "undrain"])
+@pytest.mark.parametrize("host", ["", " ", "sandpit-host-0000000000000000", "x" * 10_000, "../../tenants",
+                                  "..%2F..%2Fdrain", "sandpit-host-' OR 1=1 --", "h\u00e9te\u2028\u0000", "\u0000"])
+def test_a_drain_or_undrain_of_an_unknown_or_odd_host_is_404_or_422(replicas: list[ApiServer], verb: str,
+                                                                    host: str) -> None:
+    for server in replicas:
+        response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{quote(host, safe='')}/{verb}",
+                              headers=server.operator_headers, timeout=30)
+        assert response.status_code in (404, 405, 422), response.text
+        if response.status_code != 405:
+            assert set(response.json()["error"]) >= {"code", "message"}, response.text
+
+
+def refuses_without_the_operator_key(replicas: list[ApiServer], verb: str) -> None:
+    """A tenant key, garbage or no key: 401/403 from every replica, never a (un)drain; a
+    wrong operator key is Unauthorized in the client; an unknown host NotFound."""
+    for server in replicas:
+        for headers in (server.headers, {"Authorization": "Bearer not-a-key"}, {}):
+            response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/anything/{verb}", headers=headers, timeout=30)
+            assert response.status_code in (401, 403), response.text
+    with Client(replicas[0].url, operator_key="y" * 40, timeout=30) as wrong, pytest.raises(Unauthorized):
+        getattr(wrong.admin.cluster, verb)("anything")
+    with Client(replicas[1].url, operator_key=replicas[1].operator_key, timeout=30) as right, pytest.raises(NotFound):
+        getattr(right.admin.cluster, verb)("sandpit-host-unknown")
 
 
 def test_drains_need_the_operator_key_and_never_take_the_last_host(cluster: Cluster, replicas: list[ApiServer],
@@ -535,15 +551,7 @@ def test_drains_need_the_operator_key_and_never_take_the_last_host(cluster: Clus
     clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120)
                for server in replicas]
     try:
-        for server in replicas:  # a tenant key or garbage: 401/403, never a drain
-            for headers in (server.headers, {"Authorization": "Bearer not-a-key"}, {}):
-                response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/anything/drain", headers=headers,
-                                      timeout=30)
-                assert response.status_code in (401, 403), response.text
-        with Client(replicas[0].url, operator_key="y" * 40, timeout=30) as wrong, pytest.raises(Unauthorized):
-            wrong.admin.cluster.drain("anything")
-        with pytest.raises(NotFound):
-            clients[1].admin.cluster.drain("sandpit-host-unknown")
+        refuses_without_the_operator_key(replicas, "drain")
 
         fourth = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources={"sandpit_docker": 1})
         cluster.wait_for_nodes()
@@ -741,31 +749,12 @@ def wait_node_dead(cluster: Cluster, node: Any, timeout_s: float = 60.0) -> None
         ray.shutdown()
 
 
-@pytest.mark.parametrize("host", ["", " ", "sandpit-host-0000000000000000", "x" * 10_000, "../../tenants",
-                                  "..%2F..%2Fdrain", "sandpit-host-' OR 1=1 --", "h\u00e9te\u2028\u0000", "\u0000"])
-def test_an_undrain_of_an_unknown_or_odd_host_is_404_or_422(replicas: list[ApiServer], host: str) -> None:
-    for server in replicas:
-        response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/{quote(host, safe='')}/undrain",
-                              headers=server.operator_headers, timeout=30)
-        assert response.status_code in (404, 405, 422), response.text
-        if response.status_code != 405:
-            assert set(response.json()["error"]) >= {"code", "message"}, response.text
-
-
 def test_undrain_refuses_a_host_whose_node_is_gone_and_needs_the_operator(cluster: Cluster, replicas: list[ApiServer],
                                                                           pg_url: str) -> None:
     clients = [Client(server.url, api_key=server.api_key, operator_key=server.operator_key, timeout=120)
                for server in replicas]
     try:
-        for server in replicas:  # a tenant key or garbage: 401/403, never an undrain
-            for headers in (server.headers, {"Authorization": "Bearer not-a-key"}, {}):
-                response = httpx.post(f"{server.url}/v1/admin/cluster/hosts/anything/undrain", headers=headers,
-                                      timeout=30)
-                assert response.status_code in (401, 403), response.text
-        with Client(replicas[0].url, operator_key="y" * 40, timeout=30) as wrong, pytest.raises(Unauthorized):
-            wrong.admin.cluster.undrain("anything")
-        with pytest.raises(NotFound):
-            clients[1].admin.cluster.undrain("sandpit-host-unknown")
+        refuses_without_the_operator_key(replicas, "undrain")
         taking = sorted(h.host for h in clients[0].admin.cluster.status().hosts if h.drain is None)
         never = clients[0].admin.cluster.undrain(taking[0])  # never drained: a no-op
         assert (never.previous, never.status) == (None, "active") and drain_row(pg_url, taking[0]) is None
