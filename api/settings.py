@@ -43,8 +43,9 @@ class ApiSettings(BaseSettings):
     the cluster this machine's ``ray start`` joined)."""
     ray_direct_calls: bool = True
     """Ray backend: send session requests (tool calls, restores, state reads) to the sandbox
-    hosts over direct TCP links (``executor/host_link.py``: ~0.1 ms instead of a ~1 ms Ray
-    actor call); False sends everything through Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
+    hosts over direct TCP links (``executor/host_link.py``: an empty round trip ~0.3 ms
+    against ~1.1 ms for a Ray actor call, ``benchmarks/scale.py``); False sends everything
+    through Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
     tenant: str = "default"
     """Tenant whose warm pool is filled at start-up (``warm_on_start``)."""
 
@@ -74,8 +75,9 @@ class ApiSettings(BaseSettings):
     tenant waiting in the scheduler's queue could exhaust)."""
     gc_young_threshold: Annotated[int, Field(ge=0, le=10_000_000)] = 50_000
     """Allocations of container objects between two collections of the youngest garbage
-    collector generation in ``sandpit serve`` (:func:`~sandpit.api.app.tune_gc`) (``gc.set_threshold``'s first value;
-    0 = Python's default, 700). At 700, parsing a 3 MB request body collected the
+    collector generation in ``sandpit serve`` (:func:`~sandpit.api.app.tune_gc`;
+    ``gc.set_threshold``'s first value; 0 = Python's default, 700). At 700, parsing a 3 MB
+    request body collected the
     growing heap hundreds of times (orjson.loads of a 3.3 MB body: 92-126 ms, 28-30 ms
     at 50,000 or with the collector off). Objects that exist once the app has started
     are moved out of the collector's reach (``gc.freeze``) either way."""

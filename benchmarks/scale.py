@@ -87,8 +87,9 @@ def noop_rtt(executor: Any, calls: int, through_ray: bool) -> list[float]:
     Ray actor call (the hop alone)."""
     import ray
 
-    host = sorted(executor.refresh())[0]
-    handle = executor.refresh()[host]
+    hosts = executor.refresh()
+    host = sorted(hosts)[0]
+    handle = hosts[host]
     out = []
     for _ in range(calls + 20):
         started = time.perf_counter()

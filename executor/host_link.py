@@ -63,6 +63,8 @@ log = logging.getLogger("sandpit.executor")
 DIRECT = frozenset({"open_session", "call", "restore", "read", "close_session", "noop"})
 """Host actor methods served on the link (the session requests: a replica that takes over
 an env from another re-attaches its session with ``open_session`` on the step path)."""
+
+
 class LinkRefused(Exception):
     """The link could not be opened (nothing was sent): use Ray for this request."""
 

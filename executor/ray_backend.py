@@ -401,8 +401,9 @@ class SandboxHost:
         record is gone, :meth:`RayExecutor.undrain`): the ``draining`` flag is reset and, if
         :meth:`shutdown` already closed the pool (a drain that finished as the undrain came),
         a new pool (and a new host link server) is started with the same settings. Sessions
-        the drain evicted re-open where their affinity points. Idempotent. ``{"ok": {"restarted": bool}}``; raises
-        nothing but the pool's start errors (DockerUnavailable, ImageError, as data)."""
+        the drain evicted re-open where their affinity points. Idempotent.
+        ``{"ok": {"restarted": bool}}``; raises nothing but the pool's start errors
+        (DockerUnavailable, ImageError, as data)."""
         def run() -> dict[str, bool]:
             from .pool import SandboxPool
 
@@ -802,7 +803,8 @@ class RayExecutor:
     def _link(self, host: str, handle: Any) -> HostLink | None:
         """The open link to ``host``, opened on first use (its endpoint asked through
         Ray); None when links are off or the last open failed less than
-        :data:`~sandpit.sandbox_images.runner.limits.LINK_RETRY_AFTER_S` ago (the request then goes through Ray)."""
+        :data:`~sandpit.sandbox_images.runner.limits.LINK_RETRY_AFTER_S` ago (the request
+        then goes through Ray)."""
         if not self.direct:
             return None
         with self._lock:
@@ -859,6 +861,7 @@ class RayExecutor:
             handle = self._hosts.get(host)
         if handle is None:
             raise SandboxLost(f"sandbox host {host} is gone", sandbox_id=host)
+        answer: dict[str, Any] | None = None
         link = self._link(host, handle) if method in DIRECT else None
         if link is not None:
             try:
@@ -866,16 +869,13 @@ class RayExecutor:
             except SandboxLost as exc:
                 raise self._link_broken(host, link, handle, exc) from exc
             except (ValueError, TypeError):  # not JSON (nothing was sent): Ray carries any value
-                answer = None
-            if answer is not None:
-                if "error" in answer:
-                    _raise(answer["error"])
-                return answer["ok"]
-        try:
-            answer = ray.get(getattr(handle, method).remote(*args), timeout=timeout_s or self.hop_timeout_s)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-            self._lost(host)
-            raise SandboxLost(f"sandbox host {host} was lost: {type(exc).__name__}", sandbox_id=host) from exc
+                pass
+        if answer is None:
+            try:
+                answer = ray.get(getattr(handle, method).remote(*args), timeout=timeout_s or self.hop_timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                self._lost(host)
+                raise SandboxLost(f"sandbox host {host} was lost: {type(exc).__name__}", sandbox_id=host) from exc
         if "error" in answer:
             _raise(answer["error"])
         return answer["ok"]
@@ -915,9 +915,9 @@ class RayExecutor:
                 self._lost(name)
         return loads
 
-    def _choose(self, session_id: str, exclude: set[str], recorded: str | None) -> str:
-        """The recorded host of ``session_id`` (``recorded``) while it lives and takes work,
-        else the least-loaded such host."""
+    def _choose(self, recorded: str | None, exclude: set[str]) -> str:
+        """``recorded`` (the host an env's session is recorded on) while it lives and takes
+        work, else the least-loaded such host."""
         candidates = [name for name in self.placeable() if name not in exclude]
         if recorded is not None and recorded in candidates:
             return recorded
@@ -1095,7 +1095,7 @@ class RayExecutor:
         recorded = self.affinity.get(session_id)
         tried: set[str] = set()
         while True:
-            host = self._choose(session_id, tried, recorded)
+            host = self._choose(recorded, tried)
             try:
                 opened = self.ask(host, "open_session", session_id, tenant, source, class_name, init_config,
                                   profile.model_dump(mode="json") if profile is not None else None, snapshot)

@@ -9,6 +9,7 @@ on both SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -40,7 +41,14 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def database(pg_url: str) -> Iterator[Database]:
-    engine = make_engine(pg_url)
+    with opened(pg_url) as db:
+        yield db
+
+
+@contextlib.contextmanager
+def opened(url: str) -> Iterator[Database]:
+    """The :class:`Database` of a migrated ``url``, its engine disposed at the end."""
+    engine = make_engine(url)
     try:
         yield Database(make_sessionmaker(engine))
     finally:
@@ -287,18 +295,11 @@ def any_database(request: pytest.FixtureRequest, tmp_path) -> Iterator[Database]
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'owners.db'}"
         upgrade(url)
-        engine = make_engine(url)
-        try:
-            yield Database(make_sessionmaker(engine))
-        finally:
-            engine.dispose()
+        with opened(url) as db:
+            yield db
     else:
-        with postgres.fresh_database() as url:
-            engine = make_engine(url)
-            try:
-                yield Database(make_sessionmaker(engine))
-            finally:
-                engine.dispose()
+        with postgres.fresh_database() as url, opened(url) as db:
+            yield db
 
 
 def test_only_drains_of_dead_replicas_are_orphaned(any_database: Database) -> None:
