@@ -30,6 +30,7 @@ from sandpit.executor.errors import ExecutorError
 from sandpit.executor.interface import Executor
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings, get_settings
+from starlette.types import Receive, Scope, Send
 
 from . import openapi
 from .body_timeout import BodyReadTimeout
@@ -91,6 +92,26 @@ def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Dat
                        direct=api_settings.ray_direct_calls).start()
 
 
+class SandpitApp(FastAPI):
+    """The FastAPI app with the lean step path in front of its middleware stack.
+
+    ``lean`` (:class:`~.lean_step.LeanStep`, set by :func:`create_app` unless
+    ``ApiSettings.lean_step`` is false) sees every HTTP ``POST`` first: it answers plain
+    step requests itself and hands everything else to ``FastAPI.__call__`` (routing,
+    middleware, handlers) untouched. Other requests and the lifespan go straight to
+    FastAPI."""
+
+    lean: LeanStep | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lean = self.lean
+        if lean is not None and scope["type"] == "http" and scope["method"] == "POST":
+            scope["app"] = self  # what Starlette sets; the lean path reads the services on it
+            await lean(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None,
                executor_factory: Callable[[ExecutorSettings], Executor] | None = None) -> FastAPI:
     """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
@@ -124,14 +145,16 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 try:
                     yield
                 finally:
+                    if isinstance(app, SandpitApp) and app.lean is not None:
+                        app.lean.close()
                     services.close()
             finally:
                 executor.close()
         finally:
             engine.dispose()
 
-    app = FastAPI(title="Sandpit", version="0.1.0", lifespan=lifespan,
-                  summary="Sandboxed execution of LLM-synthesized tool environments")
+    app = SandpitApp(title="Sandpit", version="0.1.0", lifespan=lifespan,
+                     summary="Sandboxed execution of LLM-synthesized tool environments")
     app.state.settings = api_settings
     register_handlers(app)
 
@@ -144,7 +167,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
         return translate(exc, api_settings.capacity_retry_after_s) if isinstance(exc, ExecutorError) else None
 
     if api_settings.lean_step:
-        app.add_middleware(LeanStep, translate=_translated)  # inside BodyReadTimeout (added next: outer)
+        app.lean = LeanStep(partial(FastAPI.__call__, app), translate=_translated,
+                            body_timeout_s=api_settings.body_read_timeout_s, threads=api_settings.http_threads)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
     for router in ROUTERS:
         app.include_router(router)

@@ -235,3 +235,51 @@ def test_a_stalled_step_body_is_408_on_both_paths(tmp_path: Path, lean: bool) ->
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 408
     assert (b"connection", b"close") in start["headers"]
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_an_unexpected_error_in_a_step_is_the_same_500_on_both_paths(tmp_path: Path, lean: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug raised while stepping (not an ApiError, not an executor error) is answered
+    500 ``internal`` with the catch-all handler's body and logged, whether the lean path
+    (in front of FastAPI's error middleware) or the router ran the step; the server keeps
+    answering."""
+    from sandpit.api.services.steps import StepService
+
+    settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
+                           janitor_interval_s=60, lean_step=lean)
+    from sandpit.api.db.engine import upgrade
+
+    upgrade(settings.resolved_database_url())
+    app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+    take_json = StepService.take_json
+    calls: list[int] = []
+
+    def broken(self: StepService, *args: Any, **kwargs: Any) -> bytes:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return take_json(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepService, "take_json", broken)
+    replies: list[httpx.Response] = []
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
+                made = await client.post("/v1/admin/tenants", json={"id": "team-a"},
+                                         headers={"Authorization": f"Bearer {OPERATOR}"})
+                key = {"Authorization": f"Bearer {made.json()['api_key']['key']}"}
+                environment = await client.post("/v1/environments", headers=key,
+                                                json={"source_code": SOURCE, "class_name": "Counter"})
+                env = await client.post("/v1/envs", headers=key, json={"environment_id": environment.json()["id"]})
+                for _ in range(2):
+                    replies.append(await client.post(f"/v1/envs/{env.json()['id']}/step", headers=key,
+                                                     json={"name": "bump"}))
+
+    asyncio.run(main())
+    assert len(calls) == 2
+    assert replies[0].status_code == 500
+    assert replies[0].json() == {"error": {"code": "internal", "message": "internal error (logged)", "field": None}}
+    assert replies[1].status_code == 200, replies[1].text
