@@ -32,6 +32,7 @@ quiet one.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import platform
@@ -49,7 +50,7 @@ from sandpit.executor.settings import ExecutorSettings
 sys.path.insert(0, str(Path(__file__).parent))
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
-from api import SOURCE, Server, pcts  # noqa: E402 - the API benchmark's server and environment
+from api import SOURCE, RawClient, Server, pcts, phase_counters  # noqa: E402 - the API benchmark's parts
 
 MiB = 1024 * 1024
 SMALL = '''
@@ -243,6 +244,10 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             restores = errors = 0
             lock = threading.Lock()
             stop_at = time.perf_counter() + args.seconds
+            # each stepping client keeps its own keep-alive connection (an agent's rollout
+            # worker), over http.client: 200 threads of one httpx.Client spent more CPU in
+            # this process, on the same 2 cores, than the server did
+            raw = RawClient(server.url, trainer_key)
 
             def drive(env_id: str) -> None:
                 nonlocal restores, errors
@@ -251,16 +256,16 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 while time.perf_counter() < stop_at:
                     t0 = time.perf_counter()
                     try:
-                        response = client.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {}})
-                        body = response.json()
-                        if response.status_code != 200 or body.get("status") != "ok":
+                        code, body = raw.post(f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {}})
+                        if code != 200 or body.get("status") != "ok":
                             failed += 1
                             if len(error_samples) < 5:
-                                error_samples.append(f"{response.status_code}: {response.text[:200]}")
+                                error_samples.append(f"{code}: {str(body)[:200]}")
                         else:
                             local.append((time.perf_counter() - t0) * 1000)
                             recovered += bool(body.get("recovered"))
-                    except httpx.HTTPError as exc:
+                    except (OSError, http.client.HTTPException, ValueError) as exc:
+                        raw.local.conn = None  # a new connection for the next step
                         failed += 1
                         if len(error_samples) < 5:
                             error_samples.append(repr(exc)[:200])
@@ -280,11 +285,18 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
+            phases0 = phase_counters(server.url)
             started = time.perf_counter()
             stepping = ids[:: max(1, len(ids) // args.stepping)][: args.stepping]
             with ThreadPoolExecutor(len(stepping)) as pool:
                 list(pool.map(drive, stepping))
             wall = time.perf_counter() - started
+            phases1 = phase_counters(server.url)
+            served = max(1.0, phases1["steps"] - phases0["steps"])
+            # where a step's time went inside the server (mean ms per step, wall clock):
+            # what the client saw beyond their sum was HTTP, queueing and this process
+            out["server_wall_ms_per_step"] = {phase: round((phases1["wall"][phase] - phases0["wall"].get(phase, 0.0))
+                                                           * 1000 / served, 3) for phase in phases1["wall"]}
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
             # the same server at rest (1,000 envs resident, nothing else stepping): one client
