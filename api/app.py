@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from . import openapi
 from .body_timeout import BodyReadTimeout
 from .db.affinity import DbAffinity
+from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
 from .errors import ApiError, error_response, register_handlers
@@ -123,9 +124,13 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(api_settings.resolved_database_url())
+        checkpoints = api_settings.sqlite_checkpoint_interval_s
+        engine = make_engine(api_settings.resolved_database_url(), background_checkpoints=bool(checkpoints))
+        checkpointer = WalCheckpointer(engine, checkpoints) if checkpoints else None
         try:
             require_current(engine)
+            if checkpointer is not None:
+                checkpointer.start()
             db = Database(make_sessionmaker(engine))
             if executor_factory is not None:
                 executor = executor_factory(pool_settings)
@@ -151,6 +156,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
             finally:
                 executor.close()
         finally:
+            if checkpointer is not None:
+                checkpointer.close()
             engine.dispose()
 
     app = SandpitApp(title="Sandpit", version="0.1.0", lifespan=lifespan,

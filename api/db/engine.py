@@ -21,6 +21,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import DatabaseNotMigrated
+from .checkpoint import FOREGROUND_PAGES, WAL_KEEP_BYTES
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent.parent / "migrations"
 
@@ -35,9 +36,14 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, background_checkpoints: bool = False) -> Engine:
     """An engine for ``url``; creates the parent directory of a SQLite file. PostgreSQL:
-    16 pooled connections (+48 overflow, like SQLite), checked before use."""
+    16 pooled connections (+48 overflow, like SQLite), checked before use.
+
+    ``background_checkpoints`` (SQLite; the serving app, which runs a
+    :class:`~.checkpoint.WalCheckpointer`): commits leave WAL checkpoints to that thread
+    and run one themselves only past ``checkpoint.FOREGROUND_PAGES``; the WAL file is
+    truncated to ``checkpoint.WAL_KEEP_BYTES`` when it restarts."""
     url = normalize_url(url)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -53,6 +59,9 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
+            if background_checkpoints:
+                cursor.execute(f"PRAGMA wal_autocheckpoint={int(FOREGROUND_PAGES)}")
+                cursor.execute(f"PRAGMA journal_size_limit={int(WAL_KEEP_BYTES)}")
             cursor.close()
 
         return engine
