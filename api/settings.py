@@ -72,7 +72,8 @@ class ApiSettings(BaseSettings):
     """A call waiting longer than this for a slot gets 429 (``max_running_calls``)."""
     http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
-    tenant waiting in the scheduler's queue could exhaust)."""
+    tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
+    the lean path runs (its own pool, made on demand)."""
     sqlite_checkpoint_interval_s: Annotated[float, Field(ge=0, le=3600)] = 0.5
     """Seconds between the passive WAL checkpoints a thread of the app runs on a SQLite
     database (:mod:`sandpit.api.db.checkpoint`), so that no step's commit copies the WAL

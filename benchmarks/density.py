@@ -174,6 +174,30 @@ def metric(text: str, name: str) -> float:
     return total
 
 
+def step_histogram(text: str) -> dict[float, float]:
+    """``sandpit_step_seconds`` cumulative bucket counts (all statuses), by upper bound."""
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith("sandpit_step_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            key = float("inf") if bound == "+Inf" else float(bound)
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def histogram_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The upper bound (ms) of the bucket holding quantile ``q`` of the steps between
+    two scrapes (the server's own step time, HTTP excluded), or None without steps."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= q * counts[-1]:
+            return bound * 1000
+    return None
+
+
 def containers_memory(owner_pid: int) -> dict:
     """Summed cgroup memory and process PSS of the sandbox containers owned by process
     ``owner_pid`` (the server's pool)."""
@@ -295,6 +319,10 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             served = max(1.0, phases1["steps"] - phases0["steps"])
             # where a step's time went inside the server (mean ms per step, wall clock):
             # what the client saw beyond their sum was HTTP, queueing and this process
+            hist0, hist1 = step_histogram(metrics_before), step_histogram(client.get("/metrics").text)
+            # the server's own step time (request in to reply out, bucket upper bounds)
+            out["server_step_ms_at_most"] = {"p50": histogram_quantile(hist0, hist1, 0.5),
+                                             "p99": histogram_quantile(hist0, hist1, 0.99)}
             out["server_wall_ms_per_step"] = {phase: round((phases1["wall"][phase] - phases0["wall"].get(phase, 0.0))
                                                            * 1000 / served, 3) for phase in phases1["wall"]}
             sampler_stop.set()

@@ -8,9 +8,11 @@ cloned from a migrated template on the test server (``tests/support/postgres.py`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,22 +47,38 @@ def database_kind() -> Iterator[str]:
         postgres.drop_template()
 
 
+@contextmanager
+def _open(database_kind: str, sqlite_path: Callable[[], Path]) -> Iterator[Database]:
+    """A fresh PostgreSQL clone, or the SQLite file ``sqlite_path()`` gives, as a unit of work."""
+    with contextlib.ExitStack() as stack:
+        if database_kind == "postgresql":
+            import postgres
+
+            url = stack.enter_context(postgres.fresh_database())
+        else:
+            url = f"sqlite:///{sqlite_path()}"
+        engine = make_engine(url)
+        try:
+            yield Database(make_sessionmaker(engine))
+        finally:
+            engine.dispose()
+
+
 @pytest.fixture
 def database(database_kind: str, request: pytest.FixtureRequest) -> Iterator[Database]:
     """The unit of work over this test's database (SQLite copy or PostgreSQL clone)."""
-    if database_kind == "postgresql":
-        import postgres
+    with _open(database_kind, lambda: request.getfixturevalue("db_path")) as db:
+        yield db
 
-        with postgres.fresh_database() as url:
-            engine = make_engine(url)
-            try:
-                yield Database(make_sessionmaker(engine))
-            finally:
-                engine.dispose()
-        return
-    db_path: Path = request.getfixturevalue("db_path")
-    engine = make_engine(f"sqlite:///{db_path}")
-    try:
-        yield Database(make_sessionmaker(engine))
-    finally:
-        engine.dispose()
+
+@pytest.fixture
+def second_database(database_kind: str, migrated_template: Path, tmp_path: Path) -> Iterator[Database]:
+    """Another database of the same kind as ``database``, for comparing two writes."""
+
+    def copy() -> Path:
+        path = tmp_path / "second.db"
+        shutil.copyfile(migrated_template, path)
+        return path
+
+    with _open(database_kind, copy) as db:
+        yield db

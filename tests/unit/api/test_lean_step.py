@@ -142,6 +142,28 @@ def run_requests(tmp_path: Path, lean: bool) -> list[tuple[int, str | None, str 
     return out
 
 
+
+def fake_app(tmp_path: Path, **settings: Any) -> Any:
+    """The app on a migrated SQLite file in ``tmp_path`` and the executor's fake."""
+    from sandpit.api.db.engine import upgrade
+
+    api_settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
+                               janitor_interval_s=60, **settings)
+    upgrade(api_settings.resolved_database_url())
+    return create_app(api_settings, executor_factory=lambda _settings: fake_executor())
+
+
+async def counter_env(client: httpx.AsyncClient) -> tuple[dict[str, str], str]:
+    """A tenant's key headers and a live env of the ``Counter`` environment."""
+    made = await client.post("/v1/admin/tenants", json={"id": "team-a"},
+                             headers={"Authorization": f"Bearer {OPERATOR}"})
+    key = {"Authorization": f"Bearer {made.json()['api_key']['key']}"}
+    environment = await client.post("/v1/environments", headers=key,
+                                    json={"source_code": SOURCE, "class_name": "Counter"})
+    env = await client.post("/v1/envs", headers=key, json={"environment_id": environment.json()["id"]})
+    return key, str(env.json()["id"])
+
+
 def test_the_lean_path_answers_every_request_as_the_router_does(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     taken: list[object] = []
@@ -168,26 +190,16 @@ def test_the_lean_path_answers_every_request_as_the_router_does(tmp_path: Path,
 @pytest.mark.parametrize("lean", [True, False])
 def test_step_metrics_count_both_paths(tmp_path: Path, lean: bool) -> None:
     """Both paths time the step's phases (``sandpit_step_phase_*``) and count it once."""
-    settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
-                           janitor_interval_s=60, lean_step=lean)
-    from sandpit.api.db.engine import upgrade
-
-    upgrade(settings.resolved_database_url())
-    app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+    app = fake_app(tmp_path, lean_step=lean)
     seen: dict[str, str] = {}
 
     async def main() -> None:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
-                made = await client.post("/v1/admin/tenants", json={"id": "team-a"},
-                                         headers={"Authorization": f"Bearer {OPERATOR}"})
-                key = {"Authorization": f"Bearer {made.json()['api_key']['key']}"}
-                environment = await client.post("/v1/environments", headers=key,
-                                                json={"source_code": SOURCE, "class_name": "Counter"})
-                env = await client.post("/v1/envs", headers=key, json={"environment_id": environment.json()["id"]})
+                key, env_id = await counter_env(client)
                 for _ in range(3):
-                    reply = await client.post(f"/v1/envs/{env.json()['id']}/step", headers=key, json={"name": "bump"})
+                    reply = await client.post(f"/v1/envs/{env_id}/step", headers=key, json={"name": "bump"})
                     assert reply.status_code == 200, reply.text
                 seen["metrics"] = (await client.get("/metrics")).text
 
@@ -203,12 +215,7 @@ def test_step_metrics_count_both_paths(tmp_path: Path, lean: bool) -> None:
 def test_a_stalled_step_body_is_408_on_both_paths(tmp_path: Path, lean: bool) -> None:
     """A step whose body stops arriving gets 408 and ``Connection: close`` (BodyReadTimeout),
     not a 500, whether the lean path or the router was reading it."""
-    settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
-                           janitor_interval_s=60, lean_step=lean, body_read_timeout_s=0.3)
-    from sandpit.api.db.engine import upgrade
-
-    upgrade(settings.resolved_database_url())
-    app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+    app = fake_app(tmp_path, lean_step=lean, body_read_timeout_s=0.3)
     sent: list[dict[str, Any]] = []
 
     async def main() -> None:
@@ -246,12 +253,7 @@ def test_an_unexpected_error_in_a_step_is_the_same_500_on_both_paths(tmp_path: P
     answering."""
     from sandpit.api.services.steps import StepService
 
-    settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
-                           janitor_interval_s=60, lean_step=lean)
-    from sandpit.api.db.engine import upgrade
-
-    upgrade(settings.resolved_database_url())
-    app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+    app = fake_app(tmp_path, lean_step=lean)
     take_json = StepService.take_json
     calls: list[int] = []
 
@@ -268,14 +270,9 @@ def test_an_unexpected_error_in_a_step_is_the_same_500_on_both_paths(tmp_path: P
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
-                made = await client.post("/v1/admin/tenants", json={"id": "team-a"},
-                                         headers={"Authorization": f"Bearer {OPERATOR}"})
-                key = {"Authorization": f"Bearer {made.json()['api_key']['key']}"}
-                environment = await client.post("/v1/environments", headers=key,
-                                                json={"source_code": SOURCE, "class_name": "Counter"})
-                env = await client.post("/v1/envs", headers=key, json={"environment_id": environment.json()["id"]})
+                key, env_id = await counter_env(client)
                 for _ in range(2):
-                    replies.append(await client.post(f"/v1/envs/{env.json()['id']}/step", headers=key,
+                    replies.append(await client.post(f"/v1/envs/{env_id}/step", headers=key,
                                                      json={"name": "bump"}))
 
     asyncio.run(main())

@@ -5,18 +5,14 @@ group-commit batch fails alone, as a 503, and takes nothing else down."""
 
 from __future__ import annotations
 
-import shutil
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from sandpit.api.db import models
 from sandpit.api.db.database import Database
-from sandpit.api.db.engine import make_engine, make_sessionmaker
 from sandpit.api.db.group_commit import GroupCommit
 from sandpit.api.db.store import PendingBlobs
 from sandpit.api.errors import ServiceUnavailable
@@ -67,28 +63,6 @@ def stored(database: Database) -> list[list[tuple[Any, ...]]]:
                 rows("SELECT id, step, CAST(last_used_at AS TEXT) FROM envs ORDER BY id")]
 
 
-@pytest.fixture
-def other(database_kind: str, migrated_template: Path, tmp_path: Path) -> Iterator[Database]:
-    """A second database of the same kind as ``database`` (the Core reference)."""
-    if database_kind == "postgresql":
-        import postgres
-
-        with postgres.fresh_database() as url:
-            engine = make_engine(url)
-            try:
-                yield Database(make_sessionmaker(engine))
-            finally:
-                engine.dispose()
-        return
-    path = tmp_path / "core.db"
-    shutil.copyfile(migrated_template, path)
-    engine = make_engine(f"sqlite:///{path}")
-    try:
-        yield Database(make_sessionmaker(engine))
-    finally:
-        engine.dispose()
-
-
 # hostile and corner values: non-ASCII, a line separator and escapes, floats that look
 # like ints, -0.0, a NULL reward, a JSON null action, nested info, quotes
 BATCH = [
@@ -98,9 +72,10 @@ BATCH = [
 ]
 
 
-def test_the_driver_path_stores_exactly_what_core_stored(database: Database, other: Database) -> None:
+def test_the_driver_path_stores_exactly_what_core_stored(database: Database, second_database: Database) -> None:
     """Same batch, two databases: ``write_steps`` (the driver path on SQLite) and
     ``write_steps_core``; every stored column is equal, byte for byte."""
+    other = second_database
     for db in (database, other):
         make_env(db, "env-1")
     writes = [step("env-1", number, **row) for number, row in enumerate(BATCH, 1)]
