@@ -146,6 +146,9 @@ class LeanStep:
         except _Fallback:
             await self.app(scope, replay, send)
             return
+        except Exception as exc:  # a bug, not the request's fault: the catch-all's 500
+            await _internal_error(exc, scope, replay, send)
+            return
         parse_cpu = time.thread_time() - started
         env_id: str = match.group(1)
         authorization = headers.get(b"authorization")
@@ -165,9 +168,7 @@ class LeanStep:
         except Exception as exc:
             translated = self.translate(exc) if self.translate is not None else None
             if translated is None:
-                log.error("unhandled error", exc_info=exc)
-                await JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)(
-                    scope, replay, send)
+                await _internal_error(exc, scope, replay, send)
                 return
             await self._error(translated, scope, replay, send)
             return
@@ -184,6 +185,12 @@ class LeanStep:
             if metrics is not None:
                 metrics.quota_rejections.labels(exc.limit).inc()
         await error_response(exc)(scope, receive, send)
+
+
+async def _internal_error(exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
+    """Log ``exc`` and answer what the app's catch-all handler answers (500 ``internal``)."""
+    log.error("unhandled error", exc_info=exc)
+    await JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)(scope, receive, send)
 
 
 def _client(scope: Scope) -> str:
