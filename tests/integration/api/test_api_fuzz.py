@@ -43,7 +43,7 @@ from schemathesis.hooks import GLOBAL_HOOK_DISPATCHER
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 FUZZ_EXAMPLES = int(os.environ.get("SANDPIT_FUZZ_EXAMPLES", "40"))
-FUZZ_BUDGET_S = int(os.environ.get("SANDPIT_FUZZ_BUDGET_S", "110"))
+FUZZ_BUDGET_S = int(os.environ.get("SANDPIT_FUZZ_BUDGET_S", "85"))
 FUZZ_SEED = int(os.environ.get("SANDPIT_FUZZ_SEED", "12"))
 MIN_CASES = 1000
 """Fewer cases sent than this (a too-small budget on a loaded machine) fails the test:

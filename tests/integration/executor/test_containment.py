@@ -318,7 +318,7 @@ def test_a_memory_bomb_is_oom_every_time_and_the_sandbox_serves_on(open_env, pro
     assert statuses == {"oom": REPEATS}, statuses
 
 
-STRESS_ROUNDS = {"runc": 50, "runsc": 10}
+STRESS_ROUNDS = {"runc": 35, "runsc": 10}
 """Fork bombs in a row per runtime (a runsc round costs several seconds of gVisor's
 process teardown and usually a fresh sandbox, see below)."""
 
