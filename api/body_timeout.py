@@ -57,22 +57,38 @@ class BodyReadTimeout:
                 else:  # http.disconnect
                     body_done = True
                 return message
-            log.warning("request body timed out: %s %s from %s sent %d byte(s) in %g s; answered 408, closing",
-                        scope.get("method"), scope.get("path"), _client(scope), received, self.timeout_s)
-            raise RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s "
-                                 f"({received} byte(s) received)")
+            raise body_timed_out(scope, received, self.timeout_s)
 
         async def closing_send(message: Message) -> None:
             if message["type"] == "http.response.start" and not body_done:
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+                message = with_connection_close(message)
             await send(message)
 
         try:
             await self.app(scope, timed_receive, closing_send)
         except ClientDisconnect:
-            log.warning("client disconnected: %s %s from %s after %d byte(s) of the request body",
-                        scope.get("method"), scope.get("path"), _client(scope), received)
+            log_disconnect(scope, received)
+
+
+def body_timed_out(scope: Scope, received: int, timeout_s: float) -> RequestTimeout:
+    """Log that the body of the request in ``scope`` did not arrive within ``timeout_s``
+    seconds (``received`` bytes did) and return the 408 to raise or answer."""
+    log.warning("request body timed out: %s %s from %s sent %d byte(s) in %g s; answered 408, closing",
+                scope.get("method"), scope.get("path"), _client(scope), received, timeout_s)
+    return RequestTimeout(f"the request body did not arrive within {timeout_s:g} s ({received} byte(s) received)")
+
+
+def log_disconnect(scope: Scope, received: int) -> None:
+    """One log line for a client gone after ``received`` bytes of its request body."""
+    log.warning("client disconnected: %s %s from %s after %d byte(s) of the request body",
+                scope.get("method"), scope.get("path"), _client(scope), received)
+
+
+def with_connection_close(message: Message) -> Message:
+    """An ``http.response.start`` message whose only ``Connection`` header is ``close``
+    (the server then closes the connection after the response)."""
+    headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+    return {**message, "headers": [*headers, (b"connection", b"close")]}
 
 
 def _client(scope: Scope) -> str:

@@ -239,5 +239,11 @@ def register_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error", exc_info=exc)
-        return JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)
+        return internal_error_response(exc)
+
+
+def internal_error_response(exc: Exception) -> JSONResponse:
+    """Log ``exc`` (with its traceback) and give the 500 ``internal`` every unexpected
+    error gets: the catch-all handler's and the lean step path's."""
+    log.error("unhandled error", exc_info=exc)
+    return JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)

@@ -39,7 +39,6 @@ limiter, cancel scope per call) cost about as much again as the hop itself.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -50,10 +49,10 @@ from urllib.parse import parse_qsl
 import orjson
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, QuotaExceeded, RequestTimeout, error_body, error_response
+from .body_timeout import body_timed_out, log_disconnect, with_connection_close
+from .errors import ApiError, QuotaExceeded, error_response, internal_error_response
 from .schemas.envs import StepRequest
 from .services.steps import StepClock, StepService
 from .services.tenants import TenantService
@@ -67,7 +66,6 @@ INCLUDE_MAX_CHARS = 64
 """The route's ``include`` limit (``Query(max_length=64)``)."""
 _LONG_NUMBER = re.compile(rb"\d{19}")
 _JSON_TYPE = re.compile(r"\s*application/json\s*(;.*)?", re.IGNORECASE | re.DOTALL)
-log = logging.getLogger("sandpit.api")
 
 
 class _Fallback(Exception):
@@ -128,16 +126,11 @@ class LeanStep:
             async with asyncio.timeout(self.body_timeout_s):
                 body = await _read(receive, chunks)
         except TimeoutError:
-            received = sum(map(len, chunks))
-            log.warning("request body timed out: POST %s from %s sent %d byte(s) in %g s; answered 408, closing",
-                        scope["path"], _client(scope), received, self.body_timeout_s)
-            exc = RequestTimeout(f"the request body did not arrive within {self.body_timeout_s:g} s "
-                                 f"({received} byte(s) received)")
-            await self._error(exc, scope, receive, _closing(send))
+            await self._error(body_timed_out(scope, sum(map(len, chunks)), self.body_timeout_s), scope, receive,
+                              _closing(send))
             return
         except ClientDisconnect:
-            log.warning("client disconnected: POST %s from %s while sending the request body", scope["path"],
-                        _client(scope))
+            log_disconnect(scope, sum(map(len, chunks)))
             return
         replay = _replay(body, receive)
         started = time.thread_time()
@@ -147,7 +140,7 @@ class LeanStep:
             await self.app(scope, replay, send)
             return
         except Exception as exc:  # a bug, not the request's fault: the catch-all's 500
-            await _internal_error(exc, scope, replay, send)
+            await internal_error_response(exc)(scope, replay, send)
             return
         parse_cpu = time.thread_time() - started
         env_id: str = match.group(1)
@@ -168,7 +161,7 @@ class LeanStep:
         except Exception as exc:
             translated = self.translate(exc) if self.translate is not None else None
             if translated is None:
-                await _internal_error(exc, scope, replay, send)
+                await internal_error_response(exc)(scope, replay, send)
                 return
             await self._error(translated, scope, replay, send)
             return
@@ -187,23 +180,12 @@ class LeanStep:
         await error_response(exc)(scope, receive, send)
 
 
-async def _internal_error(exc: Exception, scope: Scope, receive: Receive, send: Send) -> None:
-    """Log ``exc`` and answer what the app's catch-all handler answers (500 ``internal``)."""
-    log.error("unhandled error", exc_info=exc)
-    await JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)(scope, receive, send)
-
-
-def _client(scope: Scope) -> str:
-    client: Any = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else "?"
-
-
 def _closing(send: Send) -> Send:
     """``send`` with ``Connection: close`` on the response (the body was not read whole)."""
 
     async def closing_send(message: Message) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            message = with_connection_close(message)
         await send(message)
 
     return closing_send
