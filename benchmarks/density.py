@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from sandpit.executor import engine
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
@@ -177,11 +178,12 @@ def metric(text: str, name: str) -> float:
 def step_histogram(text: str) -> dict[float, float]:
     """``sandpit_step_seconds`` cumulative bucket counts (all statuses), by upper bound."""
     out: dict[float, float] = {}
-    for line in text.splitlines():
-        if line.startswith("sandpit_step_seconds_bucket{"):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            key = float("inf") if bound == "+Inf" else float(bound)
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        if family.name == "sandpit_step_seconds":
+            for sample in family.samples:
+                if sample.name == "sandpit_step_seconds_bucket":
+                    bound = float(sample.labels["le"])  # "+Inf" parses as inf
+                    out[bound] = out.get(bound, 0.0) + sample.value
     return out
 
 
@@ -316,17 +318,17 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 list(pool.map(drive, stepping))
             wall = time.perf_counter() - started
             phases1 = phase_counters(server.url)
-            served = max(1.0, phases1["steps"] - phases0["steps"])
-            # where a step's time went inside the server (mean ms per step, wall clock):
-            # what the client saw beyond their sum was HTTP, queueing and this process
-            hist0, hist1 = step_histogram(metrics_before), step_histogram(client.get("/metrics").text)
-            # the server's own step time (request in to reply out, bucket upper bounds)
-            out["server_step_ms_at_most"] = {"p50": histogram_quantile(hist0, hist1, 0.5),
-                                             "p99": histogram_quantile(hist0, hist1, 0.99)}
-            out["server_wall_ms_per_step"] = {phase: round((phases1["wall"][phase] - phases0["wall"].get(phase, 0.0))
-                                                           * 1000 / served, 3) for phase in phases1["wall"]}
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
+            # the server's own step time (request in to reply out, bucket upper bounds)
+            hist0, hist1 = step_histogram(metrics_before), step_histogram(metrics_after)
+            out["server_step_ms_at_most"] = {"p50": histogram_quantile(hist0, hist1, 0.5),
+                                             "p99": histogram_quantile(hist0, hist1, 0.99)}
+            # where a step's time went inside the server (mean ms per step, wall clock):
+            # what the client saw beyond their sum was HTTP, queueing and this process
+            served = max(1.0, phases1["steps"] - phases0["steps"])
+            out["server_wall_ms_per_step"] = {phase: round((phases1["wall"][phase] - phases0["wall"].get(phase, 0.0))
+                                                           * 1000 / served, 3) for phase in phases1["wall"]}
             # the same server at rest (1,000 envs resident, nothing else stepping): one client
             quiet = [_timed_step(client, env_id) for env_id in ids[:200] for _ in range(2)]
             out.update({
