@@ -40,7 +40,7 @@ WAL_KEEP_BYTES = 64 * 1024 * 1024
 
 @dataclass
 class CheckpointStats:
-    """What the checkpointer has done (for tests and ``/metrics``-style reading)."""
+    """What the checkpointer has done (counters, read by tests)."""
 
     passes: int = 0
     """Checkpoints run."""

@@ -60,8 +60,8 @@ def make_engine(url: str, background_checkpoints: bool = False) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
             if background_checkpoints:
-                cursor.execute(f"PRAGMA wal_autocheckpoint={int(FOREGROUND_PAGES)}")
-                cursor.execute(f"PRAGMA journal_size_limit={int(WAL_KEEP_BYTES)}")
+                cursor.execute(f"PRAGMA wal_autocheckpoint={FOREGROUND_PAGES}")
+                cursor.execute(f"PRAGMA journal_size_limit={WAL_KEEP_BYTES}")
             cursor.close()
 
         return engine

@@ -9,7 +9,6 @@ on both SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from datetime import timedelta
 
 import postgres
 import pytest
+from databases import opened
 from sandpit.api.db import models
 from sandpit.api.db.affinity import DbAffinity
 from sandpit.api.db.database import Database
@@ -45,14 +45,6 @@ def database(pg_url: str) -> Iterator[Database]:
         yield db
 
 
-@contextlib.contextmanager
-def opened(url: str) -> Iterator[Database]:
-    """The :class:`Database` of a migrated ``url``, its engine disposed at the end."""
-    engine = make_engine(url)
-    try:
-        yield Database(make_sessionmaker(engine))
-    finally:
-        engine.dispose()
 
 
 def make_job(database: Database, job_id: str, episodes: int) -> None:

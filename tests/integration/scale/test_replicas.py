@@ -48,6 +48,7 @@ from sandpit.api.evaluations.claims import LEASE_S
 from sandpit.client import Client, Conflict, NotFound, SandpitError, Unauthorized
 from sandpit.executor import engine
 from sqlalchemy import create_engine, text
+from waiting import wait_until
 
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 """Ray then takes 127.0.0.1 as every node's address (``get_node_ip_address``), never an
@@ -623,13 +624,6 @@ def create_on(clients: list[Client], environment_id: str, host: str, pg_url: str
         if hosts_of(pg_url, [env.id]).get(env.id) == host:
             return env
     raise AssertionError(f"no env landed on {host} in 12 creations: {hosts_of(pg_url, [e.id for e in made])}")
-
-
-def wait_until(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
-        time.sleep(0.2)
 
 
 def wait_for_call_on(client: Client, host: str, thread: threading.Thread) -> None:

@@ -8,7 +8,6 @@ cloned from a migrated template on the test server (``tests/support/postgres.py`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -16,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from databases import opened
 from sandpit.api.db.database import Database
-from sandpit.api.db.engine import make_engine, make_sessionmaker, upgrade
+from sandpit.api.db.engine import upgrade
 
 
 @pytest.fixture(scope="session")
@@ -50,18 +50,14 @@ def database_kind() -> Iterator[str]:
 @contextmanager
 def _open(database_kind: str, sqlite_path: Callable[[], Path]) -> Iterator[Database]:
     """A fresh PostgreSQL clone, or the SQLite file ``sqlite_path()`` gives, as a unit of work."""
-    with contextlib.ExitStack() as stack:
-        if database_kind == "postgresql":
-            import postgres
+    if database_kind == "postgresql":
+        import postgres
 
-            url = stack.enter_context(postgres.fresh_database())
-        else:
-            url = f"sqlite:///{sqlite_path()}"
-        engine = make_engine(url)
-        try:
-            yield Database(make_sessionmaker(engine))
-        finally:
-            engine.dispose()
+        with postgres.fresh_database() as url, opened(url) as db:
+            yield db
+    else:
+        with opened(f"sqlite:///{sqlite_path()}") as db:
+            yield db
 
 
 @pytest.fixture

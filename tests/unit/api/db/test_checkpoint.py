@@ -12,6 +12,7 @@ import pytest
 from sandpit.api.db.checkpoint import FOREGROUND_PAGES, WAL_KEEP_BYTES, WalCheckpointer
 from sandpit.api.db.engine import make_engine
 from sqlalchemy import Engine, create_engine, text
+from waiting import wait_until
 
 
 def make_table(engine: Engine) -> None:
@@ -29,13 +30,6 @@ def write(engine: Engine, first: int, count: int) -> list[float]:
                          {"id": key, "payload": bytes(4000)})
         took.append(time.perf_counter() - started)
     return took
-
-
-def wait_for(predicate, timeout: float = 20.0) -> None:  # noqa: ANN001 - a callable
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def pragma(engine: Engine, name: str) -> int:
@@ -62,7 +56,7 @@ def test_the_thread_copies_the_wal_back_and_loses_nothing(tmp_path: Path) -> Non
     try:
         make_table(engine)
         write(engine, 0, 600)
-        wait_for(lambda: checkpointer.stats.frames_copied >= 600)
+        wait_until(lambda: checkpointer.stats.frames_copied >= 600, "600 frames copied", 20.0, poll_s=0.05)
         assert checkpointer.stats.errors == 0
     finally:
         checkpointer.close()
@@ -90,7 +84,7 @@ def test_a_reader_holding_a_snapshot_blocks_neither_writes_nor_the_thread(tmp_pa
             assert reader.execute(text("SELECT count(*) FROM t")).scalar_one() == 50  # snapshot taken
             took = write(engine, 50, 400)
             passes = checkpointer.stats.passes
-            wait_for(lambda: checkpointer.stats.passes >= passes + 3)
+            wait_until(lambda: checkpointer.stats.passes >= passes + 3, "3 passes", 20.0, poll_s=0.05)
             assert checkpointer.stats.incomplete > 0  # the reader's frames were held back
             assert reader.execute(text("SELECT count(*) FROM t")).scalar_one() == 50  # its snapshot held
             reader.execute(text("COMMIT"))
