@@ -8,7 +8,8 @@ A file's name says which process its code runs in:
   leftovers, proving the sandbox empty before reuse).
 * ``child_*``: the child processes where untrusted code runs (so everything they hold
   is within its reach): ``child_session`` (one environment instance), ``child_oneshot``
-  (a script or a check batch), ``child_schemas`` (tool schemas by introspection),
+  (a script or a check batch), ``child_readonly`` (which checks provably only read, so
+  they may share the batch's process), ``child_schemas`` (tool schemas by introspection),
   ``child_render`` (the JSON rendering of state), ``child_confine`` (the seccomp filter).
 * shared by both sides and by the host: ``protocol`` (framing) and ``limits`` (every
   size, count and time cap).

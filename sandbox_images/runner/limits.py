@@ -175,6 +175,9 @@ BATCH_SLACK_S = 5.0
 (process starts after timeouts and crashes); checks not started by then are not run."""
 FORK_RETRY_S = 2.0
 """How long the zygote retries a fork that fails for want of a pid."""
+READ_ONLY_CHECK_MAX_NODES = 20_000
+"""A check source with more syntax nodes is not analysed for the read-only path
+(``child_readonly.py``; bounds the analysis at a few milliseconds): it is forked."""
 DEFAULT_CHECK_TIMEOUT_S = 5.0
 """Per-check limit when the caller gives none (host; capped by the profile's ``call_timeout_s``)."""
 

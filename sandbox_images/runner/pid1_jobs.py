@@ -28,7 +28,8 @@ Host requests (each has an integer ``id``; the reply echoes it):
       The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
       ``source`` is the environment's code, loaded only to unpickle instances of its
       classes. One job process (``child_oneshot.py``'s zygote) restores the states once and
-      runs every check in a fresh process forked from it, one after the other: after each
+      runs every check in a fresh process forked from it (or, for a check proven
+      read-only on plain states, in itself), one after the other: after each
       result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
       (so each check's output is attributed to it and no process of one check outlives
       it); ``time_limit_s`` bounds each check. A check that times out gets that status

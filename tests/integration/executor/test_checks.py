@@ -1,8 +1,9 @@
 """Check functions (EnvScaler rule-based reward) on the real engine: ``SandboxPool.run_checks``.
 
 Every check source below is untrusted code: it only ever runs inside sandboxes, each
-check in a fresh process of its own (forked from a process that restored the states and
-never runs check code; never an environment's process). Checks that fail in every
+check in a fresh process of its own (forked from a process that restored the states;
+never an environment's process), or, when the sandbox proves it read-only and the states
+are plain data, in that process itself. Checks that fail in every
 possible way each get their own status, the checks after them still run, nothing one
 check does reaches another's verdict, and the sandbox keeps serving. States are restored
 as real Python objects (sets, dates, instances of the environment's classes).
@@ -19,6 +20,7 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.results import CheckResult
 from sandpit.sandbox_images.runner import limits
+from sandpit.sandbox_images.runner.child_readonly import why_not_read_only
 
 pytestmark = pytest.mark.docker
 
@@ -389,3 +391,67 @@ def test_each_check_runs_in_a_fresh_process(pool, fast_profile) -> None:
     assert [(r.status, r.passed) for r in results] == [("ok", True)] * 4, results
     pids = {r.stdout for r in results}
     assert len(pids) == 4, pids
+
+
+# ------------------------------------------------- read-only checks share the batch's process
+PID = check("import os\nprint(os.getpid())\nreturn True")  # not read-only: forked
+READ_ONLY = check("return final_state['balance'] == 80 and len(initial_state['orders']) == 1")
+
+
+def _pids_taken(results: list[CheckResult]) -> int:
+    """Process ids allocated between the first and the last check (both print their pid;
+    pids in a sandbox's own pid namespace are handed out in order)."""
+    assert results[0].passed and results[-1].passed, results
+    return int(results[-1].stdout) - int(results[0].stdout)
+
+
+def test_read_only_checks_run_in_the_batch_process_and_the_others_fork(pool, fast_profile) -> None:
+    shared = run(pool, fast_profile, [PID] + [READ_ONLY] * 8 + [PID])
+    assert all(r.passed for r in shared), shared
+    forked = run(pool, fast_profile, [PID] + ["import os\n" + READ_ONLY] * 8 + [PID])  # same check + import
+    assert all(r.passed for r in forked), forked
+    assert _pids_taken(forked) >= 9  # a process per check
+    assert _pids_taken(shared) <= 3  # only the last check's (and perhaps a spare's)
+
+
+def test_read_only_checks_on_unpickled_objects_still_fork(pool, fast_profile, open_env) -> None:
+    session = pool.open_session(tenant=TENANT, source=ENV_SOURCE + """
+    def add(self):
+        self.orders["O1"] = Order("O1", date(2024, 5, 1), set())
+""", class_name="Shop", profile=fast_profile)
+    try:
+        session.call("add", {})
+        final = _pickled(session.snapshot().attributes)
+        source = session.source
+    finally:
+        session.close()
+    assert final["orders"][0] == "p"  # an Order's __eq__ could be the environment's code
+    results = run(pool, fast_profile, [PID] + [check("return len(final_state['orders']) == 1")] * 8 + [PID],
+                  initial={}, final=final, encoded=True, source=source)
+    assert all(r.passed for r in results), results
+    assert _pids_taken(results) >= 9
+
+
+def test_read_only_checks_change_only_objects_they_made(pool, fast_profile) -> None:
+    intact = check("return initial_state == INITIAL and final_state == FINAL",
+                   prelude=f"INITIAL = {INITIAL!r}\nFINAL = {FINAL!r}")
+    on_copies = check("mine = dict(final_state)\nmine['balance'] = 0\nmine.pop('log')\n"
+                      "orders = final_state['orders'].copy()\norders.clear()\n"
+                      "log = list(final_state['log'])\nlog += ['forged']\nlog.append('more')\n"
+                      "return mine['balance'] == 0 and orders == {} and len(log) == 3")
+    assert why_not_read_only(intact) is None and why_not_read_only(on_copies) is None
+    results = run(pool, fast_profile, [intact, on_copies, intact, on_copies, intact])
+    assert [(r.status, r.passed) for r in results] == [("ok", True)] * 5, results
+
+
+def test_read_only_checks_keep_their_own_output_errors_and_memory_errors(pool, fast_profile) -> None:
+    results = run(pool, fast_profile, [
+        check("print('first')\nreturn True"),
+        check("print('second', final_state['balance'])\nreturn final_state['missing']"),
+        check("return len('x' * 10**14) > 0"),  # MemoryError at once: nothing was allocated
+        check("return True"),
+    ])
+    assert [(r.status, r.passed, r.stdout) for r in results] == [
+        ("ok", True, "first\n"), ("error", False, "second 80\n"), ("oom", False, ""), ("ok", True, "")], results
+    assert results[1].error == "Error: KeyError: 'missing'" and "line 3, in check_func" in results[1].traceback
+    assert "MemoryError" in results[2].error
