@@ -15,8 +15,11 @@ file, memory-admitted shared sandboxes (``SANDPIT_EXECUTOR_*`` below); creates `
 live envs of one environment over HTTP, then ``--stepping`` of them step for
 ``--seconds``: each stepping env is one client that sends a step, waits for the answer,
 then waits ``--think-s`` (an agent waiting for its model) before the next; ``--think-s 0``
-is a closed loop (every client saturating). Then one client steps 200 of the envs twice
-each with nothing else running (``step_1_client_after_ms``). Reports step p50/p99, steps/s, resident envs
+is a closed loop (every client saturating). The clients start spread evenly over one
+think time (client i after ``i * think_s / stepping`` s), so the load is steady, not 200
+steps at once every second. Then the same clients step once all at the same instant
+(``burst``: what a trainer starting a batch of rollouts together meets), and one client
+steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``). Reports step p50/p99, steps/s, resident envs
 (``GET /v1/envs/{id}`` says ``live``) before and after, restores during the run (steps
 answered with ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS and
 the containers' total memory (cgroups) and PSS.
@@ -200,13 +203,26 @@ def histogram_quantile(before: dict[float, float], after: dict[float, float], q:
     return None
 
 
+def owned_containers(owner_pid: int) -> list[Any]:
+    """The sandbox containers owned by process ``owner_pid`` (the server's pool)."""
+    client = engine.make_client(ExecutorSettings())
+    owner = engine.owner_id(owner_pid)
+    return [c for c in engine.list_sandboxes(client) if c.labels.get(engine.LABEL_OWNER) == owner]
+
+
+def cgroup_mib(containers: list[Any]) -> float:
+    """Summed cgroup memory of ``containers``, MiB: one file read each, cheap enough to
+    sample during a run (PSS reads every process's page tables, seconds of CPU for 1,000
+    sessions, and stalled the run it measured)."""
+    return sum(engine.host_memory(container.id) or 0 for container in containers) / MiB
+
+
 def containers_memory(owner_pid: int) -> dict:
     """Summed cgroup memory and process PSS of the sandbox containers owned by process
     ``owner_pid`` (the server's pool)."""
     client = engine.make_client(ExecutorSettings())
     total = pss = 0.0
-    owner = engine.owner_id(owner_pid)
-    containers = [c for c in engine.list_sandboxes(client) if c.labels.get(engine.LABEL_OWNER) == owner]
+    containers = owned_containers(owner_pid)
     for container in containers:
         used = engine.host_memory(container.id)
         total += (used or 0) / MiB
@@ -275,10 +291,11 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             # this process, on the same 2 cores, than the server did
             raw = RawClient(server.url, trainer_key)
 
-            def drive(env_id: str) -> None:
+            def drive(env_id: str, offset_s: float) -> None:
                 nonlocal restores, errors
                 local: list[float] = []
                 recovered = failed = 0
+                time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
                     t0 = time.perf_counter()
                     try:
@@ -307,15 +324,16 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
 
             def sample() -> None:
                 while not sampler_stop.wait(5.0):
-                    peak["cgroup_mib"] = max(peak["cgroup_mib"], containers_memory(server.process.pid)["cgroup_mib"])
+                    peak["cgroup_mib"] = max(peak["cgroup_mib"], cgroup_mib(owned_containers(server.process.pid)))
 
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             phases0 = phase_counters(server.url)
             started = time.perf_counter()
             stepping = ids[:: max(1, len(ids) // args.stepping)][: args.stepping]
+            offsets = [index * args.think_s / len(stepping) for index in range(len(stepping))]
             with ThreadPoolExecutor(len(stepping)) as pool:
-                list(pool.map(drive, stepping))
+                list(pool.map(drive, stepping, offsets))
             wall = time.perf_counter() - started
             phases1 = phase_counters(server.url)
             sampler_stop.set()
@@ -329,6 +347,26 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             served = max(1.0, phases1["steps"] - phases0["steps"])
             out["server_wall_ms_per_step"] = {phase: round((phases1["wall"][phase] - phases0["wall"].get(phase, 0.0))
                                                            * 1000 / served, 3) for phase in phases1["wall"]}
+            # the same stepping clients all at once, one step each (a trainer starting a batch
+            # of rollouts together): the queue a burst builds, which the spread run avoids
+            barrier = threading.Barrier(len(stepping))
+
+            def burst_step(env_id: str) -> float | None:
+                barrier.wait()
+                t0 = time.perf_counter()
+                try:
+                    code, body = raw.post(f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {}})
+                except (OSError, http.client.HTTPException, ValueError):
+                    raw.local.conn = None
+                    return None
+                return (time.perf_counter() - t0) * 1000 if code == 200 and body.get("status") == "ok" else None
+
+            with ThreadPoolExecutor(len(stepping)) as pool:
+                burst = list(pool.map(burst_step, stepping))
+            answered = [ms for ms in burst if ms is not None]
+            out["burst"] = {"clients": len(stepping), "errors": len(burst) - len(answered),
+                            "step_ms": pcts(answered) if answered else None,
+                            "max_ms": round(max(answered), 1) if answered else None}
             # the same server at rest (1,000 envs resident, nothing else stepping): one client
             quiet = [_timed_step(client, env_id) for env_id in ids[:200] for _ in range(2)]
             out.update({
@@ -341,6 +379,12 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 "pool_sessions": metric(metrics_after, "sandpit_pool_sessions"),
                 "sandboxes": {state: metric(metrics_after, f'sandpit_pool_sandboxes{{state="{state}"}}')
                               for state in ("idle", "active", "starting")},
+                # the server's garbage collections during the run, by generation (a full
+                # collection stops every thread of the process)
+                "gc_collections_during_run": {
+                    generation: metric(metrics_after, f'python_gc_collections_total{{generation="{generation}"}}')
+                    - metric(metrics_before, f'python_gc_collections_total{{generation="{generation}"}}')
+                    for generation in ("0", "1", "2")},
                 "live_envs_metric": [metric(metrics_before, "sandpit_live_envs"),
                                      metric(metrics_after, "sandpit_live_envs")],
                 "server_rss_mib": round(server.rss_mib(), 1),

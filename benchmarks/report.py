@@ -101,9 +101,12 @@ def collect() -> list[dict[str, Any]]:
             _row(rows, "density", f"resident envs of {run['envs']} ({run.get('restores_during_run', 0)} restores)",
                  f"{run['envs']}", run["resident_after"], "envs", run["resident_after"] >= run["envs"]
                  and run.get("restores_during_run", 0) == 0)
+            burst = run.get("burst") or {}
             _row(rows, "density", f"step p99, {run['stepping']} of them stepping", "<= 50 ms",
                  run["step_ms"]["p99"], "ms", run["step_ms"]["p99"] <= 50,
-                 f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s")
+                 f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
+                 + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
+                    f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else ""))
     if (scale := _load("scale")) is not None:
         hop = scale["ray_hop_ms"]["p50"]
         _row(rows, "scale-out", "Ray hop added to a call, p50", "<= 1 ms", hop, "ms", hop <= 1,
