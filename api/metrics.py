@@ -14,7 +14,8 @@ offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
 phase (``parse``, ``auth``, ``sandbox``, ``persist``, ``serialize``, ``other``: where the
 request thread of ``POST /step`` spent its CPU and wall time) with
 ``sandpit_step_phase_steps_total`` steps timed, so a benchmark divides one by the other
-for a per-step budget.
+for a per-step budget. ``python_gc_collections_total`` (and collected/uncollectable
+objects) by generation: prometheus_client's collector of the process's garbage collector.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -101,6 +102,7 @@ class Metrics:
         self._phase_cpu = {phase: cpu.labels(phase) for phase in STEP_PHASES}
         self._phase_wall = {phase: wall.labels(phase) for phase in STEP_PHASES}
         self.registry.register(_PoolCollector(pool_stats))
+        GCCollector(registry=self.registry)  # the process's collections: a full one pauses every thread
 
     def observe_phases(self, cpu: dict[str, float], wall: dict[str, float]) -> None:
         """Add one step's per-phase CPU and wall seconds (phases of :data:`STEP_PHASES`;

@@ -73,6 +73,7 @@ def test_an_env_through_http_on_the_fake(db_path: Path, tmp_path: Path) -> None:
     fake = fake_executor()
     run(db_path, tmp_path, fake, scenario)
     assert 'sandpit_step_seconds_count{status="ok"} 1.0' in seen["metrics"]
+    assert 'python_gc_collections_total{generation="2"}' in seen["metrics"]  # pauses of the whole process
     assert all(s.closed for s in fake.sessions.values())  # shutdown closed every session
 
 
