@@ -601,18 +601,23 @@ def _check_in_place(source: str, initial: object, final: object) -> dict[str, An
     a forked check's. A ``MemoryError`` is the check's ``oom`` (what it allocated is
     freed as the error unwinds); a check that never returns is killed with this process
     by the runner, like a forked one."""
-    started = time.perf_counter()
-    try:
-        out = run_check(source, initial, final)
-    except MemoryError:
-        out = {"status": "oom", "passed": False, "result": None,
-               "error": "Error: MemoryError: the check ran out of memory", "traceback": None,
-               "duration_ms": (time.perf_counter() - started) * 1000.0}
+    out = _run_or_oom(source, initial, final, time.perf_counter())
     result = _result_fields(json.dumps(out, ensure_ascii=False).encode("utf-8", "replace"))
     if result is None:  # cannot happen: run_check builds exactly these fields
         return {"status": "crashed", "passed": False, "result": None, "traceback": None,
                 "duration_ms": out.get("duration_ms", 0.0), "error": "the check's result was malformed"}
     return result
+
+
+def _run_or_oom(source: str, initial: object, final: object, started: float) -> dict[str, Any]:
+    """:func:`run_check`, with a ``MemoryError`` reported as the check's ``oom`` (timed
+    from ``started``, a ``perf_counter`` reading)."""
+    try:
+        return run_check(source, initial, final)
+    except MemoryError:
+        return {"status": "oom", "passed": False, "result": None,
+                "error": "Error: MemoryError: the check ran out of memory", "traceback": None,
+                "duration_ms": (time.perf_counter() - started) * 1000.0}
 
 
 def _forked_check(source: str, initial: object, final: object) -> dict[str, Any]:
@@ -634,12 +639,7 @@ def _forked_check(source: str, initial: object, final: object) -> dict[str, Any]
             os.close(read_fd)
             os.close(CTRL_FD)  # the runner channel stays with the zygote
             os.setpgid(0, 0)
-            try:
-                out = run_check(source, initial, final)
-            except MemoryError:
-                out = {"status": "oom", "passed": False, "result": None,
-                       "error": "Error: MemoryError: the check ran out of memory", "traceback": None,
-                       "duration_ms": (time.perf_counter() - started) * 1000.0}
+            out = _run_or_oom(source, initial, final, started)
             _flush_std()
             data = json.dumps(out, ensure_ascii=False).encode("utf-8", "replace")
             view = memoryview(len(data).to_bytes(HEADER_SIZE, "big") + data)

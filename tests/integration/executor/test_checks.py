@@ -335,16 +335,22 @@ def test_checks_see_real_sets_dates_and_environment_objects(pool, fast_profile, 
     assert [(r.status, r.passed) for r in results] == [("ok", True)] * 5, results
 
 
-def test_environment_objects_without_the_source_are_a_clear_error(pool, fast_profile) -> None:
+def _state_with_an_order(pool: SandboxPool, profile: ResourceProfile) -> tuple[dict, str]:
+    """A real session's encoded state holding an ``Order`` instance (a pickle), and the
+    environment's source."""
     session = pool.open_session(tenant=TENANT, source=ENV_SOURCE + """
     def add(self):
         self.orders["O1"] = Order("O1", date(2024, 5, 1), set())
-""", class_name="Shop", profile=fast_profile)
+""", class_name="Shop", profile=profile)
     try:
         session.call("add", {})
-        final = _pickled(session.snapshot().attributes)
+        return _pickled(session.snapshot().attributes), session.source
     finally:
         session.close()
+
+
+def test_environment_objects_without_the_source_are_a_clear_error(pool, fast_profile) -> None:
+    final, _ = _state_with_an_order(pool, fast_profile)
     results = run(pool, fast_profile, [OK, OK], initial={}, final=final, encoded=True)
     assert [r.status for r in results] == ["error", "error"]
     assert "no environment source" in results[0].error
@@ -414,17 +420,8 @@ def test_read_only_checks_run_in_the_batch_process_and_the_others_fork(pool, fas
     assert _pids_taken(shared) <= 3  # only the last check's (and perhaps a spare's)
 
 
-def test_read_only_checks_on_unpickled_objects_still_fork(pool, fast_profile, open_env) -> None:
-    session = pool.open_session(tenant=TENANT, source=ENV_SOURCE + """
-    def add(self):
-        self.orders["O1"] = Order("O1", date(2024, 5, 1), set())
-""", class_name="Shop", profile=fast_profile)
-    try:
-        session.call("add", {})
-        final = _pickled(session.snapshot().attributes)
-        source = session.source
-    finally:
-        session.close()
+def test_read_only_checks_on_unpickled_objects_still_fork(pool, fast_profile) -> None:
+    final, source = _state_with_an_order(pool, fast_profile)
     assert final["orders"][0] == "p"  # an Order's __eq__ could be the environment's code
     results = run(pool, fast_profile, [PID] + [check("return len(final_state['orders']) == 1")] * 8 + [PID],
                   initial={}, final=final, encoded=True, source=source)
