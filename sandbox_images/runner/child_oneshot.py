@@ -565,6 +565,7 @@ def run_checks(msg: dict[str, Any], channel: _Channel) -> None:
         initial = final = None
         state_error = f"restoring the state failed: {exc}"[:ERROR_CHARS]
     del msg
+    modules = set(sys.modules)  # what the forked checks inherit (see _check_in_place)
     channel.send({"id": token, "ready": True})  # the checks' own time limits start now
     while True:
         if state_error is not None:
@@ -572,8 +573,11 @@ def run_checks(msg: dict[str, Any], channel: _Channel) -> None:
                    "duration_ms": 0.0}
         else:
             try:
-                if plain and why_not_read_only(checks[index]) is None:
+                read_only = plain and why_not_read_only(checks[index]) is None
+                _forget_new_modules(modules)  # a \N{...} escape in the source imports unicodedata
+                if read_only:
                     out = _check_in_place(checks[index], initial, final)
+                    _forget_new_modules(modules)
                 else:
                     out = _forked_check(checks[index], initial, final)
             except OSError as exc:  # no pid for the check's process, even after retries
@@ -598,15 +602,38 @@ def _plain_data(encoded: object) -> bool:
 def _check_in_place(source: str, initial: object, final: object) -> dict[str, Any]:
     """Run a read-only check (``child_readonly``) in this process, on the states every
     check of the batch shares (it cannot change them); its result fields, validated like
-    a forked check's. A ``MemoryError`` is the check's ``oom`` (what it allocated is
-    freed as the error unwinds); a check that never returns is killed with this process
-    by the runner, like a forked one."""
-    out = _run_or_oom(source, initial, final, time.perf_counter())
+    a forked check's. What it can leave in the process besides is undone here: the flags
+    of the decimal context (a ``localcontext`` for its run), its source lines in
+    ``linecache``; the caller forgets modules it imported (:func:`_forget_new_modules`).
+    A ``MemoryError`` is the check's ``oom`` (what it allocated is freed as the error
+    unwinds); a check that never returns is killed with this process by the runner, like
+    a forked one."""
+    started = time.perf_counter()
+    decimal = sys.modules.get("decimal")  # None: no Decimal exists here, so no context to change
+    try:
+        if decimal is None:
+            out = _run_or_oom(source, initial, final, started)
+        else:
+            with decimal.localcontext():  # the flags its arithmetic raises end with it
+                out = _run_or_oom(source, initial, final, started)
+    finally:
+        linecache = sys.modules.get("linecache")
+        if linecache is not None:  # its lines, registered for its traceback, go with it
+            linecache.cache.pop(CHECK_FILENAME, None)
     result = _result_fields(json.dumps(out, ensure_ascii=False).encode("utf-8", "replace"))
     if result is None:  # cannot happen: run_check builds exactly these fields
         return {"status": "crashed", "passed": False, "result": None, "traceback": None,
                 "duration_ms": out.get("duration_ms", 0.0), "error": "the check's result was malformed"}
     return result
+
+
+def _forget_new_modules(modules: set[str]) -> None:
+    """Take out of ``sys.modules`` what was imported since it was ``modules``: a codec
+    lookup of a read-only check (``str(b, "idna")``) or of the analysis (a named escape
+    ``\\N{BULLET}``) imports modules as a side effect, which a later forked check would inherit."""
+    if len(sys.modules) != len(modules):
+        for name in [name for name in sys.modules if name not in modules]:
+            del sys.modules[name]
 
 
 def _run_or_oom(source: str, initial: object, final: object, started: float) -> dict[str, Any]:

@@ -63,7 +63,7 @@ READ_ATTRIBUTES = frozenset({
     "lower", "upper", "strip", "lstrip", "rstrip", "startswith", "endswith", "split", "rsplit", "splitlines",
     "join", "replace", "find", "rfind", "partition", "rpartition", "removeprefix", "removesuffix",
     "isdigit", "isalpha", "isalnum", "isspace", "isnumeric", "isdecimal", "islower", "isupper", "istitle",
-    "title", "capitalize", "casefold", "swapcase", "zfill", "center", "ljust", "rjust", "encode", "decode",
+    "title", "capitalize", "casefold", "swapcase", "zfill", "center", "ljust", "rjust",
     "union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset", "isdisjoint",
     # numbers, dates and times, UUIDs, ranges
     "real", "imag", "numerator", "denominator", "is_integer", "bit_length", "hex",
@@ -73,7 +73,9 @@ READ_ATTRIBUTES = frozenset({
 })
 """Attributes a read-only check may read (and call): on every type a check can reach
 (plain data, what builtins return, its own functions) each of them leaves its object
-as it was and returns plain data. ``copy`` returns a new container, like ``list(x)``."""
+as it was and returns plain data. ``copy`` returns a new container, like ``list(x)``.
+Not ``encode``/``decode``: a codec lookup imports modules (the zygote forgets them
+after each check, but there is no need to invite it)."""
 
 MUTATING_METHODS = frozenset({
     "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault",
@@ -175,7 +177,9 @@ def _fresh(nodes: list[ast.AST], bound: set[str]) -> set[str]:
                 not_fresh.update(_names_in(node.target))
         elif isinstance(node, (ast.For, ast.comprehension, ast.NamedExpr)):
             not_fresh.update(_names_in(node.target))
-    # an augmented assignment or a `del` keeps a name what it was: neither makes it fresh
+    # an augmented assignment or a `del` binds no new name. `x = (); x += t` can leave x
+    # the state's tuple `t` itself (`() + t is t`), but only ever an immutable one, which
+    # no operation allowed on a fresh name can change
     return fresh - not_fresh
 
 

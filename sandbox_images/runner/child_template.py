@@ -270,7 +270,9 @@ def _run_jobs_template(sock: socket.socket, request_id: object, limits: dict[str
     module and what restoring a state imports, then fork fresh job processes; never returns."""
     import base64  # noqa: F401 - preloaded for the forked zygotes (decode_state)
     import io  # noqa: F401
+    import linecache  # noqa: F401 - and for a check's traceback: a zygote forgets what its checks import
     import pickle  # noqa: F401
+    import traceback  # noqa: F401
 
     child_session._oneshot()
     reason = _extra_state(sock.fileno())

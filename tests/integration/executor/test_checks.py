@@ -452,3 +452,21 @@ def test_read_only_checks_keep_their_own_output_errors_and_memory_errors(pool, f
         ("ok", True, "first\n"), ("error", False, "second 80\n"), ("oom", False, ""), ("ok", True, "")], results
     assert results[1].error == "Error: KeyError: 'missing'" and "line 3, in check_func" in results[1].traceback
     assert "MemoryError" in results[2].error
+
+
+def test_read_only_checks_leave_nothing_for_the_next_check(pool, fast_profile) -> None:
+    # besides its own objects, an in-place check can touch the decimal context's flags,
+    # the module table (a codec lookup imports) and linecache (its traceback): all put back
+    leaves = check("try:\n    final_state['price'] / 0\nexcept ZeroDivisionError:\n    pass\n"
+                   "name = str(b'xn--bcher-kva', 'idna')\n"
+                   "return final_state['price'] / 3 > 0 and len(name) == 6 and final_state['missing']")
+    sees = check("import decimal, linecache, sys\n"
+                 "print(sorted(f.__name__ for f, on in decimal.getcontext().flags.items() if on))\n"
+                 "print(repr(linecache.getline('<check_func>', 2)))\n"
+                 "return 'encodings.idna' not in sys.modules and 'stringprep' not in sys.modules")
+    assert why_not_read_only(leaves) is None and why_not_read_only(sees) is not None
+    results = run(pool, fast_profile, [sees, leaves, sees], initial={}, final={"price": {"$decimal": "1.10"}})
+    assert (results[1].status, results[1].error) == ("error", "Error: KeyError: 'missing'"), results[1]
+    assert "return final_state['price'] / 3 > 0" in results[1].traceback  # its lines were there for it
+    for seen in (results[0], results[2]):
+        assert (seen.status, seen.passed, seen.stdout) == ("ok", True, "[]\n''\n"), seen

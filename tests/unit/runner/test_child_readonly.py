@@ -83,6 +83,7 @@ REFUSED = [
     (check("g = (x for x in [1])\nreturn g.gi_frame is None"), "reads attribute 'gi_frame'"),
     (check("return '{0.__class__}'.format(final_state) == ''"), "reads attribute 'format'"),
     (check("return str.format('{0.__class__}', 1) == ''"), "reads attribute 'format'"),
+    (check("return 'a'.encode('idna') == b'a'"), "reads attribute 'encode'"),  # a codec lookup imports
     (check("return True", prelude="def f():\n    open = print\n"), "binds 'open'"),
     (check("return x", prelude="def f(eval):\n    return 1\nx = True"), "binds 'eval'"),
     (check("return unknown_name"), "names 'unknown_name'"),
