@@ -92,6 +92,30 @@ def test_the_driver_path_stores_exactly_what_core_stored(database: Database, sec
     assert len(mine[1]) == 4  # three roots and one shared blob, stored once
 
 
+@pytest.mark.parametrize("count", [1, 7, 300])
+def test_batches_of_any_size_store_what_core_stored(database: Database, second_database: Database,
+                                                    count: int) -> None:
+    """Batches of any size, several steps of one env among them, store the same rows as
+    Core, and each env's head is its last step."""
+    envs = [f"env-{i}" for i in range(min(count, 5))]
+    for db in (database, second_database):
+        for env_id in envs:
+            make_env(db, env_id)
+    writes = [step(envs[i % len(envs)], i // len(envs) + 1, observation=f"obs {i} \u00e9") for i in range(count)]
+    with database.write_connection() as conn:
+        write_steps(conn, writes)
+    blobs = PendingBlobs()
+    for write in writes:
+        blobs.blobs.update(write.pending.blobs)
+    with second_database.write_connection() as conn:
+        write_steps_core(conn, blobs, writes)
+    mine, core = stored(database), stored(second_database)
+    assert mine == core
+    assert len(mine[0]) == count and len(mine[1]) == count + 1
+    assert [(env_id, head) for env_id, head, _ in mine[2]] == [
+        (env_id, max(w.row["step"] for w in writes if w.env_id == env_id)) for env_id in envs]
+
+
 def test_a_bad_step_fails_alone_in_its_batch(database: Database) -> None:
     """Concurrent steps share a transaction; one whose row cannot be stored (its step
     number is taken) gets a 503 (the driver's IntegrityError, translated) and the
