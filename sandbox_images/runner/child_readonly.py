@@ -30,8 +30,9 @@ A read-only check (every rule is syntactic, on the whole source, flow-insensitiv
   anything (``fresh[0] += [1]`` changes the list inside).
 
 Everything else takes the forked path, which isolates any code; the price of a rule
-that is too strict is only speed. EnvScaler's own checks (``checklist_with_func``) are
-almost all lookups and comparisons, which pass.
+that is too strict is only speed. EnvScaler asks its model for checks that "must not
+modify any input data"; written that way (lookups, comparisons, loops with counters,
+comprehensions, helpers) they pass.
 """
 
 from __future__ import annotations
