@@ -63,6 +63,23 @@ def stored(database: Database) -> list[list[tuple[Any, ...]]]:
                 rows("SELECT id, step, CAST(last_used_at AS TEXT) FROM envs ORDER BY id")]
 
 
+def both_ways(database: Database, other: Database, envs: list[str],
+              writes: list[StepWrite]) -> tuple[list[list[tuple[Any, ...]]], list[list[tuple[Any, ...]]]]:
+    """``writes`` stored by ``write_steps`` in ``database`` and by ``write_steps_core`` in
+    ``other`` (both given the ``envs`` first): what each then holds (:func:`stored`)."""
+    for db in (database, other):
+        for env_id in envs:
+            make_env(db, env_id)
+    with database.write_connection() as conn:
+        write_steps(conn, writes)
+    blobs = PendingBlobs()
+    for write in writes:
+        blobs.blobs.update(write.pending.blobs)
+    with other.write_connection() as conn:
+        write_steps_core(conn, blobs, writes)
+    return stored(database), stored(other)
+
+
 # hostile and corner values: non-ASCII, a line separator and escapes, floats that look
 # like ints, -0.0, a NULL reward, a JSON null action, nested info, quotes
 BATCH = [
@@ -75,18 +92,8 @@ BATCH = [
 def test_the_driver_path_stores_exactly_what_core_stored(database: Database, second_database: Database) -> None:
     """Same batch, two databases: ``write_steps`` (the driver path on SQLite) and
     ``write_steps_core``; every stored column is equal, byte for byte."""
-    other = second_database
-    for db in (database, other):
-        make_env(db, "env-1")
     writes = [step("env-1", number, **row) for number, row in enumerate(BATCH, 1)]
-    with database.write_connection() as conn:
-        write_steps(conn, writes)
-    blobs = PendingBlobs()
-    for write in writes:
-        blobs.blobs.update(write.pending.blobs)
-    with other.write_connection() as conn:
-        write_steps_core(conn, blobs, writes)
-    mine, core = stored(database), stored(other)
+    mine, core = both_ways(database, second_database, ["env-1"], writes)
     assert mine == core
     assert len(mine[0]) == 3 and mine[2] == [("env-1", 3, mine[2][0][2])]
     assert len(mine[1]) == 4  # three roots and one shared blob, stored once
@@ -98,18 +105,8 @@ def test_batches_of_any_size_store_what_core_stored(database: Database, second_d
     """Batches of any size, several steps of one env among them, store the same rows as
     Core, and each env's head is its last step."""
     envs = [f"env-{i}" for i in range(min(count, 5))]
-    for db in (database, second_database):
-        for env_id in envs:
-            make_env(db, env_id)
     writes = [step(envs[i % len(envs)], i // len(envs) + 1, observation=f"obs {i} \u00e9") for i in range(count)]
-    with database.write_connection() as conn:
-        write_steps(conn, writes)
-    blobs = PendingBlobs()
-    for write in writes:
-        blobs.blobs.update(write.pending.blobs)
-    with second_database.write_connection() as conn:
-        write_steps_core(conn, blobs, writes)
-    mine, core = stored(database), stored(second_database)
+    mine, core = both_ways(database, second_database, envs, writes)
     assert mine == core
     assert len(mine[0]) == count and len(mine[1]) == count + 1
     assert [(env_id, head) for env_id, head, _ in mine[2]] == [
