@@ -41,8 +41,9 @@ reach only its states and harmless builtins) runs in the zygote itself, on the s
 states, when both states are plain data (no ``"p"`` entry, whose objects' classes could
 run code). Such a check cannot change what another check sees, so the guarantee above
 holds for it too; a read-only check that never returns is killed with the zygote, like
-a forked one, and the next checks go on in a fresh zygote. One frame per check, in order: ``{"id", "index", "status", "passed", "result",
-"error", "traceback", "duration_ms"}`` (plus ``"signal"`` when the check process was
+a forked one, and the next checks go on in a fresh zygote. One frame per check, in
+order: ``{"id", "index", "status", "passed", "result", "error", "traceback",
+"duration_ms"}`` (plus ``"signal"`` when the check process was
 killed); after each, the zygote waits for the runner's go-ahead ``{"op": "next",
 "index"}`` (so the runner attributes output to the right check, sweeps leftovers, and
 times each check from its own start). Only ``True`` (a real bool) passes:
@@ -601,10 +602,12 @@ def _plain_data(encoded: object) -> bool:
 
 def _check_in_place(source: str, initial: object, final: object) -> dict[str, Any]:
     """Run a read-only check (``child_readonly``) in this process, on the states every
-    check of the batch shares (it cannot change them); its result fields, validated like
-    a forked check's. What it can leave in the process besides is undone here: the flags
-    of the decimal context (a ``localcontext`` for its run), its source lines in
-    ``linecache``; the caller forgets modules it imported (:func:`_forget_new_modules`).
+    check of the batch shares (it cannot change them); its result fields, as
+    :func:`run_check` builds and caps them (a forked check's are re-validated because
+    that process could forge them; this one cannot reach them). What it can leave in the
+    process besides is undone here: the flags of the decimal context (a ``localcontext``
+    for its run), its source lines in ``linecache``; the caller forgets modules it
+    imported (:func:`_forget_new_modules`).
     A ``MemoryError`` is the check's ``oom`` (what it allocated is freed as the error
     unwinds); a check that never returns is killed with this process by the runner, like
     a forked one."""
@@ -620,11 +623,7 @@ def _check_in_place(source: str, initial: object, final: object) -> dict[str, An
         linecache = sys.modules.get("linecache")
         if linecache is not None:  # its lines, registered for its traceback, go with it
             linecache.cache.pop(CHECK_FILENAME, None)
-    result = _result_fields(json.dumps(out, ensure_ascii=False).encode("utf-8", "replace"))
-    if result is None:  # cannot happen: run_check builds exactly these fields
-        return {"status": "crashed", "passed": False, "result": None, "traceback": None,
-                "duration_ms": out.get("duration_ms", 0.0), "error": "the check's result was malformed"}
-    return result
+    return out
 
 
 def _forget_new_modules(modules: set[str]) -> None:
