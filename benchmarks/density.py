@@ -19,8 +19,9 @@ is a closed loop (every client saturating). The clients start spread evenly over
 think time (client i after ``i * think_s / stepping`` s), so the load is steady, not 200
 steps at once every second. Then the same clients step once all at the same instant
 (``burst``: what a trainer starting a batch of rollouts together meets), and one client
-steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``). Reports step p50/p99, steps/s, resident envs
-(``GET /v1/envs/{id}`` says ``live``) before and after, restores during the run (steps
+steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``).
+Reports step p50/p99, steps/s, resident envs (``GET /v1/envs/{id}`` says ``live``) before
+and after, restores during the run (steps
 answered with ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS and
 the containers' total memory (cgroups) and PSS.
 
@@ -222,13 +223,24 @@ def containers_memory(owner_pid: int) -> dict:
     """Summed cgroup memory and process PSS of the sandbox containers owned by process
     ``owner_pid`` (the server's pool)."""
     client = engine.make_client(ExecutorSettings())
-    total = pss = 0.0
     containers = owned_containers(owner_pid)
-    for container in containers:
-        used = engine.host_memory(container.id)
-        total += (used or 0) / MiB
-        pss += rss_pss(container_pids(client, container.id))[1]
-    return {"containers": len(containers), "cgroup_mib": round(total, 1), "pss_mib": round(pss, 1)}
+    pss = sum(rss_pss(container_pids(client, container.id))[1] for container in containers)
+    return {"containers": len(containers), "cgroup_mib": round(cgroup_mib(containers), 1), "pss_mib": round(pss, 1)}
+
+
+def _raw_step(raw: RawClient, env_id: str) -> tuple[float | None, dict, str]:
+    """One ``bump`` step of ``env_id`` over ``raw``: ``(ms, reply, "")`` when it was
+    answered ``ok``, else ``(None, reply or {}, what went wrong)``; after a broken
+    connection the thread's next step opens a new one."""
+    t0 = time.perf_counter()
+    try:
+        code, body = raw.post(f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {}})
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raw.local.conn = None
+        return None, {}, repr(exc)[:200]
+    if code != 200 or body.get("status") != "ok":
+        return None, body, f"{code}: {str(body)[:200]}"
+    return (time.perf_counter() - t0) * 1000, body, ""
 
 
 def _timed_step(client: httpx.Client, env_id: str) -> float:
@@ -298,21 +310,14 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 recovered = failed = 0
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
-                    t0 = time.perf_counter()
-                    try:
-                        code, body = raw.post(f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {}})
-                        if code != 200 or body.get("status") != "ok":
-                            failed += 1
-                            if len(error_samples) < 5:
-                                error_samples.append(f"{code}: {str(body)[:200]}")
-                        else:
-                            local.append((time.perf_counter() - t0) * 1000)
-                            recovered += bool(body.get("recovered"))
-                    except (OSError, http.client.HTTPException, ValueError) as exc:
-                        raw.local.conn = None  # a new connection for the next step
+                    ms, body, error = _raw_step(raw, env_id)
+                    if ms is None:
                         failed += 1
                         if len(error_samples) < 5:
-                            error_samples.append(repr(exc)[:200])
+                            error_samples.append(error)
+                    else:
+                        local.append(ms)
+                        recovered += bool(body.get("recovered"))
                     if args.think_s:
                         time.sleep(args.think_s)
                 with lock:
@@ -354,13 +359,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
 
             def burst_step(env_id: str) -> float | None:
                 barrier.wait()
-                t0 = time.perf_counter()
-                try:
-                    code, body = raw.post(f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {}})
-                except (OSError, http.client.HTTPException, ValueError):
-                    raw.local.conn = None
-                    return None
-                return (time.perf_counter() - t0) * 1000 if code == 200 and body.get("status") == "ok" else None
+                return _raw_step(raw, env_id)[0]
 
             with ThreadPoolExecutor(len(stepping)) as pool:
                 burst = list(pool.map(burst_step, stepping))
