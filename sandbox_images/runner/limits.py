@@ -287,10 +287,12 @@ TEMPLATE_FRAME_MAX_BYTES = 4096
 CONFIG_TEMPLATE_MAX_PER_SANDBOX = 4
 """Most config templates (an environment instance constructed once from one
 ``init_config``, sessions forked from it) one sandbox keeps; the least recently used is
-killed to make room for a new one."""
+killed to make room for a new one (only one used before the new config's previous open:
+``pid1_templates``)."""
 CONFIG_TEMPLATE_MEMORY_FRACTION = 0.5
 """A config template is only built while the sandbox's cgroup uses less than this
-fraction of its memory limit (a template holds a whole constructed state)."""
+fraction of its memory limit (a template holds a whole constructed state), after killing
+the fewest least recently used config templates whose private memory makes room."""
 CONFIG_CACHE_MAX_BYTES = 32 * MiB
 """Bytes of ``init_config`` JSON PID 1 keeps by hash (least recently used out), so a
 repeated config is sent as its hash; configs of open sessions stay referenced beyond it."""

@@ -47,9 +47,23 @@ the SHA-256 of the exact ``init_config`` bytes):
     a later open of (K, H) with no snapshot: the session is forked from it (copy-on-write:
         no parse, no construction, no encoding) and starts with the template's state;
         PID 1 answers the host with the state's digest only
-    at most CONFIG_TEMPLATE_MAX_PER_SANDBOX (least recently used killed), and only while
-    the cgroup uses less than CONFIG_TEMPLATE_MEMORY_FRACTION of its limit; any failure
-    marks (K, H) failed until recycle, and its sessions are constructed the normal way.
+    at most CONFIG_TEMPLATE_MAX_PER_SANDBOX, and only while the cgroup uses less than
+    CONFIG_TEMPLATE_MEMORY_FRACTION of its limit; any failure marks (K, H) failed until
+    recycle, and its sessions are constructed the normal way.
+
+Making room (least recently used first, by count and by memory):
+
+    a new config template would be one too many, or the cgroup is over the fraction:
+        the candidates are the ready config templates last used before the newcomer's
+        previous open (a template used since then is more recent than the newcomer:
+        two configs opened in turn never evict each other, and a tenant cycling through
+        more configs than fit gets no more construction work than without templates)
+    by count: the least recently used candidate is killed; none -> no new template
+    by memory: the fewest least recently used candidates whose private memory (pages
+        only they map, /proc/<pid>/smaps_rollup; what killing them frees) brings the cgroup
+        under the fraction are killed, and the new template is built; when all of them
+        together would not (memory held by sessions), none is killed and none is built
+    an evicted config's key is not failed: its next opens may build it again.
 """
 
 from __future__ import annotations
@@ -173,15 +187,18 @@ class Templates:
         """Keys whose template failed (key -> reason): no new template until recycle."""
         self.forked = 0
         self.fallbacks = 0
-        self.pending: dict[str, tuple[str, bytes]] = {}
-        """Environment key -> (config hash, bytes) wanted as a config template once the
-        environment's template is ready."""
+        self.pending: dict[str, tuple[str, bytes, float]] = {}
+        """Environment key -> (config hash, bytes, previous open) wanted as a config
+        template once the environment's template is ready."""
         self.make_child: Callable[[int, socket.socket, int, int], Child] | None = None
         self.config_builds = 0
         """Config templates started (processes forked for them are not counted in ``forked``)."""
-        self.config_opens: collections.OrderedDict[str, int] = collections.OrderedDict()
-        """Opens per config template key (the last CONFIG_OPENS_REMEMBERED): a template is
-        built for a config opened twice, not for one-off configs."""
+        self.config_evictions = 0
+        """Ready config templates killed to make room (by count or by memory)."""
+        self.config_opens: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """When each config template key was last opened (monotonic seconds; the last
+        CONFIG_OPENS_REMEMBERED keys): a template is built for a config opened twice, not
+        for one-off configs, and only evicts templates used less recently than that."""
 
     def enabled(self) -> bool:
         limits = self.runner.limits
@@ -200,7 +217,9 @@ class Templates:
         return None
 
     def stats(self) -> dict[str, Any]:
-        """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys."""
+        """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys;
+        ``configs_lru``: the first 16 hex digits of each ready config template's config
+        hash, least recently used first."""
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
         failed = [k for k in self.failed if "|" not in k]
         return {"ready": sum(t.ready for t in self.by_key.values() if t.config_hash is None),
@@ -208,7 +227,9 @@ class Templates:
                 "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(failed),
                 "reasons": sorted({self.failed[k] for k in failed})[:4],
                 "configs_ready": sum(t.ready for t in configs), "configs_loading": sum(not t.ready for t in configs),
-                "configs_built": self.config_builds, "configs_failed": len(self.failed) - len(failed),
+                "configs_built": self.config_builds, "configs_evicted": self.config_evictions,
+                "configs_lru": [str(t.config_hash)[:16] for t in sorted(configs, key=lambda t: t.used) if t.ready],
+                "configs_failed": len(self.failed) - len(failed),
                 "config_reasons": sorted({v for k, v in self.failed.items() if "|" in k})[:4]}
 
     # -- loading --------------------------------------------------------------------------
@@ -295,7 +316,7 @@ class Templates:
             template.child.sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
             self.runner.sweep_strays()  # whatever its import left running dies now
             if template.config_hash is None and template.key in self.pending:
-                self.want_config(template.key, *self.pending.pop(template.key))
+                self._build_config(template.key, *self.pending.pop(template.key))
 
     def check_deadlines(self, now: float) -> float | None:
         """Fail templates still loading past their deadline; seconds to the next one."""
@@ -339,34 +360,52 @@ class Templates:
         self.failed.clear()
         self.pending.clear()
         self.config_opens.clear()
-        self.forked = self.fallbacks = self.config_builds = 0
+        self.forked = self.fallbacks = self.config_builds = self.config_evictions = 0
         return had_jobs
 
     # -- config templates -------------------------------------------------------------------
     def want_config(self, key: str, config_hash: str, data: bytes) -> None:
         """A session of ``key`` was opened with the config ``config_hash`` (``data``, its
-        JSON): build its config template unless one exists or failed; wait for ``key``'s
-        template when it is not ready yet. Never raises."""
+        JSON): on its second open, build its config template unless one exists or failed
+        (making room as the module docstring says); wait for ``key``'s template when it is
+        not ready yet. Never raises."""
         ckey = config_template_key(key, config_hash)
-        if not self.enabled() or ckey in self.by_key or ckey in self.failed or key in self.failed:
+        if not self.enabled():
             return
-        opens = self.config_opens.pop(ckey, 0) + 1
-        self.config_opens[ckey] = opens
+        previous = self.config_opens.pop(ckey, None)
+        self.config_opens[ckey] = time.monotonic()
         while len(self.config_opens) > CONFIG_OPENS_REMEMBERED:
             self.config_opens.popitem(last=False)
-        if opens < 2:
+        if previous is None or ckey in self.by_key or ckey in self.failed or key in self.failed:
             return
         module = self.by_key.get(key)
         if module is None or not module.ready:
-            self.pending[key] = (config_hash, data)
+            self.pending[key] = (config_hash, data, previous)
+            return
+        self._build_config(key, config_hash, data, previous)
+
+    def _build_config(self, key: str, config_hash: str, data: bytes, previous: float) -> None:
+        """Fork the config template of (``key``, ``config_hash``) from ``key``'s ready
+        template, after making room among the templates used before ``previous`` (the
+        config's previous open, monotonic seconds). Never raises."""
+        ckey = config_template_key(key, config_hash)
+        if ckey in self.by_key or ckey in self.failed or self.make_child is None:
             return
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
+        older = sorted((t for t in configs if t.ready and t.used < previous), key=lambda t: t.used)
+        victims: list[Template] = []
         if len(configs) >= CONFIG_TEMPLATE_MAX_PER_SANDBOX:
-            self.evict(min(configs, key=lambda t: t.used))
-        if not _memory_allows():
-            return
-        if self.make_child is None:
-            return
+            if not older:
+                return
+            victims.append(older.pop(0))
+        over = _memory_over() - sum(_private_bytes(t.child.pid) or 0 for t in victims)
+        if over > 0:
+            more = make_room(older, over, _private_bytes)
+            if more is None:
+                return  # nothing killed: it would not make room
+            victims += more
+        for victim in victims:
+            self.evict(victim)
         child = self.fork(key, self.make_child)
         if child is None:
             return
@@ -389,6 +428,7 @@ class Templates:
         """Kill a ready config template to make room (its key may be built again)."""
         self.fail(template, "evicted")
         self.failed.pop(template.key, None)
+        self.config_evictions += 1
 
     def config_template(self, key: str, config_hash: str) -> Template | None:
         """The ready config template of (``key``, ``config_hash``), or None."""
@@ -511,9 +551,59 @@ def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
 
 
 
-def _memory_allows() -> bool:
-    """The sandbox's cgroup uses less than CONFIG_TEMPLATE_MEMORY_FRACTION of its limit
-    (True when it cannot be read: the host's admission still measures the cgroup)."""
+def make_room(candidates: list[Template], over: int,
+              private_bytes: Callable[[int], int | None]) -> list[Template] | None:
+    """The fewest of ``candidates`` (least recently used first) whose private memory
+    (``private_bytes(pid)``, bytes; None: unreadable) adds up to at least ``over`` bytes;
+    None when all of them together do not (or a size is unreadable: killing them might
+    free nothing, and a template lost costs two constructions to rebuild)."""
+    victims: list[Template] = []
+    freed = 0
+    for template in candidates:
+        size = private_bytes(template.child.pid)
+        if size is None:
+            return None
+        victims.append(template)
+        freed += size
+        if freed >= over:
+            return victims
+    return None
+
+
+def _private_bytes(pid: int) -> int | None:
+    """Bytes of memory killing ``pid`` would free, at most: Private_Clean + Private_Dirty of
+    /proc/<pid>/smaps_rollup (or of /proc/<pid>/smaps summed, where there is no rollup, as
+    under gVisor) when PID 1 may read them; else (a non-dumpable child, as every template
+    is under runc: reading its smaps needs CAP_SYS_PTRACE) its resident pages that are not
+    file-backed, from /proc/<pid>/statm, which also counts the pages it shares copy-on-write
+    with sessions forked from it (they stay). None when nothing is readable."""
+    for name in ("smaps_rollup", "smaps"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            continue
+        total = found = 0
+        for line in lines:
+            if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+                fields = line.split()
+                if len(fields) >= 2 and fields[1].isdigit():
+                    total += int(fields[1]) * 1024
+                    found += 1
+        if found:
+            return total
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            fields = handle.read().split()
+        return max(0, int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _memory_over() -> int:
+    """Bytes by which the sandbox's cgroup uses more than CONFIG_TEMPLATE_MEMORY_FRACTION
+    of its limit (<= 0: under it; 0 when it cannot be read or has no limit: the host's
+    admission still measures the cgroup)."""
     for current_path, limit_path in MEMORY_FILES:
         try:
             with open(current_path) as handle:
@@ -523,6 +613,6 @@ def _memory_allows() -> bool:
         except (OSError, ValueError):
             continue
         if not raw.isdigit():
-            return True  # "max": no limit
-        return current < int(raw) * CONFIG_TEMPLATE_MEMORY_FRACTION
-    return True
+            return 0  # "max": no limit
+        return current - int(int(raw) * CONFIG_TEMPLATE_MEMORY_FRACTION) + 1
+    return 0

@@ -230,3 +230,64 @@ def test_the_runner_refuses_bytes_that_do_not_match_their_hash(pool, opened) -> 
     reply = sandbox.request("open", session="unknown-" + forged[:8], source=SOURCE, class_name="Shop",
                             config_hash=hashlib.sha256(b"never sent").hexdigest())
     assert reply["status"] == "fault" and reply.get("missing_config") is True
+
+
+ROWS = variant("self.data['rows'] = [{'i': i} for i in range(init_config.get('rows', 0))]")
+"""A constructor whose state of 100,000 rows (from a config of a few bytes) makes a config
+template of ~55 MiB: three of them fill half of a 384 MiB sandbox."""
+
+
+@pytest.fixture(scope="module")
+def tight_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
+    """One sandbox of 384 MiB: config templates are built below 192 MiB of it."""
+    with SandboxPool(pool_settings("config-room", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0,
+                                   sandbox_memory_mib=384)) as pool:
+        yield pool
+
+
+def open_closed(pool: SandboxPool, config: dict[str, Any], sandbox: Any) -> None:
+    """Open a session of ROWS with ``config`` in ``sandbox``, wait for its templates, close
+    it (its own memory goes)."""
+    session = pool.open_session(tenant=TENANT, source=ROWS, class_name="Shop", init_config=config,
+                                profile=pool.profile(overrides=FAST))
+    assert session._sandbox is sandbox
+    settle(sandbox)
+    session.close()
+
+
+def short_hash(config: dict[str, Any]) -> str:
+    wire = wire_config(config)
+    assert wire is not None
+    return wire[1][:16]
+
+
+def test_config_templates_make_room_by_memory_least_recently_used_first(tight_pool, opened) -> None:
+    configs = {name: {"rows": 100_000, "tag": name} for name in "ABCD"}
+    a, b, d = (short_hash(configs[name]) for name in "ABD")
+    sandbox = open_(tight_pool, opened, {"rows": 0}, ROWS)._sandbox  # holds the sandbox and its templates
+    for name in "AB":
+        for _ in range(2):
+            open_closed(tight_pool, configs[name], sandbox)
+    state = template_state(sandbox)
+    assert state["configs_lru"] == [a, b] and state["configs_evicted"] == 0, state
+    for name in "CD":  # a third and a fourth fill over half the memory: the oldest go first
+        for _ in range(2):
+            open_closed(tight_pool, configs[name], sandbox)
+    state = template_state(sandbox)
+    assert state["configs_evicted"] >= 1 and a not in state["configs_lru"], state
+    assert state["configs_lru"][-1] == d and 2 <= len(state["configs_lru"]) <= 3, state
+    # D's next session is forked from its template (no construction) and is a whole instance
+    hits = tight_pool.initial_snapshots.hits
+    session = open_(tight_pool, opened, configs["D"], ROWS)
+    assert tight_pool.initial_snapshots.hits == hits + 1  # answered with the template's digest only
+    assert len(session.state()["data"]["rows"]) == 100_000
+    # every template in use since A's previous open: reopening A evicts none of them (a
+    # tenant cycling through more configs than fit rebuilds nothing), whatever the memory
+    for name in "BCD":
+        if short_hash(configs[name]) in state["configs_lru"]:
+            open_closed(tight_pool, configs[name], sandbox)
+    kept = template_state(sandbox)
+    open_closed(tight_pool, configs["A"], sandbox)
+    after = template_state(sandbox)
+    assert after["configs_evicted"] == kept["configs_evicted"], after
+    assert set(kept["configs_lru"]) <= set(after["configs_lru"]), after
