@@ -54,6 +54,7 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the run
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
 from api import SOURCE, RawClient, Server, pcts, phase_counters  # noqa: E402 - the API benchmark's parts
@@ -304,12 +305,16 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             # this process, on the same 2 cores, than the server did
             raw = RawClient(server.url, trainer_key)
 
+            timed_steps: list[tuple[float, float]] = []  # (start, ms): held against steal windows
+
             def drive(env_id: str, offset_s: float) -> None:
                 nonlocal restores, errors
                 local: list[float] = []
+                starts: list[float] = []
                 recovered = failed = 0
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
+                    begun = time.perf_counter()
                     ms, body, error = _raw_step(raw, env_id)
                     if ms is None:
                         failed += 1
@@ -317,11 +322,13 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                             error_samples.append(error)
                     else:
                         local.append(ms)
+                        starts.append(begun)
                         recovered += bool(body.get("recovered"))
                     if args.think_s:
                         time.sleep(args.think_s)
                 with lock:
                     latencies.extend(local)
+                    timed_steps.extend(zip(starts, local, strict=True))
                     restores += recovered
                     errors += failed
 
@@ -335,13 +342,20 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             phases0 = phase_counters(server.url)
+            steal = StealSampler().start()
             started = time.perf_counter()
             stepping = ids[:: max(1, len(ids) // args.stepping)][: args.stepping]
             offsets = [index * args.think_s / len(stepping) for index in range(len(stepping))]
             with ThreadPoolExecutor(len(stepping)) as pool:
                 list(pool.map(drive, stepping, offsets))
             wall = time.perf_counter() - started
+            steal.stop()
             phases1 = phase_counters(server.url)
+            # the same steps without those that ran while the VM's host took a quarter or
+            # more of the machine (a diagnosis beside the target, never instead of it)
+            clear = [ms for begun, ms in timed_steps if not steal.overlaps(begun, begun + ms / 1000)]
+            out["host_steal"] = {**steal.summary(), "steps_in_steal_windows": len(timed_steps) - len(clear),
+                                 "step_ms_outside_steal_windows": pcts(clear) if clear else None}
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
             # the server's own step time (request in to reply out, bucket upper bounds)

@@ -25,6 +25,17 @@ from rich.table import Table
 RESULTS = Path(__file__).parent / "results"
 
 
+def _steal_detail(steal: dict) -> str:
+    """What the VM's host took during the run (``hoststat.StealSampler``), with the p99 of
+    the steps outside its steal windows, or "" when not measured."""
+    clear = steal.get("step_ms_outside_steal_windows")
+    if steal.get("steal_pct") is None or not clear:
+        return ""
+    return (f"; host steal {steal['steal_pct']:.1f}% of CPU, {steal['steal_window_s']:.1f} s of windows over "
+            f"{100 * 0.25:.0f}% (worst {steal['worst_window_pct']:.0f}%): p99 of the "
+            f"{clear['n']} steps outside them {clear['p99']:.1f} ms")
+
+
 def _load(name: str) -> dict[str, Any] | None:
     path = RESULTS / f"{name}.json"
     if not path.exists():
@@ -106,7 +117,8 @@ def collect() -> list[dict[str, Any]]:
                  run["step_ms"]["p99"], "ms", run["step_ms"]["p99"] <= 50,
                  f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
-                    f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else ""))
+                    f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else "")
+                 + _steal_detail(run.get("host_steal") or {}))
     if (scale := _load("scale")) is not None:
         hop = scale["ray_hop_ms"]["p50"]
         _row(rows, "scale-out", "Ray hop added to a call, p50", "<= 1 ms", hop, "ms", hop <= 1,

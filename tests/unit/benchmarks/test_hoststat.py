@@ -1,0 +1,51 @@
+"""The benchmarks' steal sampler (``benchmarks/hoststat.py``): which windows count as the
+VM's host taking the machine, which steps touch them, and that it reads this machine's
+/proc/stat for real."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location(
+    "hoststat", Path(__file__).resolve().parents[3] / "benchmarks" / "hoststat.py")
+assert SPEC is not None and SPEC.loader is not None
+hoststat = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(hoststat)
+
+
+def sampled(*windows: tuple[float, float, int, int]) -> object:
+    sampler = hoststat.StealSampler()
+    sampler.windows = list(windows)
+    return sampler
+
+
+def test_a_quarter_or_more_stolen_makes_a_steal_window() -> None:
+    sampler = sampled((0.0, 0.1, 0, 20), (0.1, 0.2, 5, 20), (0.2, 0.3, 4, 20), (0.3, 0.4, 0, 0))
+    assert sampler.steal_windows() == [(0.1, 0.2)]
+    summary = sampler.summary()
+    assert summary["steal_windows"] == 1 and summary["worst_window_pct"] == 25.0
+    assert summary["steal_pct"] == round(100 * 9 / 60, 2)
+
+
+def test_a_step_overlapping_any_part_of_a_steal_window_is_in_it() -> None:
+    sampler = sampled((0.0, 0.1, 0, 20), (0.1, 0.2, 10, 20), (0.2, 0.3, 0, 20), (0.3, 0.4, 20, 20))
+    assert sampler.overlaps(0.05, 0.1)  # ends where one starts
+    assert sampler.overlaps(0.15, 0.16) and sampler.overlaps(0.0, 1.0)
+    assert not sampler.overlaps(0.21, 0.29) and not sampler.overlaps(0.0, 0.09)
+    assert sampler.overlaps(0.35, 0.5) and not sampler.overlaps(0.41, 0.5)
+
+
+def test_no_windows_no_steal() -> None:
+    sampler = sampled()
+    assert not sampler.overlaps(0.0, 10.0)
+    assert sampler.summary()["steal_pct"] is None
+
+
+def test_it_samples_this_machine() -> None:
+    sampler = hoststat.StealSampler(interval_s=0.02).start()
+    time.sleep(0.2)
+    sampler.stop()
+    assert len(sampler.windows) >= 3
+    assert all(total >= steal >= 0 and end > start for start, end, steal, total in sampler.windows)
