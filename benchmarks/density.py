@@ -295,7 +295,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
 
             out["resident_before"] = live_count()
             metrics_before = client.get("/metrics").text
-            latencies: list[float] = []
+            timed_steps: list[tuple[float, float]] = []  # (start, ms) of every answered step
             error_samples: list[str] = []
             restores = errors = 0
             lock = threading.Lock()
@@ -305,12 +305,9 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             # this process, on the same 2 cores, than the server did
             raw = RawClient(server.url, trainer_key)
 
-            timed_steps: list[tuple[float, float]] = []  # (start, ms): held against steal windows
-
             def drive(env_id: str, offset_s: float) -> None:
                 nonlocal restores, errors
-                local: list[float] = []
-                starts: list[float] = []
+                local: list[tuple[float, float]] = []
                 recovered = failed = 0
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
@@ -321,14 +318,12 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                         if len(error_samples) < 5:
                             error_samples.append(error)
                     else:
-                        local.append(ms)
-                        starts.append(begun)
+                        local.append((begun, ms))
                         recovered += bool(body.get("recovered"))
                     if args.think_s:
                         time.sleep(args.think_s)
                 with lock:
-                    latencies.extend(local)
-                    timed_steps.extend(zip(starts, local, strict=True))
+                    timed_steps.extend(local)
                     restores += recovered
                     errors += failed
 
@@ -350,6 +345,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 list(pool.map(drive, stepping, offsets))
             wall = time.perf_counter() - started
             steal.stop()
+            latencies = [ms for _, ms in timed_steps]
             phases1 = phase_counters(server.url)
             # the same steps without those that ran while the VM's host took a quarter or
             # more of the machine (a diagnosis beside the target, never instead of it)

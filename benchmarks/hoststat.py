@@ -90,7 +90,8 @@ class StealSampler:
     def summary(self) -> dict[str, Any]:
         """``steal_pct``: stolen share of all CPU time (percent); ``steal_windows``: how many
         windows were steal windows; ``steal_window_s``: their total length (seconds);
-        ``worst_window_pct``: the largest stolen share of one window."""
+        ``worst_window_pct``: the largest stolen share of one window; ``window_fraction``:
+        STEAL_WINDOW_FRACTION."""
         steal = sum(w[2] for w in self.windows)
         total = sum(w[3] for w in self.windows)
         windows = self.steal_windows()
@@ -98,4 +99,4 @@ class StealSampler:
         return {"cpus": os.cpu_count(), "interval_s": self.interval_s, "windows": len(self.windows),
                 "steal_pct": round(100 * steal / total, 2) if total else None,
                 "steal_windows": len(windows), "steal_window_s": round(sum(e - s for s, e in windows), 2),
-                "worst_window_pct": round(100 * worst, 1)}
+                "worst_window_pct": round(100 * worst, 1), "window_fraction": STEAL_WINDOW_FRACTION}

@@ -29,10 +29,10 @@ def _steal_detail(steal: dict) -> str:
     """What the VM's host took during the run (``hoststat.StealSampler``), with the p99 of
     the steps outside its steal windows, or "" when not measured."""
     clear = steal.get("step_ms_outside_steal_windows")
-    if steal.get("steal_pct") is None or not clear:
+    if steal.get("steal_pct") is None or not clear or "window_fraction" not in steal:
         return ""
     return (f"; host steal {steal['steal_pct']:.1f}% of CPU, {steal['steal_window_s']:.1f} s of windows over "
-            f"{100 * 0.25:.0f}% (worst {steal['worst_window_pct']:.0f}%): p99 of the "
+            f"{100 * steal['window_fraction']:.0f}% (worst {steal['worst_window_pct']:.0f}%): p99 of the "
             f"{clear['n']} steps outside them {clear['p99']:.1f} ms")
 
 

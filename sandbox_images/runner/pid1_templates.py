@@ -59,8 +59,8 @@ Making room (least recently used first, by count and by memory):
         two configs opened in turn never evict each other, and a tenant cycling through
         more configs than fit gets no more construction work than without templates)
     by count: the least recently used candidate is killed; none -> no new template
-    by memory: the fewest least recently used candidates whose private memory (pages
-        only they map, /proc/<pid>/smaps_rollup; what killing them frees) brings the cgroup
+    by memory: the fewest least recently used candidates whose private memory
+        (``_private_bytes``: an upper bound of what killing them frees) brings the cgroup
         under the fraction are killed, and the new template is built; when all of them
         together would not (memory held by sessions), none is killed and none is built
     an evicted config's key is not failed: its next opens may build it again.
