@@ -53,7 +53,8 @@ class ResourceProfile(BaseModel):
         return (self.memory_mib + 32 * max(1, sessions_per_sandbox)) * MiB
 
     def runner_limits(self, sessions_per_sandbox: int, spare_child: bool, poll_interval_s: float = 1.0,
-                      runtime: str = "runc", templates: bool = False) -> dict[str, Any]:
+                      runtime: str = "runc", templates: bool = False,
+                      session_startup_s: float = limits.SESSION_STARTUP_S) -> dict[str, Any]:
         """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``);
         ``poll_interval_s`` bounds how long its event loop sleeps without an event.
         ``memory_rlimit`` says how a session's memory is capped: RLIMIT_DATA under runc,
@@ -61,7 +62,9 @@ class ResourceProfile(BaseModel):
         allocation went on to the container limit and killed the whole sandbox; it
         checks RLIMIT_AS at every mmap, and the allocation fails with MemoryError).
         ``templates``: fork sessions from per-environment template processes
-        (``pid1_templates.py``; only with more than one session per sandbox)."""
+        (``pid1_templates.py``; only with more than one session per sandbox).
+        ``session_startup_s``: seconds a new session process has to start before the
+        request waiting for it fails; that request's ``call_timeout_s`` starts after."""
         return {
             "call_timeout_s": self.call_timeout_s,
             "session_memory_bytes": self.memory_mib * MiB,
@@ -73,6 +76,7 @@ class ResourceProfile(BaseModel):
             "spare_child": spare_child,
             "poll_interval_s": poll_interval_s,
             "templates": templates,
+            "session_startup_s": session_startup_s,
         }
 
 

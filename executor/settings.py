@@ -94,6 +94,12 @@ class ExecutorSettings(BaseSettings):
     quota. The long-run share stays ``cpus``. The kernel caps the burst at the quota (1.0);
     0 turns it off. Written by the host after the container starts; a host whose cgroup
     file is missing or not writable runs without it."""
+    session_startup_s: Annotated[float, Field(gt=0, le=120)] = limits.SESSION_STARTUP_S
+    """Time a newly started session process in a sandbox has to come up (interpreter,
+    limits, seccomp filter) before the request waiting for it fails as ``crashed``. The
+    request's own ``call_timeout_s`` starts only once the process runs, so a slow start
+    (over a second measured under gVisor with every core busy) is never charged to the
+    environment's code (``sandbox_images/runner/limits.py`` SESSION_STARTUP_S)."""
     spare_child: bool = True
     """Keep one pre-started (code-free) session process per sandbox with a free slot, so
     opening a session does not wait for the Python interpreter to start (~8 MiB each)."""

@@ -3,7 +3,9 @@
 Stdlib only; runs inside the sandbox container as a child of the runner (``pid1_runner.py``),
 one process per session. It is started before any untrusted code exists ("spare"), then
 receives an ``init`` request carrying the environment source (or, as its first and only
-request, a one-shot ``exec``/``checks`` job, handed over to ``child_oneshot.py``). From then on it serves one
+request, a one-shot ``exec``/``checks`` job, handed over to ``child_oneshot.py``). A newly spawned
+process is sent ``hello`` right before its first session request and answers it at once:
+PID 1 starts that request's time limit at the answer, not at the process start. From then on it serves one
 request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON frames, see
 ``protocol.py``). fd 0 is /dev/null and fds 1/2 are pipes the runner reads and caps, so
 nothing the environment prints can reach the protocol channel.
@@ -596,6 +598,8 @@ def serve(session: Session) -> None:
                 if traceback_text:
                     fields["traceback"] = traceback_text
                 session.reply(request_id, fields, {"delta": session.delta_json()})
+            elif op == "hello":  # PID 1 times the next request from this answer on
+                session.reply(request_id, {"status": "ok"})
             elif op == "describe":
                 _describe(session, request_id)
             elif op == "state":

@@ -50,6 +50,12 @@ CHILD_SEND_TIMEOUT_S = 5.0
 DEFER_MAX_S = 0.25
 """Longest delay (seconds) of a spare's or template's start while calls are in flight:
 started right after a reply it would compete with that request for the CPU quota."""
+SESSION_STARTUP_S = 10.0
+"""Time a newly spawned session process has to start (interpreter, limits, seccomp
+filter) and answer ``hello`` before the request queued behind it. Its own time limit
+(``call_timeout_s``) starts only at that answer: a process start is the runner's work,
+not the environment's (measured: 40 ms on a quiet machine, over a second under gVisor
+with every core busy). Past it the request fails as ``crashed``."""
 SPAWN_RETRY_S = 2.0
 """How long a session process start that hits the pids limit is retried (strays of a
 killed fork bomb not reaped yet)."""

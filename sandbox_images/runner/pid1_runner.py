@@ -21,7 +21,9 @@ prints can forge a protocol message. Replies from a child are matched by a rando
 request id; a malformed or oversize frame kills the child.
 
 Failure handling (a result, never a runner crash):
-- call exceeds ``call_timeout_s``: SIGKILL the child's process group → ``timeout``;
+- call exceeds ``call_timeout_s``: SIGKILL the child's process group → ``timeout`` (a
+  newly spawned process is sent ``hello`` first and the limit starts at its answer; one
+  that does not answer within ``SESSION_STARTUP_S`` fails the request as ``crashed``);
 - MemoryError / cgroup OOM kill → ``oom``; any other death → ``crashed``;
 in each case the session is re-created from its source and restored to the last good
 snapshot (the state after the last ``ok``/``error`` call) before its next request runs.
@@ -92,6 +94,7 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
         MAX_SCHEMAS_BYTES,
         RECYCLE_MAX_PROBLEMS,
         SESSION_ID_MAX_CHARS,
+        SESSION_STARTUP_S,
         SPAWN_RETRY_S,
         TOKEN_MAX_CHARS,
     )
@@ -119,6 +122,7 @@ else:  # in the sandbox, run as a script: its directory comes first on sys.path
         MAX_SCHEMAS_BYTES,
         RECYCLE_MAX_PROBLEMS,
         SESSION_ID_MAX_CHARS,
+        SESSION_STARTUP_S,
         SPAWN_RETRY_S,
         TOKEN_MAX_CHARS,
     )
@@ -253,6 +257,8 @@ class Child:
         self.err_r = err_r
         self.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         self.alive = True
+        self.booted = False
+        """Whether the process has answered anything yet (``hello``, see ``pump``)."""
 
     @classmethod
     def adopt(cls, pid: int, sock: socket.socket, out_r: int, err_r: int) -> Child:
@@ -271,6 +277,7 @@ class Child:
         child.pid, child.sock, child.out_r, child.err_r = pid, sock, out_r, err_r
         child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         child.alive = True
+        child.booted = True  # forked from a running process: nothing left to start
         return child
 
     def send(self, message: dict[str, Any]) -> None:
@@ -331,6 +338,8 @@ class Runner:
         self.closed: set[str] = set()
         self.oom_seen = _oom_kills()
         self.timeout_s = float(limits["call_timeout_s"])
+        self.startup_s = float(limits.get("session_startup_s", SESSION_STARTUP_S))
+        """Seconds a new session process has to answer ``hello`` (see ``pump``)."""
         self.running = True
         self.jobs = pid1_jobs.Jobs(self, WORK_ROOT, _oom_kills)
         self.templates = pid1_templates.Templates(self)
@@ -697,13 +706,16 @@ class Runner:
                         continue
                     request["snapshot"] = msg["snapshot"]
             item["token"] = token
-            item["deadline"] = time.monotonic() + self.timeout_s
             session.current = item
             try:
-                if raw:
-                    session.child.sock.sendall(protocol.encode_raw(request, raw))
-                else:
-                    session.child.send(request)
+                frame = protocol.encode_raw(request, raw) if raw else protocol.encode(request)
+                if session.child.booted:
+                    item["deadline"] = time.monotonic() + self.timeout_s
+                else:  # a new process: its start is not the request's time (``hello``)
+                    item["hello"] = secrets.token_hex(16)
+                    item["deadline"] = time.monotonic() + self.startup_s
+                    frame = protocol.encode({"op": "hello", "id": item["hello"]}) + frame
+                session.child.sock.sendall(frame)
             except (OSError, ValueError, TypeError):
                 self.child_failed(session, "crashed", note="request could not be delivered")
 
@@ -746,6 +758,14 @@ class Runner:
 
     def on_child_message(self, session: Session, msg: dict[str, Any]) -> None:
         item = session.current
+        if item is not None and "hello" in item and msg.get("id") == item["hello"]:
+            # the new process runs and reads the request sent right behind ``hello``:
+            # the request's own time limit starts now
+            del item["hello"]
+            if session.child is not None:
+                session.child.booted = True
+            item["deadline"] = time.monotonic() + self.timeout_s
+            return
         if item is None or msg.get("id") != item["token"]:
             return  # unsolicited or stale frame: ignored, cannot answer anything
         session.current = None
@@ -954,7 +974,10 @@ class Runner:
             if item is None:
                 continue
             remaining = item["deadline"] - now
-            if remaining <= 0:
+            if remaining <= 0 and "hello" in item:
+                self.child_failed(session, "crashed",
+                                  note=f"the new session process did not start within {self.startup_s:g} s")
+            elif remaining <= 0:
                 self.child_failed(session, "timeout")
             else:
                 wait = min(wait, remaining)

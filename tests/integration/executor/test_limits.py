@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from sandpit.executor.profiles import MiB
+from sandpit.executor.errors import SessionOpenError
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.profiles import MiB, ProfileOverrides
 from sandpit.executor.settings import ExecutorSettings
+
+from ..conftest import PROBE_SOURCE, TENANT
 
 pytestmark = pytest.mark.docker
 
@@ -40,6 +46,84 @@ def test_infinite_loop_times_out_and_its_mutation_is_discarded(open_env, probe, 
     assert after.status == "ok" and after.observation == "8", after
     assert not after.recovered  # recreated inside the same sandbox, not a new one
     assert session.state() == {**before, "counter": 8, "log": [2, 1]}
+
+
+LOOPING_CONSTRUCTOR = """
+class Env:
+    def __init__(self, init_config):
+        while True:
+            pass
+"""
+
+
+def _stopped_spare(docker_client, sandbox) -> int:
+    """Stop the spare session process of ``sandbox`` (runc: its processes are host
+    processes) once it is the runner's only child, and return its host pid."""
+    runner = docker_client.containers.get(sandbox.container_id).attrs["State"]["Pid"]
+    deadline = time.monotonic() + 30
+    while True:
+        children = Path(f"/proc/{runner}/task/{runner}/children").read_text().split()
+        if len(children) == 1:
+            break
+        assert time.monotonic() < deadline, children
+        time.sleep(0.05)
+    time.sleep(0.5)  # well past its start: what follows is not about a slow interpreter
+    spare = int(children[0])
+    os.kill(spare, signal.SIGSTOP)
+    return spare
+
+
+@pytest.mark.slow
+def test_a_new_session_process_start_is_not_charged_to_the_time_limit(pool_settings, docker_client) -> None:
+    """CI found a session's restore, after a fork bomb retired its sandbox, failing as a
+    timeout under gVisor with every core busy: the limit had started when PID 1 sent the
+    request, so the start of a new process counted as the environment's time. Now PID 1
+    sends ``hello`` ahead and the limit starts at its answer. Shown here without relying
+    on a slow machine: the spare process is stopped from the host for three times the
+    0.5 s limit, and the open waiting for it succeeds once it runs; stopped past
+    ``session_startup_s`` (2 s), the open fails as ``crashed``, saying so, and the
+    sandbox serves on. The environment's own code is still held to the limit from the
+    start of its request (a looping constructor)."""
+    with SandboxPool(pool_settings("slow-start", pool_size=0, session_templates=False, session_startup_s=2.0)) as slow:
+        profile = slow.profile(overrides=ProfileOverrides(call_timeout_s=0.5, memory_mib=128))
+
+        def open_counter(counter: int):
+            return slow.open_session(tenant=TENANT, source=PROBE_SOURCE, class_name="Probe",
+                                     init_config={"counter": counter}, profile=profile)
+
+        first = open_counter(1)
+        sandbox = first._sandbox
+        first.close()  # recycled: a new spare starts in the same sandbox
+        spare = _stopped_spare(docker_client, sandbox)
+        threading.Timer(1.5, os.kill, (spare, signal.SIGCONT)).start()
+        started = time.monotonic()
+        session = open_counter(5)
+        try:
+            assert time.monotonic() - started >= 1.4  # it did wait for the stopped process
+            assert session._sandbox is sandbox
+            assert session.call("bump", {"by": 1}).observation == "6"
+        finally:
+            session.close()
+
+        spare = _stopped_spare(docker_client, sandbox)  # never continued: PID 1 kills it
+        with pytest.raises(SessionOpenError) as caught:
+            open_counter(9)
+        assert caught.value.status == "crashed", caught.value
+        assert "did not start within 2 s" in caught.value.observation, caught.value.observation
+        assert not Path(f"/proc/{spare}").exists() or Path(f"/proc/{spare}/stat").read_text().split()[2] == "Z"
+
+        started = time.monotonic()
+        with pytest.raises(SessionOpenError) as caught:
+            slow.open_session(tenant=TENANT, source=LOOPING_CONSTRUCTOR, class_name="Env",
+                              init_config={}, profile=profile)
+        assert caught.value.status == "timeout", caught.value
+        assert caught.value.observation == "Error: tool call exceeded the 0.5 s time limit"
+        assert time.monotonic() - started <= 0.5 + 3.0  # slack for a loaded machine
+        again = open_counter(7)
+        try:
+            assert again.call("bump", {"by": 1}).observation == "8"
+        finally:
+            again.close()
 
 
 def test_sleeping_call_times_out_too(open_env, probe, fast_profile) -> None:
