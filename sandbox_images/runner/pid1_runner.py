@@ -902,6 +902,7 @@ class Runner:
         if os.getpid() != 1:
             return
         templates = self.templates.pids()
+        settled = self.templates.ready_pids()
         known = {s.child.pid for s in self.sessions.values() if s.child is not None} | self.jobs.pids() | templates
         for spare in (self.spare, self.job_spare):
             if spare is not None:
@@ -918,8 +919,9 @@ class Runner:
         def stray(pid: int, sid: int) -> bool:
             if pid in known:
                 return False
-            # not another running session's; a template's process session holds only it
-            return sid not in known or sid == own or sid in templates
+            # not another running session's; a ready template's process session holds only
+            # it (a loading one's may hold its construction probe: Templates.ready_pids)
+            return sid not in known or sid == own or sid in settled
 
         tracked = self.tracked_pids()
 

@@ -210,6 +210,14 @@ class Templates:
     def pids(self) -> set[int]:
         return {t.child.pid for t in self.by_key.values()}
 
+    def ready_pids(self) -> set[int]:
+        """Pids of the ready templates: each one's process session holds only it. A
+        loading one's also holds, while it builds, the process it forked to construct the
+        instance a second time (``child_template.run_config_template``'s probe), which it
+        kills itself; a sweep must not (it did: the probe died, the two constructions
+        "differed", and the config never got its template while other sessions were busy)."""
+        return {t.child.pid for t in self.by_key.values() if t.ready}
+
     def by_pid(self, pid: int) -> Template | None:
         for template in self.by_key.values():
             if template.child.pid == pid:

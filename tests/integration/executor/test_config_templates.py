@@ -192,6 +192,38 @@ def test_a_constructor_mutating_its_config_leaves_other_sessions_alone(pool, ope
     assert state_view(two)["data"] == {"k": [0, 1]}
 
 
+SLOW_CONSTRUCTOR = "total = 0\nfor i in range(2_000_000):\n    total += i\nself.total = total"
+
+
+def test_a_config_template_is_built_while_other_sessions_call(pool, opened) -> None:
+    """A config template constructs its instance twice, the second time in a process it
+    forks (the probe), and compares the two. PID 1 sweeps strays after every call, and it
+    took the probe of a template still loading for one: the probe died, the constructions
+    "differed", and the config never got its template while other sessions of the sandbox
+    were busy (measured: 3 MB creates back to back stayed at ~600 ms instead of ~5). Here
+    a construction takes a few hundred milliseconds and another session calls all the
+    while its template is built."""
+    source = variant(SLOW_CONSTRUCTOR)
+    config = {"data": {"k": 1}, "case": "busy sandbox"}
+    first = open_(pool, opened, config, source)
+    sandbox = first._sandbox
+    settle(sandbox)
+    open_(pool, opened, config, source)  # its second open: the config template is built now
+    started = time.monotonic()
+    while not template_state(sandbox)["configs_loading"] and time.monotonic() < started + 5:
+        assert first.call("types").status == "ok"  # the build starts once the open is answered
+    calls = 0
+    while template_state(sandbox)["configs_loading"] and time.monotonic() < started + 30:
+        assert first.call("types").status == "ok"  # each call ends with a sweep of strays
+        calls += 1
+    state = template_state(sandbox)
+    assert calls >= 3, (calls, state)  # the build overlapped the calls' sweeps
+    assert state["configs_ready"] == 1 and state["config_reasons"] == [], state
+    again = open_(pool, opened, config, source)
+    assert again._sandbox is sandbox and state_view(again)["total"] == sum(range(2_000_000))
+    assert template_state(sandbox)["forked"] > state["forked"]
+
+
 def test_a_session_killing_its_config_template_falls_back(pool, opened) -> None:
     config = {"data": {"victim": 1}}
     first = warm(pool, opened, config)
