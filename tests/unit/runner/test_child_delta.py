@@ -92,6 +92,31 @@ def test_unchanged_state_sends_nothing_and_one_nested_change_sends_its_path() ->
     assert wire.ops() == [["s", ["orders", "R0007", "nested", "x", "y"], "changed"]]
 
 
+def test_the_node_comparison_ignores_reference_counts_but_not_types() -> None:
+    """``_marshal_equal`` compares a live value with one fresh from ``marshal.loads``: equal
+    content must compare equal although only the live one shares its strings (the
+    default marshal version marks shared objects, and such walks went down to every
+    scalar), and exact differences must still compare unequal."""
+    import marshal
+
+    shared = "".join(["shared", "-value"])  # one string object (not a constant) under many keys
+    live = {"a": {"k": shared, "n": [shared, 1, 2.5]}, "b": [{"k": shared}] * 3}
+    loaded = marshal.loads(marshal.dumps(live))  # noqa: S302 - our own bytes
+    assert marshal.dumps(live) != marshal.dumps(loaded)  # what made the old comparison fail
+    assert child_delta._marshal_equal(live, loaded)
+    assert child_delta._same_node(live, loaded)
+    for a, b in [({"x": 1}, {"x": 1.0}), ({"x": 1}, {"x": True}), ({"x": 0.0}, {"x": -0.0}),
+                 ([[1, 2]], [(1, 2)]), ({"x": 1, "y": 2}, {"y": 2, "x": 1}), ([None], [0]),
+                 ({"x": "1"}, {"x": 1}), ([1, 2], [1, 2, 3])]:
+        assert not child_delta._marshal_equal(a, b), (a, b)
+
+    class Sub(dict):  # trusted test class
+        pass
+
+    assert not child_delta._marshal_equal({"x": {}}, {"x": Sub()})
+    assert not child_delta._same_node({"x": 1}, Sub(x=1))
+
+
 @pytest.mark.parametrize("values", [[1, 1.0, True, 1, False, 0, 0.0, -0.0, None, "1"]])
 def test_type_only_changes_at_depth_are_seen(values: list[Any]) -> None:
     wire = Wire(data=big())
