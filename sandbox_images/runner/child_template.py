@@ -398,7 +398,9 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
         after = module_fingerprint(cls) if cls is not None else None
         if reason is None and (after is None or after != before):
             reason = "construction changed module-level state"
-        if reason is None and theirs != hashlib.sha256(text + after).hexdigest():  # type: ignore[operator]
+        if reason is None and not theirs:  # it died, ran out of memory or time: no verdict
+            reason = "the second construction did not report (it died, ran out of memory or time)"
+        elif reason is None and theirs != hashlib.sha256(text + after).hexdigest():  # type: ignore[operator]
             reason = "two constructions differ"
     if reason is None:
         reason = _extra_state(sock.fileno()) or _extra_children()

@@ -153,7 +153,8 @@ def test_forked_instance_equals_a_constructed_one_and_shares_nothing(pool, opene
     ("REGISTRY['instances'] = REGISTRY.get('instances', 0) + 1", "module-level state"),
     ("Shop.count = len(list(init_config)) + len(Shop.__dict__)", "module-level state"),
     ("if OS()['fork']() == 0:\n    OS()['_exit'](0)", "child process"),
-], ids=["random", "clock", "uuid", "global-counter", "class-attribute", "fork"])
+    ("if OS()['getppid']() != 1:\n    OS()['_exit'](0)", "did not report"),
+], ids=["random", "clock", "uuid", "global-counter", "class-attribute", "fork", "probe-dies"])
 def test_constructors_that_are_not_repeatable_are_constructed_per_session(pool, opened, constructor,
                                                                          reason) -> None:
     source = variant(constructor)
