@@ -710,6 +710,7 @@ class Runner:
             try:
                 frame = protocol.encode_raw(request, raw) if raw else protocol.encode(request)
                 if session.child.booted:
+                    item.pop("hello", None)  # a re-queued item is timed afresh
                     item["deadline"] = time.monotonic() + self.timeout_s
                 else:  # a new process: its start is not the request's time (``hello``)
                     item["hello"] = secrets.token_hex(16)
