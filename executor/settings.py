@@ -98,7 +98,7 @@ class ExecutorSettings(BaseSettings):
     """Time a newly started session process in a sandbox has to come up (interpreter,
     limits, seccomp filter) before the request waiting for it fails as ``crashed``. The
     request's own ``call_timeout_s`` starts only once the process runs, so a slow start
-    (over a second measured under gVisor with every core busy) is never charged to the
+    (CI saw one under gVisor, every core busy, use up a 1 s limit) is never charged to the
     environment's code (``sandbox_images/runner/limits.py`` SESSION_STARTUP_S)."""
     spare_child: bool = True
     """Keep one pre-started (code-free) session process per sandbox with a free slot, so

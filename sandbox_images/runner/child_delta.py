@@ -198,9 +198,9 @@ def check(tree: Tree, value: Any, path: list[Any], ops: Ops, depth: int) -> Tree
             continue
         before = dict(zip(old_bucket, marshal.loads(tree.blobs[index]), strict=True))  # noqa: S302 - bytes this process made of its own state
         for key in bucket:
-            old = before.get(key, _MISSING)
-            if old is not _MISSING and not _same_node(old, value[key]):
-                diff(old, value[key], [*path, key], ops, depth + 1)
+            old, new = before.get(key, _MISSING), value[key]
+            if old is not _MISSING and not _same_node(old, new):
+                diff(old, new, [*path, key], ops, depth + 1)
         tree.blobs[index] = blob
     tree.members = members
     if len(tree.keys) > 4 * max(16, len(members) ** 2):  # grown far past its layout
@@ -226,8 +226,9 @@ def _check_list(tree: Tree, value: list[Any], path: list[Any], ops: Ops, depth: 
             continue
         before = marshal.loads(tree.blobs[index])  # noqa: S302 - bytes this process made of its own state
         for position in range(bucket[0], end):
-            if not _same_node(before[position - bucket[0]], value[position]):
-                diff(before[position - bucket[0]], value[position], [*path, position], ops, depth + 1)
+            old, new = before[position - bucket[0]], value[position]
+            if not _same_node(old, new):
+                diff(old, new, [*path, position], ops, depth + 1)
         tree.blobs[index] = blob
     if len(value) != length:
         ops.resize(path, common, value[common:])

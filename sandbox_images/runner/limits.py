@@ -54,8 +54,8 @@ SESSION_STARTUP_S = 10.0
 """Time a newly spawned session process has to start (interpreter, limits, seccomp
 filter) and answer ``hello`` before the request queued behind it. Its own time limit
 (``call_timeout_s``) starts only at that answer: a process start is the runner's work,
-not the environment's (measured: 40 ms on a quiet machine, over a second under gVisor
-with every core busy). Past it the request fails as ``crashed``."""
+not the environment's (in CI a restore into a fresh gVisor sandbox, every core busy,
+used up a 1 s limit that way). Past it the request fails as ``crashed``."""
 SPAWN_RETRY_S = 2.0
 """How long a session process start that hits the pids limit is retried (strays of a
 killed fork bomb not reaped yet)."""

@@ -201,7 +201,7 @@ def test_a_config_template_is_built_while_other_sessions_call(pool, opened) -> N
     forks (the probe), and compares the two. PID 1 sweeps strays after every call, and it
     took the probe of a template still loading for one: the probe died, the constructions
     "differed", and the config never got its template while other sessions of the sandbox
-    were busy (measured: 3 MB creates back to back stayed at ~600 ms instead of ~5). Here
+    were busy (measured: 3 MB creates back to back stayed at ~550 ms instead of ~33). Here
     a construction takes a few hundred milliseconds and another session calls all the
     while its template is built."""
     source = variant(SLOW_CONSTRUCTOR)
