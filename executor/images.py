@@ -7,8 +7,13 @@ Image tags are content hashes, so rebuilding unchanged inputs is a no-op:
   minimal Debian root filesystem with python3 is made with ``debootstrap``, trimmed by
   ``base.json``'s ``remove_paths``, cached as a tarball in ``ImageSettings.cache_dir`` and
   ``docker import``-ed.
-* sandbox: ``sandpit-sandbox:<sha256 of base tag + Dockerfile + runner files>``, built
-  with the Dockerfile in ``sandbox_images/`` (adds the runner, runs as uid 10001).
+* builder: ``sandpit-builder:<sha256 of the recipe with base.json's builder_include>``,
+  always debootstrapped (the same suite's python3 plus a C compiler and python3-dev),
+  cached like the base. Only the Dockerfile's first stage runs in it: it compiles
+  ``native/`` (the delta scan's write barrier) for that interpreter.
+* sandbox: ``sandpit-sandbox:<sha256 of base and builder tags + Dockerfile + runner and
+  native files>``, built with the Dockerfile in ``sandbox_images/`` (adds the runner and
+  the compiled module, runs as uid 10001).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 import docker
 import docker.errors
-from sandpit.sandbox_images import DEFINITION_DIR, RUNNER_FILES
+from sandpit.sandbox_images import DEFINITION_DIR, NATIVE_FILES, RUNNER_FILES
 
 from .engine import map_docker_errors
 from .errors import ImageError
@@ -61,17 +66,35 @@ def base_recipe(settings: ImageSettings) -> dict[str, Any]:
     return recipe
 
 
+def builder_recipe(settings: ImageSettings) -> dict[str, Any]:
+    """The builder root's recipe: the base's, with ``builder_include`` added to ``include``."""
+    recipe = base_recipe(settings)
+    recipe["include"] = [*recipe["include"], *recipe.pop("builder_include", [])]
+    return recipe
+
+
+def _recipe_sha(recipe: dict[str, Any]) -> str:
+    recipe = {k: v for k, v in recipe.items() if k not in ("comment", "builder_include")}
+    return _sha([json.dumps(recipe, sort_keys=True).encode()])
+
+
 def base_tag(settings: ImageSettings) -> str:
     """``sandpit-base:<hash>`` of the debootstrap recipe (suite, variant, packages, trims)."""
-    recipe = base_recipe(settings)
-    recipe.pop("comment", None)
-    return "sandpit-base:" + _sha([json.dumps(recipe, sort_keys=True).encode()])
+    return "sandpit-base:" + _recipe_sha(base_recipe(settings))
+
+
+def builder_tag(settings: ImageSettings) -> str:
+    """``sandpit-builder:<hash>`` of :func:`builder_recipe`."""
+    return "sandpit-builder:" + _recipe_sha(builder_recipe(settings))
 
 
 def sandbox_tag(settings: ImageSettings, base: str | None = None) -> str:
-    """``<repository>:<hash>`` of the base tag, the Dockerfile and the runner sources."""
-    parts = [(base or base_tag(settings)).encode(), (DEFINITION_DIR / "Dockerfile").read_bytes()]
+    """``<repository>:<hash>`` of the base and builder tags, the Dockerfile, the runner
+    sources and the native sources."""
+    parts = [(base or base_tag(settings)).encode(), builder_tag(settings).encode(),
+             (DEFINITION_DIR / "Dockerfile").read_bytes()]
     parts += [(DEFINITION_DIR / "runner" / name).read_bytes() for name in RUNNER_FILES]
+    parts += [(DEFINITION_DIR / "native" / name).read_bytes() for name in NATIVE_FILES]
     return f"{settings.repository}:{_sha(parts)}"
 
 
@@ -96,8 +119,8 @@ def _try_pull(client: docker.DockerClient, settings: ImageSettings, tag: str, sa
     return True
 
 
-def _debootstrap(settings: ImageSettings, tag: str, say: Progress) -> Path:
-    """Make (or reuse) the cached rootfs tarball for ``tag``; returns its path."""
+def _debootstrap(settings: ImageSettings, tag: str, recipe: dict[str, Any], say: Progress) -> Path:
+    """Make (or reuse) the cached rootfs tarball of ``recipe`` for ``tag``; returns its path."""
     cache = settings.cache_dir / "base"
     cache.mkdir(parents=True, exist_ok=True)
     tarball = cache / f"{tag.split(':', 1)[1]}.tar"
@@ -107,7 +130,6 @@ def _debootstrap(settings: ImageSettings, tag: str, say: Progress) -> Path:
     if shutil.which("debootstrap") is None:
         raise ImageError("no base image can be pulled and `debootstrap` is not installed "
                          "(apt-get install debootstrap, as root)")
-    recipe = base_recipe(settings)
     with tempfile.TemporaryDirectory(prefix="sandpit-rootfs-", dir=cache) as tmp:
         rootfs = Path(tmp) / "rootfs"
         cmd = ["debootstrap", f"--variant={recipe['variant']}", f"--include={','.join(recipe['include'])}",
@@ -130,6 +152,12 @@ def _debootstrap(settings: ImageSettings, tag: str, say: Progress) -> Path:
     return tarball
 
 
+def _import(client: docker.DockerClient, tarball: Path, tag: str, say: Progress) -> None:
+    say(f"importing {tarball.name} as {tag}")
+    repo, name = tag.split(":", 1)
+    client.api.import_image_from_file(str(tarball), repository=repo, tag=name)
+
+
 def build_image(client: docker.DockerClient, settings: ImageSettings, *, force: bool = False,
                 progress: Progress | None = None) -> BuiltImage:
     """Ensure the sandbox image exists; build what is missing. Returns its tag.
@@ -141,6 +169,7 @@ def build_image(client: docker.DockerClient, settings: ImageSettings, *, force: 
     say = progress or (lambda msg: log.info("%s", msg))
     with map_docker_errors("building the sandbox image"):
         base = base_tag(settings)
+        builder = builder_tag(settings)
         final = sandbox_tag(settings, base)
         if not force and _exists(client, final):
             say(f"{final} is up to date")
@@ -150,19 +179,19 @@ def build_image(client: docker.DockerClient, settings: ImageSettings, *, force: 
             if _try_pull(client, settings, base, say):
                 source = "pulled"
             else:
-                tarball = _debootstrap(settings, base, say)
-                say(f"importing {tarball.name} as {base}")
-                repo, tag = base.split(":", 1)
-                client.api.import_image_from_file(str(tarball), repository=repo, tag=tag)
+                _import(client, _debootstrap(settings, base, base_recipe(settings), say), base, say)
                 source = "debootstrap"
+        if force or not _exists(client, builder):
+            _import(client, _debootstrap(settings, builder, builder_recipe(settings), say), builder, say)
         with tempfile.TemporaryDirectory(prefix="sandpit-image-") as ctx:
             shutil.copy(DEFINITION_DIR / "Dockerfile", ctx)
-            (Path(ctx) / "runner").mkdir()
-            for name in RUNNER_FILES:
-                shutil.copy(DEFINITION_DIR / "runner" / name, Path(ctx) / "runner" / name)
-            say(f"building {final} on {base}")
+            for folder, names in (("runner", RUNNER_FILES), ("native", NATIVE_FILES)):
+                (Path(ctx) / folder).mkdir()
+                for name in names:
+                    shutil.copy(DEFINITION_DIR / folder / name, Path(ctx) / folder / name)
+            say(f"building {final} on {base} (native modules compiled in {builder})")
             try:
-                client.images.build(path=ctx, tag=final, buildargs={"BASE": base}, rm=True,
+                client.images.build(path=ctx, tag=final, buildargs={"BASE": base, "BUILDER": builder}, rm=True,
                                     forcerm=True, pull=False, labels={"sandpit.image": "1"})
             except docker.errors.BuildError as exc:
                 lines = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in exc.build_log)
