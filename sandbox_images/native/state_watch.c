@@ -21,9 +21,12 @@
  * (identity): then no container of the bucket was written to and its content is
  * exactly what it was (leaves are immutable and the references held keep them alive).
  * False means "maybe changed": the caller then re-marshals and walks the bucket.
- * unchanged() runs no Python code and allocates nothing. Both raise TypeError on misuse
- * (a forged watch included: the session's own code can import this module, so every
- * object unchanged() reads through is type-checked first).
+ * dirty(watches, node, buckets) does what unchanged() does for every bucket of a node at
+ * once, looking the buckets' values up in the node itself (str keys only: hashing any
+ * other key may run Python code; such a bucket is reported dirty).
+ * unchanged() and dirty() run no Python code. All three functions raise TypeError on
+ * misuse, a forged watch included: the session's own code can import this module, so
+ * every object read through a watch is type-checked first.
  *
  * Built for the sandbox image's interpreter by the image build (a builder stage with a
  * compiler; the sandbox itself has none). CPython 3.8 to 3.13 keep ma_version_tag.
@@ -167,19 +170,9 @@ static int same_items(PyObject **a, Py_ssize_t na, PyObject **b, Py_ssize_t nb) 
     return 1;
 }
 
-PyDoc_STRVAR(unchanged_doc,
-"unchanged(w, roots) -> bool\n\n"
-"True only when ``roots`` holds the same objects as when ``w = watch(roots)`` was made\n"
-"and none of the dicts and lists recorded in ``w`` was changed since (so the content\n"
-"is exactly the same); False means it may have changed. Raises TypeError when ``w`` is\n"
-"not a result of :func:`watch`.");
-
-static PyObject *unchanged(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "unchanged(w, roots) takes two arguments");
-        return NULL;
-    }
-    PyObject *w = args[0], *roots = args[1];
+/* The recorded roots of a watch (a tuple), or NULL with TypeError when `w` is not a
+ * well-formed result of watch(). */
+static PyObject *watch_roots(PyObject *w) {
     if (!PyTuple_CheckExact(w) || PyTuple_GET_SIZE(w) != 5) goto bad;
     PyObject *snap = PyTuple_GET_ITEM(w, 0), *dicts = PyTuple_GET_ITEM(w, 1),
              *tags = PyTuple_GET_ITEM(w, 2), *lists = PyTuple_GET_ITEM(w, 3),
@@ -189,6 +182,58 @@ static PyObject *unchanged(PyObject *Py_UNUSED(self), PyObject *const *args, Py_
             || PyBytes_GET_SIZE(tags) != PyTuple_GET_SIZE(dicts) * (Py_ssize_t)sizeof(uint64_t)
             || PyTuple_GET_SIZE(lists) != PyTuple_GET_SIZE(snaps))
         goto bad;
+    return snap;
+bad:
+    PyErr_SetString(PyExc_TypeError, "not a result of watch()");
+    return NULL;
+}
+
+/* 1: some recorded dict or list was written to; 0: none; -1: forged watch (TypeError).
+ * `w` passed watch_roots(). */
+static int written(PyObject *w) {
+    PyObject *dicts = PyTuple_GET_ITEM(w, 1), *tags = PyTuple_GET_ITEM(w, 2),
+             *lists = PyTuple_GET_ITEM(w, 3), *snaps = PyTuple_GET_ITEM(w, 4);
+    const char *tag_bytes = PyBytes_AS_STRING(tags);
+    Py_ssize_t n = PyTuple_GET_SIZE(dicts);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(dicts, i);
+        uint64_t was, tag;
+        if (!PyDict_CheckExact(d)) goto bad;  /* a forged watch: never read past an object */
+        memcpy(&was, tag_bytes + i * (Py_ssize_t)sizeof was, sizeof was);
+        _Pragma("GCC diagnostic push")
+        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
+        tag = ((PyDictObject *)d)->ma_version_tag;
+        _Pragma("GCC diagnostic pop")
+        if (tag != was) return 1;
+    }
+    n = PyTuple_GET_SIZE(lists);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *l = PyTuple_GET_ITEM(lists, i), *s = PyTuple_GET_ITEM(snaps, i);
+        if (!PyList_CheckExact(l) || !PyTuple_CheckExact(s)) goto bad;
+        if (!same_items(((PyListObject *)l)->ob_item, PyList_GET_SIZE(l),
+                        ((PyTupleObject *)s)->ob_item, PyTuple_GET_SIZE(s)))
+            return 1;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_TypeError, "not a result of watch()");
+    return -1;
+}
+
+PyDoc_STRVAR(unchanged_doc,
+"unchanged(w, roots) -> bool\n\n"
+"True only when ``roots`` holds the same objects as when ``w = watch(roots)`` was made\n"
+"and none of the dicts and lists recorded in ``w`` was changed since (so the content\n"
+"is exactly the same); False means it may have changed. Raises TypeError when ``w`` is\n"
+"not a result of :func:`watch` or ``roots`` is not a tuple or a list.");
+
+static PyObject *unchanged(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "unchanged(w, roots) takes two arguments");
+        return NULL;
+    }
+    PyObject *snap = watch_roots(args[0]), *roots = args[1];
+    if (snap == NULL) return NULL;
     PyObject **now;
     Py_ssize_t count;
     if (PyTuple_CheckExact(roots)) {
@@ -203,36 +248,92 @@ static PyObject *unchanged(PyObject *Py_UNUSED(self), PyObject *const *args, Py_
     }
     if (!same_items(now, count, ((PyTupleObject *)snap)->ob_item, PyTuple_GET_SIZE(snap)))
         Py_RETURN_FALSE;
-    const char *tag_bytes = PyBytes_AS_STRING(tags);
-    Py_ssize_t n = PyTuple_GET_SIZE(dicts);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *d = PyTuple_GET_ITEM(dicts, i);
-        uint64_t was, tag;
-        if (!PyDict_CheckExact(d)) goto bad;  /* a forged watch: never read past an object */
-        memcpy(&was, tag_bytes + i * (Py_ssize_t)sizeof was, sizeof was);
-        _Pragma("GCC diagnostic push")
-        _Pragma("GCC diagnostic ignored \"-Wdeprecated-declarations\"")
-        tag = ((PyDictObject *)d)->ma_version_tag;
-        _Pragma("GCC diagnostic pop")
-        if (tag != was) Py_RETURN_FALSE;
+    int changed = written(args[0]);
+    if (changed < 0) return NULL;
+    return PyBool_FromLong(!changed);
+}
+
+/* 1 when bucket `keys` of `node` no longer holds the objects `snap` recorded, 0 when it
+ * does, -1 on error. A dict node's bucket is a list of keys; a list node's, a list of
+ * consecutive indexes. */
+static int moved(PyObject *node, PyObject *keys, PyObject *snap) {
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "a bucket must be a list");
+        return -1;
     }
-    n = PyTuple_GET_SIZE(lists);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *l = PyTuple_GET_ITEM(lists, i), *s = PyTuple_GET_ITEM(snaps, i);
-        if (!PyList_CheckExact(l) || !PyTuple_CheckExact(s)) goto bad;
-        if (!same_items(((PyListObject *)l)->ob_item, PyList_GET_SIZE(l),
-                        ((PyTupleObject *)s)->ob_item, PyTuple_GET_SIZE(s)))
-            Py_RETURN_FALSE;
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (count != PyTuple_GET_SIZE(snap)) return 1;
+    if (count == 0) return 0;
+    if (PyDict_CheckExact(node)) {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            PyObject *key = PyList_GET_ITEM(keys, j);
+            if (!PyUnicode_CheckExact(key)) return 1;  /* hashing anything else may run code */
+            PyObject *value = PyDict_GetItemWithError(node, key);
+            if (value == NULL) return PyErr_Occurred() ? -1 : 1;
+            if (value != PyTuple_GET_ITEM(snap, j)) return 1;
+        }
+        return 0;
     }
-    Py_RETURN_TRUE;
-bad:
-    PyErr_SetString(PyExc_TypeError, "unchanged() needs a result of watch()");
-    return NULL;
+    Py_ssize_t first = PyLong_AsSsize_t(PyList_GET_ITEM(keys, 0));
+    if (first == -1 && PyErr_Occurred()) return -1;
+    if (first < 0 || first > PyList_GET_SIZE(node) - count) return 1;
+    return !same_items(((PyListObject *)node)->ob_item + first, count,
+                       ((PyTupleObject *)snap)->ob_item, count);
+}
+
+PyDoc_STRVAR(dirty_doc,
+"dirty(watches, node, buckets) -> list[int]\n\n"
+"The indexes of the buckets of ``node`` that may have changed: ``node`` is a dict (each\n"
+"bucket a list of its keys) or a list (each bucket a list of consecutive indexes),\n"
+"``watches[i]`` the watch of bucket ``buckets[i]``'s values, or None (always dirty).\n"
+"A bucket is clean when its keys still hold the recorded objects and nothing recorded\n"
+"was written to: :func:`unchanged` for every bucket in one call. Raises TypeError on\n"
+"arguments of other types or lengths, or a forged watch.");
+
+static PyObject *dirty(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "dirty(watches, node, buckets) takes three arguments");
+        return NULL;
+    }
+    PyObject *watches = args[0], *node = args[1], *buckets = args[2];
+    if (!PyList_CheckExact(watches) || !PyList_CheckExact(buckets)
+            || PyList_GET_SIZE(watches) != PyList_GET_SIZE(buckets)
+            || !(PyDict_CheckExact(node) || PyList_CheckExact(node))) {
+        PyErr_SetString(PyExc_TypeError, "dirty() needs a list of watches, a dict or a list, "
+                                         "and a list of as many buckets");
+        return NULL;
+    }
+    PyObject *result = PyList_New(0);
+    if (result == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(watches); i++) {
+        PyObject *w = PyList_GET_ITEM(watches, i);
+        int changed = 1;
+        if (w != Py_None) {
+            PyObject *snap = watch_roots(w);
+            changed = snap == NULL ? -1 : moved(node, PyList_GET_ITEM(buckets, i), snap);
+            if (changed == 0) changed = written(w);
+        }
+        if (changed < 0) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        if (changed) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(result, index) < 0) {
+                Py_XDECREF(index);
+                Py_DECREF(result);
+                return NULL;
+            }
+            Py_DECREF(index);
+        }
+    }
+    return result;
 }
 
 static PyMethodDef methods[] = {
     {"watch", watch, METH_O, watch_doc},
     {"unchanged", (PyCFunction)(void (*)(void))unchanged, METH_FASTCALL, unchanged_doc},
+    {"dirty", (PyCFunction)(void (*)(void))dirty, METH_FASTCALL, dirty_doc},
     {NULL, NULL, 0, NULL},
 };
 

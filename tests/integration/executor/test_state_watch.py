@@ -91,6 +91,11 @@ WRITES = {
     "list inside a tuple": lambda d: d["a"]["t"][1].append(4),
     "dict inside a tuple": lambda d: d["a"]["t"][2].__setitem__("u", 0),
     "dict inside a list of lists": lambda d: d["n"][1].__setitem__("k", "v"),
+    "update of an empty dict": lambda d: d["n"][1].update({"k": 1}),
+    "dict __init__ again": lambda d: d["a"]["b"][1].__init__({"c": 3}),
+    "list *= 2": lambda d: d["a"]["b"].__imul__(2),
+    "list __init__ again": lambda d: d["a"]["b"].__init__([1]),
+    "extended slice": lambda d: d["a"]["t"][1].__setitem__(slice(None, None, 2), [7]),
 }
 
 
@@ -204,6 +209,54 @@ def test_forged_watches_are_refused_not_read(state_watch: ModuleType) -> None:
     with pytest.raises(TypeError):
         state_watch.watch(None)
     assert state_watch.unchanged(real, (data,))  # the real one still works
+
+
+def test_dirty_checks_every_bucket_of_a_node_in_one_call(state_watch: ModuleType) -> None:
+    table = {f"k{i}": {"v": i, "l": [i]} for i in range(10)}
+    buckets = [["k0", "k1", "k2"], ["k3", "k4"], ["k5", "k6", "k7"], ["k8", "k9"]]
+    watches = [state_watch.watch(tuple(table[k] for k in bucket)) for bucket in buckets]
+    watches[3] = None  # no watch: always dirty
+    assert state_watch.dirty(watches, table, buckets) == [3]
+    table["k4"]["v"] = 4.0  # written to at depth
+    table["k6"] = {"v": 6, "l": [6]}  # an equal new object under a key
+    assert state_watch.dirty(watches, table, buckets) == [1, 2, 3]
+    del table["k0"]  # a key gone
+    assert state_watch.dirty(watches, table, buckets) == [0, 1, 2, 3]
+    items = [[i] for i in range(9)]
+    spans = [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    watches = [state_watch.watch(items[span[0]:span[-1] + 1]) for span in spans]
+    assert state_watch.dirty(watches, items, spans) == []
+    items[4].append(0)
+    items.pop()  # the last span now runs past the end
+    assert state_watch.dirty(watches, items, spans) == [1, 2]
+    assert state_watch.dirty([], {}, []) == []
+
+
+class Key(str):  # a str subclass: hashing it may run code, so it is never looked up
+    def __hash__(self) -> int:
+        raise AssertionError("dirty() hashed a key that is not an exact str")
+
+
+@pytest.mark.parametrize("args", [
+    ([None], {}, []), ([], {}, [[]]), ((), {}, []), ([None], {}, ([],)), ([None], set(), [[]]),
+    ([None], type("D", (dict,), {})(), [[]]), ([("x",)], {}, [[]]), ([()], {}, [[]]),
+    ([None], {}),
+], ids=["fewer-buckets", "fewer-watches", "tuple-watches", "tuple-buckets", "set-node", "dict-subclass-node",
+        "forged-watch", "empty-watch", "two-args"])
+def test_dirty_refuses_what_it_is_not_given(state_watch: ModuleType, args: tuple[Any, ...]) -> None:
+    with pytest.raises(TypeError):
+        state_watch.dirty(*args)
+
+
+def test_dirty_never_hashes_a_key_that_is_not_an_exact_str(state_watch: ModuleType) -> None:
+    key = Key("k")
+    table = {"a": 1}
+    watch = state_watch.watch(({"x": 1},))
+    assert state_watch.dirty([watch], table, [[key]]) == [0]  # reported, not looked up
+    with pytest.raises(TypeError):
+        state_watch.dirty([watch], [1], [["0"]])  # a list node's bucket holds int indexes
+    with pytest.raises(TypeError):
+        state_watch.dirty([watch], table, ["a"])  # a bucket is a list
 
 
 # -- child_delta with the module ----------------------------------------------------------
