@@ -250,7 +250,7 @@ def check(tree: Tree, value: Any, path: list[Any], ops: Ops, depth: int) -> Tree
                 diff(old, new, [*path, key], ops, depth + 1)
         tree.blobs[index] = blob
     tree.members = members
-    if len(tree.keys) > 4 * max(16, len(members) ** 2):  # grown far past its layout
+    if _bucket_count(len(tree.keys)) > 4 * len(members):  # grown far past its layout
         return Tree(value, depth)
     return tree
 

@@ -330,3 +330,18 @@ def test_many_operations_on_one_large_list_apply_in_place_after_one_copy() -> No
     after = apply_path_ops(base, ops)
     assert after["log"][:2] == ["first", 1] and after["log"][-1] == 4_999 and len(after["log"]) == 105_000
     assert len(base["log"]) == 100_000 and base["log"][0] == 0  # the base is untouched
+
+
+def test_a_growing_table_is_re_bucketed_and_stays_exact() -> None:
+    wire = Wire(data={"users": records(400)})
+    first = len(wire.session.cache["data"][1].subs["users"].members)
+    for step in range(40):
+        for i in range(200):
+            wire.state["data"]["users"][f"G{step:02d}{i:03d}"] = {"id": i, "tags": [step]}
+        wire.sync()
+        assert len(wire.ops()) == 200  # one "s" per new record, whatever the layout
+    wire.state["data"]["users"]["G05007"]["tags"].append(1.0)  # a change after the re-layout
+    wire.sync()
+    assert wire.ops() == [["r", ["users", "G05007", "tags"], 1, [1.0]]]
+    members = len(wire.session.cache["data"][1].subs["users"].members)
+    assert first < members and 4 * members >= child_delta._bucket_count(8400)
