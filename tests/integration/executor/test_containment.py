@@ -464,3 +464,12 @@ def test_what_a_session_sees_of_the_runner_and_of_its_neighbour(open_env, probe,
     other = probe.ok(first, "result = os.getpid()")
     seen = json.loads(probe.ok(second, FROM_THE_OTHER_SESSION.replace("OTHER_PID", other)))
     assert seen == ISOLATION[rt_pool.settings.runtime]
+
+
+def test_the_delta_scans_write_barrier_loads_under_each_runtime(open_env, probe, rt_pool) -> None:
+    """``child_delta`` falls back to marshal comparisons when ``state_watch`` does not
+    import (correct, but the airline step about twice as slow): the compiled module must
+    load in a real session process under runc and under gVisor alike."""
+    session = open_env(on=rt_pool)
+    loaded = probe.ok(session, "import sys\nresult = repr(sys.modules['child_delta'].state_watch)")
+    assert "state_watch" in loaded and "/opt/sandpit/runner/state_watch." in loaded, loaded
