@@ -43,8 +43,9 @@ exactly like a spare taking its first request, without the cost of starting Pyth
 Config templates (:func:`run_config_template`): a process forked from an environment's
 template receives ``config_template {id, config}`` and keeps an *instance*: it constructs
 ``cls(config)`` (EnvScaler ``init_env_instance``, :func:`child_session.instantiate`) and
-encodes its state, while a probe process forked from it before construction does the
-same with its own copy of the config. It is suitable only when
+encodes its state, then a probe process forked from it before construction does the
+same with its own copy of the config (after, never beside it: two constructions at the same
+time may read the same clock). It is suitable only when
 
 * both encoded states are byte-identical (a constructor that reads the clock, random
   numbers, uuids, ``id()`` of fresh objects or anything else that varies between two
@@ -364,20 +365,28 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
     before = module_fingerprint(cls) if reason is None and cls is not None else None
     if reason is None and before is None:
         reason = "module state cannot be fingerprinted"
-    probe, report = -1, -1
+    probe, report, go = -1, -1, -1
     if reason is None:
         read_end, write_end = os.pipe()
+        wait_end, go = os.pipe()
         child_session._flush_std()
         probe = os.fork()
         if probe == 0:  # the probe: a second, independent construction from its own copy
             try:
                 os.close(read_end)
+                os.close(go)
+                # only once the template's construction is over: run side by side on two
+                # cores, both read the clock within the same microsecond now and then, and
+                # a constructor that stores datetime.now() passed as repeatable (seen in CI)
+                if os.read(wait_end, 1) != b"g":
+                    os._exit(0)
                 _, text = _construct(cls, config, session.limits)  # type: ignore[arg-type]
                 digest = hashlib.sha256(text + (module_fingerprint(cls) or b"?")).hexdigest()  # type: ignore[arg-type]
                 os.write(write_end, digest.encode("ascii"))
             finally:
                 os._exit(0)
         os.close(write_end)
+        os.close(wait_end)
         report = read_end
     state: child_session.Session | None = None
     text = b""
@@ -386,6 +395,10 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
             state, text = _construct(cls, config, session.limits)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - the normal path reports it per session
             reason = f"construction failed: {type(exc).__name__}"
+    if go >= 0:
+        if reason is None:
+            os.write(go, b"g")  # the probe's turn
+        os.close(go)  # a probe not told to go reads end-of-file and exits
     if probe > 0:
         ready, _, _ = select.select([report], [], [], float(session.limits.get("call_timeout_s", 30.0)))
         theirs = os.read(report, 128).decode("ascii", "replace") if ready else ""
