@@ -151,6 +151,14 @@ class SandboxSession:
             snapshot = self._session.snapshot()
         return snapshot.attributes, snapshot.digest
 
+    def share_opened_state(self, attributes: dict[str, list[Any]], digest: str) -> bool:
+        """Let the session's snapshot be ``attributes`` (a stored initial state with the
+        same ``digest`` as the one it opened with), so the store's identity checks hold
+        from the first step (``ExecutorSession.share_opened_state``). Raises a
+        SandboxError."""
+        with self._owner.translated():
+            return self._session.share_opened_state(attributes, digest)
+
     def restore(self, attributes: dict[str, list[Any]]) -> None:
         """Put the instance into the state of ``attributes`` (in a slot: restoring opaque
         values runs the environment's code). Raises QuotaExceeded, a SandboxError."""

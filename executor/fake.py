@@ -242,6 +242,10 @@ class FakeSession:
         with self._lock:
             return Snapshot(attributes=copy.deepcopy(self._encoded))
 
+    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
+        """Never shares: the fake keeps no digests (its snapshots are copies anyway)."""
+        return False
+
     def restore(self, snapshot: Snapshot) -> None:
         """Put the state into ``snapshot``'s (the real restore's rules, module docstring)."""
         attributes = check_encoded(snapshot.attributes, "snapshot")

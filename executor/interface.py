@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from .profiles import ProfileOverrides, ResourceProfile
-from .results import CallResult, CheckResult, ExecResult, Snapshot
+from .results import CallResult, CheckResult, EncodedValue, ExecResult, Snapshot
 
 
 @runtime_checkable
@@ -53,6 +53,12 @@ class ExecutorSession(Protocol):
 
     def snapshot(self) -> Snapshot:
         """The last good snapshot (encoded attributes)."""
+        ...
+
+    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
+        """Use ``attributes`` (equal to the opened state, whose digest is ``digest``) as
+        the session's snapshot objects, so that deltas share structure with the caller's
+        copy; False when the session moved on or cannot share (another process)."""
         ...
 
     def restore(self, snapshot: Snapshot) -> None:

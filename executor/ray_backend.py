@@ -102,7 +102,7 @@ from .errors import (
 )
 from .host_link import DIRECT, HostLink, LinkRefused, LinkServer
 from .profiles import ProfileOverrides, ResourceProfile
-from .results import CallResult, CheckResult, ExecResult, Snapshot
+from .results import CallResult, CheckResult, EncodedValue, ExecResult, Snapshot
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 
 log = logging.getLogger("sandpit.executor")
@@ -583,6 +583,11 @@ class RaySession:
         """The last good snapshot."""
         self._check()
         return Snapshot(attributes=self._ask("read", self._id, "snapshot"))
+
+    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
+        """Never shares: the session's snapshot lives in its host's process, where no
+        object of this one can be."""
+        return False
 
     def restore(self, snapshot: Snapshot) -> None:
         """Put the instance into ``snapshot``'s state. Raises SessionError, SandboxLost."""

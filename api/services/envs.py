@@ -324,7 +324,8 @@ class EnvService:
         try:
             attributes, digest = session.opened_state()
             known = self.initial_states.get(tenant, digest) if digest is not None else None
-            if known is not None:
+            if known is not None and digest is not None:
+                session.share_opened_state(known[0].encoded(), digest)
                 yield session, known[0], known[1]
             else:
                 pending = PendingBlobs()
