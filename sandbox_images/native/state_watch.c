@@ -53,8 +53,20 @@ static int is_leaf(PyTypeObject *t) {
         || t == Py_TYPE(Py_None) || t == &PyBytes_Type || t == &PyComplex_Type;
 }
 
-/* 1: recorded; 0: not watchable; -1: error set. */
+static int collect_container(Collect *c, PyObject *obj, int depth);
+
+/* 1: recorded; 0: not watchable; -1: error set. Holds a reference to `obj` while it is
+ * followed: an allocation here may run the garbage collector, whose finalizers (the
+ * session's own code) could drop the last other reference to it. */
 static int collect(Collect *c, PyObject *obj, int depth) {
+    if (is_leaf(Py_TYPE(obj))) return 1;
+    Py_INCREF(obj);
+    int ok = collect_container(c, obj, depth);
+    Py_DECREF(obj);
+    return ok;
+}
+
+static int collect_container(Collect *c, PyObject *obj, int depth) {
     PyTypeObject *t = Py_TYPE(obj);
     if (is_leaf(t)) return 1;
     if (depth >= MAX_DEPTH) return 0;
@@ -79,10 +91,14 @@ static int collect(Collect *c, PyObject *obj, int depth) {
         Py_ssize_t pos = 0;
         PyObject *key, *value;
         while (PyDict_Next(obj, &pos, &key, &value)) {
-            /* keys are hashable; a str key is a leaf, anything else is followed */
+            /* keys are hashable; a str key is a leaf, anything else is followed. Both
+               held: following the key may allocate (see collect). */
+            Py_INCREF(key);
+            Py_INCREF(value);
             int ok = collect(c, key, depth + 1);
-            if (ok <= 0) return ok;
-            ok = collect(c, value, depth + 1);
+            if (ok > 0) ok = collect(c, value, depth + 1);
+            Py_DECREF(key);
+            Py_DECREF(value);
             if (ok <= 0) return ok;
         }
         return 1;

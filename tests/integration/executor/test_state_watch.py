@@ -13,6 +13,7 @@ host whose extension suffix differs the module tests skip and say why).
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import io
 import sysconfig
@@ -167,6 +168,39 @@ def test_cycles_and_deep_nesting_give_none(state_watch: ModuleType) -> None:
     for _ in range(100_000):  # far past the C stack if it recursed without a limit
         very = {"x": very}
     assert state_watch.watch((very,)) is None
+
+
+def test_finalizers_that_change_the_state_while_it_is_watched_cannot_crash_it(state_watch: ModuleType) -> None:
+    # watch() allocates (a tuple per list), so the garbage collector may run inside it, and
+    # a finalizer of the session's own code may drop the last other reference to what is
+    # being followed: every object on the way is held while it is followed
+    state = {f"k{i}": [{"v": [i]}, [i]] for i in range(400)}
+    ran: list[int] = []
+
+    class Saboteur:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collector frees it
+
+        def __del__(self) -> None:
+            ran.append(1)
+            for key in list(state)[:8]:
+                del state[key]
+            if len(ran) < 40:
+                Saboteur()  # garbage for the next collection, further into the walk
+
+    old = gc.get_threshold()
+    gc.disable()
+    Saboteur()
+    try:
+        gc.set_threshold(1)
+        gc.enable()
+        watch = state_watch.watch((state,))
+    finally:
+        gc.set_threshold(*old)
+        gc.enable()
+    assert len(ran) > 1  # finalizers ran during the walk, not only before it
+    state["new"] = [1]
+    assert watch is None or not state_watch.unchanged(watch, (state,))
 
 
 def test_scalars_of_every_kind_are_leaves(state_watch: ModuleType) -> None:
