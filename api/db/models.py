@@ -46,6 +46,11 @@ class Environment(Base):
     argument_checking: Mapped[str] = mapped_column(String(8), default="off")
     """Default for its envs: ``off`` (Python decides), ``warn`` (findings in the step
     result) or ``strict`` (a call that does not fit the tool's schema is ``rejected``)."""
+    declared_tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Tool schemas declared at registration (EnvScaler's released ``tools``): when set,
+    what the agent sees instead of ``tools`` (derived from the class)."""
+    tool_differences: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """Where the declared tools differ from the derived ones (computed at registration)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_environments_tenant_code", "tenant", "code_sha256", "class_name"),)
@@ -174,6 +179,13 @@ class Scenario(Base):
     """``[{"check_item": str, "check_func": str}]``."""
     external_id: Mapped[str | None] = mapped_column(String(200))
     """Identifier in the imported file (EnvScaler ``task_id``/index), if any."""
+    episode_profile: Mapped[str | None] = mapped_column(String(16))
+    """The episode rulebook of its envs unless a create/reset names one: ``sandpit``
+    (None means this) or ``envscaler`` (EnvScaler's RL environment, byte for byte)."""
+    check_objects: Mapped[str | None] = mapped_column(String(16))
+    """How its checks see objects of the environment's classes: ``standins`` (None
+    means this; no environment code runs where a verdict is computed) or
+    ``environment`` (the environment's module is loaded for the checks)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
