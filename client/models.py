@@ -97,6 +97,11 @@ class Scenario(_ResponseModel):
     checklist: list[str] = Field(default_factory=list)
     checklist_with_func: list[dict[str, Any]] = Field(default_factory=list)
     external_id: str | None = None
+    episode_profile: Literal["sandpit", "envscaler"] = "sandpit"
+    """The episode rulebook of its envs unless a create/reset names one."""
+    check_objects: Literal["standins", "environment"] = "standins"
+    """How its checks see objects of the environment's classes: stand-ins (no
+    environment code where a verdict is computed) or the environment's own classes."""
     created_at: datetime
 
 

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from .common import Status, Timestamp, _Request
 
@@ -26,6 +26,20 @@ class CheckOutcome(BaseModel):
     status: Status = "ok"
     duration_ms: float = 0.0
 
+EpisodeProfile = Literal["sandpit", "envscaler"]
+"""An episode rulebook: ``sandpit`` (a raising tool is an ``Error: Type: message``
+observation and the episode goes on; calls are validated) or ``envscaler`` (EnvScaler's
+RL environment byte for byte: its introduction, observation texts, termination and
+reward rules)."""
+
+CheckObjects = Literal["standins", "environment"]
+"""How check functions see objects of the environment's own classes in a state:
+``standins`` (the default: rebuilt as stand-ins carrying the same attributes; no
+environment code runs in the process that computes a verdict) or ``environment`` (the
+environment's module is loaded for the checks, so its classes' methods and ``isinstance``
+work, and the environment's code takes part in the verdict)."""
+
+
 class ScenarioCreate(_Request):
     environment_id: str
     task: Annotated[str, Field(max_length=100_000)]
@@ -33,6 +47,10 @@ class ScenarioCreate(_Request):
     checklist: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=256)
     checklist_with_func: list[CheckSpec] = Field(default_factory=list, max_length=256)
     external_id: Annotated[str | None, Field(max_length=200)] = None
+    episode_profile: EpisodeProfile = "sandpit"
+    """The rulebook of episodes of this scenario unless a create/reset names one."""
+    check_objects: CheckObjects = "standins"
+    """How its checks see objects of the environment's classes (:data:`CheckObjects`)."""
 
 class ScenarioPublic(BaseModel):
     id: str
@@ -42,7 +60,19 @@ class ScenarioPublic(BaseModel):
     checklist: list[str]
     checklist_with_func: list[dict[str, Any]]
     external_id: str | None
+    episode_profile: EpisodeProfile = "sandpit"
+    check_objects: CheckObjects = "standins"
     created_at: Timestamp
+
+    @field_validator("episode_profile", mode="before")
+    @classmethod
+    def _profile_default(cls, value: object) -> object:
+        return "sandpit" if value is None else value
+
+    @field_validator("check_objects", mode="before")
+    @classmethod
+    def _objects_default(cls, value: object) -> object:
+        return "standins" if value is None else value
 
 class ScenariosPublic(BaseModel):
     data: list[ScenarioPublic]

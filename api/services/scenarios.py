@@ -80,7 +80,8 @@ class ScenarioService:
         row = models.Scenario(id=new_id("scn"), tenant=tenant, environment_id=body.environment_id, task=body.task,
                               init_config=body.init_config, checklist=list(body.checklist),
                               checklist_with_func=[c.model_dump() for c in body.checklist_with_func],
-                              external_id=body.external_id, created_at=utcnow())
+                              external_id=body.external_id, episode_profile=body.episode_profile,
+                              check_objects=body.check_objects, created_at=utcnow())
         with self.db.write() as db:
             db.add(row)
         return row
