@@ -127,6 +127,14 @@ class SandboxSession:
     def closed(self) -> bool:
         return self._session.closed
 
+    @property
+    def retyped(self) -> list[dict[str, str]]:
+        """``init_config`` keys whose value replaced an attribute the constructor set to a
+        value of another type, as the sandbox reported them at open
+        (``[{"key", "constructed", "config"}]``; ``[]`` from executors that do not report)."""
+        retyped = getattr(self._session, "retyped", None)
+        return list(retyped) if isinstance(retyped, list) else []
+
     def call(self, name: str, arguments: dict[str, Any]) -> CallResult:
         """``getattr(instance, name)(**arguments)`` in a slot: a result whatever the tool
         does. Raises QuotaExceeded (no slot), a SandboxError."""

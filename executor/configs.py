@@ -90,6 +90,8 @@ class InitialSnapshots:
 
 class OpenedSnapshot(dict[str, EncodedValue]):
     """A session's encoded state as opened, with the digest PID 1 gave it (None when the
-    state came with a snapshot restored on top, or from a runner without digests)."""
+    state came with a snapshot restored on top, or from a runner without digests) and
+    the construction's retyped attributes (``results.check_retyped``)."""
 
     digest: str | None = None
+    retyped: list[dict[str, str]] | None = None

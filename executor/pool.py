@@ -52,7 +52,7 @@ from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, Ses
 from .images import resolve_image
 from .placement import SandboxSlot, SessionSpec
 from .profiles import MiB, ProfileOverrides, ResourceProfile, resolve_profile
-from .results import CheckResult, EncodedValue, ExecResult, check_encoded
+from .results import CheckResult, EncodedValue, ExecResult, check_encoded, check_retyped
 from .sandbox import PoolKey, Sandbox
 from .session import Session, check_open_arguments
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
@@ -101,13 +101,16 @@ class SandboxPool:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> SandboxPool:
-        """Connect to Docker, resolve the image, reap leftovers, start background threads.
+        """Connect to Docker, check its runtime, resolve the image, reap leftovers, start
+        background threads.
 
         Raises:
-            DockerUnavailable: engine unreachable. ImageError: image not built.
+            DockerUnavailable: engine unreachable, or ``settings.runtime`` not registered as
+                Sandpit needs it (``engine.check_runtime``). ImageError: image not built.
         """
         if self._client is None:
             self._client = engine.make_client(self.settings)
+        engine.check_runtime(self._client, self.settings.runtime)
         self.image = resolve_image(self._client, self.settings.image, self.image_settings)
         if self.settings.reap_on_start:
             engine.reap(self._client, exclude_pool=self.id)
@@ -512,6 +515,7 @@ class SandboxPool:
             if digest is not None and spec.config_hash is not None:
                 self.initial_snapshots.put(spec.tenant, digest, dict(opened))
         opened.digest = digest
+        opened.retyped = check_retyped(reply.get("retyped"))
         return opened
 
     def _reserve_slot(self, tenant: str, profile: ResourceProfile, slot_id: str,

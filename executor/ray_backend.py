@@ -102,7 +102,7 @@ from .errors import (
 )
 from .host_link import DIRECT, HostLink, LinkRefused, LinkServer
 from .profiles import ProfileOverrides, ResourceProfile
-from .results import CallResult, CheckResult, EncodedValue, ExecResult, Snapshot
+from .results import CallResult, CheckResult, EncodedValue, ExecResult, Snapshot, check_retyped
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 
 log = logging.getLogger("sandpit.executor")
@@ -298,7 +298,7 @@ class SandboxHost:
             version = self._sessions[session_id].version
         if old is not None:
             old.session.close()
-        return {"version": version, "attached": False}
+        return {"version": version, "attached": False, "retyped": session.retyped}
 
     def call(self, session_id: str, version: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """A tool call on a session at ``version``: ``{"ok": [new_version, result]}``."""
@@ -541,6 +541,8 @@ class RaySession:
         self._tenant = tenant
         self._version = version
         self._closed = False
+        self.retyped: list[dict[str, str]] = []
+        """What the host's session reported at open (``Session.retyped``)."""
 
     @property
     def id(self) -> str:
@@ -1110,7 +1112,9 @@ class RayExecutor:
                 tried.add(host)
         if host != recorded:  # a re-attach where it was recorded writes nothing
             self.affinity.put(session_id, host)
-        return RaySession(self, host, session_id, tenant, int(opened["version"]))
+        session = RaySession(self, host, session_id, tenant, int(opened["version"]))
+        session.retyped = check_retyped(opened.get("retyped"))
+        return session
 
     def describe(self, *, tenant: str, source: str, class_name: str,
                  profile: ResourceProfile | None = None) -> list[dict[str, Any]]:

@@ -35,6 +35,22 @@ def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:
     return mapping
 
 
+def check_retyped(value: object) -> list[dict[str, str]]:
+    """The ``retyped`` list of an ``init`` reply (``child_session.retyped_attributes``:
+    ``init_config`` keys that replace an attribute the constructor set to a value of
+    another type), as ``[{"key", "constructed", "config"}]`` of strings: at most
+    ``limits.INIT_RETYPED_MAX`` entries, each string cut to
+    ``limits.INIT_RETYPED_NAME_CHARS``; malformed entries are dropped (a session can
+    only misreport its own construction). Never raises."""
+    if not isinstance(value, list):
+        return []
+    found: list[dict[str, str]] = []
+    for entry in value[:limits.INIT_RETYPED_MAX]:
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("key", "constructed", "config")):
+            found.append({k: entry[k][:limits.INIT_RETYPED_NAME_CHARS] for k in ("key", "constructed", "config")})
+    return found
+
+
 def _valid_entry(entry: object) -> bool:
     if not isinstance(entry, list) or not entry:
         return False

@@ -79,6 +79,10 @@ class Session:
         self.closed = False
         self.recoveries = 0
         """How many times the session was re-created in a new sandbox."""
+        self.retyped: list[dict[str, str]] = []
+        """``init_config`` keys whose value replaced an attribute the constructor set to a
+        value of another type, as the sandbox reported them when the session was opened
+        (``[{"key", "constructed", "config"}]``, :func:`~.results.check_retyped`)."""
 
     def open(self, snapshot: dict[str, EncodedValue]) -> None:
         """Place the session for the first time, ``snapshot`` (encoded attributes, ``{}``
@@ -89,6 +93,7 @@ class Session:
                 raise SessionError(f"session {self.id} was opened already")
             self._sandbox, self._snapshot = self._placement.place(self.spec, snapshot)
             self._digest = getattr(self._snapshot, "digest", None) if not snapshot else None
+            self.retyped = list(getattr(self._snapshot, "retyped", None) or [])
             self._snapshot = dict(self._snapshot)  # this session's own map; entries are shared, never mutated
 
     # -- placement (called with self._lock held) -------------------------------------

@@ -15,7 +15,9 @@ Semantics follow EnvScaler:
   registered as ``sandpit_env``, the name older snapshots' pickles refer to);
 - instance creation (EnvScaler ``init_env_instance``): ``cls(init_config)`` (``cls({})`` for
   an empty config); if that raises ``TypeError``, ``cls()``; then, for a non-empty config,
-  ``setattr(instance, key, value)`` for every key;
+  ``setattr(instance, key, value)`` for every key; keys that replace an attribute the
+  constructor set to a value of another type are listed in the ``init`` reply
+  (``retyped``, :func:`retyped_attributes`), an authoring mistake registration reports;
 - tool call: ``getattr(instance, name)(**arguments)``; observation ``str(result)``; an
   exception becomes the observation ``"Error: <Type>: <message>"`` plus a bounded
   traceback and the episode goes on;
@@ -63,6 +65,8 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from .limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
+        INIT_RETYPED_MAX,
+        INIT_RETYPED_NAME_CHARS,
         JSON_NATIVE_MAX_DEPTH,
         KEYED_MIN_BYTES,
         SESSION_TRACEBACK_CHARS,
@@ -72,6 +76,8 @@ else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     from limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
+        INIT_RETYPED_MAX,
+        INIT_RETYPED_NAME_CHARS,
         JSON_NATIVE_MAX_DEPTH,
         KEYED_MIN_BYTES,
         SESSION_TRACEBACK_CHARS,
@@ -227,9 +233,13 @@ class Session:
         self.preloaded: type | None = None
         """The class already loaded by the template this process was forked from
         (``child_template.py``); ``op_init`` then skips executing the source."""
-        self.preinstance: tuple[object, dict[str, Encoding]] | None = None
-        """The instance and its encoding cache kept by the config template this process
-        was forked from; an ``init`` with ``from_template`` takes them as they are."""
+        self.preinstance: tuple[object, dict[str, Encoding], list[dict[str, str]]] | None = None
+        """The instance, its encoding cache and its construction's retyped attributes kept
+        by the config template this process was forked from; an ``init`` with
+        ``from_template`` takes them as they are."""
+        self.retyped: list[dict[str, str]] = []
+        """``init_config`` keys that replaced a constructed attribute with a value of
+        another type (:func:`retyped_attributes`), reported in the ``init`` reply."""
 
     # -- framing ---------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:
@@ -342,7 +352,7 @@ class Session:
             if self.preinstance is None or self.preloaded is None:
                 raise RuntimeError("this process was not forked from a config template")
             self.cls, self.preloaded = self.preloaded, None
-            (self.instance, self.cache), self.preinstance = self.preinstance, None
+            (self.instance, self.cache, self.retyped), self.preinstance = self.preinstance, None
             return True
         self.preinstance = None
         if self.preloaded is not None:  # forked from a template that executed the same source
@@ -353,7 +363,7 @@ class Session:
         if msg.get("describe_only"):
             self.describe_only = True
             return False
-        self.instance = instantiate(cls, msg.get("init_config") or {})
+        self.instance = instantiate(cls, msg.get("init_config") or {}, self.retyped)
         if msg.get("snapshot"):
             self.apply_snapshot(msg["snapshot"])
         return False
@@ -438,17 +448,65 @@ def load_class(source: str, class_name: str) -> type:
     return cls  # type: ignore[no-any-return]
 
 
-def instantiate(cls: type, init_config: dict[str, Any]) -> object:
+def instantiate(cls: type, init_config: dict[str, Any], retyped: list[dict[str, str]] | None = None) -> object:
     """EnvScaler ``init_env_instance``: ``cls(init_config)`` (``cls({})`` when the config is
     empty); on ``TypeError``, ``cls()``; then every key of a non-empty config is set as an
-    attribute. ``init_config`` is this process's own copy (parsed from the request)."""
+    attribute. ``init_config`` is this process's own copy (parsed from the request). When
+    ``retyped`` is a list, :func:`retyped_attributes` of the constructed instance (before
+    the keys are set) are appended to it."""
     try:
         instance = cls(init_config) if init_config else cls({})
     except TypeError:
         instance = cls()
+    if retyped is not None and init_config:
+        retyped.extend(retyped_attributes(instance, init_config))
     for key, value in init_config.items():
         setattr(instance, key, value)
     return instance
+
+
+def retyped_attributes(instance: object, init_config: dict[str, Any]) -> list[dict[str, str]]:
+    """The keys of ``init_config`` whose value will replace an attribute the constructor
+    set to a value of another type (EnvScaler sets every key over what ``__init__`` made:
+    a constructor that turned ``init_config["orders"]``, a list, into a dict keyed by id
+    gets the list back, and its first tool call fails on ``list.get``), as
+    ``{"key", "constructed", "config"}`` (the key, which is the attribute's name, and the
+    two types' names), at most INIT_RETYPED_MAX, names cut to INIT_RETYPED_NAME_CHARS.
+    Only attributes in the instance's ``__dict__`` count (a key the constructor did not
+    set is a new attribute); a constructed ``None`` (a placeholder) and ``int`` <->
+    ``float`` are not reported. Types are compared exactly (``defaultdict`` -> ``dict`` is
+    reported) and named through ``type``'s own slot, so no environment code runs here;
+    an instance without a readable ``__dict__`` reports nothing."""
+    try:
+        attrs = object.__getattribute__(instance, "__dict__")
+    except Exception:  # noqa: BLE001 - slots or a hostile descriptor: nothing to compare
+        return []
+    if not isinstance(attrs, dict):
+        return []
+    numbers = (int, float)
+    found: list[dict[str, str]] = []
+    for key, value in init_config.items():
+        if len(found) >= INIT_RETYPED_MAX:
+            break
+        before = dict.get(attrs, key, _MISSING) if type(key) is str else _MISSING
+        if before is _MISSING or before is None:
+            continue
+        old, new = type(before), type(value)
+        if old is new or (old in numbers and new in numbers):
+            continue
+        found.append({"key": key[:INIT_RETYPED_NAME_CHARS], "constructed": _type_name(old),
+                      "config": _type_name(new)})
+    return found
+
+
+_MISSING = object()
+
+
+def _type_name(kind: type) -> str:
+    """``kind.__name__`` read through ``type``'s own slot (a metaclass cannot intercept
+    it), cut to INIT_RETYPED_NAME_CHARS."""
+    name = type.__dict__["__name__"].__get__(kind, type)
+    return str(name)[:INIT_RETYPED_NAME_CHARS]
 
 
 def _template() -> types.ModuleType:
@@ -575,10 +633,12 @@ def serve(session: Session) -> None:
                         "status": "error", "observation": error_observation(exc),
                         "traceback": bounded_traceback(exc)})
                     return
+                done: dict[str, Any] = {"status": "ok", "retyped": session.retyped} if session.retyped \
+                    else {"status": "ok"}
                 if kept:  # the template's state is this instance's: PID 1 has its encoding
-                    session.reply(request_id, {"status": "ok", "from_template": True}, {"delta": '{"set":{},"del":[]}'})
+                    session.reply(request_id, {**done, "from_template": True}, {"delta": '{"set":{},"del":[]}'})
                 else:
-                    session.reply(request_id, {"status": "ok"}, {"delta": session.delta_json(full=True)})
+                    session.reply(request_id, done, {"delta": session.delta_json(full=True)})
             elif op == "call":
                 started = time.perf_counter()
                 traceback_text = None

@@ -344,7 +344,7 @@ def _construct(cls: type, config: dict[str, Any], limits: dict[str, Any]) -> tup
     and its full encoded state (JSON text of ``{"set": ..., "del": []}``)."""
     state = child_session.Session(-1, limits)
     state.cls = cls
-    state.instance = child_session.instantiate(cls, config)
+    state.instance = child_session.instantiate(cls, config, state.retyped)
     return state, state.delta_json(full=True).encode("utf-8", "replace")
 
 
@@ -423,7 +423,7 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
     child_session._flush_std()
     body = f'{{"id":{json.dumps(request_id)},"status":"ok","delta":'.encode() + text + b"}"
     sock.sendall(len(body).to_bytes(4, "big") + body)
-    preload = (cls, (state.instance, state.cache))
+    preload = (cls, (state.instance, state.cache, state.retyped))
     del config, msg, state, text, body
     gc.collect()
     gc.freeze()
@@ -538,7 +538,7 @@ def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any
         os.close(report)
         sys.argv = ["environment"]
         forked = child_session.Session(child_session.CTRL_FD, limits)
-        if isinstance(cls, tuple):  # a config template's: the class, the instance and its encodings
+        if isinstance(cls, tuple):  # a config template's: the class, the instance, its encodings, retyped keys
             forked.preloaded, forked.preinstance = cls
         else:
             forked.preloaded = cls

@@ -85,6 +85,11 @@ TOOL_CALL_NAME_MAX_CHARS = 128
 """Longest tool name a call may give (host; longer is ``rejected`` without a round trip)."""
 SESSION_TRACEBACK_CHARS = 4096
 """A tool's or an ``init``'s traceback, cut to this many characters (head and tail kept)."""
+INIT_RETYPED_MAX = 32
+"""At most this many ``init_config`` keys that replace a constructed attribute with a
+value of another type are reported by an ``init`` (``child_session.retyped_attributes``)."""
+INIT_RETYPED_NAME_CHARS = 200
+"""A reported key or type name is cut to this many characters."""
 JSON_NATIVE_MAX_DEPTH = 100
 """JSON values nested deeper than this are pickled (and rendered with a depth marker)
 rather than sent as ``"j"``: frames may nest at most MAX_FRAME_DEPTH levels."""

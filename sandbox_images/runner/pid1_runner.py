@@ -797,10 +797,12 @@ class Runner:
                     return
                 session.forked_from = None
                 session.opened = True
+                retyped = {"retyped": msg["retyped"]} if isinstance(msg.get("retyped"), list) else {}
                 if template is not None and template.snapshot is not None:
                     session.snapshot = dict(template.snapshot)  # entries are replaced, never changed in place
                     if rid is not None:
-                        self.reply({"id": rid, "status": "ok", "template": True, "snapshot_digest": template.digest})
+                        self.reply({"id": rid, "status": "ok", "template": True, "snapshot_digest": template.digest,
+                                    **retyped})
                     self.pump(session)
                     return
                 delta = msg.get("delta") or {}
@@ -808,7 +810,7 @@ class Runner:
                 if rid is not None:
                     text = protocol.snapshot_text(session.snapshot)
                     self.host.sendall(protocol.encode_raw(
-                        {"id": rid, "status": "ok", "snapshot_digest": hashlib.sha256(text).hexdigest()},
+                        {"id": rid, "status": "ok", "snapshot_digest": hashlib.sha256(text).hexdigest(), **retyped},
                         {"snapshot": text}, errors="replace"))
         elif kind == "call":
             self._drain(session)
