@@ -19,7 +19,9 @@ Rules and their severity per named policy (``get_policy(name)``)::
     dynamic-eval                  error    warning   warning  eval / exec / compile / breakpoint
     eval-globals                  warning  info      info     {"__builtins__": ...} in a dict display (a restricted
                                                             globals dict for eval/exec, e.g. tau-bench's calculate)
-    dynamic-import                error    error     warning  __import__, importlib.import_module
+    dynamic-import                error    error     warning  __import__, importlib.import_module (but below)
+    import-call                   error    warning   warning  __import__('m') / importlib.import_module('m'): one
+                                                            constant name the allow-list allows
     open-call                     error    warning   warning  open(), io.open(), os.open(), codecs.open()
     dynamic-getattr               error    warning   warning  getattr/setattr/delattr/hasattr with a non-literal name
     builtins-write                error    error     warning  global <builtin>, builtins.x = ..., __builtins__[...] = ...
@@ -29,6 +31,9 @@ Rules and their severity per named policy (``get_policy(name)``)::
     restricted-python-incomplete  error    warning   warning  RestrictedPython gave up (RecursionError, ~300 levels)
     python-warning                info     info      info     SyntaxWarning/DeprecationWarning from the parser/compiler
     too-many-findings             info     info      info     the report was cut at MAX_FINDINGS
+    init-config-replaces-attribute warning warning   warning  (registration, from the sandbox, not the text) a
+                                                            sample init_config key replaces an attribute
+                                                            __init__ set to a value of another type
 
 ``audit`` is ``standard`` with every error lowered to a warning: it reports, it never fails.
 
@@ -45,6 +50,12 @@ Decisions:
   whether the sandbox image has it is a separate matter). ``__future__`` is always allowed,
   even with a custom list: it is a compiler directive. A module is allowed when it, or a
   package it is inside, is listed (``collections`` allows ``collections.abc``).
+* ``__import__("time")`` (and ``importlib.import_module("time")``) whose one argument is a
+  string constant naming a module the allow-list allows, at level 0, is ``import-call`` (a
+  warning in ``standard``): it imports what an ``import`` statement could (a released
+  EnvScaler environment calls ``__import__('time').time()``). A computed name, a module
+  outside the allow-list, a relative level, or a bare ``__import__`` that is not called stay
+  ``dynamic-import``.
 * ``__class__`` is not flagged: ``self.__class__.__name__`` is common and harmless; the
   escape chain ``().__class__.__bases__[0].__subclasses__()`` is caught on ``__bases__`` and
   ``__subclasses__``. Other dunders outside :data:`DANGEROUS_ATTRIBUTES` (``__name__``,
@@ -146,6 +157,9 @@ RULES: Mapping[str, str] = MappingProxyType({
     "restricted-python-incomplete": "RestrictedPython gave up (nesting too deep for its recursive visitor)",
     "python-warning": "a SyntaxWarning or DeprecationWarning from the parser or compiler",
     "too-many-findings": f"more than {MAX_FINDINGS} findings; the rest are counted, not listed",
+    "import-call": "__import__ or importlib.import_module of one constant module name the allow-list allows",
+    "init-config-replaces-attribute": "a sample init_config key replaces an attribute the constructor set to a "
+                                      "value of another type (found at registration, in the sandbox)",
 })
 """Every rule id -> what it means. Rule ids are stable."""
 
@@ -172,9 +186,10 @@ _STANDARD: dict[str, Severity] = {
     "restricted-python-error": "error", "restricted-python-warning": "info",
     "restricted-python-calibrated": "info", "restricted-python-incomplete": "warning",
     "python-warning": "info", "too-many-findings": "info",
+    "import-call": "warning", "init-config-replaces-attribute": "warning",
 }
 _STRICT: dict[str, Severity] = _STANDARD | {
-    "dynamic-eval": "error", "eval-globals": "warning",
+    "dynamic-eval": "error", "eval-globals": "warning", "import-call": "error",
     "import-not-allowed": "error", "dunder-dict": "error", "open-call": "error",
     "dynamic-getattr": "error", "restricted-python-warning": "warning", "restricted-python-incomplete": "error",
 }
@@ -235,6 +250,25 @@ class PolicyReport:
     def passed(self) -> bool:
         """True when there is no error-severity finding."""
         return self.errors == 0
+
+    def extended(self, rule: str, found: Iterable[tuple[int | None, int | None, str]]) -> PolicyReport:
+        """A copy with one finding of ``rule`` per ``(line, col, message)`` of ``found``:
+        for findings made elsewhere than in the text (``init-config-replaces-attribute``:
+        at registration, reported by the sandbox). Severity as the named policy maps
+        ``rule`` (``standard``'s when ``policy`` names no built-in policy); messages cut to
+        :data:`MAX_MESSAGE_CHARS`; findings sorted by position as :func:`check_source`
+        sorts them (``too-many-findings`` stays last). Raises KeyError for a rule not in
+        :data:`RULES`."""
+        table = _TABLES.get(self.policy, _STANDARD)
+        severity = table[rule]
+        added = tuple(Finding(rule, line, col, message if len(message) <= MAX_MESSAGE_CHARS
+                              else message[: MAX_MESSAGE_CHARS - 3] + "...", severity)
+                      for line, col, message in found)
+        if not added:
+            return self
+        findings = sorted(self.findings + added, key=lambda f: (f.rule == "too-many-findings", _position_key(f)))
+        return PolicyReport(self.policy, tuple(findings), self.errors + len(added) * (severity == "error"),
+                            self.warnings + len(added) * (severity == "warning"))
 
     def to_dict(self) -> dict[str, Any]:
         """``{"policy", "passed", "errors", "warnings", "findings": [Finding.to_dict()...]}``."""
@@ -468,6 +502,8 @@ class _AstChecker:
         self.sink = sink
         self.builtins_aliases = {"builtins", "__builtins__"}
         self.called: set[int] = set()
+        self.import_calls: set[int] = set()
+        """id() of the callee of an ``import-call`` (not ``dynamic-import`` then)."""
         self.globals_keys: set[int] = set()
         """id() of ``"__builtins__"`` keys of dict displays (``eval-globals``, not ``dunder-access``)."""
 
@@ -500,6 +536,11 @@ class _AstChecker:
     def _call(self, node: ast.Call) -> None:
         func = node.func
         self.called.add(id(func))
+        module = self._imported_module(node)
+        if module is not None:
+            self.import_calls.add(id(func))
+            callee = "__import__" if isinstance(func, ast.Name) else "import_module"
+            self.sink.add_node("import-call", node, f"call to {callee}({module!r}), a module the allow-list allows")
         if isinstance(func, ast.Name) and func.id in _GETATTR_NAMES:
             self._getattr_call(node, func.id, node.args[1] if len(node.args) > 1 else None)
         elif isinstance(func, ast.Attribute) and func.attr == "__getattribute__":
@@ -509,6 +550,30 @@ class _AstChecker:
                 and (func.value.id in _OPEN_MODULES or func.value.id in self.builtins_aliases)):
             where = f"{func.value.id}." if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
             self.sink.add_node("open-call", node, f"call to {where}open()")
+
+    def _imported_module(self, node: ast.Call) -> str | None:
+        """The module ``node`` imports when it is ``__import__("m", ...)`` or
+        ``x.import_module("m")`` with ``m`` a string constant the allow-list allows and no
+        relative level (``level`` absent or the constant 0, no ``*``/``**`` arguments that
+        could hide one); else None (the call stays ``dynamic-import``)."""
+        func, args = node.func, node.args
+        if isinstance(func, ast.Name) and func.id == "__import__":
+            extra = [k for k in node.keywords if k.arg not in ("globals", "locals", "fromlist")]
+            if not 1 <= len(args) <= 5 or any(isinstance(a, ast.Starred) for a in args):
+                return None
+            levels = [args[4]] if len(args) == 5 else [k.value for k in extra if k.arg == "level"]
+            if any(k.arg != "level" for k in extra) or not all(
+                    isinstance(v, ast.Constant) and type(v.value) is int and v.value == 0 for v in levels):
+                return None
+        elif isinstance(func, ast.Attribute) and func.attr == "import_module":
+            if len(args) != 1 or node.keywords or isinstance(args[0], ast.Starred):
+                return None
+        else:
+            return None
+        name = args[0]
+        if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and _MODULE_NAME.match(name.value)):
+            return None
+        return name.value if self.policy.allows_import(name.value) and name.value != "__future__" else None
 
     def _getattr_call(self, node: ast.Call, name: str, attr: ast.expr | None) -> None:
         if name in ("setattr", "delattr") and node.args and self._is_builtins(node.args[0]):
@@ -526,7 +591,8 @@ class _AstChecker:
         elif node.id in _EVAL_NAMES:
             self.sink.add_node("dynamic-eval", node, f"{verb} {node.id}")
         elif node.id == "__import__":
-            self.sink.add_node("dynamic-import", node, f"{verb} __import__")
+            if id(node) not in self.import_calls:
+                self.sink.add_node("dynamic-import", node, f"{verb} __import__")
         elif node.id.startswith("__") and node.id in DANGEROUS_ATTRIBUTES:
             self.sink.add_node("dunder-access", node, f"reference to {node.id}")
 
@@ -539,7 +605,8 @@ class _AstChecker:
         elif attr == "__dict__":
             self.sink.add_node("dunder-dict", node, "access to attribute __dict__")
         elif attr == "import_module":
-            self.sink.add_node("dynamic-import", node, "access to import_module")
+            if id(node) not in self.import_calls:
+                self.sink.add_node("dynamic-import", node, "access to import_module")
         elif attr in _EVAL_NAMES and self._is_builtins(node.value):
             self.sink.add_node("dynamic-eval", node, f"access to builtins.{attr}")
 

@@ -61,6 +61,12 @@ POSITIVE = [
     ("dynamic-import", 'os = __import__("os")'),
     ("dynamic-import", 'import importlib\nm = importlib.import_module("os")'),
     ("dynamic-import", "from importlib import import_module"),
+    ("dynamic-import", "m = __import__(name)"),
+    ("dynamic-import", 'm = __import__("time", level=1)'),
+    ("dynamic-import", "load = __import__"),
+    ("import-call", 'now = __import__("time").time()'),
+    ("import-call", 'import importlib\nm = importlib.import_module("json")'),
+    ("import-call", 'abc = __import__("collections", globals(), None, ["abc"], 0)'),
     ("open-call", 'data = open("/etc/passwd").read()'),
     ("open-call", 'import io\nf = io.open("x")'),
     ("dynamic-getattr", "v = getattr(obj, name)"),
@@ -96,6 +102,10 @@ NEGATIVE = [
     ("dynamic-eval", 'import re\npattern = re.compile("a+")\nresult = self.evaluate(x)'),
     ("eval-globals", 'd = {"builtins": 1, "__name__": 2}'),
     ("dynamic-import", "import json"),
+    ("dynamic-import", 'now = __import__("time").time()\nm = __import__("collections.abc")'),
+    ("import-call", 'os = __import__("os")\nm = __import__(name)\nt = __import__("time", level=1)\n'
+                    'f = __import__("__future__")\nk = __import__("time", **kw)\nimport importlib\n'
+                    'j = importlib.import_module("json", "pkg")'),
     ("open-call", "self.door.open()\nself.store.open_account()"),
     ("dynamic-getattr", 'v = getattr(obj, "name", None)\nok = hasattr(obj, "x")\nsetattr(obj, "y", 1)'),
     ("builtins-write", "def f():\n    global counter\n    counter = 1\nprint_ = print"),
@@ -118,7 +128,8 @@ def test_rule_stays_quiet(rule: str, source: str) -> None:
 
 
 def test_every_rule_has_examples() -> None:
-    untestable_by_example = {"too-large", "too-complex", "too-many-findings", "restricted-python-incomplete"}
+    untestable_by_example = {"too-large", "too-complex", "too-many-findings", "restricted-python-incomplete",
+                             "init-config-replaces-attribute"}  # made at registration, from the sandbox
     assert set(RULES) - untestable_by_example == {rule for rule, _ in POSITIVE}
     assert {rule for rule, _ in POSITIVE} == {rule for rule, _ in NEGATIVE}
 
@@ -176,6 +187,7 @@ def test_unknown_policy_names_the_valid_ones() -> None:
     ('eval("1")', "dynamic-eval", "error", "warning", "warning"),
     ('eval(e, {"__builtins__": None}, {})', "eval-globals", "warning", "info", "info"),
     ('__import__("os")', "dynamic-import", "error", "error", "warning"),
+    ('__import__("time")', "import-call", "error", "warning", "warning"),
     ("__builtins__ = {}", "builtins-write", "error", "error", "warning"),
     ("async def f():\n    pass", "restricted-python-error", "error", "error", "warning"),
     ('print("x")', "restricted-python-warning", "warning", "info", "info"),
@@ -462,3 +474,17 @@ def test_bfcl_tool_modules_pass_standard_with_warnings_only(bfcl_modules: dict[s
     assert {rule for rule, _ in totals} <= {"import-not-allowed", "dynamic-getattr", "open-call",
                                              "restricted-python-calibrated", "restricted-python-warning"}
     assert any(not check_source(source, "strict").passed for source in bfcl_modules.values())
+
+
+def test_findings_made_elsewhere_extend_a_report_at_the_policy_severity() -> None:
+    report = check_source("x = 1\neval('2')\n", "standard")
+    found = [(3, 4, "replaced"), (None, None, "m" * 1000)]
+    extended = report.extended("init-config-replaces-attribute", found)
+    assert extended.passed and extended.warnings == report.warnings + 2 and extended.errors == report.errors
+    added = [f for f in extended.findings if f.rule == "init-config-replaces-attribute"]
+    assert [(f.line, f.severity) for f in added] == [(3, "warning"), (None, "warning")]
+    assert len(added[1].message) == 300
+    assert [f.line for f in extended.findings] == sorted(f.line for f in extended.findings if f.line) + [None]
+    assert report.extended("init-config-replaces-attribute", []) is report
+    with pytest.raises(KeyError):
+        report.extended("no-such-rule", found)
