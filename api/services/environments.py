@@ -4,8 +4,10 @@ environments ``POST /v1/envs`` makes from ``source_code``.
 Registration runs the static policy on the host (errors reject, warnings are kept in the
 report), derives the tools by introspecting the class in a sandbox and (unless inline)
 instantiates the class once there with ``sample_init_config``, so an ``__init__`` that
-fails is refused at registration. Environments are immutable once registered: their
-:class:`~.tools.ToolSet` is compiled once per process.
+fails is refused at registration; a config key whose value replaces an attribute the
+constructor set to a value of another type (the sandbox compares them) is an
+``init-config-replaces-attribute`` warning in the policy report. Environments are
+immutable once registered: their :class:`~.tools.ToolSet` is compiled once per process.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, Environ
 from ..settings import ApiSettings
 from .common import clean_text, new_id, owned, utcnow
 from .limits import check_code, check_config
-from .policy import check_source, policy_summary
+from .policy import check_source, policy_summary, retyped_findings
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
 from .tools import ToolSet, json_size, text_size
@@ -98,7 +100,9 @@ class EnvironmentService:
         if not inline:
             config = sample_init_config or {}
             check_config(self.settings, config, "sample_init_config")
-            self._try_instantiate(tenant, source_code, class_name, config)
+            retyped = self._try_instantiate(tenant, source_code, class_name, config)
+            report = report.extended("init-config-replaces-attribute", retyped_findings(source_code, class_name,
+                                                                                        retyped))
         row = models.Environment(
             id=new_id("envr"), tenant=tenant, name=name, class_name=class_name, source_code=source_code,
             code_sha256=code_digest(source_code), tools=tools, description=description, inline=inline,
@@ -115,9 +119,12 @@ class EnvironmentService:
             raise InvalidRequest(f"environment code failed in the sandbox ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="source_code") from None
 
-    def _try_instantiate(self, tenant: str, source_code: str, class_name: str, init_config: dict[str, Any]) -> None:
+    def _try_instantiate(self, tenant: str, source_code: str, class_name: str,
+                         init_config: dict[str, Any]) -> list[dict[str, str]]:
         """Instantiate the class once in a sandbox and discard the instance (registration's
-        check that ``__init__`` works). Raises InvalidRequest (``sample_init_config``)."""
+        check that ``__init__`` works); returns the config keys that replaced an attribute
+        the constructor set to a value of another type, as the sandbox found them
+        (``[{"key", "constructed", "config"}]``). Raises InvalidRequest (``sample_init_config``)."""
         try:
             session = self.sandboxes.open_session(tenant=tenant, source=source_code, class_name=class_name,
                                                   init_config=init_config)
@@ -126,7 +133,9 @@ class EnvironmentService:
                                  f"{'{}' if not init_config else '(given)'} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}; give a sample_init_config with what "
                                  "__init__ needs", field="sample_init_config") from None
+        retyped = session.retyped
         session.close()
+        return retyped
 
     def inline_environment(self, tenant: str, source_code: str, class_name: str) -> models.Environment:
         """The tenant's inline environment of this code and class (registered without the
