@@ -50,6 +50,7 @@ from sandpit.executor.policy import PolicyReport, check_source
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult, CheckResult, ExecResult, Snapshot, is_truncated, render_entry
 from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
+from sandpit.sandbox_images.runner import limits as _runner_limits
 
 from .errors import ApiError, InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
 
@@ -59,8 +60,14 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .settings import ApiSettings
 
+CHECKS_PER_JOB = _runner_limits.MAX_CHECKS
+"""Most checks one sandbox job runs (``limits.MAX_CHECKS``); longer checklists go in batches."""
+CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
+"""Most UTF-8 bytes of one ``check_func`` source a sandbox job takes."""
+
 __all__ = [
-    "CallResult", "CheckResult", "CodeFailed", "ExecResult", "PolicyReport", "ProfileOverrides", "ResourceProfile",
+    "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CheckResult", "CodeFailed", "ExecResult",
+    "PolicyReport", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
     "SessionClosedError", "SharedConfig", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
     "translate",

@@ -4,6 +4,12 @@ sandboxes on two states, and EnvScaler's ``calculate_reward`` over their results
 Every check runs in a fresh sandbox process that never ran environment code, on the
 states restored as real Python objects there (stored states from the snapshot store, or
 plain JSON states whose ``$`` tags become objects). Nothing is decoded on the host.
+
+A checklist longer than one sandbox job takes (``CHECKS_PER_JOB``, 256) runs in
+consecutive jobs of at most that many checks, each on the same two states, and the
+results are concatenated in order: a check's verdict depends only on its source and the
+states, so the reward is the one a single job would give. Each job holds its own slot
+and has its own time budget (per-check timeout times its checks, plus slack).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from ..db import models
 from ..db.database import Database
 from ..db.store import StateCache, load_state
 from ..errors import InvalidRequest
-from ..sandboxes import CheckResult, ResourceProfile, Sandboxes, encode_json_state
+from ..sandboxes import CHECKS_PER_JOB, CheckResult, ResourceProfile, Sandboxes, encode_json_state
 from ..schemas.scenarios import CheckOutcome
 
 
@@ -42,16 +48,30 @@ class Checks:
     def on_states(self, tenant: str, checks: list[dict[str, Any]], initial: StateCache, final: StateCache,
                   source: str | None, profile: ResourceProfile | None = None) -> list[CheckOutcome]:
         """Checks on two stored states, restored as real objects in a sandbox (with the
-        environment's ``source`` loaded, so its classes unpickle). Raises InvalidRequest
-        (a check over the caps), NoCapacity, QuotaExceeded."""
+        environment's ``source`` loaded, so its classes unpickle), in jobs of at most
+        ``CHECKS_PER_JOB`` (module docstring). Raises InvalidRequest (a check over the
+        caps), NoCapacity, QuotaExceeded."""
         if not checks:
             return []
-        try:
-            results = self.sandboxes.run_checks(tenant=tenant, checks=checks, initial_state=initial.encoded(),
-                                                final_state=final.encoded(), profile=profile, source=source)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), field="checks") from None
-        return _outcomes(results)
+        return _outcomes(self._batched(tenant, checks, initial.encoded(), final.encoded(), profile, source))
+
+    def _batched(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, list[Any]],
+                 final: dict[str, list[Any]], profile: ResourceProfile | None,
+                 source: str | None) -> list[CheckResult]:
+        """``run_checks`` over consecutive slices of at most ``CHECKS_PER_JOB`` checks,
+        results concatenated in order. Raises InvalidRequest (a check over the caps: the
+        message gives its index in the whole list), NoCapacity, QuotaExceeded."""
+        results: list[CheckResult] = []
+        for start in range(0, len(checks), CHECKS_PER_JOB):
+            batch = checks[start:start + CHECKS_PER_JOB]
+            try:
+                results += self.sandboxes.run_checks(tenant=tenant, checks=batch, initial_state=initial,
+                                                     final_state=final, profile=profile, source=source)
+            except ValueError as exc:
+                where = f" (in the checks from index {start} on)" if start else ""
+                raise InvalidRequest(f"{exc}{where}", field="checks") from None
+        return results
+
 
     def on_json(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, Any],
                 final: dict[str, Any]) -> list[CheckOutcome]:
@@ -59,13 +79,8 @@ class Checks:
         rendering become real objects in the sandbox). Raises as :meth:`on_states`."""
         if not checks:
             return []
-        try:
-            results = self.sandboxes.run_checks(tenant=tenant, checks=checks,
-                                                initial_state=encode_json_state(initial),
-                                                final_state=encode_json_state(final))
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), field="checks") from None
-        return _outcomes(results)
+        return _outcomes(self._batched(tenant, checks, encode_json_state(initial), encode_json_state(final),
+                                       None, None))
 
     def score(self, tenant: str, scenario_id: str | None, environment_id: str, initial_root: str | None,
               final: StateCache) -> tuple[float, list[CheckOutcome] | None]:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator, model_validat
 
 from .common import Timestamp, _Request
 from .envs import StepRequest
-from .scenarios import CheckOutcome, CheckSpec
+from .scenarios import MAX_CHECKS, CheckOutcome, CheckSpec
 
 MAX_EPISODES = 10_000
 """Episodes (replays or scenario ids) of one evaluation."""
@@ -30,7 +30,9 @@ EpisodeStatus = Literal["pending", "running", "done", "error", "cancelled"]
 class EvaluateRequest(_Request):
     """Checks to run; the env's scenario checklist when omitted."""
 
-    checks: list[CheckSpec] | None = Field(default=None, max_length=256)
+    checks: list[CheckSpec] | None = Field(default=None, max_length=MAX_CHECKS)
+    """At most ``MAX_CHECKS`` (4096), their sources together at most ``max_code_bytes``;
+    run in sandbox jobs of 256."""
 
 class EvaluationPublic(BaseModel):
     id: str

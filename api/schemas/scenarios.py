@@ -10,13 +10,24 @@ from pydantic import BaseModel, Field, field_validator
 
 from .common import Status, Timestamp, _Request
 
+MAX_CHECKS = 4096
+"""Checks of one checklist (``checklist``, ``checklist_with_func``, checks given to
+``evaluate``). EnvScaler's release has scenarios of 445 checks; the sandbox runs at most
+256 per job, so longer checklists are evaluated in consecutive jobs (same reward). Their
+sources together may have at most the server's ``max_code_bytes`` (413) and the tenant's
+(429), like an environment's source."""
+MAX_CHECK_SOURCE_CHARS = 64 * 1024
+"""Longest ``check_func`` source (characters; the sandbox's cap is 64 KiB of UTF-8)."""
+
 
 class CheckSpec(_Request):
     """One checklist item with its check function (EnvScaler ``checklist_with_func``)."""
 
     check_item: Annotated[str, Field(max_length=4000)]
-    check_func: Annotated[str, Field(min_length=1, max_length=64 * 1024)]
-    """Python source defining ``check_func(final_state) -> bool`` (``initial_state`` is a global)."""
+    check_func: Annotated[str, Field(min_length=1, max_length=MAX_CHECK_SOURCE_CHARS)]
+    """Python source defining ``check_func(final_state) -> bool`` (``initial_state`` is a
+    global). Refused (422 naming it) when it does not parse, fails the ``standard`` static
+    policy, or binds no ``check_func`` at module level."""
 
 class CheckOutcome(BaseModel):
     check_item: str
@@ -44,8 +55,9 @@ class ScenarioCreate(_Request):
     environment_id: str
     task: Annotated[str, Field(max_length=100_000)]
     init_config: dict[str, Any] = Field(default_factory=dict)
-    checklist: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=256)
-    checklist_with_func: list[CheckSpec] = Field(default_factory=list, max_length=256)
+    checklist: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=MAX_CHECKS)
+    checklist_with_func: list[CheckSpec] = Field(default_factory=list, max_length=MAX_CHECKS)
+    """At most :data:`MAX_CHECKS`; evaluated in sandbox jobs of 256 (same reward)."""
     external_id: Annotated[str | None, Field(max_length=200)] = None
     episode_profile: EpisodeProfile = "sandpit"
     """The rulebook of episodes of this scenario unless a create/reset names one."""

@@ -66,7 +66,7 @@ from .environments import EnvironmentService
 from .episodes import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, introduction_text
 from .live import LiveEnv, LiveEnvs
 from .quotas import QuotaService, TenantContext
-from .scenarios import check_policy
+from .scenarios import check_policy, checks_size
 from .tenants import TenantService, audit_event
 from .tools import text_size
 
@@ -232,7 +232,10 @@ class EnvService:
         return EnvsPublic(data=[self.public(r, tools=False) for r in rows], count=len(rows))
 
     def evaluate_env(self, caller: TenantContext, env_id: str, body: EvaluateRequest | None) -> EvaluationPublic:
-        """``POST /evaluate``: :meth:`evaluate` in a concurrent call; audited."""
+        """``POST /evaluate``: the checks' sources together within ``max_code_bytes``, then
+        :meth:`evaluate` in a concurrent call; audited."""
+        if body is not None and body.checks is not None:
+            self.quotas.check_size(caller, "max_code_bytes", checks_size(body.checks), "checks")
         with self.quotas.call(caller):
             return self.evaluate(caller.tenant, env_id, body.checks if body else None, audit_actor=caller.actor)
 
