@@ -23,6 +23,7 @@ from docker.types import Ulimit
 
 from .errors import DockerUnavailable, ImageError
 from .profiles import MiB, ResourceProfile
+from .seccomp import security_opt
 from .settings import ExecutorSettings
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,43 @@ def ping(client: docker.DockerClient) -> None:
         client.ping()
 
 
+RUNSC_REQUIRED_ARGS = ("oci-seccomp",)
+"""runsc flags the engine's ``runsc`` registration must pass (``runtimeArgs``; leading
+dashes and ``=true`` aside): without ``--oci-seccomp`` gVisor loads no seccomp profile of
+the container, so neither ``seccomp.runsc_profile`` nor any other (what refuses
+``unshare`` and the like under runc) applies inside the sandbox.
+``scripts/ensure-docker`` registers it."""
+
+
+def check_runtime(client: docker.DockerClient, runtime: str) -> None:
+    """Refuse to place sandboxes under ``runtime`` when the engine's registration of it
+    is not one Sandpit's isolation holds under: ``runsc`` must be registered and carry
+    :data:`RUNSC_REQUIRED_ARGS`. ``runc`` (Docker's built-in default) needs nothing.
+    Reads ``GET /info`` once (``Runtimes``).
+
+    Raises:
+        DockerUnavailable: the engine does not answer, has no such runtime, or registers
+            it without a required flag (the message names it and the fix:
+            ``scripts/ensure-docker`` as root, which reloads dockerd without a restart).
+    """
+    if runtime == "runc":
+        return
+    with map_docker_errors("reading the engine's runtimes"):
+        runtimes = client.info().get("Runtimes") or {}
+    registered = runtimes.get(runtime)
+    if not isinstance(registered, dict):
+        raise DockerUnavailable(f"the Docker Engine has no runtime {runtime!r} (it has {sorted(runtimes)}); "
+                                "run scripts/ensure-docker as root to register gVisor")
+    given = {str(arg).lstrip("-").removesuffix("=true") for arg in registered.get("runtimeArgs") or []}
+    missing = [f"--{flag}" for flag in RUNSC_REQUIRED_ARGS if flag not in given]
+    if missing:
+        raise DockerUnavailable(
+            f"the Docker Engine registers {runtime!r} without {' '.join(missing)} (runtimeArgs "
+            f"{registered.get('runtimeArgs') or []}): no seccomp profile would apply inside its "
+            "sandboxes; run scripts/ensure-docker as root (it rewrites /etc/docker/daemon.json "
+            "and reloads dockerd with SIGHUP, running containers untouched)")
+
+
 def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, image: str,
                    tenant: str, sandbox_id: str, pool_id: str, uid: int, socket_dir: str,
                    limits_json: str) -> dict[str, Any]:
@@ -86,8 +124,10 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
 
     No network (``network_mode=none``), read-only root, size-capped noexec tmpfs for /tmp
     and /work, non-root ``uid`` (group ``sandbox_gid``), every capability dropped,
-    ``no-new-privileges``, Docker's default seccomp profile (never overridden; under
-    runsc gVisor's own kernel answers instead, see README "Isolation"), memory with swap
+    ``no-new-privileges``, a seccomp profile (under runc Docker's default, never
+    overridden; under runsc gVisor's kernel answers and applies ``seccomp.runsc_profile``,
+    Docker's refusals in gVisor's names, loaded because runsc is registered with
+    ``--oci-seccomp``, :func:`check_runtime`; see README "Isolation"), memory with swap
     equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the protocol
     socket directory as the only host path (read-only). The runner's token is not in the
     environment: the host writes it to ``token`` in the socket directory (``sandbox.py``).
@@ -114,7 +154,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "read_only": True,
         "tmpfs": {"/tmp": f"{tmpfs_opts},mode=1777", "/work": f"{tmpfs_opts},mode=1733"},
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
+        "security_opt": security_opt(settings.runtime),
         "mem_limit": memory,
         "memswap_limit": memory,
         # a CFS period shorter than Docker's 100 ms (cpu_period_us): same CPU share, but a

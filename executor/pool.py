@@ -101,13 +101,16 @@ class SandboxPool:
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> SandboxPool:
-        """Connect to Docker, resolve the image, reap leftovers, start background threads.
+        """Connect to Docker, check its runtime, resolve the image, reap leftovers, start
+        background threads.
 
         Raises:
-            DockerUnavailable: engine unreachable. ImageError: image not built.
+            DockerUnavailable: engine unreachable, or ``settings.runtime`` not registered as
+                Sandpit needs it (``engine.check_runtime``). ImageError: image not built.
         """
         if self._client is None:
             self._client = engine.make_client(self.settings)
+        engine.check_runtime(self._client, self.settings.runtime)
         self.image = resolve_image(self._client, self.settings.image, self.image_settings)
         if self.settings.reap_on_start:
             engine.reap(self._client, exclude_pool=self.id)
