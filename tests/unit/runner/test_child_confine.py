@@ -19,8 +19,8 @@ def _run_bpf(program: bytes, nr: int, arch: int, *args: int) -> int:
         code, jt, jf, k = insns[pc]
         if code == 0x20:
             acc = struct.unpack_from("I", data, k)[0]
-        elif code in (0x15, 0x35):
-            taken = acc == k if code == 0x15 else acc >= k
+        elif code in (0x15, 0x35, 0x45):  # JEQ, JGE, JSET
+            taken = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
             pc += jt if taken else jf
         elif code == 0x06:
             return k
@@ -51,6 +51,39 @@ def test_filter_denies_persistent_ipc_and_touching_other_processes(machine: str)
     assert _run_bpf(program, 0, 0x40000003) == deny  # i386 ABI: its ipc(2) would bypass the list
     if machine == "x86_64":
         assert _run_bpf(program, child_confine.X32_SYSCALL_BIT | 29, arch) == deny  # x32 ABI
+
+
+CLONE_NEW = {"NEWNS": 0x00020000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000, "NEWIPC": 0x08000000,
+             "NEWUSER": 0x10000000, "NEWPID": 0x20000000, "NEWNET": 0x40000000}
+"""Every CLONE_NEW* flag ``clone`` takes (linux/sched.h); CLONE_NEWTIME (0x80) is ``clone3``/``unshare`` only."""
+SIGCHLD = 17
+FORK = 0x01200000 | SIGCHLD  # glibc fork: CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID | SIGCHLD
+THREAD = 0x003D0F00  # glibc pthread_create: VM FS FILES SIGHAND THREAD SYSVSEM SETTLS PARENT_SETTID CHILD_CLEARTID
+VFORK = 0x00004100 | SIGCHLD  # posix_spawn: CLONE_VM | CLONE_VFORK | SIGCHLD
+
+
+@pytest.mark.parametrize("machine", sorted(child_confine.ARCHES))
+def test_filter_refuses_namespaces_and_keeps_fork_threads_and_spawn(machine: str) -> None:
+    arch, numbers = child_confine.ARCHES[machine]
+    program = child_confine.filter_program(machine)
+    deny, allow = child_confine.SECCOMP_RET_ERRNO | 1, child_confine.SECCOMP_RET_ALLOW  # EPERM
+    nosys = child_confine.SECCOMP_RET_ERRNO | 38  # ENOSYS: glibc falls back to clone
+    clone = numbers["clone"]
+    for name, flag in CLONE_NEW.items():
+        assert _run_bpf(program, numbers["unshare"], arch, flag) == deny, name
+        assert _run_bpf(program, clone, arch, flag | SIGCHLD) == deny, name
+        assert _run_bpf(program, clone, arch, flag | FORK) == deny, name
+        assert _run_bpf(program, clone, arch, flag | THREAD) == deny, name
+        assert _run_bpf(program, numbers["setns"], arch, 3, flag) == deny, name
+    assert _run_bpf(program, numbers["unshare"], arch, 0x10000000 | 0x00020000 | 0x02000000) == deny  # the report's call
+    assert _run_bpf(program, numbers["unshare"], arch, 0x00000080) == deny  # CLONE_NEWTIME
+    assert _run_bpf(program, numbers["unshare"], arch, 0x00000400) == deny  # CLONE_FILES: refused whole
+    assert _run_bpf(program, numbers["setns"], arch, 3, 0) == deny  # nstype 0: any namespace
+    for flags in (FORK, THREAD, VFORK, SIGCHLD, 0):
+        assert _run_bpf(program, clone, arch, flags) == allow, hex(flags)
+        assert _run_bpf(program, clone, arch, flags | (1 << 32)) == allow, hex(flags)  # high half: no CLONE_NEW*
+    assert _run_bpf(program, numbers["clone3"], arch, 0, 88) == nosys  # flags are in memory: refused whole
+    assert _run_bpf(program, numbers["clone3"], arch) == nosys
 
 
 def test_unknown_machine_has_no_filter() -> None:
