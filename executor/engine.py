@@ -20,6 +20,7 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.types import Ulimit
+from sandpit.sandbox_images.runner import protocol
 
 from .errors import DockerUnavailable, ImageError
 from .profiles import MiB, ResourceProfile
@@ -33,7 +34,7 @@ LABEL_TENANT = "sandpit.tenant"
 LABEL_SANDBOX = "sandpit.sandbox"
 LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
-SOCKET_MOUNT = "/run/sandpit"
+SOCKET_MOUNT = protocol.SOCKET_DIR
 RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
 
 
@@ -129,8 +130,10 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
     Docker's refusals in gVisor's names, loaded because runsc is registered with
     ``--oci-seccomp``, :func:`check_runtime`; see README "Isolation"), memory with swap
     equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the protocol
-    socket directory as the only host path (read-only). The runner's token is not in the
-    environment: the host writes it to ``token`` in the socket directory (``sandbox.py``).
+    socket directory as the only host path (read-only). Neither the runner's token nor
+    where it is is in the environment (only ``SANDPIT_LIMITS``, the profile's limits): the
+    host writes it to ``protocol.TOKEN_NAME`` in the socket directory (``sandbox.py``),
+    mounted at the fixed ``protocol.SOCKET_DIR``.
 
     Under runsc the pids cgroup also counts gVisor's host threads and stub processes:
     measured (ptrace platform) about 7 host pids per sandboxed process, so its limit is
@@ -146,8 +149,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "hostname": "sandbox",
         "detach": True,
         "user": f"{uid}:{settings.sandbox_gid}",
-        "environment": {"SANDPIT_LIMITS": limits_json, "SANDPIT_SOCKET": f"{SOCKET_MOUNT}/runner.sock",
-                        "SANDPIT_TOKEN_FILE": f"{SOCKET_MOUNT}/token"},
+        "environment": {"SANDPIT_LIMITS": limits_json},
         "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id,
                    LABEL_OWNER: owner_id()},
         "network_mode": "none",

@@ -92,8 +92,8 @@ class Sandbox:
         socket_dir = settings.run_dir / sandbox_id
         settings.run_dir.mkdir(parents=True, exist_ok=True)
         socket_dir.mkdir(mode=0o750)
-        sock_path = socket_dir / "runner.sock"
-        token_path = socket_dir / "token"
+        sock_path = socket_dir / protocol.SOCKET_NAME  # the runner knows both names (protocol.py)
+        token_path = socket_dir / protocol.TOKEN_NAME
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         container_id = ""
         t0 = time.perf_counter()
@@ -287,7 +287,7 @@ def _unlink(path: Path) -> None:
 
 
 def _remove_socket_dir(path: Path) -> None:
-    for child in (path / "runner.sock", path / "token"):
+    for child in (path / protocol.SOCKET_NAME, path / protocol.TOKEN_NAME):
         _unlink(child)
     try:
         path.rmdir()

@@ -127,11 +127,12 @@ else:  # in the sandbox, run as a script: its directory comes first on sys.path
         TOKEN_MAX_CHARS,
     )
 
-SOCKET_PATH = os.environ.get("SANDPIT_SOCKET", "/run/sandpit/runner.sock")
-TOKEN_PATH = os.environ.get("SANDPIT_TOKEN_FILE", "/run/sandpit/token")
+SOCKET_PATH = f"{protocol.SOCKET_DIR}/{protocol.SOCKET_NAME}"
+TOKEN_PATH = f"{protocol.SOCKET_DIR}/{protocol.TOKEN_NAME}"
 """The per-container token is a file the host writes next to the socket and unlinks as
-soon as the runner has connected: never in the runner's environment, which gVisor's
-/proc/1/environ shows to every process of the same uid (it ignores PR_SET_DUMPABLE)."""
+soon as the runner has connected. Neither it nor its path is in the runner's environment,
+which gVisor's /proc/1/environ shows to every process of the same uid (it ignores
+PR_SET_DUMPABLE): both paths are fixed (``protocol.SOCKET_DIR``)."""
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
 SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import child_session; child_session.main()"
 """How a session process starts: ``child_session.py`` imported as a module (not run as a

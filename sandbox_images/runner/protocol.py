@@ -29,6 +29,17 @@ else:  # in the sandbox: pid1_runner.py put this directory on sys.path
 
 HEADER = struct.Struct(">I")
 
+SOCKET_DIR = "/run/sandpit"
+"""Where every sandbox has the host's protocol directory (bind-mounted read-only) and so
+where the runner finds ``SOCKET_NAME`` and ``TOKEN_NAME``. Fixed on both sides, never
+passed in the runner's environment: under gVisor ``/proc/1/environ`` is readable by every
+process of the sandbox (it ignores PR_SET_DUMPABLE), so the environment names nothing
+about the token, not even where it was."""
+SOCKET_NAME = "runner.sock"
+"""The host's listening Unix socket in ``SOCKET_DIR``; unlinked once the runner connected."""
+TOKEN_NAME = "token"  # noqa: S105 - a file name, not a secret
+"""The runner's one-time token file in ``SOCKET_DIR``; unlinked once the runner connected."""
+
 
 READ_CHUNK = 1 << 20
 """Most bytes one non-blocking read takes from a socket."""
