@@ -450,7 +450,7 @@ ISOLATION = {
              "userfaultfd": "EPERM", "shmget": "EPERM"},
     "runsc": {"runner environ": "allowed", "runner fd list": "allowed", "runner mem": "EACCES",
               "other environ": "allowed", "other cwd": "EACCES", "other mem": "EACCES", "other ptrace": "EPERM",
-              "other signal": "allowed", "list /work": "EACCES", "unshare user namespace": "allowed",
+              "other signal": "allowed", "list /work": "EACCES", "unshare user namespace": "EPERM",
               "userfaultfd": "ENOSYS", "shmget": "EPERM"},
 }
 
