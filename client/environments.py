@@ -21,21 +21,28 @@ class Environments:
     def create(self, source_code: str, class_name: str, *, name: str | None = None,
                description: str | None = None, policy: str = "standard", introduction: str | None = None,
                rules: Iterable[str] | None = None, argument_checking: str | None = None,
-               sample_init_config: Mapping[str, Any] | None = None) -> Environment:
+               sample_init_config: Mapping[str, Any] | None = None,
+               tools: Iterable[Mapping[str, Any]] | None = None) -> Environment:
         """Register `source_code` whose class `class_name` is the environment, checked with
         the static `policy` (`strict` | `standard` | `audit`; the returned `policy_report`
         lists every finding, warnings included), its tools derived and the class
         instantiated once with `sample_init_config` in a sandbox. `introduction` and
         `rules` are EnvScaler's `environment_introduction` / `constraints_rules`;
         `argument_checking` (`off` | `warn` | `strict`) the default for its envs.
+        `tools` (OpenAI function-calling schemas, or bare `{name, description,
+        parameters}` objects) are declared tools: what the agent is shown instead of the
+        derived schemas; each must be a callable attribute of the class (`hasattr`), and
+        the returned `tool_differences` say where they differ from the class.
 
         Raises:
-            InvalidRequest: the code is refused (the field and the reason are in the error).
+            InvalidRequest: the code is refused, or a declared tool is malformed or not
+                a tool of the class (`tools.<i>`; the field and the reason are in the error).
             PayloadTooLarge: the code exceeds the server's size limit.
         """
         extra = {"introduction": introduction, "rules": list(rules) if rules is not None else None,
                  "argument_checking": argument_checking,
-                 "sample_init_config": dict(sample_init_config) if sample_init_config is not None else None}
+                 "sample_init_config": dict(sample_init_config) if sample_init_config is not None else None,
+                 "tools": [dict(t) for t in tools] if tools is not None else None}
         return self._t.run(calls.environment_create(source_code, class_name, name, description, policy, extra))
 
     def get(self, environment_id: str) -> Environment:
@@ -60,11 +67,13 @@ class AsyncEnvironments:
     async def create(self, source_code: str, class_name: str, *, name: str | None = None,
                      description: str | None = None, policy: str = "standard", introduction: str | None = None,
                      rules: Iterable[str] | None = None, argument_checking: str | None = None,
-                     sample_init_config: Mapping[str, Any] | None = None) -> Environment:
+                     sample_init_config: Mapping[str, Any] | None = None,
+                     tools: Iterable[Mapping[str, Any]] | None = None) -> Environment:
         """See `Client.environments.create`."""
         extra = {"introduction": introduction, "rules": list(rules) if rules is not None else None,
                  "argument_checking": argument_checking,
-                 "sample_init_config": dict(sample_init_config) if sample_init_config is not None else None}
+                 "sample_init_config": dict(sample_init_config) if sample_init_config is not None else None,
+                 "tools": [dict(t) for t in tools] if tools is not None else None}
         return await self._t.run(calls.environment_create(source_code, class_name, name, description, policy, extra))
 
     async def get(self, environment_id: str) -> Environment:

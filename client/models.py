@@ -72,7 +72,17 @@ class Environment(_ResponseModel):
     code_sha256: str
     """Hex SHA-256 of `source_code`."""
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    """OpenAI function-calling tool schemas, ready to pass as `tools=` to a chat completion."""
+    """OpenAI function-calling tool schemas, ready to pass as `tools=` to a chat completion:
+    what the agent is shown (the declared tools when the environment has them, else the
+    derived ones)."""
+    derived_tools: list[dict[str, Any]] = Field(default_factory=list)
+    """The schemas derived from the class in a sandbox (what argument checking uses)."""
+    tools_source: Literal["declared", "derived"] = "derived"
+    """Whether `tools` are the declared tools (given at registration) or the derived ones."""
+    tool_differences: list[dict[str, Any]] = Field(default_factory=list)
+    """Where the declared tools differ from the class: `{"tool", "kind", "severity",
+    "parameter"?, "declared"?, "derived"?}` (kinds: `undeclared`, `not_a_method`,
+    `description`, `required`, `type`, `parameter_missing`, `parameter_extra`, `truncated`)."""
     description: str | None = None
     introduction: str | None = None
     """EnvScaler `environment_introduction`."""

@@ -64,6 +64,7 @@ from ..schemas.envs import FunctionCall, StepRequest
 from ..secrets import SecretUnavailable
 from ..services.common import new_id
 from ..services.common import utcnow as _now
+from ..services.declared_tools import agent_tools
 from ..services.environments import EnvironmentService
 from ..services.envs import EnvService
 from ..services.episodes import OPEN_ENDED, introduction_text
@@ -408,7 +409,7 @@ class EvaluationRunner:
         messages = initial_messages(environment.name, introduction, task)
         episode.transcript = messages
         try:
-            result = run_episode(model, messages, list(environment.tools),
+            result = run_episode(model, messages, agent_tools(environment),
                                  lambda number, name, arguments: self._step(
                                      episode, number, StepRequest(function=FunctionCall(name=name[:1024],
                                                                                         arguments=arguments))),

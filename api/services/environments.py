@@ -6,13 +6,18 @@ report), derives the tools by introspecting the class in a sandbox and (unless i
 instantiates the class once there with ``sample_init_config``, so an ``__init__`` that
 fails is refused at registration; a config key whose value replaces an attribute the
 constructor set to a value of another type (the sandbox compares them) is an
-``init-config-replaces-attribute`` warning in the policy report. Environments are
-immutable once registered: their :class:`~.tools.ToolSet` is compiled once per process.
+``init-config-replaces-attribute`` warning in the policy report. Declared tools
+(``EnvironmentCreate.tools``) are then checked against the class: every declared name must
+be a public method or, asked of a sandbox (:data:`~.declared_tools.PROBE`), a callable
+attribute of the instance; their differences from the derived schemas are stored
+(:mod:`.declared_tools`). Environments are immutable once registered: their
+:class:`~.tools.ToolSet` (of the derived schemas) is compiled once per process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from sqlalchemy import func, select
@@ -24,6 +29,7 @@ from ..sandboxes import CodeFailed, Sandboxes
 from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..settings import ApiSettings
 from .common import clean_text, new_id, owned, utcnow
+from .declared_tools import PROBE, agent_tools, read_probe, tool_differences
 from .limits import check_code, check_config
 from .policy import check_source, policy_summary, retyped_findings
 from .quotas import QuotaService, TenantContext
@@ -57,21 +63,20 @@ class EnvironmentService:
                                           class_name=body.class_name, description=body.description,
                                           policy=body.policy, introduction=body.introduction, rules=body.rules,
                                           argument_checking=body.argument_checking,
-                                          sample_init_config=body.sample_init_config)
+                                          sample_init_config=body.sample_init_config,
+                                          declared_tools=body.declared_tools())
         self.tenants.audit(caller.tenant, caller.actor, "environment.create", row.id,
                            {"class_name": row.class_name, "code_sha256": row.code_sha256})
-        return EnvironmentPublic.model_validate(row, from_attributes=True)
+        return environment_public(row)
 
     def read(self, caller: TenantContext, environment_id: str) -> EnvironmentPublic:
         """One environment. Raises NotFound (also for another tenant's id)."""
-        return EnvironmentPublic.model_validate(self.get_environment(caller.tenant, environment_id),
-                                                from_attributes=True)
+        return environment_public(self.get_environment(caller.tenant, environment_id))
 
     def page(self, caller: TenantContext, limit: int, offset: int) -> EnvironmentsPublic:
         """A page of the tenant's registered environments, newest first."""
         rows, total = self.list_environments(caller.tenant, limit, offset)
-        return EnvironmentsPublic(data=[EnvironmentPublic.model_validate(r, from_attributes=True) for r in rows],
-                                  count=total)
+        return EnvironmentsPublic(data=[environment_public(r) for r in rows], count=total)
 
     def delete(self, caller: TenantContext, environment_id: str) -> None:
         """Delete an environment; audited. Raises NotFound, Conflict (in use)."""
@@ -83,14 +88,18 @@ class EnvironmentService:
                            description: str | None, inline: bool = False, policy: str = "standard",
                            introduction: str | None = None, rules: list[str] | None = None,
                            argument_checking: str = "off",
-                           sample_init_config: dict[str, Any] | None = None) -> models.Environment:
+                           sample_init_config: dict[str, Any] | None = None,
+                           declared_tools: list[dict[str, Any]] | None = None) -> models.Environment:
         """Register code: the static ``policy`` must pass (errors reject, warnings are
         kept in the report), its tools are derived by introspecting the class in a
         sandbox, and (unless ``inline``) the class is instantiated once there with
-        ``sample_init_config`` (``{}``). Raises PayloadTooLarge (code or config over cap),
-        InvalidRequest (policy errors; the code fails to load, has no such class, or its
-        ``__init__`` fails: the message carries the sandbox's observation), NoCapacity
-        (503 + Retry-After)."""
+        ``sample_init_config`` (``{}``). ``declared_tools`` (validated OpenAI schemas,
+        see ``EnvironmentCreate.tools``) are checked against the class
+        (:meth:`_check_declared`) and their differences from the derived ones stored.
+        Raises PayloadTooLarge (code or config over cap), InvalidRequest (policy errors;
+        the code fails to load, has no such class, or its ``__init__`` fails: the message
+        carries the sandbox's observation; a declared tool the class lacks, naming
+        ``tools.<i>``), NoCapacity (503 + Retry-After)."""
         check_code(self.settings, source_code)
         report = check_source(source_code, policy)
         if not report.passed:
@@ -103,14 +112,55 @@ class EnvironmentService:
             retyped = self._try_instantiate(tenant, source_code, class_name, config)
             report = report.extended("init-config-replaces-attribute", retyped_findings(source_code, class_name,
                                                                                         retyped))
+        differences = None
+        if declared_tools is not None:
+            not_methods = self._check_declared(tenant, source_code, class_name, sample_init_config or {},
+                                               declared_tools, tools)
+            differences = tool_differences(declared_tools, tools, not_methods)
         row = models.Environment(
             id=new_id("envr"), tenant=tenant, name=name, class_name=class_name, source_code=source_code,
             code_sha256=code_digest(source_code), tools=tools, description=description, inline=inline,
             policy=policy, policy_report=report.to_dict(), introduction=introduction, rules=rules,
-            argument_checking=argument_checking, created_at=utcnow())
+            argument_checking=argument_checking, declared_tools=declared_tools, tool_differences=differences,
+            created_at=utcnow())
         with self.db.write() as db:
             db.add(row)
         return row
+
+    def _check_declared(self, tenant: str, source_code: str, class_name: str, init_config: dict[str, Any],
+                        declared: list[dict[str, Any]], derived: list[dict[str, Any]]) -> frozenset[str]:
+        """Every declared tool must be a public method (a derived tool) or a callable
+        attribute of the instance; the latter are asked of a sandbox (one script, only
+        when there are such names). Returns the declared names that are callable but not
+        public methods. Raises InvalidRequest naming ``tools.<i>`` of the first declared
+        tool that is missing or not callable."""
+        methods = {t["function"]["name"] for t in derived}
+        others = [(i, t["function"]["name"]) for i, t in enumerate(declared) if t["function"]["name"] not in methods]
+        if not others:
+            return frozenset()
+        names = [name for _, name in others]
+        try:
+            result = self.sandboxes.execute(
+                tenant=tenant, code=PROBE, stdin=json.dumps({"class_name": class_name, "config": init_config,
+                                                            "names": names}),
+                files={"environment.py": source_code}, timeout_s=None, profile=self.sandboxes.profile())
+        except ValueError as exc:  # the code does not fit the script's work space
+            raise InvalidRequest(f"tools: the declared tools {', '.join(names[:10])} are no public methods of "
+                                 f"{class_name}, and the class could not be asked for them: {exc}",
+                                 field="tools") from None
+        verdicts = read_probe(result.stdout, names)
+        for index, name in others:
+            verdict = verdicts[name]
+            if verdict == "callable":
+                continue
+            why = {"missing": f"{class_name} has no attribute {name!r}",
+                   "not_callable": f"{class_name}.{name} is not callable (a state attribute?)"}.get(
+                verdict, f"{class_name} could not be asked about {name!r} ({verdict}; the check ended "
+                         f"{result.status}: {clean_text(result.stderr)[-300:]})")
+            raise InvalidRequest(f"tools.{index}: declared tool {name!r} is not a tool of the class: {why}; "
+                                 f"its public methods are: {', '.join(sorted(methods)) or 'none'}",
+                                 field=f"tools.{index}")
+        return frozenset(names)
 
     def _derive_tools(self, tenant: str, source_code: str, class_name: str) -> list[dict[str, Any]]:
         try:
@@ -184,7 +234,8 @@ class EnvironmentService:
 
     # -- tools -------------------------------------------------------------------------------
     def toolset(self, environment: models.Environment) -> ToolSet:
-        """The environment's tools with compiled argument validators (cached)."""
+        """The environment's derived tools with compiled argument validators (cached):
+        what the class accepts, whatever the agent is shown."""
         toolset = self._toolsets.get(environment.id)
         if toolset is None:
             toolset = self._toolsets[environment.id] = ToolSet(environment.tools)
@@ -193,6 +244,20 @@ class EnvironmentService:
     def cached_toolset(self, environment_id: str) -> ToolSet | None:
         """The tools of an environment this process has compiled, if it has."""
         return self._toolsets.get(environment_id)
+
+
+def environment_public(row: models.Environment) -> EnvironmentPublic:
+    """``row`` as the API shows it: ``tools`` what the agent is shown (declared or
+    derived), ``derived_tools`` always the derived ones, ``tools_source`` which,
+    ``tool_differences`` as stored."""
+    return EnvironmentPublic.model_validate({
+        "id": row.id, "name": row.name, "class_name": row.class_name, "code_sha256": row.code_sha256,
+        "tools": agent_tools(row), "derived_tools": list(row.tools),
+        "tools_source": "declared" if row.declared_tools is not None else "derived",
+        "tool_differences": row.tool_differences or [], "description": row.description,
+        "introduction": row.introduction, "rules": row.rules, "policy": row.policy,
+        "policy_report": row.policy_report, "argument_checking": row.argument_checking,
+        "created_at": row.created_at})
 
 
 def code_digest(source_code: str) -> str:

@@ -62,6 +62,7 @@ from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..schemas.scenarios import CheckSpec
 from ..settings import ApiSettings
 from .common import aware, clean_text, new_id, owned, utcnow
+from .declared_tools import agent_tools
 from .environments import EnvironmentService
 from .episodes import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, introduction_text
 from .live import LiveEnv, LiveEnvs
@@ -476,7 +477,7 @@ class EnvService:
                                                      environment.description)
             view["argument_checking"] = row.argument_checking or environment.argument_checking
             if with_tools:
-                view["tools"] = episode_tools(list(environment.tools), config)
+                view["tools"] = episode_tools(agent_tools(environment), config)
         if episode is not None:
             view.update(episode_status=episode.status, observation=episode.observation, task=episode.task,
                         reward=episode.reward)
