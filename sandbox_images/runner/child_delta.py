@@ -49,6 +49,7 @@ both. The operations are applied by ``protocol.apply_keyed`` (PID 1 and the host
 
 from __future__ import annotations
 
+import builtins
 import marshal
 import math
 
@@ -68,6 +69,11 @@ else:  # in the sandbox: pid1_runner.py put this directory on sys.path
         state_watch = None
 
 _SCALARS = (str, int, bool, type(None))
+
+
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
 
 
 def _marshal(value: Any) -> bytes:

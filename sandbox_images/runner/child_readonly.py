@@ -104,6 +104,11 @@ _ALLOWED = (
 )
 
 
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
+
+
 def why_not_read_only(source: str) -> str | None:
     """``None`` when ``source`` (a check function's module) provably changes nothing but
     objects it made and reaches nothing but its states and :data:`SAFE_BUILTINS` (rules

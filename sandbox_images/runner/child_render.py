@@ -48,7 +48,7 @@ produced. JSON-native values are never cut (they are stored and served exactly).
 from __future__ import annotations
 
 import base64
-import json
+import builtins
 import math
 import sys
 
@@ -56,8 +56,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from typing import Any  # annotations only: never evaluated in the sandbox
 
+    from .child_codec import dumps as _json_text
     from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from child_codec import dumps as _json_text
     from limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
 
 
@@ -71,6 +73,11 @@ TAGS = frozenset({
     "$object", "$repr", "$cycle", "$truncated",
 })
 """Every tag :func:`render` produces."""
+
+
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
 
 
 def is_tag(value: object) -> bool:
@@ -324,7 +331,7 @@ def instance_attributes(value: object) -> list[tuple[str, object]] | None:
 
 def _sort_key(item: object) -> str:
     try:
-        return json.dumps(item, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        return _json_text(item, sort_keys=True, spaced=True)
     except (TypeError, ValueError, RecursionError):
         return "\uffff"
 

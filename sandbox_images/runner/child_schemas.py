@@ -53,12 +53,12 @@ true, and a note says why.
 from __future__ import annotations
 
 import ast
+import builtins
 import collections
 import collections.abc
 import dataclasses
 import enum
 import inspect
-import json
 import re
 import types
 import typing
@@ -66,6 +66,7 @@ from typing import Any
 
 TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+    from .child_codec import dumps as _json_text
     from .limits import (
         MAX_ANNOTATION_CHARS,
         MAX_ANY_OF,
@@ -83,6 +84,7 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
         MAX_TOOLS,
     )
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    from child_codec import dumps as _json_text
     from limits import (
         MAX_ANNOTATION_CHARS,
         MAX_ANY_OF,
@@ -109,6 +111,11 @@ _class_mro = type.__dict__["__mro__"].__get__
 _EMPTY = inspect.Parameter.empty
 _SKIPPED_KINDS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
                   inspect.Parameter.POSITIONAL_ONLY)
+
+
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
 
 
 class SchemaLimitError(ValueError):
@@ -597,7 +604,7 @@ def _default(value: object) -> tuple[bool, object]:
     if not _json_native(value):
         return False, None
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _json_text(value, ascii=True, spaced=True)
     except (TypeError, ValueError, RecursionError):
         return False, None
     return len(text) <= MAX_DEFAULT_CHARS, value
@@ -713,7 +720,7 @@ def describe_class(cls: type) -> tuple[list[dict[str, Any]], list[str]]:
         except Exception as exc:  # noqa: BLE001 - a hostile method must not hide the others
             _note(notes, f"{name}: introspection failed ({type(exc).__name__}); parameters not described")
             tool = _fallback(name, "")
-        size += len(json.dumps(tool, ensure_ascii=False, allow_nan=False).encode("utf-8")) + 1
+        size += len(_json_text(tool, spaced=True).encode("utf-8")) + 1
         if size > MAX_SCHEMAS_BYTES:
             raise SchemaLimitError(f"the tool schemas exceed {MAX_SCHEMAS_BYTES} bytes")
         tools.append(tool)

@@ -45,7 +45,7 @@ replies by a random per-request id and kills the process on any protocol violati
 
 from __future__ import annotations
 
-import json
+import builtins
 import os
 import resource
 import sys
@@ -62,6 +62,8 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     path by path, see ``child_delta.py``)."""
 
     from . import child_delta
+    from .child_codec import dumps as _json_text
+    from .child_codec import loads as _json_value
     from .limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
@@ -73,6 +75,8 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     )
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     import child_delta
+    from child_codec import dumps as _json_text
+    from child_codec import loads as _json_value
     from limits import (
         DEFAULT_OBSERVATION_CAP_BYTES,
         DEFAULT_SESSION_NOFILE,
@@ -98,6 +102,11 @@ IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
 """Debian-packaged libraries of the image (``base.json``'s ``include``, e.g. mpmath). The
 child runs with ``-S`` (no ``site``), so this is appended to ``sys.path`` explicitly, after
 the standard library. Not a boundary: environment code could append it itself."""
+
+
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
 
 
 def _json_native(value: object, depth: int = 0) -> bool:
@@ -135,7 +144,9 @@ def _json_native(value: object, depth: int = 0) -> bool:
 
 
 def _dumps(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact JSON text (``child_codec.dumps``: bound before the environment's code ran,
+    so a module that patches ``json`` cannot change a frame)."""
+    return _json_text(value)
 
 
 def _entry_json(enc: Encoding) -> str:
@@ -254,7 +265,7 @@ class Session:
 
     def recv(self) -> dict[str, Any]:
         length = int.from_bytes(self._read_exact(HEADER_SIZE), "big")
-        message: dict[str, Any] = json.loads(self._read_exact(length).decode("utf-8"))
+        message: dict[str, Any] = _json_value(self._read_exact(length).decode("utf-8"))
         return message
 
     def send_text(self, body: str) -> None:
@@ -434,6 +445,7 @@ def load_class(source: str, class_name: str) -> type:
     the code raises, LookupError (no such name) or TypeError (not a class)."""
     module = types.ModuleType(MODULE_NAME)
     module.__file__ = "<environment>"
+    module.__builtins__ = builtins  # type: ignore[attr-defined]  # the real module, as EnvScaler's exec gives it
     sys.modules[MODULE_NAME] = module
     for alias in LEGACY_MODULE_NAMES:
         sys.modules[alias] = module
@@ -710,7 +722,7 @@ def _flush_std() -> None:
 
 
 def main() -> None:
-    limits = json.loads(os.environ.pop("SANDPIT_SESSION_LIMITS", "{}"))
+    limits = _json_value(os.environ.pop("SANDPIT_SESSION_LIMITS", "{}"))
     harden(limits)
     sys.argv = ["environment"]
     if os.path.isdir(IMAGE_PACKAGES) and IMAGE_PACKAGES not in sys.path:

@@ -64,8 +64,8 @@ exactly as above; a forked session takes the instance and its encoding cache as 
 from __future__ import annotations
 
 import ast
+import builtins
 import gc
-import json
 import os
 import select
 import socket
@@ -77,9 +77,13 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from typing import Any, NoReturn  # annotations only: never evaluated in the sandbox
 
     from . import child_session
+    from .child_codec import dumps as _json_text
+    from .child_codec import loads as _json_value
     from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
     import child_session
+    from child_codec import dumps as _json_text
+    from child_codec import loads as _json_value
     from limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
 
 PURE_MODULES = frozenset({
@@ -109,6 +113,11 @@ NEVER_NAMED = frozenset({"open", "exec", "eval", "compile", "__import__", "break
                          "vars", "locals", "getattr", "setattr", "delattr", "__builtins__"})
 """Names that make a source unsuitable wherever they appear (they reach what the other
 rules check: files, dynamic imports, dynamic code)."""
+
+
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
 
 
 def unsuitable(source: str, class_name: str) -> str | None:
@@ -209,7 +218,7 @@ def _is_open(fd: int) -> bool:
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    data = json.dumps(message, separators=(",", ":")).encode("utf-8", "replace")
+    data = _json_text(message, ascii=True).encode("utf-8", "replace")
     sock.sendall(len(data).to_bytes(4, "big") + data)
 
 
@@ -227,7 +236,7 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
             raise EOFError
         data += more
     length = int.from_bytes(data[:4], "big")
-    message = json.loads(data[4:4 + length].decode("utf-8"))
+    message = _json_value(data[4:4 + length].decode("utf-8"))
     if not isinstance(message, dict):
         raise EOFError
     return message, list(fds)
@@ -421,7 +430,7 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
         _send(sock, {"id": request_id, "status": "unsuitable", "reason": str(reason)[:200]})
         os._exit(0)
     child_session._flush_std()
-    body = f'{{"id":{json.dumps(request_id)},"status":"ok","delta":'.encode() + text + b"}"
+    body = f'{{"id":{_json_text(request_id, ascii=True)},"status":"ok","delta":'.encode() + text + b"}"
     sock.sendall(len(body).to_bytes(4, "big") + body)
     preload = (cls, (state.instance, state.cache, state.retyped))
     del config, msg, state, text, body
