@@ -1,9 +1,13 @@
 """Rule-based rewards: check functions (EnvScaler ``checklist_with_func``) run in
 sandboxes on two states, and EnvScaler's ``calculate_reward`` over their results.
 
-Every check runs in a fresh sandbox process that never ran environment code, on the
-states restored as real Python objects there (stored states from the snapshot store, or
-plain JSON states whose ``$`` tags become objects). Nothing is decoded on the host.
+Every check runs in a sandbox process that never ran environment code, on the states
+restored there (stored states from the snapshot store, or plain JSON states whose ``$``
+tags become objects). Nothing is decoded on the host. Objects of the environment's own
+classes are rebuilt as stand-ins carrying their attributes, so no code of the environment
+being judged runs where a verdict is computed; a scenario with ``check_objects:
+environment`` opts in to loading the environment's module for its checks instead, and then
+the environment's code takes part in the verdict (``child_oneshot.py``, README).
 
 A checklist longer than one sandbox job takes (``CHECKS_PER_JOB``, 256) runs in
 consecutive jobs of at most that many checks, each on the same two states, and the
@@ -46,13 +50,17 @@ class Checks:
         self.sandboxes = sandboxes
 
     def on_states(self, tenant: str, checks: list[dict[str, Any]], initial: StateCache, final: StateCache,
-                  source: str | None, profile: ResourceProfile | None = None) -> list[CheckOutcome]:
-        """Checks on two stored states, restored as real objects in a sandbox (with the
-        environment's ``source`` loaded, so its classes unpickle), in jobs of at most
-        ``CHECKS_PER_JOB`` (module docstring). Raises InvalidRequest (a check over the
-        caps), NoCapacity, QuotaExceeded."""
+                  source: str | None, profile: ResourceProfile | None = None,
+                  objects: str | None = None) -> list[CheckOutcome]:
+        """Checks on two stored states, restored in a sandbox, in jobs of at most
+        ``CHECKS_PER_JOB`` (module docstring). Objects of the environment's classes are
+        stand-ins (no environment code runs where the verdict is computed) unless
+        ``objects`` is ``environment``: only then is the environment's ``source`` sent, to
+        be loaded so its classes unpickle as themselves (a scenario's ``check_objects``).
+        Raises InvalidRequest (a check over the caps), NoCapacity, QuotaExceeded."""
         if not checks:
             return []
+        source = source if objects == "environment" else None
         return _outcomes(self._batched(tenant, checks, initial.encoded(), final.encoded(), profile, source))
 
     def _batched(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, list[Any]],
@@ -71,7 +79,6 @@ class Checks:
                 where = f" (in the checks from index {start} on)" if start else ""
                 raise InvalidRequest(f"{exc}{where}", field="checks") from None
         return results
-
 
     def on_json(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, Any],
                 final: dict[str, Any]) -> list[CheckOutcome]:
@@ -95,5 +102,6 @@ class Checks:
             initial = load_state(db, initial_root) if initial_root else None
         if scenario is None or environment is None or initial is None or not scenario.checklist_with_func:
             return 0.0, [] if scenario is not None else None
-        outcomes = self.on_states(tenant, list(scenario.checklist_with_func), initial, final, environment.source_code)
+        outcomes = self.on_states(tenant, list(scenario.checklist_with_func), initial, final, environment.source_code,
+                                  objects=scenario.check_objects)
         return episode_reward([o.passed for o in outcomes]), outcomes

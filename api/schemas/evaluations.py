@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator, model_validat
 
 from .common import Timestamp, _Request
 from .envs import StepRequest
-from .scenarios import MAX_CHECKS, CheckOutcome, CheckSpec
+from .scenarios import MAX_CHECKS, CheckObjects, CheckOutcome, CheckSpec
 
 MAX_EPISODES = 10_000
 """Episodes (replays or scenario ids) of one evaluation."""
@@ -33,6 +33,11 @@ class EvaluateRequest(_Request):
     checks: list[CheckSpec] | None = Field(default=None, max_length=MAX_CHECKS)
     """At most ``MAX_CHECKS`` (4096), their sources together at most ``max_code_bytes``;
     run in sandbox jobs of 256."""
+    check_objects: CheckObjects | None = None
+    """How the checks see objects of the environment's classes: ``standins`` (no
+    environment code runs where the verdict is computed) or ``environment`` (its module is
+    loaded; its code takes part in the verdict). Default: the env's scenario's setting,
+    else ``standins``."""
 
 class EvaluationPublic(BaseModel):
     id: str

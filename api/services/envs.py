@@ -238,7 +238,8 @@ class EnvService:
         if body is not None and body.checks is not None:
             self.quotas.check_size(caller, "max_code_bytes", checks_size(body.checks), "checks")
         with self.quotas.call(caller):
-            return self.evaluate(caller.tenant, env_id, body.checks if body else None, audit_actor=caller.actor)
+            return self.evaluate(caller.tenant, env_id, body.checks if body else None, audit_actor=caller.actor,
+                                 check_objects=body.check_objects if body else None)
 
     def public(self, row: models.Env, tools: bool = True) -> EnvPublic:
         """``row`` as the API shows it (:meth:`env_view` adds status, tools, episode)."""
@@ -786,9 +787,11 @@ class EnvService:
                     self._policy_passed.popitem(last=False)
 
     def evaluate(self, tenant: str, env_id: str, checks: list[CheckSpec] | None,
-                 audit_actor: str | None = None) -> EvaluationPublic:
-        """Run check functions on the env's initial and current state (restored as real
-        objects in a sandbox); store and return the outcome (with ``audit_actor``, the
+                 audit_actor: str | None = None, check_objects: str | None = None) -> EvaluationPublic:
+        """Run check functions on the env's initial and current state (restored in a
+        sandbox; objects of the environment's classes as stand-ins unless
+        ``check_objects`` (default: the scenario's) is ``environment``); store and return
+        the outcome (with ``audit_actor``, the
         ``env.evaluate`` audit event commits in the same transaction). Raises NotFound,
         Conflict (no checks given and no scenario), InvalidRequest (a check over the caps or
         refused by the static policy), NoCapacity (503 + Retry-After)."""
@@ -796,13 +799,15 @@ class EnvService:
             self._check_policy(checks)
         with self.live.lock(env_id), self.db.read() as db:
             row = owned(db, models.Env, env_id, tenant, "env")
+            scenario = db.get(models.Scenario, row.scenario_id) if row.scenario_id else None
             if checks is None:
-                scenario = db.get(models.Scenario, row.scenario_id) if row.scenario_id else None
                 if scenario is None:
                     raise Conflict(f"env {env_id!r} has no scenario: give `checks`")
                 specs = list(scenario.checklist_with_func)
             else:
                 specs = [c.model_dump() for c in checks]
+            if check_objects is None:
+                check_objects = scenario.check_objects if scenario is not None else None
             first = db.get(models.Step, (row.id, row.episode, 0))
             head = db.get(models.Step, (row.id, row.episode, row.step))
             environment = db.get(models.Environment, row.environment_id)
@@ -814,7 +819,7 @@ class EnvService:
                          and entry.cache.root == head.state_root)
             final = entry.cache if live_head and entry is not None else load_state(db, head.state_root)
             episode, step = row.episode, row.step
-        results = self.checks.on_states(tenant, specs, initial, final, environment.source_code)
+        results = self.checks.on_states(tenant, specs, initial, final, environment.source_code, objects=check_objects)
         passed = sum(1 for r in results if r.passed)
         reward = episode_reward([r.passed for r in results])
         evaluation = models.Evaluation(id=new_id("evl"), env_id=env_id, episode=episode, step=step, reward=reward,

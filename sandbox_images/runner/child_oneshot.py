@@ -18,12 +18,24 @@ an uncaught ``MemoryError``, which the runner reports as ``oom`` instead of ``er
 ``checks`` (``{workdir, initial_state, final_state, source?, checks: [{index,
 check_func}]}``), EnvScaler's rule-based reward. The states are *encoded* states (one
 entry per attribute: ``["j", value]``, ``["p", base64 pickle]``, ``["u", rendering]``, see
-``child_session.py``) and are restored here as real Python objects: pickles are unpickled (sets,
-dates, instances...), so a check sees exactly what EnvScaler's in-process check sees
-(``isinstance(x, set)``, ``date`` comparisons, attribute access). When a pickle refers to a
-class of the environment's own module (or of a module that module creates when it loads,
-as BFCL's environments do), that module is loaded from ``source`` first (its module-level
-code runs here; the class is never instantiated and no tool is called).
+``child_session.py``) and are restored here as Python objects, in one of two ways:
+
+* by default (a scenario's ``check_objects: standins``; no ``source`` in the request) no
+  code of the environment runs in this process or in any check's: pickles are restored by
+  ``child_standins.py``, which gives the standard library's value types (sets, dates,
+  Decimal, OrderedDict...) as themselves and every other class a pickle names (the
+  environment's own) as a *stand-in* carrying the same attributes. So the process that
+  computes a verdict holds only the runner's code, the check's own code and data: the
+  code being judged cannot install hooks, patch modules or rewrite results here;
+* with ``source`` (``check_objects: environment``, an explicit opt-in) the environment's
+  module (or a module it creates when it loads, as BFCL's environments do) is loaded
+  from ``source`` when a pickle refers to it, so its classes unpickle as themselves
+  (methods, ``isinstance``) exactly as EnvScaler's in-process check sees them. Its
+  module-level code then runs here: what it installs at import that this module can take
+  back (profile and trace functions, builtins, ``sys`` streams and hooks, replaced
+  ``sys.modules`` entries) is put back before any check runs (:class:`_ProcessState`),
+  but the environment's code takes part in the verdict (its methods run inside checks,
+  and audit hooks or threads it starts cannot be taken back).
 ``"u"`` attributes (not picklable) arrive as their rendering. ``"j"`` values that are tags
 of ``child_render.py`` (only possible in states a caller wrote by hand, e.g. validation cases)
 are turned back into the objects they stand for (:func:`unrender`).
@@ -62,13 +74,13 @@ times each check from its own start). Only ``True`` (a real bool) passes:
 Timeouts are seen by the runner, which kills this process group and goes on with the next
 check in a fresh zygote. A check's verdict is what its own ``check_func`` returned in its
 own process: a check can only ever change its own verdict, which it could do by returning
-``True``.
+``True``. Frames go out through ``child_codec.py``'s encoder and the descriptors and
+functions :class:`_Channel` took before any check or environment code ran.
 """
 
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import sys
 import time
@@ -78,6 +90,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
     from typing import Any  # annotations only: never evaluated in the sandbox
 
+    from . import child_standins
+    from .child_codec import dumps as _json_text
+    from .child_codec import loads as _json_value
     from .child_readonly import why_not_read_only
     from .limits import (
         CHECK_RESULT_MAX_BYTES,
@@ -89,6 +104,9 @@ if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
         check_files,
     )
 else:  # in the sandbox: pid1_runner.py put this directory on sys.path
+    import child_standins
+    from child_codec import dumps as _json_text
+    from child_codec import loads as _json_value
     from child_readonly import why_not_read_only
     from limits import (
         CHECK_RESULT_MAX_BYTES,
@@ -107,6 +125,11 @@ CTRL_FD = 3
 SCRIPT_NAME = "main.py"
 CHECK_FILENAME = "<check_func>"
 HEADER_SIZE = 4
+
+
+__builtins__ = dict(vars(builtins))  # type: ignore[assignment]
+# ^ this module's own copy of the builtins, taken before any untrusted code runs: code
+# that patches `builtins` later in this process does not act on its functions
 
 
 def bounded_repr(value: object, limit: int = RESULT_REPR_CHARS) -> str:
@@ -196,6 +219,7 @@ def _load_env_module(source: str | None) -> types.ModuleType:
                          "source was given to load them")
     module = types.ModuleType(ENV_MODULE)
     module.__file__ = "<environment>"
+    module.__builtins__ = builtins  # type: ignore[attr-defined]  # the real module, as EnvScaler's exec gives it
     for name in (ENV_MODULE, *ENV_MODULE_ALIASES):
         sys.modules[name] = module
     try:
@@ -209,10 +233,47 @@ def _load_env_module(source: str | None) -> types.ModuleType:
     return module
 
 
-def decode_state(encoded: dict[str, Any], source: str | None) -> dict[str, Any]:
-    """Real Python objects of an encoded state (module docstring). Raises StateError;
-    MemoryError propagates."""
+CHECK_OBJECTS = ("standins", "environment")
+"""How a check batch restores objects of the environment's classes (a scenario's
+``check_objects``): ``standins`` rebuilds them without running any environment code
+(``child_standins.py``); ``environment`` loads the environment's module from ``source``
+so its classes unpickle as themselves (its code then runs in this process)."""
+
+
+def decode_state(encoded: dict[str, Any], source: str | None, objects: str = "standins",
+                 factory: child_standins.StandInFactory | None = None) -> dict[str, Any]:
+    """Python objects of an encoded state (module docstring). With ``objects ==
+    "standins"`` no code of the environment runs: pickles are restored by
+    ``child_standins.loads`` (pass one ``factory`` for both states of a check batch);
+    ``"environment"`` loads the environment's module from ``source`` when a pickle refers
+    to it. Raises StateError; MemoryError propagates."""
     import base64
+
+    unpickle = _environment_unpickler(source) if objects == "environment" else None
+    if factory is None:
+        factory = child_standins.StandInFactory()
+    state: dict[str, Any] = {}
+    for name, entry in encoded.items():
+        kind = entry[0]
+        if kind == "j":
+            state[name] = unrender(entry[1])
+        elif kind == "p":
+            try:
+                blob = base64.b64decode(entry[1])
+                state[name] = unpickle(blob) if unpickle is not None else child_standins.loads(blob, factory)
+            except (MemoryError, StateError):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a pickle that does not load
+                raise StateError(f"attribute {name!r} could not be restored: {error_text(exc)}") from None
+        else:
+            state[name] = entry[1] if len(entry) > 1 else None
+    return state
+
+
+def _environment_unpickler(source: str | None) -> Any:
+    """``pickle.loads`` that loads the environment's module (from ``source``) before a
+    class of it, or of a module its code creates when it loads (BFCL's embedded
+    packages), is looked up: the ``check_objects: environment`` opt-in."""
     import io
     import pickle
 
@@ -223,28 +284,55 @@ def decode_state(encoded: dict[str, Any], source: str | None) -> dict[str, Any]:
             try:
                 return super().find_class(module, name)
             except (ImportError, AttributeError):
-                # modules the environment's code creates when it loads (BFCL's embedded
-                # packages): load it, then look again
                 if not source or ENV_MODULE in sys.modules:
                     raise
                 _load_env_module(source)
                 return super().find_class(module, name)
 
-    state: dict[str, Any] = {}
-    for name, entry in encoded.items():
-        kind = entry[0]
-        if kind == "j":
-            state[name] = unrender(entry[1])
-        elif kind == "p":
-            try:
-                state[name] = _Unpickler(io.BytesIO(base64.b64decode(entry[1]))).load()
-            except (MemoryError, StateError):
-                raise
-            except BaseException as exc:  # noqa: BLE001 - a pickle that does not load
-                raise StateError(f"attribute {name!r} could not be restored: {error_text(exc)}") from None
-        else:
-            state[name] = entry[1] if len(entry) > 1 else None
-    return state
+    return lambda blob: _Unpickler(io.BytesIO(blob)).load()
+
+
+class _ProcessState:
+    """What the environment's module may change in this process when it is loaded for
+    ``check_objects: environment``, taken before it runs and put back after (so hooks and
+    patches it installs at import do not act on the checks): builtins, the standard
+    streams and hooks of ``sys``, replaced ``sys.modules`` entries, profile and trace
+    functions. It cannot take back audit hooks, threads it started, or changes made
+    inside module objects; the README says so."""
+
+    def __init__(self) -> None:
+        self.builtins = dict(builtins.__dict__)
+        self.modules = dict(sys.modules)
+        self.sys_attrs = {name: getattr(sys, name, None) for name in _SYS_ATTRS}
+        self.import_hooks = (list(sys.meta_path), list(sys.path_hooks))
+
+    def restore(self) -> None:
+        sys.setprofile(None)
+        sys.settrace(None)
+        threading = sys.modules.get("threading")
+        if threading is not None and self.modules.get("threading") is threading:
+            threading.setprofile(None)
+            threading.settrace(None)
+        current = builtins.__dict__
+        for name, value in self.builtins.items():
+            if current.get(name, _MISSING) is not value:
+                current[name] = value
+        for name in [name for name in current if name not in self.builtins]:
+            del current[name]
+        for name, module in self.modules.items():
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
+        for name, value in self.sys_attrs.items():
+            if value is not None and getattr(sys, name, None) is not value:
+                setattr(sys, name, value)
+        sys.meta_path[:], sys.path_hooks[:] = self.import_hooks
+        sys.setprofile(None)
+        sys.settrace(None)
+
+
+_SYS_ATTRS = ("stdout", "stderr", "stdin", "excepthook", "displayhook", "unraisablehook", "breakpointhook",
+              "meta_path", "path_hooks", "path")
+_MISSING = object()
 
 
 def unrender(value: Any) -> object:
@@ -368,7 +456,7 @@ class _Channel:
         self.fd = fd
         self._write = os.write
         self._read = os.read
-        self._dumps = json.dumps
+        self._dumps = _json_text
 
     def wait(self) -> int | None:
         """Block until the runner's go-ahead arrives and return the index of the check it
@@ -379,14 +467,14 @@ class _Channel:
         while len(data) >= HEADER_SIZE:
             end = HEADER_SIZE + int.from_bytes(data[:HEADER_SIZE], "big")
             try:
-                index = json.loads(data[HEADER_SIZE:end])["index"]
-            except (ValueError, KeyError, TypeError):
+                index = _json_value(data[HEADER_SIZE:end].decode("utf-8"))["index"]
+            except (ValueError, KeyError, TypeError, RecursionError):
                 return None
             data = data[end:]
         return index if type(index) is int else None
 
     def send(self, message: dict[str, Any]) -> None:
-        data = self._dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace")
+        data = self._dumps(message).encode("utf-8", "replace")
         view = memoryview(len(data).to_bytes(HEADER_SIZE, "big") + data)
         while view:
             view = view[self._write(self.fd, view):]
@@ -545,14 +633,17 @@ def run_checks(msg: dict[str, Any], channel: _Channel) -> None:
     sys.argv = ["check_func"]
     checks = {item["index"]: item["check_func"] for item in msg["checks"]}
     index = msg["checks"][0]["index"]
-    source = msg.get("source")
+    source = msg.get("source")  # given only for a scenario's `check_objects: environment`
+    objects = "environment" if source else "standins"
     plain = _plain_data(msg["initial_state"]) and _plain_data(msg["final_state"])
     state_error = None
     initial: dict[str, Any] | None
     final: dict[str, Any] | None
+    saved = _ProcessState() if objects == "environment" else None
     try:
-        initial = decode_state(msg["initial_state"], source)
-        final = decode_state(msg["final_state"], source)
+        factory = child_standins.StandInFactory()
+        initial = decode_state(msg["initial_state"], source, objects, factory)
+        final = decode_state(msg["final_state"], source, objects, factory)
     except MemoryError:
         initial = final = None
         _flush_std()
@@ -565,6 +656,9 @@ def run_checks(msg: dict[str, Any], channel: _Channel) -> None:
     except StateError as exc:
         initial = final = None
         state_error = f"restoring the state failed: {exc}"[:ERROR_CHARS]
+    finally:
+        if saved is not None:
+            saved.restore()
     del msg
     modules = set(sys.modules)  # what the forked checks inherit (see _check_in_place)
     channel.send({"id": token, "ready": True})  # the checks' own time limits start now
@@ -667,7 +761,7 @@ def _forked_check(source: str, initial: object, final: object) -> dict[str, Any]
             os.setpgid(0, 0)
             out = _run_or_oom(source, initial, final, started)
             _flush_std()
-            data = json.dumps(out, ensure_ascii=False).encode("utf-8", "replace")
+            data = _json_text(out).encode("utf-8", "replace")
             view = memoryview(len(data).to_bytes(HEADER_SIZE, "big") + data)
             while view:
                 view = view[os.write(write_fd, view):]
@@ -761,7 +855,7 @@ def _result_fields(raw: bytes) -> dict[str, Any] | None:
     """The fields of a check process's result, rebuilt with exact types and caps (None
     when it is not a well-formed result)."""
     try:
-        message = json.loads(raw.decode("utf-8"))
+        message = _json_value(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if type(message) is not dict or message.get("status") not in _RESULT_STATUSES:

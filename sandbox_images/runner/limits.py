@@ -175,6 +175,10 @@ TRACEBACK_CHARS = 4096
 CHECK_RESULT_TEXT_CAPS = {"result": RESULT_REPR_CHARS + 8, "error": ERROR_CHARS, "traceback": TRACEBACK_CHARS + 200}
 """What the zygote, PID 1 and the host accept for a check result's text fields (the
 slack covers the ``...`` and ``characters cut`` markers)."""
+STANDIN_NAME_CHARS = 200
+"""Longest module or class name a check's stand-in class keeps (``child_standins.py``)."""
+STANDIN_REPR_CHARS = 2000
+"""Longest ``repr`` of a stand-in object (``child_standins.py``)."""
 CHECK_OUTPUT_CAP_BYTES = 4096
 """What one check prints is kept up to this many bytes per stream (and at most the
 profile's ``output_cap_bytes``); the rest is dropped and marked."""

@@ -26,8 +26,10 @@ Host requests (each has an integer ``id``; the reply echoes it):
       -> {status: "ok", results: [{status, passed, result, error, traceback,
           duration_ms, stdout, stderr}], restarts}
       The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
-      ``source`` is the environment's code, loaded only to unpickle instances of its
-      classes. One job process (``child_oneshot.py``'s zygote) restores the states once and
+      ``source`` is the environment's code, sent only for a scenario that opts in
+      (``check_objects: environment``): then it is loaded to unpickle instances of its
+      classes; without it they are rebuilt as stand-ins and no environment code runs
+      in the job (``child_standins.py``). One job process (``child_oneshot.py``'s zygote) restores the states once and
       runs every check in a fresh process forked from it (or, for a check proven
       read-only on plain states, in itself), one after the other: after each
       result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``

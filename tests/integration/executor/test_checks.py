@@ -349,11 +349,18 @@ def _state_with_an_order(pool: SandboxPool, profile: ResourceProfile) -> tuple[d
         session.close()
 
 
-def test_environment_objects_without_the_source_are_a_clear_error(pool, fast_profile) -> None:
+def test_environment_objects_without_the_source_are_stand_ins(pool, fast_profile) -> None:
+    """The default (no ``source``): an ``Order`` is rebuilt as a stand-in with its fields;
+    its methods do not exist (nothing of the environment runs where the verdict is made)."""
     final, _ = _state_with_an_order(pool, fast_profile)
-    results = run(pool, fast_profile, [OK, OK], initial={}, final=final, encoded=True)
-    assert [r.status for r in results] == ["error", "error"]
-    assert "no environment source" in results[0].error
+    results = run(pool, fast_profile, [
+        check("o = final_state['orders']['O1']\nreturn type(o).__name__ == 'Order' and o.id == 'O1'"),
+        check("from datetime import date\nreturn final_state['orders']['O1'].due == date(2024, 5, 1)"),
+        check("return final_state['orders']['O1'].tags == set()"),
+        check("return final_state['orders']['O1'].overdue is None"),
+    ], initial={}, final=final, encoded=True)
+    assert [(r.status, r.passed) for r in results[:3]] == [("ok", True)] * 3, results
+    assert results[3].status == "error" and "stands in" in results[3].error, results[3]
 
 
 def test_hand_written_states_may_use_the_renderings_tags(pool, fast_profile) -> None:
