@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.interface import Executor
 from sandpit.executor.pool import SandboxPool
+from sandpit.executor.profiles import resolve_profile
 from sandpit.executor.settings import ExecutorSettings, get_settings
 from starlette.types import Receive, Scope, Send
 
@@ -113,6 +114,14 @@ class SandpitApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def _default_limits(settings: ExecutorSettings) -> dict[str, float]:
+    """``memory_mib``, ``cpus`` and ``call_timeout_s`` of the operator's default resource
+    profile: the most a request may ask for (the OpenAPI document's maxima). Raises
+    ProfileError for a profile configuration the executor would refuse too."""
+    profile = resolve_profile(settings.profiles, settings.max_profile, settings.default_profile)
+    return {"memory_mib": profile.memory_mib, "cpus": profile.cpus, "call_timeout_s": profile.call_timeout_s}
+
+
 def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None,
                executor_factory: Callable[[ExecutorSettings], Executor] | None = None) -> FastAPI:
     """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
@@ -180,7 +189,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     for router in ROUTERS:
         app.include_router(router)
     app.state.api_routes = [route for router in ROUTERS for route in router.routes]  # for 405's Allow
-    openapi.install(app, ROUTERS)
+    openapi.install(app, ROUTERS, partial(_default_limits, pool_settings))
     return app
 
 

@@ -22,12 +22,24 @@ an entry in :data:`NEVER`                   not those
 
 It also gives ``application/json`` content to success responses of routes that return
 a pre-serialized ``Response`` (the step route), and declares the bearer security scheme.
+
+The request schemas say what the server enforces, so a request the document allows is
+never refused for its shape (schemathesis' ``positive_data_acceptance`` check). Rules of
+the models themselves are in the models (patterns, bounds, ``oneOf`` beside a model
+validator); :func:`_service_rules` adds what services check beyond them, from the same
+constants: the quota override fields (``QuotaOverrides``, from
+:class:`~.services.quotas.Quotas`), NUL-free code (:func:`~.services.limits.check_code`),
+``max_fork_count``, and the operator's default resource profile as the most a request
+may ask for (callers may only lower it; given by :func:`install`'s ``default_limits``).
+What remains a 422 for data of the right shape depends on the data's meaning (code that
+does not parse or load, an ``init_config`` the class does not accept, the tenant's or
+operator's model endpoints): ``tests/integration/api/test_api_fuzz.py`` lists those.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
@@ -35,6 +47,8 @@ from fastapi.routing import APIRoute, APIRouter
 
 from .deps import get_caller, get_quotas, require_operator
 from .errors import ErrorBody
+from .services.quotas import Quotas
+from .settings import ApiSettings
 from .strict_json import StrictJSONRoute
 
 ERROR_REF = "#/components/schemas/ErrorBody"
@@ -87,6 +101,16 @@ NEVER: dict[str, set[int]] = {
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
+NO_NUL = r"^[^\x00]*$"
+CODE_FIELDS = (("ValidateRequest", "source_code"), ("ExecuteRequest", "code"), ("EnvCreate", "source_code"),
+               ("EnvironmentCreate", "source_code"))
+"""Code that :func:`~.services.limits.check_code` refuses with a NUL byte, by component."""
+QUOTA_FIELDS = (("TenantCreate", "quotas"), ("TenantUpdate", "quotas"))
+PROFILE_FIELDS = (("ProfileRequest", "memory_mib", "memory_mib"), ("ProfileRequest", "cpus", "cpus"),
+                  ("ProfileRequest", "call_timeout_s", "call_timeout_s"), ("ExecuteRequest", "memory_mb", "memory_mib"),
+                  ("ExecuteRequest", "timeout_s", "call_timeout_s"))
+"""(component, field, profile field): lowerings of the default resource profile."""
+
 
 def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
     for dependency in dependant.dependencies:
@@ -131,7 +155,53 @@ def _error_response(status: int) -> dict[str, Any]:
     return response
 
 
-def _document(schema: dict[str, Any], routes: list[APIRoute]) -> None:
+def quota_overrides_schema() -> dict[str, Any]:
+    """``QuotaOverrides``: any fields of :class:`Quotas`, ``max_profile`` partial, none
+    required, no defaults (an override that is absent keeps the default)."""
+    quotas = Quotas.model_json_schema()
+    ceiling = quotas.pop("$defs")["ProfileCeiling"]
+
+    def optional(schema: dict[str, Any]) -> dict[str, Any]:
+        schema = {**schema, "properties": {name: {k: v for k, v in prop.items() if k != "default"}
+                                           for name, prop in schema["properties"].items()}}
+        schema.pop("required", None)
+        return schema
+
+    schema = optional(quotas)
+    schema["properties"]["max_profile"] = optional(ceiling)
+    schema["title"] = "QuotaOverrides"
+    schema["description"] = ("Overrides of a tenant's quotas (fields of the server's defaults; "
+                             "`max_profile` may be partial). Sizes in bytes, rates per minute, times in seconds.")
+    return schema
+
+
+def _numeric(prop: dict[str, Any]) -> dict[str, Any]:
+    """The number branch of a property schema (``anyOf: [number, null]`` or the property)."""
+    for branch in prop.get("anyOf", [prop]):
+        if branch.get("type") in ("integer", "number"):
+            return cast(dict[str, Any], branch)
+    raise TypeError(f"not a number: {prop}")
+
+
+def _service_rules(definitions: dict[str, Any], settings: ApiSettings | None,
+                   default_limits: dict[str, float] | None) -> None:
+    """What services refuse beyond the request models (the module docstring)."""
+    definitions["QuotaOverrides"] = quota_overrides_schema()
+    for component, field in QUOTA_FIELDS:
+        definitions[component]["properties"][field]["anyOf"] = [
+            {"$ref": "#/components/schemas/QuotaOverrides"}, {"type": "null"}]
+    for component, field in CODE_FIELDS:
+        definitions[component]["properties"][field]["pattern"] = NO_NUL
+    if settings is not None:
+        _numeric(definitions["ForkRequest"]["properties"]["count"])["maximum"] = settings.max_fork_count
+    if default_limits is not None:
+        for component, field, limit in PROFILE_FIELDS:
+            number = _numeric(definitions[component]["properties"][field])
+            number["maximum"] = min(number.get("maximum", default_limits[limit]), default_limits[limit])
+
+
+def _document(schema: dict[str, Any], routes: list[APIRoute], settings: ApiSettings | None = None,
+              default_limits: dict[str, float] | None = None) -> None:
     components = schema.setdefault("components", {})
     definitions = components.setdefault("schemas", {})
     error_schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -160,17 +230,23 @@ def _document(schema: dict[str, Any], routes: list[APIRoute]) -> None:
                     success["content"] = {"application/json": {"schema": {"$ref": ref}}}
     for unused in ("HTTPValidationError", "ValidationError"):
         definitions.pop(unused, None)
+    _service_rules(definitions, settings, default_limits)
 
 
-def install(app: FastAPI, routers: list[APIRouter]) -> None:
+def install(app: FastAPI, routers: list[APIRouter],
+            default_limits: Callable[[], dict[str, float]] | None = None) -> None:
     """Make ``app.openapi()`` return the document with the error responses of the routes
-    of ``routers`` (included in ``app`` without a prefix); built once."""
+    of ``routers`` (included in ``app`` without a prefix) and the services' rules (the
+    module docstring; ``app.state.settings`` for ``max_fork_count``); built once.
+    ``default_limits()``: ``memory_mib``, ``cpus`` and ``call_timeout_s`` of the operator's
+    default resource profile (the most a request may ask for), or no such maxima."""
     routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            _document(generate(), routes)
+            _document(generate(), routes, getattr(app.state, "settings", None),
+                      default_limits() if default_limits is not None else None)
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]

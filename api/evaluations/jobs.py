@@ -37,6 +37,7 @@ from ..db.database import Database
 from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 from ..sandboxes import Sandboxes
 from ..schemas.evaluations import (
+    RESULT_INCLUDES,
     EnvironmentBreakdown,
     EpisodeResult,
     EpisodeStatus,
@@ -122,8 +123,8 @@ class EvaluationJobs:
         """``GET /{id}/results``: :meth:`results`, ``include`` naming at most
         ``transcript``. Raises InvalidRequest, NotFound (before streaming)."""
         wanted = set(filter(None, (include or "").split(",")))
-        if not wanted <= {"transcript"}:
-            raise InvalidRequest(f"include may name ['transcript'], got {sorted(wanted - {'transcript'})}",
+        if not wanted <= RESULT_INCLUDES:
+            raise InvalidRequest(f"include may name {sorted(RESULT_INCLUDES)}, got {sorted(wanted - RESULT_INCLUDES)}",
                                  field="include")
         return self.results(caller.tenant, evaluation_id, "transcript" in wanted)
 

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Query, Response, status
 
 from ..deps import CallerDep, EnvsDep, HistoryDep, MeteredDep, PageDep, StepsDep, json_router
+from ..schemas.common import list_pattern
 from ..schemas.envs import (
     EnvCreate,
     EnvPublic,
@@ -22,6 +23,7 @@ from ..schemas.envs import (
     Trajectory,
 )
 from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
+from ..services.steps import INCLUDES
 
 router = json_router(prefix="/v1/envs", tags=["envs"])
 
@@ -56,7 +58,8 @@ def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep) -> Response:
 
 @router.post("/{env_id}/step", response_model=StepResult, response_class=Response)
 def step(env_id: str, body: StepRequest, steps: StepsDep, caller: MeteredDep,
-         include: Annotated[str | None, Query(max_length=64)] = None) -> Response:
+         include: Annotated[str | None, Query(max_length=64, json_schema_extra={"pattern": list_pattern(INCLUDES)})]
+         = None) -> Response:
     """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
     EnvScaler ``step()``. Returns the observation, ``reward``, ``terminated`` and
     ``truncated``; committed before the reply. A malformed action is a recorded

@@ -9,7 +9,8 @@ from fastapi import Query, status
 from fastapi.responses import StreamingResponse
 
 from ..deps import CallerDep, JobsDep, MeteredDep, PageDep, json_router
-from ..schemas.evaluations import EvaluationCreate, EvaluationJobPublic, EvaluationJobsPublic
+from ..schemas.common import list_pattern
+from ..schemas.evaluations import RESULT_INCLUDES, EvaluationCreate, EvaluationJobPublic, EvaluationJobsPublic
 
 router = json_router(prefix="/v1/evaluations", tags=["evaluations"])
 
@@ -44,8 +45,10 @@ def cancel_evaluation(evaluation_id: str, jobs: JobsDep, caller: CallerDep) -> E
 @router.get("/{evaluation_id}/results", response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}}}})
 def evaluation_results(evaluation_id: str, jobs: JobsDep, caller: CallerDep,
-                       include: Annotated[str | None, Query(max_length=100)] = None) -> StreamingResponse:
+                       include: Annotated[str | None, Query(max_length=100, json_schema_extra={
+                           "pattern": list_pattern(RESULT_INCLUDES)})] = None) -> StreamingResponse:
     """One JSON line per finished episode in index order (reward, checks, status, error,
-    steps, env_id, trajectory); ``?include=transcript`` adds each rollout transcript."""
+    steps, env_id, trajectory); ``?include=transcript`` adds each rollout transcript
+    (other names: 422)."""
     lines = jobs.result_lines(caller, evaluation_id, include)
     return StreamingResponse(lines, media_type="application/x-ndjson")

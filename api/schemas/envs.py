@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ..profile_limits import profile_value
-from .common import NAME_PATTERN, ArgumentChecking, Status, Timestamp, _Request
+from .common import NAME_PATTERN, ArgumentChecking, BaseURL, Status, Timestamp, _Request
 from .scenarios import CheckOutcome
 
 EpisodeStatus = Literal["running", "terminated", "truncated"]
@@ -30,7 +30,7 @@ class UserSimulator(_Request):
     list is set."""
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
-    base_url: Annotated[str | None, Field(max_length=2000)] = None
+    base_url: BaseURL | None = None
     api_key: SecretStr | None = None
     """Stored encrypted with the episode (so it survives a restart); never returned."""
     temperature: Annotated[float | None, Field(ge=0, le=2)] = None
@@ -42,6 +42,11 @@ class EpisodeOptions(_Request):
     scenario is an episode of it: the reset/create response gives the task, the tools and
     the environment introduction; each step returns ``reward``, ``terminated`` and
     ``truncated``; at the end the scenario's checks give the reward."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [  # _user_for_conversation
+        {"properties": {"mode": {"const": "non_conversational"}}},
+        {"properties": {"mode": {"const": "conversational"}, "user": {"type": "object"}}, "required": ["mode", "user"]},
+    ]})
 
     mode: Literal["non_conversational", "conversational"] = "non_conversational"
     """``non_conversational``: the task is the first observation and calling
@@ -74,6 +79,18 @@ class EpisodeOptions(_Request):
 class EnvCreate(_Request):
     """Create an env from a registered environment, from inline code, or from a scenario
     (an episode of it)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [  # _one_source
+        {"properties": {"environment_id": {"type": "string"}, "source_code": {"type": "null"},
+                        "scenario_id": {"type": "null"}, "class_name": {"type": "null"}},
+         "required": ["environment_id"]},
+        {"properties": {"source_code": {"type": "string"}, "class_name": {"type": "string"},
+                        "environment_id": {"type": "null"}, "scenario_id": {"type": "null"}},
+         "required": ["source_code", "class_name"]},
+        {"properties": {"scenario_id": {"type": "string"}, "environment_id": {"type": "null"},
+                        "source_code": {"type": "null"}},
+         "required": ["scenario_id"]},
+    ]})
 
     environment_id: str | None = None
     source_code: Annotated[str | None, Field(min_length=1)] = None
@@ -156,7 +173,16 @@ class StepRequest(BaseModel):
     private or dunder name, arguments that are not an object or not valid JSON, output that
     does not parse) is recorded as a ``rejected`` step with EnvScaler's observation."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [  # _one_form
+        {"properties": {"name": {"type": "string"}, "function": {"type": "null"}, "text": {"type": "null"}},
+         "required": ["name"]},
+        {"properties": {"function": {"type": "object"}, "name": {"type": "null"}, "text": {"type": "null"},
+                        "arguments": {"type": "null"}},
+         "required": ["function"]},
+        {"properties": {"text": {"type": "string"}, "name": {"type": "null"}, "function": {"type": "null"},
+                        "arguments": {"type": "null"}},
+         "required": ["text"]},
+    ]})
 
     name: Annotated[str | None, Field(max_length=1024)] = None
     arguments: Annotated[Any, Field(json_schema_extra={

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .common import Timestamp, _Request
+from .common import BaseURL, Timestamp, _Request
 from .envs import StepRequest
 from .scenarios import MAX_CHECKS, CheckObjects, CheckOutcome, CheckSpec
 
@@ -21,6 +21,8 @@ MAX_EPISODES = 10_000
 MAX_STEPS = 200
 """Tool calls of one episode (a replay's list, or a rollout's ``max_steps``)."""
 ID = Annotated[str, Field(min_length=1, max_length=64)]
+RESULT_INCLUDES = frozenset({"transcript"})
+"""What ``GET /v1/evaluations/{id}/results?include=`` may name (comma-separated)."""
 
 Mode = Literal["replay", "rollout"]
 JobStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
@@ -64,7 +66,10 @@ class ReplayEpisode(_Request):
 
 
 def check_base_url(value: str) -> str:
-    """An ``http(s)://host[:port][/path]`` URL without credentials. Raises ValueError."""
+    """An ``http(s)://host[:port][/path]`` URL without credentials, query or fragment,
+    without its trailing ``/``. Raises ValueError. Request fields are checked against
+    :data:`~.common.BASE_URL_PATTERN` first (what the OpenAPI document says), which no
+    URL passes that this refuses; this also checks a tenant's stored ``model_base_url``."""
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("base_url must be an http:// or https:// URL with a host")
@@ -83,7 +88,17 @@ class EvaluationCreate(_Request):
       ``model``, and the endpoint: ``base_url``/``api_key`` or the tenant's defaults.
 
     Every scenario must exist and belong to the caller (404 naming the index otherwise);
-    nothing is created when any is refused."""
+    nothing is created when any is refused. The OpenAPI document states which fields each
+    mode needs and refuses as a ``oneOf`` (:meth:`_mode_fields`)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"properties": {"mode": {"const": "replay"}, "episodes": {"type": "array"},
+                        **{name: {"type": "null"} for name in ("scenario_ids", "model", "base_url", "api_key")}},
+         "required": ["episodes"]},
+        {"properties": {"mode": {"const": "rollout"}, "scenario_ids": {"type": "array"},
+                        "model": {"type": "string"}, "episodes": {"type": "null"}},
+         "required": ["scenario_ids", "model"]},
+    ]})
 
     mode: Mode
     episodes: list[ReplayEpisode] | None = Field(default=None, min_length=1, max_length=MAX_EPISODES)
@@ -92,7 +107,7 @@ class EvaluationCreate(_Request):
     """Rollout mode only."""
     model: Annotated[str | None, Field(min_length=1, max_length=200)] = None
     """Rollout mode: the model name sent to the endpoint."""
-    base_url: Annotated[str | None, Field(max_length=2000)] = None
+    base_url: BaseURL | None = None
     """Rollout mode: OpenAI-compatible endpoint (``http(s)://.../v1``); default the tenant's."""
     api_key: Annotated[SecretStr | None, Field(max_length=4096)] = None
     """Rollout mode: model API key; default the tenant's stored key, which is only used

@@ -9,14 +9,20 @@ from pydantic import BaseModel, Field
 
 from .common import Timestamp, _Request
 
+TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+"""A tenant id: lower-case letters, digits, ``_`` and ``-``, starting with a letter or
+digit, at most 64 characters (it appears in container labels and paths)."""
+
 
 class TenantCreate(_Request):
     """``POST /v1/admin/tenants``: a tenant and (unless ``create_key`` is false) its first key."""
 
-    id: Annotated[str, Field(min_length=1, max_length=64)]
+    id: Annotated[str, Field(min_length=1, max_length=64, pattern=TENANT_ID_PATTERN)]
     display_name: Annotated[str | None, Field(max_length=200)] = None
     quotas: dict[str, Any] | None = None
-    """Overrides of the default quotas (fields of ``Quotas``; ``max_profile`` may be partial)."""
+    """Overrides of the default quotas (fields of ``Quotas``; ``max_profile`` may be partial).
+    Checked by :meth:`~sandpit.api.services.tenants.TenantService.check_quotas`; the
+    OpenAPI document gives their schema (``QuotaOverrides``, :mod:`sandpit.api.openapi`)."""
     create_key: bool = True
     key_name: Annotated[str | None, Field(max_length=200)] = None
     key_expires_in_s: Annotated[float | None, Field(gt=0, le=10 * 365 * 86400)] = None
@@ -27,6 +33,7 @@ class TenantUpdate(_Request):
 
     display_name: Annotated[str | None, Field(max_length=200)] = None
     quotas: dict[str, Any] | None = None
+    """Replaces the overrides (as ``TenantCreate.quotas``)."""
     model_base_url: Annotated[str | None, Field(max_length=2000)] = None
     model_api_key: Annotated[str | None, Field(max_length=4096)] = None
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..profile_limits import profile_value
 from .common import NAME_PATTERN, PolicyName, Status, _Request
 from .scenarios import CheckOutcome
 
+_NAME_CHAR = r"[^\x00-\x1f\x7f\\/]"
+_COMPONENT = rf"(\.{{0,2}}[^\x00-\x1f\x7f\\/.]{_NAME_CHAR}*|\.{{3,}}{_NAME_CHAR}*)"
+FILE_PATH_PATTERN = rf"^({_COMPONENT}/){{0,15}}{_COMPONENT}$"
+"""A key of ``files``: a relative POSIX path of 1 to 16 components, none empty, ``.`` or
+``..``, without control characters or backslashes. The sandbox runner's
+``check_file_path`` enforces it (``tests/unit/api/test_openapi_agrees.py`` checks that
+the two agree)."""
 
 class SmokeCall(_Request):
     name: Annotated[str, Field(min_length=1, max_length=128)]
@@ -21,8 +28,18 @@ class StatePair(_Request):
     final_state: dict[str, Any] = Field(default_factory=dict)
 
 class ValidateRequest(_Request):
-    """``environment``: policy + load, instantiate, derive tools, smoke calls in a sandbox.
-    ``check_function``: policy + run against ``cases`` in a sandbox. ``snippet``: policy only."""
+    """``environment``: policy + load, instantiate, derive tools, smoke calls in a sandbox
+    (``class_name`` required). ``check_function``: policy + run against ``cases`` in a
+    sandbox (at least one case). ``snippet``: policy only. The OpenAPI document states
+    the per-kind requirements as a ``oneOf`` (the service refuses them with 422)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"properties": {"kind": {"const": "environment"}, "class_name": {"type": "string"}},
+         "required": ["class_name"]},
+        {"properties": {"kind": {"const": "check_function"}, "cases": {"type": "array", "minItems": 1}},
+         "required": ["cases"]},
+        {"properties": {"kind": {"const": "snippet"}}},
+    ]})
 
     kind: Literal["environment", "check_function", "snippet"]
     source_code: Annotated[str, Field(min_length=1)]
@@ -56,7 +73,11 @@ class ExecuteRequest(_Request):
     timeout_s: Annotated[float | None, profile_value("call_timeout_s")] = None
     memory_mb: Annotated[int | None, profile_value("memory_mib")] = None
     files: dict[Annotated[str, Field(max_length=255)], Annotated[str, Field(max_length=1024 * 1024)]] = Field(
-        default_factory=dict, max_length=64)
+        default_factory=dict, max_length=64,
+        json_schema_extra={"propertyNames": {"maxLength": 255, "pattern": FILE_PATH_PATTERN}})
+    """``{relative path: text}`` written into the working directory first. A path's
+    component may have at most 255 bytes in UTF-8, and a path may not lie under another
+    (``a`` and ``a/b``): refused with 422 though the document's pattern cannot say so."""
 
 class ExecuteBatchRequest(_Request):
     snippets: list[ExecuteRequest] = Field(min_length=1, max_length=64)

@@ -93,8 +93,9 @@ class Quotas(BaseModel):
         """The token bucket's size (``step_burst`` or one second's worth, at least 10)."""
         return self.step_burst or max(10, math.ceil(self.steps_per_minute / 60))
 
-    def merged(self, overrides: dict[str, Any] | None) -> Quotas:
+    def merged(self, overrides: dict[str, Any] | None, strict: bool = False) -> Quotas:
         """These quotas with the operator's ``overrides`` applied (nested for ``max_profile``).
+        ``strict``: values must have their field's JSON type (as in request bodies).
         Raises pydantic ``ValidationError`` for unknown fields or bad values."""
         if not overrides:
             return self
@@ -104,7 +105,7 @@ class Quotas(BaseModel):
                 data["max_profile"] = {**data["max_profile"], **value}
             else:
                 data[key] = value
-        return Quotas.model_validate(data)
+        return Quotas.model_validate(data, strict=strict)
 
 
 @dataclass

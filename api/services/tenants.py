@@ -30,7 +30,9 @@ from sqlalchemy import func, select
 from ..db import models
 from ..db.database import Database
 from ..errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from ..schemas.common import integral_numbers
 from ..schemas.tenants import (
+    TENANT_ID_PATTERN,
     ApiKeyPublic,
     AuditEventPublic,
     AuditPublic,
@@ -44,9 +46,11 @@ from ..secrets import SecretBox
 from ..settings import ApiSettings
 from .common import aware
 from .common import utcnow as _now
-from .quotas import Quotas, TenantContext
+from .quotas import ProfileCeiling, Quotas, TenantContext
 
-TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+TENANT_ID = re.compile(TENANT_ID_PATTERN.removeprefix("^").removesuffix("$"))
+"""The id rule (:data:`~sandpit.api.schemas.tenants.TENANT_ID_PATTERN`), for ``fullmatch``:
+a ``$`` in ``re`` also matches before a final newline."""
 KEY_PREFIX = "sp_"
 OPERATOR = "operator"
 
@@ -163,9 +167,9 @@ class TenantService:
     # -- tenants -----------------------------------------------------------------------
     def create_tenant(self, tenant_id: str, display_name: str | None, quotas: dict[str, Any] | None) -> models.Tenant:
         """Create a tenant. Raises InvalidRequest (bad slug or quotas), Conflict (exists)."""
-        if not TENANT_ID.match(tenant_id):
+        if not TENANT_ID.fullmatch(tenant_id):
             raise InvalidRequest("tenant id must match [a-z0-9][a-z0-9_-]{0,63}", field="id")
-        self._check_quotas(quotas)
+        quotas = self.check_quotas(quotas)
         with self.db.write() as db:
             if db.get(models.Tenant, tenant_id) is not None:
                 raise Conflict(f"tenant {tenant_id!r} already exists")
@@ -174,20 +178,30 @@ class TenantService:
         self.audit(tenant_id, OPERATOR, "tenant.create", tenant_id, {"quotas": quotas or {}})
         return row
 
-    def _check_quotas(self, quotas: dict[str, Any] | None) -> None:
+    def check_quotas(self, quotas: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Quota overrides as stored: the fields of :class:`Quotas` (``max_profile`` may be
+        partial), whole floats of integer fields (``5.0``) as ints. Strict, like request
+        bodies: a string or boolean for a number is refused, as the OpenAPI document's
+        ``QuotaOverrides`` says. Raises InvalidRequest naming the first bad field."""
+        if quotas is None:
+            return None
+        quotas = integral_numbers(Quotas, quotas)
+        profile = quotas.get("max_profile")
+        if isinstance(profile, dict):
+            quotas = {**quotas, "max_profile": integral_numbers(ProfileCeiling, profile)}
         try:
-            self.settings.quotas.merged(quotas)
+            self.settings.quotas.merged(quotas, strict=True)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
             raise InvalidRequest(f"quotas.{where}: {first.get('msg')}", field=f"quotas.{where}") from None
+        return quotas
 
     def update_tenant(self, tenant_id: str, *, display_name: str | None = None, quotas: dict[str, Any] | None = None,
                       model_base_url: str | None = None, model_api_key: str | None = None) -> models.Tenant:
         """Change a tenant's quota overrides (replacing them), name or rollout model
         defaults. Raises NotFound, InvalidRequest."""
-        if quotas is not None:
-            self._check_quotas(quotas)
+        quotas = self.check_quotas(quotas)
         with self.db.write() as db:
             row = db.get(models.Tenant, tenant_id)
             if row is None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from sandpit.api.db import models
 from sandpit.api.db.database import Database
 from sandpit.api.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
@@ -98,8 +98,12 @@ def test_the_operator_key_opens_admin_only(tenants: TenantService) -> None:
 
 
 def test_tenant_ids_quotas_and_duplicates_are_checked(tenants: TenantService) -> None:
-    with pytest.raises(InvalidRequest):
-        tenants.create(TenantCreate(id="Team A"))
+    for bad in ("Team A", "team-a\n"):  # the request model refuses them first (the document's pattern)
+        with pytest.raises(ValidationError):
+            TenantCreate(id=bad)
+        with pytest.raises(InvalidRequest):
+            tenants.create(TenantCreate.model_construct(id=bad, display_name=None, quotas=None, create_key=True,
+                                                        key_name=None, key_expires_in_s=None))
     with pytest.raises(InvalidRequest) as raised:
         tenants.create(TenantCreate(id="team-a", quotas={"max_lives": 1}))
     assert raised.value.field == "quotas.max_lives"
