@@ -38,7 +38,9 @@ class DeclaredFunction(_Request):
     not start with ``_`` (private names are not tools)."""
     description: Annotated[str | None, Field(max_length=MAX_TOOL_DESCRIPTION_CHARS)] = None
     """What the agent is told the tool does."""
-    parameters: dict[str, Any] | None = None
+    parameters: Annotated[dict[str, Any] | None, Field(json_schema_extra={  # what _json_schema_object states
+        "required": ["type"], "properties": {"type": {"const": "object"},
+                                             "properties": {"maxProperties": MAX_TOOL_PARAMETERS}}})] = None
     """A JSON Schema (draft 2020-12) of ``"type": "object"`` describing the keyword
     arguments: at most ``MAX_TOOL_PARAMETERS`` properties and ``MAX_TOOL_PARAMETERS_BYTES``
     bytes. Omitted: the agent is told of no parameters."""

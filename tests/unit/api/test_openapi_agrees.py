@@ -25,6 +25,7 @@ from sandpit.api.app import create_app
 from sandpit.api.db.database import Database
 from sandpit.api.errors import InvalidRequest
 from sandpit.api.schemas.common import BASE_URL_PATTERN, list_pattern
+from sandpit.api.schemas.environments import MAX_TOOL_PARAMETERS, DeclaredFunction
 from sandpit.api.schemas.envs import (
     EnvCreate,
     EpisodeOptions,
@@ -251,3 +252,15 @@ def test_quota_overrides_are_stored_with_integers(database: Database) -> None:
     assert stored is not None
     assert type(stored["max_live_envs"]) is int and type(stored["max_profile"]["memory_mib"]) is int
     assert type(stored["max_profile"]["cpus"]) is float
+
+
+@pytest.mark.parametrize("parameters", [
+    None, {}, {"type": "object"}, {"type": "string"}, {"properties": {}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "object", "properties": {f"p{i}": {} for i in range(MAX_TOOL_PARAMETERS)}},
+    {"type": "object", "properties": {f"p{i}": {} for i in range(MAX_TOOL_PARAMETERS + 1)}}])
+def test_declared_tool_parameters_are_what_the_model_takes(spec: dict[str, Any], parameters: Any) -> None:
+    """Of parameters that are valid JSON Schemas (the meta-schema check is a listed
+    semantic refusal), the document allows exactly the ones ``DeclaredFunction`` takes."""
+    body = {"name": "tool", "parameters": parameters}
+    assert validator(spec, "DeclaredFunction").is_valid(body) == accepts(DeclaredFunction, body)
