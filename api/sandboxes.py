@@ -48,7 +48,15 @@ from sandpit.executor.interface import Executor, ExecutorSession
 from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.policy import PolicyReport, check_source
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
-from sandpit.executor.results import CallResult, CheckResult, ExecResult, Snapshot, is_truncated, render_entry
+from sandpit.executor.results import (
+    CallResult,
+    CallRules,
+    CheckResult,
+    ExecResult,
+    Snapshot,
+    is_truncated,
+    render_entry,
+)
 from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
 from sandpit.sandbox_images.runner import limits as _runner_limits
 
@@ -66,7 +74,7 @@ CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
 """Most UTF-8 bytes of one ``check_func`` source a sandbox job takes."""
 
 __all__ = [
-    "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CheckResult", "CodeFailed", "ExecResult",
+    "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed", "ExecResult",
     "PolicyReport", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
     "SessionClosedError", "SharedConfig", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
@@ -142,11 +150,12 @@ class SandboxSession:
         retyped = getattr(self._session, "retyped", None)
         return list(retyped) if isinstance(retyped, list) else []
 
-    def call(self, name: str, arguments: dict[str, Any]) -> CallResult:
-        """``getattr(instance, name)(**arguments)`` in a slot: a result whatever the tool
+    def call(self, name: str, arguments: dict[str, Any], rules: CallRules = "sandpit") -> CallResult:
+        """``getattr(instance, name)(**arguments)`` in a slot, under ``rules`` (Sandpit's
+        or EnvScaler's step semantics, :data:`CallRules`): a result whatever the tool
         does. Raises QuotaExceeded (no slot), a SandboxError."""
         with self._owner.slot(self._session.tenant), self._owner.translated():
-            return self._session.call(name, arguments)
+            return self._session.call(name, arguments, rules)
 
     def state(self) -> dict[str, Any]:
         """The state's JSON view (no untrusted code runs). Raises a SandboxError."""
@@ -245,8 +254,10 @@ class Sandboxes:
     # -- untrusted code ----------------------------------------------------------------------
     def open_session(self, *, tenant: str, source: str, class_name: str, init_config: dict[str, Any] | None = None,
                      profile: ResourceProfile | None = None,
-                     snapshot: dict[str, list[Any]] | None = None, env_id: str | None = None) -> SandboxSession:
-        """Instantiate ``class_name`` (restoring ``snapshot`` when given) in a slot.
+                     snapshot: dict[str, list[Any]] | None = None, env_id: str | None = None,
+                     seed: int | None = None) -> SandboxSession:
+        """Instantiate ``class_name`` (restoring ``snapshot`` when given; ``seed`` seeds the
+        session's ``random`` before the constructor, EnvScaler's ``reset(seed=...)``) in a slot.
         ``env_id`` keys the session in executors whose sessions outlive this process
         (``keyed_sessions``: the Ray backend, where any replica re-attaches to it); the
         local pool's session ids stay random. Raises CodeFailed, QuotaExceeded, a
@@ -255,7 +266,7 @@ class Sandboxes:
         with self.slot(tenant), self.translated():
             session = self.executor.open_session(tenant=tenant, source=source, class_name=class_name,
                                                  init_config=init_config, profile=profile, snapshot=snapshot,
-                                                 session_id=keyed)
+                                                 session_id=keyed, seed=seed)
         return SandboxSession(session, self)
 
     def discard(self, env_id: str) -> None:

@@ -75,7 +75,9 @@ from . import jobs
 from .errors import ExecutorError, SessionClosed, SessionError, SessionOpenError, ToolSchemaError
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from .results import (
+    ENVSCALER_INVALID_ACTION,
     CallResult,
+    CallRules,
     CheckResult,
     EncodedValue,
     ExecResult,
@@ -180,12 +182,17 @@ class FakeSession:
     def closed(self) -> bool:
         return self._closed
 
-    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
-        """EnvScaler's ``getattr(instance, name)(**arguments)`` on the scripted tool."""
+    def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
+        """EnvScaler's ``getattr(instance, name)(**arguments)`` on the scripted tool. Under
+        ``envscaler`` rules a name that is no scripted tool is ``Error: Invalid action`` and
+        a tool's exception is ``Error: <Exception>\n`` plus its traceback."""
         started = time.perf_counter()
         arguments = {} if arguments is None else arguments
         longest = limits.TOOL_CALL_NAME_MAX_CHARS
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > longest:
+        if rules == "envscaler":
+            if not isinstance(name, str) or not name or len(name) > longest or name not in self._env.tools:
+                return _result("rejected", ENVSCALER_INVALID_ACTION, started)
+        elif not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > longest:
             return _result("rejected", f"Error: {str(name)[:longest]!r} is not a public tool name", started)
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
             return _result("rejected", "Error: arguments must be an object with string keys", started)
@@ -221,6 +228,8 @@ class FakeSession:
             except Exception as exc:  # noqa: BLE001 - EnvScaler: errors are observations
                 status, observation = "error", child_session.error_observation(exc)
                 trace = _traceback(exc)
+                if rules == "envscaler":
+                    observation = child_session.ENVSCALER_TOOL_ERROR + trace
             tool_ms = (time.perf_counter() - tool_started) * 1000.0
             observation, truncated = child_session.cap_observation(observation, self.profile.observation_cap_bytes)
             encoded = self._executor._encode_state(self._state)
@@ -277,6 +286,8 @@ class FakeExecutor:
         self.sessions: dict[str, FakeSession] = {}
         """Every session opened, by id (closed ones too)."""
         self.failures: Counter[str] = Counter()
+        self.seeds: list[int | None] = []
+        """The ``seed`` of every ``open_session``, in order."""
         self.warmed: dict[tuple[str, str], int] = {}
         self.default_verdict: Verdict | None = None
         """Answer for a check with no scripted verdict; None: such a check raises LookupError."""
@@ -359,8 +370,11 @@ class FakeExecutor:
 
     def open_session(self, *, tenant: str, source: str, class_name: str,
                      init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
-                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None) -> FakeSession:
-        """A session of the registered ``class_name`` (``source`` is never run)."""
+                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None,
+                     seed: int | None = None) -> FakeSession:
+        """A session of the registered ``class_name`` (``source`` is never run; ``seed`` is
+        recorded in :attr:`seeds` and changes nothing else)."""
+        self.seeds.append(seed)
         check_open_arguments(tenant, source, class_name, init_config)
         snapshot = check_encoded(copy.deepcopy(snapshot or {}), "snapshot")
         try:

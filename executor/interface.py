@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from .profiles import ProfileOverrides, ResourceProfile
-from .results import CallResult, CheckResult, EncodedValue, ExecResult, Snapshot
+from .results import CallResult, CallRules, CheckResult, EncodedValue, ExecResult, Snapshot
 
 
 @runtime_checkable
@@ -43,8 +43,9 @@ class ExecutorSession(Protocol):
         """True after :meth:`close`; every request then raises SessionClosed."""
         ...
 
-    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
-        """``getattr(instance, name)(**arguments)``; a result whatever the tool does."""
+    def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
+        """``getattr(instance, name)(**arguments)``; a result whatever the tool does.
+        ``rules`` picks whose step semantics the sandbox applies (:data:`CallRules`)."""
         ...
 
     def state(self) -> dict[str, Any]:
@@ -85,8 +86,9 @@ class Executor(Protocol):
     def open_session(self, *, tenant: str, source: str, class_name: str,
                      init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
                      snapshot: dict[str, list[Any]] | None = None,
-                     session_id: str | None = None) -> ExecutorSession:
-        """Instantiate ``class_name`` from ``source`` (and restore ``snapshot``)."""
+                     session_id: str | None = None, seed: int | None = None) -> ExecutorSession:
+        """Instantiate ``class_name`` from ``source`` (and restore ``snapshot``); ``seed``
+        seeds the session's ``random`` before the constructor runs (EnvScaler's reset)."""
         ...
 
     def describe(self, *, tenant: str, source: str, class_name: str,

@@ -79,6 +79,9 @@ class SessionSpec:
     sent once per sandbox and by ``config_hash`` afterwards; None: sent inside the request."""
     config_hash: str | None = None
     """SHA-256 hex of ``config_json``."""
+    seed: int | None = None
+    """Seeds the session's ``random`` before the instance is made (EnvScaler's
+    ``reset(seed=...)``); None: not seeded."""
 
 
 class Placement(Protocol):

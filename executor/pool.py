@@ -163,10 +163,14 @@ class SandboxPool:
 
     def open_session(self, *, tenant: str, source: str, class_name: str,
                      init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
-                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None) -> Session:
+                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None,
+                     seed: int | None = None) -> Session:
         """Instantiate ``class_name`` from ``source`` with ``init_config`` in a sandbox of
         ``tenant`` (EnvScaler: ``cls(init_config)`` or ``cls()`` + setattr per key) and,
-        if given, restore ``snapshot`` (encoded attributes) on top.
+        if given, restore ``snapshot`` (encoded attributes) on top. ``seed`` (0 to
+        2**64-1) seeds the session's ``random`` before the constructor runs, as
+        EnvScaler's ``reset(seed=...)`` does (such a session is never forked from a config
+        template: its instance must be made after the seed).
 
         Raises:
             SessionOpenError: the environment code failed (status error/timeout/oom/crashed).
@@ -181,7 +185,7 @@ class SandboxPool:
         session = Session(placement=self, spec=SessionSpec(
             session_id=session_id or secrets.token_hex(8), tenant=tenant, profile=profile or self.profile(),
             source=source, class_name=class_name, init_config=init_config or {},
-            config_json=wire[0] if wire else None, config_hash=wire[1] if wire else None))
+            config_json=wire[0] if wire else None, config_hash=wire[1] if wire else None, seed=seed))
         session.open(check_encoded(snapshot or {}, "snapshot"))
         return session
 
@@ -472,6 +476,8 @@ class SandboxPool:
         ValueError/TypeError (not JSON-encodable)."""
         common = {"session": spec.session_id, "source": spec.source, "class_name": spec.class_name,
                   "snapshot": snapshot or None, **fields}
+        if spec.seed is not None:
+            common["seed"] = spec.seed
         if spec.config_json is None or spec.config_hash is None:
             return sandbox.request("open", init_config=spec.init_config, **common)
         if spec.config_hash in sandbox.configs:

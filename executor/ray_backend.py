@@ -102,7 +102,7 @@ from .errors import (
 )
 from .host_link import DIRECT, HostLink, LinkRefused, LinkServer
 from .profiles import ProfileOverrides, ResourceProfile
-from .results import CallResult, CheckResult, EncodedValue, ExecResult, Snapshot, check_retyped
+from .results import CallResult, CallRules, CheckResult, EncodedValue, ExecResult, Snapshot, check_retyped
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 
 log = logging.getLogger("sandpit.executor")
@@ -263,22 +263,22 @@ class SandboxHost:
 
     def open_session(self, session_id: str, tenant: str, source: str, class_name: str,
                      init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
-                     snapshot: dict[str, list[Any]] | None) -> dict[str, Any]:
+                     snapshot: dict[str, list[Any]] | None, seed: int | None = None) -> dict[str, Any]:
         """Open session ``session_id`` (``snapshot`` None: a fresh instance, replacing a
-        hosted one), or attach to the hosted one when resuming (``snapshot`` given: restored
-        when the sandbox's state differs). ``{"ok": {"version", "attached"}}``; HostDraining
-        (as data) when the host drains."""
+        hosted one; ``seed`` seeds its ``random`` first), or attach to the hosted one when
+        resuming (``snapshot`` given: restored when the sandbox's state differs).
+        ``{"ok": {"version", "attached"}}``; HostDraining (as data) when the host drains."""
         def run() -> dict[str, Any]:
             self._enter(f"session {session_id!r}")
             try:
-                return self._open(session_id, tenant, source, class_name, init_config, profile, snapshot)
+                return self._open(session_id, tenant, source, class_name, init_config, profile, snapshot, seed)
             finally:
                 self._leave()
         return _guard(run)
 
     def _open(self, session_id: str, tenant: str, source: str, class_name: str,
               init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
-              snapshot: dict[str, list[Any]] | None) -> dict[str, Any]:
+              snapshot: dict[str, list[Any]] | None, seed: int | None = None) -> dict[str, Any]:
         with self._lock:
             existing = self._sessions.get(session_id)
         if (snapshot is not None and existing is not None and not existing.session.closed
@@ -291,7 +291,7 @@ class SandboxHost:
         session = self.pool.open_session(
             tenant=tenant, source=source, class_name=class_name, init_config=init_config,
             profile=ResourceProfile.model_validate(profile) if profile is not None else None,
-            snapshot=snapshot)  # the pool's own (random) session id; hosted under session_id
+            snapshot=snapshot, seed=seed)  # the pool's own (random) session id; hosted under session_id
         with self._lock:
             old = self._sessions.get(session_id)
             self._sessions[session_id] = _Hosted(session, tenant, version=(old.version + 1) if old else 1)
@@ -300,8 +300,9 @@ class SandboxHost:
             old.session.close()
         return {"version": version, "attached": False, "retyped": session.retyped}
 
-    def call(self, session_id: str, version: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """A tool call on a session at ``version``: ``{"ok": [new_version, result]}``."""
+    def call(self, session_id: str, version: int, name: str, arguments: dict[str, Any],
+             rules: CallRules = "sandpit") -> dict[str, Any]:
+        """A tool call (under ``rules``) on a session at ``version``: ``{"ok": [new_version, result]}``."""
         def run() -> list[Any]:
             hosted = self._hosted(session_id, version)
             with hosted.lock:
@@ -309,7 +310,7 @@ class SandboxHost:
                 with self._lock:
                     self._calls += 1
                 try:
-                    result = hosted.session.call(name, arguments)
+                    result = hosted.session.call(name, arguments, rules)
                 finally:
                     with self._lock:
                         self._calls -= 1
@@ -567,11 +568,12 @@ class RaySession:
             self._closed = True
             raise
 
-    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
-        """A tool call in the host (EnvScaler semantics). Raises SessionClosed (closed, or
-        stale: another replica used the env), SandboxLost (host lost), ValueError."""
+    def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
+        """A tool call in the host (EnvScaler semantics; ``rules`` as the executor's
+        session). Raises SessionClosed (closed, or stale: another replica used the env),
+        SandboxLost (host lost), ValueError."""
         self._check()
-        version, result = self._ask("call", self._id, self._version, name, arguments or {})
+        version, result = self._ask("call", self._id, self._version, name, arguments or {}, rules)
         self._version = version
         return CallResult.model_validate(result)
 
@@ -1095,9 +1097,11 @@ class RayExecutor:
 
     def open_session(self, *, tenant: str, source: str, class_name: str,
                      init_config: dict[str, Any] | None = None, profile: ResourceProfile | None = None,
-                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None) -> RaySession:
-        """Open ``class_name`` on the env's host (or attach to its live session there).
-        Raises SessionOpenError, CapacityError, SandboxLost, DockerUnavailable, ValueError."""
+                     snapshot: dict[str, list[Any]] | None = None, session_id: str | None = None,
+                     seed: int | None = None) -> RaySession:
+        """Open ``class_name`` on the env's host (or attach to its live session there);
+        ``seed`` as the pool's. Raises SessionOpenError, CapacityError, SandboxLost,
+        DockerUnavailable, ValueError."""
         session_id = session_id or f"ses_{secrets.token_hex(8)}"
         recorded = self.affinity.get(session_id)
         tried: set[str] = set()
@@ -1105,7 +1109,7 @@ class RayExecutor:
             host = self._choose(recorded, tried)
             try:
                 opened = self.ask(host, "open_session", session_id, tenant, source, class_name, init_config,
-                                  profile.model_dump(mode="json") if profile is not None else None, snapshot)
+                                  profile.model_dump(mode="json") if profile is not None else None, snapshot, seed)
                 break
             except HostDraining:  # this process had not seen the drain yet: another host
                 self._learnt_draining(host)

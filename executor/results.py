@@ -22,6 +22,13 @@ from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "oom", "crashed", "rejected")
 EncodedValue = list[Any]
+CallRules = Literal["sandpit", "envscaler"]
+"""Whose rules a tool call follows in the sandbox: ``sandpit`` (only public methods are
+tools; a raised exception is ``Error: <Type>: <message>``) or ``envscaler`` (EnvScaler's
+``step()``: ``hasattr`` decides, a raised exception is ``Error: <Exception>\n`` and the
+traceback; ``sandbox_images/runner/child_session.py``)."""
+ENVSCALER_INVALID_ACTION = "Error: Invalid action"
+"""The observation of a call under ``envscaler`` rules that names nothing of the instance."""
 
 
 def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:

@@ -31,7 +31,9 @@ from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keye
 from .errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
 from .placement import Placement, SandboxSlot, SessionSpec
 from .results import (
+    ENVSCALER_INVALID_ACTION,
     CallResult,
+    CallRules,
     EncodedValue,
     Snapshot,
     StateDelta,
@@ -121,12 +123,16 @@ class Session:
         return reply, recovered
 
     # -- public API --------------------------------------------------------------------
-    def call(self, name: str, arguments: dict[str, Any] | None = None) -> CallResult:
+    def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
         """Execute the tool call ``getattr(instance, name)(**arguments)`` (EnvScaler).
 
         Returns a :class:`CallResult`; ``rejected`` without touching the sandbox when
         ``name`` is not a public identifier (dunders, ``_private``), ``arguments`` is not
-        a dict, or it is not JSON-encodable (NaN, objects).
+        a dict, or it is not JSON-encodable (NaN, objects). With ``rules="envscaler"``
+        (EnvScaler's ``step()``) any attribute name of at most
+        ``TOOL_CALL_NAME_MAX_CHARS`` characters is asked of the instance with ``hasattr``
+        (``rejected`` with ``Error: Invalid action`` when it has none), and a tool that
+        raises gives ``Error: <Exception>\n`` plus the traceback as the observation.
 
         Raises:
             SessionClosed: after :meth:`close`.
@@ -135,15 +141,19 @@ class Session:
         started = time.perf_counter()
         arguments = {} if arguments is None else arguments
         longest = limits.TOOL_CALL_NAME_MAX_CHARS
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > longest:
+        if rules == "envscaler":
+            if not isinstance(name, str) or not name or len(name) > longest:
+                return _rejected(ENVSCALER_INVALID_ACTION, started)
+        elif not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or len(name) > longest:
             return _rejected(f"Error: {str(name)[:longest]!r} is not a public tool name", started)
         if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
             return _rejected("Error: arguments must be an object with string keys", started)
         if self.describe_only:
             return _rejected("Error: this session only describes the environment; it has no instance", started)
+        extra = {"rules": "envscaler"} if rules == "envscaler" else {}
         with self._lock:
             try:
-                reply, recovered = self._request("call", name=name, arguments=arguments)
+                reply, recovered = self._request("call", name=name, arguments=arguments, **extra)
             except (ValueError, TypeError) as exc:
                 return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
             except SandboxLost as exc:

@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ..profile_limits import profile_value
 from .common import NAME_PATTERN, ArgumentChecking, BaseURL, Status, Timestamp, _Request
-from .scenarios import CheckOutcome
+from .scenarios import CheckOutcome, EpisodeProfile
 
 EpisodeStatus = Literal["running", "terminated", "truncated"]
+Seed = Annotated[int, Field(ge=0, le=2**64 - 1, strict=True)]
+"""A ``random.seed`` value for the session (0 to 2**64-1)."""
 
 
 class ProfileRequest(_Request):
@@ -48,6 +50,17 @@ class EpisodeOptions(_Request):
         {"properties": {"mode": {"const": "conversational"}, "user": {"type": "object"}}, "required": ["mode", "user"]},
     ]})
 
+    profile: EpisodeProfile | None = None
+    """The episode rulebook: ``sandpit`` (Sandpit's: calls are checked against the
+    environment's public methods, a raising tool is an ``Error: Type: message``
+    observation and the episode goes on) or ``envscaler`` (EnvScaler's RL environment byte
+    for byte: its introduction, observation texts and kinds, parse messages, ``hasattr``
+    validity, a raising tool ends the episode with reward 0.0 and a traceback; the
+    README's profile table). Default: the scenario's ``episode_profile``, else
+    ``sandpit``. Under ``envscaler`` the fields below that the profile fixes take its
+    values when omitted (``on_tool_error: terminate``, ``termination_action:
+    chat_with_user``, ``score_truncated: false``, ``max_steps: null``) and contradicting
+    them is a 422."""
     mode: Literal["non_conversational", "conversational"] = "non_conversational"
     """``non_conversational``: the task is the first observation and calling
     ``termination_action`` ends the episode (EnvScaler ``EnvScalerNonConvRLEnv``).
@@ -104,6 +117,9 @@ class EnvCreate(_Request):
     """How episodes run and end; defaults apply when omitted (30 steps, ``chat_with_user``)."""
     argument_checking: ArgumentChecking | None = None
     """Override of the environment's ``argument_checking`` for this env."""
+    seed: Seed | None = None
+    """Seeds the session's ``random`` before the environment's constructor runs
+    (EnvScaler's ``reset(seed=...)`` calls ``random.seed(seed)`` first); null: not seeded."""
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvCreate:
@@ -257,6 +273,9 @@ class ResetRequest(_Request):
     checks); the env's current scenario when omitted."""
     episode: EpisodeOptions | None = None
     """New episode options; the current episode's when omitted."""
+    seed: Seed | None = None
+    """Seeds the session's ``random`` before the constructor runs (EnvScaler's
+    ``reset(seed=...)``); null: not seeded."""
 
 class RestoreRequest(_Request):
     step: Annotated[int, Field(ge=0)]

@@ -61,6 +61,7 @@ from ..schemas.envs import (
 from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..schemas.scenarios import CheckSpec
 from ..settings import ApiSettings
+from . import envscaler
 from .common import aware, clean_text, new_id, owned, utcnow
 from .declared_tools import agent_tools
 from .environments import EnvironmentService
@@ -185,7 +186,8 @@ class EnvService:
             row, environment, episode = self._create(
                 caller.tenant, environment_id=body.environment_id, source_code=body.source_code,
                 class_name=body.class_name, init_config=config, scenario_id=body.scenario_id, profile=profile,
-                episode=body.episode, argument_checking=body.argument_checking, audit_actor=caller.actor)
+                episode=body.episode, argument_checking=body.argument_checking, audit_actor=caller.actor,
+                seed=body.seed)
         # the rows just committed (objects stay usable): no second read for the reply
         public = EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
                            init_config=self.config_of(row), created_at=row.created_at, expires_at=row.expires_at,
@@ -214,7 +216,8 @@ class EnvService:
             self.quotas.check_size(caller, "max_init_config_bytes", config.size, "init_config")
         with self.quotas.call(caller):
             row = self.reset(caller.tenant, env_id, config,
-                             scenario_id=body.scenario_id if body else None, episode=body.episode if body else None)
+                             scenario_id=body.scenario_id if body else None, episode=body.episode if body else None,
+                             seed=body.seed if body else None)
         return self.public(row)
 
     def restore_env(self, caller: TenantContext, env_id: str, body: RestoreRequest) -> EnvPublic:
@@ -297,15 +300,17 @@ class EnvService:
         self.live.close()
 
     def open_session(self, env_id: str, tenant: str, environment: models.Environment, init_config: dict[str, Any],
-                     profile: dict[str, Any] | None, snapshot: dict[str, list[Any]] | None) -> SandboxSession:
-        """Open a session, evicting idle envs to make room. Raises SandboxCapacity when
-        none frees (503 with Retry-After), CodeFailed."""
+                     profile: dict[str, Any] | None, snapshot: dict[str, list[Any]] | None,
+                     seed: int | None = None) -> SandboxSession:
+        """Open a session (``seed``: its ``random`` seeded before the constructor), evicting
+        idle envs to make room. Raises SandboxCapacity when none frees (503 with
+        Retry-After), CodeFailed."""
         resolved = self.sandboxes.profile(profile)
         for attempt in range(CAPACITY_ATTEMPTS):
             try:
                 return self.sandboxes.open_session(tenant=tenant, source=environment.source_code,
                                                    class_name=environment.class_name, init_config=init_config,
-                                                   profile=resolved, snapshot=snapshot, env_id=env_id)
+                                                   profile=resolved, snapshot=snapshot, env_id=env_id, seed=seed)
             except SandboxCapacity:
                 if attempt == CAPACITY_ATTEMPTS - 1 or not self.live.evict_lru(exclude=env_id):
                     raise
@@ -313,16 +318,16 @@ class EnvService:
 
     @contextmanager
     def _new_episode(self, env_id: str, tenant: str, environment: models.Environment,
-                     init_config: CanonicalConfig,
-                     profile: dict[str, Any] | None) -> Iterator[tuple[SandboxSession, StateCache, PendingBlobs]]:
-        """Instantiate ``environment`` for ``env_id`` and encode its initial state; yields
+                     init_config: CanonicalConfig, profile: dict[str, Any] | None,
+                     seed: int | None = None) -> Iterator[tuple[SandboxSession, StateCache, PendingBlobs]]:
+        """Instantiate ``environment`` for ``env_id`` (``seed``: EnvScaler's reset seed) and encode its initial state; yields
         ``(session, state, blobs to write)``. The session is closed if the block raises.
         Raises InvalidRequest (field ``init_config``) when the environment code fails."""
         cached = self.configs.cached(init_config.hash)  # one object per config: its wire bytes are computed once
         value = cached if isinstance(cached, SharedConfig) else SharedConfig(init_config.value)
         self.configs.put(replace(init_config, value=value), replace=value is not cached)
         try:
-            session = self.open_session(env_id, tenant, environment, value, profile, None)
+            session = self.open_session(env_id, tenant, environment, value, profile, None, seed)
         except CodeFailed as exc:
             raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
@@ -372,7 +377,8 @@ class EnvService:
             environment = self.environments.inline_environment(tenant, source_code, class_name)
         self.environments.toolset(environment)
         keep = current_run.config if current_run is not None else None
-        episode_config, key_enc = self.episodes.config_for(tenant, options, scenario is not None, keep)
+        episode_config, key_enc = self.episodes.config_for(tenant, options, scenario is not None, keep,
+                                                           scenario.episode_profile if scenario is not None else None)
         if options is None and current_run is not None:
             key_enc = current_run.user_key_enc
         return EpisodeStart(environment, scenario, config, episode_config, key_enc)
@@ -390,7 +396,7 @@ class EnvService:
                    profile: dict[str, Any] | None,
                    scenario_id: str | None = None, env_id: str | None = None, episode: EpisodeOptions | None = None,
                    argument_checking: str | None = None,
-                   episode_config: EpisodeConfig | None = None) -> models.Env:
+                   episode_config: EpisodeConfig | None = None, seed: int | None = None) -> models.Env:
         """Instantiate an environment (registered, inline, or a scenario's with the
         scenario's ``init_config`` unless one is given) in a sandbox and commit step 0:
         the first episode, with ``episode`` options (or ``episode_config`` from an
@@ -405,14 +411,15 @@ class EnvService:
         return self._create(tenant, environment_id=environment_id, source_code=source_code, class_name=class_name,
                             init_config=init_config, profile=profile, scenario_id=scenario_id, env_id=env_id,
                             episode=episode, argument_checking=argument_checking,
-                            episode_config=episode_config)[0]
+                            episode_config=episode_config, seed=seed)[0]
 
     def _create(self, tenant: str, *, environment_id: str | None, source_code: str | None,
                 class_name: str | None, init_config: dict[str, Any] | CanonicalConfig | None,
                 profile: dict[str, Any] | None, scenario_id: str | None = None, env_id: str | None = None,
                 episode: EpisodeOptions | None = None, argument_checking: str | None = None,
                 episode_config: EpisodeConfig | None = None,
-                audit_actor: str | None = None) -> tuple[models.Env, models.Environment, models.Episode]:
+                audit_actor: str | None = None, seed: int | None = None
+                ) -> tuple[models.Env, models.Environment, models.Episode]:
         """:meth:`create_env`, returning the env row with the environment and episode rows
         it committed; with ``audit_actor``, the ``env.create`` audit event is committed in
         the same transaction (one database round trip fewer than a separate audit)."""
@@ -423,7 +430,8 @@ class EnvService:
         env_id = env_id or new_id("env")
         environment = start.environment
         run = EpisodeRun(config=start.config, scenario_id=scenario_id, user_key_enc=start.user_key_enc)
-        with self._new_episode(env_id, tenant, environment, start.init_config, profile) as (session, cache, pending):
+        with self._new_episode(env_id, tenant, environment, start.init_config, profile, seed) as (session, cache,
+                                                                                                  pending):
             self.episodes.first_observation(tenant, start.scenario.task if start.scenario else None, run)
             run.initial_root = cache.root
             now = utcnow()
@@ -474,11 +482,15 @@ class EnvService:
         config = EpisodeConfig.from_stored(episode.config if episode is not None else None)
         view: dict[str, Any] = {"status": self.env_status(row), "episode_config": config.public()}
         if environment is not None:
-            view["introduction"] = introduction_text(environment.introduction, environment.rules,
-                                                     environment.description)
+            if config.envscaler:  # EnvScaler's reset(): its introduction, the record's tools as they are
+                view["introduction"] = envscaler.introduction_text(environment.introduction, environment.rules)
+            else:
+                view["introduction"] = introduction_text(environment.introduction, environment.rules,
+                                                         environment.description)
             view["argument_checking"] = row.argument_checking or environment.argument_checking
             if with_tools:
-                view["tools"] = episode_tools(agent_tools(environment), config)
+                tools = agent_tools(environment)
+                view["tools"] = list(tools) if config.envscaler else episode_tools(tools, config)
         if episode is not None:
             view.update(episode_status=episode.status, observation=episode.observation, task=episode.task,
                         reward=episode.reward)
@@ -603,7 +615,8 @@ class EnvService:
 
     # -- episodes -----------------------------------------------------------------------------
     def reset(self, tenant: str, env_id: str, init_config: dict[str, Any] | CanonicalConfig | None,
-              scenario_id: str | None = None, episode: EpisodeOptions | None = None) -> models.Env:
+              scenario_id: str | None = None, episode: EpisodeOptions | None = None,
+              seed: int | None = None) -> models.Env:
         """Start the next episode (EnvScaler ``reset()``): re-instantiate with
         ``init_config`` (given, else the scenario's, else the current one), bound to
         ``scenario_id`` (given, else the current one), with ``episode`` options (given,
@@ -627,8 +640,8 @@ class EnvService:
             number = row.episode + 1
             run = EpisodeRun(config=start.config, scenario_id=scenario, user_key_enc=start.user_key_enc)
             environment = start.environment
-            with self._new_episode(env_id, tenant, environment, start.init_config, row.profile) as (session, cache,
-                                                                                                  pending):
+            with self._new_episode(env_id, tenant, environment, start.init_config, row.profile, seed) as (
+                    session, cache, pending):
                 self.episodes.first_observation(tenant, start.scenario.task if start.scenario else None, run)
                 run.initial_root = cache.root
                 now = utcnow()

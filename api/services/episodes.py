@@ -78,6 +78,12 @@ class EpisodeConfig:
     on_tool_error: str = "continue"
     score_truncated: bool = True
     user: UserModel | None = None
+    profile: str = "sandpit"
+    """The episode rulebook: ``sandpit`` or ``envscaler`` (:mod:`.envscaler`)."""
+
+    @property
+    def envscaler(self) -> bool:
+        return self.profile == "envscaler"
 
     @property
     def conversational(self) -> bool:
@@ -99,9 +105,26 @@ class EpisodeConfig:
         return cls(**known, user=UserModel(**user) if isinstance(user, dict) else None)
 
     @classmethod
-    def from_options(cls, options: EpisodeOptions, user: UserModel | None) -> EpisodeConfig:
-        return cls(mode=options.mode, max_steps=options.max_steps, termination_action=options.termination_action,
-                   on_tool_error=options.on_tool_error, score_truncated=options.score_truncated, user=user)
+    def from_options(cls, options: EpisodeOptions, user: UserModel | None, profile: str = "sandpit") -> EpisodeConfig:
+        """The config of ``options`` under ``profile``. The ``envscaler`` profile fixes
+        ``on_tool_error`` (``terminate``) and ``termination_action`` (``chat_with_user``)
+        and, when the options leave them out, has no step limit and scores no truncated
+        episode (EnvScaler's environment has neither: ROLL's env manager truncates with
+        reward 0.0). Raises InvalidRequest naming the option that contradicts the profile."""
+        if profile != "envscaler":
+            return cls(mode=options.mode, max_steps=options.max_steps, termination_action=options.termination_action,
+                       on_tool_error=options.on_tool_error, score_truncated=options.score_truncated, user=user)
+        given = options.model_fields_set
+        if "on_tool_error" in given and options.on_tool_error != "terminate":
+            raise InvalidRequest("the envscaler profile ends the episode on a tool error (on_tool_error: terminate)",
+                                 field="episode.on_tool_error")
+        if "termination_action" in given and options.termination_action != CHAT_ACTION:
+            raise InvalidRequest(f"the envscaler profile ends the episode with {CHAT_ACTION}",
+                                 field="episode.termination_action")
+        return cls(mode=options.mode, max_steps=options.max_steps if "max_steps" in given else None,
+                   termination_action=CHAT_ACTION, on_tool_error="terminate",
+                   score_truncated=options.score_truncated if "score_truncated" in given else False, user=user,
+                   profile="envscaler")
 
 
 OPEN_ENDED = EpisodeConfig()
@@ -257,17 +280,21 @@ class EpisodeService:
         self.tenants = tenants
 
     def config_for(self, tenant: str, options: EpisodeOptions | None, has_scenario: bool,
-                   current: EpisodeConfig | None = None) -> tuple[EpisodeConfig, bytes | None]:
+                   current: EpisodeConfig | None = None,
+                   scenario_profile: str | None = None) -> tuple[EpisodeConfig, bytes | None]:
         """The options of a new episode and the simulated user's encrypted key: the
-        given ``options``; else the current episode's (reset); else EnvScaler's defaults
-        for a scenario (30 steps, ``chat_with_user`` ends it); else open-ended. Raises
-        InvalidRequest (the user's endpoint, field ``episode.user.base_url``)."""
+        given ``options``; else the current episode's (reset); else the defaults for a
+        scenario (its ``episode_profile``'s: 30 steps and ``chat_with_user`` ends it under
+        ``sandpit``); else open-ended. The profile is the options' own, else the
+        scenario's (``scenario_profile``), else ``sandpit``. Raises InvalidRequest (the
+        user's endpoint, field ``episode.user.base_url``; an option the profile fixes)."""
         if options is None:
             if current is not None:
                 return current, None
             if not has_scenario:
                 return OPEN_ENDED, None
             options = EpisodeOptions()
+        profile = options.profile or scenario_profile or "sandpit"
         user, key_enc = None, None
         if options.user is not None:
             endpoint = resolve(self.tenants, self.settings, tenant, options.user.base_url, options.user.api_key,
@@ -276,7 +303,7 @@ class EpisodeService:
                              temperature=options.user.temperature, request_timeout_s=options.user.request_timeout_s,
                              key_source=endpoint.key_source)
             key_enc = endpoint.key_enc
-        return EpisodeConfig.from_options(options, user), key_enc
+        return EpisodeConfig.from_options(options, user, profile), key_enc
 
     def simulator(self, tenant: str, run: EpisodeRun) -> UserSimulator:
         """The simulated user of ``run``'s episode with its chat so far. Raises

@@ -50,6 +50,7 @@ from ..schemas.common import Status
 from ..schemas.envs import StepRequest, StepResult
 from ..schemas.scenarios import CheckOutcome
 from ..settings import ApiSettings
+from . import envscaler
 from .common import clean_text, utcnow
 from .diff import state_diff
 from .envs import EnvService
@@ -57,7 +58,7 @@ from .episodes import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService
 from .live import LiveEnv
 from .quotas import QuotaService, TenantContext
 from .state import state_view
-from .tools import INVALID_ACTION, Action, parse_step
+from .tools import INVALID_ACTION, Action, parse_step, valid_text
 
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
 STEPS = cast(Table, models.Step.__table__)
@@ -234,6 +235,9 @@ class StepRun:
     end_reason: str | None = None
     """``action``, ``user`` or ``tool_error`` when ``terminated``."""
     user_messages: list[dict[str, Any]] | None = None
+    action: dict[str, Any] | None = None
+    """The action to record when the profile parsed it differently from the request's
+    Sandpit parse (``envscaler``); None: the parsed action's own record."""
 
 
 @dataclass
@@ -380,6 +384,8 @@ class StepService:
         """Carry out one action of the episode (module docstring of :mod:`.episodes`)."""
         run = entry.run
         config = run.config
+        if config.envscaler and action.request is not None:
+            return self._act_envscaler(tenant, env_id, entry, envscaler.parse_action(action.request), action)
         if action.problem is not None:
             return StepRun("rejected", action.problem, "user", error=action.error)
         name, arguments = action.name, action.arguments
@@ -412,6 +418,44 @@ class StepService:
         return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
                        findings=findings or None, terminated=terminated,
                        end_reason="tool_error" if terminated else None)
+
+    def _act_envscaler(self, tenant: str, env_id: str, entry: LiveEnv, action: envscaler.EnvScalerAction,
+                       parsed: Action) -> StepRun:
+        """One action under the ``envscaler`` profile (:mod:`.envscaler`): EnvScaler's
+        parse messages, ``hasattr`` validity in the sandbox, ``chat_with_user`` as the end
+        (non-conversational) or a message to the simulated user, and a raising tool that
+        ends the episode with reward 0.0 and EnvScaler's traceback observation.
+        ``parsed`` (the request's Sandpit parse) gives the record of an action that does
+        not parse (the raw text, as the ``sandpit`` profile records it)."""
+        if action.problem is not None:
+            return StepRun("rejected", action.problem, "user", error=action.error, action=parsed.record())
+        name, arguments = valid_text(action.name)[0], valid_text(action.arguments)[0]
+        record = {"name": name, "arguments": arguments}
+        problem = envscaler.validity_problem(action)
+        if problem is not None:
+            return StepRun("rejected", envscaler.INVALID_ACTION, "user", error=problem, action=record)
+        config = entry.run.config
+        if name == envscaler.CHAT_ACTION:
+            if config.conversational:
+                chat = self._chat(tenant, entry, envscaler.chat_content(arguments))
+                chat.action = record
+                return chat
+            return StepRun("ok", envscaler.TASK_FINISHED, "user", terminated=True, end_reason="action", action=record)
+        try:
+            result = entry.session.call(name, arguments, rules="envscaler")
+        except SessionClosedError:
+            self.live.drop(env_id)
+            raise _SessionMoved from None
+        except SandboxError:
+            self.live.drop(env_id)
+            raise
+        if result.status == "rejected":  # hasattr found nothing (or the name is no attribute name at all)
+            return StepRun("rejected", envscaler.INVALID_ACTION, "user", result.duration_ms, result,
+                           error="the environment has no attribute of that name (hasattr)", action=record)
+        terminated = result.status == "error"
+        return StepRun(result.status, clean_text(result.observation), "user" if terminated else "tool",
+                       result.duration_ms, result, terminated=terminated,
+                       end_reason="tool_error" if terminated else None, action=record)
 
     def _chat(self, tenant: str, entry: LiveEnv, content: str) -> StepRun:
         """``chat_with_user`` in a conversational episode: the simulated user's reply."""
@@ -482,8 +526,9 @@ class StepService:
             if outcome_run.user_messages is not None:
                 info["user_turns"] = len(outcome_run.user_messages)
             now = utcnow()
+            recorded = outcome_run.action if outcome_run.action is not None else action.record()
             write = StepWrite(env_id, entry.episode, {
-                "env_id": env_id, "episode": entry.episode, "step": number, "action": action.record(),
+                "env_id": env_id, "episode": entry.episode, "step": number, "action": recorded,
                 "observation": outcome_run.observation, "status": outcome_run.status,
                 "duration_ms": outcome_run.duration_ms, "state_root": after.root, "created_at": now,
                 "reward": reward, "done": done, "info": info or None}, pending, now)
@@ -511,7 +556,7 @@ class StepService:
         if outcome_run.status in FAILURE_STATUSES:
             self.metrics.failures.labels(outcome_run.status).inc()
         recovered = restored or bool(result is not None and result.recovered)
-        outcome = StepOutcome(env_id, entry.episode, number, action.record(), outcome_run, recovered, reward,
+        outcome = StepOutcome(env_id, entry.episode, number, recorded, outcome_run, recovered, reward,
                               terminated, truncated, checks)
         if want_diff or want_state:
             outcome.state_after = state_view(after)

@@ -78,6 +78,9 @@ class Action:
     reasoning: str | None = None
     """The ``<think>`` block of a text action, if any."""
     extra: dict[str, Any] = field(default_factory=dict)
+    request: StepRequest | None = field(default=None, compare=False, repr=False)
+    """The request it was parsed from: an ``envscaler`` episode parses it again by
+    EnvScaler's rules (:mod:`.envscaler`)."""
 
     @property
     def call(self) -> ToolCall:
@@ -91,7 +94,7 @@ class Action:
 
     def rejected(self, problem: str, error: str) -> Action:
         """This action marked malformed."""
-        return Action(self.name, self.arguments, problem, error, self.reasoning)
+        return Action(self.name, self.arguments, problem, error, self.reasoning, request=self.request)
 
 
 def text_size(text: str) -> int:
@@ -167,6 +170,14 @@ def parse_text(text: str) -> tuple[str | None, Any, str | None, str | None]:
 
 def parse_step(request: StepRequest, max_arguments_bytes: int, max_depth: int,
                check_size: Callable[[int], None] | None = None) -> Action:
+    """:func:`_parse_step`, with the request kept on the action (:attr:`Action.request`)."""
+    action = _parse_step(request, max_arguments_bytes, max_depth, check_size)
+    object.__setattr__(action, "request", request)  # a frozen dataclass made just now: nothing shares it
+    return action
+
+
+def _parse_step(request: StepRequest, max_arguments_bytes: int, max_depth: int,
+                check_size: Callable[[int], None] | None = None) -> Action:
     """The action of a step request (module docstring). ``check_size(bytes)``, when given,
     sees the arguments' compact JSON size once it is within ``max_arguments_bytes`` (the
     route's per-tenant quota). Malformed actions come back with ``problem`` set.

@@ -366,6 +366,11 @@ class Session:
             (self.instance, self.cache, self.retyped), self.preinstance = self.preinstance, None
             return True
         self.preinstance = None
+        seed = msg.get("seed")
+        if type(seed) is int:  # EnvScaler's reset(seed=...): random.seed first, then the module and the
+            import random  # instance (PID 1 never forks a seeded session from a template)
+
+            random.seed(seed)
         if self.preloaded is not None:  # forked from a template that executed the same source
             cls, self.preloaded = self.preloaded, None
         else:
@@ -392,10 +397,22 @@ class Session:
         return "ok", _dumps(tools), notes
 
     def op_call(self, msg: dict[str, Any]) -> tuple[str, str, str | None]:
+        """One tool call: ``(status, observation, traceback)``. With ``rules:
+        "envscaler"`` EnvScaler's ``step()`` decides what a call is: any attribute
+        ``hasattr`` finds (``_private`` ones and non-callable state attributes too; calling
+        the latter raises ``TypeError``), else ``rejected`` with ``Error: Invalid
+        action``. Otherwise (Sandpit's rules) only public methods are tools. What the
+        tool raises propagates to :func:`serve`."""
         if self.describe_only:
             return "rejected", "Error: this session only describes the environment; it has no instance", None
         name = msg["name"]
         arguments = msg["arguments"]
+        if msg.get("rules") == "envscaler":
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                return "rejected", ENVSCALER_INVALID_ACTION, None
+            if not hasattr(self.instance, name):
+                return "rejected", ENVSCALER_INVALID_ACTION, None
+            return "ok", f"{getattr(self.instance, name)(**arguments)}", None
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
             return "rejected", f"Error: {name!r} is not a public tool name", None
         if not isinstance(arguments, dict):
@@ -567,6 +584,47 @@ def _reap_children() -> None:
             return
 
 
+ENVSCALER_INVALID_ACTION = "Error: Invalid action"
+"""EnvScaler's observation for an action ``hasattr`` does not find (``check_vaild_action``)."""
+ENVSCALER_TOOL_ERROR = "Error: <Exception>\n"
+"""What EnvScaler's ``step()`` puts before the traceback of a tool that raised."""
+RUNNER_PATHS = ("sandbox_images/runner", "/opt/sandpit/")
+
+
+def envscaler_traceback(exc: BaseException) -> str:
+    """``traceback.format_exc()`` of ``exc`` as EnvScaler's ``step()`` records it after
+    ``Error: <Exception>\n``, with the runner's frames left out (EnvScaler's own
+    ``step`` frame, which names its install path, has no counterpart here): the header,
+    the environment's frames named ``<string>`` (EnvScaler ``exec``s the code without a
+    file name, so no source line is shown), frames of the standard library as Python
+    prints them, then the exception, with its chained causes."""
+    import traceback
+
+    def strip(part: traceback.TracebackException) -> None:
+        frames = []
+        for frame in part.stack:
+            if any(path in frame.filename for path in RUNNER_PATHS):
+                continue
+            if frame.filename == "<environment>":
+                frame = traceback.FrameSummary("<string>", frame.lineno, frame.name, lookup_line=False, line="")
+            frames.append(frame)
+        part.stack = traceback.StackSummary.from_list(frames)
+        for chained in (part.__cause__, part.__context__):
+            if chained is not None:
+                strip(chained)
+
+    try:
+        summary = traceback.TracebackException(type(exc), exc, exc.__traceback__, lookup_lines=False)
+        strip(summary)
+        lines = list(summary.format(chain=True))
+        if not summary.stack:  # EnvScaler's header is always there: its own frame precedes the tool's
+            only = list(summary.format_exception_only())
+            lines[len(lines) - len(only):len(lines) - len(only)] = ["Traceback (most recent call last):\n"]
+        return "".join(lines)
+    except Exception:  # noqa: BLE001 - a hostile exception's __str__
+        return f"Traceback (most recent call last):\n{type(exc).__name__}: <unprintable>\n"
+
+
 def error_observation(exc: BaseException) -> str:
     """EnvScaler's observation of an exception: ``Error: <Type>: <message>``."""
     try:
@@ -659,7 +717,11 @@ def serve(session: Session) -> None:
                 except MemoryError:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - EnvScaler: errors are observations
-                    status, observation = "error", error_observation(exc)
+                    status = "error"
+                    if msg.get("rules") == "envscaler":
+                        observation = ENVSCALER_TOOL_ERROR + envscaler_traceback(exc)
+                    else:
+                        observation = error_observation(exc)
                     traceback_text = bounded_traceback(exc)
                 duration_ms = (time.perf_counter() - started) * 1000.0
                 observation, truncated = cap_observation(observation, max_obs)

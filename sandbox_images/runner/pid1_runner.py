@@ -400,15 +400,18 @@ class Runner:
     def _session_child(self, session: Session, fresh: bool = False) -> Child:
         """The process for ``session``: for a ``fresh`` open (no snapshot) of a config
         sent by hash, forked from its ready config template; else forked from its
-        environment's ready template; else the spare or a new one (``_take_child``)."""
-        if fresh and session.config_hash is not None:
+        environment's ready template; else the spare or a new one (``_take_child``). A
+        seeded session (``seed``) is never forked from a template: it seeds ``random``
+        before it runs the module and constructs the instance, as EnvScaler's reset does."""
+        seeded = session.spec.get("seed") is not None  # its module and instance must come after the seed
+        if fresh and session.config_hash is not None and not seeded:
             template = self.templates.config_template(session.key, session.config_hash)
             if template is not None:
                 child = self.templates.fork(template.key, Child.adopt)
                 if child is not None:
                     session.forked_from = template
                     return child
-        if not session.spec.get("describe_only"):
+        if not session.spec.get("describe_only") and not seeded:
             child = self.templates.fork(session.key, Child.adopt)
             if child is not None:
                 return child
@@ -581,6 +584,12 @@ class Runner:
             return
         spec = {k: msg.get(k) for k in ("source", "class_name", "init_config")}
         spec["describe_only"] = msg.get("describe_only") is True
+        seed = msg.get("seed")
+        if seed is not None:
+            if type(seed) is not int or not 0 <= seed < 2 ** 64:
+                self.fault(rid, "field 'seed' must be an integer from 0 to 2**64 - 1")
+                return
+            spec["seed"] = seed  # EnvScaler's reset(seed): random is seeded before the constructor runs
         if not isinstance(spec["source"], str) or not isinstance(spec["class_name"], str):
             self.fault(rid, "fields 'source' and 'class_name' must be strings")
             return
@@ -698,6 +707,8 @@ class Runner:
                 if msg["op"] == "call":
                     request["name"] = msg.get("name")
                     request["arguments"] = msg.get("arguments")
+                    if msg.get("rules") == "envscaler":  # EnvScaler's step(): hasattr decides what a call is
+                        request["rules"] = "envscaler"
                     self._drain(session, discard=True)  # output between calls belongs to nobody
                 elif msg["op"] == "describe":
                     self._drain(session, discard=True)
