@@ -7,13 +7,23 @@ Exit codes: 0 success, 1 an import or API error (message on stderr), 2 usage err
 
 from __future__ import annotations
 
+import enum
+import itertools
 import json
+import time
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from sandpit.client import Client, SandpitError
 from sandpit.importers.bfcl import (
@@ -26,13 +36,21 @@ from sandpit.importers.bfcl import (
 )
 from sandpit.importers.bfcl.replay import check_policy, register_environments, replay_suite
 from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
-from sandpit.importers.envscaler import EnvScalerFileError, import_files, load_environments, load_scenarios
+from sandpit.importers.envscaler import EnvScalerFileError, ImportReport, import_release
 
 __all__ = ["bfcl_app", "import_app"]
 
 import_app = typer.Typer(help="Import third-party environment suites through the API.", no_args_is_help=True)
 bfcl_app = typer.Typer(help="The BFCL wheel the importer reads.", no_args_is_help=True)
 console = Console(stderr=True)
+
+
+class Policy(enum.StrEnum):
+    """Static policies (``sandpit.executor.policy``)."""
+
+    strict = "strict"
+    standard = "standard"
+    audit = "audit"
 
 
 def _fail(exc: Exception) -> NoReturn:
@@ -108,35 +126,113 @@ def _bfcl_scenarios(client: Client, suite: BfclSuite, ids: dict[str, str], path:
                   + (f"; {len(failed)} failed, e.g. {failed[0].episode.id}: {failed[0].error}" if failed else ""))
 
 
-@import_app.command("envscaler")
+ENVSCALER_HELP = (
+    "Import an EnvScaler release (environments and RL/SFT scenarios) through the API.\n\n"
+    "Every environment is registered (static --policy, tools derived in a sandbox, the released tools "
+    "as the tools the agent is shown, checked against the class); every scenario is stored with "
+    "episode_profile envscaler and, with --check, instantiated and its checks run on the initial "
+    "state. Re-importing reuses identical items. Files are read one record at a time.")
+
+ENVSCALER_EPILOG = """\b
+Files: a JSON list of records, a JSON object keyed by id, or JSON Lines
+(*.jsonl). tools, init_config, checklist, checklist_with_func and
+constraints_rules may be JSON or JSON text. A scenario's env_id is a
+record's env_id, or an index into the environment list.
+
+\b
+Environment record (EnvScaler-191-Env):
+  {"env_id": "env_001", "env_class_name": "Clinic",
+   "env_class_code": "class Clinic:\\n  def __init__(self, c): ...",
+   "environment_introduction": "A clinic's front desk.",
+   "constraints_rules": ["A patient needs an id."],
+   "tools": [{"type": "function", "function": {"name": "book",
+     "description": "Book a visit.",
+     "parameters": {"type": "object", "required": ["patient_id"],
+       "properties": {"patient_id": {"type": "string"}}}}}]}
+
+\b
+Scenario record (EnvScaler-RL-Scenario; SFT ones lack checklist_with_func):
+  {"env_id": "env_001", "env_class_name": "Clinic", "task_id": "t1",
+   "task": "Book a visit for P1.",
+   "init_config": "{\\"patients\\": {\\"P1\\": {}}}",
+   "checklist": ["P1 has a visit"],
+   "checklist_with_func": [{"check_item": "P1 has a visit",
+     "check_func": "def check_func(final_state):\\n  return ..."}]}
+
+\b
+Example:
+  sandpit import envscaler --envs 191_env_metadata.json \\
+    --scenarios rl_scenarios.json --scenarios sft_scenarios.json
+
+\b
+Exit status: 0 done (refused items are listed), 1 a file or the API
+failed, 2 usage.
+"""
+
+
+@import_app.command("envscaler", help=ENVSCALER_HELP, epilog=ENVSCALER_EPILOG)
 def import_envscaler(
-        envs: Annotated[Path, typer.Option(help="EnvScaler environment metadata JSON.")],
-        scenarios: Annotated[Path | None, typer.Option(help="EnvScaler scenario metadata JSON.")] = None,
+        envs: Annotated[Path, typer.Option(help="Environment file (EnvScaler-191-Env's metadata).")],
+        scenarios: Annotated[list[Path] | None, typer.Option(
+            help="Scenario file (RL or SFT); repeat for several.")] = None,
         url: Annotated[str, typer.Option(help="Sandpit API base URL.")] = "http://127.0.0.1:8600",
-        check: Annotated[bool, typer.Option(help="Instantiate each scenario and run its checks.")] = True,
+        policy: Annotated[Policy, typer.Option(help="Static policy environments are registered under.")] =
+        Policy.standard,
+        check: Annotated[bool, typer.Option(help="Instantiate each new scenario and run its checks.")] = True,
+        limit: Annotated[int | None, typer.Option(
+            min=1, help="Import only the first N scenarios (and their environments); without "
+                        "--scenarios, the first N environments.")] = None,
+        concurrency: Annotated[int, typer.Option(min=1, max=64, help="Scenarios imported at once.")] = 4,
+        json_output: Annotated[bool, typer.Option(
+            "--json", help="Print the report as JSON on stdout (no table, no progress bar).")] = False,
         api_key: Annotated[str | None, typer.Option(envvar="SANDPIT_API_KEY", help="API key, if required.")] = None,
 ) -> None:
-    """Import EnvScaler environments and scenarios through the API, validating each item."""
+    """See ENVSCALER_HELP."""
+    paths = [envs, *(scenarios or [])]
+    total = sum(p.stat().st_size for p in paths if p.is_file())
+    started = time.monotonic()
     try:
-        total = len(load_environments(envs)) + (len(load_scenarios(scenarios)) if scenarios else 0)
-        with Client(url, api_key=api_key, timeout=120) as client, Progress(
-                TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=console) as progress:
-            task = progress.add_task("items", total=total)
-            reports = import_files(client, envs, scenarios, check=check,
-                                   on_item=lambda _r: progress.advance(task))
+        with Client(url, api_key=api_key, timeout=300) as client, Progress(
+                TextColumn("importing"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[items]} items"),
+                TimeElapsedColumn(), console=console, disable=json_output) as progress:
+            task = progress.add_task("files", total=total or None, items=0)
+            finished = itertools.count(1)
+            report = import_release(
+                client, envs, scenarios or [], policy=policy.value, check=check, limit=limit,
+                concurrency=concurrency, on_bytes=lambda n: progress.advance(task, n),
+                on_item=lambda _item: progress.update(task, items=next(finished)))
     except (EnvScalerFileError, SandpitError) as exc:
         _fail(exc)
-    table = Table(title="EnvScaler import")
-    for column in ("kind", "item", "result", "sandpit id", "reasons"):
+    elapsed = time.monotonic() - started
+    if json_output:
+        typer.echo(json.dumps({**report.to_dict(), "elapsed_s": round(elapsed, 2)}, ensure_ascii=False))
+    else:
+        _envscaler_table(report)
+        for error in report.file_errors:
+            console.print(f"[red]file error:[/red] {error}")
+        for kind, c in report.counts().items():
+            console.print(f"{kind}s: {c['imported']} imported, {c['reused']} reused, {c['refused']} refused",
+                          soft_wrap=True)
+        console.print(f"({elapsed:.1f} s)")
+    if report.file_errors:
+        raise typer.Exit(1)
+
+
+def _envscaler_table(report: ImportReport) -> None:
+    """Refused items and notes as a table (imported and reused items without notes are
+    only counted)."""
+    shown = [item for item in report.items if item.status == "refused" or item.notes]
+    if not shown:
+        return
+    table = Table(title="EnvScaler import: refused items and notes")
+    for column in ("kind", "item", "file:record", "result", "sandpit id", "why / notes"):
         table.add_column(column, overflow="fold")
-    for report in reports:
-        colour = "green" if report.status == "imported" else "red"
-        table.add_row(report.kind, report.key, f"[{colour}]{report.status}[/{colour}]", report.sandpit_id or "",
-                      "; ".join(report.reasons)[:400])
+    colours = {"imported": "green", "reused": "cyan", "refused": "red"}
+    for item in shown:
+        colour = colours[item.status]
+        table.add_row(item.kind, item.key, f"{item.file}:{item.index}", f"[{colour}]{item.status}[/{colour}]",
+                      item.sandpit_id or "", "; ".join(item.reasons + item.notes)[:600])
     Console().print(table)
-    rejected = sum(1 for r in reports if r.status == "rejected")
-    console.print(f"{len(reports) - rejected} imported, {rejected} rejected")
 
 
 @bfcl_app.command("fetch", help=f"Download bfcl-eval=={BFCL_VERSION} into the cache if missing "

@@ -254,8 +254,9 @@ def scenario_get(scenario_id: str) -> Call[Scenario]:
     return _read("GET", f"/v1/scenarios/{_seg(scenario_id)}", Scenario)
 
 
-def scenario_list(limit: int | None, offset: int | None) -> Call[Page[Scenario]]:
-    return _read("GET", "/v1/scenarios", Page[Scenario], params=_page_params(limit, offset))
+def scenario_list(limit: int | None, offset: int | None, environment_id: str | None = None) -> Call[Page[Scenario]]:
+    return _read("GET", "/v1/scenarios", Page[Scenario],
+                 params=_query(limit=limit, offset=offset, environment_id=environment_id))
 
 
 def scenario_delete(scenario_id: str) -> Call[None]:
@@ -268,7 +269,7 @@ def scenario_delete(scenario_id: str) -> Call[None]:
 def env_create(environment_id: str | None, source_code: str | None, class_name: str | None,
                init_config: Mapping[str, Any] | None, profile: Profile | Mapping[str, Any] | None,
                scenario_id: str | None = None, episode: Mapping[str, Any] | None = None,
-               argument_checking: str | None = None) -> Call[Env]:
+               argument_checking: str | None = None, seed: int | None = None) -> Call[Env]:
     if sum(x is not None for x in (environment_id, source_code, scenario_id)) != 1:
         raise ValueError("give exactly one of environment_id, scenario_id or source_code (with class_name)")
     if source_code is not None and not class_name:
@@ -286,6 +287,8 @@ def env_create(environment_id: str | None, source_code: str | None, class_name: 
         body["episode"] = dict(episode)
     if argument_checking is not None:
         body["argument_checking"] = argument_checking
+    if seed is not None:
+        body["seed"] = seed
     return _read("POST", "/v1/envs", Env, json=body)
 
 
@@ -307,12 +310,14 @@ def env_step(env_id: str, call: object, include: Iterable[Include] | None) -> Ca
 
 
 def env_reset(env_id: str, init_config: Mapping[str, Any] | None, scenario_id: str | None = None,
-              episode: Mapping[str, Any] | None = None) -> Call[Env]:
+              episode: Mapping[str, Any] | None = None, seed: int | None = None) -> Call[Env]:
     body: dict[str, Any] = {"init_config": None if init_config is None else dict(init_config)}
     if scenario_id is not None:
         body["scenario_id"] = scenario_id
     if episode is not None:
         body["episode"] = dict(episode)
+    if seed is not None:
+        body["seed"] = seed
     return _read("POST", f"/v1/envs/{_seg(env_id)}/reset", Env, json=body)
 
 
@@ -340,8 +345,11 @@ def env_fork(env_id: str, step: int | None, count: int) -> Call[Page[Env]]:
     return _read("POST", f"/v1/envs/{_seg(env_id)}/fork", Page[Env], json={"step": step, "count": count})
 
 
-def env_evaluate(env_id: str, checks: list[Mapping[str, str]] | None) -> Call[Evaluation]:
-    body = {"checks": [dict(c) for c in checks]} if checks is not None else {}
+def env_evaluate(env_id: str, checks: list[Mapping[str, str]] | None,
+                 check_objects: str | None = None) -> Call[Evaluation]:
+    body: dict[str, Any] = {"checks": [dict(c) for c in checks]} if checks is not None else {}
+    if check_objects is not None:
+        body["check_objects"] = check_objects
     return _read("POST", f"/v1/envs/{_seg(env_id)}/evaluate", Evaluation, json=body)
 
 

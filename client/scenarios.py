@@ -28,9 +28,10 @@ class Scenarios:
         """One scenario. Raises `NotFound`."""
         return self._t.run(calls.scenario_get(scenario_id))
 
-    def list(self, limit: int | None = None, offset: int | None = None) -> Page[Scenario]:
-        """A page of scenarios."""
-        return self._t.run(calls.scenario_list(limit, offset))
+    def list(self, limit: int | None = None, offset: int | None = None, *,
+             environment_id: str | None = None) -> Page[Scenario]:
+        """A page of scenarios, newest first (only those of `environment_id` when given)."""
+        return self._t.run(calls.scenario_list(limit, offset, environment_id))
 
     def delete(self, scenario_id: str) -> None:
         """Delete a scenario. Raises `NotFound`."""
@@ -49,8 +50,9 @@ class AsyncScenarios:
     async def get(self, scenario_id: str) -> Scenario:
         return await self._t.run(calls.scenario_get(scenario_id))
 
-    async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Scenario]:
-        return await self._t.run(calls.scenario_list(limit, offset))
+    async def list(self, limit: int | None = None, offset: int | None = None, *,
+                   environment_id: str | None = None) -> Page[Scenario]:
+        return await self._t.run(calls.scenario_list(limit, offset, environment_id))
 
     async def delete(self, scenario_id: str) -> None:
         await self._t.run(calls.scenario_delete(scenario_id))

@@ -232,7 +232,7 @@ class Pipeline:
         items = [{"kind": r.kind, "key": r.key, "status": r.status, "sandpit_id": r.sandpit_id,
                   "reasons": r.reasons} for r in reports]
         write_json(self.run.file("registered.json"), items)
-        rejected = sum(1 for r in reports if r.status != "imported")
+        rejected = sum(1 for r in reports if r.status == "refused")
         self.run.finish_stage("register", {}, partial=False,
                               counts={"items": len(items) - rejected, "rejected": rejected, "errors": 0})
         return items

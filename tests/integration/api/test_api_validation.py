@@ -201,7 +201,8 @@ def test_envscaler_import_reports_every_item(server) -> None:
          "--url", server.url, "--api-key", server.api_key], capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     output = completed.stdout + completed.stderr
-    assert "2 imported, 5 rejected" in output, output  # 1 env + 1 scenario imported
+    assert "environments: 1 imported, 0 reused, 2 refused" in output, output
+    assert "scenarios: 1 imported, 0 reused, 3 refused" in output, output
     with server.client(timeout=60) as api:
         names = [e["name"] for e in api.get("/v1/environments", params={"limit": 1000}).json()["data"]]
         assert "envscaler:library_system_001" in names and "envscaler:sneaky_env_002" not in names
@@ -209,7 +210,9 @@ def test_envscaler_import_reports_every_item(server) -> None:
         assert [s["external_id"] for s in scenarios] == ["t1"]
     assert json.loads((FIXTURES / "scenarios.json").read_text())[0]["task_id"] == "t1"
     again = subprocess.run(completed.args, capture_output=True, text=True, timeout=300)  # idempotent rerun
-    assert again.returncode == 0 and "2 imported, 5 rejected" in again.stdout + again.stderr, again.stderr
+    assert again.returncode == 0, again.stderr
+    assert "environments: 0 imported, 1 reused, 2 refused" in again.stdout + again.stderr, again.stderr
+    assert "scenarios: 0 imported, 1 reused, 3 refused" in again.stdout + again.stderr, again.stderr
     with server.client(timeout=60) as api:
         assert [s["external_id"] for s in api.get("/v1/scenarios").json()["data"]] == ["t1"]
         names = [e["name"] for e in api.get("/v1/environments", params={"limit": 1000}).json()["data"]]

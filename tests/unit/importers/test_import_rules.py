@@ -1,5 +1,5 @@
 """Importers are API clients: every module under `importers/` imports only the standard
-library, pydantic and `sandpit.client` (besides its own package), never the server
+library, pydantic, ijson (streamed JSON) and `sandpit.client` (besides its own package), never the server
 (`sandpit.api`), the sandboxes (`sandpit.executor`, `sandpit.sandbox_images`) or anything
 else, and imports nothing dynamically. Read with `ast`: nothing is imported to check."""
 
@@ -13,7 +13,7 @@ import sandpit.importers
 
 ROOT = Path(sandpit.importers.__file__).resolve().parent
 PACKAGE = "sandpit.importers"
-ALLOWED_THIRD_PARTY = {"pydantic"}
+ALLOWED_THIRD_PARTY = {"pydantic", "ijson"}
 ALLOWED_SANDPIT = ("sandpit.client",)
 
 
