@@ -2,7 +2,8 @@
 one process, e.g. in tests).
 
 ``sandpit_step_seconds`` histogram by status · ``sandpit_live_envs`` envs in sandboxes ·
-``sandpit_pool_sandboxes`` by state (idle/active/starting) · with a multi-host executor
+``sandpit_pool_sandboxes`` by state (idle/active/starting) · ``sandpit_reaped_sandboxes_total``
+containers of dead owners the executor removed (start-up reap and periodic sweeps) · with a multi-host executor
 ``sandpit_host_sandboxes`` by host and state, ``sandpit_host_sessions`` by host and, for the
 Ray backend's host links, ``sandpit_host_link_connections`` (open now) and
 ``sandpit_host_link_refused_total`` (connections closed for a bad or missing hello, or over
@@ -47,6 +48,9 @@ class _PoolCollector(Collector):
         yield family
         yield GaugeMetricFamily("sandpit_pool_sessions", "Sessions placed in sandboxes",
                                 value=float(stats.get("sessions", 0)))
+        yield CounterMetricFamily("sandpit_reaped_sandboxes", "Sandbox containers of dead owners removed "
+                                  "(start-up reap and periodic sweeps of the engine)",
+                                  value=float(stats.get("reaped", 0)))
         hosts = stats.get("hosts")
         if hosts:  # a multi-host executor (Ray backend): the same per host
             per_host = GaugeMetricFamily("sandpit_host_sandboxes", "Sandbox containers by host and state",

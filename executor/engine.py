@@ -4,15 +4,14 @@ It creates the Docker client, translates ``docker.errors.*`` into
 :mod:`sandpit.executor.errors` (:func:`map_docker_errors`), builds the hardened container
 specification every sandbox gets (:func:`container_spec`), and finds/removes sandboxes
 by label (:func:`list_sandboxes`, :func:`reap`). Labels: ``sandpit=1`` on everything,
-``sandpit.tenant=<tenant id>``, ``sandpit.sandbox=<sandbox id>``, ``sandpit.pool=<pool id>``.
+``sandpit.tenant=<tenant id>``, ``sandpit.sandbox=<sandbox id>``, ``sandpit.pool=<pool id>``,
+and the owner's ``sandpit.owner`` / ``sandpit.owner-ns`` (:mod:`.owners`: who may reap it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ import requests.exceptions
 from docker.types import Ulimit
 from sandpit.sandbox_images.runner import protocol
 
+from . import owners
 from .errors import DockerUnavailable, ImageError
 from .profiles import MiB, ResourceProfile
 from .seccomp import security_opt
@@ -34,6 +34,7 @@ LABEL_TENANT = "sandpit.tenant"
 LABEL_SANDBOX = "sandpit.sandbox"
 LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
+LABEL_OWNER_NS = "sandpit.owner-ns"
 SOCKET_MOUNT = protocol.SOCKET_DIR
 RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
 
@@ -151,7 +152,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "user": f"{uid}:{settings.sandbox_gid}",
         "environment": {"SANDPIT_LIMITS": limits_json},
         "labels": {LABEL: "1", LABEL_TENANT: tenant, LABEL_SANDBOX: sandbox_id, LABEL_POOL: pool_id,
-                   LABEL_OWNER: owner_id()},
+                   LABEL_OWNER: owner_id(), LABEL_OWNER_NS: owners.owner_ns()},
         "network_mode": "none",
         "read_only": True,
         "tmpfs": {"/tmp": f"{tmpfs_opts},mode=1777", "/work": f"{tmpfs_opts},mode=1733"},
@@ -202,47 +203,55 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
                 raise
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2:].split()[19].decode()
+def sandbox_summaries(client: docker.DockerClient) -> list[dict[str, Any]]:
+    """Every container carrying ``sandpit=1``, as the engine's list gives it (``Id``,
+    ``Labels``, ``State``...): one API call, where :func:`list_sandboxes` inspects each."""
+    with map_docker_errors("listing sandboxes"):
+        return list(client.api.containers(all=True, filters={"label": [f"{LABEL}=1"]}))
 
 
-def owner_id(pid: int | None = None) -> str:
-    """``<hostname>:<pid>:<process start time>`` of the process owning new sandboxes."""
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
+owner_id = owners.owner_id
 
 
 def owner_alive(owner: str) -> bool:
-    """False when ``owner`` is empty or names a process on this host that no longer
-    exists (pid gone or reused: start time differs). Other hosts' sandboxes count as alive."""
-    if not owner:
-        return False  # no owner label: not made by a live Sandpit process
-    host, _, rest = owner.partition(":")
-    pid_text, _, started = rest.partition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return host != socket.gethostname()
-    return _start_time(int(pid_text)) == started
+    """False when ``owner`` (a ``sandpit.owner`` label) is empty, malformed or names a
+    process on this host that no longer exists (pid gone or reused: start time differs).
+    Judged by the label alone (:func:`owners.judge` without namespace or lease): other
+    hosts' sandboxes count as alive."""
+    return owners.judge(owner, "", "", running=True, leases=None).state in ("alive", "unknown")
 
 
-def reap(client: docker.DockerClient, *, exclude_pool: str | None = None, everything: bool = False) -> int:
-    """Remove leftover sandboxes: those whose owning process (label ``sandpit.owner``) is
-    dead, or every sandbox when ``everything``; never those of ``exclude_pool``. Several
-    Sandpit processes can share one engine without reaping each other. Returns the count."""
+def reap(client: docker.DockerClient, *, exclude_pool: str | None = None, everything: bool = False,
+         unowned: bool = True, leases: owners.LeaseView | None = None) -> int:
+    """Remove leftover sandboxes: those whose owner is proven dead (:func:`owners.judge`:
+    its process gone, its lease in ``leases`` expired, an exited container of an earlier
+    boot), with ``unowned`` also those whose owner labels are missing or not Sandpit's,
+    or every sandbox when ``everything``; never those of ``exclude_pool``, never those
+    whose owner is alive or cannot be judged here (another pid namespace without a
+    readable lease). Several Sandpit processes can share one engine without reaping each
+    other. Each removal is logged (owner and reason). Returns the count.
+
+    Raises:
+        DockerUnavailable: the engine did not answer the listing or a removal.
+    """
     removed = 0
-    for container in list_sandboxes(client):
-        if exclude_pool and container.labels.get(LABEL_POOL) == exclude_pool:
+    here = owners.Here.now()
+    for summary in sandbox_summaries(client):
+        labels: dict[str, str] = summary.get("Labels") or {}
+        if exclude_pool and labels.get(LABEL_POOL) == exclude_pool:
             continue
-        if not everything and owner_alive(container.labels.get(LABEL_OWNER, "")):
-            continue
-        remove_container(client, container.id)
+        owner = labels.get(LABEL_OWNER, "")
+        if everything:
+            reason = "every sandbox asked for"
+        else:
+            verdict = owners.judge(owner, labels.get(LABEL_OWNER_NS, ""), labels.get(LABEL_POOL, ""),
+                                   running=summary.get("State") == "running", leases=leases, here=here)
+            if verdict.state in ("alive", "unknown") or (verdict.state == "unowned" and not unowned):
+                continue
+            reason = verdict.reason
+        remove_container(client, str(summary["Id"]))
         removed += 1
-    if removed:
-        log.info("reaped %d leftover sandbox container(s)", removed)
+        log.info("reaped sandbox container %s (owner %r: %s)", str(summary["Id"])[:12], owner[:300], reason)
     return removed
 
 

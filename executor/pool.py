@@ -27,9 +27,14 @@
 * Sessions depend on the pool only through the placement protocol it implements
   (:meth:`SandboxPool.place`, :meth:`SandboxPool.release`, :meth:`SandboxPool.forget`;
   :mod:`sandpit.executor.placement`).
-* Leaks: every container is labeled ``sandpit=1``/``sandpit.pool=<id>``; start-up reaps
-  leftovers of earlier runs (``reap_on_start``); :meth:`close` removes every container
-  this pool started.
+* Leaks: every container is labeled ``sandpit=1``/``sandpit.pool=<id>`` and with its
+  owner (``executor/owners.py``); start-up reaps leftovers of earlier runs
+  (``reap_on_start``); :meth:`close` removes every container this pool started.
+* Dead owners: a started pool holds a lease (:class:`~.owners.OwnerLease`, renewed by the
+  maintenance thread) and sweeps the engine every ``reap_interval_s``, removing the
+  sandboxes of owners proven dead (process gone, lease expired) while every other
+  owner's keep running; a sweep runs on the start workers, so a slow engine never delays
+  the lease renewal.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from typing import Any
 import docker
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
-from . import configs, engine, jobs
+from . import configs, engine, jobs, owners
 from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
 from .images import resolve_image
 from .placement import SandboxSlot, SessionSpec
@@ -98,6 +103,13 @@ class SandboxPool:
         self.initial_snapshots = configs.InitialSnapshots()
         """Initial states by (tenant, digest): sessions forked from a config template get
         theirs from here instead of over the wire (``executor/configs.py``)."""
+        self._lease: owners.OwnerLease | None = None
+        self.reaped = 0
+        """Containers of dead owners this pool removed (start-up reap and sweeps)."""
+        self.sweeps = 0
+        """Periodic sweeps of the engine finished (``reap_interval_s``)."""
+        self._sweeping = False
+        self._next_sweep = 0.0
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> SandboxPool:
@@ -112,10 +124,14 @@ class SandboxPool:
             self._client = engine.make_client(self.settings)
         engine.check_runtime(self._client, self.settings.runtime)
         self.image = resolve_image(self._client, self.settings.image, self.image_settings)
+        self._lease = owners.OwnerLease(self.settings.resolved_lease_dir(), engine.owner_id(), owners.owner_ns(),
+                                        self.id, self.settings.owner_lease_timeout_s)
+        self._lease.acquire()  # before any container of this pool exists
         if self.settings.reap_on_start:
-            engine.reap(self._client, exclude_pool=self.id)
+            self.reaped += engine.reap(self._client, exclude_pool=self.id, leases=self._lease_view())
+        self._next_sweep = time.monotonic() + self.settings.reap_interval_s
         self._starter = ThreadPoolExecutor(self.settings.pool_refill_concurrency, thread_name_prefix="sandpit-start")
-        for target in (self._refill_loop, self._idle_loop):
+        for target in (self._refill_loop, self._maintenance_loop):
             thread = threading.Thread(target=target, name=f"sandpit-{target.__name__}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -128,7 +144,13 @@ class SandboxPool:
         self.close()
 
     def close(self) -> None:
-        """Stop background work and remove every container this pool started."""
+        """Stop background work and remove every container this pool started; then give up
+        the lease (marked expired instead when a removal failed, so that any other
+        pool's sweep removes what is left).
+
+        Raises:
+            DockerUnavailable: the engine did not answer the final listing or a removal.
+        """
         self._stop.set()
         with self._lock:
             self._lock.notify_all()
@@ -141,11 +163,19 @@ class SandboxPool:
             self._all.clear()
             self._idle.clear()
             self._active.clear()
-        for sandbox in sandboxes:
-            sandbox.destroy()
-        if self._client is not None:
-            for container in engine.list_sandboxes(self._client, pool=self.id):
-                engine.remove_container(self._client, container.id)
+        lease, self._lease = self._lease, None
+        try:
+            for sandbox in sandboxes:
+                sandbox.destroy()
+            if self._client is not None:
+                for container in engine.list_sandboxes(self._client, pool=self.id):
+                    engine.remove_container(self._client, container.id)
+        except BaseException:
+            if lease is not None:
+                lease.expire()
+            raise
+        if lease is not None:
+            lease.release()
 
     @property
     def client(self) -> docker.DockerClient:
@@ -419,6 +449,8 @@ class SandboxPool:
                 "memory_budget_mib": round(self._memory_budget() / MiB, 1),
                 "session_estimate_mib": round(self._session_bytes / MiB, 3),
                 "memory_rejections": self.memory_rejections,
+                "reaped": self.reaped,
+                "sweeps": self.sweeps,
             }
 
     # -- placement (the protocol sessions depend on) ----------------------------------
@@ -638,6 +670,8 @@ class SandboxPool:
                             retry_after_s=1.0)
 
     def _start_sandbox(self, key: PoolKey, profile: ResourceProfile, uid: int) -> Sandbox:
+        if self._lease is not None:
+            self._lease.renew_if_due()  # a new container is never covered by a stale lease
         try:
             sandbox = Sandbox.start(client=self.client, settings=self.settings, profile=profile, image=self.image,
                                     tenant=key[0], pool_id=self.id, uid=uid)
@@ -786,17 +820,73 @@ class SandboxPool:
                     self._idle[key].append(sandbox)
                     self._lock.notify_all()
 
-    def _idle_loop(self) -> None:
-        while not self._stop.wait(min(5.0, self.settings.idle_timeout_s / 2)):
-            now = time.monotonic()
+    def _maintenance_loop(self) -> None:
+        """Every few seconds (at most 5, half ``idle_timeout_s``, half the lease's renewal
+        period, ``reap_interval_s``): renew the lease when due, drop dead idle sandboxes
+        and those idle beyond the warm quota for ``idle_timeout_s``, and hand a sweep to
+        the start workers when one is due. Only filesystem work here, never a Docker call:
+        nothing the engine does can hold up the lease."""
+        periods = [5.0, self.settings.idle_timeout_s / 2]
+        if self._lease is not None:
+            periods.append(self._lease.renew_period_s / 2)
+        if self.settings.reap_interval_s:
+            periods.append(self.settings.reap_interval_s)
+        while not self._stop.wait(min(periods)):
+            try:
+                if self._lease is not None:
+                    self._lease.renew_if_due()
+                self._drop_idle()
+                self._schedule_sweep()
+            except Exception:  # noqa: BLE001 - the loop must outlive a bug: it renews the lease
+                log.exception("pool maintenance failed")
+
+    def _drop_idle(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for key, queue in list(self._idle.items()):
+                keep = self.settings.pool_size if key in self._wanted else 0
+                for sandbox in list(queue):
+                    if not sandbox.alive:
+                        self._drop_locked(sandbox)
+                    elif len(queue) > keep and now - sandbox.idle_since > self.settings.idle_timeout_s:
+                        self._drop_locked(sandbox)
+
+    def _schedule_sweep(self) -> None:
+        """Submit :meth:`_sweep` to the start workers when ``reap_interval_s`` has passed
+        since the last one was submitted and none is pending."""
+        if not self.settings.reap_interval_s or self._sweeping or time.monotonic() < self._next_sweep:
+            return
+        self._sweeping = True
+        self._next_sweep = time.monotonic() + self.settings.reap_interval_s
+        try:
+            self._starter.submit(self._sweep)  # type: ignore[union-attr]
+        except RuntimeError:  # the workers were shut down: the pool is closing
+            self._sweeping = False
+
+    def _sweep(self) -> None:
+        """One sweep: remove the sandboxes of dead owners on the engine (never this
+        pool's, never unlabeled ones, never those of owners it cannot judge), then the
+        lease files long expired that no container names."""
+        try:
+            if self._stop.is_set():
+                return
+            view = self._lease_view()
+            removed = engine.reap(self.client, exclude_pool=self.id, unowned=False, leases=view)
+            view.collect_garbage()
             with self._lock:
-                for key, queue in list(self._idle.items()):
-                    keep = self.settings.pool_size if key in self._wanted else 0
-                    for sandbox in list(queue):
-                        if not sandbox.alive:
-                            self._drop_locked(sandbox)
-                        elif len(queue) > keep and now - sandbox.idle_since > self.settings.idle_timeout_s:
-                            self._drop_locked(sandbox)
+                self.reaped += removed
+                self.sweeps += 1
+        except Exception as exc:  # noqa: BLE001 - logged; the next sweep tries again
+            log.warning("sweep for leftover sandboxes failed: %s", exc)
+        finally:
+            self._sweeping = False
+
+    def _lease_view(self) -> owners.LeaseView:
+        """The lease directory as of now: this pool's lease renewed first, its mtime the
+        clock every other lease is judged by (the filesystem's; the host's when the
+        lease cannot be written)."""
+        now = self._lease.renew() if self._lease is not None else None
+        return owners.LeaseView(self.settings.resolved_lease_dir(), time.time() if now is None else now)
 
 
 class _Slot:

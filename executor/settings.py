@@ -130,7 +130,24 @@ class ExecutorSettings(BaseSettings):
     is placed in it, its sessions move to a fresh sandbox (restored from their last
     snapshot) at their next request, and it is destroyed when the last one has left."""
     reap_on_start: bool = True
-    """Remove every ``sandpit=1`` container left by earlier runs when a pool starts."""
+    """When a pool starts, remove every ``sandpit=1`` container left by earlier runs: those
+    whose owner is proven dead (``executor/owners.py``) and those without a Sandpit owner
+    label. Sandboxes of live owners (and of owners this pool cannot judge) stay."""
+    reap_interval_s: Annotated[float, Field(ge=0, le=86400)] = 30.0
+    """Seconds between two sweeps of the engine by a started pool (0: none): each removes
+    the sandboxes whose owner is proven dead (its process gone, in this pool's pid
+    namespace, or its lease expired), whatever ``reap_on_start`` says; containers without
+    a Sandpit owner label and owners it cannot judge are left alone. A dead owner's
+    sandboxes go within ``reap_interval_s + owner_lease_timeout_s`` seconds of its last
+    lease renewal (within ``reap_interval_s`` when its process was in this namespace)."""
+    owner_lease_timeout_s: Annotated[float, Field(ge=0.5, le=86400)] = 60.0
+    """A pool's lease (a file in ``owner_lease_dir`` whose modification time it refreshes
+    every quarter of this) counts as expired, and its owner as dead, this many seconds
+    after its last renewal: also while its process exists but is stopped or hung."""
+    owner_lease_dir: Path | None = None
+    """Directory of the owner leases (``executor/owners.py``). Pools that should reap each
+    other's leftovers across pid namespaces (API servers in separate containers on one
+    engine) must share it: mount the same host directory. ``None``: ``<run_dir>.leases``."""
     default_profile: str = "default"
     profiles: dict[str, ResourceProfile] = Field(
         default_factory=lambda: {"default": ResourceProfile()})
@@ -148,6 +165,10 @@ class ExecutorSettings(BaseSettings):
     """Group shared by sandbox processes; owns the protocol socket directories."""
     max_frame_bytes: Annotated[int, Field(ge=1024)] = limits.MAX_FRAME_BYTES
     """Largest protocol frame accepted from a runner (bytes); bigger kills the sandbox."""
+
+    def resolved_lease_dir(self) -> Path:
+        """``owner_lease_dir``, or ``<run_dir>.leases`` beside the socket directories."""
+        return self.owner_lease_dir or self.run_dir.with_name(self.run_dir.name + ".leases")
 
     @model_validator(mode="after")
     def _profiles_within_ceiling(self) -> ExecutorSettings:
