@@ -71,12 +71,14 @@ class EnvHandle(_HandleBase):
         return self._t.run(calls.env_step(self.id, call, include))
 
     def reset(self, init_config: Mapping[str, Any] | None = None, *, scenario_id: str | None = None,
-              episode: Mapping[str, Any] | None = None) -> Env:
+              episode: Mapping[str, Any] | None = None, seed: int | None = None) -> Env:
         """Start a new episode (EnvScaler `reset()`): the returned `Env` has the initial
         `observation`, `tools` and `introduction`. `init_config` None: the scenario's, else
         the env's current one; `scenario_id` None: the current scenario; `episode` None:
-        the current episode options. The previous episode stays readable."""
-        self.env = self._t.run(calls.env_reset(self.id, init_config, scenario_id, episode))
+        the current episode options; `seed` (0 to 2**64-1) seeds the session's `random`
+        before the environment is constructed, as EnvScaler's `reset(seed=...)` does. The
+        previous episode stays readable."""
+        self.env = self._t.run(calls.env_reset(self.id, init_config, scenario_id, episode, seed))
         return self.env
 
     def state(self, step: int | None = None, *, episode: int | None = None) -> dict[str, Any]:
@@ -116,10 +118,14 @@ class EnvHandle(_HandleBase):
         self.env = self._t.run(calls.env_get(self.id))
         return self.env
 
-    def evaluate(self, checks: list[Mapping[str, str]] | None = None) -> Evaluation:
+    def evaluate(self, checks: list[Mapping[str, str]] | None = None, *,
+                 check_objects: str | None = None) -> Evaluation:
         """Run check functions (`[{"check_item", "check_func"}]`, or the env's scenario's
-        when None) on its initial and current state. Raises `Conflict` (no scenario)."""
-        return self._t.run(calls.env_evaluate(self.id, checks))
+        when None) on its initial and current state. `check_objects`: `standins` (objects
+        of the environment's classes rebuilt without its code) or `environment` (its
+        module loaded; its code takes part in the verdict); None: the scenario's setting.
+        Raises `Conflict` (no scenario)."""
+        return self._t.run(calls.env_evaluate(self.id, checks, check_objects))
 
     def delete(self) -> None:
         """Close and delete the env; afterwards every call raises `NotFound`."""
@@ -145,7 +151,8 @@ class Envs:
     def create(self, environment_id: str | None = None, *, source_code: str | None = None,
                class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
                profile: Profile | Mapping[str, Any] | None = None, scenario_id: str | None = None,
-               episode: Mapping[str, Any] | None = None, argument_checking: str | None = None) -> EnvHandle:
+               episode: Mapping[str, Any] | None = None, argument_checking: str | None = None,
+               seed: int | None = None) -> EnvHandle:
         """Start an env from a registered environment, a scenario (`scenario_id`: its
         environment and, unless given, its `init_config`; the env is an episode of it), or
         `source_code` + `class_name`.
@@ -156,6 +163,8 @@ class Envs:
             episode: episode options (`mode`, `max_steps`, `termination_action`,
                 `on_tool_error`, `score_truncated`, `user`); see the server's `EpisodeOptions`.
             argument_checking: `off` | `warn` | `strict` (default: the environment's).
+            seed: seeds the session's `random` before the environment is constructed
+                (EnvScaler's `reset(seed=...)`), 0 to 2**64-1.
 
         Raises:
             ValueError: neither or both of environment_id / source_code.
@@ -164,7 +173,7 @@ class Envs:
         """
         return EnvHandle(self._t, self._t.run(calls.env_create(environment_id, source_code, class_name,
                                                           init_config, profile, scenario_id, episode,
-                                                          argument_checking)))
+                                                          argument_checking, seed)))
 
     def get(self, env_id: str) -> EnvHandle:
         """A handle on an existing env. Raises `NotFound`."""
@@ -195,9 +204,9 @@ class AsyncEnvHandle(_HandleBase):
         return await self._t.run(calls.env_step(self.id, call, include))
 
     async def reset(self, init_config: Mapping[str, Any] | None = None, *, scenario_id: str | None = None,
-                    episode: Mapping[str, Any] | None = None) -> Env:
+                    episode: Mapping[str, Any] | None = None, seed: int | None = None) -> Env:
         """See `EnvHandle.reset`."""
-        self.env = await self._t.run(calls.env_reset(self.id, init_config, scenario_id, episode))
+        self.env = await self._t.run(calls.env_reset(self.id, init_config, scenario_id, episode, seed))
         return self.env
 
     async def state(self, step: int | None = None, *, episode: int | None = None) -> dict[str, Any]:
@@ -236,9 +245,10 @@ class AsyncEnvHandle(_HandleBase):
         """See `EnvHandle.delete`."""
         await self._t.run(calls.env_delete(self.id))
 
-    async def evaluate(self, checks: list[Mapping[str, str]] | None = None) -> Evaluation:
+    async def evaluate(self, checks: list[Mapping[str, str]] | None = None, *,
+                       check_objects: str | None = None) -> Evaluation:
         """See `EnvHandle.evaluate`."""
-        return await self._t.run(calls.env_evaluate(self.id, checks))
+        return await self._t.run(calls.env_evaluate(self.id, checks, check_objects))
 
     async def __aenter__(self) -> Self:
         return self
@@ -261,10 +271,10 @@ class AsyncEnvs:
                      class_name: str | None = None, init_config: Mapping[str, Any] | None = None,
                      profile: Profile | Mapping[str, Any] | None = None,
                      scenario_id: str | None = None, episode: Mapping[str, Any] | None = None,
-                     argument_checking: str | None = None) -> AsyncEnvHandle:
+                     argument_checking: str | None = None, seed: int | None = None) -> AsyncEnvHandle:
         """See `Client.envs.create`."""
         call = calls.env_create(environment_id, source_code, class_name, init_config, profile, scenario_id, episode,
-                           argument_checking)
+                                argument_checking, seed)
         return AsyncEnvHandle(self._t, await self._t.run(call))
 
     async def get(self, env_id: str) -> AsyncEnvHandle:

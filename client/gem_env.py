@@ -28,9 +28,12 @@ parsed, and Sandpit's step record (``status``, ``error``, ``checks``, ...). With
 ``observation_format="text"`` observations are the plain strings instead (what GEM's own
 observation wrappers take).
 
-Episodes default to EnvScaler's RL semantics: a tool that raises ends the episode with
-reward 0.0 (``on_tool_error: terminate``), no step limit of the server's (ROLL's env manager
-counts ``max_steps``) and no score for a truncated episode; ``episode`` overrides any of it.
+Episodes run under the server's ``envscaler`` profile: EnvScaler's RL environment byte for
+byte (its introduction and tools, observation texts and kinds, parse messages, ``hasattr``
+validity, a tool that raises ends the episode with reward 0.0 and its traceback), no step
+limit of the server's (ROLL's env manager counts ``max_steps``) and no score for a truncated
+episode; ``episode`` overrides what the profile leaves open. A ``seed`` given to ``reset``
+seeds the session's ``random`` before the environment is constructed, as EnvScaler's does.
 """
 
 from __future__ import annotations
@@ -51,8 +54,10 @@ __all__ = ["CONV_ID", "NON_CONV_ID", "SandpitConvEnv", "SandpitEnvScalerEnv", "S
 
 NON_CONV_ID = "sandpit:envscaler_non_conv_env"
 CONV_ID = "sandpit:envscaler_conv_env"
-ENVSCALER_EPISODE: dict[str, Any] = {"on_tool_error": "terminate", "max_steps": None, "score_truncated": False}
-"""EnvScaler's RL env: a raising tool ends the episode at 0.0, the trainer counts steps."""
+ENVSCALER_EPISODE: dict[str, Any] = {"profile": "envscaler"}
+"""EnvScaler's RL env, byte for byte (the server's ``envscaler`` episode profile): its
+introduction and tools, its observation texts, a raising tool ends the episode at 0.0 with
+its traceback, no step limit of the server's (the trainer counts steps)."""
 
 
 class SandpitEnvScalerEnv(gem.Env):

@@ -41,7 +41,7 @@ import string
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, SupportsFloat, TypeVar, cast
 
@@ -186,6 +186,9 @@ class _Plan:
     scenario_id: str | None
     init_config: dict[str, Any] | None
     episode: dict[str, Any] | None
+    seed: int | None = None
+    """``reset(seed=...)``'s seed, sent to the server: it seeds the session's ``random``
+    before the environment is constructed (EnvScaler's reset)."""
 
 
 def _scenario_tuple(scenario_ids: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -335,24 +338,25 @@ class RLEnv(_Episodes, gym.Env[str, Any]):
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        env = self._start(self._plan(options, self.np_random))
+        env = self._start(replace(self._plan(options, self.np_random), seed=seed))
         self._running = True
         return env.observation, _reset_info(env)
 
     def _start(self, plan: _Plan) -> Env:
         if self._handle is not None:
             try:
-                return self._handle.reset(plan.init_config, scenario_id=plan.scenario_id, episode=plan.episode)
+                return self._handle.reset(plan.init_config, scenario_id=plan.scenario_id, episode=plan.episode,
+                                          seed=plan.seed)
             except (NotFound, Conflict):
                 if not self._gone(self._handle):
                     raise  # e.g. an unknown scenario id: the env itself is fine
                 self._drop(self._handle)
         if plan.scenario_id is not None:
             self._handle = self.client.envs.create(scenario_id=plan.scenario_id, init_config=plan.init_config,
-                                                   episode=plan.episode)
+                                                   episode=plan.episode, seed=plan.seed)
         else:
             self._handle = self.client.envs.create(self.environment_id, init_config=plan.init_config,
-                                                   episode=plan.episode)
+                                                   episode=plan.episode, seed=plan.seed)
         return self._handle.env
 
     @staticmethod
@@ -440,24 +444,25 @@ class AsyncRLEnv(_Episodes):
         """See `RLEnv.reset`."""
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed)
-        env = await self._start(self._plan(options, self.np_random))
+        env = await self._start(replace(self._plan(options, self.np_random), seed=seed))
         self._running = True
         return env.observation, _reset_info(env)
 
     async def _start(self, plan: _Plan) -> Env:
         if self._handle is not None:
             try:
-                return await self._handle.reset(plan.init_config, scenario_id=plan.scenario_id, episode=plan.episode)
+                return await self._handle.reset(plan.init_config, scenario_id=plan.scenario_id, episode=plan.episode,
+                                                seed=plan.seed)
             except (NotFound, Conflict):
                 if not await self._gone(self._handle):
                     raise
                 await self._drop(self._handle)
         if plan.scenario_id is not None:
             self._handle = await self.client.envs.create(scenario_id=plan.scenario_id, init_config=plan.init_config,
-                                                         episode=plan.episode)
+                                                         episode=plan.episode, seed=plan.seed)
         else:
             self._handle = await self.client.envs.create(self.environment_id, init_config=plan.init_config,
-                                                         episode=plan.episode)
+                                                         episode=plan.episode, seed=plan.seed)
         return self._handle.env
 
     @staticmethod

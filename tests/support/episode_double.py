@@ -145,7 +145,9 @@ class EpisodeDouble:
         if episode is not None:
             if episode.get("mode") == "conversational" and not episode.get("user"):
                 raise ApiError(422, "invalid", "a conversational episode needs `user`")
-            env.config = {**DEFAULT_EPISODE, **episode}
+            profile = {"on_tool_error": "terminate", "max_steps": None, "score_truncated": False} \
+                if episode.get("profile") == "envscaler" else {}  # what the server's envscaler profile fixes
+            env.config = {**DEFAULT_EPISODE, **profile, **episode}
         elif current is None:
             env.config = dict(DEFAULT_EPISODE) if scenario is not None else {"termination_action": None,
                                                                              "max_steps": None}
