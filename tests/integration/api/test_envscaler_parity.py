@@ -1,6 +1,6 @@
 """The ``envscaler`` episode profile is EnvScaler's RL environment, step by step.
 
-The reference is ``tests/support/envscaler_reference.py`` (EnvScaler's RL-environment
+The reference is ``sandbox_images/envscaler/reference.py`` (EnvScaler's RL-environment
 semantics restated as our own code: parsing, ``hasattr`` validity, termination, the
 traceback observation, the reward, ``reset(seed=)``). It runs inside a sandbox through
 ``POST /v1/execute`` (generated code never runs in the test process) and renders its
@@ -15,7 +15,6 @@ differs where the README's profile table says it does.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +23,7 @@ from sandpit.sandbox_images import DEFINITION_DIR
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-REFERENCE = Path(__file__).resolve().parents[2] / "support" / "envscaler_reference.py"
+REFERENCE = DEFINITION_DIR / "envscaler" / "reference.py"
 
 HOTEL = '''
 import dataclasses

@@ -1,8 +1,8 @@
 """EnvScaler's RL episode, restated from its documented semantics, for parity tests.
 
-This module is never imported by the tests' own process: the parity test sends its
-source, together with ``child_render.py`` and an environment of our own, to ``POST
-/v1/execute``, so the reference episode runs inside a sandbox exactly like any other
+This file is never imported on the host: it is read as text and sent, with
+``child_render.py`` and an environment, to ``POST /v1/execute`` (the parity test, ``sandpit
+rl envscaler``), so the reference episode runs inside a sandbox exactly like any other
 untrusted code. It restates, in our own words, EnvScaler's RL environment
 (``rl/roll/pipeline/agentic/env/envscaler_env``: ``base_env.py``, ``rl_non_conv_env.py``,
 ``utils/env_util.py``, ``utils/parse_util.py``):
