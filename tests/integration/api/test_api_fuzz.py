@@ -6,6 +6,14 @@ constraint; its fuzzing phase: random positive and negative cases), sent with a
 throwaway tenant's key (the operator key for ``/v1/admin``). Every response must be below
 500 and conform to the document: a documented status, content type, headers and body.
 
+The document must be exactly as strict as the server (issue 24): invalid data must be
+refused (``negative_data_rejection``), and valid data accepted (``positive_data_acceptance``),
+that is answered 2xx or with a refusal by design: 404 (an unknown id), 409 (the
+resource's state), 429 (a quota), 503 (capacity). A 422 for data the document allows is a
+gap in the document, unless its reason is the data's meaning, which no schema can state
+(code that does not parse, an ``init_config`` the class does not accept): those are
+listed in :data:`SEMANTIC_422`, each with its reason, and every other one fails the test.
+
 Half of the generated path ids (by a hash of the value) are replaced by real ones, so
 the operations get past the 404 to the code behind it: an env, environment, scenario
 and evaluation of the fuzzing tenant, and another throwaway tenant for the admin routes.
@@ -30,6 +38,7 @@ import traceback
 import zlib
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -38,7 +47,9 @@ import schemathesis
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events
 from schemathesis.engine import from_schema as engine_for
+from schemathesis.engine.recorder import ScenarioRecorder
 from schemathesis.hooks import GLOBAL_HOOK_DISPATCHER
+from schemathesis.openapi.checks import RejectedPositiveData
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -55,10 +66,71 @@ rollouts never make the server call out to a generated address."""
 
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_headers_conformance", "response_schema_conformance", "allow_header_conformance",
-          "negative_data_rejection", "missing_required_header", "unsupported_method", "ignored_auth")
-"""Every check but those that expect schema-valid data to succeed (ids are random, so most
-valid requests are a 404 by design) and the stateful ones."""
+          "negative_data_rejection", "positive_data_acceptance", "missing_required_header", "unsupported_method",
+          "ignored_auth")
+"""Every check but the stateful ones."""
+POSITIVE_STATUSES = ["2xx", "404", "409", "429", "503"]
+"""What schema-valid data may get: success, or a refusal by design (module docstring).
+A 422 is judged by :func:`semantic_refusal` instead."""
 NAIVE_OR_ZONED = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?$"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A 422 for schema-valid data whose reason is the data's meaning. ``operations``,
+    ``field`` and ``message`` are regular expressions matched (``fullmatch``, ``fullmatch``,
+    ``search``) against the operation's label and the error body's ``field``
+    (``""`` for none) and ``message``."""
+
+    operations: str
+    field: str
+    message: str
+    reason: str
+
+
+CODE_ROUTES = r"POST /v1/(environments|envs|validate|scenarios|envs/\{env_id\}/evaluate)"
+CHECK_FIELDS = r"(checklist_with_func|checks)\.\d+\.check_func"
+SEMANTIC_422 = (
+    Refusal(CODE_ROUTES, rf"source_code|{CHECK_FIELDS}", r"static policy '\w+' rejected the code|check_func: line \d+ ",
+            "code must parse and pass the static policy (Python's grammar, the policy's rules)"),
+    Refusal(CODE_ROUTES, CHECK_FIELDS, r"no check_func defined",
+            "a check's source must define check_func(final_state) at module level"),
+    Refusal(r"POST /v1/(environments|envs)", r"source_code", r"environment code failed in the sandbox",
+            "the environment's module must run and define the class named class_name"),
+    Refusal(r"POST /v1/(environments|envs)|POST /v1/envs/\{env_id\}/reset", r"(sample_)?init_config",
+            r"instantiating \w+ (with sample_init_config .*)?failed",
+            "init_config must construct the class (EnvScaler: cls(init_config), or cls() and setattr per key)"),
+    Refusal(r"POST /v1/environments", r"tools(\.\d+(\.function\.parameters)?)?",
+            r"is not a tool of the class|are no public methods of|not a JSON Schema",
+            "declared tools must be methods of the class, their parameters a valid JSON Schema (the draft "
+            "2020-12 meta-schema)"),
+    Refusal(r"POST /v1/(environments|scenarios|execute|execute/batch)",
+            rf"{CHECK_FIELDS}|tools\.\d+\.function\.parameters|files",
+            r"bytes of UTF-8, over|component over \d+ bytes|over \d+ bytes",
+            "a size in UTF-8 bytes (a schema's maxLength counts characters)"),
+    Refusal(r"POST /v1/execute(/batch)?", r"files", r"lies under .*, which is a file",
+            "a file cannot be a directory too (a and a/b)"),
+    Refusal(r"POST /v1/envs|POST /v1/envs/\{env_id\}/reset|POST /v1/evaluations", r"(episode\.user\.)?base_url",
+            r"base_url is required|not one of the operator's allowed model endpoints",
+            "the model endpoint is the tenant's default (set by the operator) or one the operator allows"),
+)
+"""The kinds of 422 the services give schema-valid data for its meaning, with the reason
+no schema can state it. A kind the fuzzer has not reached in a run is no failure; any 422
+of schema-valid data outside this list is one."""
+
+
+def semantic_refusal(label: str, body: bytes) -> Refusal | None:
+    """The entry of :data:`SEMANTIC_422` that explains a 422 with error ``body``, or None."""
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    field, message = error.get("field") or "", error.get("message") or ""
+    for refusal in SEMANTIC_422:
+        if (re.fullmatch(refusal.operations, label) and re.fullmatch(refusal.field, field)
+                and re.search(refusal.message, message)):
+            return refusal
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +174,46 @@ def fuzz_world(fuzz_server, counter_source: str) -> dict[str, Any]:
                     "evaluation_id": evaluation.json()["id"], "tenant_id": target["tenant"]}}
 
 
+@dataclass
+class Outcome:
+    """What a fuzz run got: statuses, cases per operation, failed checks, errors of the
+    generator; how many cases were schema-valid (positive) and how many of those got 422."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    per_operation: Counter[str] = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    positive: int = 0
+    positive_422: int = 0
+
+    def scenario(self, recorder: ScenarioRecorder) -> None:
+        """Count one finished scenario's requests and keep its failed checks (a 422 of
+        schema-valid data with its body, which names the field; the listed semantic ones
+        were dropped by :func:`semantic_422s`' hook)."""
+        label = recorder.label
+        for case_id, interaction in recorder.interactions.items():
+            self.per_operation[label] += 1
+            if interaction.response is None:
+                continue
+            self.statuses[interaction.response.status_code] += 1
+            case = recorder.cases.get(case_id)
+            if case is not None and case.value.meta is not None and case.value.meta.generation.mode.is_positive:
+                self.positive += 1
+                self.positive_422 += interaction.response.status_code == 422
+        for case_id, nodes in recorder.checks.items():
+            interaction = recorder.interactions.get(case_id)
+            response = interaction.response if interaction is not None else None
+            for node in nodes:
+                if node.status != Status.FAILURE or node.failure_info is None:
+                    continue
+                body = ""
+                if node.name == "positive_data_acceptance" and response is not None and response.status_code == 422:
+                    body = f"\n422 body: {response.content[:800]!r}"
+                failure = node.failure_info.failure
+                self.failures.append(f"{label}: {failure.title}: {failure.message[:1500]}{body}\n"
+                                     f"{node.failure_info.code_sample}")
+
+
 def _zone_optional_timestamps(spec: dict[str, Any], server_url: str, key: str) -> bool:
     """Another change (ISO 8601 timestamps with a time zone) is in flight; until it has
     landed the server sends naive timestamps, which JSON Schema's ``date-time`` refuses.
@@ -141,7 +253,8 @@ def _schema(server, world: dict[str, Any]) -> schemathesis.BaseSchema:
                         "headers": {"Authorization": f"Bearer {server.operator_key}"}}],
         "generation": {"max-examples": FUZZ_EXAMPLES, "database": "none", "with-security-parameters": False},
         "phases": {"examples": {"enabled": False}, "stateful": {"enabled": False}},
-        "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS}},
+        "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS},
+                   "positive_data_acceptance": {"enabled": True, "expected-statuses": POSITIVE_STATUSES}},
         "suppress-health-check": ["all"],
     })
     return schemathesis.openapi.from_dict(spec, config=config)
@@ -194,43 +307,96 @@ def steered_ids(fuzz_world: dict[str, Any]) -> Iterator[None]:
         GLOBAL_HOOK_DISPATCHER.unregister(before_call)
 
 
+@pytest.fixture
+def semantic_422s() -> Iterator[Counter[str]]:
+    """A ``filter_failure`` hook that drops the ``positive_data_acceptance`` failures
+    :data:`SEMANTIC_422` explains, counted by operation and reason. Dropped in the check,
+    not after the run: a failure there makes Hypothesis shrink the example, one request
+    (often a sandbox run) per attempt, and the run would spend its time budget on that."""
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
+        if isinstance(failure, RejectedPositiveData) and response.status_code == 422:
+            refusal = semantic_refusal(case.operation.label, response.content)
+            if refusal is not None:
+                with lock:
+                    counts[f"{case.operation.label}: {refusal.reason}"] += 1
+                return False
+        return True
+
+    schemathesis.hook(filter_failure)
+    try:
+        yield counts
+    finally:
+        GLOBAL_HOOK_DISPATCHER.unregister(filter_failure)
+
+
 @pytest.mark.timeout(FUZZ_BUDGET_S + 240)  # the budget, plus start-up and requests in flight at its end
 def test_no_5xx_and_every_response_is_documented(fuzz_server, fuzz_world: dict[str, Any], steered_ids: None,
-                                                 serialized_ast_parse: None) -> None:
+                                                 semantic_422s: Counter[str], serialized_ast_parse: None) -> None:
     started = time.monotonic()
-    statuses: Counter[int] = Counter()
-    per_operation: Counter[str] = Counter()
-    failures: list[str] = []
-    errors: list[str] = []
+    run = Outcome()
     finished = None
     for event in engine_for(_schema(fuzz_server, fuzz_world)).execute():
         if isinstance(event, events.ScenarioFinished):
-            for interaction in event.recorder.interactions.values():
-                per_operation[event.recorder.label] += 1
-                if interaction.response is not None:
-                    statuses[interaction.response.status_code] += 1
-            for nodes in event.recorder.checks.values():
-                for node in nodes:
-                    if node.status == Status.FAILURE and node.failure_info is not None:
-                        failure = node.failure_info.failure
-                        failures.append(f"{event.recorder.label}: {failure.title}: {failure.message[:1500]}\n"
-                                        f"{node.failure_info.code_sample}")
+            run.scenario(event.recorder)
         elif isinstance(event, events.NonFatalError):
-            errors.append(f"{event.label}: {event.info.title}: {event.info.message[:1500]}\n"
-                          f"{''.join(traceback.format_exception(event.value))[-3000:]}")
+            run.errors.append(f"{event.label}: {event.info.title}: {event.info.message[:1500]}\n"
+                              f"{''.join(traceback.format_exception(event.value))[-3000:]}")
         elif isinstance(event, events.FatalError):
             raise event.exception
         elif isinstance(event, events.EngineFinished):
             finished = event
     elapsed = time.monotonic() - started
-    sent = sum(per_operation.values())
-    print(f"\nfuzz: {sent} cases in {elapsed:.0f} s over {len(per_operation)} operations "
-          f"(stopped: {finished.stop_reason if finished else '?'}); statuses {dict(sorted(statuses.items()))}")
-    assert not failures, f"{len(failures)} failure(s):\n\n" + "\n\n".join(failures[:20])
-    assert not errors, f"{len(errors)} error(s):\n\n" + "\n\n".join(errors[:20])
-    assert not [status for status in statuses if status >= 500]
+    sent = sum(run.per_operation.values())
+    print(f"\nfuzz (seed {FUZZ_SEED}): {sent} cases in {elapsed:.0f} s over {len(run.per_operation)} operations "
+          f"(stopped: {finished.stop_reason if finished else '?'}); statuses {dict(sorted(run.statuses.items()))}; "
+          f"positive cases {run.positive}, answered 422 {run.positive_422}")
+    print("semantic 422s of schema-valid data:\n" + "\n".join(
+        f"  {n} x {why}" for why, n in sorted(semantic_422s.items())))
+    assert not run.failures, f"{len(run.failures)} failure(s):\n\n" + "\n\n".join(run.failures[:20])
+    assert not run.errors, f"{len(run.errors)} error(s):\n\n" + "\n\n".join(run.errors[:20])
+    assert not [status for status in run.statuses if status >= 500]
     assert sent >= MIN_CASES, sent
     spec = httpx.get(f"{fuzz_server.url}/openapi.json", timeout=30).json()
     operations = {f"{m.upper()} {p}" for p, ops in spec["paths"].items() for m in ops}
-    assert operations <= set(per_operation), operations - set(per_operation)
+    assert operations <= set(run.per_operation), operations - set(run.per_operation)
     assert httpx.get(f"{fuzz_server.url}/healthz", timeout=30).status_code == 200
+
+
+def _error(message: str, field: str | None) -> bytes:
+    return json.dumps({"error": {"code": "invalid_request", "message": message, "field": field}}).encode()
+
+
+@pytest.mark.parametrize("label, message, field", [
+    ("GET /v1/evaluations/{evaluation_id}/results", "include may name ['transcript'], got ['x']", "include"),
+    ("POST /v1/admin/tenants", "tenant id must match [a-z0-9][a-z0-9_-]{0,63}", "id"),
+    ("POST /v1/admin/tenants", "quotas.x: Extra inputs are not permitted", "quotas.x"),
+    ("POST /v1/envs/{env_id}/fork", "step: Input should be a valid integer", "step"),
+    ("POST /v1/envs/{env_id}/step", "Value error, give exactly one of name (+ arguments), function or text", None),
+    ("POST /v1/validate", "kind=check_function needs at least one case {initial_state, final_state}", "cases"),
+    ("POST /v1/execute", "file path '' must have 1 to 1024 characters", "files"),
+    ("POST /v1/execute", "file path 'a\\x01' contains a control character or a backslash", "files"),
+    ("POST /v1/evaluations", "base_url: Value error, base_url must be an http:// or https:// URL with a host",
+     "base_url"),
+    ("POST /v1/envs/{env_id}/fork", "count 65 is over the maximum 64", "count"),
+    ("POST /v1/validate", "source_code contains a NUL byte", "source_code"),
+])
+def test_the_document_s_old_gaps_are_no_semantic_refusals(label: str, message: str, field: str | None) -> None:
+    """The 422s that issue 24 found for requests the document allowed (fixed in the
+    document since) would fail the fuzz test again, not pass as semantic."""
+    assert semantic_refusal(label, _error(message, field)) is None
+
+
+@pytest.mark.parametrize("label, message, field", [
+    ("POST /v1/environments", "static policy 'standard' rejected the code: 1 error(s): line 1:0 syntax-error: ...",
+     "source_code"),
+    ("POST /v1/scenarios", "checklist_with_func[0].check_func: line 1 syntax-error: SyntaxError: invalid syntax",
+     "checklist_with_func.0.check_func"),
+    ("POST /v1/envs", "environment code failed in the sandbox (error): Error: LookupError: class 'A' is not "
+     "defined by the environment code", "source_code"),
+    ("POST /v1/envs", "instantiating Counter failed (error): Error: TypeError: ...", "init_config"),
+])
+def test_semantic_refusals_are_recognised(label: str, message: str, field: str) -> None:
+    assert semantic_refusal(label, _error(message, field)) is not None
