@@ -289,6 +289,39 @@ def test_conversational_episode_with_a_scripted_user(api: httpx.Client, scenario
     assert api.delete(f"/v1/envs/{env_id}").status_code == 204
 
 
+def test_conversational_episode_under_the_envscaler_profile(api: httpx.Client, scenario_id: str) -> None:
+    """EnvScaler's conversational RL env: ``chat_with_user`` content of any JSON type goes
+    to the user as ``[Agent] <str(content)>``; a private attribute is an action
+    (``hasattr``); ``###STOP###`` ends the episode with the reward; a raising tool ends it
+    at 0.0 with EnvScaler's traceback observation."""
+    rules = [
+        Rule(turn=0, contains=["Deposit 10"], content="# Thought:\nstart\n# Reply:\nPlease deposit 10."),
+        Rule(turn=1, last_contains=["[Agent] ['deposited', 10]"], content="# Thought:\nok\n# Reply:\nTag me vip."),
+        Rule(turn=2, last_contains=["[Agent] done"], content="###STOP###"),
+    ]
+    with ScriptedLLM(rules) as llm:
+        episode = {"profile": "envscaler", "mode": "conversational",
+                   "user": {"model": "user-sim", "base_url": llm.base_url}}
+        env = _ok(api.post("/v1/envs", json={"scenario_id": scenario_id, "episode": episode}), 201)
+        env_id = env["id"]
+        assert env["episode_config"]["profile"] == "envscaler" and env["episode_config"]["on_tool_error"] == "terminate"
+        assert env["introduction"].startswith("# Environment Information\n\n## Brief Introduction:  \n")
+        assert "chat_with_user" not in [t["function"]["name"] for t in env["tools"]]  # EnvScaler's tools as they are
+        _step(api, env_id, {"name": "deposit", "arguments": {"amount": 10}})
+        private = _step(api, env_id, {"name": "_audit", "arguments": {}})  # a list attribute: "called", TypeError
+        assert private["terminated"] and private["reward"] == 0.0 and private["observation_role"] == "user"
+        assert private["observation"].startswith("Error: <Exception>\nTraceback (most recent call last):\n")
+        assert private["observation"].endswith("TypeError: 'list' object is not callable\n")
+        env_id = _ok(api.post(f"/v1/envs/{env_id}/reset"))["id"]  # same options: a new episode
+        _step(api, env_id, {"name": "deposit", "arguments": {"amount": 10}})
+        reply = _step(api, env_id, {"name": "chat_with_user", "arguments": {"content": ["deposited", 10]}})
+        assert (reply["observation"], reply["observation_role"], reply["terminated"]) == ("Tag me vip.", "user", False)
+        _step(api, env_id, {"name": "tag", "arguments": {"label": "vip"}})
+        end = _step(api, env_id, {"text": "done"})  # plain text: chat_with_user
+        assert end["observation"] == "###STOP###" and end["terminated"] and end["reward"] == 0.6667, end
+    assert api.delete(f"/v1/envs/{env_id}").status_code == 204
+
+
 def test_conversational_options_are_checked(api: httpx.Client, scenario_id: str) -> None:
     no_user = api.post("/v1/envs", json={"scenario_id": scenario_id, "episode": {"mode": "conversational"}})
     assert no_user.status_code == 422 and no_user.json()["error"]["field"] == "episode"
