@@ -34,6 +34,7 @@ from sandpit.executor.settings import ExecutorSettings, get_settings
 from starlette.types import Receive, Scope, Send
 
 from . import openapi
+from .access_log import AccessLog
 from .body_timeout import BodyReadTimeout
 from .db.affinity import DbAffinity
 from .db.checkpoint import WalCheckpointer
@@ -95,17 +96,29 @@ def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Dat
 
 
 class SandpitApp(FastAPI):
-    """The FastAPI app with the lean step path in front of its middleware stack.
+    """The FastAPI app with the lean step path in front of its middleware stack, and the
+    access log in front of both.
 
-    ``lean`` (:class:`~.lean_step.LeanStep`, set by :func:`create_app` unless
-    ``ApiSettings.lean_step`` is false) sees every HTTP ``POST`` first: it answers plain
-    step requests itself and hands everything else to ``FastAPI.__call__`` (routing,
-    middleware, handlers) untouched. Other requests and the lifespan go straight to
-    FastAPI."""
+    ``access`` (:class:`~.access_log.AccessLog`, set by :func:`create_app` unless
+    ``ApiSettings.access_log`` is false) sees every HTTP request first and writes its
+    line once it is answered, whichever path answered it. ``lean``
+    (:class:`~.lean_step.LeanStep`, set unless ``ApiSettings.lean_step`` is false) sees
+    every HTTP ``POST`` next: it answers plain step requests itself and hands everything
+    else to ``FastAPI.__call__`` (routing, middleware, handlers) untouched. Other requests
+    and the lifespan go straight to FastAPI."""
 
     lean: LeanStep | None = None
+    access: AccessLog | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        access = self.access
+        if access is not None and scope["type"] == "http":
+            await access(scope, receive, send)
+            return
+        await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The lean path for ``POST`` requests when it is on, else FastAPI."""
         lean = self.lean
         if lean is not None and scope["type"] == "http" and scope["method"] == "POST":
             scope["app"] = self  # what Starlette sets; the lean path reads the services on it
@@ -182,6 +195,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     def _translated(exc: Exception) -> ApiError | None:
         return translate(exc, api_settings.capacity_retry_after_s) if isinstance(exc, ExecutorError) else None
 
+    if api_settings.access_log:
+        app.access = AccessLog(app.dispatch)
     if api_settings.lean_step:
         app.lean = LeanStep(partial(FastAPI.__call__, app), translate=_translated,
                             body_timeout_s=api_settings.body_read_timeout_s, threads=api_settings.http_threads)

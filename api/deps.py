@@ -12,6 +12,7 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from .access_log import note_tenant
 from .evaluations.jobs import EvaluationJobs
 from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
@@ -91,10 +92,12 @@ def get_health(request: Request) -> HealthService:
 
 
 def get_caller(request: Request) -> TenantContext:
-    """The tenant of the request's ``Authorization: Bearer <api key>``. Raises
-    Unauthorized (401: missing, unknown, revoked or expired key), Forbidden (403: the
-    operator key on a tenant route)."""
-    return get_tenants(request).authenticate(request.headers.get("authorization"))
+    """The tenant of the request's ``Authorization: Bearer <api key>`` (noted for the
+    access log). Raises Unauthorized (401: missing, unknown, revoked or expired key),
+    Forbidden (403: the operator key on a tenant route)."""
+    caller = get_tenants(request).authenticate(request.headers.get("authorization"))
+    note_tenant(request.scope, caller.tenant)
+    return caller
 
 
 def get_metered(caller: Annotated[TenantContext, Depends(get_caller)],

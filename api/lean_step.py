@@ -51,6 +51,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
 from .errors import ApiError, QuotaExceeded, error_response, internal_error_response
 from .schemas.envs import StepRequest
@@ -60,6 +61,8 @@ from .strict_json import lone_surrogate_at
 
 STEP_PATH = re.compile(r"/v1/envs/([^/]+)/step")
 """The route's path (Starlette's ``{env_id}`` matches one segment)."""
+STEP_TEMPLATE = "/v1/envs/{env_id}/step"
+"""The route's path template (what the access log names it by)."""
 LEAN_MAX_BODY = 64 * 1024
 """Larger bodies (bytes) take the FastAPI route (a step body is usually under 1 KiB)."""
 INCLUDE_MAX_CHARS = 64
@@ -121,6 +124,7 @@ class LeanStep:
         if headers is None or tenants is None or steps is None or match is None:
             await self.app(scope, receive, send)
             return
+        note_route(scope, STEP_TEMPLATE)  # the router's own replaces it if the request falls through
         chunks: list[bytes] = []
         try:
             async with asyncio.timeout(self.body_timeout_s):
@@ -150,6 +154,7 @@ class LeanStep:
             clock = StepClock()
             clock.cpu["parse"] = parse_cpu
             caller = tenants.authenticate(authorization.decode("latin-1") if authorization is not None else None)
+            note_tenant(scope, caller.tenant)
             clock.lap("auth")
             return steps.take_json(caller, env_id, request, include, clock)
 

@@ -97,6 +97,11 @@ class ApiSettings(BaseSettings):
     """Threads running evaluation episodes, across all tenants (each tenant is further
     bounded by its ``max_evaluation_concurrency``)."""
 
+    access_log: bool = True
+    """One line per HTTP request on the ``sandpit.access`` logger at INFO (method, path
+    template, status, milliseconds, tenant; never a key or a query string:
+    :mod:`sandpit.api.access_log`), written by ``sandpit serve --log-level info`` (or
+    ``debug``); false: none, and no per-request cost (``SANDPIT_ACCESS_LOG``)."""
     lean_step: bool = True
     """Answer plain ``POST /v1/envs/{id}/step`` requests on the lean ASGI path
     (:mod:`sandpit.api.lean_step`: same replies, a fraction of the CPU); false: every step

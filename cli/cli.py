@@ -19,13 +19,15 @@ Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 
 from __future__ import annotations
 
+import copy
 import logging
-from typing import NoReturn
+import time
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor import engine
+from sandpit.executor import engine, owners
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.images import build_image, sandbox_tag
 from sandpit.executor.settings import get_image_settings, get_settings
@@ -65,11 +67,13 @@ def image_tag() -> None:
 
 
 @app.command("sandboxes")
-def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owning process is gone."),
+def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owner is dead (process gone or lease "
+                                                    "expired) or not a Sandpit process."),
               all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones.")) -> None:
     """List every container labeled sandpit=1 (optionally reap leftovers)."""
     try:
-        client = engine.make_client(get_settings())
+        settings = get_settings()
+        client = engine.make_client(settings)
         found = engine.list_sandboxes(client)
         table = Table("container", "sandbox", "tenant", "owner", "status")
         for c in found:
@@ -77,7 +81,8 @@ def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owni
                           c.labels.get(engine.LABEL_TENANT, ""), c.labels.get(engine.LABEL_OWNER, ""), c.status)
         Console().print(table)
         if reap:
-            typer.echo(f"removed {engine.reap(client, everything=all_)} container(s)")
+            leases = owners.LeaseView(settings.resolved_lease_dir(), time.time())
+            typer.echo(f"removed {engine.reap(client, everything=all_, leases=leases)} container(s)")
     except ExecutorError as exc:
         _fail(exc)
 
@@ -113,10 +118,31 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) 
     console.print(f"database at {revision}: {url}")
 
 
+def serve_log_config(level: str) -> dict[str, Any]:
+    """``logging.config.dictConfig`` settings of ``sandpit serve``: uvicorn's own, plus the
+    ``sandpit`` loggers at ``level`` (a uvicorn level name: critical, error, warning,
+    info, debug, trace) on uvicorn's stderr handler, and the access log
+    (``sandpit.access``: one line per request at INFO, :mod:`sandpit.api.access_log`) on
+    stdout with a timestamp. Raises KeyError for an unknown level name."""
+    from uvicorn.config import LOG_LEVELS, LOGGING_CONFIG
+
+    number = LOG_LEVELS[level.lower()]
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["sandpit_access"] = {"()": "sandpit.api.access_log.AccessFormatter"}
+    config["handlers"]["sandpit_access"] = {"formatter": "sandpit_access", "class": "logging.StreamHandler",
+                                            "stream": "ext://sys.stdout"}
+    config["loggers"]["sandpit"] = {"handlers": ["default"], "level": number, "propagate": False}
+    config["loggers"]["sandpit.access"] = {"handlers": ["sandpit_access"], "level": number, "propagate": False}
+    return config
+
+
 @app.command("serve")
 def serve(host: str | None = typer.Option(None, help="Bind address (default SANDPIT_HOST)."),
           port: int | None = typer.Option(None, help="Port (default SANDPIT_PORT)."),
-          log_level: str = typer.Option("warning", help="uvicorn log level.")) -> None:
+          log_level: str = typer.Option("warning", envvar="SANDPIT_LOG_LEVEL",
+                                        help="Log level of uvicorn and Sandpit: critical, error, warning, info "
+                                             "(adds one access log line per request, unless SANDPIT_ACCESS_LOG="
+                                             "false), debug, trace.")) -> None:
     """Run the HTTP API (uvicorn). Refuses to start on an unmigrated database or with a
     placeholder operator key."""
     import uvicorn
@@ -126,6 +152,11 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     from sandpit.api.errors import DatabaseNotMigrated
     from sandpit.api.settings import get_api_settings
 
+    try:
+        log_config = serve_log_config(log_level)
+    except KeyError:
+        raise typer.BadParameter(f"unknown log level {log_level!r}; one of critical, error, warning, info, "
+                                 "debug, trace", param_hint="--log-level") from None
     try:
         settings = get_api_settings()
     except ValidationError as exc:  # e.g. a placeholder SANDPIT_OPERATOR_KEY: refuse to start
@@ -140,8 +171,8 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
         engine.dispose()
     app = create_app(settings)
     tune_gc(settings.gc_young_threshold)
-    uvicorn.run(app, host=host or settings.host, port=port or settings.port,
-                log_level=log_level, access_log=False, timeout_graceful_shutdown=15)
+    uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_config=log_config,
+                log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=15)  # ours: sandpit.access
 
 
 def _register_feature_apps() -> None:
