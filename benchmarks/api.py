@@ -20,10 +20,16 @@ measures, over real HTTP:
   changes one record, and that step's latency;
 * restore latency and fork latency (a 30-step env into 16 copies);
 * optionally (``--density N``) N live envs of one environment with 200 stepping at once
-  (idle ones evicted to snapshots), errors and the server's resident memory.
+  (idle ones evicted to snapshots), errors and the server's resident memory;
+* optionally (``--access-log``) only the cost of the access log: three servers side by
+  side (``--log-level info`` with the access log on, the same with
+  ``SANDPIT_ACCESS_LOG=false``, and ``serve``'s default level, warning), one client
+  stepping each in turn, in alternating blocks of the same run: step p50/p99 and the
+  server's CPU per step of each.
 
-Prints a table and saves JSON to ``benchmarks/results/api.json``.
-Usage: ``python benchmarks/api.py [--steps 2000] [--density 1000] [--only-steps]``.
+Prints a table and saves JSON to ``benchmarks/results/api.json`` (``--access-log``:
+``benchmarks/results/api_access_log.json``).
+Usage: ``python benchmarks/api.py [--steps 2000] [--density 1000] [--only-steps] [--access-log]``.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ class Server:
     ``default`` (``api_key``/``headers``) gets generous quotas so that one benchmark
     client is not throttled by the per-tenant defaults."""
 
-    def __init__(self, data_dir: Path, **env: str) -> None:
+    def __init__(self, data_dir: Path, *args: str, **env: str) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -97,8 +103,8 @@ class Server:
         self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), "SANDPIT_OPERATOR_KEY": self.operator_key, **env}
         with (data_dir / "server.log").open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from sandpit.cli import app; app()", "serve", "--port", str(self.port)],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                [sys.executable, "-c", "from sandpit.cli import app; app()", "serve", "--port", str(self.port),
+                 *args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -324,6 +330,87 @@ def blob_bytes(db: Path) -> int:
         return conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM blobs").fetchone()[0]
 
 
+ACCESS_LOG_SETUPS = {"access log on (info)": (("--log-level", "info"), {}),
+                     "access log off (info)": (("--log-level", "info"), {"SANDPIT_ACCESS_LOG": "false"}),
+                     "default level (warning)": ((), {})}
+"""``--access-log``: the servers compared, as (``serve`` arguments, environment)."""
+
+
+def access_log_overhead(steps: int, rounds: int) -> dict:
+    """One client stepping one env on each server of :data:`ACCESS_LOG_SETUPS`, ``rounds``
+    times ``steps`` steps each in turn, the order rotating by one each round (so drift of
+    the machine and the place in a round hit all alike): step
+    latency and the server's CPU per step, per setup, over the lean load generator and
+    httpx."""
+    results: dict = {"steps_per_block": steps, "rounds": rounds, "setups": {}}
+    with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
+        servers: dict[str, Server] = {}
+        try:
+            for name, (args, env) in ACCESS_LOG_SETUPS.items():
+                data_dir = Path(tmp) / str(len(servers))
+                data_dir.mkdir()
+                servers[name] = Server(data_dir, *args, SANDPIT_EXECUTOR_POOL_SIZE="1", **env)
+            targets = {}
+            for name, server in servers.items():
+                with server.client() as client:
+                    environment_id = client.post("/v1/environments", json={"source_code": SOURCE,
+                                                                           "class_name": "Bench"}).json()["id"]
+                    env_id, _ = create(client, environment_id)
+                    for _ in range(200):
+                        step(client, env_id, "bump")
+                targets[name] = env_id
+            for kind in ("raw", "httpx"):
+                samples: dict[str, list[float]] = {name: [] for name in servers}
+                blocks: dict[str, list[float]] = {name: [] for name in servers}
+                cpu: dict[str, float] = dict.fromkeys(servers, 0.0)
+                names = list(servers)
+                for round_ in range(rounds):
+                    for name in names[round_ % len(names):] + names[:round_ % len(names)]:  # rotating order
+                        server = servers[name]
+                        # a fresh connection per block: the others' blocks outlast uvicorn's keep-alive
+                        client = RawClient(server.url, server.api_key) if kind == "raw" else server.client()
+                        for _ in range(20):
+                            step(client, targets[name], "bump")
+                        before = process_cpu_s(server.process.pid)
+                        block = [step(client, targets[name], "bump") for _ in range(steps)]
+                        cpu[name] += process_cpu_s(server.process.pid) - before
+                        samples[name].extend(block)
+                        blocks[name].append(statistics.median(block))
+                        if isinstance(client, httpx.Client):
+                            client.close()
+                        else:
+                            client.local.conn.close()
+                for name in servers:
+                    entry = results["setups"].setdefault(name, {})
+                    entry[f"step_ms_{kind}"] = pcts(samples[name])
+                    entry[f"block_p50_ms_{kind}"] = {"median": round(statistics.median(blocks[name]), 3),
+                                                     "min": round(min(blocks[name]), 3),
+                                                     "max": round(max(blocks[name]), 3)}
+                    entry[f"server_cpu_ms_per_step_{kind}"] = round(cpu[name] / len(samples[name]) * 1000, 3)
+            for name, server in servers.items():
+                log = (server.data_dir / "server.log").read_text(errors="replace")
+                results["setups"][name]["access_lines"] = sum(1 for line in log.splitlines()
+                                                              if " /v1/envs/{env_id}/step " in line)
+        finally:
+            for server in servers.values():
+                server.stop()
+    return results
+
+
+def access_log_table(results: dict) -> str:
+    """The ``--access-log`` comparison as a table (ms)."""
+    rows = [["setup", "raw p50", "raw p99", "raw block p50s", "raw cpu/step", "httpx p50", "httpx p99",
+             "httpx cpu/step", "step lines"]]
+    for name, run in results["setups"].items():
+        spread = run["block_p50_ms_raw"]
+        rows.append([name, run["step_ms_raw"]["p50"], run["step_ms_raw"]["p99"],
+                     f"{spread['min']}-{spread['max']}", run["server_cpu_ms_per_step_raw"],
+                     run["step_ms_httpx"]["p50"], run["step_ms_httpx"]["p99"],
+                     run["server_cpu_ms_per_step_httpx"], run["access_lines"]])
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps for the 1-client latency run")
@@ -331,8 +418,23 @@ def main() -> None:
     parser.add_argument("--density", type=int, default=0, help="live envs for the density run (0: skip)")
     parser.add_argument("--anchor-calls", type=int, default=2000, help="executor round trips for the anchor (0: skip)")
     parser.add_argument("--only-steps", action="store_true", help="only the step runs (no create/state/fork/restore)")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "api.json")
+    parser.add_argument("--access-log", action="store_true",
+                        help="only the access log's cost: --steps steps per block, --rounds blocks per server")
+    parser.add_argument("--rounds", type=int, default=5, help="--access-log: blocks of steps per server")
+    parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
+    if args.access_log:
+        output = args.output or Path(__file__).parent / "results" / "api_access_log.json"
+        overhead = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                "loadavg_at_start": os.getloadavg()},
+                    **access_log_overhead(args.steps, args.rounds)}
+        print(json.dumps(overhead, indent=2))
+        print(access_log_table(overhead))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(overhead, indent=2))
+        print(f"saved {output}")
+        return
+    args.output = args.output or Path(__file__).parent / "results" / "api.json"
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                  "loadavg_at_start": os.getloadavg()}}
     if args.anchor_calls:
