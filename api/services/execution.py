@@ -82,8 +82,16 @@ class ExecutionService:
 
     # -- validate ------------------------------------------------------------------------------
     def validate(self, tenant: str, body: ValidateRequest) -> ValidateResult:
-        """Static report plus, by kind, a sandbox run (see the module docstring)."""
+        """Static report plus, by kind, a sandbox run (see the module docstring). Raises
+        InvalidRequest before anything runs when the kind's requirement is not met
+        (``class_name`` for an environment, a case for a check function: the OpenAPI
+        document's ``oneOf``), whatever the code."""
         check_code(self.settings, body.source_code)
+        if body.kind == "environment" and body.class_name is None:
+            raise InvalidRequest("class_name is required for kind=environment", field="class_name")
+        if body.kind == "check_function" and not body.cases:
+            raise InvalidRequest("kind=check_function needs at least one case {initial_state, final_state}",
+                                 field="cases")
         report = check_source(body.source_code, body.policy)
         reasons = [f"policy {body.policy!r}: line {f.line} {f.rule}: {f.message}"
                    for f in report.findings if f.severity == "error"]
@@ -97,8 +105,7 @@ class ExecutionService:
         return result
 
     def _validate_environment(self, tenant: str, body: ValidateRequest, result: ValidateResult) -> list[str]:
-        if body.class_name is None:
-            raise InvalidRequest("class_name is required for kind=environment", field="class_name")
+        assert body.class_name is not None  # validate() refused it
         check_config(self.settings, body.init_config)
         try:
             result.tools = self.sandboxes.describe(tenant=tenant, source=body.source_code, class_name=body.class_name)
@@ -134,12 +141,8 @@ class ExecutionService:
         return reasons
 
     def _validate_check(self, tenant: str, body: ValidateRequest, result: ValidateResult) -> list[str]:
-        cases = body.cases or []
-        if not cases:
-            raise InvalidRequest("kind=check_function needs at least one case {initial_state, final_state}",
-                                 field="cases")
         reasons = []
-        for index, case in enumerate(cases):
+        for index, case in enumerate(body.cases):
             outcome = self.checks.on_json(tenant, [{"check_item": f"case {index}", "check_func": body.source_code}],
                                           case.initial_state, case.final_state)[0]
             result.cases.append(outcome)

@@ -104,6 +104,8 @@ SEMANTIC_422 = (
             r"is not a tool of the class|are no public methods of|not a JSON Schema",
             "declared tools must be methods of the class, their parameters a valid JSON Schema (the draft "
             "2020-12 meta-schema)"),
+    Refusal(r"POST /v1/environments", r"tools", r"is declared twice",
+            "a tool name is declared once (JSON Schema's uniqueItems compares whole items, not one field of them)"),
     Refusal(r"POST /v1/(environments|scenarios|execute|execute/batch)",
             rf"{CHECK_FIELDS}|tools\.\d+\.function\.parameters|files",
             r"bytes of UTF-8, over|component over \d+ bytes|over \d+ bytes",

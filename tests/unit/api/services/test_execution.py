@@ -53,6 +53,18 @@ def test_code_that_fails_is_a_verdict(services: Services) -> None:
     assert raised.value.field == "class_name"
 
 
+def test_a_kind_s_requirement_is_refused_whatever_the_code(services: Services) -> None:
+    """Before the policy runs: code that fails it does not turn a request the OpenAPI
+    document refuses (its ``oneOf`` by kind) into a 200 ``invalid`` verdict."""
+    for source in (SOURCE, "def (:"):
+        with pytest.raises(InvalidRequest) as raised:
+            validate(services, kind="environment", source_code=source)
+        assert raised.value.field == "class_name"
+        with pytest.raises(InvalidRequest) as raised:
+            validate(services, kind="check_function", source_code=source, cases=[], class_name="Counter")
+        assert raised.value.field == "cases"
+
+
 CHECK = "def check_func(final_state):\n    return final_state['count'] > initial_state['count']\n"
 
 
