@@ -10,6 +10,11 @@ steps/s; exit code 1 when an episode failed with an API error.
 
 Input: the replay file ``sandpit import bfcl --scenarios FILE`` writes (JSON lines of
 ``{"scenario_id", "tool_calls": [{"name", "arguments"}]}``), or any file of that shape.
+
+``sandpit rl envscaler RELEASE_DIR``: an EnvScaler release's recorded episodes (raw model
+output per turn) through the GEM env under the ``envscaler`` profile and through
+EnvScaler's rules restated, in a sandbox; a table of both rewards and whether every step
+agrees (:mod:`sandpit.importers.envscaler_parity`); exit code 1 when any episode differs.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from sandpit.importers.envscaler_parity import EpisodeParity, Totals
 
 rl_app = typer.Typer(help="RL episode loops over the API (gymnasium and GEM adapters).", no_args_is_help=True)
 console = Console(stderr=True)
@@ -174,3 +182,87 @@ def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False
         console.print(f"[yellow]{run.scenario_id}[/yellow]: {run.error or 'did not end'}")
     if any(r.error is not None for r in failed):
         raise typer.Exit(1)
+
+
+@rl_app.command("envscaler")
+def envscaler(release_dir: Annotated[Path, typer.Argument(help="Release directory: environments.json, "
+                                                          "rl_scenarios.json, episodes.jsonl.")],
+              url: Annotated[str | None, typer.Option(envvar="SANDPIT_URL", help="API base URL.")] = None,
+              api_key: Annotated[str | None, typer.Option(envvar="SANDPIT_API_KEY", help="Tenant API key.")] = None,
+              seed: Annotated[int | None, typer.Option(min=0, max=2 ** 64 - 1, help="reset seed of every episode "
+                                                       "(default: each episode's recorded seed).")] = None,
+              json_output: Annotated[bool, typer.Option("--json", help="Print the results as JSON on stdout (no "
+                                                        "table, no progress bar).")] = False) -> None:
+    """Run a release's recorded episodes through the GEM env (envscaler profile) and through
+    EnvScaler's rules in a sandbox; compare rewards and every step. The release must have
+    been imported (`sandpit import envscaler`) by the same tenant. Exit code 1 when any
+    episode differs or could not run, 2 for a release directory that cannot be read."""
+    import logging
+
+    from sandpit.importers import envscaler_parity as parity
+
+    try:
+        release = parity.load_release(release_dir)
+    except parity.ReleaseError as exc:
+        raise typer.BadParameter(str(exc), param_hint="RELEASE_DIR") from None
+    import sandpit.client.gem_env  # noqa: F401 - gem configures logging on import: before quieting httpx
+    from sandpit.client import Client, SandpitError
+    from sandpit.sandbox_images import DEFINITION_DIR
+
+    reference = parity.reference_files(DEFINITION_DIR)
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # gem sets the root logger to INFO
+    try:
+        with Client(url, api_key=api_key, timeout=120) as client:
+            scenarios = parity.find_scenarios(client, release)
+            with Progress(TextColumn("EnvScaler episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.description}"), console=console, disable=json_output) as progress:
+                task = progress.add_task("", total=len(release.episodes))
+                results = parity.run_release(client, release, reference, seed=seed, scenarios=scenarios,
+                                      on_episode=lambda r: progress.update(task, advance=1, description=r.task_id))
+    except SandpitError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    totals = parity.Totals.of(results)
+    if json_output:
+        typer.echo(json.dumps({"episodes": [r.to_dict() for r in results], "totals": totals.to_dict()},
+                              ensure_ascii=False))
+    else:
+        _parity_table(results, totals)
+    if totals.equal < totals.episodes:
+        raise typer.Exit(1)
+
+
+def _reward(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _parity_table(results: list[EpisodeParity], totals: Totals) -> None:
+    """One row per episode, then the totals (in the footer)."""
+    table = Table(title="EnvScaler episodes: GEM env (envscaler profile) vs EnvScaler's rules in a sandbox",
+                  show_footer=True)
+    mark = {True: "[green]yes[/green]", False: "[red]no[/red]"}
+    for column in ("task id", "environment", "steps", "GEM reward", "reference reward", "reward equal",
+                   "every step equal", "what the episode shows"):
+        table.add_column(column, justify="right" if "reward" in column or column == "steps" else "left",
+                         overflow="fold")
+    for r in results:
+        steps = str(r.gem_steps) if r.gem_steps == r.reference_steps else f"{r.gem_steps} / {r.reference_steps}"
+        if r.error is not None:
+            detail = f"[red]{r.error}[/red]"
+        elif r.difference is not None:
+            detail = f"[red]no: {r.difference}[/red]"
+        else:
+            detail = f"[green]yes[/green] (reset + {r.gem_steps} steps)"
+        table.add_row(r.task_id, r.environment, steps, _reward(r.gem_reward), _reward(r.reference_reward),
+                      mark[r.rewards_equal], detail, r.note)
+    mean = totals.to_dict()
+    for index, text in enumerate(("total", "", str(totals.gem_steps), f"mean {_reward(mean['gem_mean_reward'])}",
+                                  f"mean {_reward(mean['reference_mean_reward'])}",
+                                  f"{totals.rewards_equal}/{totals.episodes}", f"{totals.equal}/{totals.episodes}",
+                                  "")):
+        table.columns[index].footer = text
+    Console().print(table)
+    colour = "green" if totals.equal == totals.episodes else "red"
+    console.print(f"[{colour}]{totals.equal} of {totals.episodes} episodes equal[/{colour}] (introduction, tools, "
+                  "first observation, and every step's observation, kind, end and reward)")
