@@ -245,7 +245,7 @@ def _parity_table(results: list[EpisodeParity], totals: Totals) -> None:
     for column in ("task id", "environment", "steps", "GEM reward", "reference reward", "reward equal",
                    "every step equal", "what the episode shows"):
         table.add_column(column, justify="right" if "reward" in column or column == "steps" else "left",
-                         overflow="fold")
+                         overflow="fold", no_wrap=column == "task id")
     for r in results:
         steps = str(r.gem_steps) if r.gem_steps == r.reference_steps else f"{r.gem_steps} / {r.reference_steps}"
         if r.error is not None:
@@ -253,7 +253,7 @@ def _parity_table(results: list[EpisodeParity], totals: Totals) -> None:
         elif r.difference is not None:
             detail = f"[red]no: {r.difference}[/red]"
         else:
-            detail = f"[green]yes[/green] (reset + {r.gem_steps} steps)"
+            detail = f"[green]yes[/green] (reset + {r.gem_steps} step{'s' if r.gem_steps != 1 else ''})"
         table.add_row(r.task_id, r.environment, steps, _reward(r.gem_reward), _reward(r.reference_reward),
                       mark[r.rewards_equal], detail, r.note)
     mean = totals.to_dict()
