@@ -39,11 +39,12 @@ operator's model endpoints): ``tests/integration/api/test_api_fuzz.py`` lists th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute, APIRouter
+from pydantic import BaseModel
 
 from .deps import get_caller, get_quotas, require_operator
 from .errors import ErrorBody
@@ -183,6 +184,39 @@ def _numeric(prop: dict[str, Any]) -> dict[str, Any]:
     raise TypeError(f"not a number: {prop}")
 
 
+BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _exact_bounds(served: Any, model: Any) -> None:
+    """Put the integer bounds of ``model`` (pydantic's schema of a component) back in
+    ``served`` (FastAPI's copy): FastAPI's OpenAPI model keeps bounds as floats, and a
+    float is not the bound past 2**53 (``le=2**64 - 1`` was served as 2**64, and a
+    generator took 2**64 + 383 for valid)."""
+    if isinstance(served, dict) and isinstance(model, dict):
+        for key, value in served.items():
+            exact = model.get(key)
+            if key in BOUNDS and type(value) is float and type(exact) is int and float(exact) == value:
+                served[key] = exact
+            else:
+                _exact_bounds(value, exact)
+    elif isinstance(served, list) and isinstance(model, list):
+        for value, exact in zip(served, model, strict=False):
+            _exact_bounds(value, exact)
+
+
+def _body_models(routes: list[APIRoute]) -> dict[str, Any]:
+    """pydantic's schema of every component the routes' bodies use, by name."""
+    found: dict[str, Any] = {}
+    for route in routes:
+        annotation = route.body_field.field_info.annotation if route.body_field is not None else None
+        for model in (annotation, *get_args(annotation)):
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                found.update(schema.pop("$defs", {}))
+                found[model.__name__] = schema
+    return found
+
+
 def _service_rules(definitions: dict[str, Any], settings: ApiSettings | None,
                    default_limits: dict[str, float] | None) -> None:
     """What services refuse beyond the request models (the module docstring)."""
@@ -230,6 +264,8 @@ def _document(schema: dict[str, Any], routes: list[APIRoute], settings: ApiSetti
                     success["content"] = {"application/json": {"schema": {"$ref": ref}}}
     for unused in ("HTTPValidationError", "ValidationError"):
         definitions.pop(unused, None)
+    for name, schema in _body_models(routes).items():
+        _exact_bounds(definitions.get(name), schema)
     _service_rules(definitions, settings, default_limits)
 
 

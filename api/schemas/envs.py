@@ -45,9 +45,15 @@ class EpisodeOptions(_Request):
     the environment introduction; each step returns ``reward``, ``terminated`` and
     ``truncated``; at the end the scenario's checks give the reward."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [  # _user_for_conversation
-        {"properties": {"mode": {"const": "non_conversational"}}},
-        {"properties": {"mode": {"const": "conversational"}, "user": {"type": "object"}}, "required": ["mode", "user"]},
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"oneOf": [  # _user_for_conversation
+            {"properties": {"mode": {"const": "non_conversational"}}},
+            {"properties": {"mode": {"const": "conversational"}, "user": {"type": "object"}},
+             "required": ["mode", "user"]}]},
+        {"oneOf": [  # EpisodeConfig.from_options: what the envscaler profile fixes, when the options name it
+            {"properties": {"profile": {"enum": ["sandpit", None]}}},
+            {"properties": {"profile": {"const": "envscaler"}, "on_tool_error": {"const": "terminate"},
+                            "termination_action": {"const": "chat_with_user"}}, "required": ["profile"]}]},
     ]})
 
     profile: EpisodeProfile | None = None

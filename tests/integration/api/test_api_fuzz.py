@@ -112,6 +112,10 @@ SEMANTIC_422 = (
             "a size in UTF-8 bytes (a schema's maxLength counts characters)"),
     Refusal(r"POST /v1/execute(/batch)?", r"files", r"lies under .*, which is a file",
             "a file cannot be a directory too (a and a/b)"),
+    Refusal(r"POST /v1/envs|POST /v1/envs/\{env_id\}/reset", r"episode\.(on_tool_error|termination_action)",
+            r"the envscaler profile ends the episode",
+            "options may not contradict the envscaler episode profile of the scenario (stored with it; the "
+            "document states the rule for options that name the profile)"),
     Refusal(r"POST /v1/envs|POST /v1/envs/\{env_id\}/reset|POST /v1/evaluations", r"(episode\.user\.)?base_url",
             r"base_url is required|not one of the operator's allowed model endpoints",
             "the model endpoint is the tenant's default (set by the operator) or one the operator allows"),

@@ -37,6 +37,7 @@ from sandpit.api.schemas.envs import (
 from sandpit.api.schemas.evaluations import RESULT_INCLUDES, EvaluationCreate, check_base_url
 from sandpit.api.schemas.tenants import TENANT_ID_PATTERN, TenantCreate
 from sandpit.api.schemas.validation import FILE_PATH_PATTERN, ExecuteRequest, ValidateRequest
+from sandpit.api.services.episodes import EpisodeConfig
 from sandpit.api.services.steps import INCLUDES
 from sandpit.api.services.tenants import TENANT_ID, TenantService
 from sandpit.api.settings import ApiSettings
@@ -95,6 +96,31 @@ def test_one_of_is_the_model_validator(spec: dict[str, Any], component: str, mod
     disagree = [body for body in bodies if schema.is_valid(body) != accepts(model, body)]
     assert not disagree, disagree[:5]
     assert any(schema.is_valid(body) for body in bodies) and not all(schema.is_valid(body) for body in bodies)
+
+
+def test_episode_profiles_fix_what_the_service_says(spec: dict[str, Any]) -> None:
+    """``EpisodeConfig.from_options``: options that name the ``envscaler`` profile may not
+    contradict what it fixes (``on_tool_error``, ``termination_action``); a profile that
+    comes from the scenario is a refusal the fuzz test lists as semantic."""
+    schema = validator(spec, "EpisodeOptions")
+    for body in combinations({"profile": ["sandpit", "envscaler", None], "on_tool_error": ["continue", "terminate"],
+                              "termination_action": ["chat_with_user", "finish"]}):
+        try:
+            options = EpisodeOptions.model_validate(body)
+            EpisodeConfig.from_options(options, None, options.profile or "sandpit")
+            server = True
+        except InvalidRequest:
+            server = False
+        assert schema.is_valid(body) == server, body
+
+
+def test_integer_bounds_are_served_exactly(spec: dict[str, Any]) -> None:
+    """FastAPI keeps bounds as floats; the document gets the models' integers back (a
+    seed of 2**64 - 1 was served as at most 2**64)."""
+    for component in ("EnvCreate", "ResetRequest"):
+        bound = spec["components"]["schemas"][component]["properties"]["seed"]["anyOf"][0]["maximum"]
+        assert type(bound) is int and bound == 2**64 - 1
+    assert not validator(spec, "EnvCreate").is_valid({"scenario_id": "s", "seed": 2**64})
 
 
 def test_validate_kinds_are_what_the_service_needs(spec: dict[str, Any]) -> None:
