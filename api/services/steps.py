@@ -45,7 +45,7 @@ from ..db.store import PendingBlobs, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
 from ..evaluations.rewards import Checks
 from ..metrics import Metrics
-from ..sandboxes import CallResult, SandboxError, SessionClosedError
+from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError
 from ..schemas.common import Status
 from ..schemas.envs import StepRequest, StepResult
 from ..schemas.scenarios import CheckOutcome
@@ -405,19 +405,25 @@ class StepService:
         if findings and entry.argument_checking == "strict":
             return StepRun("rejected", INVALID_ACTION, "user", findings=findings,
                            error="the arguments do not fit the tool's schema (argument_checking: strict)")
+        result = self._call(env_id, entry, call.name, call.arguments, "sandpit")
+        terminated = result.status == "error" and config.on_tool_error == "terminate"
+        role: Literal["tool", "user"] = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
+        return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
+                       findings=findings or None, terminated=terminated,
+                       end_reason="tool_error" if terminated else None)
+
+    def _call(self, env_id: str, entry: LiveEnv, name: str, arguments: dict[str, Any], rules: CallRules) -> CallResult:
+        """The tool call in the env's session. A session that closed or moved (another
+        replica) raises :class:`_SessionMoved`; a SandboxError propagates. Either way the
+        env's live entry is dropped, so the next request re-attaches from the committed head."""
         try:
-            result = entry.session.call(call.name, call.arguments)
+            return entry.session.call(name, arguments, rules)
         except SessionClosedError:
             self.live.drop(env_id)
             raise _SessionMoved from None
         except SandboxError:
             self.live.drop(env_id)
             raise
-        terminated = result.status == "error" and config.on_tool_error == "terminate"
-        role: Literal["tool", "user"] = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
-        return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
-                       findings=findings or None, terminated=terminated,
-                       end_reason="tool_error" if terminated else None)
 
     def _act_envscaler(self, tenant: str, env_id: str, entry: LiveEnv, action: envscaler.EnvScalerAction,
                        parsed: Action) -> StepRun:
@@ -441,14 +447,7 @@ class StepService:
                 chat.action = record
                 return chat
             return StepRun("ok", envscaler.TASK_FINISHED, "user", terminated=True, end_reason="action", action=record)
-        try:
-            result = entry.session.call(name, arguments, rules="envscaler")
-        except SessionClosedError:
-            self.live.drop(env_id)
-            raise _SessionMoved from None
-        except SandboxError:
-            self.live.drop(env_id)
-            raise
+        result = self._call(env_id, entry, name, arguments, "envscaler")
         if result.status == "rejected":  # hasattr found nothing (or the name is no attribute name at all)
             return StepRun("rejected", envscaler.INVALID_ACTION, "user", result.duration_ms, result,
                            error="the environment has no attribute of that name (hasattr)", action=record)
