@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sandpit.api.errors import InvalidRequest
 from sandpit.api.strict_json import _depth_exceeds_scan, json_depth_exceeds, strict_loads
@@ -24,6 +24,9 @@ JSON = st.recursive(
 
 @settings(max_examples=2000, deadline=None)
 @given(st.binary(max_size=80).map(lambda b: bytes(b"[]{}\"\\ a,:"[x % 10] for x in b)), st.integers(1, 6))
+@example(b'\\""[[', 1)  # a backslash outside any string escapes nothing (the scan's rule)
+@example(b'"abc[[[', 1)  # a string that never ends hides its brackets
+@example(b'"a\\"[[" [[', 1)
 def test_depth_check_agrees_with_the_scan_on_any_bytes(body: bytes, limit: int) -> None:
     assert json_depth_exceeds(body, limit) == _depth_exceeds_scan(body, limit)
 
