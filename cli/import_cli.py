@@ -59,7 +59,7 @@ def _fail(exc: Exception) -> NoReturn:
 
 
 @import_app.command("bfcl")
-def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", help="Sandpit API base URL."),
+def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", envvar="SANDPIT_URL", help="Sandpit API base URL."),
                 replay: bool = typer.Option(True, help="Replay every ground-truth trajectory in fresh envs."),
                 limit: int | None = typer.Option(None, min=1, help="Replay only the first N episodes."),
                 concurrency: int = typer.Option(4, min=1, max=64, help="Episodes replayed at once."),
@@ -175,7 +175,7 @@ def import_envscaler(
         envs: Annotated[Path, typer.Option(help="Environment file (EnvScaler-191-Env's metadata).")],
         scenarios: Annotated[list[Path] | None, typer.Option(
             help="Scenario file (RL or SFT); repeat for several.")] = None,
-        url: Annotated[str, typer.Option(help="Sandpit API base URL.")] = "http://127.0.0.1:8600",
+        url: Annotated[str, typer.Option(envvar="SANDPIT_URL", help="Sandpit API base URL.")] = "http://127.0.0.1:8600",
         policy: Annotated[Policy, typer.Option(help="Static policy environments are registered under.")] =
         Policy.standard,
         check: Annotated[bool, typer.Option(help="Instantiate each new scenario and run its checks.")] = True,

@@ -238,14 +238,21 @@ def _reward(value: float | None) -> str:
 
 
 def _parity_table(results: list[EpisodeParity], totals: Totals) -> None:
-    """One row per episode, then the totals (in the footer)."""
+    """One row per episode, then the totals (in the footer). A terminal narrower than 150
+    columns (or output to a file: rich assumes 80) gets the six columns that say whether
+    the runs agree, without the environment and the episode's description."""
+    out = Console()
+    wide = out.width >= 150
     table = Table(title="EnvScaler episodes: GEM env (envscaler profile) vs EnvScaler's rules in a sandbox",
                   show_footer=True)
     mark = {True: "[green]yes[/green]", False: "[red]no[/red]"}
-    for column in ("task id", "environment", "steps", "GEM reward", "reference reward", "reward equal",
-                   "every step equal", "what the episode shows"):
-        table.add_column(column, justify="right" if "reward" in column or column == "steps" else "left",
-                         overflow="fold", no_wrap=column == "task id")
+    columns = (["task id", "environment", "steps", "GEM reward", "reference reward", "reward equal",
+                "every step equal", "what the episode shows"] if wide else
+               ["task id", "steps", "GEM", "reference", "reward =", "steps ="])
+    for column in columns:
+        numeric = column in ("steps", "GEM reward", "reference reward", "GEM", "reference")
+        table.add_column(column, justify="right" if numeric else "left", overflow="fold",
+                         no_wrap=wide and column in ("task id", "steps", "GEM reward", "reference reward"))
     for r in results:
         steps = str(r.gem_steps) if r.gem_steps == r.reference_steps else f"{r.gem_steps} / {r.reference_steps}"
         if r.error is not None:
@@ -253,16 +260,18 @@ def _parity_table(results: list[EpisodeParity], totals: Totals) -> None:
         elif r.difference is not None:
             detail = f"[red]no: {r.difference}[/red]"
         else:
-            detail = f"[green]yes[/green] (reset + {r.gem_steps} step{'s' if r.gem_steps != 1 else ''})"
-        table.add_row(r.task_id, r.environment, steps, _reward(r.gem_reward), _reward(r.reference_reward),
-                      mark[r.rewards_equal], detail, r.note)
+            detail = "[green]yes[/green]" + (f" (reset + {r.gem_steps} step{'s' if r.gem_steps != 1 else ''})"
+                                             if wide else "")
+        cells = [r.task_id, *([r.environment] if wide else []), steps, _reward(r.gem_reward),
+                 _reward(r.reference_reward), mark[r.rewards_equal], detail, *([r.note] if wide else [])]
+        table.add_row(*cells)
     mean = totals.to_dict()
-    for index, text in enumerate(("total", "", str(totals.gem_steps), f"mean {_reward(mean['gem_mean_reward'])}",
-                                  f"mean {_reward(mean['reference_mean_reward'])}",
-                                  f"{totals.rewards_equal}/{totals.episodes}", f"{totals.equal}/{totals.episodes}",
-                                  "")):
+    footer = ["total", *([""] if wide else []), str(totals.gem_steps), f"mean {_reward(mean['gem_mean_reward'])}",
+              f"mean {_reward(mean['reference_mean_reward'])}", f"{totals.rewards_equal}/{totals.episodes}",
+              f"{totals.equal}/{totals.episodes}", *([""] if wide else [])]
+    for index, text in enumerate(footer):
         table.columns[index].footer = text
-    Console().print(table)
+    out.print(table)
     colour = "green" if totals.equal == totals.episodes else "red"
     console.print(f"[{colour}]{totals.equal} of {totals.episodes} episodes equal[/{colour}] (introduction, tools, "
                   "first observation, and every step's observation, kind, end and reward)")
