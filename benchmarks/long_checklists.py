@@ -22,12 +22,10 @@ Usage: ``python benchmarks/long_checklists.py [--checks 1000] [--runs 5]``.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+sys.path.insert(0, str(Path(__file__).parent))
 from api_server import ApiServer  # noqa: E402
+
+from api import sandboxes_cpu_s  # noqa: E402 - the API benchmark's reader of the sandboxes' cgroup CPU
 
 SOURCE = '''
 class Inventory:
@@ -68,29 +69,6 @@ def checklist(kind: str, count: int) -> list[dict[str, str]]:
     passing = int(count * 0.7)
     return [{"check_item": f"{kind} {i}",
              "check_func": KINDS[kind].format(i=i, op="and" if i < passing else "!=")} for i in range(count)]
-
-
-def sandboxes_cpu_s(server_pid: int) -> float:
-    """CPU seconds of the sandbox containers of the server ``server_pid`` (label
-    ``sandpit.owner`` ``<host>:<pid>:...``), from their cgroups (v1 or v2); 0 when unreadable."""
-    try:
-        listing = subprocess.run(["docker", "ps", "--no-trunc", "--filter", "label=sandpit=1", "--format",
-                                  '{{.ID}} {{.Label "sandpit.owner"}}'], capture_output=True, text=True,
-                                 timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0.0
-    total = 0.0
-    for line in listing.splitlines():
-        container, _, owner = line.partition(" ")
-        if owner.split(":")[1:2] != [str(server_pid)]:
-            continue
-        for path in glob.glob(f"/sys/fs/cgroup/cpuacct/docker/{container}/cpuacct.usage"):
-            total += int(open(path).read()) / 1e9
-        for path in glob.glob(f"/sys/fs/cgroup/**/docker-{container}.scope/cpu.stat", recursive=True):
-            for stat in open(path):
-                if stat.startswith("usage_usec"):
-                    total += int(stat.split()[1]) / 1e6
-    return total
 
 
 def run(checks: int, runs: int) -> dict[str, Any]:
