@@ -96,6 +96,11 @@ class ItemReport:
         self.sandpit_id = None
         return self
 
+    def refuse_answer(self, exc: SandpitError) -> ItemReport:
+        """Mark refused with the API's answer: ``<code> (<field>): <message>``; returns self."""
+        where = f" ({exc.field})" if exc.field else ""
+        return self.refuse(f"{exc.code}{where}: {exc.message}")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (``--json``)."""
         return {"kind": self.kind, "key": self.key, "file": self.file, "index": self.index, "status": self.status,
@@ -259,8 +264,7 @@ class _Import:
         except SandpitError as exc:
             if _fatal(exc):
                 raise
-            where = f" ({exc.field})" if exc.field else ""
-            report.refuse(f"{exc.code}{where}: {exc.message}")
+            report.refuse_answer(exc)
             return
         report.sandpit_id = created.id
         earlier = [i for i in self.by_name.get(name, []) if i != created.id]
@@ -383,8 +387,7 @@ class _Import:
         except SandpitError as exc:
             if _fatal(exc):
                 raise
-            where = f" ({exc.field})" if exc.field else ""
-            report.refuse(f"{exc.code}{where}: {exc.message}")
+            report.refuse_answer(exc)
             return
         report.sandpit_id = created.id
         if self.check and record.checklist_with_func:
