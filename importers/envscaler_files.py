@@ -294,17 +294,25 @@ class EnvironmentRecord:
     notes: list[str] = field(default_factory=list)
 
 
+def _unreadable(raw: RawRecord) -> str | None:
+    """Why a record cannot be read as one at all (the file's problem with it, or it is not
+    a JSON object); None when it can."""
+    if raw.problem is not None:
+        return raw.problem
+    if not isinstance(raw.value, dict):
+        return f"the record is not a JSON object (a {type(raw.value).__name__})"
+    return None
+
+
 def environment_record(raw: RawRecord) -> EnvironmentRecord:
     """Read one environment record (never raises: what is wrong goes to ``problems``).
     Its id is the object form's key, else its ``env_id``, else its index."""
     value = raw.value
     env_id = raw.key if raw.key is not None else (_id(value.get("env_id")) if isinstance(value, dict) else None)
     record = EnvironmentRecord(raw.index, env_id if env_id is not None else str(raw.index))
-    if raw.problem is not None:
-        record.problems.append(raw.problem)
-        return record
-    if not isinstance(value, dict):
-        record.problems.append(f"the record is not a JSON object (a {type(value).__name__})")
+    unreadable = _unreadable(raw)
+    if unreadable is not None:
+        record.problems.append(unreadable)
         return record
     problems = record.problems
     if raw.key is None and env_id is None:
@@ -356,11 +364,9 @@ def scenario_record(raw: RawRecord) -> ScenarioRecord:
     In the object form, a record without ``task_id`` takes its key."""
     record = ScenarioRecord(raw.index)
     value = raw.value
-    if raw.problem is not None:
-        record.problems.append(raw.problem)
-        return record
-    if not isinstance(value, dict):
-        record.problems.append(f"the record is not a JSON object (a {type(value).__name__})")
+    unreadable = _unreadable(raw)
+    if unreadable is not None:
+        record.problems.append(unreadable)
         return record
     problems = record.problems
     record.env_ref = value.get("env_id")
