@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
-from sandpit.cli import app
+from cli_runs import run
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.docker
@@ -22,18 +21,6 @@ pytestmark = pytest.mark.docker
 CHECKS = [{"check_item": "count is 3", "check_func": "def check_func(final_state):\n    return final_state['count'] == 3\n"},
           {"check_item": "record a stored",
            "check_func": "def check_func(final_state):\n    return 'a' in final_state['records']\n"}]
-
-
-@pytest.fixture(scope="module")
-def runner(server: Any) -> CliRunner:
-    """A CliRunner whose environment points the client at the module's server."""
-    return CliRunner(env={"SANDPIT_URL": server.url, "SANDPIT_API_KEY": server.api_key, "COLUMNS": "200"})
-
-
-def run(runner: CliRunner, *args: str, code: int = 0) -> Result:
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == code, f"{args}: exit {result.exit_code}\n{result.output}\n{result.exception!r}"
-    return result
 
 
 def run_json(runner: CliRunner, *args: str) -> Any:

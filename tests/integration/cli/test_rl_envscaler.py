@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
-from sandpit.cli import app
+from cli_runs import run
 from sandpit.sandbox_images import DEFINITION_DIR
 from typer.testing import CliRunner
 
@@ -35,18 +34,6 @@ REWARDS = {
     "warehouse_ship_and_stock_take": 0.5, "warehouse_stock_take_corrections": 1.0,
 }
 """What each recorded episode was written to earn (the release's episodes.jsonl notes say why)."""
-
-
-@pytest.fixture(scope="module")
-def runner(server: Any) -> CliRunner:
-    """A CliRunner whose environment points the client at the module's server."""
-    return CliRunner(env={"SANDPIT_URL": server.url, "SANDPIT_API_KEY": server.api_key, "COLUMNS": "200"})
-
-
-def run(runner: CliRunner, *args: str, code: int = 0) -> Result:
-    result = runner.invoke(app, list(args))
-    assert result.exit_code == code, f"{args}: exit {result.exit_code}\n{result.output}\n{result.exception!r}"
-    return result
 
 
 @pytest.fixture(scope="module")
