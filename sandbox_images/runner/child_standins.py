@@ -193,10 +193,6 @@ class StandIn:
             return bool(_slot(self, "_StandIn__args")[0] == other)
         return NotImplemented
 
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
     def __hash__(self) -> int:
         if _single(self):
             try:
@@ -220,7 +216,12 @@ class StandIn:
 
     # -- copies and text -------------------------------------------------------------------
     def __copy__(self) -> StandIn:
-        return _rebuild(type(self), _fields(self), copy_fields=False)
+        """A shallow copy: containers of its own, holding the same values."""
+        args, kwargs, attrs, items, seq, extra = _fields(self)
+        twin = object.__new__(type(self))
+        _fill(twin, (args, dict(kwargs) if kwargs else kwargs, attrs, dict(items) if items is not None else None,
+                     list(seq) if seq is not None else None, extra))
+        return twin
 
     def __deepcopy__(self, memo: dict[int, Any]) -> StandIn:
         import copy
@@ -302,14 +303,6 @@ def _fill(obj: StandIn, fields: tuple[Any, ...]) -> None:
                         ("_StandIn__seq", seq), ("_StandIn__extra", extra)):
         _SLOTS[name].__set__(obj, value)
     object.__getattribute__(obj, "__dict__").update(attrs)
-
-
-def _rebuild(cls: type[StandIn], fields: tuple[Any, ...], copy_fields: bool) -> StandIn:
-    twin = object.__new__(cls)
-    args, kwargs, attrs, items, seq, extra = fields
-    _fill(twin, (args, dict(kwargs) if kwargs else kwargs, dict(attrs),
-                 dict(items) if items is not None else None, list(seq) if seq is not None else None, extra))
-    return twin
 
 
 class StandInFactory:
