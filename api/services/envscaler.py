@@ -57,8 +57,6 @@ INVALID_ACTION = "Error: Invalid action"
 """EnvScaler's observation for an action that fails ``check_vaild_action``."""
 TASK_FINISHED = "Task finished"
 """EnvScaler's observation for the non-conversational termination action."""
-TOOL_ERROR_PREFIX = "Error: <Exception>\n"
-"""What EnvScaler puts before the traceback of a tool that raised."""
 CHAT_ACTION = "chat_with_user"
 """EnvScaler's action for talking to (or finishing with) the user."""
 
@@ -77,11 +75,10 @@ def introduction_text(introduction: str | None, rules: list[str] | None) -> str:
 
 @dataclass(frozen=True)
 class Structured:
-    """EnvScaler's structured response: ``reasoning`` (the ``<think>`` block), the first
-    ``tool_call`` (``{"name", "arguments"}`` as written) or None, and ``content`` (the
-    text around them)."""
+    """EnvScaler's structured response: the first ``tool_call`` (``{"name", "arguments"}``
+    as written) or None, and ``content`` (the text around it and the ``<think>`` block,
+    which nothing reads further)."""
 
-    reasoning: str | None
     tool_call: dict[str, Any] | None
     content: str
 
@@ -118,7 +115,7 @@ def parse_response(text: str) -> tuple[Structured | None, str | None]:
         tool_call = body
     if why is not None:
         return None, why
-    return Structured(think.group(1).strip() if think else None, tool_call, content), None
+    return Structured(tool_call, content), None
 
 
 @dataclass(frozen=True)
@@ -131,11 +128,6 @@ class EnvScalerAction:
     arguments: Any = None
     problem: str | None = None
     error: str | None = None
-    reasoning: str | None = None
-
-    def record(self) -> dict[str, Any]:
-        """``{"name", "arguments"}`` as the trajectory stores it."""
-        return {"name": self.name, "arguments": self.arguments}
 
 
 def _decoded(arguments: Any) -> tuple[Any, str | None]:
@@ -166,12 +158,11 @@ def parse_action(request: StepRequest) -> EnvScalerAction:
         if structured.tool_call is not None:
             arguments, why = _decoded(structured.tool_call["arguments"])
             if why is not None:
-                return EnvScalerAction(problem=ACTION_PARSE_FAILED, error=why, reasoning=structured.reasoning)
-            return EnvScalerAction(structured.tool_call["name"], arguments, reasoning=structured.reasoning)
+                return EnvScalerAction(problem=ACTION_PARSE_FAILED, error=why)
+            return EnvScalerAction(structured.tool_call["name"], arguments)
         if structured.content:
-            return EnvScalerAction(CHAT_ACTION, {"content": structured.content}, reasoning=structured.reasoning)
-        return EnvScalerAction(problem=ACTION_PARSE_FAILED, error="the reply holds neither text nor a tool call",
-                               reasoning=structured.reasoning)
+            return EnvScalerAction(CHAT_ACTION, {"content": structured.content})
+        return EnvScalerAction(problem=ACTION_PARSE_FAILED, error="the reply holds neither text nor a tool call")
     name: str | None
     if request.function is not None:
         name, arguments = request.function.name, request.function.arguments
