@@ -320,8 +320,8 @@ class EnvService:
     def _new_episode(self, env_id: str, tenant: str, environment: models.Environment,
                      init_config: CanonicalConfig, profile: dict[str, Any] | None,
                      seed: int | None = None) -> Iterator[tuple[SandboxSession, StateCache, PendingBlobs]]:
-        """Instantiate ``environment`` for ``env_id`` (``seed``: EnvScaler's reset seed) and encode its initial state; yields
-        ``(session, state, blobs to write)``. The session is closed if the block raises.
+        """Instantiate ``environment`` for ``env_id`` (``seed``: EnvScaler's reset seed) and
+        encode its initial state; yields ``(session, state, blobs to write)``. The session is closed if the block raises.
         Raises InvalidRequest (field ``init_config``) when the environment code fails."""
         cached = self.configs.cached(init_config.hash)  # one object per config: its wire bytes are computed once
         value = cached if isinstance(cached, SharedConfig) else SharedConfig(init_config.value)
