@@ -38,12 +38,6 @@ if TYPE_CHECKING:
 _make_encoder: Any = getattr(_encoder, "c_make_encoder", None)
 _escape: Any = getattr(_encoder, "c_encode_basestring", None)
 _escape_ascii: Any = getattr(_encoder, "c_encode_basestring_ascii", None)
-_join = "".join
-_len = len
-_str_type = str
-_value_error = ValueError
-_type_error = TypeError
-_stop = StopIteration
 _WHITESPACE = " \t\n\r"
 
 
@@ -53,11 +47,11 @@ __builtins__ = dict(vars(builtins))  # type: ignore[assignment]
 
 
 def _refuse(value: object) -> object:
-    raise _type_error(f"Object of type {type(value).__name__} is not JSON serializable")
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _refuse_constant(name: str) -> object:
-    raise _value_error(f"{name} is not valid JSON")
+    raise ValueError(f"{name} is not valid JSON")
 
 
 if _make_encoder is None or _escape is None or _escape_ascii is None:  # pragma: no cover - no _json
@@ -77,12 +71,12 @@ else:
         only JSON types and str/int/float/bool/None keys (``TypeError``), circular
         structures refused (``ValueError``). ``ascii`` escapes every non-ASCII character;
         ``sort_keys`` orders object members."""
-        if type(value) is _str_type:  # the encoder's one-shot path for a bare string
+        if type(value) is str:  # the encoder's one-shot path for a bare string
             text: str = _escape_ascii(value) if ascii else _escape(value)
             return text
         encode = _make_encoder({}, _refuse, _escape_ascii if ascii else _escape, None, ": " if spaced else ":",
                                ", " if spaced else ",", sort_keys, False, False)
-        return _join(encode(value, 0))
+        return "".join(encode(value, 0))
 
 
 _scan_once = getattr(_decoder.JSONDecoder(parse_constant=_refuse_constant), "scan_once")  # noqa: B009
@@ -92,13 +86,13 @@ def loads(text: str) -> Any:
     """The JSON value of ``text`` (a ``str``). Raises ``ValueError`` when it is not exactly
     one JSON value (``NaN``/``Infinity`` refused); ``RecursionError`` for nesting deeper
     than the interpreter's recursion limit."""
-    if type(text) is not _str_type:
-        raise _type_error(f"JSON text must be str, not {type(text).__name__}")
-    start = _len(text) - _len(text.lstrip(_WHITESPACE))
+    if type(text) is not str:
+        raise TypeError(f"JSON text must be str, not {type(text).__name__}")
+    start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
         value, end = _scan_once(text, start)
-    except _stop as exc:
-        raise _value_error(f"not JSON at character {exc.value}") from None
-    if end != _len(text) and text[end:].strip(_WHITESPACE):
-        raise _value_error(f"extra data after the JSON value at character {end}")
+    except StopIteration as exc:
+        raise ValueError(f"not JSON at character {exc.value}") from None
+    if end != len(text) and text[end:].strip(_WHITESPACE):
+        raise ValueError(f"extra data after the JSON value at character {end}")
     return value
