@@ -16,7 +16,7 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sandpit.sandbox_images.runner import child_schemas, limits
+from sandpit.sandbox_images.runner import child_schemas, child_session, limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
@@ -27,8 +27,9 @@ CallRules = Literal["sandpit", "envscaler"]
 tools; a raised exception is ``Error: <Type>: <message>``) or ``envscaler`` (EnvScaler's
 ``step()``: ``hasattr`` decides, a raised exception is ``Error: <Exception>\n`` and the
 traceback; ``sandbox_images/runner/child_session.py``)."""
-ENVSCALER_INVALID_ACTION = "Error: Invalid action"
-"""The observation of a call under ``envscaler`` rules that names nothing of the instance."""
+ENVSCALER_INVALID_ACTION = child_session.ENVSCALER_INVALID_ACTION
+"""The observation of a call under ``envscaler`` rules that names nothing of the instance
+(the session's own text, for a name the host refuses before asking it)."""
 
 
 def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:

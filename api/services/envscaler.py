@@ -48,17 +48,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schemas.envs import StepRequest
+from .episodes import CHAT_ACTION, TASK_FINISHED
+from .tools import INVALID_ACTION, PARSE_FAILED
+
+__all__ = ["ACTION_PARSE_FAILED", "CHAT_ACTION", "INVALID_ACTION", "STRUCT_PARSE_FAILED", "TASK_FINISHED",
+           "EnvScalerAction", "Structured", "chat_content", "introduction_text", "parse_action", "parse_response",
+           "validity_problem"]
 
 STRUCT_PARSE_FAILED = "Error: Failed to parse response to struct response"
 """EnvScaler's observation when raw output cannot be structured (``parse_response``)."""
-ACTION_PARSE_FAILED = "Error: Failed to parse response to action"
+ACTION_PARSE_FAILED = PARSE_FAILED
 """EnvScaler's observation when a structured response gives no action (``parse_action``)."""
-INVALID_ACTION = "Error: Invalid action"
-"""EnvScaler's observation for an action that fails ``check_vaild_action``."""
-TASK_FINISHED = "Task finished"
-"""EnvScaler's observation for the non-conversational termination action."""
-CHAT_ACTION = "chat_with_user"
-"""EnvScaler's action for talking to (or finishing with) the user."""
 
 _THINK = re.compile(r"(?:<|@)think(?:>|@)\s*(.*?)(?:<|@)/think(?:>|@)", re.DOTALL | re.IGNORECASE)
 _THINK_OPEN = re.compile(r"(?:<|@)think(?:>|@)", re.IGNORECASE)
