@@ -43,13 +43,12 @@ profile.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..schemas.envs import StepRequest
 from .episodes import CHAT_ACTION, TASK_FINISHED
-from .tools import INVALID_ACTION, PARSE_FAILED
+from .tools import INVALID_ACTION, PARSE_FAILED, THINK, THINK_OPEN, TOOL_CALL
 
 __all__ = ["ACTION_PARSE_FAILED", "CHAT_ACTION", "INVALID_ACTION", "STRUCT_PARSE_FAILED", "TASK_FINISHED",
            "EnvScalerAction", "Structured", "chat_content", "introduction_text", "parse_action", "parse_response",
@@ -60,9 +59,6 @@ STRUCT_PARSE_FAILED = "Error: Failed to parse response to struct response"
 ACTION_PARSE_FAILED = PARSE_FAILED
 """EnvScaler's observation when a structured response gives no action (``parse_action``)."""
 
-_THINK = re.compile(r"(?:<|@)think(?:>|@)\s*(.*?)(?:<|@)/think(?:>|@)", re.DOTALL | re.IGNORECASE)
-_THINK_OPEN = re.compile(r"(?:<|@)think(?:>|@)", re.IGNORECASE)
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
 def introduction_text(introduction: str | None, rules: list[str] | None) -> str:
@@ -87,11 +83,11 @@ def parse_response(text: str) -> tuple[Structured | None, str | None]:
     """EnvScaler ``parse_response`` on raw model output: ``(structured, None)``, or
     ``(None, why)`` when the output cannot be structured (:data:`STRUCT_PARSE_FAILED`)."""
     text = text.strip()
-    think = _THINK.search(text)
+    think = THINK.search(text)
     why = None
-    if think is None and _THINK_OPEN.search(text):
+    if think is None and THINK_OPEN.search(text):
         why = "unclosed <think> block"
-    calls = list(_TOOL_CALL.finditer(text))
+    calls = list(TOOL_CALL.finditer(text))
     first = calls[0] if calls else None
     if first is None and "<tool_call>" in text and "</tool_call>" not in text:
         why = why or "unclosed <tool_call> tag"

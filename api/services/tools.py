@@ -51,9 +51,12 @@ MAX_STORED_NAME_CHARS = 256
 """A rejected call's name is recorded cut to this many characters."""
 MAX_FINDINGS = 16
 """Most argument-schema findings reported for one call."""
-_THINK = re.compile(r"(?:<|@)think(?:>|@)\s*(.*?)(?:<|@)/think(?:>|@)", re.DOTALL | re.IGNORECASE)
-_THINK_OPEN = re.compile(r"(?:<|@)think(?:>|@)", re.IGNORECASE)
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+THINK = re.compile(r"(?:<|@)think(?:>|@)\s*(.*?)(?:<|@)/think(?:>|@)", re.DOTALL | re.IGNORECASE)
+"""A complete ``<think>...</think>`` block (EnvScaler's pattern; ``@think@`` too)."""
+THINK_OPEN = re.compile(r"(?:<|@)think(?:>|@)", re.IGNORECASE)
+"""An opening ``<think>`` tag (with no closing one, the output does not parse)."""
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+"""A ``<tool_call>`` block holding a JSON object (EnvScaler's pattern; the first one counts)."""
 
 
 @dataclass(frozen=True)
@@ -145,12 +148,12 @@ def parse_text(text: str) -> tuple[str | None, Any, str | None, str | None]:
     ``name``/``arguments``, or an empty reply give ``error``."""
     text = text.strip()
     reasoning = None
-    think = _THINK.search(text)
+    think = THINK.search(text)
     if think:
         reasoning = think.group(1).strip()
-    elif _THINK_OPEN.search(text):
+    elif THINK_OPEN.search(text):
         return None, None, "unclosed <think> block", None
-    calls = list(_TOOL_CALL.finditer(text))
+    calls = list(TOOL_CALL.finditer(text))
     if not calls:
         if "<tool_call>" in text:  # a call block that is unclosed or holds no JSON object is no reply
             closed = "</tool_call>" in text
