@@ -331,7 +331,16 @@ def reference_episode(client: Client, reference: Mapping[str, str], environment:
            "scenario": {"task": scenario.task, "init_config": scenario.init_config,
                         "checklist_with_func": scenario.checklist_with_func},
            "requests": [{"text": text} for text in outputs]}
-    result = client.execute(_REFERENCE_SCRIPT, stdin=json.dumps(job), files=dict(reference))  # the profile's time limit
+    return reference_run(client, reference, job)
+
+
+def reference_run(client: Client, reference: Mapping[str, str], job: Mapping[str, Any]) -> dict[str, Any]:
+    """One run of the reference rules in a sandbox (``POST /v1/execute``, the profile's time
+    limit): ``job`` is ``{"source", "class_name", "seed", "record": {"environment_introduction",
+    "constraints_rules", "tools"}, "scenario": {"task", "init_config", "checklist_with_func"},
+    "requests": [Sandpit step bodies]}``; the answer as :func:`reference_episode` gives it.
+    Raises as :func:`reference_episode`."""
+    result = client.execute(_REFERENCE_SCRIPT, stdin=json.dumps(job), files=dict(reference))
     if result.status != "ok" or result.stdout_truncated:
         last = (result.stderr.strip().splitlines() or [""])[-1][:300]
         why = "its output was cut at the sandbox's cap" if result.stdout_truncated else f"status {result.status}"

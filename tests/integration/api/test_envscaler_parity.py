@@ -19,11 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+from sandpit.client import Client
+from sandpit.importers.envscaler_parity import reference_files, reference_run
 from sandpit.sandbox_images import DEFINITION_DIR
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-REFERENCE = DEFINITION_DIR / "envscaler" / "reference.py"
 
 HOTEL = '''
 import dataclasses
@@ -204,28 +205,12 @@ EPISODES = {
 }
 
 
-def _reference(api: httpx.Client, requests: list[dict], seed: int | None) -> dict[str, Any]:
-    render_source = (DEFINITION_DIR / "runner" / "child_render.py").read_text()
-    limits_source = (DEFINITION_DIR / "runner" / "limits.py").read_text()  # child_render's caps
-    codec_source = (DEFINITION_DIR / "runner" / "child_codec.py").read_text()  # child_render's JSON
-    script = "\n".join([
-        "import json, sys, types",
-        f"sys.modules['limits'] = types.ModuleType('limits'); exec({limits_source!r}, sys.modules['limits'].__dict__)",
-        f"sys.modules['child_codec'] = types.ModuleType('child_codec'); "
-        f"exec({codec_source!r}, sys.modules['child_codec'].__dict__)",
-        f"render_module = types.ModuleType('render'); exec({render_source!r}, render_module.__dict__)",
-        "reference = types.ModuleType('envscaler_reference')",
-        f"exec(compile({REFERENCE.read_text()!r}, 'envscaler_reference.py', 'exec'), reference.__dict__)",
-        f"out = reference.run({HOTEL!r}, 'HotelDesk', json.loads({json.dumps(RECORD)!r}),",
-        f"                    json.loads({json.dumps(SCENARIO)!r}), json.loads({json.dumps(requests)!r}),",
-        f"                    render_module.render, seed={seed!r})",
-        "print(json.dumps(out))",
-    ])
-    result = api.post("/v1/execute", json={"code": script}, timeout=60)
-    assert result.status_code == 200, result.text
-    body = result.json()
-    assert body["status"] == "ok", body["stderr"]
-    return json.loads(body["stdout"])
+def _reference(server: Any, requests: list[dict], seed: int | None) -> dict[str, Any]:
+    """The reference's run of ``requests`` in a sandbox (``sandpit rl envscaler``'s channel)."""
+    job = {"source": HOTEL, "class_name": "HotelDesk", "seed": seed, "record": RECORD, "scenario": SCENARIO,
+           "requests": requests}
+    with Client(server.url, api_key=server.api_key, timeout=60) as client:
+        return reference_run(client, reference_files(DEFINITION_DIR), job)
 
 
 @pytest.fixture(scope="module")
@@ -266,10 +251,10 @@ def _ours(api: httpx.Client, scenario_id: str, requests: list[dict], count: int,
 
 
 @pytest.mark.parametrize("episode", sorted(EPISODES))
-def test_the_envscaler_profile_is_envscalers_rl_environment(api: httpx.Client, scenario_ids: dict[str, str],
-                                                             episode: str) -> None:
+def test_the_envscaler_profile_is_envscalers_rl_environment(api: httpx.Client, server: Any,
+                                                             scenario_ids: dict[str, str], episode: str) -> None:
     requests = EPISODES[episode]
-    expected = _reference(api, requests, SEED)
+    expected = _reference(server, requests, SEED)
     created, got = _ours(api, scenario_ids["envscaler"], requests, len(expected["steps"]), SEED)
     assert created["introduction"] == expected["introduction"]
     assert created["tools"] == expected["tools"]  # the record's own tools, nothing added
