@@ -1,6 +1,6 @@
 """Reward integrity through the HTTP API: an environment cannot set its own reward.
 
-A hostile environment (``test_verdict_integrity.py`` of the executor tests: a module that
+A hostile environment (``tests/support/hostile_environments.py``: a module that
 installs profile/trace/audit hooks and patches ``json``, ``pickle``, ``builtins`` and
 ``sys.modules`` when it loads, with objects of its own classes in its state, one of
 whose ``__reduce__`` runs code when unpickled) is registered and judged by a scenario's
@@ -16,23 +16,16 @@ purposes registers and steps (the session's frames use the runner's own codec).
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from hostile_environments import HONEST as HONEST_SOURCES
+from hostile_environments import HOSTILE
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-_spec = importlib.util.spec_from_file_location(
-    "executor_verdicts", Path(__file__).parents[1] / "executor" / "test_verdict_integrity.py")
-assert _spec is not None and _spec.loader is not None
-_executor_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_executor_tests)
-HOSTILE: str = _executor_tests.HOSTILE
-HONEST_SOURCES: list[str] = _executor_tests.HONEST
 HONEST = [{"check_item": f"honest {i}", "check_func": source} for i, source in enumerate(HONEST_SOURCES)]
 HONEST_REWARD = 0.3333
 API_ATTACKS = "profile,trace,audit,json,pickle,modules"
