@@ -19,10 +19,14 @@ failure is *transient* (:func:`is_transient`; the ``openai`` SDK's own rule) and
 again, ``retries`` times after the first attempt, sleeping ``retry_initial_s * 2**(n-1)``
 seconds (or the server's ``Retry-After`` / ``retry-after-ms`` when longer), at most
 ``retry_max_s``; ``should_stop()`` (when given) ends the retries early. Any other refusal
-(400, 401, 404, ...) is not retried. The ``openai`` client is built with ``max_retries=0``
-(tenacity owns retries) and an explicit API key (``"EMPTY"`` when there is none, so an
-``OPENAI_API_KEY`` of this process is never sent to a caller-chosen endpoint). The key is
-never logged, never part of an error message and never part of a cache key.
+(400, 401, 404, ...) is not retried. The ``openai`` client is built with ``max_retries=0``:
+its own retries use the same rule but fixed backoff constants (0.5 s doubling to 8 s) and
+cannot be ended by the caller, while a cancelled rollout evaluation must stop waiting at
+once (``should_stop``) and an operator sets the backoff (``retry_initial_s``,
+``retry_max_s``); so tenacity owns retries. The client is built with an explicit API key
+(``"EMPTY"`` when there is none, so an ``OPENAI_API_KEY`` of this process is never sent to
+a caller-chosen endpoint). The key is never logged, never part of an error message and
+never part of a cache key.
 
 Exception tree (every failure of the endpoint raises one; ``status`` is the evaluation
 error status)::
@@ -41,31 +45,6 @@ the endpoint again, so a rerun is reproducible and resumable.
 Usage: every live request, cache hit, retry and failure is counted in a :class:`Usage`
 (``client.usage``, or the ``usage`` given to the call), under a lock: one client may be
 shared by threads. ``max_concurrency`` bounds the requests in flight per client.
-
-Mapping from the two wrappers this module replaces:
-
-* the API's former ``ModelClient`` (now ``sandpit.api.evaluations.rollout`` and the simulated user in ``sandpit.api.services.episodes`` use this module):
-  ``ModelSettings`` has the same fields and meaning (``retries`` = extra attempts after the
-  first) plus ``embedding_model``; ``ModelClient(settings, api_key, http_client=...)`` is
-  built the same way; ``chat(messages, tools, usage, should_stop)`` takes the same
-  arguments in the same order and returns a :class:`ChatReply` whose ``message()`` is the
-  dict the old ``chat`` returned (``role``, ``content`` as sent, ``tool_calls`` when there
-  are any, ids ``call_<requests>_<n>`` where the model sent none; custom non-function tool
-  calls dropped); ``ModelError(status, message)`` keeps its constructor and statuses
-  (``result`` is a free slot for a caller's partial result, the rollout loop's episode so
-  far); ``Usage`` keeps ``prompt_tokens``, ``completion_tokens``, ``requests``,
-  ``retries``, and ``usage.as_dict(CHAT_COUNTERS)`` is the old ``as_dict()``. One
-  difference: 408 and 409 answers are now retried (``model_unavailable`` once the retries
-  are spent) instead of being ``model_error`` at once.
-* ``sandpit.synthesis.llm``: ``LLM(settings, cache_dir)`` becomes
-  ``ModelClient(settings, api_key, cache_dir=..., max_concurrency=...)`` (synthesis builds
-  it from ``SynthSettings``, whose ``retries`` counts attempts: ``retries - 1`` here,
-  ``retry_backoff_s`` is ``retry_initial_s``); ``chat(messages, tools=...)`` returns the
-  same ``ChatReply`` (``text`` is the content or ``""``); ``LLMUnavailable`` is
-  ``ModelError`` (both subclasses); the cache keys and files are unchanged, so existing
-  run directories keep their cached answers. Synthesis passes ``label=`` (its prompt
-  name) to count live requests per prompt in ``Usage.by_prompt``; ``Retry-After`` is now
-  honoured (up to ``retry_max_s``).
 """
 
 from __future__ import annotations
