@@ -1,10 +1,10 @@
-"""Issue-14 performance table: every target beside its measured figure and its anchor.
+"""The performance table: every target beside its measured figure and its anchor.
 
 Reads the JSON the benchmarks saved under ``benchmarks/results/`` (``deltas.json``,
 ``cold.json``, ``api.json``, ``density.json``, ``scale.json``; a missing file leaves its
 rows out) and prints one table: target, measured, anchor from the same run, met or not.
 Writes ``benchmarks/results/report.json`` and, with ``--markdown``, prints the table as
-Markdown (what README's performance section holds). Nothing is measured here: re-run the
+Markdown (what ``docs/performance.md`` holds). Nothing is measured here: re-run the
 benchmarks first, on a quiet machine, then this.
 
 Usage: ``python benchmarks/report.py [--markdown]``.

@@ -9,7 +9,7 @@ diffs with the sandbox's own ``child_render.py``. The same step requests then go
 ``envscaler``, and everything is compared: the introduction, the tools the agent is shown,
 the first observation and initial state, and for every step the observation text, its
 kind, termination, reward and state diff. The ``sandpit`` profile, on the same actions,
-differs where the README's profile table says it does.
+differs where the profile table of ``docs/envscaler.md`` says it does.
 """
 
 from __future__ import annotations

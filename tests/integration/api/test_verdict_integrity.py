@@ -158,7 +158,7 @@ def test_validate_runs_no_environment_code(judged) -> None:
 def test_opting_in_lets_the_environments_classes_decide_for_their_objects(judged) -> None:
     """``check_objects: environment``: the module is loaded for the checks. Its import-time
     hooks are taken back (the honest checks keep their verdicts), but ``==`` on its
-    objects is its own ``Box.__eq__`` (always True): the README says so."""
+    objects is its own ``Box.__eq__`` (always True): ``docs/isolation.md`` says so."""
     server, environment_id = judged
     with server.client() as api:
         checks = HONEST + [BOX_EQUAL]

@@ -443,7 +443,7 @@ result = json.dumps(seen)
 """
 
 ISOLATION = {
-    # what a session sees of the runner and of another session of its sandbox (README table)
+    # what a session sees of the runner and of another session of its sandbox (docs/isolation.md's table)
     "runc": {"runner environ": "EACCES", "runner fd list": "EACCES", "runner mem": "EACCES",
              "other environ": "EACCES", "other cwd": "EACCES", "other mem": "EACCES", "other ptrace": "EPERM",
              "other signal": "allowed", "list /work": "EACCES", "unshare user namespace": "EPERM",
@@ -457,7 +457,7 @@ ISOLATION = {
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="system call numbers of x86_64")
 def test_what_a_session_sees_of_the_runner_and_of_its_neighbour(open_env, probe, rt_pool) -> None:
-    """The README's isolation table, measured: it must change only with this test."""
+    """The isolation table of ``docs/isolation.md``, measured: it must change only with this test."""
     first = open_env(on=rt_pool)
     second = open_env(on=rt_pool)
     assert first._sandbox is second._sandbox
