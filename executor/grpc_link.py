@@ -270,9 +270,8 @@ class LinkServer:
                                        maximum_concurrent_rpcs=max_calls)
             made = _channelz_servers() - before
         self._channelz_id = made.pop() if len(made) == 1 else None
-        credentials = grpc.ssl_server_credentials([(key, certificate)])
         try:
-            self.port: int = self._server.add_secure_port(_target(address, 0), credentials)
+            self.port: int = self._listen(_target(address, 0), key, certificate)
         except RuntimeError as exc:  # grpcio raises where older versions returned 0
             self._workers.shutdown(wait=False)
             raise OSError(f"host link: cannot listen on {address}: {exc}") from exc
@@ -280,6 +279,10 @@ class LinkServer:
             self._workers.shutdown(wait=False)
             raise OSError(f"host link: cannot listen on {address}")
         self._server.start()
+
+    def _listen(self, target: str, key: bytes, certificate: bytes) -> int:
+        """Listen on ``target`` with TLS under ``certificate``; the port (0: failed)."""
+        return self._server.add_secure_port(target, grpc.ssl_server_credentials([(key, certificate)]))
 
     def endpoint(self) -> dict[str, Any]:
         """What a replica needs to open a :class:`HostLink`, as plain data for Ray:
