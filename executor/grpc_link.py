@@ -35,13 +35,13 @@ actor, :class:`HostLink` in the replica, :class:`LinkRefused`, :data:`DIRECT`), 
   the host's own timeouts bound it) and its answer is dropped.
 * **Limits.** Bodies of at most ``max_frame`` bytes each way (gRPC's message limits, and
   checked before sending), nested at most ``MAX_FRAME_DEPTH + LINK_MAX_EXTRA_DEPTH``
-  levels. HTTP/2 multiplexes every replica's requests on one connection, so the cap of
-  :data:`~sandpit.sandbox_images.runner.limits.LINK_MAX_CONNECTIONS` connections becomes
-  gRPC's own cap on calls in progress (:data:`LINK_MAX_CALLS`, served or waiting for one of
-  ``workers`` threads; more are answered ``RESOURCE_EXHAUSTED``). A connection has
-  ``hello_timeout_s`` to finish its TLS handshake, and is closed after
-  :data:`LINK_IDLE_S` without a call. Keepalive pings every :data:`LINK_KEEPALIVE_S` seconds,
-  unanswered for :data:`LINK_KEEPALIVE_TIMEOUT_S`, detect a dead peer on either side.
+  levels. HTTP/2 carries all of a replica's requests on one connection, so the TCP link's
+  cap on connections (``LINK_MAX_CONNECTIONS``) becomes gRPC's own cap on calls in progress,
+  ``LINK_MAX_CALLS`` (running, or waiting for one of ``workers`` threads; more are answered
+  ``RESOURCE_EXHAUSTED``). A connection has ``hello_timeout_s`` to finish its TLS handshake
+  and is closed after ``LINK_IDLE_S`` without a call. Keepalive pings every
+  ``LINK_KEEPALIVE_S`` seconds, unanswered for ``LINK_KEEPALIVE_TIMEOUT_S``, detect a dead
+  peer on either side. (Caps: ``sandbox_images/runner/limits.py``.)
 
 Failures, mapped in one place (:func:`_open_refused`, :func:`_request_failed`)::
 
@@ -89,6 +89,10 @@ from sandpit.sandbox_images.runner import protocol
 from sandpit.sandbox_images.runner.limits import (
     LINK_CONNECT_TIMEOUT_S,
     LINK_HELLO_TIMEOUT_S,
+    LINK_IDLE_S,
+    LINK_KEEPALIVE_S,
+    LINK_KEEPALIVE_TIMEOUT_S,
+    LINK_MAX_CALLS,
     LINK_MAX_EXTRA_DEPTH,
     MAX_FRAME_DEPTH,
 )
@@ -105,15 +109,6 @@ SERVICE = "sandpit.hostlink.v1.SandboxHost"
 """The gRPC service name: a request for op ``x`` is the unary method ``/SERVICE/x``."""
 HELLO = "hello"
 """The method a :class:`HostLink` calls once at open to check its token (not an op)."""
-LINK_MAX_CALLS = 1024
-"""Calls one host serves at once, running or waiting for a worker (gRPC's
-``maximum_concurrent_rpcs``); more are answered RESOURCE_EXHAUSTED."""
-LINK_KEEPALIVE_S = 20.0
-"""Seconds between keepalive pings on an otherwise silent connection (both ends)."""
-LINK_KEEPALIVE_TIMEOUT_S = 10.0
-"""Seconds a keepalive ping may go unanswered before the connection counts as dead."""
-LINK_IDLE_S = 600.0
-"""Seconds a connection may go without a call before the server closes it."""
 CERTIFICATE_DAYS = 3650
 """Validity of a host's certificate. It is pinned, and its key lives only in the host
 actor's memory and dies with it, so expiry adds nothing: it only must not cut a
@@ -229,9 +224,9 @@ class LinkServer:
         max_frame: largest request or answer body in bytes (the executor's ``max_frame_bytes``).
         workers: requests served at once (threads).
         hello_timeout_s: seconds a new connection has to finish its TLS handshake.
-        keepalive_s: seconds between keepalive pings (:data:`LINK_KEEPALIVE_S`); pings
+        keepalive_s: seconds between keepalive pings (``LINK_KEEPALIVE_S``); pings
             from clients more often than half of it are refused by gRPC.
-        max_calls: calls accepted at once (:data:`LINK_MAX_CALLS`).
+        max_calls: calls accepted at once (``LINK_MAX_CALLS``).
 
     Raises:
         OSError: nothing could listen on ``address``.
