@@ -537,3 +537,24 @@ def test_an_address_the_certificate_does_not_name_is_refused(server: LinkServer)
         assert proxy.connections >= 1 and server.refused == 0
     finally:
         proxy.close()
+
+
+def test_calls_over_the_servers_cap_are_refused_undispatched(dispatch: Dispatch) -> None:
+    """``max_calls`` (LINK_MAX_CALLS) bounds the calls a host holds; one more is refused
+    before dispatch, and its caller sees the link as lost (the outcome of a refused call
+    is not told apart from a lost one)."""
+    capped = LinkServer(dispatch, "127.0.0.1", TOKEN, MAX_FRAME, workers=4, max_calls=2)
+    client, other = link(capped), link(capped)
+    try:
+        with ThreadPoolExecutor(2) as threads:
+            held = [threads.submit(client.request, "call", [0.8, n], 5) for n in range(2)]
+            assert eventually(lambda: len(dispatch.seen) == 2)
+            with pytest.raises(SandboxLost) as caught:
+                other.request("noop", ["over"], 5)
+            assert caught.value.status == "crashed" and not other.alive
+            assert [future.result(5) for future in held] == [{"ok": 0}, {"ok": 1}]
+        assert dispatch.ops() == ["call", "call"] and client.alive
+    finally:
+        client.close()
+        other.close()
+        capped.close()
