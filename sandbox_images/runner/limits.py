@@ -330,3 +330,15 @@ LINK_CONNECT_TIMEOUT_S = 5.0
 """Seconds to open a host link before the request goes through Ray instead."""
 LINK_RETRY_AFTER_S = 5.0
 """Seconds after a failed host link open before the next attempt (meanwhile: through Ray)."""
+
+# -- the host link on gRPC (executor/grpc_link.py; host side only, never in a sandbox)
+LINK_MAX_CALLS = 1024
+"""Calls one sandbox host serves at once on its gRPC link, running or waiting for a worker
+(gRPC's ``maximum_concurrent_rpcs``, in place of LINK_MAX_CONNECTIONS: HTTP/2 carries every
+request of a replica on one connection); more are answered RESOURCE_EXHAUSTED."""
+LINK_KEEPALIVE_S = 20.0
+"""Seconds between keepalive pings on a gRPC link connection (both ends)."""
+LINK_KEEPALIVE_TIMEOUT_S = 10.0
+"""Seconds a keepalive ping may go unanswered before the connection counts as dead."""
+LINK_IDLE_S = 600.0
+"""Seconds a gRPC link connection may go without a call before the host closes it."""
