@@ -54,10 +54,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
 from .errors import ApiError, QuotaExceeded, error_response, internal_error_response
+from .json_rules import lone_surrogate_at
 from .schemas.envs import StepRequest
 from .services.steps import StepClock, StepService
 from .services.tenants import TenantService
-from .strict_json import lone_surrogate_at
 
 STEP_PATH = re.compile(r"/v1/envs/([^/]+)/step")
 """The route's path (Starlette's ``{env_id}`` matches one segment)."""

@@ -33,7 +33,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
 
-from ..strict_json import has_long_number
+from ..json_rules import has_long_number
 from .models import Env, InitConfig
 
 HASH_HEX = 32

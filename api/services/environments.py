@@ -25,6 +25,7 @@ from sqlalchemy import func, select
 from ..db import models
 from ..db.database import Database
 from ..errors import Conflict, InvalidRequest
+from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes
 from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..settings import ApiSettings
@@ -34,7 +35,7 @@ from .limits import check_code, check_config
 from .policy import check_source, policy_summary, retyped_findings
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
-from .tools import ToolSet, json_size, text_size
+from .tools import ToolSet
 
 
 class EnvironmentService:

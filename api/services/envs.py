@@ -48,6 +48,7 @@ from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, collect_garbage, encode_state, load_state
 from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, ServiceUnavailable
 from ..evaluations.rewards import Checks, episode_reward
+from ..json_rules import text_size
 from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession, SharedConfig
 from ..schemas.envs import (
     EnvCreate,
@@ -70,7 +71,6 @@ from .live import LiveEnv, LiveEnvs
 from .quotas import QuotaService, TenantContext
 from .scenarios import check_policy, checks_size
 from .tenants import TenantService, audit_event
-from .tools import text_size
 
 EPISODES = cast(Table, models.Episode.__table__)
 STEPS = cast(Table, models.Step.__table__)

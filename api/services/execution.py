@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InvalidRequest
 from ..evaluations.rewards import Checks
+from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes, SandboxRefused
 from ..schemas.validation import (
     ExecuteBatchRequest,
@@ -32,7 +33,6 @@ from .diff import state_diff
 from .limits import check_code, check_config
 from .policy import check_source
 from .quotas import QuotaService, TenantContext
-from .tools import json_size, text_size
 
 
 class ExecutionService:

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from ..db import models
 from ..db.database import Database
 from ..errors import InvalidRequest, PayloadTooLarge
+from ..json_rules import json_size, text_size
 from ..sandboxes import CHECK_SOURCE_MAX_BYTES
 from ..schemas.scenarios import CheckSpec, ScenarioCreate, ScenarioPublic, ScenariosPublic
 from ..settings import ApiSettings
@@ -23,7 +24,6 @@ from .limits import check_config
 from .policy import check_source
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
-from .tools import json_size, text_size
 
 
 def check_policy(checks: list[CheckSpec], field: str) -> None:

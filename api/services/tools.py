@@ -36,8 +36,8 @@ import jsonschema
 from jsonschema.validators import Draft202012Validator
 
 from ..errors import InvalidRequest, PayloadTooLarge
+from ..json_rules import json_size, strict_loads, text_size
 from ..schemas.envs import StepRequest
-from ..strict_json import strict_loads
 
 PARSE_FAILED = "Error: Failed to parse response to action"
 """EnvScaler's observation when the agent's output is not a usable call."""
@@ -98,16 +98,6 @@ class Action:
     def rejected(self, problem: str, error: str) -> Action:
         """This action marked malformed."""
         return Action(self.name, self.arguments, problem, error, self.reasoning, request=self.request)
-
-
-def text_size(text: str) -> int:
-    """UTF-8 size of ``text`` in bytes (lone surrogates count as 3 bytes, never fail)."""
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def json_size(value: Any) -> int:
-    """Compact JSON size of ``value`` in bytes."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 def valid_text(value: Any) -> tuple[Any, bool]:

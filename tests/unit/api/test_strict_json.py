@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 from sandpit.api.deps import json_router
 from sandpit.api.errors import InvalidRequest, error_body
-from sandpit.api.strict_json import json_depth_exceeds, lone_surrogate_at, strict_loads
+from sandpit.api.json_rules import json_depth_exceeds, lone_surrogate_at, strict_loads
 
 
 @pytest.mark.parametrize("body, where", [

@@ -1,4 +1,4 @@
-"""The fast paths of :mod:`sandpit.api.strict_json` give exactly what the slow ones gave:
+"""The fast paths of :mod:`sandpit.api.json_rules` give exactly what the slow ones gave:
 the depth check agrees with the byte-by-byte scan on any bytes, and parsing with orjson
 gives the same value as Python's ``json`` (or defers to it: huge integers, lone
 surrogates, NaN, ``1e400``)."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sandpit.api.errors import InvalidRequest
-from sandpit.api.strict_json import _depth_exceeds_scan, json_depth_exceeds, strict_loads
+from sandpit.api.json_rules import _depth_exceeds_scan, json_depth_exceeds, strict_loads
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
