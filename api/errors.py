@@ -92,7 +92,7 @@ class Forbidden(ApiError):
 
 
 class QuotaExceeded(ApiError):
-    """A per-tenant limit (:class:`sandpit.api.services.quotas.Quotas`) was hit; ``limit`` names it
+    """A per-tenant limit (:class:`sandpit.api.settings.Quotas`) was hit; ``limit`` names it
     and ``retry_after`` (seconds, always set) says when trying again can help. For fixed
     limits (sizes, resource profile) the message says that waiting does not help."""
 

@@ -28,7 +28,7 @@ never refused for its shape (schemathesis' ``positive_data_acceptance`` check). 
 the models themselves are in the models (patterns, bounds, ``oneOf`` beside a model
 validator); :func:`_service_rules` adds what services check beyond them, from the same
 constants: the quota override fields (``QuotaOverrides``, from
-:class:`~.services.quotas.Quotas`), NUL-free code (:func:`~.services.limits.check_code`),
+:class:`~.settings.Quotas`), NUL-free code (:func:`~.services.limits.check_code`),
 ``max_fork_count``, and the operator's default resource profile as the most a request
 may ask for (callers may only lower it; given by :func:`install`'s ``default_limits``).
 What remains a 422 for data of the right shape depends on the data's meaning (code that
@@ -48,8 +48,7 @@ from pydantic import BaseModel
 
 from .deps import get_caller, get_quotas, require_operator
 from .errors import ErrorBody
-from .services.quotas import Quotas
-from .settings import ApiSettings
+from .settings import ApiSettings, Quotas
 from .strict_json import StrictJSONRoute
 
 ERROR_REF = "#/components/schemas/ErrorBody"

@@ -213,7 +213,7 @@ class Tenant(Base):
     """Slug (``[a-z0-9][a-z0-9_-]{0,63}``), chosen by the operator."""
     display_name: Mapped[str | None] = mapped_column(String(200))
     quotas: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    """Overrides of :class:`sandpit.api.services.quotas.Quotas` fields (missing = the default)."""
+    """Overrides of :class:`sandpit.api.settings.Quotas` fields (missing = the default)."""
     model_base_url: Mapped[str | None] = mapped_column(String(2000))
     """Default OpenAI-compatible endpoint for rollout evaluations of this tenant."""
     model_api_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -357,7 +357,7 @@ class HostDrain(Base):
     """Envs whose affinity the drain moved to another host (or dropped when none was left)."""
     owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     """The :class:`Replica` whose executor runs the drain (``draining`` only matters). When
-    its heartbeat is older than the evaluation runner's lease (``claims.LEASE_S``, the rule
+    its heartbeat is older than the evaluation runner's lease (``settings.LEASE_S``, the rule
     that resets a dead replica's episodes) or its row is gone, a live replica's janitor
     claims the drain (compare-and-set on this column) and resumes it. None: recorded
     before migration 0008; claimed like a dead owner's."""

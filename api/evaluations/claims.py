@@ -33,14 +33,13 @@ from sqlalchemy import CursorResult, delete, or_, select, update
 from ..db import models
 from ..db.database import Database
 from ..services.common import utcnow
+from ..settings import LEASE_S
 
 EP = models.EvaluationEpisode
 JOB = models.EvaluationJob
 REPLICA = models.Replica
 HEARTBEAT_S = 5.0
 """Seconds between a replica's heartbeats."""
-LEASE_S = 30.0
-"""A replica silent for this many seconds is dead; its running episodes are reset."""
 
 
 class Replicas:

@@ -21,10 +21,9 @@ from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
 from ..errors import Conflict, NotFound
-from ..evaluations.claims import LEASE_S
 from ..sandboxes import Sandboxes
 from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, HostUndrainPublic, ReplicaStatus
-from ..settings import ApiSettings
+from ..settings import LEASE_S, ApiSettings
 from .common import aware
 from .live import LiveEnvs
 
@@ -139,7 +138,7 @@ class ClusterService:
 
     def take_over_drains(self) -> list[str]:
         """Claim and resume every ``draining`` drain whose owner replica is dead (no
-        heartbeat for ``claims.LEASE_S`` seconds, the rule that resets a dead replica's
+        heartbeat for ``settings.LEASE_S`` seconds, the rule that resets a dead replica's
         evaluation episodes, or its row gone): one compare-and-set per drain
         (``DbAffinity.claim_drain``), so exactly one live replica resumes each. Run by the
         janitor every ``janitor_interval_s``; a no-op on the local backend. Returns the

@@ -4,6 +4,9 @@ on the source files: no module is imported, so this runs in milliseconds."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,8 +89,13 @@ def test_routes_import_deps_schemas_and_services_only(name: str) -> None:
 
 
 def test_only_the_adapter_and_the_app_factory_import_the_executor() -> None:
-    importers = {name for name in MODULES if any(under(i, "sandpit.executor") for i in sandpit_imports(name))}
+    """Schemas may take the executor's pure profile models (``sandpit.executor.profiles``)."""
+    importers = {name for name in MODULES
+                 if any(under(i, "sandpit.executor") and not under(i, "sandpit.executor.profiles")
+                        for i in sandpit_imports(name))}
     assert importers == {"sandpit.api.sandboxes", "sandpit.api.app"}
+    profiles = {name for name in MODULES if any(under(i, "sandpit.executor.profiles") for i in sandpit_imports(name))}
+    assert profiles <= {"sandpit.api.sandboxes", "sandpit.api.app", *modules_in("schemas")}
 
 
 @pytest.mark.parametrize("name", modules_in("schemas"))
@@ -114,6 +122,20 @@ def test_no_api_module_imports_the_clients_of_the_api(name: str) -> None:
 def test_no_module_reaches_into_another_objects_privates() -> None:
     reaches = [r for p in MODULES.values() for r in private_reaches(p)]
     assert not reaches, "\n".join(reaches)
+
+
+def test_loading_the_settings_loads_no_executor_no_runner_and_no_fastapi() -> None:
+    """``import sandpit.api.settings`` in a fresh interpreter: the foundation stands alone
+    (a CLI command reading one setting must not load the executor, the sandbox runner's
+    modules or the web framework)."""
+    probe = ("import json, sys, sandpit.api.settings; "
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('sandpit', 'fastapi', 'starlette')))))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                                       text=True, timeout=60).stdout)
+    assert "sandpit.api.settings" in loaded  # the probe did load it
+    bad = [m for m in loaded if under(m, "sandpit.executor") or under(m, "sandpit.sandbox_images")
+           or under(m, "fastapi") or under(m, "starlette")]
+    assert not bad, bad
 
 
 def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:

@@ -3,10 +3,11 @@
 The executor takes a caller's lowering of a profile as
 :class:`~sandpit.executor.profiles.ProfileOverrides` (its lower bounds) and the result
 is a :class:`~sandpit.executor.profiles.ResourceProfile` (its upper bounds). Request
-models (``ProfileRequest``, ``ExecuteRequest``, the tenants' ``ProfileCeiling``) declare
-their fields with :func:`profile_value`, so their bounds are the intersection of both
-and a value that passes request validation can never make the executor raise a
-validation error (a 500 before). What the executor may still refuse depends on the
+models (``ProfileRequest``, ``ExecuteRequest``) declare their fields with
+:func:`profile_value`, so their bounds are the intersection of both and a value that
+passes request validation can never make the executor raise a validation error (the
+tenants' ``ProfileCeiling`` in :mod:`sandpit.api.settings` states the same bounds as
+numbers, and a test holds them equal). What the executor may still refuse depends on the
 operator's configuration, not on a constant: a value above the configured profile is a
 ``ProfileError`` (422 naming the field) and one above the tenant's ``max_profile`` a 429.
 """
@@ -17,8 +18,7 @@ import math
 from typing import Any
 
 from pydantic import BaseModel, Field
-
-from .sandboxes import ProfileOverrides, ResourceProfile
+from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 
 
 def _numeric_schema(model: type[BaseModel], name: str) -> dict[str, Any]:

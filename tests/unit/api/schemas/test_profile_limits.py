@@ -7,10 +7,10 @@ import math
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from sandpit.api.profile_limits import executor_bounds
 from sandpit.api.schemas.envs import ProfileRequest
+from sandpit.api.schemas.profile_limits import executor_bounds
 from sandpit.api.schemas.validation import ExecuteRequest
-from sandpit.api.services.quotas import ProfileCeiling
+from sandpit.api.settings import ProfileCeiling
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 
 # (request model, its field, the executor's field)
@@ -72,6 +72,15 @@ def test_memory_below_the_executor_floor_is_refused(value: int) -> None:
         with pytest.raises(ValidationError) as caught:
             _request(model, field, value)
         assert caught.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize("field", ["memory_mib", "cpus", "call_timeout_s"])
+def test_the_tenants_ceiling_states_the_executors_bounds(field: str) -> None:
+    """``ProfileCeiling`` (in the settings, which load no executor module) writes its
+    bounds out: they are exactly the executor's, keyword for keyword."""
+    bounds = {key: getattr(item, key) for item in ProfileCeiling.model_fields[field].metadata
+              for key in ("ge", "gt", "le", "lt") if getattr(item, key, None) is not None}
+    assert bounds == executor_bounds(field)
 
 
 def test_bounds_follow_the_executor_models() -> None:
