@@ -40,10 +40,11 @@ from .db.affinity import DbAffinity
 from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
-from .errors import ApiError, error_response, register_handlers
+from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
 from .evaluations.rewards import Checks
 from .evaluations.runner import EvaluationRunner
+from .http.handlers import error_response, register_handlers
 from .lean_step import LeanStep
 from .metrics import Metrics
 from .routes import admin, environments, envs, evaluations, health, scenarios, validation

@@ -20,7 +20,7 @@ JSON; ``include`` is repeated or longer than the route allows; the body is not s
 digits that orjson would read differently from Python's parser); or it is not a valid
 ``StepRequest``. What the lean path answers itself: the step (200) and the errors raised
 while taking it (401/403 of the key, 404, 409, 413/429 of the arguments and quotas, 503),
-rendered by the same :func:`~sandpit.api.errors.error_response`; anything else raised
+rendered by the same :func:`~sandpit.api.http.handlers.error_response`; anything else raised
 is logged and answered 500 ``internal``, the body of the app's catch-all handler.
 
 Where it sits: in front of FastAPI's whole middleware stack (:class:`SandpitApp` calls it
@@ -53,7 +53,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
-from .errors import ApiError, QuotaExceeded, error_response, internal_error_response
+from .errors import ApiError
+from .http.handlers import count_rejection, error_response, internal_error_response
 from .json_rules import lone_surrogate_at
 from .schemas.envs import StepRequest
 from .services.steps import StepClock, StepService
@@ -178,10 +179,7 @@ class LeanStep:
     @staticmethod
     async def _error(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
         """The error response the app's ``ApiError`` handler gives (429s counted)."""
-        if isinstance(exc, QuotaExceeded):
-            metrics = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
-            if metrics is not None:
-                metrics.quota_rejections.labels(exc.limit).inc()
+        count_rejection(exc, getattr(getattr(scope.get("app"), "state", None), "metrics", None))
         await error_response(exc)(scope, receive, send)
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from .errors import InvalidRequest, PayloadTooLarge, error_response
+from .errors import InvalidRequest, PayloadTooLarge
+from .http.handlers import error_response
 from .json_rules import lone_surrogate_at, strict_loads
 
 

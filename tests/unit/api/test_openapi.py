@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from sandpit.api.app import create_app
-from sandpit.api.errors import ErrorBody, QuotaExceeded, Unauthorized, error_response
+from sandpit.api.errors import ErrorBody, QuotaExceeded, Unauthorized
+from sandpit.api.http.handlers import error_response
 from sandpit.api.settings import ApiSettings
 
 
