@@ -8,9 +8,21 @@ content-addressed state root in ``blobs`` (see :mod:`sandpit.api.db.store`).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID_LENGTH = 40
@@ -362,3 +374,9 @@ class HostDrain(Base):
     claims the drain (compare-and-set on this column) and resumes it. None: recorded
     before migration 0008; claimed like a dead owner's."""
 
+
+def table(model: type[Base]) -> Table:
+    """The Core table of an ORM class (``Step`` -> ``steps``): what statements that write
+    many rows at once use (``table(Step).insert()`` with a list of rows is one
+    ``executemany``, without the ORM's per-row bookkeeping)."""
+    return cast(Table, model.__table__)

@@ -10,8 +10,8 @@ step that ends it carries the reward from the scenario's checks
 
 Every acknowledged step is committed (action, observation, status, duration, reward,
 state root) before the call returns. Steps of different envs that finish at the same
-time share one transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`: the step
-rows of a batch in one ``executemany``); a step whose transaction fails is retried alone,
+time share one transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`, written
+by :func:`~sandpit.api.db.step_writes.write_steps`); a step whose transaction fails is retried alone,
 and if its write still fails after the sandbox ran the call, the env's session is
 dropped, so the next request restores the last *committed* state.
 
@@ -24,23 +24,16 @@ pydantic model. :class:`StepClock` adds each phase's CPU and wall time to
 
 from __future__ import annotations
 
-import sqlite3
 import time
-import weakref
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal, cast
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 from sandpit.client.llm import ModelError
-from sqlalchemy import Connection, Engine, Executable, ScalarResult, Table, bindparam
-from sqlalchemy.engine import CursorResult
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
-from ..db import models
 from ..db.database import Database
 from ..db.group_commit import GroupCommit
+from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
 from ..evaluations.rewards import Checks
@@ -61,14 +54,8 @@ from .state import state_view
 from .tools import INVALID_ACTION, Action, parse_step, valid_text
 
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
-STEPS = cast(Table, models.Step.__table__)
-ENVS = cast(Table, models.Env.__table__)
-EPISODES = cast(Table, models.Episode.__table__)
 INCLUDES = {"state_diff", "state"}
 """What ``?include=`` may name."""
-ENV_HEAD = ENVS.update().where(ENVS.c.id == bindparam("env")).values(step=bindparam("head"),
-                                                                     last_used_at=bindparam("used"))
-"""Move an env's head (one ``executemany`` for a batch of steps)."""
 
 
 
@@ -102,120 +89,6 @@ class StepClock:
     def flush(self, metrics: Metrics) -> None:
         """Add the laps to ``metrics`` (one step counted)."""
         metrics.observe_phases(self.cpu, self.wall)
-
-
-@dataclass
-class StepWrite:
-    """One step's rows, as the group commit writes them (:func:`write_steps`)."""
-
-    env_id: str
-    episode: int
-    row: dict[str, Any]
-    """The ``steps`` row."""
-    pending: PendingBlobs
-    now: datetime
-    episode_changes: dict[str, Any] = field(default_factory=dict)
-    """Columns of the ``episodes`` row to update (user transcript, end of the episode)."""
-
-
-class _CoreSession:
-    """What :meth:`PendingBlobs.write` uses of a session (``get_bind``, ``execute``), over
-    a Core connection: the store's own insert statement, run as Core (no ORM bulk-insert
-    bookkeeping, which cost more than the rest of a step's write)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def get_bind(self) -> Engine | Connection:
-        return self.conn
-
-    def execute(self, statement: Executable, rows: list[dict[str, Any]]) -> CursorResult[Any]:
-        return self.conn.execute(statement, rows)
-
-    def scalars(self, statement: Executable) -> ScalarResult[Any]:
-        return self.conn.scalars(statement)
-
-
-class _SqliteSteps:
-    """The three statements of a step's write, run on SQLite's DB-API connection itself.
-
-    Measured on a SQLite file in WAL mode (one step: two blobs, a step row, the env's
-    head, and the commit): 0.31-0.42 ms of CPU through SQLAlchemy Core (cache-key
-    generation, compiled-statement look-up and result set-up per ``execute``), 0.06-0.08
-    ms as these prepared texts on the driver connection; the difference was ~17% of a
-    step's server CPU. Values are converted by each column type's own
-    ``bind_processor`` (JSON texts, SQLite's datetime strings), so the rows read back
-    exactly as Core's. The connection is the one of the Core transaction, which commits
-    it; a driver error is raised as SQLAlchemy's (``DBAPIError.instance``), which
-    :meth:`Database.write_connection` turns into a 503 as before."""
-
-    def __init__(self, dialect: Any) -> None:
-        compiled = STEPS.insert().compile(dialect=dialect)  # "INSERT INTO steps (...) VALUES (?, ...)"
-        self.insert_steps = str(compiled)
-        self.step_columns = list(compiled.positiontup or ())
-        self.step_processors = [STEPS.c[name].type.dialect_impl(dialect).bind_processor(dialect)
-                                for name in self.step_columns]
-        self.used = ENVS.c.last_used_at.type.dialect_impl(dialect).bind_processor(dialect)
-        self.insert_blobs = "INSERT INTO blobs (hash, data, size) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING"
-        self.move_head = "UPDATE envs SET step = ?, last_used_at = ? WHERE id = ?"
-
-    def write(self, conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
-        """Insert ``blobs`` (those not stored yet) and the steps' rows, move the heads."""
-        driver = conn.connection.driver_connection
-        if driver is None:  # pragma: no cover - a connection the pool invalidated
-            raise ServiceUnavailable("database connection lost", retry_after=1)
-        statement = self.insert_blobs
-        try:
-            driver.executemany(statement, [(h, data, size) for h, (data, size) in blobs.blobs.items()])
-            statement = self.insert_steps
-            driver.executemany(statement, [self._row(write.row) for write in writes])
-            statement = self.move_head
-            used = self.used
-            driver.executemany(statement, [(w.row["step"], used(w.now) if used else w.now, w.env_id) for w in writes])
-        except sqlite3.Error as exc:
-            raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
-
-    def _row(self, row: dict[str, Any]) -> tuple[Any, ...]:
-        values = []
-        for name, process in zip(self.step_columns, self.step_processors, strict=True):
-            value = row.get(name)
-            values.append(process(value) if process is not None else value)
-        return tuple(values)
-
-
-def write_steps_core(conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
-    """:func:`write_steps`'s blobs, step rows and heads through SQLAlchemy Core (any
-    database; the reference the SQLite driver path is tested against)."""
-    blobs.write(cast(Session, _CoreSession(conn)))
-    conn.execute(STEPS.insert(), [w.row for w in writes])
-    conn.execute(ENV_HEAD, [{"env": w.env_id, "head": w.row["step"], "used": w.now} for w in writes])
-
-
-_SQLITE_WRITERS: weakref.WeakKeyDictionary[Any, _SqliteSteps] = weakref.WeakKeyDictionary()
-"""One writer per SQLite dialect (an engine's), made on its first batch."""
-
-
-def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
-    """Write a batch of steps into ``conn``'s transaction: their new blobs (one insert of
-    the union: identical blobs once), step rows and env heads (one ``executemany``
-    each), episode changes. The group commit commits it. On SQLite the first three go
-    straight to the driver (:class:`_SqliteSteps`); elsewhere through SQLAlchemy Core."""
-    blobs = writes[0].pending
-    if len(writes) > 1:
-        blobs = PendingBlobs()
-        for write in writes:
-            blobs.blobs.update(write.pending.blobs)
-    if conn.dialect.name == "sqlite":
-        writer = _SQLITE_WRITERS.get(conn.dialect)
-        if writer is None:
-            writer = _SQLITE_WRITERS[conn.dialect] = _SqliteSteps(conn.dialect)
-        writer.write(conn, blobs, writes)
-    else:
-        write_steps_core(conn, blobs, writes)
-    for write in writes:
-        if write.episode_changes:
-            conn.execute(EPISODES.update().where(EPISODES.c.env_id == write.env_id,
-                                                 EPISODES.c.episode == write.episode).values(**write.episode_changes))
 
 
 @dataclass

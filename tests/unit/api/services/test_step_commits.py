@@ -12,9 +12,9 @@ from typing import Any
 from api_fakes import caller
 from sandpit.api.app import Services
 from sandpit.api.db import models
+from sandpit.api.db.step_writes import StepWrite
 from sandpit.api.errors import ServiceUnavailable
 from sandpit.api.schemas.envs import EnvCreate, StepRequest
-from sandpit.api.services.steps import StepWrite
 from sqlalchemy import Connection, select
 from sqlalchemy.exc import OperationalError
 

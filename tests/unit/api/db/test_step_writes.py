@@ -1,4 +1,4 @@
-"""A step's write (``steps.write_steps``) on a real database: on SQLite it goes straight to
+"""A step's write (``step_writes.write_steps``) on a real database: on SQLite it goes straight to
 the driver, and what it stores must be exactly what SQLAlchemy Core stored (column by
 column, as the database holds it: JSON texts, datetime strings, NULLs); a bad row in a
 group-commit batch fails alone, as a 503, and takes nothing else down."""
@@ -14,9 +14,9 @@ import pytest
 from sandpit.api.db import models
 from sandpit.api.db.database import Database
 from sandpit.api.db.group_commit import GroupCommit
+from sandpit.api.db.step_writes import StepWrite, write_steps, write_steps_core
 from sandpit.api.db.store import PendingBlobs
 from sandpit.api.errors import ServiceUnavailable
-from sandpit.api.services.steps import StepWrite, write_steps, write_steps_core
 from sqlalchemy import select, text
 
 NOW = datetime(2026, 11, 25, 23, 30, 1, 123456, tzinfo=UTC)
