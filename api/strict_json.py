@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from cachetools import LRUCache
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
@@ -41,6 +41,10 @@ class ParsedJSONRequest(Request):
         return self.parsed
 
 
+def _body_bytes(entry: tuple[Any, int]) -> int:
+    return entry[1]
+
+
 LARGE_BODY_BYTES = 256 * 1024
 """Bodies from this size on are remembered by :class:`ParsedBodies` once they passed."""
 
@@ -58,37 +62,30 @@ class ParsedBodies:
     :class:`~sandpit.api.sandboxes.SharedConfig`). Bounded by ``max_entries`` and by
     ``max_bytes`` of body bytes (least recently used first out); parsed, a body takes
     about 4.5 times its size in memory (tau-bench-shaped 3.3 MB: ~15 MB), so the default
-    32 MiB holds ~150 MB. Thread-safe."""
+    32 MiB holds ~150 MB. A ``cachetools.LRUCache`` weighing entries by their body bytes,
+    behind a lock, with the entry bound applied after each insert. Thread-safe."""
 
     def __init__(self, max_entries: int = 32, max_bytes: int = 32 * 1024 * 1024) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._values: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
+        self._values: LRUCache[bytes, tuple[Any, int]] = LRUCache(max_bytes, getsizeof=_body_bytes)
         self._lock = threading.Lock()
 
     def get(self, digest: bytes) -> tuple[bool, Any]:
         """``(True, value)`` for bytes that passed before, else ``(False, None)``."""
         with self._lock:
             entry = self._values.get(digest)
-            if entry is None:
-                return False, None
-            self._values.move_to_end(digest)
-            return True, entry[0]
+        return (False, None) if entry is None else (True, entry[0])
 
     def add(self, digest: bytes, value: Any, size: int) -> None:
-        """Remember ``value``, parsed from ``size`` bytes of digest ``digest``."""
+        """Remember ``value``, parsed from ``size`` bytes of digest ``digest`` (not when
+        ``size`` is over the whole byte budget: nothing is evicted for it)."""
         if size > self.max_bytes:
             return
         with self._lock:
-            old = self._values.pop(digest, None)
-            if old is not None:
-                self._bytes -= old[1]
             self._values[digest] = (value, size)
-            self._bytes += size
-            while len(self._values) > self.max_entries or self._bytes > self.max_bytes:
-                _, (_, dropped) = self._values.popitem(last=False)
-                self._bytes -= dropped
+            while len(self._values) > self.max_entries:
+                self._values.popitem()
 
 
 PARSED_BODIES = ParsedBodies()

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 
 from ..db.store import StateCache
 from ..sandboxes import is_truncated, render_entry
@@ -42,6 +42,10 @@ def dumps_view(view: dict[str, Any]) -> bytes:
         return json.dumps(view, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
+def _json_bytes(entry: tuple[bytes, bool]) -> int:
+    return len(entry[0])
+
+
 class RenderedStates:
     """State root -> the state's JSON view as bytes (and its ``truncated`` flag), least
     recently used first out past ``max_bytes`` (bytes of JSON; a view larger than that is
@@ -50,21 +54,18 @@ class RenderedStates:
     A root is a content hash of the whole stored state (manifest, values and renderings),
     so a root's bytes never go stale: a step, reset or restore gives the env another root
     and its next read renders (or finds) that one; forks and envs created with the same
-    config share theirs. Thread-safe; rendering runs outside the lock."""
+    config share theirs. A ``cachetools.LRUCache`` weighing each view by its JSON bytes,
+    behind a lock. Thread-safe; rendering runs outside the lock."""
 
     def __init__(self, max_bytes: int = RENDERED_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, tuple[bytes, bool]] = OrderedDict()
-        self._size = 0
+        self._entries: LRUCache[str, tuple[bytes, bool]] = LRUCache(max_bytes, getsizeof=_json_bytes)
         self._lock = threading.Lock()
 
     def get(self, root: str) -> tuple[bytes, bool] | None:
         """The cached ``(JSON bytes, truncated)`` of ``root``, or None."""
         with self._lock:
-            hit = self._entries.get(root)
-            if hit is not None:
-                self._entries.move_to_end(root)
-            return hit
+            return self._entries.get(root)
 
     def render(self, cache: StateCache) -> tuple[bytes, bool]:
         """``(JSON bytes of state_view(cache), view_truncated(cache))``, from the cache
@@ -79,10 +80,6 @@ class RenderedStates:
             with self._lock:
                 if cache.root not in self._entries:
                     self._entries[cache.root] = rendered
-                    self._size += len(rendered[0])
-                while self._size > self.max_bytes:
-                    _, (data, _) = self._entries.popitem(last=False)
-                    self._size -= len(data)
         return rendered
 
     def __len__(self) -> int:
