@@ -40,9 +40,14 @@ from .db.affinity import DbAffinity
 from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
+from .envs.history import EnvHistory
+from .envs.lifecycle import EnvService, count_open_envs
+from .envs.live import Janitor, LiveEnvs
+from .envs.rewards import Checks
+from .envs.rulebook import EpisodeService
+from .envs.steps import StepService
 from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
-from .evaluations.rewards import Checks
 from .evaluations.runner import EvaluationRunner
 from .http.handlers import error_response, register_handlers
 from .lean_step import LeanStep
@@ -51,15 +56,10 @@ from .routes import admin, environments, envs, evaluations, health, scenarios, v
 from .sandboxes import Sandboxes, translate
 from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
-from .services.envs import EnvService, count_open_envs
-from .services.episodes import EpisodeService
 from .services.execution import ExecutionService
 from .services.health import HealthService
-from .services.history import EnvHistory
-from .services.live import Janitor, LiveEnvs
 from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
-from .services.steps import StepService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 

@@ -13,16 +13,16 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Depends, Query, Request
 
 from .access_log import note_tenant
+from .envs.history import EnvHistory
+from .envs.lifecycle import EnvService
+from .envs.steps import StepService
 from .evaluations.jobs import EvaluationJobs
 from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
-from .services.envs import EnvService
 from .services.execution import ExecutionService
 from .services.health import HealthService
-from .services.history import EnvHistory
 from .services.quotas import QuotaService, TenantContext
 from .services.scenarios import ScenarioService
-from .services.steps import StepService
 from .services.tenants import TenantService
 from .strict_json import StrictJSONRoute
 

@@ -53,11 +53,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
+from .envs.steps import StepClock, StepService
 from .errors import ApiError
 from .http.handlers import count_rejection, error_response, internal_error_response
 from .json_rules import lone_surrogate_at
 from .schemas.envs import StepRequest
-from .services.steps import StepClock, StepService
 from .services.tenants import TenantService
 
 STEP_PATH = re.compile(r"/v1/envs/([^/]+)/step")

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 STEP_PHASES = ("parse", "auth", "sandbox", "persist", "serialize", "other")
-"""Phases of a step request timed by ``StepClock`` (:mod:`sandpit.api.services.steps`)."""
+"""Phases of a step request timed by ``StepClock`` (:mod:`sandpit.api.envs.steps`)."""
 STEP_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 

@@ -109,7 +109,7 @@ class Episode(Base):
     environment_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     scenario_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    """Episode options without secrets (:class:`sandpit.api.services.episodes.EpisodeConfig`)."""
+    """Episode options without secrets (:class:`sandpit.api.envs.rulebook.EpisodeConfig`)."""
     user_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
     """The simulated user's model API key given at create/reset, encrypted; never returned."""
     status: Mapped[str] = mapped_column(String(16))

@@ -30,7 +30,7 @@ encoding a step touches only what changed: the executor applies path deltas copy
 skipped by an identity test; other children are compared exactly, never with ``==``.
 Nothing here executes or unpickles anything. :func:`collect_garbage` deletes blobs no
 step refers to any more. How a state *looks* (renderings of non-JSON values) is the executor's business: see
-``state_view`` in :mod:`sandpit.api.services.state`.
+``state_view`` in :mod:`sandpit.api.envs.state`.
 """
 
 from __future__ import annotations

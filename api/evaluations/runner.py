@@ -50,6 +50,9 @@ from sqlalchemy import CursorResult, func, select, update
 
 from ..db import models
 from ..db.database import Database
+from ..envs.lifecycle import EnvService
+from ..envs.rulebook import OPEN_ENDED, introduction_text
+from ..envs.steps import StepService
 from ..errors import (
     ApiError,
     Conflict,
@@ -66,10 +69,7 @@ from ..services.common import new_id
 from ..services.common import utcnow as _now
 from ..services.declared_tools import agent_tools
 from ..services.environments import EnvironmentService
-from ..services.envs import EnvService
-from ..services.episodes import OPEN_ENDED, introduction_text
 from ..services.scenarios import ScenarioService
-from ..services.steps import StepService
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .claims import HEARTBEAT_S, Replicas

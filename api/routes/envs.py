@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Query, Response, status
 
 from ..deps import CallerDep, EnvsDep, HistoryDep, MeteredDep, PageDep, StepsDep, json_router
+from ..envs.steps import INCLUDES
 from ..schemas.common import list_pattern
 from ..schemas.envs import (
     EnvCreate,
@@ -23,7 +24,6 @@ from ..schemas.envs import (
     Trajectory,
 )
 from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
-from ..services.steps import INCLUDES
 
 router = json_router(prefix="/v1/envs", tags=["envs"])
 

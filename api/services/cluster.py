@@ -20,12 +20,12 @@ from sqlalchemy import select
 from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
+from ..envs.live import LiveEnvs
 from ..errors import Conflict, NotFound
 from ..sandboxes import Sandboxes
 from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, HostUndrainPublic, ReplicaStatus
 from ..settings import LEASE_S, ApiSettings
 from .common import aware
-from .live import LiveEnvs
 
 log = logging.getLogger("sandpit.api")
 

@@ -11,7 +11,7 @@ constructor set to a value of another type (the sandbox compares them) is an
 be a public method or, asked of a sandbox (:data:`~.declared_tools.PROBE`), a callable
 attribute of the instance; their differences from the derived schemas are stored
 (:mod:`.declared_tools`). Environments are immutable once registered: their
-:class:`~.tools.ToolSet` (of the derived schemas) is compiled once per process.
+:class:`~sandpit.api.envs.actions.ToolSet` (of the derived schemas) is compiled once per process.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 
 from ..db import models
 from ..db.database import Database
+from ..envs.actions import ToolSet
 from ..errors import Conflict, InvalidRequest
 from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes
@@ -35,7 +36,6 @@ from .limits import check_code, check_config
 from .policy import check_source, policy_summary, retyped_findings
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
-from .tools import ToolSet
 
 
 class EnvironmentService:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from ..envs.rewards import Checks
 from ..errors import InvalidRequest
-from ..evaluations.rewards import Checks
 from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes, SandboxRefused
 from ..schemas.validation import (

@@ -3,7 +3,7 @@
 functions must pass the ``standard`` static policy and bind ``check_func`` (as must checks
 given inline to ``evaluate``): both are decided on the host from the text alone
 (:func:`ast.parse`; nothing is executed). They run only in sandboxes
-(:mod:`sandpit.api.evaluations.rewards`)."""
+(:mod:`sandpit.api.envs.rewards`)."""
 
 from __future__ import annotations
 

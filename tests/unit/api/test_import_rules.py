@@ -82,8 +82,8 @@ def test_the_tree_is_as_documented() -> None:
 
 
 @pytest.mark.parametrize("name", modules_in("routes"))
-def test_routes_import_deps_schemas_and_services_only(name: str) -> None:
-    allowed = ("sandpit.api.deps", "sandpit.api.schemas", "sandpit.api.services", "sandpit.api.routes")
+def test_routes_import_deps_schemas_services_and_envs_only(name: str) -> None:
+    allowed = ("sandpit.api.deps", "sandpit.api.schemas", "sandpit.api.services", "sandpit.api.envs", "sandpit.api.routes")
     bad = {i for i in sandpit_imports(name) if not any(under(i, a) for a in allowed)}
     assert not bad, f"{name} imports {sorted(bad)}"
 

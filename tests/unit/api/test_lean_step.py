@@ -264,7 +264,7 @@ def test_a_bug_in_a_step_is_the_catch_all_500_and_the_server_goes_on(tmp_path: P
     lean path parses the request is answered 500 ``internal`` with the catch-all
     handler's JSON body (not the server's plain-text one: the lean path sits in front of
     FastAPI's error middleware), whichever path ran it; the next step is served."""
-    from sandpit.api.services.steps import StepService
+    from sandpit.api.envs.steps import StepService
 
     app = fake_app(tmp_path, lean_step=lean)
     if where == "step":

@@ -23,6 +23,8 @@ from jsonschema.validators import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 from sandpit.api.app import create_app
 from sandpit.api.db.database import Database
+from sandpit.api.envs.rulebook import EpisodeConfig
+from sandpit.api.envs.steps import INCLUDES
 from sandpit.api.errors import InvalidRequest
 from sandpit.api.schemas.common import BASE_URL_PATTERN, list_pattern
 from sandpit.api.schemas.environments import MAX_TOOL_PARAMETERS, DeclaredFunction
@@ -37,8 +39,6 @@ from sandpit.api.schemas.envs import (
 from sandpit.api.schemas.evaluations import RESULT_INCLUDES, EvaluationCreate, check_base_url
 from sandpit.api.schemas.tenants import TENANT_ID_PATTERN, TenantCreate
 from sandpit.api.schemas.validation import FILE_PATH_PATTERN, ExecuteRequest, ValidateRequest
-from sandpit.api.services.episodes import EpisodeConfig
-from sandpit.api.services.steps import INCLUDES
 from sandpit.api.services.tenants import TENANT_ID, TenantService
 from sandpit.api.settings import ApiSettings
 from sandpit.executor.settings import ExecutorSettings

@@ -11,6 +11,7 @@ import pytest
 from api_fakes import caller
 from sandpit.api.app import Services
 from sandpit.api.db import models
+from sandpit.api.envs.actions import INVALID_ACTION
 from sandpit.api.errors import Conflict, EpisodeEnded, InvalidRequest, NoCapacity, NotFound, QuotaExceeded
 from sandpit.api.schemas.envs import (
     EnvCreate,
@@ -23,7 +24,6 @@ from sandpit.api.schemas.envs import (
 from sandpit.api.schemas.evaluations import EvaluateRequest
 from sandpit.api.schemas.scenarios import CheckSpec, ScenarioCreate
 from sandpit.api.schemas.tenants import TenantCreate
-from sandpit.api.services.tools import INVALID_ACTION
 from sandpit.executor.errors import CapacityError
 from sandpit.executor.fake import FakeExecutor
 from sqlalchemy import func, select

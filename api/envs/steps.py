@@ -1,12 +1,12 @@
 """Steps: one action of an env's episode, run and committed (``POST /v1/envs/{id}/step``).
 
-A step is EnvScaler's ``step()`` (:mod:`.episodes`): a malformed action is a recorded
+A step is EnvScaler's ``step()`` (:mod:`.rulebook`): a malformed action is a recorded
 ``rejected`` step, never an HTTP error; the termination action ends a non-conversational
 episode, ``chat_with_user`` talks to a conversational episode's simulated user; any other
 action is a tool call in the env's sandbox. The episode ends by its termination action,
 its simulated user, a tool error (``on_tool_error: terminate``) or ``max_steps``, and the
 step that ends it carries the reward from the scenario's checks
-(:mod:`sandpit.api.evaluations.rewards`).
+(:mod:`sandpit.api.envs.rewards`).
 
 Every acknowledged step is committed (action, observation, status, duration, reward,
 state root) before the call returns. Steps of different envs that finish at the same
@@ -36,22 +36,22 @@ from ..db.group_commit import GroupCommit
 from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
-from ..evaluations.rewards import Checks
 from ..metrics import Metrics
 from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError
 from ..schemas.common import Status
 from ..schemas.envs import StepRequest, StepResult
 from ..schemas.scenarios import CheckOutcome
+from ..services.common import clean_text, utcnow
+from ..services.diff import state_diff
+from ..services.quotas import QuotaService, TenantContext
 from ..settings import ApiSettings
 from . import envscaler
-from .common import clean_text, utcnow
-from .diff import state_diff
-from .envs import EnvService
-from .episodes import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService
+from .actions import INVALID_ACTION, Action, parse_step, valid_text
+from .lifecycle import EnvService
 from .live import LiveEnv
-from .quotas import QuotaService, TenantContext
+from .rewards import Checks
+from .rulebook import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService
 from .state import state_view
-from .tools import INVALID_ACTION, Action, parse_step, valid_text
 
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
 INCLUDES = {"state_diff", "state"}
@@ -254,7 +254,7 @@ class StepService:
 
     # -- one step ------------------------------------------------------------------------------
     def _act(self, tenant: str, env_id: str, entry: LiveEnv, action: Action) -> StepRun:
-        """Carry out one action of the episode (module docstring of :mod:`.episodes`)."""
+        """Carry out one action of the episode (module docstring of :mod:`.rulebook`)."""
         run = entry.run
         config = run.config
         if config.envscaler and action.request is not None:
@@ -344,7 +344,7 @@ class StepService:
 
     def step(self, tenant: str, env_id: str, action: Action, *, want_diff: bool, want_state: bool,
              clock: StepClock | None = None) -> StepOutcome:
-        """Run one action and commit it (EnvScaler ``step()``, see :mod:`.episodes`): a
+        """Run one action and commit it (EnvScaler ``step()``, see :mod:`.rulebook`): a
         malformed action is recorded as ``rejected``; the step that ends the episode
         (termination action, simulated user, ``max_steps``) carries the reward.
 

@@ -21,7 +21,7 @@ tenant's quota (429); the body's shape is the route's (422).
 :class:`ToolSet` compares a call with the tool's derived JSON schema. By default nothing
 is enforced (EnvScaler calls ``getattr(env, name)(**arguments)`` and Python decides);
 ``argument_checking`` ``warn`` reports the findings with the step and ``strict`` rejects
-the call (see :mod:`sandpit.api.services.envs`).
+the call (see :mod:`sandpit.api.envs.lifecycle`).
 """
 
 from __future__ import annotations

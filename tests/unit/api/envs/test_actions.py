@@ -1,4 +1,4 @@
-"""Actions (:mod:`sandpit.api.services.tools`): raw model output (EnvScaler's prompt
+"""Actions (:mod:`sandpit.api.envs.actions`): raw model output (EnvScaler's prompt
 format), the three forms of a step request, malformed actions, size caps and argument
 findings against a tool's derived schema."""
 
@@ -8,9 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from sandpit.api.errors import PayloadTooLarge, QuotaExceeded
-from sandpit.api.schemas.envs import StepRequest
-from sandpit.api.services.tools import (
+from sandpit.api.envs.actions import (
     INVALID_ACTION,
     PARSE_FAILED,
     ToolCall,
@@ -18,6 +16,8 @@ from sandpit.api.services.tools import (
     parse_step,
     parse_text,
 )
+from sandpit.api.errors import PayloadTooLarge, QuotaExceeded
+from sandpit.api.schemas.envs import StepRequest
 
 
 @pytest.mark.parametrize(("text", "error"), [

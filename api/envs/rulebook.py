@@ -20,7 +20,7 @@ subclasses, restated for a server that runs the tools in sandboxes:
 * at the end, the scenario's checks run on the episode's initial and final state and the
   reward is EnvScaler's ``calculate_reward``: the mean of the checks' boolean results, a
   check that errors or returns a non-bool counting as not passed, rounded to 4 places
-  (:func:`sandpit.api.evaluations.rewards.episode_reward`).
+  (:func:`sandpit.api.envs.rewards.episode_reward`).
 
 :class:`EpisodeService` decides a new episode's options and runs its simulated user.
 """
@@ -35,9 +35,9 @@ from sandpit.client.llm import ModelClient, ModelError, ModelSettings, Usage
 
 from ..errors import InvalidRequest, ServiceUnavailable
 from ..schemas.envs import EpisodeOptions
+from ..services.model_endpoints import SecretUnavailable, endpoint_key, resolve
+from ..services.tenants import TenantService
 from ..settings import ApiSettings
-from .model_endpoints import SecretUnavailable, endpoint_key, resolve
-from .tenants import TenantService
 
 TASK_FINISHED = "Task finished"
 """EnvScaler's observation for the termination action."""

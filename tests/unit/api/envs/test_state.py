@@ -1,5 +1,5 @@
 """The one JSON view of a stored state and its rendering cache
-(:class:`~sandpit.api.services.state.RenderedStates`): a root is rendered once, the cache
+(:class:`~sandpit.api.envs.state.RenderedStates`): a root is rendered once, the cache
 is bounded by JSON bytes (least recently used out first), a view larger than the whole
 budget is rendered but never kept, and a state without a root is never cached."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from sandpit.api.db.store import PendingBlobs, StateCache, encode_state
-from sandpit.api.services.state import RenderedStates, state_view
+from sandpit.api.envs.state import RenderedStates, state_view
 
 
 def state(**attributes: object) -> StateCache:

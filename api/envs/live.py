@@ -5,7 +5,7 @@ A live env (:class:`LiveEnv`) holds a sandbox session plus its head
 :class:`~sandpit.api.db.store.StateCache` and its episode's bookkeeping, so a step on a
 live env reads nothing from the database. An env without one (new fork, evicted, after
 an API restart) is re-created from its head state on its next request (by
-:mod:`.envs`). Requests on one env are serialized by its lock (:meth:`LiveEnvs.lock`);
+:mod:`.lifecycle`). Requests on one env are serialized by its lock (:meth:`LiveEnvs.lock`);
 different envs run concurrently. Eviction never waits: an env whose lock is held is busy
 and stays.
 """
@@ -23,7 +23,7 @@ from datetime import datetime
 from ..db.store import StateCache
 from ..metrics import Metrics
 from ..sandboxes import SandboxSession
-from .episodes import EpisodeRun
+from .rulebook import EpisodeRun
 
 log = logging.getLogger("sandpit.api")
 

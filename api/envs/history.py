@@ -14,9 +14,9 @@ from ..db.database import Database
 from ..db.store import load_state
 from ..errors import Conflict, NotFound
 from ..schemas.envs import EpisodePublic, EpisodesPublic, EpisodeStatus, StateView, Trajectory, TrajectoryStep
-from .common import owned
+from ..services.common import owned
+from ..services.quotas import TenantContext
 from .live import LiveEnvs
-from .quotas import TenantContext
 from .state import RenderedStates, state_response, state_view, view_truncated
 
 

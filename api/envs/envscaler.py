@@ -5,7 +5,7 @@ EnvScaler's RL environments (``rl/roll/pipeline/agentic/env/envscaler_env``:
 ``utils/parse_util.py``) decide what an agent sees and when an episode ends. This module
 restates those rules for a server whose tools run in sandboxes; :mod:`.steps` applies them
 to every step of an episode whose profile is ``envscaler`` (the ``sandpit`` profile is
-Sandpit's own: :mod:`.tools`, :mod:`.episodes`). What the profile fixes:
+Sandpit's own: :mod:`.actions`, :mod:`.rulebook`). What the profile fixes:
 
 * the introduction (:func:`introduction_text`): ``# Environment Information`` /
   ``## Brief Introduction:`` / ``## Environment Rules / Constraints:`` with EnvScaler's
@@ -31,7 +31,7 @@ Sandpit's own: :mod:`.tools`, :mod:`.episodes`). What the profile fixes:
   simulated user (``[Agent] <content>``, any JSON value formatted as Python's ``str``);
 * observation kinds: ``tool`` for a tool's result, ``user`` for everything else;
 * the reward: the sum of the checks' results over their number, rounded to 4 places
-  (:func:`~sandpit.api.evaluations.rewards.episode_reward`, the same formula).
+  (:func:`~sandpit.api.envs.rewards.episode_reward`, the same formula).
 
 Where EnvScaler's own ``step()`` raises instead of answering (a tool name that is not a
 string, ``chat_with_user`` content that ``in`` cannot search in a non-conversational
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..schemas.envs import StepRequest
-from .episodes import CHAT_ACTION, TASK_FINISHED
-from .tools import INVALID_ACTION, PARSE_FAILED, THINK, THINK_OPEN, TOOL_CALL
+from .actions import INVALID_ACTION, PARSE_FAILED, THINK, THINK_OPEN, TOOL_CALL
+from .rulebook import CHAT_ACTION, TASK_FINISHED
 
 __all__ = ["ACTION_PARSE_FAILED", "CHAT_ACTION", "INVALID_ACTION", "STRUCT_PARSE_FAILED", "TASK_FINISHED",
            "EnvScalerAction", "Structured", "chat_content", "introduction_text", "parse_action", "parse_response",

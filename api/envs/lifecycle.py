@@ -47,7 +47,6 @@ from ..db.configs import (
 from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, collect_garbage, encode_state, load_state
 from ..errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge, QuotaExceeded, ServiceUnavailable
-from ..evaluations.rewards import Checks, episode_reward
 from ..json_rules import text_size
 from ..sandboxes import CodeFailed, SandboxCapacity, SandboxError, Sandboxes, SandboxSession, SharedConfig
 from ..schemas.envs import (
@@ -61,16 +60,17 @@ from ..schemas.envs import (
 )
 from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..schemas.scenarios import CheckSpec
+from ..services.common import aware, clean_text, new_id, owned, utcnow
+from ..services.declared_tools import agent_tools
+from ..services.environments import EnvironmentService
+from ..services.quotas import QuotaService, TenantContext
+from ..services.scenarios import check_policy, checks_size
+from ..services.tenants import TenantService, audit_event
 from ..settings import ApiSettings
 from . import envscaler
-from .common import aware, clean_text, new_id, owned, utcnow
-from .declared_tools import agent_tools
-from .environments import EnvironmentService
-from .episodes import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, introduction_text
 from .live import LiveEnv, LiveEnvs
-from .quotas import QuotaService, TenantContext
-from .scenarios import check_policy, checks_size
-from .tenants import TenantService, audit_event
+from .rewards import Checks, episode_reward
+from .rulebook import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, introduction_text
 
 EPISODES = cast(Table, models.Episode.__table__)
 STEPS = cast(Table, models.Step.__table__)

@@ -1,0 +1,1 @@
+"""An env's life: instances of environments in sandboxes, their episodes and steps."""
