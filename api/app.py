@@ -43,7 +43,7 @@ from .db.engine import make_engine, make_sessionmaker, require_current
 from .envs.history import EnvHistory
 from .envs.lifecycle import EnvService, count_open_envs
 from .envs.live import Janitor, LiveEnvs
-from .envs.rewards import Checks
+from .envs.rewards import Rewards
 from .envs.rulebook import EpisodeService
 from .envs.steps import StepService
 from .errors import ApiError
@@ -54,6 +54,7 @@ from .lean_step import LeanStep
 from .metrics import Metrics
 from .routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .sandboxes import Sandboxes, translate
+from .services.checks import Checks
 from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
 from .services.execution import ExecutionService
@@ -255,14 +256,15 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
                           running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
     quotas = QuotaService(partial(count_open_envs, db), settings)
     live = LiveEnvs(metrics)
-    checks = Checks(db, sandboxes)
+    checks = Checks(sandboxes)
+    rewards = Rewards(db, checks)
     environments = EnvironmentService(settings, db, sandboxes, quotas, tenants)
     episodes = EpisodeService(settings, tenants)
     envs = EnvService(settings, db, sandboxes, environments, episodes, checks, live, quotas, tenants)
-    steps = StepService(settings, db, envs, episodes, checks, quotas, metrics)
+    steps = StepService(settings, db, envs, episodes, rewards, quotas, metrics)
     scenarios = ScenarioService(settings, db, environments, quotas, tenants)
     runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
-    cluster = ClusterService(settings, db, sandboxes, live, runner.replicas.id)
+    cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, episodes=episodes, envs=envs, history=EnvHistory(db, live), steps=steps, scenarios=scenarios,

@@ -60,6 +60,7 @@ from ..schemas.envs import (
 )
 from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..schemas.scenarios import CheckSpec
+from ..services.checks import Checks
 from ..services.common import aware, clean_text, new_id, owned, utcnow
 from ..services.declared_tools import agent_tools
 from ..services.environments import EnvironmentService
@@ -69,7 +70,7 @@ from ..services.tenants import TenantService, audit_event
 from ..settings import ApiSettings
 from . import envscaler
 from .live import LiveEnv, LiveEnvs
-from .rewards import Checks, episode_reward
+from .rewards import episode_reward
 from .rulebook import EpisodeConfig, EpisodeRun, EpisodeService, episode_tools, introduction_text
 
 EPISODES = cast(Table, models.Episode.__table__)

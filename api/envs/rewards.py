@@ -1,5 +1,6 @@
-"""Rule-based rewards: check functions (EnvScaler ``checklist_with_func``) run in
-sandboxes on two states, and EnvScaler's ``calculate_reward`` over their results.
+"""Rule-based rewards: EnvScaler's ``calculate_reward`` over the results of check
+functions (EnvScaler ``checklist_with_func``) run in sandboxes on two states
+(:mod:`sandpit.api.services.checks`).
 
 Every check runs in a sandbox process that never ran environment code, on the states
 restored there (stored states from the snapshot store, or plain JSON states whose ``$``
@@ -18,14 +19,11 @@ and has its own time budget (per-check timeout times its checks, plus slack).
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..db import models
 from ..db.database import Database
 from ..db.store import StateCache, load_state
-from ..errors import InvalidRequest
-from ..sandboxes import CHECKS_PER_JOB, CheckResult, ResourceProfile, Sandboxes, encode_json_state
 from ..schemas.scenarios import CheckOutcome
+from ..services.checks import Checks
 
 
 def episode_reward(passed: list[bool]) -> float:
@@ -37,57 +35,13 @@ def episode_reward(passed: list[bool]) -> float:
     return round(sum(1 for p in passed if p) / len(passed), 4)
 
 
-def _outcomes(results: list[CheckResult]) -> list[CheckOutcome]:
-    return [CheckOutcome(check_item=r.check_item, passed=r.passed, error=r.error, status=r.status,
-                         duration_ms=r.duration_ms) for r in results]
+class Rewards:
+    """An episode's reward when it ends: the scenario's checks on its initial and final
+    state (:class:`~sandpit.api.services.checks.Checks`), scored by :func:`episode_reward`."""
 
-
-class Checks:
-    """Runs check functions through the sandboxes (each run holds a slot)."""
-
-    def __init__(self, db: Database, sandboxes: Sandboxes) -> None:
+    def __init__(self, db: Database, checks: Checks) -> None:
         self.db = db
-        self.sandboxes = sandboxes
-
-    def on_states(self, tenant: str, checks: list[dict[str, Any]], initial: StateCache, final: StateCache,
-                  source: str | None, profile: ResourceProfile | None = None,
-                  objects: str | None = None) -> list[CheckOutcome]:
-        """Checks on two stored states, restored in a sandbox, in jobs of at most
-        ``CHECKS_PER_JOB`` (module docstring). Objects of the environment's classes are
-        stand-ins (no environment code runs where the verdict is computed) unless
-        ``objects`` is ``environment``: only then is the environment's ``source`` sent, to
-        be loaded so its classes unpickle as themselves (a scenario's ``check_objects``).
-        Raises InvalidRequest (a check over the caps), NoCapacity, QuotaExceeded."""
-        if not checks:
-            return []
-        source = source if objects == "environment" else None
-        return _outcomes(self._batched(tenant, checks, initial.encoded(), final.encoded(), profile, source))
-
-    def _batched(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, list[Any]],
-                 final: dict[str, list[Any]], profile: ResourceProfile | None,
-                 source: str | None) -> list[CheckResult]:
-        """``run_checks`` over consecutive slices of at most ``CHECKS_PER_JOB`` checks,
-        results concatenated in order. Raises InvalidRequest (a check over the caps: the
-        message gives its index in the whole list), NoCapacity, QuotaExceeded."""
-        results: list[CheckResult] = []
-        for start in range(0, len(checks), CHECKS_PER_JOB):
-            batch = checks[start:start + CHECKS_PER_JOB]
-            try:
-                results += self.sandboxes.run_checks(tenant=tenant, checks=batch, initial_state=initial,
-                                                     final_state=final, profile=profile, source=source)
-            except ValueError as exc:
-                where = f" (in the checks from index {start} on)" if start else ""
-                raise InvalidRequest(f"{exc}{where}", field="checks") from None
-        return results
-
-    def on_json(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, Any],
-                final: dict[str, Any]) -> list[CheckOutcome]:
-        """Checks on two plain JSON states (validation cases: ``$`` tags of the state
-        rendering become real objects in the sandbox). Raises as :meth:`on_states`."""
-        if not checks:
-            return []
-        return _outcomes(self._batched(tenant, checks, encode_json_state(initial), encode_json_state(final),
-                                       None, None))
+        self.checks = checks
 
     def score(self, tenant: str, scenario_id: str | None, environment_id: str, initial_root: str | None,
               final: StateCache) -> tuple[float, list[CheckOutcome] | None]:
@@ -102,6 +56,6 @@ class Checks:
             initial = load_state(db, initial_root) if initial_root else None
         if scenario is None or environment is None or initial is None or not scenario.checklist_with_func:
             return 0.0, [] if scenario is not None else None
-        outcomes = self.on_states(tenant, list(scenario.checklist_with_func), initial, final, environment.source_code,
+        outcomes = self.checks.on_states(tenant, list(scenario.checklist_with_func), initial, final, environment.source_code,
                                   objects=scenario.check_objects)
         return episode_reward([o.passed for o in outcomes]), outcomes

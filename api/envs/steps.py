@@ -49,7 +49,7 @@ from . import envscaler
 from .actions import INVALID_ACTION, Action, parse_step, valid_text
 from .lifecycle import EnvService
 from .live import LiveEnv
-from .rewards import Checks
+from .rewards import Rewards
 from .rulebook import CHAT_ACTION, STOP_TOKEN, TASK_FINISHED, EpisodeService
 from .state import state_view
 
@@ -196,14 +196,14 @@ class StepService:
     """Runs and commits steps (see the module docstring)."""
 
     def __init__(self, settings: ApiSettings, db: Database, envs: EnvService, episodes: EpisodeService,
-                 checks: Checks, quotas: QuotaService, metrics: Metrics) -> None:
+                 rewards: Rewards, quotas: QuotaService, metrics: Metrics) -> None:
         self.settings = settings
         self.db = db
         self.envs = envs
         self.live = envs.live
         self.environments = envs.environments
         self.episodes = episodes
-        self.checks = checks
+        self.rewards = rewards
         self.quotas = quotas
         self.metrics = metrics
         self.commits: GroupCommit[StepWrite] = GroupCommit(db, write_steps)
@@ -391,7 +391,7 @@ class StepService:
             truncated = (not terminated and run.config.max_steps is not None and number >= run.config.max_steps)
             reward, checks = 0.0, None
             if terminated and outcome_run.end_reason != "tool_error" or truncated and run.config.score_truncated:
-                reward, checks = self.checks.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
+                reward, checks = self.rewards.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
                                                    after)
             done = "terminated" if terminated else "truncated" if truncated else None
             info = _step_info(outcome_run)

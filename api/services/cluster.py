@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from sqlalchemy import select
@@ -20,7 +21,6 @@ from sqlalchemy import select
 from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
-from ..envs.live import LiveEnvs
 from ..errors import Conflict, NotFound
 from ..sandboxes import Sandboxes
 from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, HostUndrainPublic, ReplicaStatus
@@ -52,12 +52,13 @@ class ClusterService:
     """Reads, plus :meth:`drain`, :meth:`undrain` and the janitor's
     :meth:`take_over_drains`; the executor's ``stats()`` is one request per host (Ray backend)."""
 
-    def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live: LiveEnvs,
+    def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live_envs: Callable[[], int],
                  replica_id: str) -> None:
         self.settings = settings
         self.db = db
         self.sandboxes = sandboxes
-        self.live = live
+        self.live_envs = live_envs
+        """How many envs this replica holds in sandboxes now."""
         self.replica_id = replica_id
 
     def status(self) -> ClusterStatus:
@@ -95,7 +96,7 @@ class ClusterService:
         return ClusterStatus(
             backend=self.settings.executor_backend, replica=self.replica_id,
             nodes=len({h.node_id or h.host for h in live_hosts}), hosts=hosts, replicas=replicas,
-            live_envs=len(self.live), sandboxes=sum(h.sandboxes for h in hosts),
+            live_envs=self.live_envs(), sandboxes=sum(h.sandboxes for h in hosts),
             sessions=sum(h.sessions for h in hosts),
             capacity_sessions=sum(c for c in caps if c is not None) if caps and None not in caps else None)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ..envs.rewards import Checks
 from ..errors import InvalidRequest
 from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes, SandboxRefused
@@ -28,6 +27,7 @@ from ..schemas.validation import (
     ValidateResult,
 )
 from ..settings import ApiSettings
+from .checks import Checks
 from .common import clean_text
 from .diff import state_diff
 from .limits import check_code, check_config
