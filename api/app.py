@@ -40,12 +40,17 @@ from .db.affinity import DbAffinity
 from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
+from .envs.actions import ToolSets
+from .envs.configs import EnvConfigs
+from .envs.episodes import Episodes
 from .envs.history import EnvHistory
-from .envs.lifecycle import EnvService, count_open_envs
+from .envs.lifecycle import Collector, EnvLifecycle, count_open_envs
 from .envs.live import Janitor, LiveEnvs
 from .envs.rewards import Rewards
 from .envs.rulebook import EpisodeService
-from .envs.steps import StepService
+from .envs.sessions import Sessions
+from .envs.steps import Steps
+from .envs.views import EnvViews
 from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
 from .evaluations.runner import EvaluationRunner
@@ -64,8 +69,8 @@ from .services.scenarios import ScenarioService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
-SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "history", "steps", "scenarios", "execution", "evaluations",
-          "health")
+SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
+          "scenarios", "execution", "evaluations", "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
@@ -222,10 +227,14 @@ class Services:
     live: LiveEnvs
     checks: Checks
     environments: EnvironmentService
-    episodes: EpisodeService
-    envs: EnvService
+    sessions: Sessions
+    rulebook: EpisodeService
+    envs: EnvLifecycle
+    episodes: Episodes
+    steps: Steps
+    rewards: Rewards
     history: EnvHistory
-    steps: StepService
+    collector: Collector
     scenarios: ScenarioService
     execution: ExecutionService
     runner: EvaluationRunner
@@ -257,17 +266,23 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     quotas = QuotaService(partial(count_open_envs, db), settings)
     live = LiveEnvs(metrics)
     checks = Checks(sandboxes)
-    rewards = Rewards(db, checks)
     environments = EnvironmentService(settings, db, sandboxes, quotas, tenants)
-    episodes = EpisodeService(settings, tenants)
-    envs = EnvService(settings, db, sandboxes, environments, episodes, checks, live, quotas, tenants)
-    steps = StepService(settings, db, envs, episodes, rewards, quotas, metrics)
+    configs, toolsets = EnvConfigs(settings, db), ToolSets()
+    sessions = Sessions(settings, db, sandboxes, live, configs, toolsets)
+    rulebook = EpisodeService(settings, db, tenants, environments, configs, toolsets)
+    views = EnvViews(db, configs, live)
+    collector = Collector(db)
+    envs = EnvLifecycle(settings, db, sandboxes, sessions, rulebook, views, collector, quotas, tenants)
+    episodes = Episodes(settings, db, sessions, rulebook, views, collector, quotas, tenants)
+    rewards = Rewards(db, checks, live, quotas)
+    steps = Steps(settings, db, sessions, rulebook, rewards, quotas, metrics)
     scenarios = ScenarioService(settings, db, environments, quotas, tenants)
-    runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
+    runner = EvaluationRunner(settings, db, envs, steps, rewards, environments, scenarios, tenants)
     cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
-        environments=environments, episodes=episodes, envs=envs, history=EnvHistory(db, live), steps=steps, scenarios=scenarios,
+        environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
+        rewards=rewards, history=EnvHistory(db, live), collector=collector, scenarios=scenarios,
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),

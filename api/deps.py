@@ -13,9 +13,11 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Depends, Query, Request
 
 from .access_log import note_tenant
+from .envs.episodes import Episodes
 from .envs.history import EnvHistory
-from .envs.lifecycle import EnvService
-from .envs.steps import StepService
+from .envs.lifecycle import EnvLifecycle
+from .envs.rewards import Rewards
+from .envs.steps import Steps
 from .evaluations.jobs import EvaluationJobs
 from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
@@ -41,9 +43,19 @@ def get_environments(request: Request) -> EnvironmentService:
     return cast(EnvironmentService, _state(request, "environments"))
 
 
-def get_envs(request: Request) -> EnvService:
-    """The app's :class:`EnvService`."""
-    return cast(EnvService, _state(request, "envs"))
+def get_envs(request: Request) -> EnvLifecycle:
+    """The app's :class:`EnvLifecycle` (create, read, list, delete envs)."""
+    return cast(EnvLifecycle, _state(request, "envs"))
+
+
+def get_episodes(request: Request) -> Episodes:
+    """The app's :class:`Episodes` (reset, restore, fork)."""
+    return cast(Episodes, _state(request, "episodes"))
+
+
+def get_rewards(request: Request) -> Rewards:
+    """The app's :class:`Rewards` (evaluate)."""
+    return cast(Rewards, _state(request, "rewards"))
 
 
 def get_history(request: Request) -> EnvHistory:
@@ -51,9 +63,9 @@ def get_history(request: Request) -> EnvHistory:
     return cast(EnvHistory, _state(request, "history"))
 
 
-def get_steps(request: Request) -> StepService:
-    """The app's :class:`StepService`."""
-    return cast(StepService, _state(request, "steps"))
+def get_steps(request: Request) -> Steps:
+    """The app's :class:`Steps`."""
+    return cast(Steps, _state(request, "steps"))
 
 
 def get_scenarios(request: Request) -> ScenarioService:
@@ -126,8 +138,10 @@ class Page:
 
 
 EnvironmentsDep = Annotated[EnvironmentService, Depends(get_environments)]
-EnvsDep = Annotated[EnvService, Depends(get_envs)]
-StepsDep = Annotated[StepService, Depends(get_steps)]
+EnvsDep = Annotated[EnvLifecycle, Depends(get_envs)]
+EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
+RewardsDep = Annotated[Rewards, Depends(get_rewards)]
+StepsDep = Annotated[Steps, Depends(get_steps)]
 HistoryDep = Annotated[EnvHistory, Depends(get_history)]
 ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
 ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]

@@ -91,12 +91,16 @@ class Forbidden(ApiError):
 
 class QuotaExceeded(ApiError):
     """A per-tenant limit (:class:`sandpit.api.settings.Quotas`) was hit; ``limit`` names it
-    and ``retry_after`` (seconds, always set) says when trying again can help. For fixed
-    limits (sizes, resource profile) the message says that waiting does not help."""
+    and ``retry_after`` (seconds, always set) says when trying again can help. ``fixed``:
+    a fixed limit (a size, the resource profile, a job's concurrency), which waiting does
+    not lift (the message says so); else a dynamic one (calls in flight, the step rate,
+    live envs)."""
 
-    def __init__(self, message: str, *, limit: str, retry_after: int, field: str | None = None) -> None:
+    def __init__(self, message: str, *, limit: str, retry_after: int, field: str | None = None,
+                 fixed: bool = False) -> None:
         super().__init__(message, field=field, retry_after=max(1, int(retry_after)))
         self.limit = limit
+        self.fixed = fixed
 
 
 class NoCapacity(ApiError):

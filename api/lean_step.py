@@ -7,7 +7,7 @@ sync dependencies each run on the thread pool (a thread hop apiece), request and
 models, and a transaction per step. :class:`LeanStep` does the same work with one thread
 hop: it reads the body on the event loop, parses it with orjson and validates it as the
 route's own :class:`~sandpit.api.schemas.envs.StepRequest`, then runs authentication,
-quotas, the step and its JSON reply (:meth:`StepService.take_json`, which the FastAPI
+quotas, the step and its JSON reply (:meth:`Steps.step`, which the FastAPI
 route calls too) in one worker thread, and sends the bytes.
 
 It only takes requests whose answer it can give exactly as the FastAPI route would;
@@ -53,10 +53,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
-from .envs.steps import StepClock, StepService
+from .envs.steps import Steps
 from .errors import ApiError
 from .http.handlers import count_rejection, error_response, internal_error_response
 from .json_rules import lone_surrogate_at
+from .metrics import StepClock
 from .schemas.envs import StepRequest
 from .services.tenants import TenantService
 
@@ -119,7 +120,7 @@ class LeanStep:
             return
         match = STEP_PATH.fullmatch(scope["path"])
         state = getattr(scope.get("app"), "state", None)
-        steps: StepService | None = getattr(state, "steps", None)
+        steps: Steps | None = getattr(state, "steps", None)
         tenants: TenantService | None = getattr(state, "tenants", None)
         headers = _headers(scope) if match is not None and steps is not None else None
         if headers is None or tenants is None or steps is None or match is None:
@@ -157,7 +158,10 @@ class LeanStep:
             caller = tenants.authenticate(authorization.decode("latin-1") if authorization is not None else None)
             note_tenant(scope, caller.tenant)
             clock.lap("auth")
-            return steps.take_json(caller, env_id, request, include, clock)
+            data = steps.step(caller, env_id, request, include, clock).json()
+            clock.lap("serialize")
+            clock.flush(steps.metrics)
+            return data
 
         try:
             data = await asyncio.get_running_loop().run_in_executor(self._pool(), work)

@@ -21,18 +21,21 @@ tenant's quota (429); the body's shape is the route's (422).
 :class:`ToolSet` compares a call with the tool's derived JSON schema. By default nothing
 is enforced (EnvScaler calls ``getattr(env, name)(**arguments)`` and Python decides);
 ``argument_checking`` ``warn`` reports the findings with the step and ``strict`` rejects
-the call (see :mod:`sandpit.api.envs.lifecycle`).
+the call (:mod:`sandpit.api.envs.steps`). :class:`ToolSets` keeps them compiled per
+environment.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import jsonschema
+from cachetools import LRUCache
 from jsonschema.validators import Draft202012Validator
 
 from ..errors import InvalidRequest, PayloadTooLarge
@@ -276,3 +279,33 @@ class ToolSet:
 
 
 ArgumentChecking = Literal["off", "warn", "strict"]
+
+
+class _Tooled(Protocol):
+    id: str
+    tools: list[dict[str, Any]]
+
+
+TOOLSETS = 4096
+"""Environments whose compiled tools :class:`ToolSets` keeps."""
+
+
+class ToolSets:
+    """Environment id -> its :class:`ToolSet`, compiled once and kept for the last
+    :data:`TOOLSETS` environments used (a ``cachetools.LRUCache`` behind a lock; an
+    environment is immutable once registered, so an entry never goes stale). Thread-safe."""
+
+    def __init__(self, max_entries: int = TOOLSETS) -> None:
+        self._toolsets: LRUCache[str, ToolSet] = LRUCache(max_entries)
+        self._lock = threading.Lock()
+
+    def of(self, environment: _Tooled) -> ToolSet:
+        """The environment's derived tools with compiled argument validators: what the
+        class accepts, whatever the agent is shown."""
+        with self._lock:
+            toolset = self._toolsets.get(environment.id)
+        if toolset is None:
+            toolset = ToolSet(environment.tools)
+            with self._lock:
+                self._toolsets[environment.id] = toolset
+        return toolset

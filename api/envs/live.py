@@ -2,12 +2,12 @@
 the janitor thread.
 
 A live env (:class:`LiveEnv`) holds a sandbox session plus its head
-:class:`~sandpit.api.db.store.StateCache` and its episode's bookkeeping, so a step on a
-live env reads nothing from the database. An env without one (new fork, evicted, after
-an API restart) is re-created from its head state on its next request (by
-:mod:`.lifecycle`). Requests on one env are serialized by its lock (:meth:`LiveEnvs.lock`);
-different envs run concurrently. Eviction never waits: an env whose lock is held is busy
-and stays.
+:class:`~sandpit.api.db.store.StateCache`, its environment's compiled tools and its
+episode's bookkeeping, so a step on a live env reads nothing from the database. An env
+without one (new fork, evicted, after an API restart) is re-created from its head state
+on its next request (:meth:`.sessions.Sessions.live_entry`). Requests on one env are
+serialized by its lock (:meth:`LiveEnvs.lock`); different envs run concurrently.
+Eviction never waits: an env whose lock is held is busy and stays.
 """
 
 from __future__ import annotations
@@ -23,26 +23,32 @@ from datetime import datetime
 from ..db.store import StateCache
 from ..metrics import Metrics
 from ..sandboxes import SandboxSession
+from .actions import ToolSet
 from .rulebook import EpisodeRun
 
 log = logging.getLogger("sandpit.api")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LiveEnv:
     """An env placed in a sandbox: its session and head state, plus what a step needs
     from the database rows (so a step on a live env reads nothing from the database)."""
 
     session: SandboxSession
     cache: StateCache
+    """The head state (the state of ``step``)."""
     episode: int
     step: int
-    tenant: str = ""
-    environment_id: str = ""
-    expires_at: datetime | None = None
+    toolset: ToolSet
+    """The environment's derived tools with their argument validators."""
+    tenant: str
+    environment_id: str
+    expires_at: datetime
     last_used: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` of the last request (idle eviction, least recently used first)."""
     run: EpisodeRun = field(default_factory=EpisodeRun)
     argument_checking: str = "off"
+    """``off``, ``warn`` or ``strict`` (the env's own, else its environment's)."""
 
 
 class LiveEnvs:

@@ -22,48 +22,37 @@ subclasses, restated for a server that runs the tools in sandboxes:
   check that errors or returns a non-bool counting as not passed, rounded to 4 places
   (:func:`sandpit.api.envs.rewards.episode_reward`).
 
-:class:`EpisodeService` decides a new episode's options and runs its simulated user.
+:class:`EpisodeService` decides what a new episode runs (environment, scenario,
+``init_config``, options: :meth:`EpisodeService.start`) and runs its simulated user
+(:mod:`.users`); :class:`EpisodeRun` is an episode's live bookkeeping.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sandpit.client.llm import ModelClient, ModelError, ModelSettings, Usage
+from sandpit.client.llm import ModelError
+from sqlalchemy.orm import Session as DbSession
 
+from ..db import models
+from ..db.configs import CanonicalConfig, canonical
+from ..db.database import Database
 from ..errors import InvalidRequest, ServiceUnavailable
 from ..schemas.envs import EpisodeOptions
+from ..services.common import owned
+from ..services.environments import EnvironmentService
 from ..services.model_endpoints import SecretUnavailable, endpoint_key, resolve
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
+from .actions import ToolSets
+from .configs import EnvConfigs
+from .users import UserModel, UserSimulator
 
 TASK_FINISHED = "Task finished"
 """EnvScaler's observation for the termination action."""
-STOP_TOKEN = "###STOP###"  # noqa: S105 - a marker, not a password
-"""What the simulated user says when the task is done (EnvScaler's user agent)."""
 CHAT_ACTION = "chat_with_user"
-USER_FIRST_PROMPT = "[Agent] Hi! How can I help you today?"
-"""The agent's opening line shown to the simulated user (EnvScaler's user agent opens
-the conversation this way)."""
-USER_PARSE_ATTEMPTS = 3
-"""Times the simulated user is asked again when its answer lacks the reply section."""
-MAX_USER_MESSAGES = 400
-"""Most messages kept in a conversational episode's user transcript."""
-
-
-@dataclass(frozen=True)
-class UserModel:
-    """Where the simulated user's model is (no secret here: the key travels separately)."""
-
-    model: str
-    base_url: str
-    temperature: float | None = None
-    request_timeout_s: float = 60.0
-    key_source: str = "none"
-    """``request`` (given with the episode, stored encrypted), ``tenant`` (the tenant's
-    stored key; only ever sent to the tenant's own endpoint) or ``none``."""
 
 
 @dataclass(frozen=True)
@@ -166,90 +155,6 @@ def episode_tools(tools: list[dict[str, Any]], config: EpisodeConfig) -> list[di
     return list(tools)
 
 
-# -- the simulated user (conversational episodes) -------------------------------------------
-USER_SYSTEM_PROMPT = """You play a person who wants an AI assistant to get something done for you.
-
-What you want done:
-{task}
-
-How to behave:
-- Speak like a real user in a chat: short, natural messages. Never paste the whole goal at once; \
-reveal what the assistant needs step by step, when it asks or when it is the natural next thing.
-- Stay within the goal above. Do not invent requirements, names, numbers or other facts that \
-are not in it, and keep names, identifiers and key words exactly as written there.
-- If the assistant offers choices, accept only those that fit the goal; otherwise restate what \
-you need.
-- When everything in the goal has been done, answer with exactly {stop} and nothing else.
-
-Answer in this format every time:
-# Thought:
-<your private reasoning; the assistant never sees it>
-# Reply:
-<the message the assistant sees>"""
-_REPLY = re.compile(r"#\s*Thought:\s*(.*?)\s*#\s*Reply:\s*(.*)", re.DOTALL)
-
-
-def parse_user_reply(text: str) -> str | None:
-    """The visible part of the simulated user's answer: :data:`STOP_TOKEN` when it holds
-    one, the text after ``# Reply:``, or None when the format is not followed."""
-    if STOP_TOKEN in text:
-        return STOP_TOKEN
-    match = _REPLY.search(text)
-    if match is None:
-        return None
-    reply = match.group(2).strip()
-    return reply or None
-
-
-class UserSimulator:
-    """EnvScaler's user agent over an OpenAI-compatible endpoint (``openai`` client with
-    retries, :class:`sandpit.client.llm.ModelClient`). ``messages`` is the whole chat as the user
-    model sees it (system; ``user`` = the agent's words, ``assistant`` = the user's); the
-    caller stores it with the episode so the conversation survives a restart.
-
-    Raises :class:`sandpit.client.llm.ModelError` (endpoint unavailable after retries, or refused)."""
-
-    def __init__(self, model: UserModel, api_key: str | None, messages: list[dict[str, Any]] | None = None) -> None:
-        self.model = model
-        self.api_key = api_key
-        self.messages: list[dict[str, Any]] = list(messages or [])
-        self.usage = Usage()
-
-    def _client(self) -> ModelClient:
-        return ModelClient(ModelSettings(base_url=self.model.base_url, model=self.model.model,
-                                         temperature=self.model.temperature,
-                                         request_timeout_s=self.model.request_timeout_s, retries=3,
-                                         retry_initial_s=0.5, retry_max_s=10.0), self.api_key)
-
-    def _turn(self) -> str:
-        client = self._client()
-        try:
-            answer = ""
-            for _ in range(USER_PARSE_ATTEMPTS):
-                answer = client.chat(self.messages, [], self.usage).text
-                reply = parse_user_reply(answer)
-                if reply is not None:
-                    self.messages.append({"role": "assistant", "content": answer})
-                    return reply
-            self.messages.append({"role": "assistant", "content": answer})
-            return answer.strip()  # the format was never followed: the whole answer is the reply
-        finally:
-            client.close()
-
-    def start(self, task: str) -> str:
-        """The user's first message for ``task`` (EnvScaler ``get_init_reply``)."""
-        self.messages = [{"role": "system", "content": USER_SYSTEM_PROMPT.format(task=task, stop=STOP_TOKEN)},
-                         {"role": "user", "content": USER_FIRST_PROMPT}]
-        return self._turn()
-
-    def reply(self, agent_message: str) -> str:
-        """The user's answer to the agent's ``chat_with_user`` content (EnvScaler ``user_step``)."""
-        self.messages.append({"role": "user", "content": f"[Agent] {agent_message}"})
-        if len(self.messages) > MAX_USER_MESSAGES:
-            raise ModelError("model_error", f"the conversation is over {MAX_USER_MESSAGES} messages")
-        return self._turn()
-
-
 @dataclass
 class EpisodeRun:
     """The live bookkeeping of an env's current episode (mirrors its ``episodes`` row)."""
@@ -270,14 +175,96 @@ class EpisodeRun:
     def ended(self) -> bool:
         return self.status != "running"
 
+    @staticmethod
+    def of(db: DbSession, row: models.Env) -> EpisodeRun:
+        """The bookkeeping of ``row``'s current episode, read from its ``episodes`` row
+        (an open-ended running episode when there is none)."""
+        episode = db.get(models.Episode, (row.id, row.episode))
+        first = db.get(models.Step, (row.id, row.episode, 0))
+        if episode is None:
+            return EpisodeRun(scenario_id=row.scenario_id, initial_root=first.state_root if first else None)
+        return EpisodeRun(config=EpisodeConfig.from_stored(episode.config), scenario_id=episode.scenario_id,
+                          status=episode.status, reward=episode.reward, observation=episode.observation,
+                          task=episode.task, user_messages=episode.user_messages, user_key_enc=episode.user_key_enc,
+                          initial_root=first.state_root if first else None)
+
+
+@dataclass
+class EpisodeStart:
+    """What a new episode (create or reset) runs: its environment, scenario, ``init_config``
+    and options (:meth:`EpisodeService.start`)."""
+
+    environment: models.Environment
+    scenario: models.Scenario | None
+    init_config: CanonicalConfig
+    """The config with its canonical bytes and hash (stored once: :mod:`sandpit.api.db.configs`)."""
+    config: EpisodeConfig
+    user_key_enc: bytes | None = None
+
+
+def step_zero(env_id: str, episode: int, root: str, now: datetime) -> models.Step:
+    """The row of an episode's step 0 (the state right after instantiation, ``root``)."""
+    return models.Step(env_id=env_id, episode=episode, step=0, action=None, observation="", status="ok",
+                       duration_ms=0.0, state_root=root, created_at=now)
+
+
+def episode_row(env_id: str, episode: int, start: EpisodeStart, run: EpisodeRun, now: datetime) -> models.Episode:
+    """The ``episodes`` row of a new episode of ``env_id`` (running; ``run``'s first
+    observation, task and user transcript)."""
+    return models.Episode(env_id=env_id, episode=episode, environment_id=start.environment.id,
+                          scenario_id=run.scenario_id, config=run.config.public(), user_key_enc=run.user_key_enc,
+                          status="running", observation=run.observation, task=run.task,
+                          user_messages=run.user_messages, started_at=now)
+
 
 class EpisodeService:
-    """What starting an episode and talking to its simulated user need: the tenant's
-    model endpoints and keys (:mod:`.model_endpoints`)."""
+    """What starting an episode and talking to its simulated user need: the environments,
+    the tenant's scenarios, model endpoints and keys (:mod:`sandpit.api.services.model_endpoints`)."""
 
-    def __init__(self, settings: ApiSettings, tenants: TenantService) -> None:
+    def __init__(self, settings: ApiSettings, db: Database, tenants: TenantService,
+                 environments: EnvironmentService, configs: EnvConfigs, toolsets: ToolSets) -> None:
         self.settings = settings
+        self.db = db
         self.tenants = tenants
+        self.environments = environments
+        self.configs = configs
+        self.toolsets = toolsets
+
+    def start(self, tenant: str, *, environment_id: str | None, source_code: str | None, class_name: str | None,
+              scenario_id: str | None, init_config: CanonicalConfig | None, options: EpisodeOptions | None,
+              current: models.Env | None = None, current_run: EpisodeRun | None = None) -> EpisodeStart:
+        """Resolve what a new episode runs: the environment (registered, a scenario's, or
+        ``source_code`` + ``class_name`` inline), the scenario, ``init_config`` (given >
+        the scenario's > the env's ``current`` one > ``{}``) and the options
+        (:meth:`config_for`; a reset keeps ``current_run``'s options and user key unless
+        new ones are given). The environment's tools are compiled here.
+
+        Raises NotFound (environment, scenario), PayloadTooLarge (``init_config`` over the
+        server's cap), InvalidRequest (inline code the static policy refuses, an unusable
+        user endpoint, an option the profile fixes)."""
+        scenario = None
+        config = init_config
+        if scenario_id is not None:
+            with self.db.read() as db:
+                scenario = owned(db, models.Scenario, scenario_id, tenant, "scenario")
+            environment_id = scenario.environment_id
+            if config is None:
+                config = canonical(scenario.init_config)
+        if config is None:
+            config = canonical(self.configs.config_of(current) if current is not None else {})
+        self.configs.check(config)
+        if environment_id is not None:
+            environment = self.environments.get_environment(tenant, environment_id)
+        else:
+            assert source_code is not None and class_name is not None
+            environment = self.environments.inline_environment(tenant, source_code, class_name)
+        self.toolsets.of(environment)
+        keep = current_run.config if current_run is not None else None
+        episode_config, key_enc = self.config_for(tenant, options, scenario is not None, keep,
+                                                  scenario.episode_profile if scenario is not None else None)
+        if options is None and current_run is not None:
+            key_enc = current_run.user_key_enc
+        return EpisodeStart(environment, scenario, config, episode_config, key_enc)
 
     def config_for(self, tenant: str, options: EpisodeOptions | None, has_scenario: bool,
                    current: EpisodeConfig | None = None,

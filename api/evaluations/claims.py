@@ -91,10 +91,11 @@ class Replicas:
             db.execute(update(JOB).where(JOB.id == job_id, JOB.status == "queued").values(status="running"))
         return index, previous + 1
 
-    def orphans(self, startup: bool) -> list[tuple[str, int, int, str | None, str, str]]:
+    def orphans(self, startup: bool) -> list[tuple[str, int, int, str | None, str, str, str]]:
         """Running episodes whose replica is gone: ``(job_id, index, attempt, env_id, tenant,
-        job_status)``. ``startup`` on SQLite: every running episode not claimed by this replica."""
-        query = (select(EP.evaluation_id, EP.index, EP.attempt, EP.env_id, JOB.tenant, JOB.status)
+        job_status, created_by)``. ``startup`` on SQLite: every running episode not claimed
+        by this replica."""
+        query = (select(EP.evaluation_id, EP.index, EP.attempt, EP.env_id, JOB.tenant, JOB.status, JOB.created_by)
                  .join(JOB, JOB.id == EP.evaluation_id).where(EP.status == "running"))
         if self.db.dialect == "sqlite":
             if not startup:

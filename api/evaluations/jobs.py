@@ -142,7 +142,7 @@ class EvaluationJobs:
         if concurrency > limit:
             raise QuotaExceeded(f"concurrency={concurrency} is above tenant {ctx.tenant!r}'s max_evaluation_concurrency="
                                 f"{limit} (a fixed quota: waiting does not help)", limit="max_evaluation_concurrency",
-                                retry_after=FIXED_RETRY_AFTER_S, field="concurrency")
+                                retry_after=FIXED_RETRY_AFTER_S, field="concurrency", fixed=True)
         scenario_ids = body.scenario_list()
         environments = self._scenario_environments(ctx.tenant, body, scenario_ids)
         config: dict[str, Any] = {"keep_envs": body.keep_envs, "profile": profile}

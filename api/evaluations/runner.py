@@ -4,9 +4,16 @@ Threads: one dispatcher and one thread per running episode. The dispatcher wakes
 new job, a finished episode or a cancel (else every ``POLL_S``) and claims ``pending``
 episodes, oldest job first within a tenant and round-robin across tenants, within three
 bounds: ``settings.evaluation_workers`` episodes in the process, the tenant's
-``max_evaluation_concurrency`` over all its jobs, and each job's ``concurrency``. Every
-sandbox run an episode makes goes through the env service, hence through the fair
-scheduler (``max_running_calls``) like any API request.
+``max_evaluation_concurrency`` over all its jobs, and each job's ``concurrency``.
+
+An episode is a client of :mod:`sandpit.api.envs` like a route: it calls the same verbs
+(create, step, evaluate, delete) with a
+:class:`~sandpit.api.services.quotas.TenantContext` of the job's tenant and the key that
+created the job. So its envs count against the tenant's quotas (``max_live_envs``,
+``max_concurrent_calls``, ``steps_per_minute``, the size quotas), its sandbox runs go
+through the fair scheduler (``max_running_calls``), and what it does is audited under
+that key. A dynamic quota or a capacity error is retried with backoff
+(``TRANSIENT_ATTEMPTS``); a replayed call over a size quota is recorded ``rejected``.
 
 Exactly-once episodes:
 
@@ -22,7 +29,7 @@ Exactly-once episodes:
   never rerun. On a shared PostgreSQL database "dead" means the claiming replica stopped
   heart-beating (:mod:`.claims`), checked by every replica every few seconds.
 * an episode's env id is written to its row *before* the env is created
-  (``EnvService.create_env(env_id=...)``), so a process killed at any point leaves no env
+  (``EnvLifecycle.create(..., env_id=...)``), so a process killed at any point leaves no env
   that recovery does not find and delete.
 
 Episode failures are per-episode ``error`` statuses (``error_status``): ``model_error``,
@@ -50,9 +57,10 @@ from sqlalchemy import CursorResult, func, select, update
 
 from ..db import models
 from ..db.database import Database
-from ..envs.lifecycle import EnvService
+from ..envs.lifecycle import EnvLifecycle
+from ..envs.rewards import Rewards
 from ..envs.rulebook import OPEN_ENDED, introduction_text
-from ..envs.steps import StepService
+from ..envs.steps import Steps
 from ..errors import (
     ApiError,
     Conflict,
@@ -63,12 +71,13 @@ from ..errors import (
     QuotaExceeded,
     ServiceUnavailable,
 )
-from ..schemas.envs import FunctionCall, StepRequest
+from ..schemas.envs import EnvCreate, FunctionCall, ProfileRequest, StepRequest
 from ..secrets import SecretUnavailable
 from ..services.common import new_id
 from ..services.common import utcnow as _now
 from ..services.declared_tools import agent_tools
 from ..services.environments import EnvironmentService
+from ..services.quotas import TenantContext
 from ..services.scenarios import ScenarioService
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
@@ -122,6 +131,8 @@ class _Job:
     key_enc: bytes | None
     concurrency: int
     created_at: datetime
+    created_by: str
+    """The API key that created the job: the actor of what its episodes do."""
 
 
 @dataclass
@@ -140,12 +151,13 @@ class _Episode:
 class EvaluationRunner:
     """Runs evaluation episodes in the background (see the module docstring)."""
 
-    def __init__(self, settings: ApiSettings, db: Database, envs: EnvService, steps: StepService,
+    def __init__(self, settings: ApiSettings, db: Database, envs: EnvLifecycle, steps: Steps, rewards: Rewards,
                  environments: EnvironmentService, scenarios: ScenarioService, tenants: TenantService) -> None:
         self.settings = settings
         self.db = db
         self.envs = envs
         self.steps = steps
+        self.rewards = rewards
         self.environments = environments
         self.scenarios = scenarios
         self.tenants = tenants
@@ -203,9 +215,9 @@ class EvaluationRunner:
         delete their env if it still exists, then mark them ``pending`` (``cancelled`` when
         their job no longer runs). Returns how many were reset."""
         rows = self.replicas.orphans(startup)
-        for job_id, index, attempt, env_id, tenant, job_status in rows:
+        for job_id, index, attempt, env_id, tenant, job_status, created_by in rows:
             if env_id:
-                self._delete_env(tenant, env_id)
+                self._delete_env(self._context(tenant, created_by), env_id)
             active = job_status in ("queued", "running")
             values: dict[str, Any] = {"status": "pending", "env_id": None, "started_at": None} if active else {
                 "status": "cancelled", "env_id": None, "finished_at": _now()}
@@ -234,8 +246,8 @@ class EvaluationRunner:
         with self.db.read() as db:
             rows = db.scalars(select(JOB).where(JOB.status.in_(("queued", "running")))
                               .order_by(JOB.created_at, JOB.id)).all()
-        return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at)
-                for r in rows]
+        return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at,
+                     r.created_by) for r in rows]
 
     def _dispatch(self) -> None:
         """Claim and start as many episodes as the bounds allow (fair across tenants);
@@ -313,18 +325,18 @@ class EvaluationRunner:
         try:
             self._episode(episode)
         except _Interrupted as stop:
-            self._delete_env(job.tenant, episode.env_id)
+            self._delete_env(self._job_context(job), episode.env_id)
             if stop.reason == "cancelled":
                 self._complete(episode, status="cancelled")
             else:  # shutdown: run again from scratch on the next start
                 self._guarded(episode, status="pending", env_id=None, started_at=None)
         except EpisodeFailed as failed:
             if not job.config.get("keep_envs"):
-                self._delete_env(job.tenant, episode.env_id)
+                self._delete_env(self._job_context(job), episode.env_id)
             self._complete(episode, status="error", error_status=failed.status, error=failed.message[:4000])
         except Exception:  # noqa: BLE001 - one episode's bug must not stop the job; logged
             log.exception("evaluation %s episode %d failed", job.id, episode.index)
-            self._delete_env(job.tenant, episode.env_id)
+            self._delete_env(self._job_context(job), episode.env_id)
             self._complete(episode, status="error", error_status="internal", error="internal error (logged)")
         finally:
             with self._lock:
@@ -350,12 +362,14 @@ class EvaluationRunner:
         episode.env_id = env_id
         if not self._guarded(episode, env_id=env_id):  # superseded (cannot happen in one process)
             return
-        try:
-            self._transient(job, lambda: self.envs.create_env(
-                job.tenant, environment_id=None, source_code=None, class_name=None, init_config=None,
-                profile=job.config.get("profile"), scenario_id=scenario.id, env_id=env_id,
-                episode_config=OPEN_ENDED))  # the job decides when the episode ends; checks run after
+        ctx = self._job_context(job)
+        profile = job.config.get("profile")
+        body = EnvCreate(scenario_id=scenario.id, profile=ProfileRequest.model_validate(profile) if profile else None)
+        try:  # the job decides when the episode ends (open-ended); its checks run after
+            self._transient(job, lambda: self.envs.create(ctx, body, env_id=env_id, episode=OPEN_ENDED))
         except (InvalidRequest, PayloadTooLarge, NotFound) as exc:
+            raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
+        except QuotaExceeded as exc:  # a fixed quota (_transient retries the others)
             raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
         episode.trajectory = []
         if job.mode == "replay":
@@ -364,13 +378,13 @@ class EvaluationRunner:
             self._rollout(episode, scenario.environment_id, scenario.task)
         self._check_stop(job)
         try:
-            outcome = self._transient(job, lambda: self.envs.evaluate(job.tenant, env_id, None))
+            outcome = self._transient(job, lambda: self.rewards.evaluate(ctx, env_id, None))
         except (InvalidRequest, Conflict) as exc:
             raise EpisodeFailed("check_error", f"running the checks failed: {exc.message}") from None
         except NotFound as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
         if not job.config.get("keep_envs"):
-            self._delete_env(job.tenant, env_id)
+            self._delete_env(self._job_context(job), env_id)
         self._complete(episode, status="done", reward=outcome.reward, passed=outcome.passed,
                        checks_total=outcome.total, checks=[r.model_dump() for r in outcome.results])
 
@@ -438,16 +452,13 @@ class EvaluationRunner:
         job = episode.job
         assert episode.env_id is not None
         self._check_stop(job)
+        env_id, ctx = episode.env_id, self._job_context(job)
         try:
-            action = self.steps.parse(request)
-        except PayloadTooLarge as exc:
+            outcome = self._transient(job, lambda: self.steps.step(ctx, env_id, request))
+        except (PayloadTooLarge, QuotaExceeded) as exc:  # over a size cap (fixed: _transient retries the others)
             name, arguments = _raw_action(request.model_dump(exclude_none=True))
             return StepRecord(number, {"name": name, "arguments": "<over the size cap>"}, f"Error: {exc.message}",
                               "rejected")
-        env_id = episode.env_id
-        try:
-            outcome = self._transient(job, lambda: self.steps.step(job.tenant, env_id, action,
-                                                                  want_diff=False, want_state=False))
         except (NotFound, Conflict) as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
         run = outcome.run
@@ -476,6 +487,8 @@ class EvaluationRunner:
             try:
                 return operation()
             except (NoCapacity, QuotaExceeded, ServiceUnavailable) as exc:
+                if isinstance(exc, QuotaExceeded) and exc.fixed:
+                    raise  # waiting does not lift a fixed quota
                 if attempt == TRANSIENT_ATTEMPTS - 1:
                     capacity = isinstance(exc, NoCapacity | QuotaExceeded)
                     message = exc.message
@@ -508,11 +521,19 @@ class EvaluationRunner:
                         episode.job.id, episode.index, episode.attempt)
         return done
 
-    def _delete_env(self, tenant: str, env_id: str | None) -> None:
+    def _job_context(self, job: _Job) -> TenantContext:
+        """The caller an episode of ``job`` acts as: the job's tenant (its quotas now) and
+        the key that created the job."""
+        return self._context(job.tenant, job.created_by)
+
+    def _context(self, tenant: str, actor: str) -> TenantContext:
+        return TenantContext(tenant=tenant, actor=actor, quotas=self.tenants.quotas(tenant))
+
+    def _delete_env(self, ctx: TenantContext, env_id: str | None) -> None:
         if env_id is None:
             return
         try:
-            self.envs.delete_env(tenant, env_id)
+            self.envs.delete(ctx, env_id)
         except NotFound:
             pass
         except ApiError as exc:

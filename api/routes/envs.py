@@ -7,7 +7,17 @@ from typing import Annotated
 
 from fastapi import Query, Response, status
 
-from ..deps import CallerDep, EnvsDep, HistoryDep, MeteredDep, PageDep, StepsDep, json_router
+from ..deps import (
+    CallerDep,
+    EnvsDep,
+    EpisodesDep,
+    HistoryDep,
+    MeteredDep,
+    PageDep,
+    RewardsDep,
+    StepsDep,
+    json_router,
+)
 from ..envs.steps import INCLUDES
 from ..schemas.common import list_pattern
 from ..schemas.envs import (
@@ -34,7 +44,7 @@ def create_env(body: EnvCreate, envs: EnvsDep, caller: MeteredDep) -> Response:
     step 0 is stored. 429 over the tenant's ``max_live_envs``, ``max_concurrent_calls``,
     ``max_profile`` or size quotas (nothing is created then)."""
     # the reply echoes init_config (megabytes): spliced in as the bytes already computed for it
-    return Response(envs.create_json(caller, body), status.HTTP_201_CREATED, media_type="application/json")
+    return Response(envs.create(caller, body).json(), status.HTTP_201_CREATED, media_type="application/json")
 
 
 @router.get("/{env_id}", response_model=EnvPublic)
@@ -66,16 +76,16 @@ def step(env_id: str, body: StepRequest, steps: StepsDep, caller: MeteredDep,
     ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
     tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
     wait) or ``max_arguments_bytes`` (nothing is recorded)."""
-    # JSON bytes from the service (the hot path; plain requests take sandpit.api.lean_step)
-    return Response(steps.take_json(caller, env_id, body, include), media_type="application/json")
+    # JSON bytes from the outcome (the hot path; plain requests take sandpit.api.lean_step)
+    return Response(steps.step(caller, env_id, body, include).json(), media_type="application/json")
 
 
 @router.post("/{env_id}/reset", response_model=EnvPublic)
-def reset(env_id: str, envs: EnvsDep, caller: MeteredDep, body: ResetRequest | None = None) -> EnvPublic:
+def reset(env_id: str, episodes: EpisodesDep, caller: MeteredDep, body: ResetRequest | None = None) -> EnvPublic:
     """Begin the next episode (EnvScaler ``reset()``: the response has the initial
     ``observation``, ``tools`` and ``introduction``), optionally with another scenario,
     ``init_config`` or episode options. The previous episode stays readable."""
-    return envs.reset_env(caller, env_id, body)
+    return episodes.reset(caller, env_id, body)
 
 
 @router.get("/{env_id}/state", response_model=StateView, response_class=Response)
@@ -85,7 +95,7 @@ def get_state(env_id: str, history: HistoryDep, caller: CallerDep,
     """State at the head, or at ``?step=k`` of the current episode or of ``?episode=e``
     (EnvScaler's state: every non-dunder attribute; non-JSON values as ``$`` tags)."""
     # pre-rendered bytes (one rendering per state root): no model round trip of a large state
-    return Response(history.state_json(caller, env_id, step, episode), media_type="application/json")
+    return Response(history.state(caller, env_id, step, episode), media_type="application/json")
 
 
 @router.get("/{env_id}/trajectory", response_model=Trajectory)
@@ -95,29 +105,30 @@ def trajectory(env_id: str, history: HistoryDep, caller: CallerDep,
                offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Trajectory:
     """Steps of the current episode (or ``?episode=e``): action, observation, status,
     reward, duration; ``limit``/``offset`` page through long episodes."""
-    return history.trajectory_page(caller, env_id, episode, limit, offset)
+    return history.trajectory(caller, env_id, episode, limit, offset)
 
 
 @router.get("/{env_id}/episodes", response_model=EpisodesPublic)
 def episodes(env_id: str, page: PageDep, history: HistoryDep, caller: CallerDep) -> EpisodesPublic:
     """Every episode of the env, oldest first: scenario, status, steps, reward."""
-    return history.episodes_page(caller, env_id, page.limit, page.offset)
+    return history.episodes(caller, env_id, page.limit, page.offset)
 
 
 @router.post("/{env_id}/restore", response_model=EnvPublic)
-def restore(env_id: str, body: RestoreRequest, envs: EnvsDep, caller: CallerDep) -> EnvPublic:
+def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: CallerDep) -> EnvPublic:
     """Go back to step ``k`` of the episode (later steps are discarded; 409 past the head)."""
-    return envs.restore_env(caller, env_id, body)
+    return episodes.restore(caller, env_id, body)
 
 
 @router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic)
-def fork(env_id: str, body: ForkRequest, envs: EnvsDep, caller: MeteredDep) -> EnvsPublic:
+def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: MeteredDep) -> EnvsPublic:
     """``count`` new envs sharing this env's history up to ``step`` (head by default);
     429 when they would exceed the tenant's ``max_live_envs``."""
-    return envs.fork_env(caller, env_id, body)
+    return episodes.fork(caller, env_id, body)
 
 
 @router.post("/{env_id}/evaluate", response_model=EvaluationPublic)
-def evaluate(env_id: str, envs: EnvsDep, caller: MeteredDep, body: EvaluateRequest | None = None) -> EvaluationPublic:
+def evaluate(env_id: str, rewards: RewardsDep, caller: MeteredDep,
+             body: EvaluateRequest | None = None) -> EvaluationPublic:
     """Reward: check functions (given, or the env's scenario's) on its initial and current state."""
-    return envs.evaluate_env(caller, env_id, body)
+    return rewards.evaluate(caller, env_id, body)

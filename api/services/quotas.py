@@ -152,7 +152,7 @@ class QuotaService:
         if size > cap:
             raise QuotaExceeded(f"{field} is {size} bytes, over tenant {ctx.tenant!r}'s {limit}={cap} (a fixed quota: "
                                 "waiting does not help, the operator can raise it)", limit=limit,
-                                retry_after=FIXED_RETRY_AFTER_S, field=field)
+                                retry_after=FIXED_RETRY_AFTER_S, field=field, fixed=True)
 
     @staticmethod
     def profile_overrides(ctx: TenantContext, requested: dict[str, Any] | None,
@@ -168,7 +168,7 @@ class QuotaService:
             if asked is not None and asked > cap:
                 raise QuotaExceeded(f"profile.{name}={asked} is above tenant {ctx.tenant!r}'s max_profile.{name}={cap} "
                                     "(a fixed quota: waiting does not help)", limit=f"max_profile.{name}",
-                                    retry_after=FIXED_RETRY_AFTER_S, field=f"profile.{name}")
+                                    retry_after=FIXED_RETRY_AFTER_S, field=f"profile.{name}", fixed=True)
             if asked is None and defaults.get(name, 0) > cap:
                 result[name] = int(cap) if name == "memory_mib" else cap
         return result or None

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 from api_fakes import SOURCE, caller, fake_executor
 from databases import opened
+from env_calls import CHECK_COUNT, CHECK_LOG, ME
 from sandpit.api.app import Services, build
 from sandpit.api.db.database import Database
 from sandpit.api.db.engine import upgrade
 from sandpit.api.schemas.environments import EnvironmentCreate
+from sandpit.api.schemas.scenarios import CheckSpec, ScenarioCreate
 from sandpit.api.settings import ApiSettings
 from sandpit.executor.fake import FakeExecutor
 
@@ -111,3 +113,14 @@ def environment_id(services: Services) -> str:
     """A registered ``Counter`` of tenant ``team-a``."""
     return services.environments.register(caller(), EnvironmentCreate(
         name="counter", source_code=SOURCE, class_name="Counter")).id
+
+
+@pytest.fixture
+def scenario_id(services: Services, fake: FakeExecutor, environment_id: str) -> str:
+    """A scenario of ``Counter`` (config ``count: 1``) whose two checks the fake scripts."""
+    fake.script_check(CHECK_COUNT, lambda initial, final: final["count"] == 3)
+    fake.script_check(CHECK_LOG, lambda initial, final: len(final["log"]) == 1)
+    return services.scenarios.create(ME, ScenarioCreate(
+        environment_id=environment_id, task="Bring the counter to 3.", init_config={"count": 1},
+        checklist_with_func=[CheckSpec(check_item="count is 3", check_func=CHECK_COUNT),
+                             CheckSpec(check_item="one bump", check_func=CHECK_LOG)])).id

@@ -232,7 +232,7 @@ def test_tenant_ids_of_the_pattern_are_the_server_s(tenant_id: str) -> None:
        st.sampled_from([INCLUDES, RESULT_INCLUDES]))
 def test_include_patterns_name_what_the_services_take(items: list[str], names: frozenset[str]) -> None:
     include = ",".join(items)
-    taken = set(filter(None, include.split(","))) <= names  # StepService._take, EvaluationJobs.result_lines
+    taken = set(filter(None, include.split(","))) <= names  # envs.steps.wanted_parts, EvaluationJobs.result_lines
     assert taken == (re.fullmatch(list_pattern(names), include) is not None), include
 
 

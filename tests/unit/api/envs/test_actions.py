@@ -5,6 +5,7 @@ findings against a tool's derived schema."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from sandpit.api.envs.actions import (
     PARSE_FAILED,
     ToolCall,
     ToolSet,
+    ToolSets,
     parse_step,
     parse_text,
 )
@@ -141,3 +143,14 @@ def test_argument_findings_against_the_derived_schema() -> None:
     assert tools.findings(ToolCall("loose", {"x": 1})) == []  # an unusable schema: Python decides
     assert tools.findings(ToolCall("bare", {"x": 1})) == []
     assert tools.unknown("nope") == "unknown tool 'nope'; tools: bare, loose, pay"
+
+
+def test_toolsets_compile_an_environment_once_and_keep_the_last_ones() -> None:
+    tools = [{"type": "function", "function": {"name": "bump", "parameters": {"type": "object"}}}]
+    toolsets = ToolSets(max_entries=2)
+    first = toolsets.of(SimpleNamespace(id="envr_1", tools=tools))
+    assert "bump" in first and toolsets.of(SimpleNamespace(id="envr_1", tools=[])) is first  # by id: compiled once
+    toolsets.of(SimpleNamespace(id="envr_2", tools=[]))
+    toolsets.of(SimpleNamespace(id="envr_3", tools=[]))  # over the bound: envr_1 (least recently used) goes
+    again = toolsets.of(SimpleNamespace(id="envr_1", tools=tools))
+    assert again is not first and "bump" in again

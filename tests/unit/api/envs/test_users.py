@@ -33,11 +33,11 @@ def test_a_conversation_with_the_simulated_user(services: Services, fake: FakeEx
     with ScriptedLLM(rules) as llm:
         user = UserSimulator(model="user-model", base_url=llm.base_url, api_key="sk-user")
         env = services.envs.create(ME, EnvCreate(scenario_id=scenario.id, episode=EpisodeOptions(
-            mode="conversational", user=user)))
+            mode="conversational", user=user))).public
         assert env.observation == "Please bump my counter twice."
-        services.steps.take(ME, env.id, StepRequest(name="bump", arguments={"by": 2}), None)
-        done = services.steps.take(ME, env.id, StepRequest(name="chat_with_user",
-                                                           arguments={"content": "Done, it is 2."}), None)
+        services.steps.step(ME, env.id, StepRequest(name="bump", arguments={"by": 2}), None).public()
+        done = services.steps.step(ME, env.id, StepRequest(name="chat_with_user",
+                                                           arguments={"content": "Done, it is 2."}), None).public()
         requests = llm.chat_requests()
     assert done.terminated and done.observation == "###STOP###" and done.observation_role == "user"
     assert done.reward == 1.0
@@ -51,8 +51,8 @@ def test_a_failing_user_model_records_nothing(services: Services, environment_id
     with ScriptedLLM(rules) as llm:
         user = UserSimulator(model="m", base_url=llm.base_url, request_timeout_s=5)
         env = services.envs.create(ME, EnvCreate(environment_id=environment_id, episode=EpisodeOptions(
-            mode="conversational", user=user)))
+            mode="conversational", user=user))).public
         with pytest.raises(ServiceUnavailable) as raised:
-            services.steps.take(ME, env.id, StepRequest(name="chat_with_user", arguments={"content": "hi"}), None)
+            services.steps.step(ME, env.id, StepRequest(name="chat_with_user", arguments={"content": "hi"}), None).public()
     assert "model_error" in raised.value.message and "the step was not recorded" in raised.value.message
-    assert services.history.trajectory_page(ME, env.id, None, None, 0).count == 0
+    assert services.history.trajectory(ME, env.id, None, None, 0).count == 0

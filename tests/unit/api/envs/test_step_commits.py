@@ -22,7 +22,7 @@ ME = caller(max_concurrent_calls=256, max_running_calls=64)
 
 
 def create(services: Services, environment_id: str) -> str:
-    return services.envs.create(ME, EnvCreate(environment_id=environment_id)).id
+    return services.envs.create(ME, EnvCreate(environment_id=environment_id)).public.id
 
 
 def committed(services: Services, env_id: str) -> list[tuple[int, str]]:
@@ -55,7 +55,7 @@ def test_concurrent_steps_of_many_envs_are_all_committed_in_order(services: Serv
 
     def drive(env_id: str) -> None:
         for i in range(1, steps + 1):
-            reply = services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+            reply = services.steps.step(ME, env_id, StepRequest(name="bump"), None).public()
             assert (reply.step, reply.observation) == (i, str(i))
             assert committed(services, env_id)[-1] == (i, str(i))  # acknowledged = committed
 
@@ -86,7 +86,7 @@ def test_a_failed_write_acknowledges_nothing_and_spares_the_other_envs(services:
     def drive(env_id: str) -> None:
         for _ in range(6):
             try:
-                outcomes[env_id].append(services.steps.take(ME, env_id, StepRequest(name="bump"), None).step)
+                outcomes[env_id].append(services.steps.step(ME, env_id, StepRequest(name="bump"), None).public().step)
             except ServiceUnavailable as exc:
                 outcomes[env_id].append(exc)
 
@@ -98,7 +98,7 @@ def test_a_failed_write_acknowledges_nothing_and_spares_the_other_envs(services:
     assert [s for s, _ in committed(services, bad)] == [1, 2]  # nothing unacknowledged was kept
     assert bad not in services.live  # its session was dropped: the next request resumes from step 2
     commits.write_batch = write_batch
-    resumed = services.steps.take(ME, bad, StepRequest(name="bump"), None)
+    resumed = services.steps.step(ME, bad, StepRequest(name="bump"), None).public()
     assert (resumed.step, resumed.observation, resumed.recovered) == (3, "3", True)
 
 
@@ -111,12 +111,12 @@ def test_a_session_that_refuses_a_call_is_reattached_within_the_same_step(servic
 
     env_id = create(services, environment_id)
     for i in range(1, 3):
-        assert services.steps.take(ME, env_id, StepRequest(name="bump"), None).observation == str(i)
+        assert services.steps.step(ME, env_id, StepRequest(name="bump"), None).public().observation == str(i)
     first = services.live.get(env_id)
     assert first is not None
     opened = len(fake.sessions)
     fake.fail("call", SessionClosed("stale handle: another replica used the session"), times=1)
-    reply = services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+    reply = services.steps.step(ME, env_id, StepRequest(name="bump"), None).public()
     assert (reply.step, reply.observation) == (3, "3")  # from the committed count 2, run once
     assert committed(services, env_id) == [(1, "1"), (2, "2"), (3, "3")]
     assert len(fake.sessions) == opened + 1  # re-opened from the committed head
@@ -128,13 +128,13 @@ def test_a_session_refusing_twice_is_a_503_and_nothing_is_recorded(services: Ser
     from sandpit.executor.errors import SessionClosed
 
     env_id = create(services, environment_id)
-    services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+    services.steps.step(ME, env_id, StepRequest(name="bump"), None).public()
     fake.fail("call", SessionClosed("stale"), times=2)
     try:
-        services.steps.take(ME, env_id, StepRequest(name="bump"), None)
+        services.steps.step(ME, env_id, StepRequest(name="bump"), None).public()
     except ServiceUnavailable as exc:
         assert exc.retry_after == 1
     else:
         raise AssertionError("a session refusing twice must be a 503")
     assert committed(services, env_id) == [(1, "1")]
-    assert services.steps.take(ME, env_id, StepRequest(name="bump"), None).observation == "2"
+    assert services.steps.step(ME, env_id, StepRequest(name="bump"), None).public().observation == "2"
