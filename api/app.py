@@ -33,9 +33,6 @@ from sandpit.executor.profiles import resolve_profile
 from sandpit.executor.settings import ExecutorSettings, get_settings
 from starlette.types import Receive, Scope, Send
 
-from . import openapi
-from .access_log import AccessLog
-from .body_timeout import BodyReadTimeout
 from .db.affinity import DbAffinity
 from .db.checkpoint import WalCheckpointer
 from .db.database import Database
@@ -54,10 +51,13 @@ from .envs.views import EnvViews
 from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
 from .evaluations.runner import EvaluationRunner
+from .http import openapi
+from .http.access_log import AccessLog
+from .http.body_timeout import BodyReadTimeout
 from .http.handlers import error_response, register_handlers
-from .lean_step import LeanStep
+from .http.lean_step import LeanStep
+from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .metrics import Metrics
-from .routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .sandboxes import Sandboxes, translate
 from .services.checks import Checks
 from .services.cluster import ClusterService

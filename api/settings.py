@@ -29,15 +29,14 @@ def default_running_calls() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+# ProfileCeiling's bounds are the executor's for each profile value (the tightest of
+# ProfileOverrides' and ResourceProfile's), so a ceiling the executor would refuse is refused
+# here. They are written out rather than read from sandpit.executor.profiles, so that loading
+# the settings loads no executor module; tests/unit/api/schemas/test_profile_limits.py holds
+# them equal to the executor's (sandpit.api.schemas.profile_limits.executor_bounds). The class
+# docstring is the OpenAPI document's description of QuotaOverrides.max_profile.
 class ProfileCeiling(BaseModel):
-    """The largest resource profile a tenant's envs and snippets may use.
-
-    Each field's bounds are the executor's for that profile value (the tightest of
-    ``ProfileOverrides``' and ``ResourceProfile``'s), so a ceiling the executor would
-    refuse is refused here. They are written out rather than read from
-    ``sandpit.executor.profiles``, so that loading the settings loads no executor module;
-    ``tests/unit/api/schemas/test_profile_limits.py`` holds them equal to the executor's
-    (:func:`sandpit.api.schemas.profile_limits.executor_bounds`)."""
+    """The largest resource profile a tenant's envs and snippets may use."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -174,11 +173,11 @@ class ApiSettings(BaseSettings):
     access_log: bool = True
     """One line per HTTP request on the ``sandpit.access`` logger at INFO (method, path
     template, status, milliseconds, tenant; never a key or a query string:
-    :mod:`sandpit.api.access_log`), written by ``sandpit serve --log-level info`` (or
+    :mod:`sandpit.api.http.access_log`), written by ``sandpit serve --log-level info`` (or
     ``debug``); false: none, and no per-request cost (``SANDPIT_ACCESS_LOG``)."""
     lean_step: bool = True
     """Answer plain ``POST /v1/envs/{id}/step`` requests on the lean ASGI path
-    (:mod:`sandpit.api.lean_step`: same replies, a fraction of the CPU); false: every step
+    (:mod:`sandpit.api.http.lean_step`: same replies, a fraction of the CPU); false: every step
     goes through FastAPI's router."""
 
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB

@@ -1,4 +1,4 @@
-"""The access log middleware (``sandpit.api.access_log``) on the edges a real server
+"""The access log middleware (``sandpit.api.http.access_log``) on the edges a real server
 rarely shows: an exception no handler took, a client gone before any response, a logger
 below INFO, hostile request paths. The whole app's lines are tested over HTTP in
 ``tests/integration/api/test_access_log.py``."""
@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 import pytest
-from sandpit.api.access_log import AccessLog, note_route, note_tenant, template
+from sandpit.api.http.access_log import AccessLog, note_route, note_tenant, template
 from starlette.types import Message, Receive, Scope, Send
 
 

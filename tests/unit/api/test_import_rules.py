@@ -16,7 +16,7 @@ SELF_NAMES = {"self", "cls"}
 
 
 def module_name(path: Path) -> str:
-    """``api/routes/envs.py`` -> ``sandpit.api.routes.envs`` (packages: their ``__init__``)."""
+    """``api/routes/envs.py`` -> ``sandpit.api.http.routes.envs`` (packages: their ``__init__``)."""
     parts = list(path.relative_to(API).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -76,14 +76,14 @@ def modules_in(package: str) -> list[str]:
 
 
 def test_the_tree_is_as_documented() -> None:
-    for package in ("routes", "schemas", "services", "evaluations", "db"):
+    for package in ("http.routes", "schemas", "services", "envs", "evaluations", "db"):
         assert f"sandpit.api.{package}" in MODULES, package
     assert "sandpit.api.sandboxes" in MODULES and "sandpit.api.app" in MODULES
 
 
-@pytest.mark.parametrize("name", modules_in("routes"))
+@pytest.mark.parametrize("name", modules_in("http.routes"))
 def test_routes_import_deps_schemas_services_and_envs_only(name: str) -> None:
-    allowed = ("sandpit.api.deps", "sandpit.api.schemas", "sandpit.api.services", "sandpit.api.envs", "sandpit.api.routes")
+    allowed = ("sandpit.api.http.deps", "sandpit.api.schemas", "sandpit.api.services", "sandpit.api.envs", "sandpit.api.http.routes")
     bad = {i for i in sandpit_imports(name) if not any(under(i, a) for a in allowed)}
     assert not bad, f"{name} imports {sorted(bad)}"
 
@@ -101,14 +101,14 @@ def test_only_the_adapter_and_the_app_factory_import_the_executor() -> None:
 @pytest.mark.parametrize("name", modules_in("schemas"))
 def test_schemas_import_no_services_db_or_routes(name: str) -> None:
     bad = {i for i in sandpit_imports(name)
-           if any(under(i, f"sandpit.api.{p}") for p in ("services", "db", "routes", "deps", "app"))}
+           if any(under(i, f"sandpit.api.{p}") for p in ("services", "db", "http", "app"))}
     assert not bad, f"{name} imports {sorted(bad)}"
 
 
 @pytest.mark.parametrize("name", modules_in("db"))
 def test_db_imports_no_routes_services_or_evaluations(name: str) -> None:
     bad = {i for i in sandpit_imports(name)
-           if any(under(i, f"sandpit.api.{p}") for p in ("routes", "services", "evaluations", "deps", "app"))}
+           if any(under(i, f"sandpit.api.{p}") for p in ("http", "services", "evaluations", "app"))}
     assert not bad, f"{name} imports {sorted(bad)}"
 
 
@@ -140,11 +140,11 @@ def test_loading_the_settings_loads_no_executor_no_runner_and_no_fastapi() -> No
 
 def test_the_rules_catch_what_they_forbid(tmp_path: Path) -> None:
     """The checker itself: relative imports resolve, private reaches are seen."""
-    route = API / "routes" / "envs.py"
-    assert "sandpit.api.deps" in imports(route)
+    route = API / "http" / "routes" / "envs.py"
+    assert "sandpit.api.http.deps" in imports(route)
     assert "sandpit.api.schemas.envs" in imports(route)
-    probe = API / "routes" / "_probe_for_test.py"
-    assert module_name(probe) == "sandpit.api.routes._probe_for_test"
+    probe = API / "http" / "routes" / "_probe_for_test.py"
+    assert module_name(probe) == "sandpit.api.http.routes._probe_for_test"
     sample = tmp_path / "sample.py"
     sample.write_text("def f(service):\n    return service._db, self._ok\n")
     tree = ast.parse(sample.read_text())

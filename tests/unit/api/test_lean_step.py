@@ -1,4 +1,4 @@
-"""The lean step path (``sandpit.api.lean_step``) answers exactly as the FastAPI route:
+"""The lean step path (``sandpit.api.http.lean_step``) answers exactly as the FastAPI route:
 the same requests, hostile ones included, sent to an app with ``lean_step`` on and to one
 with it off give the same statuses, headers that matter and bodies (the whole app over the
 executor's fake, through httpx's ASGI transport)."""
@@ -16,9 +16,9 @@ import httpx
 import pytest
 from api_fakes import SOURCE, fake_executor
 from pydantic import SecretStr
-from sandpit.api import lean_step
 from sandpit.api.app import create_app
 from sandpit.api.envs.steps import Steps
+from sandpit.api.http import lean_step
 from sandpit.api.settings import ApiSettings
 
 OPERATOR = secrets.token_urlsafe(32)

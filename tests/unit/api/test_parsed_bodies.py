@@ -1,10 +1,10 @@
-"""The parse cache of large request bodies (:class:`~sandpit.api.strict_json.ParsedBodies`):
+"""The parse cache of large request bodies (:class:`~sandpit.api.http.strict_json.ParsedBodies`):
 bounded by entries and by bytes, least recently used out first, and a body bigger than the
 whole budget is never kept."""
 
 from __future__ import annotations
 
-from sandpit.api.strict_json import ParsedBodies
+from sandpit.api.http.strict_json import ParsedBodies
 
 
 def test_hits_return_the_value_parsed_from_those_bytes() -> None:

@@ -1,4 +1,4 @@
-"""Strict request JSON (:mod:`sandpit.api.strict_json`): lone UTF-16 surrogates are found
+"""Strict request JSON (:mod:`sandpit.api.http.strict_json`): lone UTF-16 surrogates are found
 (and paired ones are not), non-JSON numbers and deep nesting are refused, and the route
 class answers in the API's error shape."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from sandpit.api.deps import json_router
 from sandpit.api.errors import InvalidRequest, error_body
+from sandpit.api.http.deps import json_router
 from sandpit.api.json_rules import json_depth_exceeds, lone_surrogate_at, strict_loads
 
 

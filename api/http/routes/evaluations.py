@@ -8,9 +8,14 @@ from typing import Annotated
 from fastapi import Query, status
 from fastapi.responses import StreamingResponse
 
+from ...schemas.common import list_pattern
+from ...schemas.evaluations import (
+    RESULT_INCLUDES,
+    EvaluationCreate,
+    EvaluationJobPublic,
+    EvaluationJobsPublic,
+)
 from ..deps import CallerDep, JobsDep, MeteredDep, PageDep, json_router
-from ..schemas.common import list_pattern
-from ..schemas.evaluations import RESULT_INCLUDES, EvaluationCreate, EvaluationJobPublic, EvaluationJobsPublic
 
 router = json_router(prefix="/v1/evaluations", tags=["evaluations"])
 

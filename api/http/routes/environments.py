@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import Response, status
 
+from ...schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..deps import CallerDep, EnvironmentsDep, MeteredDep, PageDep, json_router
-from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 
 router = json_router(prefix="/v1/environments", tags=["environments"])
 

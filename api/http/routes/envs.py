@@ -7,20 +7,9 @@ from typing import Annotated
 
 from fastapi import Query, Response, status
 
-from ..deps import (
-    CallerDep,
-    EnvsDep,
-    EpisodesDep,
-    HistoryDep,
-    MeteredDep,
-    PageDep,
-    RewardsDep,
-    StepsDep,
-    json_router,
-)
-from ..envs.steps import INCLUDES
-from ..schemas.common import list_pattern
-from ..schemas.envs import (
+from ...envs.steps import INCLUDES
+from ...schemas.common import list_pattern
+from ...schemas.envs import (
     EnvCreate,
     EnvPublic,
     EnvsPublic,
@@ -33,7 +22,18 @@ from ..schemas.envs import (
     StepResult,
     Trajectory,
 )
-from ..schemas.evaluations import EvaluateRequest, EvaluationPublic
+from ...schemas.evaluations import EvaluateRequest, EvaluationPublic
+from ..deps import (
+    CallerDep,
+    EnvsDep,
+    EpisodesDep,
+    HistoryDep,
+    MeteredDep,
+    PageDep,
+    RewardsDep,
+    StepsDep,
+    json_router,
+)
 
 router = json_router(prefix="/v1/envs", tags=["envs"])
 
@@ -76,7 +76,7 @@ def step(env_id: str, body: StepRequest, steps: StepsDep, caller: MeteredDep,
     ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
     tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
     wait) or ``max_arguments_bytes`` (nothing is recorded)."""
-    # JSON bytes from the outcome (the hot path; plain requests take sandpit.api.lean_step)
+    # JSON bytes from the outcome (the hot path; plain requests take sandpit.api.http.lean_step)
     return Response(steps.step(caller, env_id, body, include).json(), media_type="application/json")
 
 

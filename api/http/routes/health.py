@@ -6,8 +6,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ...schemas.health import Health
 from ..deps import AuthorizationDep, HealthDep
-from ..schemas.health import Health
 
 router = APIRouter(tags=["health"])
 

@@ -24,7 +24,7 @@ import anyio
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import RequestTimeout
+from ..errors import RequestTimeout
 
 log = logging.getLogger("sandpit.api")
 

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Query, Response, status
 
+from ...schemas.scenarios import ScenarioCreate, ScenarioPublic, ScenariosPublic
 from ..deps import CallerDep, MeteredDep, PageDep, ScenariosDep, json_router
-from ..schemas.scenarios import ScenarioCreate, ScenarioPublic, ScenariosPublic
 
 router = json_router(prefix="/v1/scenarios", tags=["scenarios"])
 

@@ -7,9 +7,8 @@ from typing import Annotated
 
 from fastapi import Path, Query, status
 
-from ..deps import CallerDep, ClusterDep, OperatorDep, PageDep, QuotasDep, TenantsDep, json_router
-from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostUndrainPublic
-from ..schemas.tenants import (
+from ...schemas.cluster import ClusterStatus, HostDrainPublic, HostUndrainPublic
+from ...schemas.tenants import (
     ApiKeyPublic,
     AuditPublic,
     KeyCreate,
@@ -20,6 +19,7 @@ from ..schemas.tenants import (
     TenantUpdate,
     TenantUsage,
 )
+from ..deps import CallerDep, ClusterDep, OperatorDep, PageDep, QuotasDep, TenantsDep, json_router
 
 router = json_router(prefix="/v1/admin", tags=["admin"])
 tenant_router = json_router(prefix="/v1", tags=["tenant"])

@@ -12,20 +12,20 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from ..envs.episodes import Episodes
+from ..envs.history import EnvHistory
+from ..envs.lifecycle import EnvLifecycle
+from ..envs.rewards import Rewards
+from ..envs.steps import Steps
+from ..evaluations.jobs import EvaluationJobs
+from ..services.cluster import ClusterService
+from ..services.environments import EnvironmentService
+from ..services.execution import ExecutionService
+from ..services.health import HealthService
+from ..services.quotas import QuotaService, TenantContext
+from ..services.scenarios import ScenarioService
+from ..services.tenants import TenantService
 from .access_log import note_tenant
-from .envs.episodes import Episodes
-from .envs.history import EnvHistory
-from .envs.lifecycle import EnvLifecycle
-from .envs.rewards import Rewards
-from .envs.steps import Steps
-from .evaluations.jobs import EvaluationJobs
-from .services.cluster import ClusterService
-from .services.environments import EnvironmentService
-from .services.execution import ExecutionService
-from .services.health import HealthService
-from .services.quotas import QuotaService, TenantContext
-from .services.scenarios import ScenarioService
-from .services.tenants import TenantService
 from .strict_json import StrictJSONRoute
 
 

@@ -51,15 +51,15 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..envs.steps import Steps
+from ..errors import ApiError
+from ..json_rules import lone_surrogate_at
+from ..metrics import StepClock
+from ..schemas.envs import StepRequest
+from ..services.tenants import TenantService
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
-from .envs.steps import Steps
-from .errors import ApiError
-from .http.handlers import count_rejection, error_response, internal_error_response
-from .json_rules import lone_surrogate_at
-from .metrics import StepClock
-from .schemas.envs import StepRequest
-from .services.tenants import TenantService
+from .handlers import count_rejection, error_response, internal_error_response
 
 STEP_PATH = re.compile(r"/v1/envs/([^/]+)/step")
 """The route's path (Starlette's ``{env_id}`` matches one segment)."""

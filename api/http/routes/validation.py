@@ -3,8 +3,7 @@ program output), both running untrusted code only in sandboxes."""
 
 from __future__ import annotations
 
-from ..deps import ExecutionDep, MeteredDep, json_router
-from ..schemas.validation import (
+from ...schemas.validation import (
     ExecuteBatchRequest,
     ExecuteBatchResult,
     ExecuteRequest,
@@ -12,6 +11,7 @@ from ..schemas.validation import (
     ValidateRequest,
     ValidateResult,
 )
+from ..deps import ExecutionDep, MeteredDep, json_router
 
 router = json_router(prefix="/v1", tags=["validation"])
 

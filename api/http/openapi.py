@@ -46,9 +46,9 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute, APIRouter
 from pydantic import BaseModel
 
+from ..errors import ErrorBody
+from ..settings import ApiSettings, Quotas
 from .deps import get_caller, get_quotas, require_operator
-from .errors import ErrorBody
-from .settings import ApiSettings, Quotas
 from .strict_json import StrictJSONRoute
 
 ERROR_REF = "#/components/schemas/ErrorBody"

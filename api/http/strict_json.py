@@ -18,9 +18,9 @@ from cachetools import LRUCache
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from .errors import InvalidRequest, PayloadTooLarge
-from .http.handlers import error_response
-from .json_rules import lone_surrogate_at, strict_loads
+from ..errors import InvalidRequest, PayloadTooLarge
+from ..json_rules import lone_surrogate_at, strict_loads
+from .handlers import error_response
 
 
 class ParsedJSONRequest(Request):
