@@ -1,9 +1,10 @@
 """What routes depend on: typed dependency aliases (``EnvsDep``, ``CallerDep``,
-``PageDep``, ...) over the services the app's lifespan creates, and :func:`router`.
+``PageDep``, ...) over the services the app's lifespan creates, :func:`json_router`, and
+the :data:`METERED` route marker.
 
-``MeteredDep`` is the caller of a route that counts against the tenant's quotas (its
-service enforces them); depending on it is what makes the OpenAPI document list the
-route's 429 (:mod:`.openapi`).
+A route whose service counts the call against the tenant's quotas (and may answer 429)
+says so with ``responses=METERED``: the OpenAPI document then lists its 429
+(:mod:`.openapi` reads the marker). The quotas themselves are enforced by the service.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ from ..services.scenarios import ScenarioService
 from ..services.tenants import TenantService
 from .access_log import note_tenant
 from .strict_json import StrictJSONRoute
+
+METERED: dict[int | str, dict[str, Any]] = {429: {"description": "A tenant quota was hit."}}
+"""The marker of a route whose service counts the call against the tenant's quotas
+(``@router.post(..., responses=METERED)``): the OpenAPI document lists the route's 429
+with :class:`~sandpit.api.errors.ErrorBody` and ``Retry-After`` (:mod:`.openapi`
+replaces this entry by the full response)."""
 
 
 def json_router(prefix: str = "", tags: list[str] | None = None) -> APIRouter:
@@ -112,12 +119,6 @@ def get_caller(request: Request) -> TenantContext:
     return caller
 
 
-def get_metered(caller: Annotated[TenantContext, Depends(get_caller)],
-                _quotas: Annotated[QuotaService, Depends(get_quotas)]) -> TenantContext:
-    """The caller, on a route whose service counts it against the tenant's quotas."""
-    return caller
-
-
 def require_operator(request: Request) -> None:
     """Admin routes: the operator key. Raises Unauthorized (401) or Forbidden (403)."""
     get_tenants(request).require_operator(request.headers.get("authorization"))
@@ -151,7 +152,6 @@ QuotasDep = Annotated[QuotaService, Depends(get_quotas)]
 ClusterDep = Annotated[ClusterService, Depends(get_cluster)]
 HealthDep = Annotated[HealthService, Depends(get_health)]
 CallerDep = Annotated[TenantContext, Depends(get_caller)]
-MeteredDep = Annotated[TenantContext, Depends(get_metered)]
 OperatorDep = Annotated[None, Depends(require_operator)]
 AuthorizationDep = Annotated[str | None, Depends(authorization)]
 PageDep = Annotated[Page, Depends(Page)]

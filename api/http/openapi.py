@@ -15,9 +15,8 @@ an ``Authorization`` dependency             401 (``WWW-Authenticate``), 403, 503
 path parameters                             404 (unknown id, or another tenant's)
 query parameters or a body                  422
 :class:`~.strict_json.StrictJSONRoute`      413; with POST/PUT/PATCH also 408 and 422
-the quota dependency                        429 (``Retry-After``)
+the :data:`~.deps.METERED` marker           429 (``Retry-After``)
 an entry in :data:`EXTRA`                   those (409s, 404s for ids in bodies)
-an entry in :data:`NEVER`                   not those
 =========================================  =============================================
 
 It also gives ``application/json`` content to success responses of routes that return
@@ -48,7 +47,7 @@ from pydantic import BaseModel
 
 from ..errors import ErrorBody
 from ..settings import ApiSettings, Quotas
-from .deps import get_caller, get_quotas, require_operator
+from .deps import get_caller, require_operator
 from .strict_json import StrictJSONRoute
 
 ERROR_REF = "#/components/schemas/ErrorBody"
@@ -94,11 +93,6 @@ EXTRA: dict[str, set[int]] = {
 }
 """Statuses a route sends that its parts do not show, by route name."""
 
-NEVER: dict[str, set[int]] = {
-    "my_tenant": {429},  # reads the quota counters, takes none
-}
-"""Statuses the rules would give a route that cannot send them, by route name."""
-
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 NO_NUL = r"^[^\x00]*$"
@@ -137,9 +131,9 @@ def error_statuses(route: APIRoute) -> set[int]:
         statuses.add(413)
         if (route.methods or set()) & BODY_METHODS:
             statuses |= {408, 422}
-    if get_quotas in calls:
+    if 429 in route.responses or "429" in route.responses:  # the METERED marker
         statuses.add(429)
-    return statuses - NEVER.get(route.name, set())
+    return statuses
 
 
 def is_authenticated(route: APIRoute) -> bool:

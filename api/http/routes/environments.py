@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import Response, status
 
 from ...schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
-from ..deps import CallerDep, EnvironmentsDep, MeteredDep, PageDep, json_router
+from ..deps import METERED, CallerDep, EnvironmentsDep, PageDep, json_router
 
 router = json_router(prefix="/v1/environments", tags=["environments"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvironmentPublic)
-def create_environment(body: EnvironmentCreate, environments: EnvironmentsDep, caller: MeteredDep) -> EnvironmentPublic:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvironmentPublic, responses=METERED)
+def create_environment(body: EnvironmentCreate, environments: EnvironmentsDep, caller: CallerDep) -> EnvironmentPublic:
     """Register environment code: static policy, tools (OpenAI schemas) derived inside a
     sandbox, one instantiation there (``sample_init_config``). 422 when the policy rejects
     the code or it fails to load or instantiate; 429 over the tenant's ``max_code_bytes``,

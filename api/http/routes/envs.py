@@ -24,11 +24,11 @@ from ...schemas.envs import (
 )
 from ...schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..deps import (
+    METERED,
     CallerDep,
     EnvsDep,
     EpisodesDep,
     HistoryDep,
-    MeteredDep,
     PageDep,
     RewardsDep,
     StepsDep,
@@ -38,8 +38,8 @@ from ..deps import (
 router = json_router(prefix="/v1/envs", tags=["envs"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic)
-def create_env(body: EnvCreate, envs: EnvsDep, caller: MeteredDep) -> Response:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic, responses=METERED)
+def create_env(body: EnvCreate, envs: EnvsDep, caller: CallerDep) -> Response:
     """Instantiate an environment (registered, inline code, or a scenario's) in a sandbox;
     step 0 is stored. 429 over the tenant's ``max_live_envs``, ``max_concurrent_calls``,
     ``max_profile`` or size quotas (nothing is created then)."""
@@ -66,8 +66,8 @@ def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{env_id}/step", response_model=StepResult, response_class=Response)
-def step(env_id: str, body: StepRequest, steps: StepsDep, caller: MeteredDep,
+@router.post("/{env_id}/step", response_model=StepResult, response_class=Response, responses=METERED)
+def step(env_id: str, body: StepRequest, steps: StepsDep, caller: CallerDep,
          include: Annotated[str | None, Query(max_length=64, json_schema_extra={"pattern": list_pattern(INCLUDES)})]
          = None) -> Response:
     """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
@@ -80,8 +80,8 @@ def step(env_id: str, body: StepRequest, steps: StepsDep, caller: MeteredDep,
     return Response(steps.step(caller, env_id, body, include).json(), media_type="application/json")
 
 
-@router.post("/{env_id}/reset", response_model=EnvPublic)
-def reset(env_id: str, episodes: EpisodesDep, caller: MeteredDep, body: ResetRequest | None = None) -> EnvPublic:
+@router.post("/{env_id}/reset", response_model=EnvPublic, responses=METERED)
+def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, body: ResetRequest | None = None) -> EnvPublic:
     """Begin the next episode (EnvScaler ``reset()``: the response has the initial
     ``observation``, ``tools`` and ``introduction``), optionally with another scenario,
     ``init_config`` or episode options. The previous episode stays readable."""
@@ -120,15 +120,16 @@ def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: Ca
     return episodes.restore(caller, env_id, body)
 
 
-@router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic)
-def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: MeteredDep) -> EnvsPublic:
+@router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic,
+             responses=METERED)
+def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: CallerDep) -> EnvsPublic:
     """``count`` new envs sharing this env's history up to ``step`` (head by default);
     429 when they would exceed the tenant's ``max_live_envs``."""
     return episodes.fork(caller, env_id, body)
 
 
-@router.post("/{env_id}/evaluate", response_model=EvaluationPublic)
-def evaluate(env_id: str, rewards: RewardsDep, caller: MeteredDep,
+@router.post("/{env_id}/evaluate", response_model=EvaluationPublic, responses=METERED)
+def evaluate(env_id: str, rewards: RewardsDep, caller: CallerDep,
              body: EvaluateRequest | None = None) -> EvaluationPublic:
     """Reward: check functions (given, or the env's scenario's) on its initial and current state."""
     return rewards.evaluate(caller, env_id, body)

@@ -15,13 +15,13 @@ from ...schemas.evaluations import (
     EvaluationJobPublic,
     EvaluationJobsPublic,
 )
-from ..deps import CallerDep, JobsDep, MeteredDep, PageDep, json_router
+from ..deps import METERED, CallerDep, JobsDep, PageDep, json_router
 
 router = json_router(prefix="/v1/evaluations", tags=["evaluations"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=EvaluationJobPublic)
-def create_evaluation(body: EvaluationCreate, jobs: JobsDep, caller: MeteredDep) -> EvaluationJobPublic:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=EvaluationJobPublic, responses=METERED)
+def create_evaluation(body: EvaluationCreate, jobs: JobsDep, caller: CallerDep) -> EvaluationJobPublic:
     """Start a replay or rollout evaluation (runs in the background). 404/422 naming the
     index for a bad scenario id (nothing is created); 429 over ``max_active_evaluations``
     or with ``concurrency`` above ``max_evaluation_concurrency``."""

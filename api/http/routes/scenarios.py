@@ -7,13 +7,13 @@ from typing import Annotated
 from fastapi import Query, Response, status
 
 from ...schemas.scenarios import ScenarioCreate, ScenarioPublic, ScenariosPublic
-from ..deps import CallerDep, MeteredDep, PageDep, ScenariosDep, json_router
+from ..deps import METERED, CallerDep, PageDep, ScenariosDep, json_router
 
 router = json_router(prefix="/v1/scenarios", tags=["scenarios"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ScenarioPublic)
-def create_scenario(body: ScenarioCreate, scenarios: ScenariosDep, caller: MeteredDep) -> ScenarioPublic:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ScenarioPublic, responses=METERED)
+def create_scenario(body: ScenarioCreate, scenarios: ScenariosDep, caller: CallerDep) -> ScenarioPublic:
     """Store a scenario of a registered environment (check functions pass the static
     policy). 429 over the tenant's ``max_init_config_bytes`` / ``max_code_bytes``."""
     return scenarios.create(caller, body)
