@@ -51,12 +51,12 @@ from .envs.views import EnvViews
 from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
 from .evaluations.runner import EvaluationRunner
-from .http import openapi
+from .http import openapi, step
 from .http.access_log import AccessLog
 from .http.body_timeout import BodyReadTimeout
 from .http.handlers import error_response, register_handlers
-from .http.lean_step import LeanStep
 from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
+from .http.step import StepDoor
 from .metrics import Metrics
 from .sandboxes import Sandboxes, translate
 from .services.checks import Checks
@@ -72,7 +72,7 @@ from .settings import ApiSettings, get_api_settings
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
           "scenarios", "execution", "evaluations", "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
-ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
+ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
 
 
@@ -103,18 +103,17 @@ def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Dat
 
 
 class SandpitApp(FastAPI):
-    """The FastAPI app with the lean step path in front of its middleware stack, and the
-    access log in front of both.
+    """The FastAPI app with the step door in front of its middleware stack, and the access
+    log in front of both.
 
-    ``access`` (:class:`~.access_log.AccessLog`, set by :func:`create_app` unless
+    ``access`` (:class:`~.http.access_log.AccessLog`, set by :func:`create_app` unless
     ``ApiSettings.access_log`` is false) sees every HTTP request first and writes its
-    line once it is answered, whichever path answered it. ``lean``
-    (:class:`~.lean_step.LeanStep`, set unless ``ApiSettings.lean_step`` is false) sees
-    every HTTP ``POST`` next: it answers plain step requests itself and hands everything
-    else to ``FastAPI.__call__`` (routing, middleware, handlers) untouched. Other requests
-    and the lifespan go straight to FastAPI."""
+    line once it is answered, whichever path answered it. ``door``
+    (:class:`~.http.step.StepDoor`) answers every ``POST /v1/envs/{env_id}/step``; every
+    other request goes to ``FastAPI.__call__`` (routing, middleware, handlers). The
+    lifespan goes straight to FastAPI."""
 
-    lean: LeanStep | None = None
+    door: StepDoor | None = None
     access: AccessLog | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,11 +124,12 @@ class SandpitApp(FastAPI):
         await self.dispatch(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The lean path for ``POST`` requests when it is on, else FastAPI."""
-        lean = self.lean
-        if lean is not None and scope["type"] == "http" and scope["method"] == "POST":
-            scope["app"] = self  # what Starlette sets; the lean path reads the services on it
-            await lean(scope, receive, send)
+        """The step door for a step request, else FastAPI."""
+        door = self.door
+        env_id = door.env_id(scope) if door is not None else None
+        if door is not None and env_id is not None:
+            scope["app"] = self  # what Starlette sets; the door reads the services on it
+            await door(scope, receive, send, env_id)
             return
         await super().__call__(scope, receive, send)
 
@@ -179,8 +179,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 try:
                     yield
                 finally:
-                    if isinstance(app, SandpitApp) and app.lean is not None:
-                        app.lean.close()
+                    door.close()
                     services.close()
             finally:
                 executor.close()
@@ -202,11 +201,10 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     def _translated(exc: Exception) -> ApiError | None:
         return translate(exc, api_settings.capacity_retry_after_s) if isinstance(exc, ExecutorError) else None
 
+    door = app.door = app.state.step_door = StepDoor(api_settings.body_read_timeout_s, api_settings.http_threads,
+                                                     translate=_translated)
     if api_settings.access_log:
         app.access = AccessLog(app.dispatch)
-    if api_settings.lean_step:
-        app.lean = LeanStep(partial(FastAPI.__call__, app), translate=_translated,
-                            body_timeout_s=api_settings.body_read_timeout_s, threads=api_settings.http_threads)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
     for router in ROUTERS:
         app.include_router(router)

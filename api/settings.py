@@ -146,7 +146,7 @@ class ApiSettings(BaseSettings):
     http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
     tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
-    the lean path runs (its own pool, made on demand)."""
+    the step door runs (its own pool, made on demand: :mod:`sandpit.api.http.step`)."""
     sqlite_checkpoint_interval_s: Annotated[float, Field(ge=0, le=3600)] = 0.5
     """Seconds between the passive WAL checkpoints a thread of the app runs on a SQLite
     database (:mod:`sandpit.api.db.checkpoint`), so that no step's commit copies the WAL
@@ -175,10 +175,6 @@ class ApiSettings(BaseSettings):
     template, status, milliseconds, tenant; never a key or a query string:
     :mod:`sandpit.api.http.access_log`), written by ``sandpit serve --log-level info`` (or
     ``debug``); false: none, and no per-request cost (``SANDPIT_ACCESS_LOG``)."""
-    lean_step: bool = True
-    """Answer plain ``POST /v1/envs/{id}/step`` requests on the lean ASGI path
-    (:mod:`sandpit.api.http.lean_step`: same replies, a fraction of the CPU); false: every step
-    goes through FastAPI's router."""
 
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""

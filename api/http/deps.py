@@ -17,7 +17,6 @@ from ..envs.episodes import Episodes
 from ..envs.history import EnvHistory
 from ..envs.lifecycle import EnvLifecycle
 from ..envs.rewards import Rewards
-from ..envs.steps import Steps
 from ..evaluations.jobs import EvaluationJobs
 from ..services.cluster import ClusterService
 from ..services.environments import EnvironmentService
@@ -68,11 +67,6 @@ def get_rewards(request: Request) -> Rewards:
 def get_history(request: Request) -> EnvHistory:
     """The app's :class:`EnvHistory`."""
     return cast(EnvHistory, _state(request, "history"))
-
-
-def get_steps(request: Request) -> Steps:
-    """The app's :class:`Steps`."""
-    return cast(Steps, _state(request, "steps"))
 
 
 def get_scenarios(request: Request) -> ScenarioService:
@@ -142,7 +136,6 @@ EnvironmentsDep = Annotated[EnvironmentService, Depends(get_environments)]
 EnvsDep = Annotated[EnvLifecycle, Depends(get_envs)]
 EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
 RewardsDep = Annotated[Rewards, Depends(get_rewards)]
-StepsDep = Annotated[Steps, Depends(get_steps)]
 HistoryDep = Annotated[EnvHistory, Depends(get_history)]
 ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
 ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]

@@ -18,8 +18,9 @@ from cachetools import LRUCache
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from ..errors import InvalidRequest, PayloadTooLarge
+from ..errors import ApiError, InvalidRequest, PayloadTooLarge
 from ..json_rules import lone_surrogate_at, strict_loads
+from ..settings import ApiSettings
 from .handlers import error_response
 
 
@@ -94,39 +95,58 @@ server (one cache per route would multiply it by the number of routes that take 
 and the same bytes parse to the same value whichever route receives them."""
 
 
+def declared_too_large(content_length: str | None, settings: ApiSettings) -> PayloadTooLarge | None:
+    """The 413 of a request whose ``Content-Length`` is over ``max_body_bytes`` (answered
+    before the body is read), or None (no length, one that is not a number, or within)."""
+    if content_length is not None and content_length.isdigit() and int(content_length) > settings.max_body_bytes:
+        return PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes")
+    return None
+
+
+def parse_body(body: bytes, settings: ApiSettings) -> Any:
+    """The value of a non-empty request ``body``, parsed by the JSON rules
+    (:func:`~sandpit.api.json_rules.strict_loads` within ``max_json_depth``, no lone
+    surrogate); a large body that passed before is taken from :data:`PARSED_BODIES`.
+    Raises PayloadTooLarge (over ``max_body_bytes``), InvalidRequest (not strict JSON,
+    nested too deep, a lone surrogate: ``field`` names where)."""
+    if len(body) > settings.max_body_bytes:
+        raise PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes")
+    digest = (hashlib.sha256(body).digest() + settings.max_json_depth.to_bytes(4, "big")
+              if len(body) >= LARGE_BODY_BYTES else None)
+    known, parsed = PARSED_BODIES.get(digest) if digest is not None else (False, None)
+    if known:
+        return parsed
+    parsed = strict_loads(body, settings.max_json_depth)
+    where = lone_surrogate_at(body, parsed)
+    if where is not None:
+        raise InvalidRequest(f"{where or 'body'}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not valid Unicode",
+                             field=where or None)
+    if digest is not None:
+        PARSED_BODIES.add(digest, parsed, len(body))
+    return parsed
+
+
 class StrictJSONRoute(APIRoute):
-    """An APIRoute whose JSON body must pass :func:`strict_loads` and the body size cap
-    (``request.app.state.settings.max_body_bytes``)."""
+    """An APIRoute whose body must pass the body size cap (``max_body_bytes`` of
+    ``request.app.state.settings``: :func:`declared_too_large`, then the bytes read) and
+    the JSON rules (:func:`parse_body`); FastAPI gets the parsed value
+    (:class:`ParsedJSONRequest`). Answers 413 and 422 in the API's error shape."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         original = super().get_route_handler()
-        parsed_bodies = PARSED_BODIES
 
         async def handler(request: Request) -> Response:
             settings = request.app.state.settings
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
-                return error_response(PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes"))
+            too_large = declared_too_large(request.headers.get("content-length"), settings)
+            if too_large is not None:
+                return error_response(too_large)
             if request.method in ("POST", "PUT", "PATCH"):
                 body = await request.body()
-                if len(body) > settings.max_body_bytes:
-                    return error_response(PayloadTooLarge(f"request body over {settings.max_body_bytes} bytes"))
                 if body:
-                    digest = (hashlib.sha256(body).digest() + settings.max_json_depth.to_bytes(4, "big")
-                              if len(body) >= LARGE_BODY_BYTES else None)
-                    known, parsed = parsed_bodies.get(digest) if digest is not None else (False, None)
-                    if not known:
-                        try:
-                            parsed = strict_loads(body, settings.max_json_depth)
-                        except InvalidRequest as exc:
-                            return error_response(exc)
-                        where = lone_surrogate_at(body, parsed)
-                        if where is not None:
-                            return error_response(InvalidRequest(
-                                f"{where or 'body'}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not valid Unicode",
-                                field=where or None))
-                        if digest is not None:
-                            parsed_bodies.add(digest, parsed, len(body))
+                    try:
+                        parsed = parse_body(body, settings)
+                    except ApiError as exc:
+                        return error_response(exc)
                     return await original(ParsedJSONRequest(request, body, parsed))  # one parse per body
             return await original(request)
 

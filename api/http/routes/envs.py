@@ -1,5 +1,6 @@
-"""``/v1/envs``: create, read, list, delete envs; step, reset, state, trajectory,
-episodes, restore, fork and evaluate."""
+"""``/v1/envs``: create, read, list, delete envs; reset, state, trajectory, episodes,
+restore, fork and evaluate. The step (``POST /v1/envs/{env_id}/step``) has a door of its
+own: :mod:`..step`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from typing import Annotated
 
 from fastapi import Query, Response, status
 
-from ...envs.steps import INCLUDES
-from ...schemas.common import list_pattern
 from ...schemas.envs import (
     EnvCreate,
     EnvPublic,
@@ -18,8 +17,6 @@ from ...schemas.envs import (
     ResetRequest,
     RestoreRequest,
     StateView,
-    StepRequest,
-    StepResult,
     Trajectory,
 )
 from ...schemas.evaluations import EvaluateRequest, EvaluationPublic
@@ -31,7 +28,6 @@ from ..deps import (
     HistoryDep,
     PageDep,
     RewardsDep,
-    StepsDep,
     json_router,
 )
 
@@ -64,20 +60,6 @@ def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep) -> Response:
     """Delete an env: its sandbox session, trajectory and snapshots."""
     envs.delete(caller, env_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-@router.post("/{env_id}/step", response_model=StepResult, response_class=Response, responses=METERED)
-def step(env_id: str, body: StepRequest, steps: StepsDep, caller: CallerDep,
-         include: Annotated[str | None, Query(max_length=64, json_schema_extra={"pattern": list_pattern(INCLUDES)})]
-         = None) -> Response:
-    """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
-    EnvScaler ``step()``. Returns the observation, ``reward``, ``terminated`` and
-    ``truncated``; committed before the reply. A malformed action is a recorded
-    ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
-    tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
-    wait) or ``max_arguments_bytes`` (nothing is recorded)."""
-    # JSON bytes from the outcome (the hot path; plain requests take sandpit.api.http.lean_step)
-    return Response(steps.step(caller, env_id, body, include).json(), media_type="application/json")
 
 
 @router.post("/{env_id}/reset", response_model=EnvPublic, responses=METERED)

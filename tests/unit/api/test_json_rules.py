@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sandpit.api.errors import InvalidRequest
-from sandpit.api.json_rules import _depth_exceeds_scan, json_depth_exceeds, strict_loads
+from sandpit.api.json_rules import _depth_exceeds_scan, json_depth_exceeds, lone_surrogate_at, strict_loads
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
@@ -71,3 +71,32 @@ def test_values_orjson_would_read_otherwise_take_pythons_parser() -> None:
     for bad in (b'{"n": NaN}', b'{"n": Infinity}', b"{", b'{"a": 1,}'):
         with pytest.raises(InvalidRequest):
             strict_loads(bad, 64)
+
+
+@pytest.mark.parametrize("body, where", [
+    (rb'{"a": "\ud800"}', "a"),
+    (rb'{"a": "\uDC00x"}', "a"),
+    (rb'{"a": [1, {"b": "x\udfff"}]}', "a.1.b"),
+    (rb'{"a": {"\ud800": 1}}', "a"),
+    (rb'"\ud800"', ""),
+    (rb'{"a": "\ud83d\ude00"}', None),  # a pair: one astral character
+    (rb'{"a": "\\ud800"}', None),  # an escaped backslash: six ASCII characters
+    (rb'{"a": "\u00e9"}', None),
+])
+def test_lone_surrogate_at(body: bytes, where: str | None) -> None:
+    assert lone_surrogate_at(body, strict_loads(body, 64)) == where
+
+
+@pytest.mark.parametrize("body", [b'{"a": NaN}', b"[Infinity]", b'{"a": -Infinity}', b'{"a": 1', b"{'a': 1}", b""])
+def test_non_json_numbers_and_malformed_json_are_invalid(body: bytes) -> None:
+    with pytest.raises(InvalidRequest):
+        strict_loads(body, 64)
+
+
+def test_depth_is_counted_outside_strings_only() -> None:
+    assert not json_depth_exceeds(b'{"a": "[[[[[[[[[[{{{{{{"}', 2)
+    assert not json_depth_exceeds(b'{"a": "\\"[[[["}', 2)  # an escaped quote does not end the string
+    assert json_depth_exceeds(b"[[[1]]]", 2) and not json_depth_exceeds(b"[[1]]", 2)
+    with pytest.raises(InvalidRequest, match="nested deeper than 4"):
+        strict_loads(b"[" * 5 + b"]" * 5, 4)
+    assert strict_loads(b"[" * 4 + b"]" * 4, 4) == [[[[]]]]
