@@ -55,8 +55,8 @@ from typing import Any, TypeVar, cast
 from pydantic import ValidationError
 from sqlalchemy import CursorResult, func, select, update
 
-from ..db import models
 from ..db.database import Database
+from ..db.models import EvaluationEpisode, EvaluationJob
 from ..envs.lifecycle import EnvLifecycle
 from ..envs.rewards import Rewards
 from ..envs.rulebook import OPEN_ENDED, introduction_text
@@ -93,8 +93,6 @@ from .rollout import (
 )
 
 log = logging.getLogger("sandpit.api.evaluations")
-JOB = models.EvaluationJob
-EP = models.EvaluationEpisode
 POLL_S = 0.5
 TRANSIENT_ATTEMPTS = 5
 TRANSIENT_BACKOFF_S = 0.5
@@ -222,8 +220,10 @@ class EvaluationRunner:
             values: dict[str, Any] = {"status": "pending", "env_id": None, "started_at": None} if active else {
                 "status": "cancelled", "env_id": None, "finished_at": _now()}
             with self.db.write() as db:
-                db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index, EP.status == "running",
-                                            EP.attempt == attempt).values(claimed_by=None, **values))
+                db.execute(update(EvaluationEpisode)
+                           .where(EvaluationEpisode.evaluation_id == job_id, EvaluationEpisode.index == index,
+                                  EvaluationEpisode.status == "running", EvaluationEpisode.attempt == attempt)
+                           .values(claimed_by=None, **values))
         if rows:
             log.warning("evaluations: %d episode(s) interrupted by a restart will run again", len(rows))
         return len(rows)
@@ -244,8 +244,8 @@ class EvaluationRunner:
 
     def _active_jobs(self) -> list[_Job]:
         with self.db.read() as db:
-            rows = db.scalars(select(JOB).where(JOB.status.in_(("queued", "running")))
-                              .order_by(JOB.created_at, JOB.id)).all()
+            rows = db.scalars(select(EvaluationJob).where(EvaluationJob.status.in_(("queued", "running")))
+                              .order_by(EvaluationJob.created_at, EvaluationJob.id)).all()
         return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at,
                      r.created_by) for r in rows]
 
@@ -290,7 +290,8 @@ class EvaluationRunner:
     def _claim_and_start(self, job: _Job) -> bool:
         """Claim the job's first pending episode and start its thread; False when none is pending."""
         with self.db.read() as db:  # read first: most polls find nothing and need no write
-            pending = db.execute(select(EP.index).where(EP.evaluation_id == job.id, EP.status == "pending")
+            pending = db.execute(select(EvaluationEpisode.index)
+                                 .where(EvaluationEpisode.evaluation_id == job.id, EvaluationEpisode.status == "pending")
                                  .limit(1)).first()
         if pending is None:
             return False
@@ -311,10 +312,12 @@ class EvaluationRunner:
         """Mark the job ``completed`` when no episode is pending or running; True if it
         has nothing left to claim."""
         with self.db.write() as db:
-            left = db.scalar(select(func.count()).select_from(EP).where(
-                EP.evaluation_id == job_id, EP.status.in_(("pending", "running")))) or 0
+            left = db.scalar(select(func.count()).select_from(EvaluationEpisode).where(
+                EvaluationEpisode.evaluation_id == job_id,
+                EvaluationEpisode.status.in_(("pending", "running")))) or 0
             if left == 0:
-                db.execute(update(JOB).where(JOB.id == job_id, JOB.status.in_(("queued", "running")))
+                db.execute(update(EvaluationJob)
+                           .where(EvaluationJob.id == job_id, EvaluationJob.status.in_(("queued", "running")))
                            .values(status="completed", finished_at=_now()))
                 return True
         return False
@@ -351,7 +354,7 @@ class EvaluationRunner:
     def _episode(self, episode: _Episode) -> None:
         job = episode.job
         with self.db.read() as db:
-            row = db.get(EP, (job.id, episode.index))
+            row = db.get(EvaluationEpisode, (job.id, episode.index))
         assert row is not None
         try:
             scenario = self.scenarios.get_scenario(job.tenant, row.scenario_id)
@@ -504,9 +507,11 @@ class EvaluationRunner:
         """Update the episode row only if this attempt still owns it (``running`` with
         this ``attempt``); True if it did."""
         with self.db.write() as db:
-            result = db.execute(update(EP).where(EP.evaluation_id == episode.job.id, EP.index == episode.index,
-                                                 EP.status == "running", EP.attempt == episode.attempt)
-                                .values(**values))
+            owned = (update(EvaluationEpisode)
+                     .where(EvaluationEpisode.evaluation_id == episode.job.id, EvaluationEpisode.index == episode.index,
+                            EvaluationEpisode.status == "running", EvaluationEpisode.attempt == episode.attempt)
+                     .values(**values))
+            result = db.execute(owned)
             return cast(CursorResult[Any], result).rowcount == 1
 
     def _complete(self, episode: _Episode, **values: Any) -> bool:
