@@ -5,7 +5,7 @@ a request whose headers arrived and whose body stalls: the app's ``receive()`` w
 forever, so 200 slow-loris uploads held 200 connections past 120 s (issue 12).
 :class:`BodyReadTimeout` wraps ``receive``: the whole body must arrive within
 ``timeout_s`` of the request's start, else the ``receive`` raises
-:class:`~.errors.RequestTimeout` (408 ``request_timeout``). Any response that starts
+:class:`~sandpit.api.errors.RequestTimeout` (408 ``request_timeout``). Any response that starts
 before the body was read whole carries ``Connection: close``, so uvicorn closes the
 connection after it: neither a stalled body nor one the route never read can hold it.
 

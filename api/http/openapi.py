@@ -1,7 +1,7 @@
 """The OpenAPI document lists every status an operation can send, with the real bodies.
 
 FastAPI documents a route's success response and, for routes with parameters, its own
-``422 {"detail": [...]}``; this server answers every error as :class:`~.errors.ErrorBody`
+``422 {"detail": [...]}``; this server answers every error as :class:`~sandpit.api.errors.ErrorBody`
 and sends 401/403/404/408/409/413/429/503 too. :func:`install` post-processes the
 generated document in one place, deriving each operation's error statuses from what the
 route is made of:
@@ -27,7 +27,8 @@ never refused for its shape (schemathesis' ``positive_data_acceptance`` check). 
 the models themselves are in the models (patterns, bounds, ``oneOf`` beside a model
 validator); :func:`_service_rules` adds what services check beyond them, from the same
 constants: the quota override fields (``QuotaOverrides``, from
-:class:`~.settings.Quotas`), NUL-free code (:func:`~.services.limits.check_code`),
+:class:`~sandpit.api.settings.Quotas`), NUL-free code
+(:func:`~sandpit.api.services.limits.check_code`),
 ``max_fork_count``, and the operator's default resource profile as the most a request
 may ask for (callers may only lower it; given by :func:`install`'s ``default_limits``).
 What remains a 422 for data of the right shape depends on the data's meaning (code that
@@ -98,7 +99,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 NO_NUL = r"^[^\x00]*$"
 CODE_FIELDS = (("ValidateRequest", "source_code"), ("ExecuteRequest", "code"), ("EnvCreate", "source_code"),
                ("EnvironmentCreate", "source_code"))
-"""Code that :func:`~.services.limits.check_code` refuses with a NUL byte, by component."""
+"""Code that :func:`~sandpit.api.services.limits.check_code` refuses with a NUL byte, by component."""
 QUOTA_FIELDS = (("TenantCreate", "quotas"), ("TenantUpdate", "quotas"))
 PROFILE_FIELDS = (("ProfileRequest", "memory_mib", "memory_mib"), ("ProfileRequest", "cpus", "cpus"),
                   ("ProfileRequest", "call_timeout_s", "call_timeout_s"), ("ExecuteRequest", "memory_mb", "memory_mib"),

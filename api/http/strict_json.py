@@ -1,7 +1,7 @@
 """Request bodies parsed strictly, before FastAPI sees them.
 
 :class:`StrictJSONRoute` checks every body against ``max_body_bytes`` (413) and parses it
-by the JSON rules of :mod:`.json_rules` (constants refused, nesting bounded, lone
+by the JSON rules of :mod:`sandpit.api.json_rules` (constants refused, nesting bounded, lone
 surrogates refused: 422 in the API's error shape), then hands FastAPI the parsed value
 (:class:`ParsedJSONRequest`), so a body is parsed once. Large bodies that passed are
 remembered by digest (:class:`ParsedBodies`).
