@@ -31,7 +31,7 @@ This module is plain data: which status, headers and body an error gets
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,7 +212,7 @@ def field_of(loc: Iterable[Any]) -> str | None:
     return ".".join(parts) or None
 
 
-def invalid_request_body(errors: list[Mapping[str, Any]]) -> dict[str, Any]:
+def invalid_request_body(errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The 422 body of request validation ``errors`` (pydantic's shape: ``loc``,
     ``msg``): the first names the field (``field: message``), the count of the others
     follows (``(and 2 more problem(s))``)."""

@@ -17,7 +17,6 @@ anything else               500 ``internal``, logged with its traceback
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -80,8 +79,7 @@ def register_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors: list[Any] = list(exc.errors())
-        return JSONResponse(invalid_request_body(errors), status_code=422)
+        return JSONResponse(invalid_request_body(exc.errors()), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -37,7 +37,7 @@ import email.message
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 from fastapi import Query, Response
@@ -185,7 +185,7 @@ class StepDoor:
             await self._error(exc, scope, receive, send)
             return
         except _Invalid as exc:
-            await JSONResponse(invalid_request_body(cast(list[Any], exc.errors)), status_code=422)(scope, receive, send)
+            await JSONResponse(invalid_request_body(exc.errors), status_code=422)(scope, receive, send)
             return
         except Exception as exc:
             translated = self.translate(exc) if self.translate is not None else None
