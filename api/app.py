@@ -33,39 +33,46 @@ from sandpit.executor.profiles import resolve_profile
 from sandpit.executor.settings import ExecutorSettings, get_settings
 from starlette.types import Receive, Scope, Send
 
-from . import openapi
-from .access_log import AccessLog
-from .body_timeout import BodyReadTimeout
 from .db.affinity import DbAffinity
 from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
-from .errors import ApiError, error_response, register_handlers
+from .envs.actions import ToolSets
+from .envs.configs import EnvConfigs
+from .envs.episodes import Episodes
+from .envs.history import EnvHistory
+from .envs.lifecycle import Collector, EnvLifecycle, count_open_envs
+from .envs.live import Janitor, LiveEnvs
+from .envs.rewards import Rewards
+from .envs.rulebook import EpisodeService
+from .envs.sessions import Sessions
+from .envs.steps import Steps
+from .envs.views import EnvViews
+from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
-from .evaluations.rewards import Checks
 from .evaluations.runner import EvaluationRunner
-from .lean_step import LeanStep
+from .http import openapi, step
+from .http.access_log import AccessLog
+from .http.body_timeout import BodyReadTimeout
+from .http.handlers import error_response, register_handlers
+from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
+from .http.step import StepDoor
 from .metrics import Metrics
-from .routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .sandboxes import Sandboxes, translate
+from .services.checks import Checks
 from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
-from .services.envs import EnvService, count_open_envs
-from .services.episodes import EpisodeService
 from .services.execution import ExecutionService
 from .services.health import HealthService
-from .services.history import EnvHistory
-from .services.live import Janitor, LiveEnvs
 from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
-from .services.steps import StepService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
-SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "history", "steps", "scenarios", "execution", "evaluations",
-          "health")
+SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
+          "scenarios", "execution", "evaluations", "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
-ROUTERS = [health.router, environments.router, envs.router, scenarios.router, validation.router,
+ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
 
 
@@ -96,18 +103,17 @@ def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Dat
 
 
 class SandpitApp(FastAPI):
-    """The FastAPI app with the lean step path in front of its middleware stack, and the
-    access log in front of both.
+    """The FastAPI app with the step door in front of its middleware stack, and the access
+    log in front of both.
 
-    ``access`` (:class:`~.access_log.AccessLog`, set by :func:`create_app` unless
+    ``access`` (:class:`~.http.access_log.AccessLog`, set by :func:`create_app` unless
     ``ApiSettings.access_log`` is false) sees every HTTP request first and writes its
-    line once it is answered, whichever path answered it. ``lean``
-    (:class:`~.lean_step.LeanStep`, set unless ``ApiSettings.lean_step`` is false) sees
-    every HTTP ``POST`` next: it answers plain step requests itself and hands everything
-    else to ``FastAPI.__call__`` (routing, middleware, handlers) untouched. Other requests
-    and the lifespan go straight to FastAPI."""
+    line once it is answered, whichever path answered it. ``door``
+    (:class:`~.http.step.StepDoor`) answers every ``POST /v1/envs/{env_id}/step``; every
+    other request goes to ``FastAPI.__call__`` (routing, middleware, handlers). The
+    lifespan goes straight to FastAPI."""
 
-    lean: LeanStep | None = None
+    door: StepDoor | None = None
     access: AccessLog | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -118,11 +124,12 @@ class SandpitApp(FastAPI):
         await self.dispatch(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The lean path for ``POST`` requests when it is on, else FastAPI."""
-        lean = self.lean
-        if lean is not None and scope["type"] == "http" and scope["method"] == "POST":
-            scope["app"] = self  # what Starlette sets; the lean path reads the services on it
-            await lean(scope, receive, send)
+        """The step door for a step request, else FastAPI."""
+        door = self.door
+        env_id = door.env_id(scope) if door is not None else None
+        if door is not None and env_id is not None:
+            scope["app"] = self  # what Starlette sets; the door reads the services on it
+            await door(scope, receive, send, env_id)
             return
         await super().__call__(scope, receive, send)
 
@@ -172,8 +179,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 try:
                     yield
                 finally:
-                    if isinstance(app, SandpitApp) and app.lean is not None:
-                        app.lean.close()
+                    door.close()
                     services.close()
             finally:
                 executor.close()
@@ -195,11 +201,10 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     def _translated(exc: Exception) -> ApiError | None:
         return translate(exc, api_settings.capacity_retry_after_s) if isinstance(exc, ExecutorError) else None
 
+    door = app.door = app.state.step_door = StepDoor(api_settings.body_read_timeout_s, api_settings.http_threads,
+                                                     translate=_translated)
     if api_settings.access_log:
         app.access = AccessLog(app.dispatch)
-    if api_settings.lean_step:
-        app.lean = LeanStep(partial(FastAPI.__call__, app), translate=_translated,
-                            body_timeout_s=api_settings.body_read_timeout_s, threads=api_settings.http_threads)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
     for router in ROUTERS:
         app.include_router(router)
@@ -220,10 +225,14 @@ class Services:
     live: LiveEnvs
     checks: Checks
     environments: EnvironmentService
-    episodes: EpisodeService
-    envs: EnvService
+    sessions: Sessions
+    rulebook: EpisodeService
+    envs: EnvLifecycle
+    episodes: Episodes
+    steps: Steps
+    rewards: Rewards
     history: EnvHistory
-    steps: StepService
+    collector: Collector
     scenarios: ScenarioService
     execution: ExecutionService
     runner: EvaluationRunner
@@ -254,17 +263,24 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
                           running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
     quotas = QuotaService(partial(count_open_envs, db), settings)
     live = LiveEnvs(metrics)
-    checks = Checks(db, sandboxes)
+    checks = Checks(sandboxes)
     environments = EnvironmentService(settings, db, sandboxes, quotas, tenants)
-    episodes = EpisodeService(settings, tenants)
-    envs = EnvService(settings, db, sandboxes, environments, episodes, checks, live, quotas, tenants)
-    steps = StepService(settings, db, envs, episodes, checks, quotas, metrics)
+    configs, toolsets = EnvConfigs(settings, db), ToolSets()
+    sessions = Sessions(settings, db, sandboxes, live, configs, toolsets)
+    rulebook = EpisodeService(settings, db, tenants, environments, configs, toolsets)
+    views = EnvViews(db, configs, live)
+    collector = Collector(db)
+    envs = EnvLifecycle(settings, db, sandboxes, sessions, rulebook, views, collector, quotas, tenants)
+    episodes = Episodes(settings, db, sessions, rulebook, views, collector, quotas, tenants)
+    rewards = Rewards(db, checks, live, quotas)
+    steps = Steps(settings, db, sessions, rulebook, rewards, quotas, metrics)
     scenarios = ScenarioService(settings, db, environments, quotas, tenants)
-    runner = EvaluationRunner(settings, db, envs, steps, environments, scenarios, tenants)
-    cluster = ClusterService(settings, db, sandboxes, live, runner.replicas.id)
+    runner = EvaluationRunner(settings, db, envs, steps, rewards, environments, scenarios, tenants)
+    cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
-        environments=environments, episodes=episodes, envs=envs, history=EnvHistory(db, live), steps=steps, scenarios=scenarios,
+        environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
+        rewards=rewards, history=EnvHistory(db, live), collector=collector, scenarios=scenarios,
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),

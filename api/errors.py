@@ -23,21 +23,19 @@ Executor errors are translated at the edge, by the adapter (:mod:`.sandboxes`):
 is a bug: logged with its traceback and answered 500 ``internal`` without details.
 Every error body is :class:`ErrorBody`: ``{"error": {"code", "message", "field"}}``; 429s
 add ``limit``, and errors with a ``Retry-After`` header (429, 503) add ``retry_after``.
+
+This module is plain data: which status, headers and body an error gets
+(:func:`error_reply`, :func:`invalid_request_body`). The HTTP layer renders them
+(:mod:`sandpit.api.http.handlers`); nothing here imports the web framework.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
-
-log = logging.getLogger("sandpit.api")
 
 
 class DatabaseNotMigrated(RuntimeError):
@@ -79,8 +77,8 @@ class PayloadTooLarge(ApiError):
 
 
 class RequestTimeout(ApiError):
-    """The request body did not arrive within ``body_read_timeout_s`` (raised by
-    :class:`~.body_timeout.BodyReadTimeout`, which also closes the connection)."""
+    """The request body did not arrive within ``body_read_timeout_s`` (the HTTP layer
+    raises it and closes the connection)."""
 
 
 class Unauthorized(ApiError):
@@ -92,13 +90,17 @@ class Forbidden(ApiError):
 
 
 class QuotaExceeded(ApiError):
-    """A per-tenant limit (:class:`sandpit.api.services.quotas.Quotas`) was hit; ``limit`` names it
-    and ``retry_after`` (seconds, always set) says when trying again can help. For fixed
-    limits (sizes, resource profile) the message says that waiting does not help."""
+    """A per-tenant limit (:class:`sandpit.api.settings.Quotas`) was hit; ``limit`` names it
+    and ``retry_after`` (seconds, always set) says when trying again can help. ``fixed``:
+    a fixed limit (a size, the resource profile, a job's concurrency), which waiting does
+    not lift (the message says so); else a dynamic one (calls in flight, the step rate,
+    live envs)."""
 
-    def __init__(self, message: str, *, limit: str, retry_after: int, field: str | None = None) -> None:
+    def __init__(self, message: str, *, limit: str, retry_after: int, field: str | None = None,
+                 fixed: bool = False) -> None:
         super().__init__(message, field=field, retry_after=max(1, int(retry_after)))
         self.limit = limit
+        self.fixed = fixed
 
 
 class NoCapacity(ApiError):
@@ -178,8 +180,20 @@ def _sendable(text: str) -> str:
     return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
-def error_response(exc: ApiError) -> JSONResponse:
-    """Render an :class:`ApiError` (with ``Retry-After`` when it has one)."""
+@dataclass(frozen=True)
+class ErrorReply:
+    """What the server sends for an error: ``status``, extra ``headers`` and the JSON
+    ``body`` (an :class:`ErrorBody`)."""
+
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+def error_reply(exc: ApiError) -> ErrorReply:
+    """The reply of ``exc``: its status and code from :data:`TABLE`, ``Retry-After``
+    when it has one (and ``retry_after`` in the body), ``WWW-Authenticate`` on a 401,
+    ``limit`` on a 429."""
     status, code = status_of(exc)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else {}
     if isinstance(exc, Unauthorized):
@@ -187,63 +201,30 @@ def error_response(exc: ApiError) -> JSONResponse:
     extra: dict[str, Any] = {"limit": exc.limit} if isinstance(exc, QuotaExceeded) else {}
     if exc.retry_after is not None:
         extra["retry_after"] = exc.retry_after
-    return JSONResponse(error_body(code, exc.message, exc.field, **extra), status_code=status,
-                        headers=headers or None)
+    return ErrorReply(status, headers, error_body(code, exc.message, exc.field, **extra))
 
 
-def _field_of(loc: tuple[Any, ...]) -> str | None:
+def field_of(loc: Iterable[Any]) -> str | None:
+    """The dotted ``field`` of a validation error's location, without the request part
+    it was found in (``("body", "function", "name")`` -> ``function.name``; ``("body",)``
+    -> None)."""
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
     return ".".join(parts) or None
 
 
-def allowed_methods(request: Request) -> str:
-    """The ``Allow`` of a 405: every method of every route whose path matches the
-    request's (``app.state.api_routes``). Starlette's own lists only the first route that
-    matched the path, so ``OPTIONS /v1/envs`` answered ``Allow: POST`` where GET works too."""
-    methods: set[str] = set()
-    for route in getattr(request.app.state, "api_routes", ()):
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= route.methods
-    return ", ".join(sorted(methods))
+def invalid_request_body(errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The 422 body of request validation ``errors`` (pydantic's shape: ``loc``,
+    ``msg``): the first names the field (``field: message``), the count of the others
+    follows (``(and 2 more problem(s))``)."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    field = field_of(tuple(first.get("loc", ())))
+    message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem(s))"
+    return error_body("invalid_request", message, field)
 
 
-def register_handlers(app: FastAPI) -> None:
-    """Install the exception handlers (by class, so subclasses are covered)."""
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if isinstance(exc, QuotaExceeded):
-            metrics = getattr(request.app.state, "metrics", None)
-            if metrics is not None:
-                metrics.quota_rejections.labels(exc.limit).inc()
-        return error_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        field = _field_of(tuple(first.get("loc", ())))
-        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more problem(s))"
-        return JSONResponse(error_body("invalid_request", message, field), status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code, "http_error")
-        headers = dict(getattr(exc, "headers", None) or {})
-        if exc.status_code == 405:
-            headers["Allow"] = allowed_methods(request)
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
-
-    @app.exception_handler(Exception)
-    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
-        return internal_error_response(exc)
-
-
-def internal_error_response(exc: Exception) -> JSONResponse:
-    """Log ``exc`` (with its traceback) and give the 500 ``internal`` every unexpected
-    error gets: the catch-all handler's and the lean step path's."""
-    log.error("unhandled error", exc_info=exc)
-    return JSONResponse(error_body("internal", "internal error (logged)"), status_code=500)
+def internal_error_body() -> dict[str, Any]:
+    """The body of a 500: an unexpected error, logged with its traceback by the HTTP
+    layer and never described to the client."""
+    return error_body("internal", "internal error (logged)")

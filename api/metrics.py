@@ -21,6 +21,7 @@ objects) by generation: prometheus_client's collector of the process's garbage c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 STEP_PHASES = ("parse", "auth", "sandbox", "persist", "serialize", "other")
-"""Phases of a step request timed by ``StepClock`` (:mod:`sandpit.api.services.steps`)."""
+"""Phases of a step request timed by :class:`StepClock`."""
 STEP_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -123,3 +124,32 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StepClock:
+    """Per-phase CPU (``time.thread_time``) and wall (``time.perf_counter``) seconds of
+    one step request, added to the metrics' phase counters by :meth:`flush`. Phases
+    (:data:`STEP_PHASES`): ``parse`` (body and action), ``auth`` (API key, quotas),
+    ``sandbox`` (the tool call, slot included), ``persist`` (state encoding and the
+    commit), ``serialize`` (the JSON reply), ``other`` (the rest of the step: locks,
+    episode bookkeeping, metrics). The HTTP step door makes one per request; the step
+    (:mod:`sandpit.api.envs.steps`) laps the phases it runs."""
+
+    __slots__ = ("cpu", "wall", "_cpu", "_wall")
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+        self._cpu = time.thread_time()
+        self._wall = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or creation) to ``phase``."""
+        cpu, wall = time.thread_time(), time.perf_counter()
+        self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu - self._cpu
+        self.wall[phase] = self.wall.get(phase, 0.0) + wall - self._wall
+        self._cpu, self._wall = cpu, wall
+
+    def flush(self, metrics: Metrics) -> None:
+        """Add the laps to ``metrics`` (one step counted)."""
+        metrics.observe_phases(self.cpu, self.wall)

@@ -7,17 +7,90 @@ executor's own limits (memory, CPU, per-call timeout) live in
 
 from __future__ import annotations
 
+import math
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from .services.quotas import Quotas
 
 KiB = 1024
 MiB = 1024 * KiB
+LEASE_S = 30.0
+"""An API replica silent for this many seconds is dead (no heartbeat on the database):
+its running evaluation episodes are reset (:mod:`sandpit.api.evaluations.claims`) and
+the host drains it owned are taken over (:mod:`sandpit.api.services.cluster`)."""
+
+
+def default_running_calls() -> int:
+    """Half the machine's CPU cores, at least 1 (the default ``max_running_calls``)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+# ProfileCeiling's bounds are the executor's for each profile value (the tightest of
+# ProfileOverrides' and ResourceProfile's), so a ceiling the executor would refuse is refused
+# here. They are written out rather than read from sandpit.executor.profiles, so that loading
+# the settings loads no executor module; tests/unit/api/schemas/test_profile_limits.py holds
+# them equal to the executor's (sandpit.api.schemas.profile_limits.executor_bounds). The class
+# docstring is the OpenAPI document's description of QuotaOverrides.max_profile.
+class ProfileCeiling(BaseModel):
+    """The largest resource profile a tenant's envs and snippets may use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mib: Annotated[int, Field(ge=32, le=65536)] = 1024
+    """Per-session memory (MiB)."""
+    cpus: Annotated[float, Field(gt=0, le=64)] = 1.0
+    """CPU quota of a sandbox (CPUs)."""
+    call_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """Wall-clock limit of one tool call (seconds)."""
+
+
+class Quotas(BaseModel):
+    """Per-tenant limits. Sizes in bytes, rates per minute, times in seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_live_envs: Annotated[int, Field(ge=0)] = 1000
+    max_concurrent_calls: Annotated[int, Field(ge=1)] = 64
+    max_running_calls: Annotated[int, Field(ge=1)] = Field(default_factory=lambda: default_running_calls())
+    """Calls of this tenant executing in sandboxes at once (each sandbox has its own CPU
+    quota, so this bounds the CPU one tenant can take). Default: half the CPU cores, at
+    least 1 (1 on a 2-core machine: a tenant spinning takes at most 0.5 CPU). Measured on
+    2 cores with 32 infinite loops of a noisy tenant: with 1, the quiet tenant's step p99
+    rose 1.13-1.33x; with 2, 1.41-2.17x (benchmarks/tenancy.py)."""
+    steps_per_minute: Annotated[int, Field(ge=1)] = 600_000
+    step_burst: Annotated[int, Field(ge=1)] | None = None
+    """Token bucket size; default: one second's worth of ``steps_per_minute`` (at least 10)."""
+    max_profile: ProfileCeiling = Field(default_factory=ProfileCeiling)
+    max_code_bytes: Annotated[int, Field(ge=1)] = 2 * MiB
+    max_init_config_bytes: Annotated[int, Field(ge=1)] = 4 * MiB
+    max_arguments_bytes: Annotated[int, Field(ge=1)] = 256 * KiB
+    max_evaluation_concurrency: Annotated[int, Field(ge=1)] = 8
+    """Evaluation episodes of this tenant running at once (over all its evaluations)."""
+    max_active_evaluations: Annotated[int, Field(ge=1)] = 4
+    """Evaluations of this tenant queued or running at once."""
+
+    def burst(self) -> int:
+        """The token bucket's size (``step_burst`` or one second's worth, at least 10)."""
+        return self.step_burst or max(10, math.ceil(self.steps_per_minute / 60))
+
+    def merged(self, overrides: dict[str, Any] | None, strict: bool = False) -> Quotas:
+        """These quotas with the operator's ``overrides`` applied (nested for ``max_profile``).
+        ``strict``: values must have their field's JSON type (as in request bodies).
+        Raises pydantic ``ValidationError`` for unknown fields or bad values."""
+        if not overrides:
+            return self
+        data = self.model_dump()
+        for key, value in overrides.items():
+            if key == "max_profile" and isinstance(value, dict):
+                data["max_profile"] = {**data["max_profile"], **value}
+            else:
+                data[key] = value
+        return Quotas.model_validate(data, strict=strict)
+
 
 
 class ApiSettings(BaseSettings):
@@ -73,7 +146,7 @@ class ApiSettings(BaseSettings):
     http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
     tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
-    the lean path runs (its own pool, made on demand)."""
+    the step door runs (its own pool, made on demand: :mod:`sandpit.api.http.step`)."""
     sqlite_checkpoint_interval_s: Annotated[float, Field(ge=0, le=3600)] = 0.5
     """Seconds between the passive WAL checkpoints a thread of the app runs on a SQLite
     database (:mod:`sandpit.api.db.checkpoint`), so that no step's commit copies the WAL
@@ -100,12 +173,8 @@ class ApiSettings(BaseSettings):
     access_log: bool = True
     """One line per HTTP request on the ``sandpit.access`` logger at INFO (method, path
     template, status, milliseconds, tenant; never a key or a query string:
-    :mod:`sandpit.api.access_log`), written by ``sandpit serve --log-level info`` (or
+    :mod:`sandpit.api.http.access_log`), written by ``sandpit serve --log-level info`` (or
     ``debug``); false: none, and no per-request cost (``SANDPIT_ACCESS_LOG``)."""
-    lean_step: bool = True
-    """Answer plain ``POST /v1/envs/{id}/step`` requests on the lean ASGI path
-    (:mod:`sandpit.api.lean_step`: same replies, a fraction of the CPU); false: every step
-    goes through FastAPI's router."""
 
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""
@@ -150,8 +219,6 @@ class ApiSettings(BaseSettings):
 
     def resolved_call_slots(self) -> int:
         """``call_slots``, or 2 x CPU cores (at least 4) when it is 0."""
-        import os
-
         return self.call_slots or max(4, 2 * (os.cpu_count() or 1))
 
     def resolved_database_url(self) -> str:

@@ -122,13 +122,13 @@ def serve_log_config(level: str) -> dict[str, Any]:
     """``logging.config.dictConfig`` settings of ``sandpit serve``: uvicorn's own, plus the
     ``sandpit`` loggers at ``level`` (a uvicorn level name: critical, error, warning,
     info, debug, trace) on uvicorn's stderr handler, and the access log
-    (``sandpit.access``: one line per request at INFO, :mod:`sandpit.api.access_log`) on
+    (``sandpit.access``: one line per request at INFO, :mod:`sandpit.api.http.access_log`) on
     stdout with a timestamp. Raises KeyError for an unknown level name."""
     from uvicorn.config import LOG_LEVELS, LOGGING_CONFIG
 
     number = LOG_LEVELS[level.lower()]
     config = copy.deepcopy(LOGGING_CONFIG)
-    config["formatters"]["sandpit_access"] = {"()": "sandpit.api.access_log.AccessFormatter"}
+    config["formatters"]["sandpit_access"] = {"()": "sandpit.api.http.access_log.AccessFormatter"}
     config["handlers"]["sandpit_access"] = {"formatter": "sandpit_access", "class": "logging.StreamHandler",
                                             "stream": "ext://sys.stdout"}
     config["loggers"]["sandpit"] = {"handlers": ["default"], "level": number, "propagate": False}

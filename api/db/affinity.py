@@ -115,7 +115,7 @@ class DbAffinity:
     def orphaned_drains(self, lease_s: float) -> list[tuple[str, str | None]]:
         """``(host, owner)`` of every ``draining`` row whose owner replica is dead: its
         ``replicas`` row is missing or its heartbeat is older than ``lease_s`` seconds (the
-        evaluation runner's rule for a dead replica's episodes, ``claims.LEASE_S``), or it
+        evaluation runner's rule for a dead replica's episodes, ``settings.LEASE_S``), or it
         has no owner (recorded before migration 0008)."""
         alive = select(Replica.id).where(Replica.heartbeat_at >= datetime.now(UTC) - timedelta(seconds=lease_s))
         with self.db.read() as db:

@@ -23,17 +23,17 @@ import json
 import re
 import threading
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 from sqlalchemy import Executable, delete, insert, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
 
-from ..strict_json import has_long_number
+from ..json_rules import has_long_number
 from .models import Env, InitConfig
 
 HASH_HEX = 32
@@ -136,14 +136,18 @@ def store_config(db: DbSession, config: CanonicalConfig, data: bytes | None = No
     db.execute(stmt)
 
 
+def _size_of(entry: tuple[dict[str, Any], int]) -> int:
+    return entry[1]
+
+
 class ConfigCache:
     """Hash -> parsed config, least recently used out past ``max_bytes`` (canonical
-    bytes). Thread-safe. Values are shared: never mutate them."""
+    bytes; a ``cachetools.LRUCache`` weighing each entry by its size, behind a lock).
+    Thread-safe. Values are shared: never mutate them."""
 
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
-        self._size = 0
+        self._entries: LRUCache[str, tuple[dict[str, Any], int]] = LRUCache(max_bytes, getsizeof=_size_of)
         self._lock = threading.Lock()
 
     def put(self, config: CanonicalConfig, replace: bool = False) -> None:
@@ -152,25 +156,18 @@ class ConfigCache:
         if config.size > self.max_bytes:
             return
         with self._lock:
-            if config.hash in self._entries:
-                self._entries.move_to_end(config.hash)
+            known = self._entries.get(config.hash)  # a hit is the most recently used now
+            if known is not None:
                 if replace:
-                    self._entries[config.hash] = (config.value, self._entries[config.hash][1])
+                    self._entries[config.hash] = (config.value, known[1])
                 return
             self._entries[config.hash] = (config.value, config.size)
-            self._size += config.size
-            while self._size > self.max_bytes:
-                _, (_, size) = self._entries.popitem(last=False)
-                self._size -= size
 
     def cached(self, digest: str) -> dict[str, Any] | None:
         """The config of ``digest`` if it is in memory, else None."""
         with self._lock:
             hit = self._entries.get(digest)
-            if hit is None:
-                return None
-            self._entries.move_to_end(digest)
-            return hit[0]
+            return hit[0] if hit is not None else None
 
     def get(self, db: DbSession, digest: str) -> dict[str, Any]:
         """The config stored under ``digest`` (from memory, else read and parsed).

@@ -8,9 +8,21 @@ content-addressed state root in ``blobs`` (see :mod:`sandpit.api.db.store`).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID_LENGTH = 40
@@ -97,7 +109,7 @@ class Episode(Base):
     environment_id: Mapped[str] = mapped_column(String(ID_LENGTH))
     scenario_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    """Episode options without secrets (:class:`sandpit.api.services.episodes.EpisodeConfig`)."""
+    """Episode options without secrets (:class:`sandpit.api.envs.rulebook.EpisodeConfig`)."""
     user_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
     """The simulated user's model API key given at create/reset, encrypted; never returned."""
     status: Mapped[str] = mapped_column(String(16))
@@ -213,7 +225,7 @@ class Tenant(Base):
     """Slug (``[a-z0-9][a-z0-9_-]{0,63}``), chosen by the operator."""
     display_name: Mapped[str | None] = mapped_column(String(200))
     quotas: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    """Overrides of :class:`sandpit.api.services.quotas.Quotas` fields (missing = the default)."""
+    """Overrides of :class:`sandpit.api.settings.Quotas` fields (missing = the default)."""
     model_base_url: Mapped[str | None] = mapped_column(String(2000))
     """Default OpenAI-compatible endpoint for rollout evaluations of this tenant."""
     model_api_key_enc: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -357,8 +369,14 @@ class HostDrain(Base):
     """Envs whose affinity the drain moved to another host (or dropped when none was left)."""
     owner: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     """The :class:`Replica` whose executor runs the drain (``draining`` only matters). When
-    its heartbeat is older than the evaluation runner's lease (``claims.LEASE_S``, the rule
+    its heartbeat is older than the evaluation runner's lease (``settings.LEASE_S``, the rule
     that resets a dead replica's episodes) or its row is gone, a live replica's janitor
     claims the drain (compare-and-set on this column) and resumes it. None: recorded
     before migration 0008; claimed like a dead owner's."""
 
+
+def table(model: type[Base]) -> Table:
+    """The Core table of an ORM class (``Step`` -> ``steps``): what statements that write
+    many rows at once use (``table(Step).insert()`` with a list of rows is one
+    ``executemany``, without the ORM's per-row bookkeeping)."""
+    return cast(Table, model.__table__)

@@ -30,17 +30,13 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, delete, or_, select, update
 
-from ..db import models
 from ..db.database import Database
+from ..db.models import EvaluationEpisode, EvaluationJob, Replica
 from ..services.common import utcnow
+from ..settings import LEASE_S
 
-EP = models.EvaluationEpisode
-JOB = models.EvaluationJob
-REPLICA = models.Replica
 HEARTBEAT_S = 5.0
 """Seconds between a replica's heartbeats."""
-LEASE_S = 30.0
-"""A replica silent for this many seconds is dead; its running episodes are reset."""
 
 
 class Replicas:
@@ -55,16 +51,16 @@ class Replicas:
         """Insert (or refresh) this replica's row."""
         now = utcnow()
         with self.db.write() as db:
-            row = db.get(REPLICA, self.id)
+            row = db.get(Replica, self.id)
             if row is None:
-                db.add(REPLICA(id=self.id, started_at=now, heartbeat_at=now))
+                db.add(Replica(id=self.id, started_at=now, heartbeat_at=now))
             else:
                 row.heartbeat_at = now
 
     def heartbeat(self) -> None:
         """Refresh ``heartbeat_at`` (re-inserting the row if another replica removed it)."""
         with self.db.write() as db:
-            done = db.execute(update(REPLICA).where(REPLICA.id == self.id).values(heartbeat_at=utcnow()))
+            done = db.execute(update(Replica).where(Replica.id == self.id).values(heartbeat_at=utcnow()))
             if cast(CursorResult[Any], done).rowcount == 1:
                 return
         self.register()
@@ -72,42 +68,53 @@ class Replicas:
     def unregister(self) -> None:
         """Delete this replica's row (clean shutdown: what it left running is recoverable at once)."""
         with self.db.write() as db:
-            db.execute(delete(REPLICA).where(REPLICA.id == self.id))
+            db.execute(delete(Replica).where(Replica.id == self.id))
 
     def claim(self, job_id: str) -> tuple[int, int] | None:
         """Claim the job's first pending episode that no other transaction holds.
         Returns ``(index, attempt)`` of the claim, or None when nothing is claimable now."""
         with self.db.write() as db:
-            row = db.execute(select(EP.index, EP.attempt).where(EP.evaluation_id == job_id, EP.status == "pending")
-                             .order_by(EP.index).limit(1).with_for_update(skip_locked=True)).first()
+            first = (select(EvaluationEpisode.index, EvaluationEpisode.attempt)
+                     .where(EvaluationEpisode.evaluation_id == job_id, EvaluationEpisode.status == "pending")
+                     .order_by(EvaluationEpisode.index).limit(1).with_for_update(skip_locked=True))
+            row = db.execute(first).first()
             if row is None:
                 return None
             index, previous = row
-            claimed = db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index,
-                                                  EP.status == "pending", EP.attempt == previous)
-                                 .values(status="running", attempt=previous + 1, started_at=utcnow(), env_id=None,
-                                         claimed_by=self.id))
+            claim = (update(EvaluationEpisode)
+                     .where(EvaluationEpisode.evaluation_id == job_id, EvaluationEpisode.index == index,
+                            EvaluationEpisode.status == "pending", EvaluationEpisode.attempt == previous)
+                     .values(status="running", attempt=previous + 1, started_at=utcnow(), env_id=None,
+                             claimed_by=self.id))
+            claimed = db.execute(claim)
             if cast(CursorResult[Any], claimed).rowcount != 1:
                 return None
-            db.execute(update(JOB).where(JOB.id == job_id, JOB.status == "queued").values(status="running"))
+            db.execute(update(EvaluationJob).where(EvaluationJob.id == job_id, EvaluationJob.status == "queued")
+                       .values(status="running"))
         return index, previous + 1
 
-    def orphans(self, startup: bool) -> list[tuple[str, int, int, str | None, str, str]]:
+    def orphans(self, startup: bool) -> list[tuple[str, int, int, str | None, str, str, str]]:
         """Running episodes whose replica is gone: ``(job_id, index, attempt, env_id, tenant,
-        job_status)``. ``startup`` on SQLite: every running episode not claimed by this replica."""
-        query = (select(EP.evaluation_id, EP.index, EP.attempt, EP.env_id, JOB.tenant, JOB.status)
-                 .join(JOB, JOB.id == EP.evaluation_id).where(EP.status == "running"))
+        job_status, created_by)``. ``startup`` on SQLite: every running episode not claimed
+        by this replica."""
+        query = (select(EvaluationEpisode.evaluation_id, EvaluationEpisode.index, EvaluationEpisode.attempt,
+                        EvaluationEpisode.env_id, EvaluationJob.tenant, EvaluationJob.status,
+                        EvaluationJob.created_by)
+                 .join(EvaluationJob, EvaluationJob.id == EvaluationEpisode.evaluation_id)
+                 .where(EvaluationEpisode.status == "running"))
         if self.db.dialect == "sqlite":
             if not startup:
                 return []
-            query = query.where(or_(EP.claimed_by.is_(None), EP.claimed_by != self.id))
+            query = query.where(or_(EvaluationEpisode.claimed_by.is_(None),
+                                    EvaluationEpisode.claimed_by != self.id))
         else:
-            alive = select(REPLICA.id).where(REPLICA.heartbeat_at >= utcnow() - timedelta(seconds=LEASE_S))
-            query = query.where(or_(EP.claimed_by.is_(None), EP.claimed_by.not_in(alive)))
+            alive = select(Replica.id).where(Replica.heartbeat_at >= utcnow() - timedelta(seconds=LEASE_S))
+            query = query.where(or_(EvaluationEpisode.claimed_by.is_(None),
+                                    EvaluationEpisode.claimed_by.not_in(alive)))
         with self.db.read() as db:
             return [tuple(r) for r in db.execute(query).all()]  # type: ignore[misc]
 
     def forget_dead(self) -> None:
         """Delete rows of replicas silent for 10 x ``LEASE_S`` (their episodes were reset)."""
         with self.db.write() as db:
-            db.execute(delete(REPLICA).where(REPLICA.heartbeat_at < utcnow() - timedelta(seconds=10 * LEASE_S)))
+            db.execute(delete(Replica).where(Replica.heartbeat_at < utcnow() - timedelta(seconds=10 * LEASE_S)))

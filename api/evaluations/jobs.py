@@ -29,11 +29,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any, cast
 
-from sqlalchemy import Table, case, func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import defer
 
 from ..db import models
 from ..db.database import Database
+from ..db.models import EvaluationEpisode, EvaluationJob, table
 from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 from ..sandboxes import Sandboxes
 from ..schemas.evaluations import (
@@ -57,9 +58,6 @@ from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .runner import EvaluationRunner
 
-JOB = models.EvaluationJob
-EP = models.EvaluationEpisode
-EP_TABLE = cast(Table, EP.__table__)
 ACTIVE = ("queued", "running")
 FINISHED_EPISODE = ("done", "error", "cancelled")
 ACTIVE_RETRY_AFTER_S = 30
@@ -142,7 +140,7 @@ class EvaluationJobs:
         if concurrency > limit:
             raise QuotaExceeded(f"concurrency={concurrency} is above tenant {ctx.tenant!r}'s max_evaluation_concurrency="
                                 f"{limit} (a fixed quota: waiting does not help)", limit="max_evaluation_concurrency",
-                                retry_after=FIXED_RETRY_AFTER_S, field="concurrency")
+                                retry_after=FIXED_RETRY_AFTER_S, field="concurrency", fixed=True)
         scenario_ids = body.scenario_list()
         environments = self._scenario_environments(ctx.tenant, body, scenario_ids)
         config: dict[str, Any] = {"keep_envs": body.keep_envs, "profile": profile}
@@ -174,7 +172,7 @@ class EvaluationJobs:
                           request_timeout_s=body.request_timeout_s, retries=body.retries,
                           retry_initial_s=body.retry_initial_s, retry_max_s=body.retry_max_s)
         now = _now()
-        job = JOB(id=new_id("evj"), tenant=ctx.tenant, mode=body.mode, status="queued", config=config,
+        job = EvaluationJob(id=new_id("evj"), tenant=ctx.tenant, mode=body.mode, status="queued", config=config,
                   model_api_key_enc=key_enc, concurrency=concurrency, total=len(scenario_ids),
                   created_by=ctx.actor, created_at=now)
         episodes = [{"evaluation_id": job.id, "index": index, "scenario_id": sid, "environment_id": environments[sid],
@@ -194,7 +192,7 @@ class EvaluationJobs:
             with self.db.write() as db:
                 db.add(job)
                 db.flush()
-                db.execute(EP_TABLE.insert(), episodes)
+                db.execute(table(EvaluationEpisode).insert(), episodes)
         self.runner.wake()
         return job
 
@@ -216,13 +214,13 @@ class EvaluationJobs:
 
     def _count_active(self, tenant: str) -> int:
         with self.db.read() as db:
-            return db.scalar(select(func.count()).select_from(JOB).where(
-                JOB.tenant == tenant, JOB.status.in_(ACTIVE))) or 0
+            return db.scalar(select(func.count()).select_from(EvaluationJob).where(
+                EvaluationJob.tenant == tenant, EvaluationJob.status.in_(ACTIVE))) or 0
 
     # -- read ----------------------------------------------------------------------------
     def _job(self, tenant: str, evaluation_id: str) -> models.EvaluationJob:
         with self.db.read() as db:
-            return owned(db, JOB, evaluation_id, tenant, "evaluation")
+            return owned(db, EvaluationJob, evaluation_id, tenant, "evaluation")
 
     def get(self, tenant: str, evaluation_id: str) -> EvaluationJobPublic:
         """The job with its progress (and summary once finished). Raises NotFound (also
@@ -233,8 +231,10 @@ class EvaluationJobs:
     def list_jobs(self, tenant: str, limit: int, offset: int) -> tuple[list[EvaluationJobPublic], int]:
         """A page of the tenant's jobs, newest first, with progress; and the total."""
         with self.db.read() as db:
-            total = db.scalar(select(func.count()).select_from(JOB).where(JOB.tenant == tenant)) or 0
-            rows = db.scalars(select(JOB).where(JOB.tenant == tenant).order_by(JOB.created_at.desc(), JOB.id)
+            total = db.scalar(select(func.count()).select_from(EvaluationJob)
+                              .where(EvaluationJob.tenant == tenant)) or 0
+            rows = db.scalars(select(EvaluationJob).where(EvaluationJob.tenant == tenant)
+                              .order_by(EvaluationJob.created_at.desc(), EvaluationJob.id)
                               .limit(limit).offset(offset)).all()
         progress = self._progress([r.id for r in rows])
         return [self._public(r, progress[r.id], with_summary=False) for r in rows], total
@@ -243,9 +243,12 @@ class EvaluationJobs:
         counts: dict[str, dict[str, tuple[int, float, int]]] = {j: {} for j in job_ids}
         if job_ids:
             with self.db.read() as db:
-                rows = db.execute(select(EP.evaluation_id, EP.status, func.count(), func.sum(func.coalesce(EP.reward, 0.0)),
-                                         func.sum(case((EP.reward == 1.0, 1), else_=0)))
-                                  .where(EP.evaluation_id.in_(job_ids)).group_by(EP.evaluation_id, EP.status)).all()
+                by_status = (select(EvaluationEpisode.evaluation_id, EvaluationEpisode.status, func.count(),
+                                    func.sum(func.coalesce(EvaluationEpisode.reward, 0.0)),
+                                    func.sum(case((EvaluationEpisode.reward == 1.0, 1), else_=0)))
+                             .where(EvaluationEpisode.evaluation_id.in_(job_ids))
+                             .group_by(EvaluationEpisode.evaluation_id, EvaluationEpisode.status))
+                rows = db.execute(by_status).all()
             for job_id, status, count, reward_sum, successes in rows:
                 counts[job_id][status] = (int(count), float(reward_sum or 0.0), int(successes or 0))
         out = {}
@@ -273,8 +276,10 @@ class EvaluationJobs:
         """Mean reward, success rate, per-environment breakdown, errors by status and
         token usage over the job's finished episodes (errored ones count reward 0.0)."""
         with self.db.read() as db:
-            rows = db.execute(select(EP.environment_id, EP.status, EP.reward, EP.error_status, EP.usage)
-                              .where(EP.evaluation_id == evaluation_id)).all()
+            finished = (select(EvaluationEpisode.environment_id, EvaluationEpisode.status,
+                               EvaluationEpisode.reward, EvaluationEpisode.error_status, EvaluationEpisode.usage)
+                        .where(EvaluationEpisode.evaluation_id == evaluation_id))
+            rows = db.execute(finished).all()
             names = dict(db.execute(select(models.Environment.id, models.Environment.name).where(
                 models.Environment.id.in_({r[0] for r in rows if r[0]}))).all())
         per_env: dict[str, list[float]] = {}
@@ -319,14 +324,17 @@ class EvaluationJobs:
         self._job(tenant, evaluation_id)
         now = _now()
         with self.db.write() as db:
-            row = db.get(JOB, evaluation_id)
+            row = db.get(EvaluationJob, evaluation_id)
             assert row is not None
             if row.status in ("completed", "failed"):
                 raise Conflict(f"evaluation {evaluation_id!r} already {row.status}")
             if row.status in ACTIVE:
-                db.execute(update(EP).where(EP.evaluation_id == evaluation_id, EP.status == "pending")
+                db.execute(update(EvaluationEpisode)
+                           .where(EvaluationEpisode.evaluation_id == evaluation_id,
+                                  EvaluationEpisode.status == "pending")
                            .values(status="cancelled", finished_at=now))
-                db.execute(update(JOB).where(JOB.id == evaluation_id, JOB.status.in_(ACTIVE))
+                db.execute(update(EvaluationJob)
+                           .where(EvaluationJob.id == evaluation_id, EvaluationJob.status.in_(ACTIVE))
                            .values(status="cancelled", finished_at=now))
         self.runner.cancel(evaluation_id)
         return self.get(tenant, evaluation_id)
@@ -340,10 +348,12 @@ class EvaluationJobs:
         def lines() -> Iterator[bytes]:
             last = -1
             while True:
-                query = (select(EP).where(EP.evaluation_id == evaluation_id, EP.index > last,
-                                          EP.status.in_(FINISHED_EPISODE)).order_by(EP.index).limit(RESULTS_BATCH))
+                query = (select(EvaluationEpisode)
+                         .where(EvaluationEpisode.evaluation_id == evaluation_id,
+                                EvaluationEpisode.index > last, EvaluationEpisode.status.in_(FINISHED_EPISODE))
+                         .order_by(EvaluationEpisode.index).limit(RESULTS_BATCH))
                 if not include_transcript:
-                    query = query.options(defer(EP.transcript))
+                    query = query.options(defer(EvaluationEpisode.transcript))
                 with self.db.read() as db:
                     rows = db.scalars(query).all()
                     batch = [self._result(r, include_transcript) for r in rows]

@@ -4,9 +4,16 @@ Threads: one dispatcher and one thread per running episode. The dispatcher wakes
 new job, a finished episode or a cancel (else every ``POLL_S``) and claims ``pending``
 episodes, oldest job first within a tenant and round-robin across tenants, within three
 bounds: ``settings.evaluation_workers`` episodes in the process, the tenant's
-``max_evaluation_concurrency`` over all its jobs, and each job's ``concurrency``. Every
-sandbox run an episode makes goes through the env service, hence through the fair
-scheduler (``max_running_calls``) like any API request.
+``max_evaluation_concurrency`` over all its jobs, and each job's ``concurrency``.
+
+An episode is a client of :mod:`sandpit.api.envs` like a route: it calls the same verbs
+(create, step, evaluate, delete) with a
+:class:`~sandpit.api.services.quotas.TenantContext` of the job's tenant and the key that
+created the job. So its envs count against the tenant's quotas (``max_live_envs``,
+``max_concurrent_calls``, ``steps_per_minute``, the size quotas), its sandbox runs go
+through the fair scheduler (``max_running_calls``), and what it does is audited under
+that key. A dynamic quota or a capacity error is retried with backoff
+(``TRANSIENT_ATTEMPTS``); a replayed call over a size quota is recorded ``rejected``.
 
 Exactly-once episodes:
 
@@ -22,7 +29,7 @@ Exactly-once episodes:
   never rerun. On a shared PostgreSQL database "dead" means the claiming replica stopped
   heart-beating (:mod:`.claims`), checked by every replica every few seconds.
 * an episode's env id is written to its row *before* the env is created
-  (``EnvService.create_env(env_id=...)``), so a process killed at any point leaves no env
+  (``EnvLifecycle.create(..., env_id=...)``), so a process killed at any point leaves no env
   that recovery does not find and delete.
 
 Episode failures are per-episode ``error`` statuses (``error_status``): ``model_error``,
@@ -48,8 +55,12 @@ from typing import Any, TypeVar, cast
 from pydantic import ValidationError
 from sqlalchemy import CursorResult, func, select, update
 
-from ..db import models
 from ..db.database import Database
+from ..db.models import EvaluationEpisode, EvaluationJob
+from ..envs.lifecycle import EnvLifecycle
+from ..envs.rewards import Rewards
+from ..envs.rulebook import OPEN_ENDED, introduction_text
+from ..envs.steps import Steps
 from ..errors import (
     ApiError,
     Conflict,
@@ -60,16 +71,14 @@ from ..errors import (
     QuotaExceeded,
     ServiceUnavailable,
 )
-from ..schemas.envs import FunctionCall, StepRequest
+from ..schemas.envs import EnvCreate, FunctionCall, ProfileRequest, StepRequest
 from ..secrets import SecretUnavailable
 from ..services.common import new_id
 from ..services.common import utcnow as _now
 from ..services.declared_tools import agent_tools
 from ..services.environments import EnvironmentService
-from ..services.envs import EnvService
-from ..services.episodes import OPEN_ENDED, introduction_text
+from ..services.quotas import TenantContext
 from ..services.scenarios import ScenarioService
-from ..services.steps import StepService
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .claims import HEARTBEAT_S, Replicas
@@ -84,8 +93,6 @@ from .rollout import (
 )
 
 log = logging.getLogger("sandpit.api.evaluations")
-JOB = models.EvaluationJob
-EP = models.EvaluationEpisode
 POLL_S = 0.5
 TRANSIENT_ATTEMPTS = 5
 TRANSIENT_BACKOFF_S = 0.5
@@ -122,6 +129,8 @@ class _Job:
     key_enc: bytes | None
     concurrency: int
     created_at: datetime
+    created_by: str
+    """The API key that created the job: the actor of what its episodes do."""
 
 
 @dataclass
@@ -140,12 +149,13 @@ class _Episode:
 class EvaluationRunner:
     """Runs evaluation episodes in the background (see the module docstring)."""
 
-    def __init__(self, settings: ApiSettings, db: Database, envs: EnvService, steps: StepService,
+    def __init__(self, settings: ApiSettings, db: Database, envs: EnvLifecycle, steps: Steps, rewards: Rewards,
                  environments: EnvironmentService, scenarios: ScenarioService, tenants: TenantService) -> None:
         self.settings = settings
         self.db = db
         self.envs = envs
         self.steps = steps
+        self.rewards = rewards
         self.environments = environments
         self.scenarios = scenarios
         self.tenants = tenants
@@ -203,15 +213,17 @@ class EvaluationRunner:
         delete their env if it still exists, then mark them ``pending`` (``cancelled`` when
         their job no longer runs). Returns how many were reset."""
         rows = self.replicas.orphans(startup)
-        for job_id, index, attempt, env_id, tenant, job_status in rows:
+        for job_id, index, attempt, env_id, tenant, job_status, created_by in rows:
             if env_id:
-                self._delete_env(tenant, env_id)
+                self._delete_env(self._context(tenant, created_by), env_id)
             active = job_status in ("queued", "running")
             values: dict[str, Any] = {"status": "pending", "env_id": None, "started_at": None} if active else {
                 "status": "cancelled", "env_id": None, "finished_at": _now()}
             with self.db.write() as db:
-                db.execute(update(EP).where(EP.evaluation_id == job_id, EP.index == index, EP.status == "running",
-                                            EP.attempt == attempt).values(claimed_by=None, **values))
+                db.execute(update(EvaluationEpisode)
+                           .where(EvaluationEpisode.evaluation_id == job_id, EvaluationEpisode.index == index,
+                                  EvaluationEpisode.status == "running", EvaluationEpisode.attempt == attempt)
+                           .values(claimed_by=None, **values))
         if rows:
             log.warning("evaluations: %d episode(s) interrupted by a restart will run again", len(rows))
         return len(rows)
@@ -232,10 +244,10 @@ class EvaluationRunner:
 
     def _active_jobs(self) -> list[_Job]:
         with self.db.read() as db:
-            rows = db.scalars(select(JOB).where(JOB.status.in_(("queued", "running")))
-                              .order_by(JOB.created_at, JOB.id)).all()
-        return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at)
-                for r in rows]
+            rows = db.scalars(select(EvaluationJob).where(EvaluationJob.status.in_(("queued", "running")))
+                              .order_by(EvaluationJob.created_at, EvaluationJob.id)).all()
+        return [_Job(r.id, r.tenant, r.mode, dict(r.config or {}), r.model_api_key_enc, r.concurrency, r.created_at,
+                     r.created_by) for r in rows]
 
     def _dispatch(self) -> None:
         """Claim and start as many episodes as the bounds allow (fair across tenants);
@@ -278,7 +290,8 @@ class EvaluationRunner:
     def _claim_and_start(self, job: _Job) -> bool:
         """Claim the job's first pending episode and start its thread; False when none is pending."""
         with self.db.read() as db:  # read first: most polls find nothing and need no write
-            pending = db.execute(select(EP.index).where(EP.evaluation_id == job.id, EP.status == "pending")
+            pending = db.execute(select(EvaluationEpisode.index)
+                                 .where(EvaluationEpisode.evaluation_id == job.id, EvaluationEpisode.status == "pending")
                                  .limit(1)).first()
         if pending is None:
             return False
@@ -299,10 +312,12 @@ class EvaluationRunner:
         """Mark the job ``completed`` when no episode is pending or running; True if it
         has nothing left to claim."""
         with self.db.write() as db:
-            left = db.scalar(select(func.count()).select_from(EP).where(
-                EP.evaluation_id == job_id, EP.status.in_(("pending", "running")))) or 0
+            left = db.scalar(select(func.count()).select_from(EvaluationEpisode).where(
+                EvaluationEpisode.evaluation_id == job_id,
+                EvaluationEpisode.status.in_(("pending", "running")))) or 0
             if left == 0:
-                db.execute(update(JOB).where(JOB.id == job_id, JOB.status.in_(("queued", "running")))
+                db.execute(update(EvaluationJob)
+                           .where(EvaluationJob.id == job_id, EvaluationJob.status.in_(("queued", "running")))
                            .values(status="completed", finished_at=_now()))
                 return True
         return False
@@ -313,18 +328,18 @@ class EvaluationRunner:
         try:
             self._episode(episode)
         except _Interrupted as stop:
-            self._delete_env(job.tenant, episode.env_id)
+            self._delete_env(self._job_context(job), episode.env_id)
             if stop.reason == "cancelled":
                 self._complete(episode, status="cancelled")
             else:  # shutdown: run again from scratch on the next start
                 self._guarded(episode, status="pending", env_id=None, started_at=None)
         except EpisodeFailed as failed:
             if not job.config.get("keep_envs"):
-                self._delete_env(job.tenant, episode.env_id)
+                self._delete_env(self._job_context(job), episode.env_id)
             self._complete(episode, status="error", error_status=failed.status, error=failed.message[:4000])
         except Exception:  # noqa: BLE001 - one episode's bug must not stop the job; logged
             log.exception("evaluation %s episode %d failed", job.id, episode.index)
-            self._delete_env(job.tenant, episode.env_id)
+            self._delete_env(self._job_context(job), episode.env_id)
             self._complete(episode, status="error", error_status="internal", error="internal error (logged)")
         finally:
             with self._lock:
@@ -339,7 +354,7 @@ class EvaluationRunner:
     def _episode(self, episode: _Episode) -> None:
         job = episode.job
         with self.db.read() as db:
-            row = db.get(EP, (job.id, episode.index))
+            row = db.get(EvaluationEpisode, (job.id, episode.index))
         assert row is not None
         try:
             scenario = self.scenarios.get_scenario(job.tenant, row.scenario_id)
@@ -350,12 +365,14 @@ class EvaluationRunner:
         episode.env_id = env_id
         if not self._guarded(episode, env_id=env_id):  # superseded (cannot happen in one process)
             return
-        try:
-            self._transient(job, lambda: self.envs.create_env(
-                job.tenant, environment_id=None, source_code=None, class_name=None, init_config=None,
-                profile=job.config.get("profile"), scenario_id=scenario.id, env_id=env_id,
-                episode_config=OPEN_ENDED))  # the job decides when the episode ends; checks run after
+        ctx = self._job_context(job)
+        profile = job.config.get("profile")
+        body = EnvCreate(scenario_id=scenario.id, profile=ProfileRequest.model_validate(profile) if profile else None)
+        try:  # the job decides when the episode ends (open-ended); its checks run after
+            self._transient(job, lambda: self.envs.create(ctx, body, env_id=env_id, episode=OPEN_ENDED))
         except (InvalidRequest, PayloadTooLarge, NotFound) as exc:
+            raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
+        except QuotaExceeded as exc:  # a fixed quota (_transient retries the others)
             raise EpisodeFailed("env_error", f"creating the scenario's env failed: {exc.message}") from None
         episode.trajectory = []
         if job.mode == "replay":
@@ -364,13 +381,13 @@ class EvaluationRunner:
             self._rollout(episode, scenario.environment_id, scenario.task)
         self._check_stop(job)
         try:
-            outcome = self._transient(job, lambda: self.envs.evaluate(job.tenant, env_id, None))
+            outcome = self._transient(job, lambda: self.rewards.evaluate(ctx, env_id, None))
         except (InvalidRequest, Conflict) as exc:
             raise EpisodeFailed("check_error", f"running the checks failed: {exc.message}") from None
         except NotFound as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
         if not job.config.get("keep_envs"):
-            self._delete_env(job.tenant, env_id)
+            self._delete_env(self._job_context(job), env_id)
         self._complete(episode, status="done", reward=outcome.reward, passed=outcome.passed,
                        checks_total=outcome.total, checks=[r.model_dump() for r in outcome.results])
 
@@ -438,16 +455,13 @@ class EvaluationRunner:
         job = episode.job
         assert episode.env_id is not None
         self._check_stop(job)
+        env_id, ctx = episode.env_id, self._job_context(job)
         try:
-            action = self.steps.parse(request)
-        except PayloadTooLarge as exc:
+            outcome = self._transient(job, lambda: self.steps.step(ctx, env_id, request))
+        except (PayloadTooLarge, QuotaExceeded) as exc:  # over a size cap (fixed: _transient retries the others)
             name, arguments = _raw_action(request.model_dump(exclude_none=True))
             return StepRecord(number, {"name": name, "arguments": "<over the size cap>"}, f"Error: {exc.message}",
                               "rejected")
-        env_id = episode.env_id
-        try:
-            outcome = self._transient(job, lambda: self.steps.step(job.tenant, env_id, action,
-                                                                  want_diff=False, want_state=False))
         except (NotFound, Conflict) as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
         run = outcome.run
@@ -476,6 +490,8 @@ class EvaluationRunner:
             try:
                 return operation()
             except (NoCapacity, QuotaExceeded, ServiceUnavailable) as exc:
+                if isinstance(exc, QuotaExceeded) and exc.fixed:
+                    raise  # waiting does not lift a fixed quota
                 if attempt == TRANSIENT_ATTEMPTS - 1:
                     capacity = isinstance(exc, NoCapacity | QuotaExceeded)
                     message = exc.message
@@ -491,9 +507,11 @@ class EvaluationRunner:
         """Update the episode row only if this attempt still owns it (``running`` with
         this ``attempt``); True if it did."""
         with self.db.write() as db:
-            result = db.execute(update(EP).where(EP.evaluation_id == episode.job.id, EP.index == episode.index,
-                                                 EP.status == "running", EP.attempt == episode.attempt)
-                                .values(**values))
+            owned = (update(EvaluationEpisode)
+                     .where(EvaluationEpisode.evaluation_id == episode.job.id, EvaluationEpisode.index == episode.index,
+                            EvaluationEpisode.status == "running", EvaluationEpisode.attempt == episode.attempt)
+                     .values(**values))
+            result = db.execute(owned)
             return cast(CursorResult[Any], result).rowcount == 1
 
     def _complete(self, episode: _Episode, **values: Any) -> bool:
@@ -508,11 +526,19 @@ class EvaluationRunner:
                         episode.job.id, episode.index, episode.attempt)
         return done
 
-    def _delete_env(self, tenant: str, env_id: str | None) -> None:
+    def _job_context(self, job: _Job) -> TenantContext:
+        """The caller an episode of ``job`` acts as: the job's tenant (its quotas now) and
+        the key that created the job."""
+        return self._context(job.tenant, job.created_by)
+
+    def _context(self, tenant: str, actor: str) -> TenantContext:
+        return TenantContext(tenant=tenant, actor=actor, quotas=self.tenants.quotas(tenant))
+
+    def _delete_env(self, ctx: TenantContext, env_id: str | None) -> None:
         if env_id is None:
             return
         try:
-            self.envs.delete_env(tenant, env_id)
+            self.envs.delete(ctx, env_id)
         except NotFound:
             pass
         except ApiError as exc:

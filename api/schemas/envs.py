@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from ..profile_limits import profile_value
 from .common import NAME_PATTERN, ArgumentChecking, BaseURL, Status, Timestamp, _Request
+from .profile_limits import profile_value
 from .scenarios import CheckOutcome, EpisodeProfile
 
 EpisodeStatus = Literal["running", "terminated", "truncated"]

@@ -22,7 +22,7 @@ class TenantCreate(_Request):
     quotas: dict[str, Any] | None = None
     """Overrides of the default quotas (fields of ``Quotas``; ``max_profile`` may be partial).
     Checked by :meth:`~sandpit.api.services.tenants.TenantService.check_quotas`; the
-    OpenAPI document gives their schema (``QuotaOverrides``, :mod:`sandpit.api.openapi`)."""
+    OpenAPI document gives their schema (``QuotaOverrides``, :mod:`sandpit.api.http.openapi`)."""
     create_key: bool = True
     key_name: Annotated[str | None, Field(max_length=200)] = None
     key_expires_in_s: Annotated[float | None, Field(gt=0, le=10 * 365 * 86400)] = None

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..profile_limits import profile_value
 from .common import NAME_PATTERN, PolicyName, Status, _Request
+from .profile_limits import profile_value
 from .scenarios import CheckOutcome
 
 _NAME_CHAR = r"[^\x00-\x1f\x7f\\/]"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from sqlalchemy import select
@@ -21,12 +22,10 @@ from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
 from ..errors import Conflict, NotFound
-from ..evaluations.claims import LEASE_S
 from ..sandboxes import Sandboxes
 from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, HostUndrainPublic, ReplicaStatus
-from ..settings import ApiSettings
+from ..settings import LEASE_S, ApiSettings
 from .common import aware
-from .live import LiveEnvs
 
 log = logging.getLogger("sandpit.api")
 
@@ -53,12 +52,13 @@ class ClusterService:
     """Reads, plus :meth:`drain`, :meth:`undrain` and the janitor's
     :meth:`take_over_drains`; the executor's ``stats()`` is one request per host (Ray backend)."""
 
-    def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live: LiveEnvs,
+    def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live_envs: Callable[[], int],
                  replica_id: str) -> None:
         self.settings = settings
         self.db = db
         self.sandboxes = sandboxes
-        self.live = live
+        self.live_envs = live_envs
+        """How many envs this replica holds in sandboxes now."""
         self.replica_id = replica_id
 
     def status(self) -> ClusterStatus:
@@ -96,7 +96,7 @@ class ClusterService:
         return ClusterStatus(
             backend=self.settings.executor_backend, replica=self.replica_id,
             nodes=len({h.node_id or h.host for h in live_hosts}), hosts=hosts, replicas=replicas,
-            live_envs=len(self.live), sandboxes=sum(h.sandboxes for h in hosts),
+            live_envs=self.live_envs(), sandboxes=sum(h.sandboxes for h in hosts),
             sessions=sum(h.sessions for h in hosts),
             capacity_sessions=sum(c for c in caps if c is not None) if caps and None not in caps else None)
 
@@ -139,7 +139,7 @@ class ClusterService:
 
     def take_over_drains(self) -> list[str]:
         """Claim and resume every ``draining`` drain whose owner replica is dead (no
-        heartbeat for ``claims.LEASE_S`` seconds, the rule that resets a dead replica's
+        heartbeat for ``settings.LEASE_S`` seconds, the rule that resets a dead replica's
         evaluation episodes, or its row gone): one compare-and-set per drain
         (``DbAffinity.claim_drain``), so exactly one live replica resumes each. Run by the
         janitor every ``janitor_interval_s``; a no-op on the local backend. Returns the

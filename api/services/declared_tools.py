@@ -14,7 +14,7 @@ so registration keeps both and lists the differences:
   public methods are callable attributes of the instance (EnvScaler's validity is
   ``hasattr``), and :func:`read_probe` to read its answer as data.
 
-Argument checking (:class:`~.tools.ToolSet`) keeps using the derived schemas: they say
+Argument checking (:class:`~sandpit.api.envs.actions.ToolSet`) keeps using the derived schemas: they say
 what the class accepts.
 """
 

@@ -10,8 +10,9 @@ constructor set to a value of another type (the sandbox compares them) is an
 (``EnvironmentCreate.tools``) are then checked against the class: every declared name must
 be a public method or, asked of a sandbox (:data:`~.declared_tools.PROBE`), a callable
 attribute of the instance; their differences from the derived schemas are stored
-(:mod:`.declared_tools`). Environments are immutable once registered: their
-:class:`~.tools.ToolSet` (of the derived schemas) is compiled once per process.
+(:mod:`.declared_tools`). Environments are immutable once registered: the tools of
+their derived schemas are compiled once per process where steps check arguments
+(:class:`sandpit.api.envs.actions.ToolSets`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlalchemy import func, select
 from ..db import models
 from ..db.database import Database
 from ..errors import Conflict, InvalidRequest
+from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes
 from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..settings import ApiSettings
@@ -34,7 +36,6 @@ from .limits import check_code, check_config
 from .policy import check_source, policy_summary, retyped_findings
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
-from .tools import ToolSet, json_size, text_size
 
 
 class EnvironmentService:
@@ -47,8 +48,6 @@ class EnvironmentService:
         self.sandboxes = sandboxes
         self.quotas = quotas
         self.tenants = tenants
-        self._toolsets: dict[str, ToolSet] = {}
-        """Environment id -> its tools (environments are immutable once registered)."""
 
     # -- the HTTP contract -----------------------------------------------------------------
     def register(self, caller: TenantContext, body: EnvironmentCreate) -> EnvironmentPublic:
@@ -230,20 +229,6 @@ class EnvironmentService:
                 raise Conflict(f"environment {environment_id!r} is used by {max(users, episodes and 1)} env(s) and "
                                f"{scenarios} scenario(s); delete them first")
             db.delete(row)
-        self._toolsets.pop(environment_id, None)
-
-    # -- tools -------------------------------------------------------------------------------
-    def toolset(self, environment: models.Environment) -> ToolSet:
-        """The environment's derived tools with compiled argument validators (cached):
-        what the class accepts, whatever the agent is shown."""
-        toolset = self._toolsets.get(environment.id)
-        if toolset is None:
-            toolset = self._toolsets[environment.id] = ToolSet(environment.tools)
-        return toolset
-
-    def cached_toolset(self, environment_id: str) -> ToolSet | None:
-        """The tools of an environment this process has compiled, if it has."""
-        return self._toolsets.get(environment_id)
 
 
 def environment_public(row: models.Environment) -> EnvironmentPublic:

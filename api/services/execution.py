@@ -15,7 +15,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import InvalidRequest
-from ..evaluations.rewards import Checks
+from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes, SandboxRefused
 from ..schemas.validation import (
     ExecuteBatchRequest,
@@ -27,12 +27,12 @@ from ..schemas.validation import (
     ValidateResult,
 )
 from ..settings import ApiSettings
+from .checks import Checks
 from .common import clean_text
 from .diff import state_diff
 from .limits import check_code, check_config
 from .policy import check_source
 from .quotas import QuotaService, TenantContext
-from .tools import json_size, text_size
 
 
 class ExecutionService:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidRequest, PayloadTooLarge
+from ..json_rules import json_size, text_size
 from ..settings import ApiSettings
-from .tools import json_size, text_size
 
 
 def check_code(settings: ApiSettings, source_code: str, field: str = "source_code") -> None:

@@ -1,8 +1,8 @@
 """Per-tenant quotas: what one tenant may hold and do at once, and how fast.
 
-:class:`Quotas` are the limits (defaults in ``ApiSettings.quotas``; the operator
-overrides single fields per tenant, stored in ``tenants.quotas``). :class:`QuotaService`
-enforces the dynamic ones in this process:
+:class:`~sandpit.api.settings.Quotas` are the limits (defaults in ``ApiSettings.quotas``;
+the operator overrides single fields per tenant, stored in ``tenants.quotas``).
+:class:`QuotaService` enforces the dynamic ones in this process:
 
 * ``max_live_envs`` — open (not deleted, not expired) envs; checked with reservations
   so concurrent creates cannot overshoot; forks count ``count`` envs.
@@ -25,87 +25,20 @@ anything is created or run.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from ..errors import PayloadTooLarge, QuotaExceeded
-from ..profile_limits import profile_value
 from ..schemas.tenants import TenantUsage
+from ..settings import ApiSettings, Quotas
 
-KiB = 1024
-MiB = 1024 * KiB
 FIXED_RETRY_AFTER_S = 3600
 """``Retry-After`` of a fixed-limit hit (size, profile): waiting does not help; the
 operator must raise the quota. Large so that clients honouring it do not hammer."""
-
-
-def default_running_calls() -> int:
-    """Half the machine's CPU cores, at least 1 (the default ``max_running_calls``)."""
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
-class ProfileCeiling(BaseModel):
-    """The largest resource profile a tenant's envs and snippets may use."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    memory_mib: Annotated[int, profile_value("memory_mib")] = 1024
-    """Per-session memory (MiB)."""
-    cpus: Annotated[float, profile_value("cpus")] = 1.0
-    """CPU quota of a sandbox (CPUs)."""
-    call_timeout_s: Annotated[float, profile_value("call_timeout_s")] = 60.0
-    """Wall-clock limit of one tool call (seconds)."""
-
-
-class Quotas(BaseModel):
-    """Per-tenant limits. Sizes in bytes, rates per minute, times in seconds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_live_envs: Annotated[int, Field(ge=0)] = 1000
-    max_concurrent_calls: Annotated[int, Field(ge=1)] = 64
-    max_running_calls: Annotated[int, Field(ge=1)] = Field(default_factory=lambda: default_running_calls())
-    """Calls of this tenant executing in sandboxes at once (each sandbox has its own CPU
-    quota, so this bounds the CPU one tenant can take). Default: half the CPU cores, at
-    least 1 (1 on a 2-core machine: a tenant spinning takes at most 0.5 CPU). Measured on
-    2 cores with 32 infinite loops of a noisy tenant: with 1, the quiet tenant's step p99
-    rose 1.13-1.33x; with 2, 1.41-2.17x (benchmarks/tenancy.py)."""
-    steps_per_minute: Annotated[int, Field(ge=1)] = 600_000
-    step_burst: Annotated[int, Field(ge=1)] | None = None
-    """Token bucket size; default: one second's worth of ``steps_per_minute`` (at least 10)."""
-    max_profile: ProfileCeiling = Field(default_factory=ProfileCeiling)
-    max_code_bytes: Annotated[int, Field(ge=1)] = 2 * MiB
-    max_init_config_bytes: Annotated[int, Field(ge=1)] = 4 * MiB
-    max_arguments_bytes: Annotated[int, Field(ge=1)] = 256 * KiB
-    max_evaluation_concurrency: Annotated[int, Field(ge=1)] = 8
-    """Evaluation episodes of this tenant running at once (over all its evaluations)."""
-    max_active_evaluations: Annotated[int, Field(ge=1)] = 4
-    """Evaluations of this tenant queued or running at once."""
-
-    def burst(self) -> int:
-        """The token bucket's size (``step_burst`` or one second's worth, at least 10)."""
-        return self.step_burst or max(10, math.ceil(self.steps_per_minute / 60))
-
-    def merged(self, overrides: dict[str, Any] | None, strict: bool = False) -> Quotas:
-        """These quotas with the operator's ``overrides`` applied (nested for ``max_profile``).
-        ``strict``: values must have their field's JSON type (as in request bodies).
-        Raises pydantic ``ValidationError`` for unknown fields or bad values."""
-        if not overrides:
-            return self
-        data = self.model_dump()
-        for key, value in overrides.items():
-            if key == "max_profile" and isinstance(value, dict):
-                data["max_profile"] = {**data["max_profile"], **value}
-            else:
-                data[key] = value
-        return Quotas.model_validate(data, strict=strict)
 
 
 @dataclass
@@ -130,10 +63,10 @@ class QuotaService:
     ``count_live_envs(tenant) -> int`` reads the number of open envs from the database.
     """
 
-    def __init__(self, count_live_envs: Callable[[str], int], hard_caps: Any = None) -> None:
+    def __init__(self, count_live_envs: Callable[[str], int], hard_caps: ApiSettings | None = None) -> None:
         self._count_live_envs = count_live_envs
         self._hard_caps = hard_caps
-        """``ApiSettings``: server-wide size caps (413) checked before the tenant's (429)."""
+        """Server-wide size caps (413) checked before the tenant's (429); None: none."""
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
         self._reserved_envs: dict[str, int] = {}
@@ -212,14 +145,14 @@ class QuotaService:
         """Check ``size`` (bytes) against ``limit`` (``max_code_bytes``,
         ``max_init_config_bytes`` or ``max_arguments_bytes``): over the server-wide cap of
         that name raises PayloadTooLarge (413), over the tenant's quota QuotaExceeded (429)."""
-        hard = getattr(self._hard_caps, limit, None)
+        hard: int | None = getattr(self._hard_caps, limit) if self._hard_caps is not None else None
         if hard is not None and size > hard:
             raise PayloadTooLarge(f"{field} is {size} bytes, over the server's {limit}={hard}", field=field)
         cap = getattr(ctx.quotas, limit)
         if size > cap:
             raise QuotaExceeded(f"{field} is {size} bytes, over tenant {ctx.tenant!r}'s {limit}={cap} (a fixed quota: "
                                 "waiting does not help, the operator can raise it)", limit=limit,
-                                retry_after=FIXED_RETRY_AFTER_S, field=field)
+                                retry_after=FIXED_RETRY_AFTER_S, field=field, fixed=True)
 
     @staticmethod
     def profile_overrides(ctx: TenantContext, requested: dict[str, Any] | None,
@@ -235,7 +168,7 @@ class QuotaService:
             if asked is not None and asked > cap:
                 raise QuotaExceeded(f"profile.{name}={asked} is above tenant {ctx.tenant!r}'s max_profile.{name}={cap} "
                                     "(a fixed quota: waiting does not help)", limit=f"max_profile.{name}",
-                                    retry_after=FIXED_RETRY_AFTER_S, field=f"profile.{name}")
+                                    retry_after=FIXED_RETRY_AFTER_S, field=f"profile.{name}", fixed=True)
             if asked is None and defaults.get(name, 0) > cap:
                 result[name] = int(cap) if name == "memory_mib" else cap
         return result or None

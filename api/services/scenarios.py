@@ -3,7 +3,7 @@
 functions must pass the ``standard`` static policy and bind ``check_func`` (as must checks
 given inline to ``evaluate``): both are decided on the host from the text alone
 (:func:`ast.parse`; nothing is executed). They run only in sandboxes
-(:mod:`sandpit.api.evaluations.rewards`)."""
+(:mod:`sandpit.api.envs.rewards`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from ..db import models
 from ..db.database import Database
 from ..errors import InvalidRequest, PayloadTooLarge
+from ..json_rules import json_size, text_size
 from ..sandboxes import CHECK_SOURCE_MAX_BYTES
 from ..schemas.scenarios import CheckSpec, ScenarioCreate, ScenarioPublic, ScenariosPublic
 from ..settings import ApiSettings
@@ -23,7 +24,6 @@ from .limits import check_config
 from .policy import check_source
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
-from .tools import json_size, text_size
 
 
 def check_policy(checks: list[CheckSpec], field: str) -> None:

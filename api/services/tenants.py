@@ -43,10 +43,10 @@ from ..schemas.tenants import (
     TenantUpdate,
 )
 from ..secrets import SecretBox
-from ..settings import ApiSettings
+from ..settings import ApiSettings, ProfileCeiling, Quotas
 from .common import aware
 from .common import utcnow as _now
-from .quotas import ProfileCeiling, Quotas, TenantContext
+from .quotas import TenantContext
 
 TENANT_ID = re.compile(TENANT_ID_PATTERN.removeprefix("^").removesuffix("$"))
 """The id rule (:data:`~sandpit.api.schemas.tenants.TENANT_ID_PATTERN`), for ``fullmatch``:

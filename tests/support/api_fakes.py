@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandpit.api.services.quotas import Quotas, TenantContext
+from sandpit.api.services.quotas import TenantContext
+from sandpit.api.settings import Quotas
 from sandpit.executor.fake import FakeExecutor
 
 SOURCE = '''

@@ -49,9 +49,9 @@ def test_one_line_per_request_with_template_status_duration_and_tenant(make_serv
             ("GET", "/v1/envs/env_doesnotexist", None, {}, 404),
             ("GET", "/v1/no/such/route", None, {}, 404),
             ("POST", "/v1/environments", {"source_code": 5}, {}, 422),
-            ("POST", f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {"by": 2}}, {}, 200),  # lean path
+            ("POST", f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {"by": 2}}, {}, 200),  # the step door
             ("POST", f"/v1/envs/{env_id}/step?include=state&token={SECRET}", {"name": "bump"}, {}, 200),
-            ("POST", f"/v1/envs/{env_id}/step", {"name": "bump", "bogus": 1}, {}, 422),  # router's 422
+            ("POST", f"/v1/envs/{env_id}/step", {"name": "bump", "bogus": 1}, {}, 422),  # the door's 422
             ("GET", f"/v1/envs/{env_id}/state?api_key={SECRET}", None, {}, 200),
             ("GET", "/v1/envs", None, {"Authorization": f"Bearer {SECRET}"}, 401),
         ]

@@ -25,8 +25,9 @@ from sandpit.api.db import models
 from sandpit.api.db.affinity import DbAffinity
 from sandpit.api.db.database import Database
 from sandpit.api.db.engine import head_revision, make_engine, make_sessionmaker, require_current, upgrade
-from sandpit.api.evaluations.claims import LEASE_S, Replicas
+from sandpit.api.evaluations.claims import Replicas
 from sandpit.api.services.common import utcnow
+from sandpit.api.settings import LEASE_S
 from sqlalchemy import inspect, select, update
 
 EPISODES = 240

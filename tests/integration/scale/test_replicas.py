@@ -44,7 +44,7 @@ import httpx
 import postgres
 import pytest
 from api_server import COUNTER_SOURCE, ApiServer
-from sandpit.api.evaluations.claims import LEASE_S
+from sandpit.api.settings import LEASE_S
 from sandpit.client import Client, Conflict, NotFound, SandpitError, Unauthorized
 from sandpit.executor import engine
 from sqlalchemy import create_engine, text

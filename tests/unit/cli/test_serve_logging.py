@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sandpit.api.access_log import AccessFormatter
+from sandpit.api.http.access_log import AccessFormatter
 from sandpit.cli import serve_log_config
 
 

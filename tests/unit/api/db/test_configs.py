@@ -22,7 +22,7 @@ from sandpit.api.db.configs import (
     store_config,
 )
 from sandpit.api.db.database import Database
-from sandpit.api.services.tools import json_size
+from sandpit.api.json_rules import json_size
 from sqlalchemy import func, select
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,8 +9,8 @@ import time
 import pytest
 from pydantic import ValidationError
 from sandpit.api.errors import PayloadTooLarge, QuotaExceeded
-from sandpit.api.services.quotas import Quotas, QuotaService, TenantContext
-from sandpit.api.settings import ApiSettings
+from sandpit.api.services.quotas import QuotaService, TenantContext
+from sandpit.api.settings import ApiSettings, Quotas
 
 
 def ctx(tenant: str = "team-a", **quotas: object) -> TenantContext:

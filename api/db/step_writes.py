@@ -1,0 +1,143 @@
+"""A batch of steps written in one transaction: the group commit's writer.
+
+:func:`write_steps` writes what a batch of steps (:class:`StepWrite`, one per step of any
+env) needs: the union of their new state blobs (identical blobs once), their ``steps``
+rows and their envs' new heads (one ``executemany`` each), then each episode's changes.
+On SQLite the first three go straight to the driver connection (:class:`_SqliteSteps`),
+on other databases through SQLAlchemy Core (:func:`write_steps_core`, the reference the
+driver path is tested against: ``tests/unit/api/db/test_step_writes.py``). The caller's
+transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`) commits them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, Executable, ScalarResult, bindparam
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from ..errors import ServiceUnavailable
+from .models import Env, Episode, Step, table
+from .store import PendingBlobs
+
+MOVE_HEAD = table(Env).update().where(table(Env).c.id == bindparam("env")).values(
+    step=bindparam("head"), last_used_at=bindparam("used"))
+"""Move an env's head (one ``executemany`` for a batch of steps)."""
+
+
+@dataclass
+class StepWrite:
+    """One step's rows, as the group commit writes them (:func:`write_steps`)."""
+
+    env_id: str
+    episode: int
+    row: dict[str, Any]
+    """The ``steps`` row."""
+    pending: PendingBlobs
+    now: datetime
+    episode_changes: dict[str, Any] = field(default_factory=dict)
+    """Columns of the ``episodes`` row to update (user transcript, end of the episode)."""
+
+
+class _CoreSession:
+    """What :meth:`PendingBlobs.write` uses of a session (``get_bind``, ``execute``), over
+    a Core connection: the store's own insert statement, run as Core (no ORM bulk-insert
+    bookkeeping, which cost more than the rest of a step's write)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def get_bind(self) -> Engine | Connection:
+        return self.conn
+
+    def execute(self, statement: Executable, rows: list[dict[str, Any]]) -> CursorResult[Any]:
+        return self.conn.execute(statement, rows)
+
+    def scalars(self, statement: Executable) -> ScalarResult[Any]:
+        return self.conn.scalars(statement)
+
+
+class _SqliteSteps:
+    """The three statements of a step's write, run on SQLite's DB-API connection itself:
+    prepared texts on the driver connection skip what SQLAlchemy Core does per
+    ``execute`` (cache-key generation, compiled-statement look-up, result set-up), a
+    large share of a step's server CPU. Values are converted by each column type's own
+    ``bind_processor`` (JSON texts, SQLite's datetime strings), so the rows read back
+    exactly as Core's. The connection is the one of the Core transaction, which commits
+    it; a driver error is raised as SQLAlchemy's (``DBAPIError.instance``), which
+    :meth:`Database.write_connection` turns into a 503."""
+
+    def __init__(self, dialect: Any) -> None:
+        compiled = table(Step).insert().compile(dialect=dialect)  # "INSERT INTO steps (...) VALUES (?, ...)"
+        self.insert_steps = str(compiled)
+        self.step_columns = list(compiled.positiontup or ())
+        self.step_processors = [table(Step).c[name].type.dialect_impl(dialect).bind_processor(dialect)
+                                for name in self.step_columns]
+        self.used = table(Env).c.last_used_at.type.dialect_impl(dialect).bind_processor(dialect)
+        self.insert_blobs = "INSERT INTO blobs (hash, data, size) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING"
+        self.move_head = "UPDATE envs SET step = ?, last_used_at = ? WHERE id = ?"
+
+    def write(self, conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
+        """Insert ``blobs`` (those not stored yet) and the steps' rows, move the heads."""
+        driver = conn.connection.driver_connection
+        if driver is None:  # pragma: no cover - a connection the pool invalidated
+            raise ServiceUnavailable("database connection lost", retry_after=1)
+        statement = self.insert_blobs
+        try:
+            driver.executemany(statement, [(h, data, size) for h, (data, size) in blobs.blobs.items()])
+            statement = self.insert_steps
+            driver.executemany(statement, [self._row(write.row) for write in writes])
+            statement = self.move_head
+            used = self.used
+            driver.executemany(statement, [(w.row["step"], used(w.now) if used else w.now, w.env_id) for w in writes])
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
+
+    def _row(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        values = []
+        for name, process in zip(self.step_columns, self.step_processors, strict=True):
+            value = row.get(name)
+            values.append(process(value) if process is not None else value)
+        return tuple(values)
+
+
+def write_steps_core(conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
+    """:func:`write_steps`'s blobs, step rows and heads through SQLAlchemy Core (any
+    database; the reference the SQLite driver path is tested against)."""
+    blobs.write(cast(Session, _CoreSession(conn)))
+    conn.execute(table(Step).insert(), [w.row for w in writes])
+    conn.execute(MOVE_HEAD, [{"env": w.env_id, "head": w.row["step"], "used": w.now} for w in writes])
+
+
+_SQLITE_WRITERS: weakref.WeakKeyDictionary[Any, _SqliteSteps] = weakref.WeakKeyDictionary()
+"""One writer per SQLite dialect (an engine's), made on its first batch."""
+
+
+def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
+    """Write a batch of steps into ``conn``'s transaction: their new blobs (one insert of
+    the union: identical blobs once), step rows and env heads (one ``executemany``
+    each), episode changes. The group commit commits it. On SQLite the first three go
+    straight to the driver (:class:`_SqliteSteps`); elsewhere through SQLAlchemy Core."""
+    blobs = writes[0].pending
+    if len(writes) > 1:
+        blobs = PendingBlobs()
+        for write in writes:
+            blobs.blobs.update(write.pending.blobs)
+    if conn.dialect.name == "sqlite":
+        writer = _SQLITE_WRITERS.get(conn.dialect)
+        if writer is None:
+            writer = _SQLITE_WRITERS[conn.dialect] = _SqliteSteps(conn.dialect)
+        writer.write(conn, blobs, writes)
+    else:
+        write_steps_core(conn, blobs, writes)
+    episodes = table(Episode)
+    for write in writes:
+        if write.episode_changes:
+            conn.execute(episodes.update().where(episodes.c.env_id == write.env_id,
+                                                 episodes.c.episode == write.episode).values(**write.episode_changes))

@@ -1,0 +1,231 @@
+"""An env's episodes: ``reset`` starts the next one, ``restore`` goes back to a step of the
+current one, ``fork`` copies its history into new envs.
+
+``reset`` re-instantiates the environment (EnvScaler ``reset()``) with the given
+``init_config`` (else the scenario's, else the current one), bound to the given scenario
+(else the current one) and options (else the current ones), and commits its step 0; the
+previous episode stays readable (``?episode=``). ``restore`` deletes the steps after the
+target and puts the live session (if any) into the target's state; an ended episode runs
+again when the target is before its end, and a conversational episode's transcript is cut
+to what it was then. ``fork`` writes new envs whose episode 1 is this env's current
+episode up to a step: their steps point at the same stored states (content-addressed),
+and their sessions start on first use.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session as DbSession
+
+from ..db import models
+from ..db.configs import canonical, store_config
+from ..db.database import Database
+from ..db.models import table
+from ..db.store import load_state
+from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
+from ..sandboxes import SandboxError
+from ..schemas.envs import EnvPublic, EnvsPublic, ForkRequest, ResetRequest, RestoreRequest
+from ..services.common import new_id, owned, utcnow
+from ..services.quotas import QuotaService, TenantContext
+from ..services.tenants import TenantService
+from ..settings import ApiSettings
+from .lifecycle import Collector
+from .live import LiveEnv
+from .rulebook import EpisodeRun, EpisodeService, episode_row, step_zero
+from .sessions import Sessions
+from .views import EnvViews
+
+
+def rewound(db: DbSession, env_id: str, episode: int, step: int, record: models.Episode | None) -> dict[str, Any]:
+    """The episode row's values after going back to ``step``: running again unless
+    ``step`` itself ended it; the simulated user's chat cut to what it was then. ``{}``
+    when the env has no episode row."""
+    if record is None:
+        return {}
+    ending = db.get(models.Step, (env_id, episode, step))
+    values: dict[str, Any] = {}
+    if ending is not None and ending.done:
+        values.update(status=ending.done, reward=ending.reward)
+    else:
+        values.update(status="running", reward=None, checks=None, ended_at=None)
+    if record.user_messages is not None:
+        turns = db.scalars(select(models.Step.info).where(
+            models.Step.env_id == env_id, models.Step.episode == episode, models.Step.step <= step,
+            models.Step.step > 0)).all()
+        counts = [t["user_turns"] for t in turns if isinstance(t, dict) and "user_turns" in t]
+        keep = max(counts) if counts else 3
+        values["user_messages"] = list(record.user_messages)[:keep]
+    return values
+
+
+class Episodes:
+    """Reset, restore and fork (see the module docstring)."""
+
+    def __init__(self, settings: ApiSettings, db: Database, sessions: Sessions, rulebook: EpisodeService,
+                 views: EnvViews, collector: Collector, quotas: QuotaService, tenants: TenantService) -> None:
+        self.settings = settings
+        self.db = db
+        self.sessions = sessions
+        self.live = sessions.live
+        self.rulebook = rulebook
+        self.views = views
+        self.collector = collector
+        self.quotas = quotas
+        self.tenants = tenants
+
+    def reset(self, ctx: TenantContext, env_id: str, body: ResetRequest | None) -> EnvPublic:
+        """``POST /v1/envs/{id}/reset``: start the next episode (module docstring), within
+        the tenant's ``max_init_config_bytes`` and one of its concurrent calls. The reply
+        is EnvScaler's ``reset()`` result (observation, tools, introduction).
+
+        Raises NotFound, Conflict (expired), PayloadTooLarge, QuotaExceeded,
+        InvalidRequest (instantiation failed, an unusable user endpoint), NoCapacity (503
+        + Retry-After), ServiceUnavailable (the simulated user)."""
+        config = canonical(body.init_config) if body is not None and body.init_config is not None else None
+        if config is not None:
+            self.quotas.check_size(ctx, "max_init_config_bytes", config.size, "init_config")
+            self.sessions.configs.check(config)
+        scenario_id = body.scenario_id if body is not None else None
+        with self.quotas.call(ctx), self.live.lock(env_id):
+            with self.db.read() as db:
+                row = self.sessions.usable(db, ctx.tenant, env_id)
+                current_run = EpisodeRun.of(db, row)
+            scenario = scenario_id if scenario_id is not None else row.scenario_id
+            if config is None and scenario_id is None and scenario is None:
+                config = canonical(self.sessions.configs.config_of(row))  # the current config, kept
+            start = self.rulebook.start(ctx.tenant, environment_id=row.environment_id if scenario is None else None,
+                                        source_code=None, class_name=None, scenario_id=scenario, init_config=config,
+                                        options=body.episode if body is not None else None, current=row,
+                                        current_run=current_run)
+            self.live.drop(env_id)
+            number = row.episode + 1
+            run = EpisodeRun(config=start.config, scenario_id=scenario, user_key_enc=start.user_key_enc)
+            environment = start.environment
+            with self.sessions.new_episode(env_id, ctx.tenant, environment, start.init_config, row.profile,
+                                           body.seed if body is not None else None) as (session, cache, pending):
+                self.rulebook.first_observation(ctx.tenant, start.scenario.task if start.scenario else None, run)
+                run.initial_root = cache.root
+                now = utcnow()
+                self.sessions.configs.parsed.put(start.init_config)
+                with self.db.write() as db:
+                    store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
+                    pending.write(db, cache.root)
+                    db.add(step_zero(env_id, number, cache.root, now))
+                    db.add(episode_row(env_id, number, start, run, now))
+                    db.query(models.Env).filter(models.Env.id == env_id).update(
+                        {models.Env.episode: number, models.Env.step: 0, models.Env.init_config: {},
+                         models.Env.init_config_hash: start.init_config.hash,
+                         models.Env.environment_id: environment.id, models.Env.scenario_id: scenario,
+                         models.Env.last_used_at: now})
+            self.live.put(env_id, LiveEnv(
+                session=session, cache=cache, episode=number, step=0, toolset=self.sessions.toolsets.of(environment),
+                tenant=ctx.tenant, environment_id=environment.id, expires_at=row.expires_at, run=run,
+                argument_checking=row.argument_checking or environment.argument_checking))
+            with self.db.read() as db:
+                fresh = owned(db, models.Env, env_id, ctx.tenant, "env")
+        return self.views.public(fresh)
+
+    def restore(self, ctx: TenantContext, env_id: str, body: RestoreRequest) -> EnvPublic:
+        """``POST /v1/envs/{id}/restore``: put the env back to ``body.step`` of its episode;
+        later steps are discarded (an ended episode runs again when the step is before
+        its end). A live session is restored at once; one that cannot be (no execution
+        slot free, a sandbox failure) is dropped and the next request restores it.
+        Raises NotFound (env or step), Conflict (past the head, or expired)."""
+        step = body.step
+        with self.live.lock(env_id):
+            with self.db.read() as db:
+                row = self.sessions.usable(db, ctx.tenant, env_id)
+                if step > row.step:
+                    raise Conflict(f"cannot restore to step {step}: the episode's head is step {row.step}")
+                target = db.get(models.Step, (env_id, row.episode, step))
+                if target is None:
+                    raise NotFound(f"step {step} of env {env_id!r} not found")
+                cache = load_state(db, target.state_root)
+                rewind = rewound(db, env_id, row.episode, step, db.get(models.Episode, (env_id, row.episode)))
+            entry = self.live.get(env_id)
+            if entry is not None:
+                try:
+                    entry.session.restore(cache.encoded())
+                except (SandboxError, QuotaExceeded):  # no slot free: the next request restores it
+                    self.live.drop(env_id)
+                    entry = None
+            try:
+                with self.db.write() as db:
+                    db.execute(delete(models.Step).where(models.Step.env_id == env_id,
+                                                         models.Step.episode == row.episode, models.Step.step > step))
+                    db.query(models.Env).filter(models.Env.id == env_id).update(
+                        {models.Env.step: step, models.Env.last_used_at: utcnow()})
+                    if rewind:
+                        episodes = table(models.Episode)
+                        db.execute(episodes.update().where(episodes.c.env_id == env_id,
+                                                           episodes.c.episode == row.episode).values(**rewind))
+            except BaseException:
+                self.live.drop(env_id)
+                raise
+            if entry is not None:
+                entry.cache, entry.step, entry.last_used = cache, step, time.monotonic()
+                if rewind:
+                    entry.run.status = rewind["status"]
+                    entry.run.reward = rewind.get("reward")
+                    if "user_messages" in rewind:
+                        entry.run.user_messages = rewind["user_messages"]
+            self.collector.want()
+            with self.db.read() as db:
+                fresh = owned(db, models.Env, env_id, ctx.tenant, "env")
+        return self.views.public(fresh)
+
+    def fork(self, ctx: TenantContext, env_id: str, body: ForkRequest) -> EnvsPublic:
+        """``POST /v1/envs/{id}/fork``: ``body.count`` new envs whose episode 1 is this
+        env's current episode up to ``body.step`` (the head when None), with its
+        scenario, options and task; their stored states are shared (content-addressed)
+        and their sessions start on first use. The count cap (``max_fork_count``, 422)
+        comes before the tenant's ``max_live_envs`` reservation; audited (``env.fork``).
+        Raises NotFound, Conflict (past the head, or expired), InvalidRequest (count),
+        QuotaExceeded."""
+        count, step = body.count, body.step
+        if count > self.settings.max_fork_count:  # a bad request (422) before any quota question
+            raise InvalidRequest(f"count {count} is over the maximum {self.settings.max_fork_count}", field="count")
+        with self.quotas.reserve_envs(ctx, count), self.live.lock(env_id), self.db.write() as db:
+            row = self.sessions.usable(db, ctx.tenant, env_id)
+            point = row.step if step is None else step
+            if point > row.step:
+                raise Conflict(f"cannot fork at step {point}: the episode's head is step {row.step}")
+            history = db.scalars(select(models.Step).where(
+                models.Step.env_id == env_id, models.Step.episode == row.episode,
+                models.Step.step <= point).order_by(models.Step.step)).all()
+            record = db.get(models.Episode, (env_id, row.episode))
+            rewind = rewound(db, env_id, row.episode, point, record)
+            now = utcnow()
+            forks = [models.Env(id=new_id("env"), tenant=ctx.tenant, environment_id=row.environment_id,
+                                init_config=row.init_config, init_config_hash=row.init_config_hash,
+                                profile=row.profile, episode=1, step=point,
+                                closed=False, created_at=now, last_used_at=now,
+                                expires_at=now + timedelta(seconds=self.settings.env_max_lifetime_s),
+                                forked_from=env_id, forked_at_step=point, scenario_id=row.scenario_id,
+                                argument_checking=row.argument_checking)
+                     for _ in range(count)]
+            db.add_all(forks)
+            db.flush()
+            db.execute(table(models.Step).insert(), [
+                {"env_id": fork.id, "episode": 1, "step": s.step, "action": s.action, "observation": s.observation,
+                 "status": s.status, "duration_ms": s.duration_ms, "state_root": s.state_root, "created_at": s.created_at,
+                 "reward": s.reward, "done": s.done, "info": s.info}
+                for fork in forks for s in history])
+            if record is not None:
+                ended = rewind.get("status", "running") != "running"
+                db.execute(table(models.Episode).insert(), [
+                    {"env_id": fork.id, "episode": 1, "environment_id": record.environment_id,
+                     "scenario_id": record.scenario_id, "config": record.config, "user_key_enc": record.user_key_enc,
+                     "status": rewind.get("status", "running"), "observation": record.observation,
+                     "task": record.task, "reward": rewind.get("reward"),
+                     "checks": record.checks if ended else None,
+                     "user_messages": rewind.get("user_messages", record.user_messages),
+                     "started_at": record.started_at,
+                     "ended_at": record.ended_at if ended else None}
+                    for fork in forks])
+        self.tenants.audit(ctx.tenant, ctx.actor, "env.fork", env_id, {"forks": [r.id for r in forks]})
+        return EnvsPublic(data=[self.views.public(r, tools=False) for r in forks], count=len(forks))

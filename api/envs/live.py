@@ -1,0 +1,177 @@
+"""The live-session cache: which envs are in a sandbox now, their locks, eviction, and
+the janitor thread.
+
+A live env (:class:`LiveEnv`) holds a sandbox session plus its head
+:class:`~sandpit.api.db.store.StateCache`, its environment's compiled tools and its
+episode's bookkeeping, so a step on a live env reads nothing from the database. An env
+without one (new fork, evicted, after an API restart) is re-created from its head state
+on its next request (:meth:`.sessions.Sessions.live_entry`). Requests on one env are
+serialized by its lock (:meth:`LiveEnvs.lock`); different envs run concurrently.
+Eviction never waits: an env whose lock is held is busy and stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..db.store import StateCache
+from ..metrics import Metrics
+from ..sandboxes import SandboxSession
+from .actions import ToolSet
+from .rulebook import EpisodeRun
+
+log = logging.getLogger("sandpit.api")
+
+
+@dataclass(kw_only=True)
+class LiveEnv:
+    """An env placed in a sandbox: its session and head state, plus what a step needs
+    from the database rows (so a step on a live env reads nothing from the database)."""
+
+    session: SandboxSession
+    cache: StateCache
+    """The head state (the state of ``step``)."""
+    episode: int
+    step: int
+    toolset: ToolSet
+    """The environment's derived tools with their argument validators."""
+    tenant: str
+    environment_id: str
+    expires_at: datetime
+    last_used: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` of the last request (idle eviction, least recently used first)."""
+    run: EpisodeRun = field(default_factory=EpisodeRun)
+    argument_checking: str = "off"
+    """``off``, ``warn`` or ``strict`` (the env's own, else its environment's)."""
+
+
+class LiveEnvs:
+    """Env id -> :class:`LiveEnv`, and one lock per env id (see the module docstring)."""
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
+        self._live: dict[str, LiveEnv] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._registry = threading.Lock()
+
+    def __contains__(self, env_id: object) -> bool:
+        return env_id in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def get(self, env_id: str) -> LiveEnv | None:
+        """The env's live entry, if it has one (possibly with a closed session)."""
+        return self._live.get(env_id)
+
+    @contextmanager
+    def lock(self, env_id: str) -> Iterator[None]:
+        """Hold the env's lock (requests on one env run one at a time)."""
+        with self._lock_of(env_id):
+            yield
+
+    def _lock_of(self, env_id: str) -> threading.Lock:
+        with self._registry:
+            return self._locks.setdefault(env_id, threading.Lock())
+
+    def forget(self, env_id: str) -> None:
+        """Drop the lock of a deleted env."""
+        with self._registry:
+            self._locks.pop(env_id, None)
+
+    def put(self, env_id: str, entry: LiveEnv) -> None:
+        """Make ``entry`` the env's live entry."""
+        with self._registry:
+            self._live[env_id] = entry
+            self._count()
+
+    def drop(self, env_id: str) -> None:
+        """Close the env's session and forget it (its state stays in the database)."""
+        with self._registry:
+            entry = self._live.pop(env_id, None)
+            self._count()
+        if entry is not None:
+            entry.session.close()
+
+    def _count(self) -> None:
+        if self.metrics is not None:
+            self.metrics.live_envs.set(len(self._live))
+
+    def evict_lru(self, exclude: str) -> bool:
+        """Evict the least recently used env that is not busy; True if one was evicted."""
+        with self._registry:
+            candidates = sorted(((e.last_used, env_id) for env_id, e in self._live.items() if env_id != exclude))
+        for _, env_id in candidates:
+            lock = self._lock_of(env_id)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                self.drop(env_id)
+                return True
+            finally:
+                lock.release()
+        return False
+
+    def evict_idle(self, idle_s: float) -> int:
+        """Close the sessions of envs idle for ``idle_s`` seconds (not busy ones).
+        Returns how many were evicted."""
+        cutoff = time.monotonic() - idle_s
+        with self._registry:
+            idle = [env_id for env_id, e in self._live.items() if e.last_used <= cutoff]
+        evicted = 0
+        for env_id in idle:
+            lock = self._lock_of(env_id)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                entry = self._live.get(env_id)
+                if entry is not None and entry.last_used <= cutoff:
+                    self.drop(env_id)
+                    evicted += 1
+            finally:
+                lock.release()
+        return evicted
+
+    def close(self) -> None:
+        """Close every live session (their state stays in the database)."""
+        with self._registry:
+            live = list(self._live.values())
+            self._live.clear()
+            self._count()
+        for entry in live:
+            entry.session.close()
+
+
+class Janitor:
+    """A daemon thread that runs ``tasks`` every ``interval_s`` seconds (idle eviction,
+    expiry, storage collection); a task that raises is logged and the others go on."""
+
+    def __init__(self, interval_s: float, tasks: list[Callable[[], object]]) -> None:
+        self.interval_s = interval_s
+        self.tasks = tasks
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sandpit-janitor", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop (waits up to 10 s for a pass in progress)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                for task in self.tasks:
+                    task()
+            except Exception:  # noqa: BLE001 - the janitor must keep running; logged
+                log.exception("janitor pass failed")

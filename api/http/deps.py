@@ -1,0 +1,150 @@
+"""What routes depend on: typed dependency aliases (``EnvsDep``, ``CallerDep``,
+``PageDep``, ...) over the services the app's lifespan creates, :func:`json_router`, and
+the :data:`METERED` route marker.
+
+A route whose service counts the call against the tenant's quotas (and may answer 429)
+says so with ``responses=METERED``: the OpenAPI document then lists its 429
+(:mod:`.openapi` reads the marker). The quotas themselves are enforced by the service.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from ..envs.episodes import Episodes
+from ..envs.history import EnvHistory
+from ..envs.lifecycle import EnvLifecycle
+from ..envs.rewards import Rewards
+from ..evaluations.jobs import EvaluationJobs
+from ..services.cluster import ClusterService
+from ..services.environments import EnvironmentService
+from ..services.execution import ExecutionService
+from ..services.health import HealthService
+from ..services.quotas import QuotaService, TenantContext
+from ..services.scenarios import ScenarioService
+from ..services.tenants import TenantService
+from .access_log import note_tenant
+from .strict_json import StrictJSONRoute
+
+METERED: dict[int | str, dict[str, Any]] = {429: {"description": "A tenant quota was hit."}}
+"""The marker of a route whose service counts the call against the tenant's quotas
+(``@router.post(..., responses=METERED)``): the OpenAPI document lists the route's 429
+with :class:`~sandpit.api.errors.ErrorBody` and ``Retry-After`` (:mod:`.openapi`
+replaces this entry by the full response)."""
+
+
+def json_router(prefix: str = "", tags: list[str] | None = None) -> APIRouter:
+    """An ``APIRouter`` whose routes parse JSON bodies strictly (:mod:`.strict_json`)."""
+    return APIRouter(prefix=prefix, tags=cast(list[Any], tags or []), route_class=StrictJSONRoute)
+
+
+def _state(request: Request, name: str) -> Any:
+    return getattr(request.app.state, name)
+
+
+def get_environments(request: Request) -> EnvironmentService:
+    """The app's :class:`EnvironmentService` (created in the lifespan)."""
+    return cast(EnvironmentService, _state(request, "environments"))
+
+
+def get_envs(request: Request) -> EnvLifecycle:
+    """The app's :class:`EnvLifecycle` (create, read, list, delete envs)."""
+    return cast(EnvLifecycle, _state(request, "envs"))
+
+
+def get_episodes(request: Request) -> Episodes:
+    """The app's :class:`Episodes` (reset, restore, fork)."""
+    return cast(Episodes, _state(request, "episodes"))
+
+
+def get_rewards(request: Request) -> Rewards:
+    """The app's :class:`Rewards` (evaluate)."""
+    return cast(Rewards, _state(request, "rewards"))
+
+
+def get_history(request: Request) -> EnvHistory:
+    """The app's :class:`EnvHistory`."""
+    return cast(EnvHistory, _state(request, "history"))
+
+
+def get_scenarios(request: Request) -> ScenarioService:
+    """The app's :class:`ScenarioService`."""
+    return cast(ScenarioService, _state(request, "scenarios"))
+
+
+def get_execution(request: Request) -> ExecutionService:
+    """The app's :class:`ExecutionService`."""
+    return cast(ExecutionService, _state(request, "execution"))
+
+
+def get_jobs(request: Request) -> EvaluationJobs:
+    """The app's :class:`EvaluationJobs`."""
+    return cast(EvaluationJobs, _state(request, "evaluations"))
+
+
+def get_tenants(request: Request) -> TenantService:
+    """The app's :class:`TenantService`."""
+    return cast(TenantService, _state(request, "tenants"))
+
+
+def get_cluster(request: Request) -> ClusterService:
+    """The app's :class:`ClusterService`."""
+    return cast(ClusterService, _state(request, "cluster"))
+
+
+def get_quotas(request: Request) -> QuotaService:
+    """The app's :class:`QuotaService`."""
+    return cast(QuotaService, _state(request, "quotas"))
+
+
+def get_health(request: Request) -> HealthService:
+    """The app's :class:`HealthService`."""
+    return cast(HealthService, _state(request, "health"))
+
+
+def get_caller(request: Request) -> TenantContext:
+    """The tenant of the request's ``Authorization: Bearer <api key>`` (noted for the
+    access log). Raises Unauthorized (401: missing, unknown, revoked or expired key),
+    Forbidden (403: the operator key on a tenant route)."""
+    caller = get_tenants(request).authenticate(request.headers.get("authorization"))
+    note_tenant(request.scope, caller.tenant)
+    return caller
+
+
+def require_operator(request: Request) -> None:
+    """Admin routes: the operator key. Raises Unauthorized (401) or Forbidden (403)."""
+    get_tenants(request).require_operator(request.headers.get("authorization"))
+
+
+def authorization(request: Request) -> str | None:
+    """The request's ``Authorization`` header, as given (``/metrics`` checks it itself)."""
+    return request.headers.get("authorization")
+
+
+class Page:
+    """``limit`` (1..max_list_limit) and ``offset`` query parameters."""
+
+    def __init__(self, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                 offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> None:
+        self.limit = limit
+        self.offset = offset
+
+
+EnvironmentsDep = Annotated[EnvironmentService, Depends(get_environments)]
+EnvsDep = Annotated[EnvLifecycle, Depends(get_envs)]
+EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
+RewardsDep = Annotated[Rewards, Depends(get_rewards)]
+HistoryDep = Annotated[EnvHistory, Depends(get_history)]
+ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
+ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]
+JobsDep = Annotated[EvaluationJobs, Depends(get_jobs)]
+TenantsDep = Annotated[TenantService, Depends(get_tenants)]
+QuotasDep = Annotated[QuotaService, Depends(get_quotas)]
+ClusterDep = Annotated[ClusterService, Depends(get_cluster)]
+HealthDep = Annotated[HealthService, Depends(get_health)]
+CallerDep = Annotated[TenantContext, Depends(get_caller)]
+OperatorDep = Annotated[None, Depends(require_operator)]
+AuthorizationDep = Annotated[str | None, Depends(authorization)]
+PageDep = Annotated[Page, Depends(Page)]

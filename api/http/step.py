@@ -1,0 +1,325 @@
+"""The step door: every ``POST /v1/envs/{env_id}/step`` is answered by :class:`StepDoor`, one
+ASGI handler in front of FastAPI's stack.
+
+Why a door of its own: steps are nearly all of an RL trainer's traffic, and FastAPI's
+generic path (route matching over every route, each dependency on the thread pool, the
+request and response models, the error and exception middleware) costs several times
+the server CPU of the step itself. The door does, for this one operation, exactly what
+that path did, with one hop to a worker thread:
+
+1. The body: a ``Content-Length`` over ``max_body_bytes`` is 413 at once; the body must
+   arrive whole within ``body_read_timeout_s`` of the request's start, else 408 (a
+   response sent before the body was read whole carries ``Connection: close``); a
+   client gone while it sends is one log line (:mod:`.body_timeout`).
+2. The JSON rules (:func:`~.strict_json.parse_body`): 413 over ``max_body_bytes``, 422
+   for a body that is not strict JSON, too deep, or holds a lone surrogate.
+3. On a worker thread: the API key (401/403), then the request's shape: the body as
+   :class:`~sandpit.api.schemas.envs.StepRequest` (JSON when the content type is
+   ``application/json`` or ``application/*+json``, as FastAPI reads it) and ``include``
+   (at most :data:`INCLUDE_MAX_CHARS`; the last one given counts), a 422 naming the
+   first field as every route's (:func:`~sandpit.api.errors.invalid_request_body`);
+   then the step (:meth:`~sandpit.api.envs.steps.Steps.step`) and its JSON reply.
+
+Errors are rendered from the one table (:mod:`.handlers`, 429s counted); executor
+errors are translated as the app's handler does; anything else is logged and answered
+500 ``internal``. The access log names the request by the route's template.
+
+The router keeps the operation too (:class:`StepRoute`, built from :func:`step`'s
+signature): it is what the OpenAPI document describes and what answers other methods
+(405); a POST that reaches it is handed to the door as well, so there is one
+implementation whichever way a step comes in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.message
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+from urllib.parse import parse_qsl
+
+from fastapi import Query, Response
+from fastapi.responses import JSONResponse
+from pydantic import Field, TypeAdapter, ValidationError
+from starlette.requests import ClientDisconnect
+from starlette.routing import compile_path
+from starlette.types import Message, Receive, Scope, Send
+
+from ..envs.steps import INCLUDES, Steps
+from ..errors import ApiError, invalid_request_body
+from ..metrics import StepClock
+from ..schemas.common import list_pattern
+from ..schemas.envs import StepRequest, StepResult
+from ..services.tenants import TenantService
+from ..settings import ApiSettings
+from .access_log import note_route, note_tenant
+from .body_timeout import body_timed_out, log_disconnect, with_connection_close
+from .deps import METERED, CallerDep, json_router
+from .handlers import count_rejection, error_response, internal_error_response
+from .strict_json import StrictJSONRoute, declared_too_large, parse_body
+
+STEP_TEMPLATE = "/v1/envs/{env_id}/step"
+"""The operation's path template (what the access log names it by)."""
+STEP_PATH = compile_path(STEP_TEMPLATE)[0]
+"""The template as Starlette's router matches it (``{env_id}`` is one path segment)."""
+INCLUDE_MAX_CHARS = 64
+"""Longest ``include`` query value (characters)."""
+Include = Annotated[str | None, Query(max_length=INCLUDE_MAX_CHARS,
+                                      json_schema_extra={"pattern": list_pattern(INCLUDES)})]
+"""The ``include`` query parameter as the OpenAPI document states it."""
+_INCLUDE = TypeAdapter(Annotated[str, Field(max_length=INCLUDE_MAX_CHARS)])
+_BODY = TypeAdapter(StepRequest)
+_READ_HEADERS = (b"content-length", b"content-type", b"authorization")
+
+
+class _Invalid(Exception):
+    """The request's shape is invalid: pydantic's ``errors`` (``loc``, ``msg``), located
+    as FastAPI locates them (``("body", ...)``, ``("query", "include")``)."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+class StepDoor:
+    """The ASGI handler of ``POST /v1/envs/{env_id}/step`` (see the module docstring).
+
+    Args:
+        body_timeout_s: seconds from the request's start for its whole body
+            (``body_read_timeout_s``).
+        threads: worker threads that run steps (at most that many steps at once in this
+            process; more wait for a free thread; ``http_threads``).
+        translate: turns a foreign exception raised by a step into an :class:`ApiError`
+            (the app gives the executor errors' translation), or None to answer it 500.
+
+    It reads the services from the app in the scope (``app.state``: ``settings``,
+    ``tenants``, ``steps``, ``metrics``), as the routes' dependencies do.
+    """
+
+    def __init__(self, body_timeout_s: float, threads: int,
+                 translate: Callable[[Exception], ApiError | None] | None = None) -> None:
+        self.body_timeout_s = body_timeout_s
+        self.max_threads = threads
+        self.translate = translate
+        self._threads: ThreadPoolExecutor | None = None
+
+    def env_id(self, scope: Scope) -> str | None:
+        """The env id of an HTTP ``POST`` to the step path (matched as the router matches
+        it), else None."""
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        match = STEP_PATH.match(_route_path(scope))
+        return match.group("env_id") if match is not None else None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The step threads (made on first use, again after :meth:`close`). A pool of its
+        own through ``run_in_executor``: anyio's ``to_thread`` (backend look-up, capacity
+        limiter, cancel scope per call) costs about as much again as the hop itself."""
+        pool = self._threads
+        if pool is None:
+            pool = self._threads = ThreadPoolExecutor(max_workers=self.max_threads, thread_name_prefix="sandpit-step")
+        return pool
+
+    def close(self) -> None:
+        """Let the step threads end once the steps they run return (the app's lifespan
+        calls it at shutdown; a later request makes new ones)."""
+        pool, self._threads = self._threads, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, env_id: str) -> None:
+        """Answer the step request of ``scope`` for ``env_id`` (module docstring)."""
+        note_route(scope, STEP_TEMPLATE)
+        state = scope["app"].state
+        settings: ApiSettings = state.settings
+        headers = _first_headers(scope)
+        too_large = declared_too_large(_text(headers.get(b"content-length")), settings)
+        if too_large is not None:  # the body is not read: the connection closes after the answer
+            await self._error(too_large, scope, receive, _closing(send))
+            return
+        chunks: list[bytes] = []
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await _read(receive, chunks)
+        except TimeoutError:
+            await self._error(body_timed_out(scope, sum(map(len, chunks)), self.body_timeout_s), scope, receive,
+                              _closing(send))
+            return
+        except ClientDisconnect:
+            log_disconnect(scope, sum(map(len, chunks)))
+            return
+        started = time.thread_time()
+        try:
+            request, include, invalid = _shape(body, _text(headers.get(b"content-type")),
+                                               scope.get("query_string", b""), settings)
+        except ApiError as exc:
+            await self._error(exc, scope, receive, send)
+            return
+        except Exception as exc:  # a bug, not the request's fault: the catch-all's 500
+            await internal_error_response(exc)(scope, receive, send)
+            return
+        parse_cpu = time.thread_time() - started
+        authorization = _text(headers.get(b"authorization"))
+        tenants: TenantService = state.tenants
+        steps: Steps = state.steps
+
+        def work() -> bytes:
+            clock = StepClock()
+            clock.cpu["parse"] = parse_cpu
+            caller = tenants.authenticate(authorization)
+            note_tenant(scope, caller.tenant)
+            if invalid:
+                raise _Invalid(invalid)
+            clock.lap("auth")
+            assert request is not None
+            data = steps.step(caller, env_id, request, include, clock).json()
+            clock.lap("serialize")
+            clock.flush(steps.metrics)
+            return data
+
+        try:
+            data = await asyncio.get_running_loop().run_in_executor(self._pool(), work)
+        except ApiError as exc:
+            await self._error(exc, scope, receive, send)
+            return
+        except _Invalid as exc:
+            await JSONResponse(invalid_request_body(exc.errors), status_code=422)(scope, receive, send)
+            return
+        except Exception as exc:
+            translated = self.translate(exc) if self.translate is not None else None
+            if translated is None:
+                await internal_error_response(exc)(scope, receive, send)
+                return
+            await self._error(translated, scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(data)).encode("ascii")),
+                                (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": data})
+
+    @staticmethod
+    async def _error(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+        """The response of ``exc`` (the table's; a 429 counted on the app's metrics)."""
+        count_rejection(exc, getattr(scope["app"].state, "metrics", None))
+        await error_response(exc)(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The request's path without the app's ``root_path``, as Starlette's router reads it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if not root or not path.startswith(root):
+        return path
+    if path == root:
+        return ""
+    return path[len(root):] if path[len(root)] == "/" else path
+
+
+def _first_headers(scope: Scope) -> dict[bytes, bytes]:
+    """The first value of each header the door reads (as ``request.headers.get`` gives it)."""
+    found: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        if name in _READ_HEADERS and name not in found:
+            found[name] = value
+    return found
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of ``content_type`` as JSON: ``application/json`` or
+    ``application/*+json`` (parameters and case aside); no content type is not JSON."""
+    if content_type == "application/json":
+        return True
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+def _shape(body: bytes, content_type: str | None, query: bytes,
+           settings: ApiSettings) -> tuple[StepRequest | None, str | None, list[dict[str, Any]]]:
+    """``(request, include, errors)`` of a step request: a non-empty body is parsed by the
+    JSON rules whatever its content type (raises PayloadTooLarge, InvalidRequest), then
+    read as FastAPI reads it and validated; ``errors`` (query first, then body) are what
+    FastAPI would report, empty when both are valid."""
+    errors: list[dict[str, Any]] = []
+    include: str | None = None
+    if query:
+        values = [v for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True) if k == "include"]
+        if values:
+            try:
+                include = _INCLUDE.validate_python(values[-1])
+            except ValidationError as exc:
+                errors += [{**e, "loc": ("query", "include", *e["loc"])} for e in exc.errors(include_url=False)]
+    request = None
+    if not body:
+        errors.append({"type": "missing", "loc": ("body",), "msg": "Field required"})
+    else:
+        parsed = parse_body(body, settings)
+        try:
+            request = _BODY.validate_python(parsed if _is_json(content_type) else body, from_attributes=True)
+        except ValidationError as exc:
+            errors += [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+    return request, include, errors
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``Connection: close`` on the response (the body was not read whole)."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = with_connection_close(message)
+        await send(message)
+
+    return closing_send
+
+
+async def _read(receive: Receive, chunks: list[bytes]) -> bytes:
+    """The whole request body, gathered in ``chunks`` (what arrived so far, when the
+    caller's timeout cancels it). Raises ClientDisconnect (logged by the caller)."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class StepRoute(StrictJSONRoute):
+    """The step operation in the router: FastAPI documents it from :func:`step`'s
+    signature; a ``POST`` the router gives it is answered by the step door
+    (``app.state.step_door``), any other method by the router's 405."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await super().handle(scope, receive, send)
+            return
+        door: StepDoor = scope["app"].state.step_door
+        await door(scope, receive, send, scope["path_params"]["env_id"])
+
+
+router = json_router(prefix="/v1/envs", tags=["envs"])
+
+
+def step(env_id: str, body: StepRequest, caller: CallerDep, include: Include = None) -> Response:
+    """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
+    EnvScaler ``step()``. Returns the observation, ``reward``, ``terminated`` and
+    ``truncated``; committed before the reply. A malformed action is a recorded
+    ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
+    tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
+    wait) or ``max_arguments_bytes`` (nothing is recorded)."""
+    raise AssertionError("answered by the step door (StepRoute's app), never called")  # pragma: no cover
+
+
+router.add_api_route("/{env_id}/step", step, methods=["POST"], response_model=StepResult, response_class=Response,
+                     responses=METERED, route_class_override=StepRoute)

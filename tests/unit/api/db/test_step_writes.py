@@ -1,0 +1,154 @@
+"""A step's write (``step_writes.write_steps``) on a real database: on SQLite it goes straight to
+the driver, and what it stores must be exactly what SQLAlchemy Core stored (column by
+column, as the database holds it: JSON texts, datetime strings, NULLs); a bad row in a
+group-commit batch fails alone, as a 503, and takes nothing else down."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from sandpit.api.db import models
+from sandpit.api.db.database import Database
+from sandpit.api.db.group_commit import GroupCommit
+from sandpit.api.db.step_writes import StepWrite, write_steps, write_steps_core
+from sandpit.api.db.store import PendingBlobs
+from sandpit.api.errors import ServiceUnavailable
+from sqlalchemy import select, text
+
+NOW = datetime(2026, 11, 25, 23, 30, 1, 123456, tzinfo=UTC)
+
+
+def make_env(database: Database, env_id: str) -> None:
+    """A tenant, an environment and the env ``env_id`` (foreign keys are on)."""
+    rows: list[tuple[Any, dict[str, Any]]] = [
+        (models.Tenant.__table__, {"id": "team-a", "quotas": {}, "created_at": NOW}),
+        (models.Environment.__table__, {"id": "environment-1", "tenant": "team-a", "class_name": "Counter",
+                                        "source_code": "class Counter: pass", "code_sha256": "0" * 64, "tools": [],
+                                        "inline": False, "created_at": NOW}),
+    ]
+    with database.write_connection() as conn:
+        for table, row in rows:
+            if conn.execute(select(table.c.id).where(table.c.id == row["id"])).first() is None:
+                conn.execute(table.insert(), [row])
+        conn.execute(models.Env.__table__.insert(), [{
+            "id": env_id, "tenant": "team-a", "environment_id": "environment-1", "init_config": {}, "episode": 1,
+            "step": 0, "closed": False, "created_at": NOW, "last_used_at": NOW, "expires_at": NOW}])
+
+
+def step(env_id: str, number: int, **row: Any) -> StepWrite:
+    pending = PendingBlobs()
+    root = pending.add(orjson.dumps({"count": number, "env": env_id}))
+    pending.add(b'{"shared": true}')  # the same blob in every step of a batch: stored once
+    values = {"env_id": env_id, "episode": 1, "step": number, "action": {"name": "bump", "arguments": {}},
+              "observation": "ok", "status": "ok", "duration_ms": 0.25, "state_root": root, "created_at": NOW,
+              "reward": 0.0, "done": None, "info": None}
+    values.update(row)
+    return StepWrite(env_id, 1, values, pending, NOW)
+
+
+def stored(database: Database) -> list[list[tuple[Any, ...]]]:
+    """Everything the writes touched, as the database holds it (types included)."""
+    with database.read() as session:
+        def rows(sql: str) -> list[tuple[Any, ...]]:
+            return [tuple(row) for row in session.execute(text(sql))]
+
+        return [rows("SELECT env_id, episode, step, CAST(action AS TEXT), observation, status, duration_ms, "
+                     "state_root, CAST(created_at AS TEXT), reward, done, CAST(info AS TEXT) FROM steps "
+                     "ORDER BY env_id, step"),
+                rows("SELECT hash, data, size FROM blobs ORDER BY hash"),
+                rows("SELECT id, step, CAST(last_used_at AS TEXT) FROM envs ORDER BY id")]
+
+
+def both_ways(database: Database, other: Database, envs: list[str],
+              writes: list[StepWrite]) -> tuple[list[list[tuple[Any, ...]]], list[list[tuple[Any, ...]]]]:
+    """``writes`` stored by ``write_steps`` in ``database`` and by ``write_steps_core`` in
+    ``other`` (both given the ``envs`` first): what each then holds (:func:`stored`)."""
+    for db in (database, other):
+        for env_id in envs:
+            make_env(db, env_id)
+    with database.write_connection() as conn:
+        write_steps(conn, writes)
+    blobs = PendingBlobs()
+    for write in writes:
+        blobs.blobs.update(write.pending.blobs)
+    with other.write_connection() as conn:
+        write_steps_core(conn, blobs, writes)
+    return stored(database), stored(other)
+
+
+# hostile and corner values: non-ASCII, a line separator and escapes, floats that look
+# like ints, -0.0, a NULL reward, a JSON null action, nested info, quotes
+BATCH = [
+    dict(action={"name": "set", "arguments": {"v": [1, 1.0, True, None, "é\u2028", {"k": -0.0}]}}),
+    dict(action=None, reward=None, done="terminated", info={"user_turns": 2, "nested": {"a": [1]}}),
+    dict(observation='{"quote": "\\"", "tab": "\t"}', status="error", duration_ms=1e-9),
+]
+
+
+def test_the_driver_path_stores_exactly_what_core_stored(database: Database, second_database: Database) -> None:
+    """Same batch, two databases: ``write_steps`` (the driver path on SQLite) and
+    ``write_steps_core``; every stored column is equal, byte for byte."""
+    writes = [step("env-1", number, **row) for number, row in enumerate(BATCH, 1)]
+    mine, core = both_ways(database, second_database, ["env-1"], writes)
+    assert mine == core
+    assert len(mine[0]) == 3 and mine[2] == [("env-1", 3, mine[2][0][2])]
+    assert len(mine[1]) == 4  # three roots and one shared blob, stored once
+
+
+@pytest.mark.parametrize("count", [1, 7, 300])
+def test_batches_of_any_size_store_what_core_stored(database: Database, second_database: Database,
+                                                    count: int) -> None:
+    """Batches of any size, several steps of one env among them, store the same rows as
+    Core, and each env's head is its last step."""
+    envs = [f"env-{i}" for i in range(min(count, 5))]
+    writes = [step(envs[i % len(envs)], i // len(envs) + 1, observation=f"obs {i} \u00e9") for i in range(count)]
+    mine, core = both_ways(database, second_database, envs, writes)
+    assert mine == core
+    assert len(mine[0]) == count and len(mine[1]) == count + 1
+    assert [(env_id, head) for env_id, head, _ in mine[2]] == [
+        (env_id, max(w.row["step"] for w in writes if w.env_id == env_id)) for env_id in envs]
+
+
+def test_a_bad_step_fails_alone_in_its_batch(database: Database) -> None:
+    """Concurrent steps share a transaction; one whose row cannot be stored (its step
+    number is taken) gets a 503 (the driver's IntegrityError, translated) and the
+    others of its batch are committed."""
+    for env_id in ("env-1", "env-2", "env-3"):
+        make_env(database, env_id)
+    with database.write_connection() as conn:
+        write_steps(conn, [step("env-2", 1)])
+    commits: GroupCommit[StepWrite] = GroupCommit(database, write_steps)
+    results: dict[str, BaseException | None] = {}
+    start = threading.Barrier(3)
+
+    def submit(write: StepWrite, name: str) -> None:
+        start.wait()
+        try:
+            commits.submit(write)
+            results[name] = None
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            results[name] = exc
+
+    threads = [threading.Thread(target=submit, args=(step(env_id, number), env_id))
+               for env_id, number in (("env-1", 1), ("env-2", 1), ("env-3", 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert results["env-1"] is None and results["env-3"] is None
+    assert isinstance(results["env-2"], ServiceUnavailable)
+    steps, _, heads = stored(database)
+    assert [(row[0], row[2]) for row in steps] == [("env-1", 1), ("env-2", 1), ("env-3", 1)]
+    assert [(row[0], row[1]) for row in heads] == [("env-1", 1), ("env-2", 1), ("env-3", 1)]
+
+
+def test_a_step_of_an_unknown_env_is_refused(database: Database) -> None:
+    """The foreign key holds on the driver path too: a step of an env that does not
+    exist is refused (503) and nothing of it is stored."""
+    with pytest.raises(ServiceUnavailable), database.write_connection() as conn:
+        write_steps(conn, [step("env-missing", 1)])
+    assert stored(database) == [[], [], []]

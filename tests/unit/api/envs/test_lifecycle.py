@@ -1,0 +1,71 @@
+"""Creating, reading, deleting envs (:mod:`sandpit.api.envs.lifecycle`) on the fake executor: step 0
+and the tools, deletion and storage collection, tenant isolation, quotas before anything
+runs, instantiation failures."""
+
+from __future__ import annotations
+
+import pytest
+from api_fakes import caller
+from env_calls import ME, create, state, step
+from sandpit.api.app import Services
+from sandpit.api.db import models
+from sandpit.api.errors import InvalidRequest, NotFound, QuotaExceeded
+from sandpit.api.schemas.envs import (
+    EnvCreate,
+    StepRequest,
+)
+from sandpit.executor.fake import FakeExecutor
+from sqlalchemy import func, select
+
+
+def test_an_env_starts_at_step_zero_with_the_environment_tools(services: Services, environment_id: str) -> None:
+    env = services.envs.create(ME, EnvCreate(environment_id=environment_id, init_config={"count": 5})).public
+    assert (env.episode, env.step, env.status, env.episode_status) == (1, 0, "live", "running")
+    assert {t["function"]["name"] for t in env.tools} == {"bump", "set_record", "fail"}
+    assert state(services, env.id) == {"count": 5, "records": {}, "log": []}
+    assert services.envs.read(ME, env.id).id == env.id
+    assert services.envs.page(ME, 10, 0).count == 1
+
+
+def test_delete_frees_the_session_and_collection_frees_the_storage(services: Services, fake: FakeExecutor,
+                                                                     environment_id: str) -> None:
+    env_id = create(services, environment_id)
+    step(services, env_id, "set_record", key="k", value="v" * 5000)
+    services.envs.delete(ME, env_id)
+    assert all(s.closed for s in fake.sessions.values() if s.tenant == "team-a")
+    assert services.collector.collect_if_wanted() > 0
+    with services.db.read() as db:
+        assert (db.scalar(select(func.count()).select_from(models.Blob)) or 0) == 0
+    with pytest.raises(NotFound):
+        services.envs.read(ME, env_id)
+
+
+def test_other_tenants_ids_are_not_found(services: Services, environment_id: str) -> None:
+    env_id = create(services, environment_id)
+    other = caller("team-b")
+    for attempt in (lambda: services.envs.read(other, env_id),
+                    lambda: services.steps.step(other, env_id, StepRequest(name="bump"), None).public(),
+                    lambda: services.history.state(other, env_id, None, None),
+                    lambda: services.envs.delete(other, env_id),
+                    lambda: services.environments.read(other, environment_id),
+                    lambda: services.envs.create(other, EnvCreate(environment_id=environment_id)).public):
+        with pytest.raises(NotFound) as raised:
+            attempt()
+        assert "team-a" not in raised.value.message
+    assert services.envs.page(other, 10, 0).count == 0
+
+
+def test_quotas_are_applied_before_anything_runs(services: Services, fake: FakeExecutor,
+                                                 environment_id: str) -> None:
+    tight = caller(max_live_envs=1, max_concurrent_calls=1)
+    services.envs.create(tight, EnvCreate(environment_id=environment_id))
+    opened = len(fake.sessions)
+    with pytest.raises(QuotaExceeded) as raised:
+        services.envs.create(tight, EnvCreate(environment_id=environment_id))
+    assert raised.value.limit == "max_live_envs" and len(fake.sessions) == opened
+
+
+def test_instantiation_failures_name_init_config(services: Services, environment_id: str) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        create(services, environment_id, init_config={"explode": True})
+    assert raised.value.field == "init_config" and "init refused" in raised.value.message
