@@ -46,7 +46,6 @@ from sandpit.executor.errors import (
 )
 from sandpit.executor.interface import Executor, ExecutorSession
 from sandpit.executor.jobs import encode_json_state
-from sandpit.executor.policy import PolicyReport, check_source
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import (
     CallResult,
@@ -75,9 +74,9 @@ CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
 
 __all__ = [
     "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed", "ExecResult",
-    "PolicyReport", "ProfileOverrides", "ResourceProfile",
+    "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "SharedConfig", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
+    "SessionClosedError", "SharedConfig", "Snapshot", "encode_json_state", "is_truncated", "render_entry",
     "translate",
 ]
 

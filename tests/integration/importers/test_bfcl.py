@@ -59,8 +59,8 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
 
 
 def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(server, suite: bfcl.BfclSuite) -> None:
-    from sandpit.executor.policy import check_source
     from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
+    from sandpit.policy import check_source
 
     with Client(server.url, api_key=server.api_key, timeout=120) as client:
         ids = register_environments(client, suite)
@@ -89,8 +89,8 @@ def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(se
 def test_check_policy_judges_bfcl_modules_through_the_api(server, suite: bfcl.BfclSuite) -> None:
     from collections import Counter
 
-    from sandpit.executor.policy import check_source
     from sandpit.importers.bfcl.replay import check_policy
+    from sandpit.policy import check_source
 
     expected: Counter[str] = Counter()
     seen: set[str] = set()

@@ -1,4 +1,4 @@
-"""Static policy (``sandpit.executor.policy``): every rule, the three policies, the
+"""Static policy (``sandpit.policy``): every rule, the three policies, the
 RestrictedPython calibration, hostile sources and BFCL's tool modules. Sources here are only
 parsed by the policy (``ast`` + RestrictedPython's compile), never executed."""
 
@@ -10,7 +10,8 @@ import textwrap
 from collections import Counter
 
 import pytest
-from sandpit.executor.policy import (
+from sandpit.importers import bfcl
+from sandpit.policy import (
     DEFAULT_ALLOWED_IMPORTS,
     MAX_FINDINGS,
     MAX_SOURCE_BYTES,
@@ -22,7 +23,6 @@ from sandpit.executor.policy import (
     check_source,
     get_policy,
 )
-from sandpit.importers import bfcl
 from sandpit.sandbox_images import DEFINITION_DIR
 
 
