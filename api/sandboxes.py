@@ -56,10 +56,10 @@ from sandpit.executor.results import (
     is_truncated,
     render_entry,
 )
-from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
 from sandpit.sandbox_images.runner import limits as _runner_limits
 
 from .errors import ApiError, InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
+from .scheduler import FairScheduler, SchedulerBusy
 
 log = logging.getLogger("sandpit.api")
 

@@ -20,10 +20,10 @@ from sandpit.api.sandboxes import (
     SandboxUnavailable,
     SessionClosedError,
 )
+from sandpit.api.scheduler import FairScheduler
 from sandpit.api.settings import ApiSettings
 from sandpit.executor.errors import CapacityError, DockerUnavailable, ProfileError, SandboxLost
 from sandpit.executor.fake import FakeExecutor
-from sandpit.executor.scheduler import FairScheduler
 
 
 class RecordingScheduler(FairScheduler):

@@ -12,6 +12,11 @@ everyone by a whole timeout. The per-tenant limit keeps slots free for other ten
 long as ``slots`` exceeds any one tenant's limit, a quiet tenant's call starts at once
 however many calls a noisy tenant has queued. It also bounds the CPU a tenant can take
 (limit x the profile's CPU quota).
+
+The API's adapter over the executor (:class:`~sandpit.api.sandboxes.Sandboxes`) is its one
+user. :class:`SchedulerBusy` never leaves it: ``Sandboxes.slot`` turns it into
+:class:`~sandpit.api.errors.QuotaExceeded` (429, ``max_running_calls``). It is the API's
+own failure, not the executor's, so it is no part of the executor's error tree.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
+from sandpit.api.scheduler import FairScheduler, SchedulerBusy
 
 
 def _hold(scheduler: FairScheduler, tenant: str, limit: int, release: threading.Event, order: list[str],
