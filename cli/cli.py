@@ -90,7 +90,7 @@ def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owne
 @app.command("demo")
 def demo(sessions: int = typer.Option(2, min=1, max=32, help="Concurrent episodes to run.")) -> None:
     """Run the bundled demo environment through real sandboxes and print what happens."""
-    from sandpit.executor.demo import run_demo
+    from .demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
     try:

@@ -16,11 +16,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.session import Session
+from sandpit.executor.settings import get_settings
 from sandpit.sandbox_images import DEFINITION_DIR
-
-from .pool import SandboxPool
-from .session import Session
-from .settings import get_settings
 
 INIT_CONFIG: dict[str, Any] = {
     "products": {
