@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.interface import Executor
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import resolve_profile
 from sandpit.executor.settings import ExecutorSettings, get_settings
 from starlette.types import Receive, Scope, Send

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sandpit.executor.configs import SharedConfig
 from sandpit.executor.errors import (
     CapacityError,
     DockerUnavailable,
@@ -45,7 +44,8 @@ from sandpit.executor.errors import (
     SessionOpenError,
 )
 from sandpit.executor.interface import Executor, ExecutorSession
-from sandpit.executor.jobs import encode_json_state
+from sandpit.executor.pool.configs import SharedConfig
+from sandpit.executor.pool.jobs import encode_json_state
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import (
     CallResult,

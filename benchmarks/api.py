@@ -57,7 +57,7 @@ from pathlib import Path
 
 import httpx
 from sandpit.api.db.engine import upgrade
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
 SOURCE = '''

@@ -49,8 +49,8 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from sandpit.executor import engine
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.docker import engine
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -25,9 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from sandpit.executor import engine
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.sandbox import Sandbox
+from sandpit.executor.docker import engine
+from sandpit.executor.docker.sandbox import Sandbox
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 
 TRIVIAL = '''

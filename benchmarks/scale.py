@@ -36,7 +36,7 @@ from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
 
-from sandpit.executor.pool import SandboxPool  # noqa: E402
+from sandpit.executor.pool.pool import SandboxPool  # noqa: E402
 from sandpit.executor.settings import ExecutorSettings  # noqa: E402
 
 TRIVIAL = '''

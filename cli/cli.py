@@ -27,9 +27,9 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor import engine, owners
+from sandpit.executor.docker import engine, owners
+from sandpit.executor.docker.images import build_image, sandbox_tag
 from sandpit.executor.errors import ExecutorError
-from sandpit.executor.images import build_image, sandbox_tag
 from sandpit.executor.settings import get_image_settings, get_settings
 
 app = typer.Typer(help="Sandpit: sandboxed execution of LLM-synthesized tool environments.",

@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.session import Session
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.settings import get_settings
 from sandpit.sandbox_images import DEFINITION_DIR
 

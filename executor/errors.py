@@ -18,7 +18,7 @@ exception. Everything below is a failure to provide the sandbox at all::
 
 Each carries the data a caller needs (``retry_after_s``, ``status``, ``sandbox_id``...).
 The Docker SDK's own exceptions never cross this package's boundary: they are translated
-in :func:`sandpit.executor.engine.map_docker_errors`.
+in :func:`sandpit.executor.docker.engine.map_docker_errors`.
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ from typing import Any
 
 from sandpit.sandbox_images.runner import child_oneshot, child_schemas, child_session, limits, protocol
 
-from . import jobs
 from .errors import ExecutorError, SessionClosed, SessionError, SessionOpenError, ToolSchemaError
+from .pool import jobs
+from .pool.session import check_open_arguments, lost_message
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from .results import (
     ENVSCALER_INVALID_ACTION,
@@ -88,7 +89,6 @@ from .results import (
     check_tool_schemas,
     render_state,
 )
-from .session import check_open_arguments, lost_message
 from .settings import ExecutorSettings
 
 Tool = Callable[..., object]

@@ -26,7 +26,7 @@ go over a *host link* instead, while Ray keeps placement, lifecycle and everythi
   replies ``{"id", "status": "ok", "answer"}`` where ``answer`` is exactly what the same
   actor method returns through Ray (``{"ok": ...}`` or ``{"error": ...}``). Requests run
   concurrently on the server's thread pool; replies are matched by ``id``
-  (:class:`~sandpit.executor.channel.RunnerChannel`).
+  (:class:`~sandpit.executor.pool.channel.RunnerChannel`).
 * **Failure.** A link that breaks (peer gone, malformed frame, no reply within the
   timeout) fails its requests with :class:`SandboxLost`; the replica then asks Ray whether
   the host actor is still alive and treats the host as lost only if it is not (the
@@ -55,8 +55,8 @@ from sandpit.sandbox_images.runner.limits import (
     MAX_FRAME_DEPTH,
 )
 
-from .channel import RunnerChannel
 from .errors import SandboxLost
+from .pool.channel import RunnerChannel
 
 log = logging.getLogger("sandpit.executor")
 

@@ -26,7 +26,7 @@ from .results import CallResult, CallRules, CheckResult, EncodedValue, ExecResul
 
 @runtime_checkable
 class ExecutorSession(Protocol):
-    """One environment instance (EnvScaler semantics; see ``executor/session.py``)."""
+    """One environment instance (EnvScaler semantics; see ``executor/pool/session.py``)."""
 
     @property
     def id(self) -> str:

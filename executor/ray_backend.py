@@ -173,7 +173,7 @@ def _guard(fn: Callable[[], Any]) -> dict[str, Any]:
 # -- the host actor ---------------------------------------------------------------------------
 @dataclass
 class _Hosted:
-    session: Any  # sandpit.executor.session.Session
+    session: Any  # sandpit.executor.pool.session.Session
     tenant: str
     version: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -185,7 +185,7 @@ class SandboxHost:
     ``{"error": data}``; values are JSON-shaped."""
 
     def __init__(self, name: str, settings: dict[str, Any], image_settings: dict[str, Any]) -> None:
-        from .pool import SandboxPool
+        from .pool.pool import SandboxPool
 
         self.name = name
         self.pool = SandboxPool(ExecutorSettings.model_validate(settings), ImageSettings.model_validate(image_settings))
@@ -406,7 +406,7 @@ class SandboxHost:
         ``{"ok": {"restarted": bool}}``; raises nothing but the pool's start errors
         (DockerUnavailable, ImageError, as data)."""
         def run() -> dict[str, bool]:
-            from .pool import SandboxPool
+            from .pool.pool import SandboxPool
 
             with self._lock:
                 restart, self.pool_closed = self.pool_closed, False  # one caller restarts it

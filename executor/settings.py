@@ -131,7 +131,7 @@ class ExecutorSettings(BaseSettings):
     snapshot) at their next request, and it is destroyed when the last one has left."""
     reap_on_start: bool = True
     """When a pool starts, remove every ``sandpit=1`` container left by earlier runs: those
-    whose owner is proven dead (``executor/owners.py``) and those without a Sandpit owner
+    whose owner is proven dead (``executor/docker/owners.py``) and those without a Sandpit owner
     label. Sandboxes of live owners (and of owners this pool cannot judge) stay."""
     reap_interval_s: Annotated[float, Field(ge=0, le=86400)] = 30.0
     """Seconds between two sweeps of the engine by a started pool (0: none): each removes
@@ -145,7 +145,7 @@ class ExecutorSettings(BaseSettings):
     every quarter of this) counts as expired, and its owner as dead, this many seconds
     after its last renewal: also while its process exists but is stopped or hung."""
     owner_lease_dir: Path | None = None
-    """Directory of the owner leases (``executor/owners.py``). Pools that should reap each
+    """Directory of the owner leases (``executor/docker/owners.py``). Pools that should reap each
     other's leftovers across pid namespaces (API servers in separate containers on one
     engine) must share it: mount the same host directory. ``None``: ``<run_dir>.leases``."""
     default_profile: str = "default"

@@ -31,14 +31,14 @@ import httpx
 import pytest
 import requests.exceptions
 from api_server import COUNTER_SOURCE, ApiServer
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
+from sandpit.executor.docker.images import resolve_image
+from sandpit.executor.docker.sandbox import Sandbox
 from sandpit.executor.errors import ImageError
-from sandpit.executor.images import resolve_image
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult
-from sandpit.executor.sandbox import Sandbox
-from sandpit.executor.session import Session
 from sandpit.executor.settings import ExecutorSettings, get_image_settings
 
 TENANT = "tests"

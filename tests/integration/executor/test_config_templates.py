@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sandpit.executor.configs import wire_config
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.sandbox import Sandbox
-from sandpit.executor.session import Session
+from sandpit.executor.docker.sandbox import Sandbox
+from sandpit.executor.pool.configs import wire_config
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 
 from ..conftest import FAST, TENANT, template_state
 

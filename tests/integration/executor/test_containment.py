@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 from sandpit.executor.errors import SessionOpenError
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

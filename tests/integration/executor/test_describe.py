@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from sandpit.executor.errors import SessionError, SessionOpenError, ToolSchemaError
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.settings import get_image_settings
 from sandpit.sandbox_images import DEFINITION_DIR

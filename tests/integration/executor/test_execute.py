@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 from sandpit.executor.results import ExecResult
 from sandpit.sandbox_images.runner import limits

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 
 pytestmark = [pytest.mark.docker, pytest.mark.gvisor, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sandpit.executor.errors import SessionOpenError
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import MiB, ProfileOverrides
 from sandpit.executor.settings import ExecutorSettings
 

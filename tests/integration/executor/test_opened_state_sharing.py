@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from sandpit.api.db.store import PendingBlobs, apply_delta, encode_state
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.results import Snapshot
-from sandpit.executor.session import Session
 
 from ..conftest import FAST, TENANT
 

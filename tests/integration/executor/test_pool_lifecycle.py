@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 import docker
 import pytest
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 from sandpit.executor.errors import CapacityError
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 from sandpit.executor.settings import ExecutorSettings
 

@@ -21,15 +21,15 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-from sandpit.executor import engine, owners
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.docker import engine, owners
+from sandpit.executor.pool.pool import SandboxPool
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 LEAKER = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
-    from sandpit.executor.pool import SandboxPool
+    from sandpit.executor.pool.pool import SandboxPool
     from sandpit.executor.settings import ExecutorSettings
 
     pool = SandboxPool(ExecutorSettings(pool_size=0, run_dir=Path(sys.argv[1]), reap_on_start=False)).start()
@@ -139,7 +139,7 @@ ENV_SOURCE = "class E:\n    def __init__(self):\n        self.n = 0\n\n    def b
 
 OWNER = textwrap.dedent('''
     import json, sys
-    from sandpit.executor.pool import SandboxPool
+    from sandpit.executor.pool.pool import SandboxPool
     from sandpit.executor.settings import ExecutorSettings
 
     pool = SandboxPool(ExecutorSettings(**json.loads(sys.argv[1]))).start()
@@ -228,7 +228,7 @@ def _gone_within(client, container_ids: list[str], timeout_s: float, serving: li
 def _reaped_ids(caplog) -> set[str]:
     """Short ids of the containers reaped by this process's pools (their log lines)."""
     return {record.args[0] for record in caplog.records  # type: ignore[index]
-            if record.name == "sandpit.executor.engine" and record.msg.startswith("reaped sandbox container")}
+            if record.name == "sandpit.executor.docker.engine" and record.msg.startswith("reaped sandbox container")}
 
 
 def _sweeps(pool: SandboxPool, count: int, timeout_s: float = 30) -> None:
@@ -293,7 +293,7 @@ def test_an_owner_in_another_pid_namespace_lives_by_its_lease(docker_client, swe
     lease directory. Its pids mean nothing here; only its lease says whether it lives."""
     if not _unshare_available():
         pytest.skip("needs unshare --pid --mount-proc --uts (root)")
-    caplog.set_level(logging.INFO, logger="sandpit.executor.engine")
+    caplog.set_level(logging.INFO, logger="sandpit.executor.docker.engine")
     pool, leases = sweeper
     mine = pool.open_session(tenant="owners", source=ENV_SOURCE, class_name="E")
     foreign = Owner(_owner_settings(run_root, "foreign", leases, reap_interval_s=0), 2, tmp_path / "foreign.log",
@@ -370,7 +370,7 @@ def test_sweeps_leave_hostile_and_foreign_labels_alone(docker_client, sandbox_im
     """Only proven-dead owners are swept: containers without an owner label, with labels
     Sandpit never writes, of other hosts or other pid namespaces without a lease stay
     (the start-up reap and ``sandpit sandboxes --reap`` remove the unowned ones)."""
-    caplog.set_level(logging.INFO, logger="sandpit.executor.engine")
+    caplog.set_level(logging.INFO, logger="sandpit.executor.docker.engine")
     pool, leases = sweeper
     host = socket.gethostname()
     dead = _dead_owner()

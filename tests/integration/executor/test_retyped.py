@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.session import Session
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 
 from ..conftest import FAST, TENANT, template_state
 

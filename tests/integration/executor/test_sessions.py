@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 
 pytestmark = pytest.mark.docker
 

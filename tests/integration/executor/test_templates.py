@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from sandpit.executor.errors import CapacityError, SessionOpenError
-from sandpit.executor.jobs import encode_json_state
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.session import Session
+from sandpit.executor.pool.jobs import encode_json_state
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 
 from ..conftest import FAST, TENANT, template_state
 

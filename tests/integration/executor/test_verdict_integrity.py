@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 import pytest
 from hostile_environments import ATTACKS, HONEST, HOSTILE
-from sandpit.executor.jobs import encode_json_state
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.jobs import encode_json_state
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 
 pytestmark = pytest.mark.docker

@@ -10,7 +10,7 @@ import os
 
 import pytest
 from sandpit.client import Client, InvalidRequest, SandpitError
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.settings import ExecutorSettings
 from sandpit.importers import bfcl
 from sandpit.importers.bfcl.replay import register_environments, replay_episode

@@ -46,7 +46,7 @@ import pytest
 from api_server import COUNTER_SOURCE, ApiServer
 from sandpit.api.evaluations.claims import LEASE_S
 from sandpit.client import Client, Conflict, NotFound, SandpitError, Unauthorized
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 from sqlalchemy import create_engine, text
 from waiting import wait_until
 

@@ -11,10 +11,10 @@ import pytest
 import requests.exceptions
 from sandpit.executor.errors import DockerUnavailable, ExecutorError
 from sandpit.executor.interface import Executor, ExecutorSession
-from sandpit.executor.placement import SessionSpec
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.placement import SessionSpec
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.profiles import ResourceProfile
-from sandpit.executor.session import Session
 from sandpit.executor.settings import ExecutorSettings
 
 

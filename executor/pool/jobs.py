@@ -21,9 +21,9 @@ from typing import Any
 
 from sandpit.sandbox_images.runner import limits
 
-from .errors import SessionError
-from .profiles import ResourceProfile
-from .results import STATUSES, CheckResult, ExecResult
+from ..errors import SessionError
+from ..profiles import ResourceProfile
+from ..results import STATUSES, CheckResult, ExecResult
 
 SNIPPET_KEYS = frozenset({"code", "stdin", "files", "timeout_s"})
 BATCH_SLACK_S = limits.BATCH_SLACK_S + limits.STARTUP_S

@@ -1,4 +1,4 @@
-"""The seccomp profile of runsc sandboxes (``executor/seccomp.py``) and where it goes in the
+"""The seccomp profile of runsc sandboxes (``executor/docker/seccomp.py``) and where it goes in the
 container specification; ``tests/integration/executor/test_gvisor_confine.py`` measures it
 in gVisor."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from sandpit.executor import engine, seccomp
+from sandpit.executor.docker import engine, seccomp
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.settings import ExecutorSettings
 

@@ -21,11 +21,11 @@ import requests.exceptions
 from docker.types import Ulimit
 from sandpit.sandbox_images.runner import protocol
 
+from ..errors import DockerUnavailable, ImageError
+from ..profiles import MiB, ResourceProfile
+from ..settings import ExecutorSettings
 from . import owners
-from .errors import DockerUnavailable, ImageError
-from .profiles import MiB, ResourceProfile
 from .seccomp import security_opt
-from .settings import ExecutorSettings
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 from sandpit.executor.profiles import MiB, ResourceProfile
 from sandpit.executor.settings import ExecutorSettings
 
@@ -121,7 +121,7 @@ def test_owner_of_an_exited_process_is_dead() -> None:
 @pytest.mark.parametrize(("fraction", "cpus", "expected"), [(1.0, 0.25, 2500), (0.5, 0.5, 2500), (0.0, 1.0, 0),
                                                            (1.0, 0.01, 1000)])
 def test_cpu_burst_is_a_fraction_of_the_quota(fraction: float, cpus: float, expected: int) -> None:
-    from sandpit.executor.engine import cpu_burst_us
+    from sandpit.executor.docker.engine import cpu_burst_us
 
     settings = ExecutorSettings(cpu_burst_fraction=fraction)
     profile = ResourceProfile(cpus=cpus)
@@ -136,7 +136,7 @@ def test_a_burst_beyond_the_quota_or_negative_is_refused(fraction: float) -> Non
 
 
 def test_setting_a_burst_without_a_cgroup_file_is_false() -> None:
-    from sandpit.executor.engine import set_cpu_burst
+    from sandpit.executor.docker.engine import set_cpu_burst
 
     assert set_cpu_burst("f" * 64, 1000) is False  # no such container
 

@@ -21,7 +21,7 @@ from typing import Any
 from sandpit.sandbox_images.runner import protocol
 from sandpit.sandbox_images.runner.limits import MAX_FRAME_DEPTH
 
-from .errors import SandboxLost
+from ..errors import SandboxLost
 
 log = logging.getLogger(__name__)
 

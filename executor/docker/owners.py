@@ -1,5 +1,5 @@
 """Who owns a sandbox container, and whether that owner is still alive: what the reaper
-(:func:`sandpit.executor.engine.reap`) decides by. Filesystem and ``/proc`` only; no
+(:func:`sandpit.executor.docker.engine.reap`) decides by. Filesystem and ``/proc`` only; no
 Docker calls here.
 
 Every sandbox carries three labels naming its owner (``engine.container_spec``):

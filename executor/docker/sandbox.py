@@ -25,11 +25,11 @@ import docker
 from sandpit.sandbox_images.runner import protocol
 from sandpit.sandbox_images.runner.limits import HELLO_MAX_BYTES
 
+from ..errors import SandboxLost, SandboxStartError
+from ..pool.channel import RunnerChannel
+from ..profiles import ResourceProfile
+from ..settings import ExecutorSettings
 from . import engine
-from .channel import RunnerChannel
-from .errors import SandboxLost, SandboxStartError
-from .profiles import ResourceProfile
-from .settings import ExecutorSettings
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, str, str, str]  # (tenant, profile name, runtime, image)

@@ -34,9 +34,9 @@ import docker
 import docker.errors
 from sandpit.sandbox_images import DEFINITION_DIR, NATIVE_FILES, RUNNER_FILES
 
+from ..errors import ImageError
+from ..settings import ImageSettings
 from .engine import map_docker_errors
-from .errors import ImageError
-from .settings import ImageSettings
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]

@@ -14,8 +14,8 @@ uses a *describe-only* session: the module is loaded and the class found, but ne
 instantiated; such a session only answers ``describe``.
 
 A session knows nothing of the pool: it is placed, released and forgotten through a
-:class:`~sandpit.executor.placement.Placement` (the pool implements it), and talks to
-its sandbox through :class:`~sandpit.executor.placement.SandboxSlot`.
+:class:`~sandpit.executor.pool.placement.Placement` (the pool implements it), and talks to
+its sandbox through :class:`~sandpit.executor.pool.placement.SandboxSlot`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from typing import Any, cast
 from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
-from .errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
-from .placement import Placement, SandboxSlot, SessionSpec
-from .results import (
+from ..errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
+from ..results import (
     ENVSCALER_INVALID_ACTION,
     CallResult,
     CallRules,
@@ -42,6 +41,7 @@ from .results import (
     check_tool_schemas,
     render_state,
 )
+from .placement import Placement, SandboxSlot, SessionSpec
 
 log = logging.getLogger(__name__)
 

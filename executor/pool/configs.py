@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from .results import EncodedValue
+from ..results import EncodedValue
 
 INITIAL_SNAPSHOTS_MAX = 8
 """Initial states kept (each shared by the sessions that started from it)."""

@@ -4,8 +4,8 @@ what a sandbox answers to ``exec`` and ``checks`` (nothing it sends is trusted).
 from __future__ import annotations
 
 import pytest
-from sandpit.executor import jobs
 from sandpit.executor.errors import SessionError
+from sandpit.executor.pool import jobs
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.sandbox_images.runner import limits
 

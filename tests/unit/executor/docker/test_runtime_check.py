@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 from sandpit.executor.errors import DockerUnavailable
 
 

@@ -1,8 +1,8 @@
 """Placement: how a session gets a sandbox slot, and gives it back.
 
-A :class:`~sandpit.executor.session.Session` depends only on :class:`Placement` (what
+A :class:`~sandpit.executor.pool.session.Session` depends only on :class:`Placement` (what
 :class:`~sandpit.executor.pool.SandboxPool` implements) and on :class:`SandboxSlot` (what
-it uses of the sandbox it was placed in, which :class:`~sandpit.executor.sandbox.Sandbox`
+it uses of the sandbox it was placed in, which :class:`~sandpit.executor.docker.sandbox.Sandbox`
 provides), never on the pool itself: the pool imports the session module, not the other
 way round, and neither calls the other's private methods.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .profiles import ResourceProfile
-from .results import EncodedValue
+from ..profiles import ResourceProfile
+from ..results import EncodedValue
 
 
 class SandboxSlot(Protocol):
@@ -75,7 +75,7 @@ class SessionSpec:
     describe_only: bool = False
     """Load the class without instantiating it; only ``describe`` is served."""
     config_json: bytes | None = None
-    """``init_config`` as exact JSON bytes (:func:`~sandpit.executor.configs.wire_config`),
+    """``init_config`` as exact JSON bytes (:func:`~sandpit.executor.pool.configs.wire_config`),
     sent once per sandbox and by ``config_hash`` afterwards; None: sent inside the request."""
     config_hash: str | None = None
     """SHA-256 hex of ``config_json``."""
@@ -94,7 +94,7 @@ class Placement(Protocol):
 
         Returns:
             The sandbox now holding the session and the session's encoded state there
-            (an :class:`~sandpit.executor.configs.OpenedSnapshot` carries the state's
+            (an :class:`~sandpit.executor.pool.configs.OpenedSnapshot` carries the state's
             digest when the runner gave one).
 
         Raises:

@@ -1,4 +1,4 @@
-"""Who owns a sandbox and whether that owner is alive (``executor/owners.py``): the
+"""Who owns a sandbox and whether that owner is alive (``executor/docker/owners.py``): the
 verdicts the reaper acts on, the lease files, hostile labels and lease files. Real
 processes and a real directory; no Docker needed."""
 
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandpit.executor import owners
-from sandpit.executor.owners import Here, LeaseView, OwnerLease, judge
+from sandpit.executor.docker import owners
+from sandpit.executor.docker.owners import Here, LeaseView, OwnerLease, judge
 
 OTHER_BOOT = "0a0b0c0d-0e0f-4000-8000-00000000000e"
 
@@ -193,7 +193,7 @@ def test_a_lease_that_cannot_be_written_warns_once(me: tuple[str, str], tmp_path
     blocker = tmp_path / "file"
     blocker.write_text("")
     lease = OwnerLease(blocker / "leases", *me, "p1", timeout_s=4.0)
-    with caplog.at_level(logging.WARNING, logger="sandpit.executor.owners"):
+    with caplog.at_level(logging.WARNING, logger="sandpit.executor.docker.owners"):
         assert lease.acquire() is None
         assert lease.renew() is None
     assert len([r for r in caplog.records if "cannot write the owner lease" in r.getMessage()]) == 1

@@ -10,13 +10,13 @@ import inspect
 from typing import Any
 
 import pytest
-from sandpit.executor import session as session_module
 from sandpit.executor.errors import SandboxLost, SessionClosed, SessionError
-from sandpit.executor.placement import Placement, SandboxSlot, SessionSpec
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool import session as session_module
+from sandpit.executor.pool.placement import Placement, SandboxSlot, SessionSpec
+from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.results import EncodedValue
-from sandpit.executor.session import Session
 
 
 class ScriptedSandbox:

@@ -26,9 +26,9 @@
   pre-started spare) that never served an environment.
 * Sessions depend on the pool only through the placement protocol it implements
   (:meth:`SandboxPool.place`, :meth:`SandboxPool.release`, :meth:`SandboxPool.forget`;
-  :mod:`sandpit.executor.placement`).
+  :mod:`sandpit.executor.pool.placement`).
 * Leaks: every container is labeled ``sandpit=1``/``sandpit.pool=<id>`` and with its
-  owner (``executor/owners.py``); start-up reaps leftovers of earlier runs
+  owner (``executor/docker/owners.py``); start-up reaps leftovers of earlier runs
   (``reap_on_start``); :meth:`close` removes every container this pool started.
 * Dead owners: a started pool holds a lease (:class:`~.owners.OwnerLease`, renewed by the
   maintenance thread) and sweeps the engine every ``reap_interval_s``, removing the
@@ -52,15 +52,16 @@ from typing import Any
 import docker
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
-from . import configs, engine, jobs, owners
-from .errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
-from .images import resolve_image
+from ..docker import engine, owners
+from ..docker.images import resolve_image
+from ..docker.sandbox import PoolKey, Sandbox
+from ..errors import CapacityError, ExecutorError, SandboxLost, SessionError, SessionOpenError
+from ..profiles import MiB, ProfileOverrides, ResourceProfile, resolve_profile
+from ..results import CheckResult, EncodedValue, ExecResult, check_encoded, check_retyped
+from ..settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
+from . import configs, jobs
 from .placement import SandboxSlot, SessionSpec
-from .profiles import MiB, ProfileOverrides, ResourceProfile, resolve_profile
-from .results import CheckResult, EncodedValue, ExecResult, check_encoded, check_retyped
-from .sandbox import PoolKey, Sandbox
 from .session import Session, check_open_arguments
-from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class SandboxPool:
         out of memory (all calls of this pool)."""
         self.initial_snapshots = configs.InitialSnapshots()
         """Initial states by (tenant, digest): sessions forked from a config template get
-        theirs from here instead of over the wire (``executor/configs.py``)."""
+        theirs from here instead of over the wire (``executor/pool/configs.py``)."""
         self._lease: owners.OwnerLease | None = None
         self.reaped = 0
         """Containers of dead owners this pool removed (start-up reap and sweeps)."""
@@ -461,7 +462,7 @@ class SandboxPool:
         """Open ``spec`` in some sandbox of its tenant and profile (a live one with a free
         slot, else a warm one, else a new one), ``snapshot`` restored; retried in another
         sandbox when one is lost while opening (three attempts). Called by a session with
-        its lock held. Raises as :meth:`sandpit.executor.placement.Placement.place` says."""
+        its lock held. Raises as :meth:`sandpit.executor.pool.placement.Placement.place` says."""
         affinity = _config_key(spec)
         for attempt in range(3):
             sandbox = self._reserve_slot(spec.tenant, spec.profile, spec.session_id, affinity)
