@@ -89,7 +89,7 @@ def _pool(settings: ExecutorSettings) -> Executor:
 
 def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Database) -> Executor:
     """The Ray backend (``executor_backend="ray"``), env -> host affinity in ``db``."""
-    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.ray import RayExecutor
 
     return RayExecutor(api_settings.ray_address, settings, affinity=DbAffinity(db),
                        direct=api_settings.ray_direct_calls).start()

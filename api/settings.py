@@ -43,7 +43,7 @@ class ApiSettings(BaseSettings):
     the cluster this machine's ``ray start`` joined)."""
     ray_direct_calls: bool = True
     """Ray backend: send session requests (tool calls, restores, state reads) to the sandbox
-    hosts over direct TCP links (``executor/host_link.py``: an empty round trip ~0.3 ms
+    hosts over direct TCP links (``executor/ray/link.py``: an empty round trip ~0.3 ms
     against ~1.1 ms for a Ray actor call, ``benchmarks/scale.py``); False sends everything
     through Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
     tenant: str = "default"

@@ -3,7 +3,7 @@
 Measures, on the real Docker Engine and a real local Ray cluster (all on 127.0.0.1):
   local_call_ms        trivial tool call through the local SandboxPool (baseline)
   ray_call_ms          the same call through RayExecutor -> host -> its pool over the
-                       host link (the default data path, executor/host_link.py), and
+                       host link (the default data path, executor/ray/link.py), and
                        ray_actor_call_ms through Ray actor calls (``direct=False``), all
                        measured in rounds with the local call (alternating, so machine
                        noise hits them alike)
@@ -162,7 +162,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
     from ray.cluster_utils import Cluster
-    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.ray import RayExecutor
 
     settings = ExecutorSettings(pool_size=1)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -11,8 +11,13 @@ exception. Everything below is a failure to provide the sandbox at all::
     ├── CapacityError            no sandbox can be placed now (carries retry_after_s)
     ├── SandboxStartError        container did not come up and say hello in time
     ├── SandboxLost              container/runner died or stopped answering mid-request
+    ├── LinkRefused              (Ray backend) a host link could not be opened; nothing was
+    │                            sent and the request goes through Ray instead: it never
+    │                            leaves the backend
     └── SessionError             request the session cannot serve (closed, open failed)
         ├── SessionClosed
+        │   └── HostDraining     (Ray backend) the host is being drained: the request goes to
+        │                        another host; one that reaches the caller is a SessionClosed
         └── SessionOpenError     the environment's code failed to load or instantiate
             └── ToolSchemaError  its tool schemas could not be derived
 
@@ -77,6 +82,17 @@ class SessionError(ExecutorError):
 
 class SessionClosed(SessionError):
     """The session was closed; create a new one."""
+
+
+class HostDraining(SessionClosed):
+    """The sandbox host is being drained: it takes no new session nor pool work (the Ray
+    executor then places the request on another host). A ``SessionClosed``, so one that
+    reaches the API is a retryable 503."""
+
+
+class LinkRefused(ExecutorError):
+    """A host link (the Ray backend's direct data path) could not be opened: nothing was
+    sent, so the request goes through Ray instead. Raised and caught inside the backend."""
 
 
 class SessionOpenError(SessionError):

@@ -125,3 +125,38 @@ class Executor(Protocol):
     def close(self) -> None:
         """Stop: every session and sandbox is closed."""
         ...
+
+
+@runtime_checkable
+class Affinity(Protocol):
+    """Where a multi-host backend records which host an env's session is on, and which hosts
+    are being drained, so that every API replica sees the same (the API implements it over
+    its database: ``api/db/affinity.py``; :class:`~sandpit.executor.ray.affinity.MemoryAffinity`
+    keeps it in one process). Host names are the backend's (``sandpit-host-<node>``)."""
+
+    def get(self, session_id: str) -> str | None:
+        """The host name recorded for ``session_id``, if any."""
+        ...
+
+    def put(self, session_id: str, host: str) -> None:
+        """Record that ``session_id`` is placed on ``host``."""
+        ...
+
+    def drains(self) -> dict[str, str]:
+        """Host -> ``draining`` / ``drained`` of every host an operator drains (or drained)."""
+        ...
+
+    def envs_on(self, host: str) -> list[str]:
+        """The session ids recorded on ``host``."""
+        ...
+
+    def move(self, session_id: str, from_host: str, to_host: str | None) -> bool:
+        """Re-record ``session_id`` on ``to_host`` (None: forget it) if it is still on
+        ``from_host``; True if moved."""
+        ...
+
+    def finish_drain(self, host: str, moved: int) -> bool:
+        """Record ``host``'s drain as done (``drained``), ``moved`` envs moved. False when
+        the drain is no longer recorded (the host was undrained meanwhile)."""
+        ...
+

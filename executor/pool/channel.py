@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class RunnerChannel:
     """Request/response over a connected socket: a Unix socket to an in-sandbox runner,
-    or a host link's TCP connection to a sandbox host (:mod:`.host_link`). ``max_frame``
+    or a host link's TCP connection to a sandbox host (:mod:`sandpit.executor.ray.link`). ``max_frame``
     (bytes) and ``max_depth`` (nesting levels) bound every reply."""
 
     def __init__(self, sock: socket.socket, sandbox_id: str, max_frame: int,

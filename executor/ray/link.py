@@ -4,7 +4,7 @@ over one TCP connection, not through Ray's actor calls.
 A Ray actor call costs about 1 ms of round trip on its own (``benchmarks/scale.py``
 measures it as ``actor_rtt_ms``), more than a whole local tool call. So the requests of
 the step path (``open_session``, ``call``, ``restore``, ``read``, ``close_session``,
-``noop``: the :data:`DIRECT` methods of :class:`~sandpit.executor.ray_backend.SandboxHost`)
+``noop``: the :data:`DIRECT` methods of :class:`~sandpit.executor.ray.host.SandboxHost`)
 go over a *host link* instead, while Ray keeps placement, lifecycle and everything else
 (creating hosts, pool work, drains, liveness)::
 
@@ -55,18 +55,14 @@ from sandpit.sandbox_images.runner.limits import (
     MAX_FRAME_DEPTH,
 )
 
-from .errors import SandboxLost
-from .pool.channel import RunnerChannel
+from ..errors import LinkRefused, SandboxLost
+from ..pool.channel import RunnerChannel
 
 log = logging.getLogger("sandpit.executor")
 
 DIRECT = frozenset({"open_session", "call", "restore", "read", "close_session", "noop"})
 """Host actor methods served on the link (the session requests: a replica that takes over
 an env from another re-attaches its session with ``open_session`` on the step path)."""
-
-
-class LinkRefused(Exception):
-    """The link could not be opened (nothing was sent): use Ray for this request."""
 
 
 class LinkServer:

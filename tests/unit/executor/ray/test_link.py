@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from sandpit.executor.errors import SandboxLost
-from sandpit.executor.host_link import HostLink, LinkRefused, LinkServer
+from sandpit.executor.errors import LinkRefused, SandboxLost
+from sandpit.executor.ray.link import HostLink, LinkServer
 from sandpit.sandbox_images.runner import protocol
 
 TOKEN = bytes(range(32))
