@@ -26,9 +26,9 @@ from functools import partial
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.interface import Executor
-from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import resolve_profile
 from sandpit.executor.settings import ExecutorSettings, get_settings
 from starlette.types import Receive, Scope, Send
@@ -84,7 +84,7 @@ def tune_gc(young_threshold: int) -> None:
 
 
 def _pool(settings: ExecutorSettings) -> Executor:
-    return SandboxPool(settings).start()
+    return docker_pool(settings).start()
 
 
 def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Database) -> Executor:

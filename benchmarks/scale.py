@@ -36,7 +36,7 @@ from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
 
-from sandpit.executor.pool.pool import SandboxPool  # noqa: E402
+from sandpit.executor.docker import docker_pool  # noqa: E402
 from sandpit.executor.settings import ExecutorSettings  # noqa: E402
 
 TRIVIAL = '''
@@ -167,7 +167,7 @@ def main() -> None:
     settings = ExecutorSettings(pool_size=1)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                                "note": "one machine: nodes share cores and the Docker Engine; noisy if loaded"}
-    pool = SandboxPool(settings).start()
+    pool = docker_pool(settings).start()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
                                                             "include_dashboard": False})
     try:

@@ -16,7 +16,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.docker import DockerDriver
+from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
 from sandpit.executor.settings import get_settings
 from sandpit.sandbox_images import DEFINITION_DIR
@@ -62,8 +63,9 @@ def run_demo(sessions: int = 2, console: Console | None = None) -> dict[str, Any
     console = console or Console()
     source = load_source()
     settings = get_settings().model_copy(update={"pool_size": min(sessions, 4)})
-    with SandboxPool(settings) as pool:
-        console.print(f"[bold]image[/bold] {pool.image}  runtime={settings.runtime}")
+    driver = DockerDriver(settings)
+    with SandboxPool(driver, settings) as pool:
+        console.print(f"[bold]image[/bold] {driver.image}  runtime={settings.runtime}")
         t0 = time.perf_counter()
         opened = [pool.open_session(tenant="demo", source=source, class_name="OrderDesk", init_config=INIT_CONFIG)
                   for _ in range(sessions)]

@@ -1,15 +1,15 @@
-"""One sandbox: a hardened container running the runner, and the channel to it.
+"""One sandbox: a hardened container running the runner, and the channel to it; the
+Docker backend's :class:`~sandpit.executor.pool.driver.SandboxHandle`.
 
 Lifecycle: :meth:`Sandbox.start` (create container → runner connects to the protocol
 socket → hello with the per-container token) → requests → :meth:`Sandbox.destroy`.
 A sandbox belongs to exactly one tenant (label ``sandpit.tenant``) and hosts up to
 ``sessions_per_sandbox`` sessions of that tenant, as many as its measured memory admits
-(:meth:`Sandbox.sample_memory`, the pool's admission).
+(:meth:`Sandbox.memory` is read by the pool's admission).
 """
 
 from __future__ import annotations
 
-import collections
 import hmac
 import json
 import logging
@@ -32,49 +32,34 @@ from ..settings import ExecutorSettings
 from . import engine
 
 log = logging.getLogger(__name__)
-PoolKey = tuple[str, str, str, str]  # (tenant, profile name, runtime, image)
 
 
 class Sandbox:
     """A running sandbox container. Create with :meth:`start`; thread-safe requests."""
 
     def __init__(self, *, sandbox_id: str, container_id: str, tenant: str, profile: ResourceProfile,
-                 key: PoolKey, uid: int, socket_dir: Path, channel: RunnerChannel,
+                 uid: int, runtime: str, socket_dir: Path, channel: RunnerChannel,
                  client: docker.DockerClient, watchdog_grace_s: float, started_ms: float) -> None:
         self.id = sandbox_id
         self.container_id = container_id
         self.tenant = tenant
         self.profile = profile
-        self.key = key
         self.uid = uid
+        self.runtime = runtime
+        """The OCI runtime it runs under (``runc`` or ``runsc``)."""
         self.socket_dir = socket_dir
         self.channel = channel
         self.client = client
         self.watchdog_grace_s = watchdog_grace_s
         self.started_ms = started_ms
         """Milliseconds from ``docker create`` to the runner's hello."""
-        self.sessions: set[str] = set()
         self.retiring = False
         """No new session may be placed here; sessions move on at their next request
         and the sandbox is destroyed, not recycled, when empty (see :meth:`check_churn`)."""
         self.pids_limit = 0
         self.retire_pids_fraction = 1.0
-        self.idle_since = time.monotonic()
         self.memory_limit = 0
         """The container's memory limit, bytes (0: unknown)."""
-        self.memory_used: int | None = None
-        """Bytes its cgroup was charged at the last sample (None: never read, or unreadable)."""
-        self.memory_empty: int | None = None
-        """The first sample taken with no session placed: the runner and its spare."""
-        self.memory_sampled_at = 0.0
-        self.sessions_at_sample = 0
-        """How many sessions were placed when :attr:`memory_used` was read."""
-        self.configs: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Config hashes sent to its runner (what we believe it holds; a miss is answered
-        ``missing_config`` and the bytes are sent again)."""
-        self.config_keys: set[tuple[str, str, str]] = set()
-        """(source sha256, class name, config hash) opened here since the last recycle: where
-        a config template may be ready (placement prefers such a sandbox)."""
         self._destroy_lock = threading.Lock()
         self.destroyed = False
 
@@ -144,9 +129,8 @@ class Sandbox:
             listener.close()
             _unlink(sock_path)
             _unlink(token_path)
-        key: PoolKey = (tenant, profile.name, settings.runtime, image)
         sandbox = cls(sandbox_id=sandbox_id, container_id=container_id, tenant=tenant, profile=profile,
-                      key=key, uid=uid, socket_dir=socket_dir, channel=channel, client=client,
+                      uid=uid, runtime=settings.runtime, socket_dir=socket_dir, channel=channel, client=client,
                       watchdog_grace_s=settings.watchdog_grace_s, started_ms=started_ms)
         sandbox.memory_limit = int(spec["mem_limit"])
         if settings.runtime == "runsc":
@@ -178,20 +162,10 @@ class Sandbox:
             self.destroy()
             raise SandboxLost(str(exc), self.id, status=status) from exc
 
-    def sample_memory(self, max_age_s: float) -> int | None:
-        """The bytes its memory cgroup is charged (``engine.host_memory``), re-read when the
-        last sample is older than ``max_age_s`` seconds; None when the host cannot read it.
-        Call with the pool's lock held (it updates the sample fields)."""
-        now = time.monotonic()
-        if self.memory_used is None or now - self.memory_sampled_at >= max_age_s:
-            used = engine.host_memory(self.container_id)
-            if used is not None:
-                self.memory_used = used
-                self.memory_sampled_at = now
-                self.sessions_at_sample = len(self.sessions)
-                if not self.sessions and self.memory_empty is None:
-                    self.memory_empty = used
-        return self.memory_used
+    def memory(self) -> int | None:
+        """The bytes its memory cgroup is charged now (``engine.host_memory``: one read of a
+        host cgroup file); None when the host cannot read it (a remote engine)."""
+        return engine.host_memory(self.container_id)
 
     def check_churn(self) -> bool:
         """Under runsc, retire this sandbox when gVisor's host pids (which it does not
@@ -214,8 +188,6 @@ class Sandbox:
         within ``watchdog_grace_s + 10`` seconds. Never raises for a lost sandbox."""
         if self.check_churn():
             return False
-        self.configs.clear()  # the runner forgets its configs and templates
-        self.config_keys.clear()
         try:
             reply = self.request("recycle", timeout_s=self.watchdog_grace_s + 10.0)
         except SandboxLost:

@@ -12,10 +12,13 @@ known by its digest instead of being sent again.
   tenant: a sandbox, which serves one tenant, can only ever name states that sandboxes of
   its own tenant produced. Entries are shared by sessions and never changed in place
   (sessions replace whole entries; keyed deltas are applied copy-on-write).
+* :func:`send_open` and :func:`opened_state`: the pool's ``open`` request with its config
+  by hash or by bytes, and the opened session's state from the reply or by digest.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 from collections import OrderedDict
@@ -23,10 +26,15 @@ from typing import Any
 
 import orjson
 
-from ..results import EncodedValue
+from ..errors import SessionError
+from ..results import EncodedValue, check_encoded, check_retyped
+from .placement import SessionSpec
+from .warm import PooledSandbox
 
 INITIAL_SNAPSHOTS_MAX = 8
 """Initial states kept (each shared by the sessions that started from it)."""
+CONFIGS_SENT_MAX = 64
+"""Config hashes remembered per sandbox as sent to its runner (least recently used out)."""
 
 
 def wire_config(init_config: dict[str, Any]) -> tuple[bytes, str] | None:
@@ -95,3 +103,70 @@ class OpenedSnapshot(dict[str, EncodedValue]):
 
     digest: str | None = None
     retyped: list[dict[str, str]] | None = None
+
+
+def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
+    """(source sha256, class name, config hash) of a session whose config goes by hash."""
+    if spec.config_hash is None or spec.describe_only:
+        return None
+    return (hashlib.sha256(spec.source.encode("utf-8", "surrogatepass")).hexdigest(), spec.class_name,
+            spec.config_hash)
+
+
+def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot: dict[str, EncodedValue],
+              fields: dict[str, Any]) -> dict[str, Any]:
+    """The runner's reply to ``open``. A config with wire bytes goes by hash when the
+    sandbox was sent it before, else as base64 bytes with the hash; a ``missing_config``
+    answer (the runner let it go) is asked again with the bytes. Raises SandboxLost,
+    ValueError/TypeError (not JSON-encodable)."""
+    common = {"session": spec.session_id, "source": spec.source, "class_name": spec.class_name,
+              "snapshot": snapshot or None, **fields}
+    if spec.seed is not None:
+        common["seed"] = spec.seed
+    request = sandbox.handle.request
+    if spec.config_json is None or spec.config_hash is None:
+        return request("open", init_config=spec.init_config, **common)
+    if spec.config_hash in sandbox.configs:
+        reply = request("open", config_hash=spec.config_hash, **common)
+        if reply.get("status") != "fault" or reply.get("missing_config") is not True:
+            sandbox.configs.move_to_end(spec.config_hash)
+            return reply
+        sandbox.configs.pop(spec.config_hash, None)
+    reply = request("open", config_hash=spec.config_hash,
+                    config_b64=base64.b64encode(spec.config_json).decode("ascii"), **common)
+    if reply.get("status") != "fault":
+        sandbox.configs[spec.config_hash] = None
+        while len(sandbox.configs) > CONFIGS_SENT_MAX:
+            sandbox.configs.popitem(last=False)
+    return reply
+
+
+def opened_state(sandbox: PooledSandbox, spec: SessionSpec, reply: dict[str, Any], restored: bool,
+                 known_states: InitialSnapshots) -> OpenedSnapshot:
+    """The encoded state of a session the runner opened: the reply's, or, for a session
+    forked from a config template (``template: true``, no snapshot), the one known by
+    its digest for this tenant, else asked of the runner once (``snapshot``). Raises
+    SandboxLost, SessionError (malformed reply)."""
+    digest = reply.get("snapshot_digest")
+    digest = digest if isinstance(digest, str) and len(digest) == 64 and not restored else None
+    key = config_key(spec)
+    if key is not None:
+        sandbox.config_keys.add(key)
+    if reply.get("template") is True and digest is None:
+        raise SessionError("sandbox opened a session from a template without naming its state")
+    if reply.get("template") is True and digest is not None:
+        known = known_states.get(spec.tenant, digest)
+        if known is None:
+            asked = sandbox.handle.request("snapshot", session=spec.session_id)
+            if asked.get("status") != "ok":
+                raise SessionError(f"sandbox refused the opened state: {asked.get('message')}")
+            known = check_encoded(asked.get("snapshot") or {}, "snapshot")
+            known_states.put(spec.tenant, digest, known)
+        opened = OpenedSnapshot(known)
+    else:
+        opened = OpenedSnapshot(check_encoded(reply.get("snapshot") or {}, "snapshot"))
+        if digest is not None and spec.config_hash is not None:
+            known_states.put(spec.tenant, digest, dict(opened))
+    opened.digest = digest
+    opened.retyped = check_retyped(reply.get("retyped"))
+    return opened

@@ -55,10 +55,12 @@ class SandboxHost:
     ``{"error": data}``; values are JSON-shaped."""
 
     def __init__(self, name: str, settings: dict[str, Any], image_settings: dict[str, Any]) -> None:
-        from ..pool.pool import SandboxPool
+        from ..docker import docker_pool
 
         self.name = name
-        self.pool = SandboxPool(ExecutorSettings.model_validate(settings), ImageSettings.model_validate(image_settings))
+        self.settings = ExecutorSettings.model_validate(settings)
+        self.image_settings = ImageSettings.model_validate(image_settings)
+        self.pool = docker_pool(self.settings, self.image_settings)
         self.pool.start()
         self._sessions: dict[str, _Hosted] = {}
         self._lock = threading.Lock()
@@ -94,7 +96,7 @@ class SandboxHost:
 
     def _link_server(self) -> LinkServer:
         return LinkServer(self._link_dispatch, ray_module().util.get_node_ip_address(), self._link_token,
-                          self.pool.settings.max_frame_bytes, HOST_CONCURRENCY)
+                          self.settings.max_frame_bytes, HOST_CONCURRENCY)
 
     def noop(self) -> dict[str, Any]:
         """Nothing: one round trip (``benchmarks/scale.py`` measures the hop with it)."""
@@ -128,8 +130,8 @@ class SandboxHost:
                        "draining": self.draining, "calls": calls, "links": self.link.connections(),
                        "links_refused": self.link.refused,
                        "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
-                       "max_sandboxes": self.pool.settings.max_sandboxes,
-                       "sessions_per_sandbox": self.pool.settings.sessions_per_sandbox}}
+                       "max_sandboxes": self.settings.max_sandboxes,
+                       "sessions_per_sandbox": self.settings.sessions_per_sandbox}}
 
     def open_session(self, session_id: str, tenant: str, source: str, class_name: str,
                      init_config: dict[str, Any] | None, profile: dict[str, Any] | None,
@@ -276,7 +278,7 @@ class SandboxHost:
         ``{"ok": {"restarted": bool}}``; raises nothing but the pool's start errors
         (DockerUnavailable, ImageError, as data)."""
         def run() -> dict[str, bool]:
-            from ..pool.pool import SandboxPool
+            from ..docker import docker_pool
 
             with self._lock:
                 restart, self.pool_closed = self.pool_closed, False  # one caller restarts it
@@ -286,7 +288,7 @@ class SandboxHost:
                     self.draining = False
             if restart:  # outside the lock: starting a pool talks to Docker
                 try:
-                    pool = SandboxPool(self.pool.settings, self.pool.image_settings).start()
+                    pool = docker_pool(self.settings, self.image_settings).start()
                 except BaseException:
                     with self._lock:
                         self.pool_closed, self.pool_restarting = True, False

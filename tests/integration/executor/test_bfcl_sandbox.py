@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
 from sandpit.importers import bfcl
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import docker.errors
 import pytest
-from sandpit.executor.docker import engine, seccomp
+from sandpit.executor.docker import docker_pool, engine, seccomp
+from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.jobs import encode_json_state
-from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow,
@@ -171,7 +171,7 @@ def rt_pool(request, leak_check, pool_settings, docker_client) -> Iterator[Sandb
     if runtime == "runsc" and "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("runsc runtime not registered with Docker")
     settings = pool_settings(f"confine-{runtime}", runtime=runtime, pool_size=0, idle_timeout_s=120.0)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         yield pool
 
 

@@ -21,18 +21,19 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-from sandpit.executor.docker import engine, owners
-from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.docker import docker_pool, engine, owners
+from sandpit.executor.pool import SandboxPool
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 LEAKER = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
-    from sandpit.executor.pool.pool import SandboxPool
+    from sandpit.executor.docker import docker_pool
+    from sandpit.executor.pool import SandboxPool
     from sandpit.executor.settings import ExecutorSettings
 
-    pool = SandboxPool(ExecutorSettings(pool_size=0, run_dir=Path(sys.argv[1]), reap_on_start=False)).start()
+    pool = docker_pool(ExecutorSettings(pool_size=0, run_dir=Path(sys.argv[1]), reap_on_start=False)).start()
     session = pool.open_session(tenant="leaker", source="class E:\\n    pass\\n", class_name="E")
     print(json.dumps(session._sandbox.container_id), flush=True)
     os._exit(0)  # dies without closing anything
@@ -92,11 +93,11 @@ def test_reap_on_start_removes_leftovers_of_dead_processes_only(docker_client, s
         made += [alive := _leftover(docker_client, sandbox_image, {engine.LABEL_OWNER: engine.owner_id()}),
                  other_host := _leftover(docker_client, sandbox_image, {engine.LABEL_OWNER: "some-other-host:1:1"})]
 
-        with SandboxPool(pool_settings("noreap", pool_size=0, reap_on_start=False, reap_interval_s=0)) as noreap:
+        with docker_pool(pool_settings("noreap", pool_size=0, reap_on_start=False, reap_interval_s=0)) as noreap:
             pass
-        assert noreap.reaped == 0, "reap_on_start=False must not reap"
+        assert noreap.driver.stats()["reaped"] == 0, "reap_on_start=False must not reap"
 
-        with SandboxPool(pool_settings("reap", pool_size=0, reap_on_start=True)):
+        with docker_pool(pool_settings("reap", pool_size=0, reap_on_start=True)):
             assert [cid for cid in doomed if _exists(docker_client, cid)] == []
             assert _exists(docker_client, alive.id), "a live process's sandbox was reaped"
             assert _exists(docker_client, other_host.id), "another host's sandbox was reaped"
@@ -115,7 +116,7 @@ def test_removing_a_missing_container_is_not_an_error(docker_client, sandbox_ima
 
 
 def test_pool_close_removes_every_container_it_started(docker_client, pool_settings, leak_check) -> None:
-    pool = SandboxPool(pool_settings("closing", pool_size=2)).start()
+    pool = docker_pool(pool_settings("closing", pool_size=2)).start()
     try:
         session = pool.open_session(tenant="closing", source="class E:\n    pass\n", class_name="E")
         assert pool.warm("closing", count=2, timeout_s=60) == 2
@@ -139,10 +140,11 @@ ENV_SOURCE = "class E:\n    def __init__(self):\n        self.n = 0\n\n    def b
 
 OWNER = textwrap.dedent('''
     import json, sys
-    from sandpit.executor.pool.pool import SandboxPool
+    from sandpit.executor.docker import docker_pool
+    from sandpit.executor.pool import SandboxPool
     from sandpit.executor.settings import ExecutorSettings
 
-    pool = SandboxPool(ExecutorSettings(**json.loads(sys.argv[1]))).start()
+    pool = docker_pool(ExecutorSettings(**json.loads(sys.argv[1]))).start()
     sessions = []
 
     def open_one():
@@ -233,10 +235,10 @@ def _reaped_ids(caplog) -> set[str]:
 
 def _sweeps(pool: SandboxPool, count: int, timeout_s: float = 30) -> None:
     """Wait until ``pool`` finished ``count`` more sweeps."""
-    target = pool.sweeps + count
+    target = pool.driver.stats()["sweeps"] + count
     deadline = time.monotonic() + timeout_s
-    while pool.sweeps < target:
-        assert time.monotonic() < deadline, f"{pool.sweeps} sweeps, waiting for {target}"
+    while pool.driver.stats()["sweeps"] < target:
+        assert time.monotonic() < deadline, f"{pool.driver.stats()['sweeps']} sweeps, waiting for {target}"
         time.sleep(0.1)
 
 
@@ -247,7 +249,7 @@ def sweeper(pool_settings, run_root, request, leak_check):
     leases = run_root / f"leases-{request.node.name[:40]}"
     settings = pool_settings(f"sweeper-{request.node.name[:20]}", pool_size=0, reap_on_start=False,
                              reap_interval_s=INTERVAL_S, owner_lease_timeout_s=LEASE_S, owner_lease_dir=leases)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         yield pool, leases
 
 
@@ -353,7 +355,7 @@ def test_an_owner_starting_and_creating_sandboxes_under_a_fast_sweep_loses_none(
     leases = run_root / "leases-race"
     settings = pool_settings("fast-sweeper", pool_size=0, reap_on_start=True, reap_interval_s=0.1,
                              owner_lease_timeout_s=LEASE_S, owner_lease_dir=leases)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         _sweeps(pool, 2)
         owner = Owner(_owner_settings(run_root, "racer", leases, reap_on_start=True, reap_interval_s=0.1), 1,
                       tmp_path / "racer.log")

@@ -10,7 +10,7 @@ import os
 
 import pytest
 from sandpit.client import Client, InvalidRequest, SandpitError
-from sandpit.executor.pool.pool import SandboxPool
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 from sandpit.importers import bfcl
 from sandpit.importers.bfcl.replay import register_environments, replay_episode
@@ -42,7 +42,7 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
         ids = register_environments(client, suite)
         assert register_environments(client, suite) == ids  # idempotent
         replays = [replay_episode(client, ep, ids[ep.environment_name], want_state=True) for ep in sample]
-    with SandboxPool(ExecutorSettings(pool_size=0)) as pool:
+    with docker_pool(ExecutorSettings(pool_size=0)) as pool:
         for episode, replay in zip(sample, replays, strict=True):
             assert replay.error is None and replay.statuses.get("ok", 0) == replay.steps > 0, replay
             environment = suite.environments[episode.environment_name]

@@ -10,10 +10,11 @@ import inspect
 from typing import Any
 
 import pytest
+from memory_driver import MemoryDriver
 from sandpit.executor.errors import SandboxLost, SessionClosed, SessionError
+from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool import session as session_module
 from sandpit.executor.pool.placement import Placement, SandboxSlot, SessionSpec
-from sandpit.executor.pool.pool import SandboxPool
 from sandpit.executor.pool.session import Session
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.results import EncodedValue
@@ -76,7 +77,7 @@ def _open(placement: ScriptedPlacement, snapshot: dict[str, EncodedValue] | None
 
 
 def test_the_pool_and_the_scripts_are_placements() -> None:
-    placements: list[Placement] = [SandboxPool(), ScriptedPlacement()]  # structural: checked by mypy
+    placements: list[Placement] = [SandboxPool(MemoryDriver()), ScriptedPlacement()]  # structural: checked by mypy
     slot: SandboxSlot = ScriptedSandbox("x")
     assert all(callable(p.place) and callable(p.release) and callable(p.forget) for p in placements)
     assert slot.alive and not slot.retiring
@@ -143,4 +144,4 @@ def test_the_session_module_does_not_know_the_pool() -> None:
 
 def test_the_pool_refuses_to_release_a_sandbox_it_does_not_own() -> None:
     with pytest.raises(TypeError, match="not a sandbox"):
-        SandboxPool().release(ScriptedSandbox("foreign"), "abc")
+        SandboxPool(MemoryDriver()).release(ScriptedSandbox("foreign"), "abc")
