@@ -182,6 +182,11 @@ class FakeSession:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def retyped(self) -> list[dict[str, str]]:
+        """Always ``[]``: the fake does not model construction over a config."""
+        return []
+
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
         """EnvScaler's ``getattr(instance, name)(**arguments)`` on the scripted tool. Under
         ``envscaler`` rules a name that is no scripted tool is ``Error: Invalid action`` and

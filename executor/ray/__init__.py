@@ -1,8 +1,9 @@
 """The Ray executor backend: sandbox hosts are Ray actors, one per node with a Docker Engine.
 
-Selected by the API's settings (``SANDPIT_EXECUTOR_BACKEND=ray``, ``SANDPIT_RAY_ADDRESS``);
-needs the ``ray`` extra (``pip install -e '.[ray]'``). The local backend
-(:class:`~sandpit.executor.pool.pool.SandboxPool` in the API process) stays the default and
+Selected by :class:`~sandpit.executor.config.RayConfig` (``SANDPIT_EXECUTOR_BACKEND=ray``,
+``SANDPIT_RAY_ADDRESS``, :class:`~sandpit.executor.settings.BackendSettings`); needs the
+``ray`` extra (``pip install -e '.[ray]'``). The local backend
+(:class:`~sandpit.executor.pool.SandboxPool` in the API process) stays the default and
 never imports Ray. Placement follows ROCK (the ROLL ecosystem's sandbox manager): Ray's own
 scheduler, no home-made cluster protocol::
 

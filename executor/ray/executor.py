@@ -15,7 +15,7 @@ from typing import Any
 from sandpit.sandbox_images.runner.limits import LINK_RETRY_AFTER_S
 
 from ..errors import DockerUnavailable, ExecutorError, HostDraining, LinkRefused, SandboxLost
-from ..interface import Affinity
+from ..interface import Affinity, HostInfo
 from ..profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from ..results import CheckResult, ExecResult, check_retyped
 from ..settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
@@ -30,7 +30,10 @@ log = logging.getLogger("sandpit.executor")
 
 
 class RayExecutor:
-    """The :class:`~sandpit.executor.interface.Executor` over Ray host actors (module docstring).
+    """The :class:`~sandpit.executor.interface.Executor` over Ray host actors (the package
+    docstring); also a :class:`~sandpit.executor.interface.Cluster` (hosts, drains) and
+    :class:`~sandpit.executor.interface.KeyedSessions` (sessions keyed by the env id live in
+    the hosts, so any replica re-attaches to one, and :meth:`discard` ends one).
 
     Args:
         address: Ray cluster address (``ray.init(address=...)``; ``None``/``""``: ``auto``).
@@ -69,9 +72,6 @@ class RayExecutor:
         self._placed = 0
         self._drains: dict[str, str] = {}  # host -> draining / drained, as last read from the affinity
         self._learnt: dict[str, float] = {}  # host -> monotonic time it answered HostDraining
-        self.keyed_sessions = True
-        """Sessions are keyed by the caller's ``session_id`` (the env id) and outlive this
-        process: the API passes the env id so any replica re-attaches (``Sandboxes``)."""
         self.hop_timeout_s = self.settings.max_profile.call_timeout_s + self.hop_margin_s
         self.drains = HostDrains(self)
         """The drains this replica runs (:mod:`.drain`)."""
@@ -474,9 +474,10 @@ class RayExecutor:
         except ExecutorError:
             return False
 
-    def hosts_info(self) -> list[dict[str, Any]]:
-        """Every live host's :meth:`SandboxHost.info` (a host that does not answer is left out)."""
-        out = []
+    def hosts(self) -> list[HostInfo]:
+        """Every live host's :meth:`SandboxHost.info` (a host that does not answer is left
+        out): the :class:`~sandpit.executor.interface.Cluster` view."""
+        out: list[HostInfo] = []
         for host in sorted(self.refresh()):
             try:
                 out.append(self.ask(host, "info", timeout_s=10))
@@ -485,14 +486,13 @@ class RayExecutor:
         return out
 
     def stats(self) -> dict[str, Any]:
-        """The pools' counters summed over hosts, plus ``hosts`` (per-host info)."""
-        hosts = self.hosts_info()
+        """The pools' numeric counters summed over the live hosts (per-host info is
+        :meth:`hosts`)."""
         total: dict[str, Any] = {}
-        for info in hosts:
-            for key, value in info["stats"].items():
+        for info in self.hosts():
+            for key, value in info.get("stats", {}).items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     total[key] = total.get(key, 0) + value
-        total["hosts"] = hosts
         return total
 
     def ping(self) -> None:

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import LocalConfig
 from ..errors import DockerUnavailable, HostDraining, SessionClosed
+from ..interface import Executor
 from ..profiles import ProfileOverrides, ResourceProfile
 from ..results import CallRules, Snapshot
 from ..settings import ExecutorSettings, ImageSettings
@@ -55,13 +57,10 @@ class SandboxHost:
     ``{"error": data}``; values are JSON-shaped."""
 
     def __init__(self, name: str, settings: dict[str, Any], image_settings: dict[str, Any]) -> None:
-        from ..docker import docker_pool
-
         self.name = name
         self.settings = ExecutorSettings.model_validate(settings)
         self.image_settings = ImageSettings.model_validate(image_settings)
-        self.pool = docker_pool(self.settings, self.image_settings)
-        self.pool.start()
+        self.pool: Executor = LocalConfig().build(self.settings, image_settings=self.image_settings)
         self._sessions: dict[str, _Hosted] = {}
         self._lock = threading.Lock()
         self.started = time.time()
@@ -278,8 +277,6 @@ class SandboxHost:
         ``{"ok": {"restarted": bool}}``; raises nothing but the pool's start errors
         (DockerUnavailable, ImageError, as data)."""
         def run() -> dict[str, bool]:
-            from ..docker import docker_pool
-
             with self._lock:
                 restart, self.pool_closed = self.pool_closed, False  # one caller restarts it
                 if restart:
@@ -288,7 +285,7 @@ class SandboxHost:
                     self.draining = False
             if restart:  # outside the lock: starting a pool talks to Docker
                 try:
-                    pool = docker_pool(self.settings, self.image_settings).start()
+                    pool = LocalConfig().build(self.settings, image_settings=self.image_settings)
                 except BaseException:
                     with self._lock:
                         self.pool_closed, self.pool_restarting = True, False
