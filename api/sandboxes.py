@@ -25,8 +25,8 @@ repeat:
       SessionOpenError                    CodeFailed (not an ApiError: each caller words it)
 
   All but ``CodeFailed`` are also :class:`SandboxError`, so a caller can tell a sandbox
-  failure (drop the session) from its own errors. ``ValueError`` (bad arguments) passes
-  through for the caller to name the field.
+  failure (drop the session) from its own errors. ``ArgumentError`` (bad arguments, also a
+  ``ValueError``) passes through untranslated for the caller to name the field.
 
 The executor's result types (plain pydantic data) are re-exported for the services.
 """
@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sandpit.executor import (
+    ArgumentError,
     BackendName,
     CallResult,
     CallRules,
@@ -81,7 +82,7 @@ CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
 """Most UTF-8 bytes of one ``check_func`` source a sandbox job takes."""
 
 __all__ = [
-    "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
+    "ArgumentError", "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
     "ExecResult", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
     "SessionClosedError", "SharedConfig", "Snapshot", "encode_json_state", "is_truncated", "render_entry",
@@ -246,6 +247,8 @@ class Sandboxes:
             yield
         except SessionOpenError as exc:
             raise CodeFailed(exc.status, exc.observation) from None
+        except ArgumentError:
+            raise  # the caller names the field
         except ExecutorError as exc:
             raise translate(exc, self.settings.capacity_retry_after_s) from exc
 

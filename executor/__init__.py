@@ -27,6 +27,7 @@ from .config import (
     get_executor,
 )
 from .errors import (
+    ArgumentError,
     CapacityError,
     DockerUnavailable,
     ExecutorError,
@@ -57,7 +58,7 @@ from .settings import (
 )
 
 __all__ = [
-    "EXECUTOR_CONFIG", "Affinity", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
+    "EXECUTOR_CONFIG", "Affinity", "ArgumentError", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
     "CapacityError", "CheckResult", "Cluster", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
     "ExecutorError", "ExecutorSession", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
     "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "ProfileError", "ProfileOverrides",

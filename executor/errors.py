@@ -5,6 +5,8 @@ A tool call that times out, runs out of memory or raises is a normal *result*
 exception. Everything below is a failure to provide the sandbox at all::
 
     ExecutorError
+    ├── ArgumentError            a caller's bad argument (over a cap, wrong type, unknown
+    │                            host); the message names it. Also a ValueError
     ├── DockerUnavailable        engine not reachable / API error (wraps docker.errors.*)
     ├── ImageError               sandbox image missing or its build failed
     ├── ProfileError             resource profile unknown or above the operator's limits
@@ -31,6 +33,13 @@ from __future__ import annotations
 
 class ExecutorError(Exception):
     """Base class of every executor failure."""
+
+
+class ArgumentError(ExecutorError, ValueError):
+    """An argument the executor refuses before anything runs: a value over a cap, of the
+    wrong type or shape, a timeout above the profile's, an unknown host. The message names
+    the argument (``checks[3].check_func has ...``) so a caller can name the field. Also a
+    :class:`ValueError`: code that catches ``ValueError`` around executor calls still does."""
 
 
 class DockerUnavailable(ExecutorError):

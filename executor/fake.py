@@ -71,7 +71,14 @@ from typing import Any
 
 from sandpit.sandbox_images.runner import child_oneshot, child_schemas, child_session, limits, protocol
 
-from .errors import ExecutorError, SessionClosed, SessionError, SessionOpenError, ToolSchemaError
+from .errors import (
+    ArgumentError,
+    ExecutorError,
+    SessionClosed,
+    SessionError,
+    SessionOpenError,
+    ToolSchemaError,
+)
 from .pool import jobs
 from .pool.session import check_open_arguments, lost_message
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
@@ -385,7 +392,7 @@ class FakeExecutor:
         try:
             config = json.loads(json.dumps(init_config or {}, allow_nan=False))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"init_config is not JSON-encodable: {exc}") from exc
+            raise ArgumentError(f"init_config is not JSON-encodable: {exc}") from exc
         self._raise_injected("open_session")
         env = self._env(class_name)
         try:
@@ -417,7 +424,7 @@ class FakeExecutor:
                    final_state: dict[str, Any], profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
         """One :class:`CheckResult` per check, from its scripted verdict (the check's source
-        is never run). Raises ValueError as the pool does, LookupError for a check with no
+        is never run). Raises ArgumentError as the pool does, LookupError for a check with no
         verdict (and no ``default_verdict``)."""
         jobs.check_tenant(tenant)
         timeout_s = jobs.check_checks(checks, initial_state, final_state, profile or self.profile(),
@@ -431,7 +438,7 @@ class FakeExecutor:
     def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
                 timeout_s: float | None = None, profile: ResourceProfile | None = None) -> ExecResult:
         """The scripted result of ``code`` (never run), its output capped by the profile.
-        Raises ValueError as the pool does, LookupError for an unscripted script."""
+        Raises ArgumentError as the pool does, LookupError for an unscripted script."""
         jobs.check_tenant(tenant)
         profile = profile or self.profile()
         request = jobs.check_exec(code, stdin, files, timeout_s, profile)

@@ -23,8 +23,9 @@ Errors (:mod:`sandpit.executor.errors`) are part of the contract: ``SessionOpenE
 environment code fails to load or instantiate, ``CapacityError`` when no sandbox can be
 placed, ``ProfileError`` for a profile above the operator's, ``DockerUnavailable`` when the
 backend is down, ``SessionClosed``/``SessionError`` on a closed or broken session,
-``ValueError`` for bad arguments. A tool call that raises, times out or runs out of memory
-is a :class:`~sandpit.executor.results.CallResult` with that status, never an exception.
+``ArgumentError`` (also a ``ValueError``) for bad arguments. A tool call that raises,
+times out or runs out of memory is a :class:`~sandpit.executor.results.CallResult` with
+that status, never an exception.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class Cluster(Protocol):
     def drain(self, host: str, wait_s: float | None = None) -> bool:
         """Drain ``host`` in the background: nothing new is placed on it, its sessions move
         once their calls return, then it shuts down. True when the drain finished within
-        ``wait_s`` seconds (None: return at once). Idempotent. Raises ValueError for a
+        ``wait_s`` seconds (None: return at once). Idempotent. Raises ArgumentError for a
         host the executor does not know."""
         ...
 

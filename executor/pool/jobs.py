@@ -8,7 +8,7 @@ too: ``MAX_CHECKS`` (256) checks per call, ``MAX_CHECK_SOURCE_BYTES`` (64 KiB) p
 script, ``MAX_STDIN_BYTES`` (4 MiB), ``MAX_FILES`` (64) files of at most
 ``MAX_FILE_BYTES`` (4 MiB), ``MAX_FILES_TOTAL_BYTES`` (8 MiB) in all, paths checked by
 ``limits.check_file_path``. The pool's methods (:meth:`SandboxPool.run_checks`,
-:meth:`SandboxPool.execute`) use these; they raise ``ValueError`` for bad arguments and
+:meth:`SandboxPool.execute`) use these; they raise :class:`ArgumentError` for bad arguments and
 :class:`SessionError` for a malformed reply.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from sandpit.sandbox_images.runner import limits
 
-from ..errors import SessionError
+from ..errors import ArgumentError, SessionError
 from ..profiles import ResourceProfile
 from ..results import STATUSES, CheckResult, ExecResult
 
@@ -48,12 +48,12 @@ def _utf8_size(text: str, what: str) -> int:
     try:
         return len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise ValueError(f"{what} is not valid text (it contains a lone surrogate)") from None
+        raise ArgumentError(f"{what} is not valid text (it contains a lone surrogate)") from None
 
 
 def check_tenant(tenant: object) -> str:
     if not isinstance(tenant, str) or not tenant or len(tenant) > limits.TENANT_MAX_CHARS:
-        raise ValueError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
+        raise ArgumentError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
     return tenant
 
 
@@ -61,9 +61,9 @@ def _timeout(value: object, profile: ResourceProfile, default: float, what: str)
     if value is None:
         return min(default, profile.call_timeout_s)
     if not (type(value) is int or type(value) is float) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds")
+        raise ArgumentError(f"{what} must be a positive number of seconds")
     if value > profile.call_timeout_s:
-        raise ValueError(f"{what}={value:g} is above the profile's call_timeout_s={profile.call_timeout_s:g}")
+        raise ArgumentError(f"{what}={value:g} is above the profile's call_timeout_s={profile.call_timeout_s:g}")
     return float(value)
 
 
@@ -73,7 +73,7 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
     in seconds (default ``min(limits.DEFAULT_CHECK_TIMEOUT_S, call_timeout_s)``).
 
     Raises:
-        ValueError: ``checks`` is not a list of at most ``MAX_CHECKS`` objects with a
+        ArgumentError: ``checks`` is not a list of at most ``MAX_CHECKS`` objects with a
             string ``check_item`` (at most ``MAX_CHECK_ITEM_CHARS``) and a string
             ``check_func`` (at most ``MAX_CHECK_SOURCE_BYTES`` UTF-8 bytes); a state is not
             an encoded state (:func:`check_state`) of at most ``MAX_STATE_BYTES``;
@@ -81,30 +81,30 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
             timeout is not positive or above the profile's.
     """
     if not isinstance(checks, list):
-        raise ValueError("checks must be a list of {check_item, check_func} objects")
+        raise ArgumentError("checks must be a list of {check_item, check_func} objects")
     if len(checks) > limits.MAX_CHECKS:
-        raise ValueError(f"at most {limits.MAX_CHECKS} checks may run in one call (got {len(checks)})")
+        raise ArgumentError(f"at most {limits.MAX_CHECKS} checks may run in one call (got {len(checks)})")
     for index, check in enumerate(checks):
         if not isinstance(check, dict) or not set(check) <= {"check_item", "check_func"}:
-            raise ValueError(f"checks[{index}] must be an object with keys check_item and check_func")
+            raise ArgumentError(f"checks[{index}] must be an object with keys check_item and check_func")
         item, check_source = check.get("check_item"), check.get("check_func")
         if not isinstance(item, str) or len(item) > limits.MAX_CHECK_ITEM_CHARS:
-            raise ValueError(f"checks[{index}].check_item must be a string of at most "
+            raise ArgumentError(f"checks[{index}].check_item must be a string of at most "
                              f"{limits.MAX_CHECK_ITEM_CHARS} characters")
         _utf8_size(item, f"checks[{index}].check_item")
         if not isinstance(check_source, str):
-            raise ValueError(f"checks[{index}].check_func must be a string of Python source")
+            raise ArgumentError(f"checks[{index}].check_func must be a string of Python source")
         size = _utf8_size(check_source, f"checks[{index}].check_func")
         if size > limits.MAX_CHECK_SOURCE_BYTES:
-            raise ValueError(f"checks[{index}].check_func has {size} bytes; at most "
+            raise ArgumentError(f"checks[{index}].check_func has {size} bytes; at most "
                              f"{limits.MAX_CHECK_SOURCE_BYTES} are allowed")
     for name, state in (("initial_state", initial_state), ("final_state", final_state)):
         check_state(state, name)
     if source is not None:
         if not isinstance(source, str):
-            raise ValueError("source must be the environment's Python source (a string) or None")
+            raise ArgumentError("source must be the environment's Python source (a string) or None")
         if _utf8_size(source, "source") > limits.MAX_CODE_BYTES:
-            raise ValueError(f"source is over {limits.MAX_CODE_BYTES} bytes")
+            raise ArgumentError(f"source is over {limits.MAX_CODE_BYTES} bytes")
     return _timeout(per_check_timeout_s, profile, limits.DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
 
 
@@ -121,21 +121,21 @@ def check_state(state: object, name: str) -> None:
     ``["p", base64]`` | ``["u", rendering]``, the executor's state encoding, see
     :mod:`sandpit.executor.results`) that encodes as JSON (finite numbers, text encodable
     as UTF-8) in at most ``MAX_STATE_BYTES``. Pickles are restored to real objects in
-    the check's process. Raises ValueError."""
+    the check's process. Raises ArgumentError."""
     if not isinstance(state, dict):
-        raise ValueError(f"{name} must be an object (attribute name -> encoded value)")
+        raise ArgumentError(f"{name} must be an object (attribute name -> encoded value)")
     for key, entry in state.items():
         if not isinstance(key, str) or not isinstance(entry, list) or not entry or entry[0] not in ("j", "p", "u") \
                 or (entry[0] == "p" and (len(entry) not in (2, 3) or not isinstance(entry[1], str))) \
                 or (entry[0] != "p" and len(entry) != 2):
-            raise ValueError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
+            raise ArgumentError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
     try:
         text = json.dumps(state, allow_nan=False, ensure_ascii=False)
         size = len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
+        raise ArgumentError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
     if size > limits.MAX_STATE_BYTES:
-        raise ValueError(f"{name} has {size} bytes of JSON; at most {limits.MAX_STATE_BYTES} are allowed")
+        raise ArgumentError(f"{name} has {size} bytes of JSON; at most {limits.MAX_STATE_BYTES} are allowed")
 
 
 def check_exec(code: object, stdin: object, files: object, timeout_s: object,
@@ -143,25 +143,28 @@ def check_exec(code: object, stdin: object, files: object, timeout_s: object,
     """Validate :meth:`SandboxPool.execute` arguments.
 
     Raises:
-        ValueError: ``code`` not a string of at most ``MAX_CODE_BYTES``; ``stdin`` not
+        ArgumentError: ``code`` not a string of at most ``MAX_CODE_BYTES``; ``stdin`` not
             None or a string of at most ``MAX_STDIN_BYTES``; ``files`` not None or an
             object of relative paths (``check_file_path``: no absolute paths, no ``..``)
             to text within the file caps, or bigger than the profile's work tmpfs;
             ``timeout_s`` not positive or above the profile's ``call_timeout_s``.
     """
     if not isinstance(code, str):
-        raise ValueError("code must be a string of Python source")
+        raise ArgumentError("code must be a string of Python source")
     if _utf8_size(code, "code") > limits.MAX_CODE_BYTES:
-        raise ValueError(f"code has more than {limits.MAX_CODE_BYTES} bytes")
+        raise ArgumentError(f"code has more than {limits.MAX_CODE_BYTES} bytes")
     if stdin is not None:
         if not isinstance(stdin, str):
-            raise ValueError("stdin must be a string or None")
+            raise ArgumentError("stdin must be a string or None")
         if _utf8_size(stdin, "stdin") > limits.MAX_STDIN_BYTES:
-            raise ValueError(f"stdin has more than {limits.MAX_STDIN_BYTES} bytes")
-    files = limits.check_files({} if files is None else files)
+            raise ArgumentError(f"stdin has more than {limits.MAX_STDIN_BYTES} bytes")
+    try:
+        files = limits.check_files({} if files is None else files)
+    except ValueError as exc:  # the runner's own rule for paths and sizes
+        raise ArgumentError(str(exc)) from None
     total = sum(len(text.encode("utf-8")) for text in files.values())
     if total > profile.tmpfs_mib * 1024 * 1024 // 2:
-        raise ValueError(f"files total {total} bytes; the profile's work space holds at most "
+        raise ArgumentError(f"files total {total} bytes; the profile's work space holds at most "
                          f"{profile.tmpfs_mib * 1024 * 1024 // 2}")
     return ExecRequest(code=code, stdin=stdin, files=files,
                        timeout_s=_timeout(timeout_s, profile, profile.call_timeout_s, "timeout_s"))
@@ -171,21 +174,21 @@ def check_snippets(snippets: object, concurrency: object, profile: ResourceProfi
     """Validate :meth:`SandboxPool.execute_many` arguments: a list of at most
     ``MAX_SNIPPETS`` objects with ``code`` and optional ``stdin``, ``files``,
     ``timeout_s`` (each as in :func:`check_exec`); ``concurrency`` an int in 1..
-    ``MAX_EXEC_CONCURRENCY``. Raises ValueError naming the snippet."""
+    ``MAX_EXEC_CONCURRENCY``. Raises ArgumentError naming the snippet."""
     if type(concurrency) is not int or not 1 <= concurrency <= limits.MAX_EXEC_CONCURRENCY:
-        raise ValueError(f"concurrency must be an integer from 1 to {limits.MAX_EXEC_CONCURRENCY}")
+        raise ArgumentError(f"concurrency must be an integer from 1 to {limits.MAX_EXEC_CONCURRENCY}")
     if not isinstance(snippets, list) or len(snippets) > limits.MAX_SNIPPETS:
-        raise ValueError(f"snippets must be a list of at most {limits.MAX_SNIPPETS} objects")
+        raise ArgumentError(f"snippets must be a list of at most {limits.MAX_SNIPPETS} objects")
     requests = []
     for index, snippet in enumerate(snippets):
         if not isinstance(snippet, dict) or "code" not in snippet or not set(snippet) <= SNIPPET_KEYS:
-            raise ValueError(f"snippets[{index}] must be an object with 'code' and optional "
+            raise ArgumentError(f"snippets[{index}] must be an object with 'code' and optional "
                              "'stdin', 'files', 'timeout_s'")
         try:
             requests.append(check_exec(snippet["code"], snippet.get("stdin"), snippet.get("files"),
                                        snippet.get("timeout_s"), profile))
-        except ValueError as exc:
-            raise ValueError(f"snippets[{index}]: {exc}") from None
+        except ArgumentError as exc:
+            raise ArgumentError(f"snippets[{index}]: {exc}") from None
     return requests
 
 

@@ -102,7 +102,7 @@ class Placement(Protocol):
                 sandbox was lost three times while opening it).
             SessionError: the sandbox refused the request.
             CapacityError, DockerUnavailable, ImageError, SandboxStartError.
-            ValueError: ``init_config`` is not JSON-encodable.
+            ArgumentError: ``init_config`` is not JSON-encodable.
         """
         ...
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
-from ..errors import CapacityError, SandboxLost, SessionError, SessionOpenError
+from ..errors import ArgumentError, CapacityError, SandboxLost, SessionError, SessionOpenError
 from ..profiles import MiB, ProfileOverrides, ResourceProfile, resolve_profile
 from ..results import CheckResult, EncodedValue, ExecResult, check_encoded
 from ..settings import ExecutorSettings, get_settings
@@ -161,7 +161,7 @@ class SandboxPool:
             SessionOpenError: the environment code failed (status error/timeout/oom/crashed).
             CapacityError: no sandbox can be placed (``max_sandboxes`` reached).
             ProfileError, DockerUnavailable, ImageError, SandboxStartError.
-            ValueError: bad arguments (empty tenant, oversize source, non-dict config).
+            ArgumentError: bad arguments (empty tenant, oversize source, non-dict config).
         """
         check_open_arguments(tenant, source, class_name, init_config)
         wire = None
@@ -194,7 +194,7 @@ class SandboxPool:
                 introspection raised/timed out.
             SessionError: the sandbox's reply is malformed.
             CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
-            ValueError: bad arguments (empty tenant, oversize source, bad class name).
+            ArgumentError: bad arguments (empty tenant, oversize source, bad class name).
         """
         check_open_arguments(tenant, source, class_name, None)
         session = Session(placement=self, spec=SessionSpec(
@@ -246,7 +246,7 @@ class SandboxPool:
             status (``crashed``, ``oom`` or ``timeout``).
 
         Raises:
-            ValueError: bad arguments (caps, types, timeout above the profile's).
+            ArgumentError: bad arguments (caps, types, timeout above the profile's).
             SessionError: the sandbox refused the batch or answered malformed data.
             CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
         """
@@ -292,7 +292,7 @@ class SandboxPool:
             is killed is a result (``error``/``timeout``/``oom``/``crashed``).
 
         Raises:
-            ValueError: bad arguments (caps, hostile paths, timeout above the profile's).
+            ArgumentError: bad arguments (caps, hostile paths, timeout above the profile's).
             SessionError: the sandbox refused the run or answered malformed data.
             CapacityError, ProfileError, DockerUnavailable, ImageError, SandboxStartError.
         """
@@ -324,7 +324,7 @@ class SandboxPool:
             One :class:`ExecResult` per snippet, in the order given.
 
         Raises:
-            ValueError: bad arguments, naming the snippet. SessionError, CapacityError,
+            ArgumentError: bad arguments, naming the snippet. SessionError, CapacityError,
                 ProfileError, DockerUnavailable, ImageError, SandboxStartError.
         """
         jobs.check_tenant(tenant)
@@ -407,7 +407,7 @@ class SandboxPool:
                 continue
             except (ValueError, TypeError) as exc:
                 self._release(sandbox, spec.session_id, close=False)
-                raise ValueError(f"init_config is not JSON-encodable: {exc}") from exc
+                raise ArgumentError(f"init_config is not JSON-encodable: {exc}") from exc
             status = reply.get("status")
             if status == "ok":
                 try:

@@ -28,7 +28,7 @@ from typing import Any, cast
 from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
-from ..errors import SandboxLost, SessionClosed, SessionError, ToolSchemaError
+from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, ToolSchemaError
 from ..results import (
     ENVSCALER_INVALID_ACTION,
     CallResult,
@@ -47,16 +47,16 @@ log = logging.getLogger(__name__)
 
 
 def check_open_arguments(tenant: object, source: object, class_name: object, init_config: object) -> None:
-    """Raise ValueError naming the first bad argument of ``open_session``/``describe``
+    """Raise ArgumentError naming the first bad argument of ``open_session``/``describe``
     (any :class:`~sandpit.executor.interface.Executor` applies these checks)."""
     if not isinstance(tenant, str) or not tenant or len(tenant) > limits.TENANT_MAX_CHARS:
-        raise ValueError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
+        raise ArgumentError(f"tenant must be a non-empty string of at most {limits.TENANT_MAX_CHARS} characters")
     if not isinstance(source, str) or len(source.encode("utf-8", "surrogatepass")) > limits.MAX_SOURCE_BYTES:
-        raise ValueError(f"source must be a string of at most {limits.MAX_SOURCE_BYTES} bytes")
+        raise ArgumentError(f"source must be a string of at most {limits.MAX_SOURCE_BYTES} bytes")
     if not isinstance(class_name, str) or not class_name.isidentifier():
-        raise ValueError("class_name must be a Python identifier")
+        raise ArgumentError("class_name must be a Python identifier")
     if init_config is not None and not isinstance(init_config, dict):
-        raise ValueError("init_config must be an object")
+        raise ArgumentError("init_config must be an object")
 
 
 class Session:

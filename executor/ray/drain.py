@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from ..errors import SandboxLost
+from ..errors import ArgumentError, SandboxLost
 from ..interface import Affinity
 from .host import HOST_PREFIX
 
@@ -94,11 +94,11 @@ class HostDrains:
         host: a second call joins the running one). The caller records the drain in the
         affinity first, so every replica stops placing on ``host``. ``wait_s``: seconds to
         wait for the drain to finish (None: return at once). Returns True when this
-        process's drain thread has finished. Raises ValueError for a host this executor
+        process's drain thread has finished. Raises ArgumentError for a host this executor
         does not know (neither live nor recorded)."""
         replica = self.replica
         if not replica.knows(host) and host not in replica.refresh(force=True) and host not in replica.drain_states():
-            raise ValueError(f"unknown sandbox host {host!r}")
+            raise ArgumentError(f"unknown sandbox host {host!r}")
         replica.learnt_draining(host)
         with self._lock:
             thread = self._threads.get(host)

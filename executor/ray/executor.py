@@ -353,7 +353,7 @@ class RayExecutor:
     def drain(self, host: str, wait_s: float | None = None) -> bool:
         """Drain ``host`` in a background thread of this process (:meth:`HostDrains.drain`):
         True when that thread has finished within ``wait_s`` seconds (None: return at once).
-        Raises ValueError for a host this executor does not know."""
+        Raises ArgumentError for a host this executor does not know."""
         return self.drains.drain(host, wait_s)
 
     def undrain(self, host: str) -> bool:
@@ -403,7 +403,7 @@ class RayExecutor:
                      seed: int | None = None) -> RaySession:
         """Open ``class_name`` on the env's host (or attach to its live session there);
         ``seed`` as the pool's. Raises SessionOpenError, CapacityError, SandboxLost,
-        DockerUnavailable, ValueError."""
+        DockerUnavailable, ArgumentError."""
         session_id = session_id or f"ses_{secrets.token_hex(8)}"
         recorded = self.affinity.get(session_id)
         tried: set[str] = set()

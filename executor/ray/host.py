@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import LocalConfig
-from ..errors import DockerUnavailable, HostDraining, SessionClosed
+from ..errors import ArgumentError, DockerUnavailable, HostDraining, SessionClosed
 from ..interface import Executor
 from ..profiles import ProfileOverrides, ResourceProfile
 from ..results import CallRules, Snapshot
@@ -108,12 +108,12 @@ class SandboxHost:
 
     def _link_dispatch(self, op: str, args: list[Any]) -> dict[str, Any]:
         """A host link request: the :data:`~.link.DIRECT` method ``op`` with ``args``,
-        answered exactly as through Ray; wrong arguments are a ValueError (as data)."""
+        answered exactly as through Ray; wrong arguments are an ArgumentError (as data)."""
         method = getattr(self, op)
         try:
             answer: dict[str, Any] = method(*args)
         except TypeError as exc:  # arity: the methods take plain JSON values
-            return {"error": {"type": "ValueError", "message": f"bad arguments for {op!r}: {exc}"}}
+            return {"error": {"type": "ArgumentError", "message": f"bad arguments for {op!r}: {exc}"}}
         return answer
 
     def info(self) -> dict[str, Any]:
@@ -210,7 +210,7 @@ class SandboxHost:
                 return session.snapshot().attributes
             if what == "describe":
                 return session.describe()
-            raise ValueError(f"unknown read {what!r}")
+            raise ArgumentError(f"unknown read {what!r}")
         return guard(run)
 
     def close_session(self, session_id: str, version: int | None) -> dict[str, Any]:
@@ -252,7 +252,7 @@ class SandboxHost:
                 return self.pool.execute(**kwargs).model_dump(mode="json")
             if method == "warm":
                 return self.pool.warm(**kwargs)
-            raise ValueError(f"unknown pool method {method!r}")
+            raise ArgumentError(f"unknown pool method {method!r}")
         return guard(run)
 
     def drain(self) -> dict[str, Any]:

@@ -52,7 +52,7 @@ class RaySession:
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
         """A tool call in the host (EnvScaler semantics; ``rules`` as the executor's
         session). Raises SessionClosed (closed, or stale: another replica used the env),
-        SandboxLost (host lost), ValueError."""
+        SandboxLost (host lost), ArgumentError."""
         self._check()
         version, result = self._ask("call", self._id, self._version, name, arguments or {}, rules)
         self._version = version

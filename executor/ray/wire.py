@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import (
+    ArgumentError,
     CapacityError,
     DockerUnavailable,
     ExecutorError,
@@ -27,8 +28,10 @@ from ..errors import (
 
 
 def error_data(exc: BaseException) -> dict[str, Any]:
-    """An executor error (or ValueError) as plain data for :func:`raise_error`."""
-    data: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    """An executor error (or another ValueError, sent as an ArgumentError) as plain data
+    for :func:`raise_error`."""
+    kind = type(exc).__name__ if isinstance(exc, ExecutorError) else "ArgumentError"
+    data: dict[str, Any] = {"type": kind, "message": str(exc)}
     for attr in ("retry_after_s", "sandbox_id", "status", "observation", "traceback", "logs"):
         if hasattr(exc, attr):
             data[attr] = getattr(exc, attr)
@@ -51,12 +54,14 @@ def raise_error(data: dict[str, Any]) -> None:
         raise SandboxStartError(message, data.get("sandbox_id", ""), data.get("logs", ""))
     simple: dict[str, type[Exception]] = {
         "ProfileError": ProfileError, "SessionClosed": SessionClosed, "SessionError": SessionError,
-        "DockerUnavailable": DockerUnavailable, "ImageError": ImageError, "ValueError": ValueError}
+        "DockerUnavailable": DockerUnavailable, "ImageError": ImageError, "ArgumentError": ArgumentError,
+        "ValueError": ArgumentError}
     raise simple.get(kind, ExecutorError)(message if kind in simple else f"{kind}: {message}")
 
 
 def guard(fn: Callable[[], Any]) -> dict[str, Any]:
-    """``{"ok": fn()}``, or ``{"error": ...}`` for an executor error or ValueError."""
+    """``{"ok": fn()}``, or ``{"error": ...}`` for an executor error or a ValueError (a bad
+    argument, pydantic's validation included); anything else is a bug and propagates."""
     try:
         return {"ok": fn()}
     except (ExecutorError, ValueError) as exc:

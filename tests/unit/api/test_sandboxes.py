@@ -12,6 +12,7 @@ import pytest
 from api_fakes import SOURCE, fake_executor
 from sandpit.api.errors import InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
 from sandpit.api.sandboxes import (
+    CHECK_SOURCE_MAX_BYTES,
     CodeFailed,
     SandboxCapacity,
     SandboxError,
@@ -22,7 +23,7 @@ from sandpit.api.sandboxes import (
 )
 from sandpit.api.scheduler import FairScheduler
 from sandpit.api.settings import ApiSettings
-from sandpit.executor.errors import CapacityError, DockerUnavailable, ProfileError, SandboxLost
+from sandpit.executor.errors import ArgumentError, CapacityError, DockerUnavailable, ProfileError, SandboxLost
 from sandpit.executor.fake import FakeExecutor
 from sandpit.executor.interface import HostInfo
 
@@ -207,3 +208,18 @@ def test_cluster_errors_are_translated_like_every_other_executor_error(
                       lambda: sandboxes.node_alive("h1"), lambda: sandboxes.live_hosts(force=True)):
         with pytest.raises(translated):
             operation()
+
+
+@pytest.mark.parametrize("checks", [
+    [{"check_item": "i", "check_func": "x" * (CHECK_SOURCE_MAX_BYTES + 1)}],  # over the cap
+    [{"check_item": "i"}] * 3,  # no check_func
+    "def check_func(s): return True",  # not a list
+    [{"check_item": "i", "check_func": "\ud800"}],  # a lone surrogate
+])
+def test_bad_arguments_pass_through_untranslated_for_the_caller_to_name(
+        fake: FakeExecutor, tmp_path: Path, checks: object) -> None:
+    sandboxes = adapter(fake, tmp_path)
+    with pytest.raises(ArgumentError) as refused:
+        sandboxes.run_checks(tenant="t", checks=checks, initial_state={}, final_state={})  # type: ignore[arg-type]
+    assert isinstance(refused.value, ValueError) and not isinstance(refused.value, SandboxError)
+    assert "check" in str(refused.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from sandpit.executor.errors import (
+    ArgumentError,
     CapacityError,
     DockerUnavailable,
     ExecutorError,
@@ -26,7 +27,7 @@ from sandpit.executor.ray.wire import error_data, guard, raise_error
     ProfileError("above max"),
     SessionClosed("closed"),
     DockerUnavailable("down"),
-    ValueError("bad arguments"),
+    ArgumentError("checks[0].check_func has 70000 bytes"),
 ])
 def test_errors_come_back_as_the_same_class_with_their_fields(error: Exception) -> None:
     with pytest.raises(type(error)) as caught:
@@ -49,3 +50,14 @@ def test_guard_wraps_executor_errors_and_lets_bugs_through() -> None:
     assert guard(lambda: (_ for _ in ()).throw(SessionClosed("x")))["error"]["type"] == "SessionClosed"
     with pytest.raises(ZeroDivisionError):
         guard(lambda: 1 / 0)
+
+
+def test_a_plain_value_error_comes_back_as_an_argument_error() -> None:
+    """What a host's pydantic validation or a stray ValueError raises is a bad argument."""
+    data = guard(lambda: int("not a number"))["error"]
+    assert data["type"] == "ArgumentError"
+    with pytest.raises(ArgumentError, match="invalid literal") as caught:
+        raise_error(data)
+    assert isinstance(caught.value, ValueError)
+    with pytest.raises(ArgumentError):
+        raise_error({"type": "ValueError", "message": "from an older host"})
