@@ -21,15 +21,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+from cachetools import LRUCache
 
 from ..errors import SessionError
 from ..results import EncodedValue, check_encoded, check_retyped
 from .placement import SessionSpec
-from .warm import PooledSandbox
+
+if TYPE_CHECKING:
+    from .warm import PooledSandbox
 
 INITIAL_SNAPSHOTS_MAX = 8
 """Initial states kept (each shared by the sessions that started from it)."""
@@ -69,31 +71,69 @@ class SharedConfig(dict[str, Any]):
 
 class InitialSnapshots:
     """``(tenant, digest)`` -> encoded initial state, least recently used out past
-    ``max_entries``. Thread-safe. Values are shared: never mutate them."""
+    ``max_entries`` (a :class:`cachetools.LRUCache` behind a lock). Thread-safe. Values are
+    shared: never mutate them."""
 
     def __init__(self, max_entries: int = INITIAL_SNAPSHOTS_MAX) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str], dict[str, EncodedValue]] = OrderedDict()
+        self._entries: LRUCache[tuple[str, str], dict[str, EncodedValue]] = LRUCache(maxsize=max_entries)
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def get(self, tenant: str, digest: str) -> dict[str, EncodedValue] | None:
+        """The state known by ``digest`` for ``tenant`` (now the most recently used), or None."""
         with self._lock:
             found = self._entries.get((tenant, digest))
             if found is None:
                 self.misses += 1
-                return None
-            self.hits += 1
-            self._entries.move_to_end((tenant, digest))
+            else:
+                self.hits += 1
             return found
 
     def put(self, tenant: str, digest: str, snapshot: dict[str, EncodedValue]) -> None:
+        """Remember ``snapshot`` as ``tenant``'s state of ``digest``."""
         with self._lock:
             self._entries[(tenant, digest)] = snapshot
-            self._entries.move_to_end((tenant, digest))
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+
+
+class SentConfigs:
+    """The config hashes a sandbox's runner was sent (what the host believes it holds),
+    least recently used out past ``max_entries`` (a :class:`cachetools.LRUCache` behind a
+    lock: sessions placed in one sandbox open concurrently). A belief only: a runner that
+    let one go answers ``missing_config`` and the bytes are sent again (:func:`send_open`)."""
+
+    def __init__(self, max_entries: int = CONFIGS_SENT_MAX) -> None:
+        self._hashes: LRUCache[str, None] = LRUCache(maxsize=max_entries)
+        self._lock = threading.Lock()
+
+    def __contains__(self, config_hash: object) -> bool:
+        with self._lock:
+            return config_hash in self._hashes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._hashes)
+
+    def touch(self, config_hash: str) -> None:
+        """``config_hash`` was just used (most recently used now); unknown ones are ignored."""
+        with self._lock:
+            self._hashes.get(config_hash)
+
+    def add(self, config_hash: str) -> None:
+        """The runner was sent ``config_hash`` (the least recently used one may go)."""
+        with self._lock:
+            self._hashes[config_hash] = None
+
+    def discard(self, config_hash: str) -> None:
+        """The runner let ``config_hash`` go."""
+        with self._lock:
+            self._hashes.pop(config_hash, None)
+
+    def clear(self) -> None:
+        """The runner forgot every config (a recycle)."""
+        with self._lock:
+            self._hashes.clear()
 
 
 class OpenedSnapshot(dict[str, EncodedValue]):
@@ -129,15 +169,13 @@ def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot: dict[str, Enc
     if spec.config_hash in sandbox.configs:
         reply = request("open", config_hash=spec.config_hash, **common)
         if reply.get("status") != "fault" or reply.get("missing_config") is not True:
-            sandbox.configs.move_to_end(spec.config_hash)
+            sandbox.configs.touch(spec.config_hash)
             return reply
-        sandbox.configs.pop(spec.config_hash, None)
+        sandbox.configs.discard(spec.config_hash)
     reply = request("open", config_hash=spec.config_hash,
                     config_b64=base64.b64encode(spec.config_json).decode("ascii"), **common)
     if reply.get("status") != "fault":
-        sandbox.configs[spec.config_hash] = None
-        while len(sandbox.configs) > CONFIGS_SENT_MAX:
-            sandbox.configs.popitem(last=False)
+        sandbox.configs.add(spec.config_hash)
     return reply
 
 

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import CapacityError
 from ..profiles import ResourceProfile
 from ..settings import ExecutorSettings
+from .configs import SentConfigs
 from .driver import SandboxDriver, SandboxHandle
 
 log = logging.getLogger("sandpit.executor.pool")
@@ -61,7 +62,7 @@ class PooledSandbox:
         self.memory_sampled_at = 0.0
         self.sessions_at_sample = 0
         """How many sessions were placed when :attr:`memory_used` was read."""
-        self.configs: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.configs = SentConfigs()
         """Config hashes sent to its runner (what we believe it holds; a miss is answered
         ``missing_config`` and the bytes are sent again)."""
         self.config_keys: set[tuple[str, str, str]] = set()

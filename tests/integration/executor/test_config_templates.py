@@ -247,7 +247,7 @@ def test_a_config_the_runner_let_go_is_sent_again(pool, opened) -> None:
     config = {"data": {"new": 2}}
     wire = wire_config(config)
     assert wire is not None
-    pool.sets.all[sandbox.id].configs[wire[1]] = None  # the host believes the runner holds it; it does not
+    pool.sets.all[sandbox.id].configs.add(wire[1])  # the host believes the runner holds it; it does not
     session = open_(pool, opened, config)
     assert session._sandbox is sandbox and state_view(session)["data"] == {"new": 2}
 
