@@ -23,6 +23,10 @@ from sandpit.sandbox_images.runner import limits
 from .profiles import ResourceProfile, check_within
 
 
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "sandpit"
+
+
 def _default_run_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/run/sandpit")
@@ -233,7 +237,10 @@ class ImageSettings(BaseSettings):
     debian_suite: str = "bookworm"
     debian_mirror: str = "http://deb.debian.org/debian"
     """Mirror for ``debootstrap`` when the base image cannot be pulled."""
-    cache_dir: Path = Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "sandpit"
+    cache_dir: Path = Field(default_factory=lambda: _default_cache_dir())
+    """Where base and builder root filesystems are cached as tarballs (and the BFCL wheel
+    next to them); default ``$XDG_CACHE_HOME/sandpit`` (``~/.cache/sandpit``), read when the
+    settings are made, not when this module is imported."""
 
 
 @lru_cache
