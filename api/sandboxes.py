@@ -335,6 +335,12 @@ class Sandboxes:
         self.executor.ping()
 
     # -- a cluster's hosts (executors over several hosts) -------------------------------------
+    @property
+    def multi_host(self) -> bool:
+        """Whether the executor runs sandboxes on several hosts (a Cluster: per-host info,
+        drains); False for one pool."""
+        return self.cluster is not None
+
     def hosts(self) -> list[HostInfo]:
         """Every live host's info (:meth:`Cluster.hosts`); ``[]`` for an executor that is not
         a cluster. Raises a SandboxError."""

@@ -191,8 +191,7 @@ class FakeSession:
 
     @property
     def retyped(self) -> list[dict[str, str]]:
-        """Always ``[]``: the fake does not model construction over a config."""
-        return []
+        return []  # the fake does not model construction over a config
 
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
         """EnvScaler's ``getattr(instance, name)(**arguments)`` on the scripted tool. Under

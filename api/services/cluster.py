@@ -61,7 +61,7 @@ class ClusterService:
         counters). Raises ServiceUnavailable (database)."""
         affinity = DbAffinity(self.db)
         placed = affinity.counts()
-        multi_host = self.sandboxes.cluster is not None
+        multi_host = self.sandboxes.multi_host
         drains = affinity.drains() if multi_host else {}
         raw: list[dict[str, Any]] = ([dict(info) for info in self.sandboxes.hosts()] if multi_host
                                      else [{"host": "local", "stats": self.sandboxes.stats()}])
@@ -111,7 +111,7 @@ class ClusterService:
                 have nowhere to go), or the local backend (its one pool cannot be drained).
             ServiceUnavailable: database or Ray failure.
         """
-        if self.sandboxes.cluster is None:
+        if not self.sandboxes.multi_host:
             if host == "local":
                 raise Conflict("the local backend has one sandbox host: there is nowhere to drain it to")
             raise NotFound(f"sandbox host {host!r} not found")
@@ -140,7 +140,7 @@ class ClusterService:
         hosts this replica took over. A drain this replica claimed but could not start is
         released (owner None) before the error is raised, so it is claimed again on a later
         pass. Raises ServiceUnavailable (database), the adapter's SandboxError."""
-        if self.sandboxes.cluster is None:
+        if not self.sandboxes.multi_host:
             return []
         affinity = DbAffinity(self.db)
         taken = []
@@ -172,7 +172,7 @@ class ClusterService:
             ServiceUnavailable: database or Ray failure (also: the re-created host's pool
                 cannot start).
         """
-        if self.sandboxes.cluster is None:
+        if not self.sandboxes.multi_host:
             if host == "local":
                 return HostUndrainPublic(host=host, previous=None)
             raise NotFound(f"sandbox host {host!r} not found")

@@ -1,5 +1,5 @@
 """The seam under the pool: what starts sandboxes (a *driver*) and what the pool and its
-sessions use of one sandbox (a *handle*). :class:`~sandpit.executor.pool.pool.SandboxPool`
+sessions use of one sandbox (a *handle*). :class:`~sandpit.executor.pool.SandboxPool`
 decides which tenant's session goes where, keeps warm sets, admits by memory and recycles;
 a driver only makes sandboxes exist. The Docker backend's driver is
 :class:`~sandpit.executor.docker.driver.DockerDriver` (containers on a Docker Engine); a

@@ -171,12 +171,12 @@ class ClusterFake(FakeExecutor):
 
 def test_capabilities_are_found_by_their_protocols(fake: FakeExecutor, tmp_path: Path) -> None:
     plain = adapter(fake, tmp_path)
-    assert not plain.keyed and plain.cluster is None
+    assert not plain.keyed and plain.cluster is None and not plain.multi_host
     assert plain.hosts() == [] and plain.live_hosts() == set() and "hosts" not in plain.stats()
     with pytest.raises(SandboxUnavailable, match="one sandbox host"):
         plain.drain("local")
     multi = adapter(ClusterFake(), tmp_path)
-    assert multi.keyed and multi.cluster is multi.executor
+    assert multi.keyed and multi.cluster is multi.executor and multi.multi_host
     assert multi.live_hosts(force=True) == {"h1"} and multi.node_alive("h1") and not multi.node_alive("h2")
     assert multi.stats()["hosts"] == [{"host": "h1", "stats": {"sessions": 2}}]
 
