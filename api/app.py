@@ -9,9 +9,11 @@ and the janitor (which also takes over the host drains of dead replicas). Shutdo
 every session and sandbox; the state of every env stays in the database and resumes on
 the next start.
 
-This module and :mod:`.sandboxes` are the only ones that import ``sandpit.executor``: here
-the Docker pool is built and handed, as an :class:`~sandpit.executor.interface.Executor`,
-to the adapter every service uses (``executor_factory`` lets a caller give another).
+This module and :mod:`.sandboxes` are the only ones that import ``sandpit.executor`` (its
+package face): here the executor the environment configures is built
+(:func:`~sandpit.executor.get_executor`, with the database's env -> host affinity for a
+multi-host backend) and handed, as an :class:`~sandpit.executor.Executor`, to the adapter
+every service uses (``executor_factory`` lets a caller give another).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from functools import partial
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from sandpit.executor.errors import ExecutorError
-from sandpit.executor.interface import Executor
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.profiles import resolve_profile
-from sandpit.executor.settings import ExecutorSettings, get_settings
+from sandpit.executor import (
+    BackendName,
+    Executor,
+    ExecutorError,
+    ExecutorSettings,
+    configured,
+    get_executor,
+    get_settings,
+    resolve_profile,
+)
 from starlette.types import Receive, Scope, Send
 
 from .db.affinity import DbAffinity
@@ -90,18 +97,6 @@ def tune_gc(young_threshold: int) -> None:
     gc.freeze()
 
 
-def _pool(settings: ExecutorSettings) -> Executor:
-    return SandboxPool(settings).start()
-
-
-def _ray_executor(api_settings: ApiSettings, settings: ExecutorSettings, db: Database) -> Executor:
-    """The Ray backend (``executor_backend="ray"``), env -> host affinity in ``db``."""
-    from sandpit.executor.ray_backend import RayExecutor
-
-    return RayExecutor(api_settings.ray_address, settings, affinity=DbAffinity(db),
-                       direct=api_settings.ray_direct_calls).start()
-
-
 class SandpitApp(FastAPI):
     """The FastAPI app with the step door in front of its middleware stack, and the access
     log in front of both.
@@ -146,10 +141,13 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                executor_factory: Callable[[ExecutorSettings], Executor] | None = None) -> FastAPI:
     """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
     the database is behind. ``executor_factory`` builds (and starts) the executor in the
-    lifespan (default: by ``executor_backend``, the local Docker pool or the Ray backend);
-    it is closed at shutdown."""
+    lifespan (default: the backend the environment configures,
+    :func:`sandpit.executor.configured`: the local Docker pool or the Ray backend); it is
+    closed at shutdown. Raises pydantic's ValidationError when the environment names no
+    known backend."""
     api_settings = settings or get_api_settings()
     pool_settings = executor_settings or get_settings()
+    backend = configured()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -163,13 +161,12 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
             db = Database(make_sessionmaker(engine))
             if executor_factory is not None:
                 executor = executor_factory(pool_settings)
-            elif api_settings.executor_backend == "ray":
-                executor = _ray_executor(api_settings, pool_settings, db)
             else:
-                executor = _pool(pool_settings)
+                executor = get_executor(backend, pool_settings, affinity=DbAffinity(db))
             try:
                 anyio.to_thread.current_default_thread_limiter().total_tokens = api_settings.http_threads
-                services = build(api_settings, db, executor, warm_target=pool_settings.pool_size)
+                services = build(api_settings, db, executor, warm_target=pool_settings.pool_size,
+                                 backend=backend.type)
                 for name in SERVED:  # what the routes' dependencies (deps.py) read
                     setattr(app.state, name, getattr(services, name))
                 services.start()
@@ -253,11 +250,12 @@ class Services:
         self.envs.close()
 
 
-def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: int = 0) -> Services:
+def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: int = 0,
+          backend: BackendName = "local") -> Services:
     """The services over ``db`` and ``executor``, wired (no thread started: see
     :meth:`Services.start`). ``/readyz`` wants ``warm_target`` sandboxes when
-    ``warm_on_start``."""
-    metrics = Metrics(executor.stats)
+    ``warm_on_start``; ``backend`` names the executor's backend in the cluster view."""
+    metrics = Metrics(lambda: sandboxes.stats())  # read at each scrape, once everything is built
     tenants = TenantService(settings, db)
     sandboxes = Sandboxes(executor, settings, metrics,
                           running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
@@ -276,7 +274,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     steps = Steps(settings, db, sessions, rulebook, rewards, quotas, metrics)
     scenarios = ScenarioService(settings, db, environments, quotas, tenants)
     runner = EvaluationRunner(settings, db, envs, steps, rewards, environments, scenarios, tenants)
-    cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id)
+    cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id, backend)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,

@@ -1,10 +1,14 @@
 """The executor seam: the one module of the API that imports ``sandpit.executor`` (with
-the app factory, which builds the executor).
+the app factory, which builds the executor), and only its package face.
 
-The API depends on the :class:`~sandpit.executor.interface.Executor` and
-:class:`~sandpit.executor.interface.ExecutorSession` protocols, never on the Docker pool:
-:class:`Sandboxes` wraps any ``Executor`` (the pool in production, a scripted fake in unit
-tests) and owns two things every caller used to repeat:
+The API depends on the :class:`~sandpit.executor.Executor` and
+:class:`~sandpit.executor.ExecutorSession` protocols, never on a backend: :class:`Sandboxes`
+wraps any ``Executor`` (a pool or the Ray backend in production, a scripted fake in unit
+tests). Optional capabilities are asked with ``isinstance`` on their protocols:
+:class:`~sandpit.executor.KeyedSessions` (sessions keyed by the env id, which any replica
+re-attaches to and :meth:`Sandboxes.discard` ends) and :class:`~sandpit.executor.Cluster`
+(several sandbox hosts: per-host info, drains). It owns two things every caller used to
+repeat:
 
 * **slots**: every run of untrusted code (opening a session, a tool call, restoring a
   snapshot, deriving tools, checks, scripts) holds one slot of the :class:`FairScheduler`
@@ -21,8 +25,8 @@ tests) and owns two things every caller used to repeat:
       SessionOpenError                    CodeFailed (not an ApiError: each caller words it)
 
   All but ``CodeFailed`` are also :class:`SandboxError`, so a caller can tell a sandbox
-  failure (drop the session) from its own errors. ``ValueError`` (bad arguments) passes
-  through for the caller to name the field.
+  failure (drop the session) from its own errors. ``ArgumentError`` (bad arguments, also a
+  ``ValueError``) passes through untranslated for the caller to name the field.
 
 The executor's result types (plain pydantic data) are re-exported for the services.
 """
@@ -34,33 +38,37 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sandpit.executor.configs import SharedConfig
-from sandpit.executor.errors import (
+from sandpit.executor import (
+    ArgumentError,
+    BackendName,
+    CallResult,
+    CallRules,
     CapacityError,
+    CheckResult,
+    Cluster,
     DockerUnavailable,
+    ExecResult,
+    Executor,
     ExecutorError,
+    ExecutorSession,
+    HostInfo,
+    KeyedSessions,
     ProfileError,
+    ProfileOverrides,
+    ResourceProfile,
     SandboxLost,
     SessionClosed,
     SessionOpenError,
-)
-from sandpit.executor.interface import Executor, ExecutorSession
-from sandpit.executor.jobs import encode_json_state
-from sandpit.executor.policy import PolicyReport, check_source
-from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
-from sandpit.executor.results import (
-    CallResult,
-    CallRules,
-    CheckResult,
-    ExecResult,
+    SharedConfig,
     Snapshot,
+    encode_json_state,
     is_truncated,
     render_entry,
 )
-from sandpit.executor.scheduler import FairScheduler, SchedulerBusy
 from sandpit.sandbox_images.runner import limits as _runner_limits
 
 from .errors import ApiError, InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
+from .scheduler import FairScheduler, SchedulerBusy
 
 log = logging.getLogger("sandpit.api")
 
@@ -74,10 +82,10 @@ CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
 """Most UTF-8 bytes of one ``check_func`` source a sandbox job takes."""
 
 __all__ = [
-    "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed", "ExecResult",
-    "PolicyReport", "ProfileOverrides", "ResourceProfile",
+    "ArgumentError", "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
+    "ExecResult", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "SharedConfig", "Snapshot", "check_source", "encode_json_state", "is_truncated", "render_entry",
+    "SessionClosedError", "SharedConfig", "Snapshot", "encode_json_state", "is_truncated", "render_entry",
     "translate",
 ]
 
@@ -147,8 +155,7 @@ class SandboxSession:
         """``init_config`` keys whose value replaced an attribute the constructor set to a
         value of another type, as the sandbox reported them at open
         (``[{"key", "constructed", "config"}]``; ``[]`` from executors that do not report)."""
-        retyped = getattr(self._session, "retyped", None)
-        return list(retyped) if isinstance(retyped, list) else []
+        return list(self._session.retyped)
 
     def call(self, name: str, arguments: dict[str, Any], rules: CallRules = "sandpit") -> CallResult:
         """``getattr(instance, name)(**arguments)`` in a slot, under ``rules`` (Sandpit's
@@ -209,6 +216,10 @@ class Sandboxes:
     def __init__(self, executor: Executor, settings: ApiSettings, metrics: Metrics | None = None,
                  running_limit: Callable[[str], int] | None = None, scheduler: FairScheduler | None = None) -> None:
         self.executor = executor
+        self.keyed = isinstance(executor, KeyedSessions)
+        """Sessions are keyed by the env id and outlive this process (:meth:`open_session`)."""
+        self.cluster: Cluster | None = executor if isinstance(executor, Cluster) else None
+        """The executor as a :class:`~sandpit.executor.Cluster`, when it is one."""
         self.settings = settings
         self.metrics = metrics
         self.scheduler = scheduler or FairScheduler(settings.resolved_call_slots())
@@ -236,6 +247,8 @@ class Sandboxes:
             yield
         except SessionOpenError as exc:
             raise CodeFailed(exc.status, exc.observation) from None
+        except ArgumentError:
+            raise  # the caller names the field
         except ExecutorError as exc:
             raise translate(exc, self.settings.capacity_retry_after_s) from exc
 
@@ -259,10 +272,10 @@ class Sandboxes:
         """Instantiate ``class_name`` (restoring ``snapshot`` when given; ``seed`` seeds the
         session's ``random`` before the constructor, EnvScaler's ``reset(seed=...)``) in a slot.
         ``env_id`` keys the session in executors whose sessions outlive this process
-        (``keyed_sessions``: the Ray backend, where any replica re-attaches to it); the
-        local pool's session ids stay random. Raises CodeFailed, QuotaExceeded, a
-        SandboxError (SandboxCapacity when full)."""
-        keyed = env_id if getattr(self.executor, "keyed_sessions", False) else None
+        (:class:`~sandpit.executor.KeyedSessions`: the Ray backend, where any replica
+        re-attaches to it); the local pool's session ids stay random. Raises CodeFailed,
+        QuotaExceeded, a SandboxError (SandboxCapacity when full)."""
+        keyed = env_id if self.keyed else None
         with self.slot(tenant), self.translated():
             session = self.executor.open_session(tenant=tenant, source=source, class_name=class_name,
                                                  init_config=init_config, profile=profile, snapshot=snapshot,
@@ -271,14 +284,13 @@ class Sandboxes:
 
     def discard(self, env_id: str) -> None:
         """End the executor's session of a deleted env, whichever process's handle on it is
-        current (executors with ``keyed_sessions`` and a ``discard`` method: the Ray
-        backend, where another API replica may have stepped the env last). Best effort:
-        never raises; a session left behind ends with its pool's idle eviction."""
-        discard = getattr(self.executor, "discard", None)
-        if not getattr(self.executor, "keyed_sessions", False) or discard is None:
+        current (:class:`~sandpit.executor.KeyedSessions`: the Ray backend, where another
+        API replica may have stepped the env last). Best effort: never raises; a session
+        left behind ends with its pool's idle eviction."""
+        if not isinstance(self.executor, KeyedSessions):
             return
         try:
-            discard(env_id)
+            self.executor.discard(env_id)
         except Exception as exc:  # noqa: BLE001 - deleting the env must not fail on it
             log.warning("could not end the session of deleted env %s: %s: %s", env_id, type(exc).__name__, exc)
 
@@ -311,9 +323,57 @@ class Sandboxes:
         return self.executor.warm(tenant)
 
     def stats(self) -> dict[str, Any]:
-        """The executor's counters (``idle``, ``active``, ``sessions``, ...)."""
-        return self.executor.stats()
+        """The executor's counters (``idle``, ``active``, ``sessions``, ...); for a cluster
+        also ``hosts``, its :meth:`hosts` (what ``/metrics`` reports per host)."""
+        stats = self.executor.stats()
+        if self.cluster is not None:
+            stats = {**stats, "hosts": self.hosts()}
+        return stats
 
     def ping(self) -> None:
         """Raise when the backend cannot take work (``/readyz`` reports the error's type)."""
         self.executor.ping()
+
+    # -- a cluster's hosts (executors over several hosts) -------------------------------------
+    @property
+    def multi_host(self) -> bool:
+        """Whether the executor runs sandboxes on several hosts (a Cluster: per-host info,
+        drains); False for one pool."""
+        return self.cluster is not None
+
+    def hosts(self) -> list[HostInfo]:
+        """Every live host's info (:meth:`Cluster.hosts`); ``[]`` for an executor that is not
+        a cluster. Raises a SandboxError."""
+        if self.cluster is None:
+            return []
+        with self.translated():
+            return self.cluster.hosts()
+
+    def live_hosts(self, force: bool = False) -> set[str]:
+        """The names of the live hosts (re-read now when ``force``); empty for an executor
+        that is not a cluster. Raises a SandboxError."""
+        if self.cluster is None:
+            return set()
+        with self.translated():
+            return set(self.cluster.refresh(force=force))
+
+    def drain(self, host: str) -> None:
+        """Start (or resume) the drain of ``host``, recorded by the caller first. Raises a
+        SandboxError (SandboxUnavailable for an executor that is not a cluster)."""
+        with self.translated():
+            self._cluster().drain(host)
+
+    def undrain(self, host: str) -> bool:
+        """Let ``host`` take work again; False when its node is gone. Raises a SandboxError."""
+        with self.translated():
+            return self._cluster().undrain(host)
+
+    def node_alive(self, host: str) -> bool:
+        """Whether ``host``'s node can host sandboxes. Raises a SandboxError."""
+        with self.translated():
+            return self._cluster().node_alive(host)
+
+    def _cluster(self) -> Cluster:
+        if self.cluster is None:
+            raise SandboxUnavailable("the executor has one sandbox host: it has no drains")
+        return self.cluster

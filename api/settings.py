@@ -2,7 +2,9 @@
 
 Every limit here is enforced by the API layer before anything reaches a sandbox; the
 executor's own limits (memory, CPU, per-call timeout) live in
-:class:`sandpit.executor.settings.ExecutorSettings` (prefix ``SANDPIT_EXECUTOR_``).
+:class:`sandpit.executor.settings.ExecutorSettings` (prefix ``SANDPIT_EXECUTOR_``), and
+which backend runs sandboxes in :class:`sandpit.executor.settings.BackendSettings`
+(``SANDPIT_EXECUTOR_BACKEND``, ``SANDPIT_RAY_ADDRESS``, ``SANDPIT_RAY_DIRECT_CALLS``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -106,19 +108,6 @@ class ApiSettings(BaseSettings):
     database_url: str | None = None
     """SQLAlchemy URL; default ``sqlite:///<data_dir>/sandpit.db`` (WAL mode). PostgreSQL
     works by URL (``postgresql+psycopg://...``) when its driver is installed."""
-    executor_backend: Literal["local", "ray"] = "local"
-    """Where sandboxes run: ``local`` (a Docker pool in this process, the default; no Ray
-    needed) or ``ray`` (host actors on the Ray cluster's nodes that offer the
-    ``sandpit_docker`` resource; needs the ``ray`` extra and, for replicas, a shared
-    PostgreSQL database). Environment: ``SANDPIT_EXECUTOR_BACKEND``."""
-    ray_address: str | None = None
-    """Ray cluster address for the ``ray`` backend (``SANDPIT_RAY_ADDRESS``; empty: ``auto``,
-    the cluster this machine's ``ray start`` joined)."""
-    ray_direct_calls: bool = True
-    """Ray backend: send session requests (tool calls, restores, state reads) to the sandbox
-    hosts over direct TCP links (``executor/host_link.py``: an empty round trip ~0.3 ms
-    against ~1.1 ms for a Ray actor call, ``benchmarks/scale.py``); False sends everything
-    through Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
     tenant: str = "default"
     """Tenant whose warm pool is filled at start-up (``warm_on_start``)."""
 

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import httpx
 from sandpit.api.db.engine import upgrade
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 
 SOURCE = '''
@@ -188,7 +188,7 @@ def anchor_call_rtt(calls: int) -> dict:
     """The executor's own call round trip (``benchmarks/sandbox.py``'s ``call_rtt_ms``):
     a trivial tool called in one session, in this process, no HTTP and no database."""
     settings = ExecutorSettings().model_copy(update={"pool_size": 1, "pool_refill_concurrency": 1})
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         session = pool.open_session(tenant="bench-anchor", source=SOURCE, class_name="Bench")
         for _ in range(200):
             session.call("bump", {})

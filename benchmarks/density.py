@@ -49,8 +49,7 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from sandpit.executor import engine
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.docker import docker_pool, engine
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -90,20 +89,20 @@ def bench_memory(templates: bool, extra: int) -> dict:
     """Per-session memory with or without templates (see the module docstring)."""
     settings = ExecutorSettings(sessions_per_sandbox=extra + 1, pool_size=1, session_templates=templates,
                                 sandbox_memory_mib=1024)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         pool.warm("bench", count=1)
         first = pool.open_session(tenant="bench", source=SMALL, class_name="Counter")
         sandbox = first._sandbox
         assert sandbox is not None
         time.sleep(1.0)  # the spare (and the template) finish starting
-        before = sandbox_memory(pool.client, sandbox.container_id)
+        before = sandbox_memory(pool.driver.client, sandbox.container_id)
         sessions = [first] + [pool.open_session(tenant="bench", source=SMALL, class_name="Counter")
                               for _ in range(extra)]
         assert all(s._sandbox is sandbox for s in sessions), "sessions were not co-located"
         for session in sessions:
             assert session.call("bump", {"by": 1}).status == "ok"
         time.sleep(1.0)
-        after = sandbox_memory(pool.client, sandbox.container_id)
+        after = sandbox_memory(pool.driver.client, sandbox.container_id)
         ping = sandbox.request("ping")
         for session in sessions:
             session.close()
@@ -128,7 +127,7 @@ def bench_executor(args: argparse.Namespace) -> dict:
         sandbox_memory_mib=args.sandbox_memory_mib, session_templates=args.templates,
         profiles={"default": {"pids": 4 * args.per_sandbox + 32, "cpus": args.cpus}})
     out: dict = {"envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         started = time.perf_counter()
         with ThreadPoolExecutor(8) as starter:
             sessions = list(starter.map(lambda i: pool.open_session(tenant="bench", source=SOURCE, class_name="Bench",

@@ -25,9 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from sandpit.executor import engine
-from sandpit.executor.pool import SandboxPool
-from sandpit.executor.sandbox import Sandbox
+from sandpit.executor.docker import docker_pool, engine
+from sandpit.executor.docker.sandbox import Sandbox
 from sandpit.executor.settings import ExecutorSettings
 
 TRIVIAL = '''
@@ -95,10 +94,10 @@ def sandbox_memory(client, sandbox: Sandbox, shared_shim: bool) -> dict:
 
 def bench_cold_start(settings: ExecutorSettings, n: int) -> dict:
     times = []
-    with SandboxPool(settings.model_copy(update={"pool_size": 0})) as pool:
+    with docker_pool(settings.model_copy(update={"pool_size": 0})) as pool:
         profile = pool.profile()
         for i in range(n):
-            sandbox = Sandbox.start(client=pool.client, settings=pool.settings, profile=profile, image=pool.image,
+            sandbox = Sandbox.start(client=pool.driver.client, settings=pool.settings, profile=profile, image=pool.driver.image,
                                     tenant="bench", pool_id=pool.id, uid=pool.settings.uid_base + 30000 + i)
             times.append(sandbox.started_ms)
             sandbox.destroy()
@@ -107,7 +106,7 @@ def bench_cold_start(settings: ExecutorSettings, n: int) -> dict:
 
 def bench_pool(settings: ExecutorSettings, acquires: int, calls: int) -> dict:
     out: dict = {}
-    with SandboxPool(settings.model_copy(update={"pool_size": 2, "pool_refill_concurrency": 1})) as pool:
+    with docker_pool(settings.model_copy(update={"pool_size": 2, "pool_refill_concurrency": 1})) as pool:
         pool.warm("bench", count=2)
         acquire, sessions = [], []
         for _ in range(acquires):
@@ -132,25 +131,25 @@ def bench_pool(settings: ExecutorSettings, acquires: int, calls: int) -> dict:
         elapsed = time.perf_counter() - t_start
         out["call_rtt_ms"] = summary(rtt)
         out["calls_per_s_one_session"] = round(calls / elapsed, 1)
-        out["idle_sandbox"] = sandbox_memory(pool.client, session._sandbox, shared_shim=False)  # type: ignore[arg-type]
+        out["idle_sandbox"] = sandbox_memory(pool.driver.client, session._sandbox, shared_shim=False)  # type: ignore[arg-type]
         session.close()
     return out
 
 
 def bench_shared(settings: ExecutorSettings, sessions_n: int, seconds: float) -> dict:
     shared = settings.model_copy(update={"pool_size": 1, "sessions_per_sandbox": sessions_n})
-    with SandboxPool(shared) as pool:
+    with docker_pool(shared) as pool:
         pool.warm("bench", count=1)
         first = pool.open_session(tenant="bench", source=TRIVIAL, class_name="Echo")
         sandbox = first._sandbox
         assert sandbox is not None
         time.sleep(0.5)  # let the spare child finish starting
-        before = sandbox_memory(pool.client, sandbox, shared_shim=True)
+        before = sandbox_memory(pool.driver.client, sandbox, shared_shim=True)
         sessions = [first] + [pool.open_session(tenant="bench", source=TRIVIAL, class_name="Echo")
                               for _ in range(sessions_n - 1)]
         assert all(s._sandbox is sandbox for s in sessions), "sessions were not co-located"
         time.sleep(0.5)
-        after = sandbox_memory(pool.client, sandbox, shared_shim=True)
+        after = sandbox_memory(pool.driver.client, sandbox, shared_shim=True)
         extra = sessions_n - 1
         per_session = {
             "rss_mib": round((after["total_rss_mib"] - before["total_rss_mib"]) / extra, 2),

@@ -3,7 +3,7 @@
 Measures, on the real Docker Engine and a real local Ray cluster (all on 127.0.0.1):
   local_call_ms        trivial tool call through the local SandboxPool (baseline)
   ray_call_ms          the same call through RayExecutor -> host -> its pool over the
-                       host link (the default data path, executor/host_link.py), and
+                       host link (the default data path, executor/ray/link.py), and
                        ray_actor_call_ms through Ray actor calls (``direct=False``), all
                        measured in rounds with the local call (alternating, so machine
                        noise hits them alike)
@@ -36,7 +36,7 @@ from typing import Any
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
 
-from sandpit.executor.pool import SandboxPool  # noqa: E402
+from sandpit.executor.docker import docker_pool  # noqa: E402
 from sandpit.executor.settings import ExecutorSettings  # noqa: E402
 
 TRIVIAL = '''
@@ -162,12 +162,12 @@ def main() -> None:
     args = parser.parse_args()
     import ray
     from ray.cluster_utils import Cluster
-    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.ray import RayExecutor
 
     settings = ExecutorSettings(pool_size=1)
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                                "note": "one machine: nodes share cores and the Docker Engine; noisy if loaded"}
-    pool = SandboxPool(settings).start()
+    pool = docker_pool(settings).start()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
                                                             "include_dashboard": False})
     try:

@@ -132,7 +132,7 @@ def ray_cluster() -> Iterator[str]:
     cluster stops."""
     import ray
     from ray.cluster_utils import Cluster
-    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.ray import RayExecutor
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
                                                             "include_dashboard": False})

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
-from sandpit.executor.images import resolve_image
+from sandpit.executor.docker.images import resolve_image
 from sandpit.executor.settings import get_image_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -27,9 +27,9 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor import engine, owners
+from sandpit.executor.docker import engine, owners
+from sandpit.executor.docker.images import build_image, sandbox_tag
 from sandpit.executor.errors import ExecutorError
-from sandpit.executor.images import build_image, sandbox_tag
 from sandpit.executor.settings import get_image_settings, get_settings
 
 app = typer.Typer(help="Sandpit: sandboxed execution of LLM-synthesized tool environments.",
@@ -90,7 +90,7 @@ def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owne
 @app.command("demo")
 def demo(sessions: int = typer.Option(2, min=1, max=32, help="Concurrent episodes to run.")) -> None:
     """Run the bundled demo environment through real sandboxes and print what happens."""
-    from sandpit.executor.demo import run_demo
+    from .demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
     try:

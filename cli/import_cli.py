@@ -46,7 +46,7 @@ console = Console(stderr=True)
 
 
 class Policy(enum.StrEnum):
-    """Static policies (``sandpit.executor.policy``)."""
+    """Static policies (``sandpit.policy``)."""
 
     strict = "strict"
     standard = "standard"

@@ -5,20 +5,27 @@ A tool call that times out, runs out of memory or raises is a normal *result*
 exception. Everything below is a failure to provide the sandbox at all::
 
     ExecutorError
+    ├── ArgumentError            a caller's bad argument (over a cap, wrong type, unknown
+    │                            host); the message names it. Also a ValueError
     ├── DockerUnavailable        engine not reachable / API error (wraps docker.errors.*)
     ├── ImageError               sandbox image missing or its build failed
     ├── ProfileError             resource profile unknown or above the operator's limits
     ├── CapacityError            no sandbox can be placed now (carries retry_after_s)
     ├── SandboxStartError        container did not come up and say hello in time
     ├── SandboxLost              container/runner died or stopped answering mid-request
+    ├── LinkRefused              (Ray backend) a host link could not be opened; nothing was
+    │                            sent and the request goes through Ray instead: it never
+    │                            leaves the backend
     └── SessionError             request the session cannot serve (closed, open failed)
         ├── SessionClosed
+        │   └── HostDraining     (Ray backend) the host is being drained: the request goes to
+        │                        another host; one that reaches the caller is a SessionClosed
         └── SessionOpenError     the environment's code failed to load or instantiate
             └── ToolSchemaError  its tool schemas could not be derived
 
 Each carries the data a caller needs (``retry_after_s``, ``status``, ``sandbox_id``...).
 The Docker SDK's own exceptions never cross this package's boundary: they are translated
-in :func:`sandpit.executor.engine.map_docker_errors`.
+in :func:`sandpit.executor.docker.engine.map_docker_errors`.
 """
 
 from __future__ import annotations
@@ -26,6 +33,13 @@ from __future__ import annotations
 
 class ExecutorError(Exception):
     """Base class of every executor failure."""
+
+
+class ArgumentError(ExecutorError, ValueError):
+    """An argument the executor refuses before anything runs: a value over a cap, of the
+    wrong type or shape, a timeout above the profile's, an unknown host. The message names
+    the argument (``checks[3].check_func has ...``) so a caller can name the field. Also a
+    :class:`ValueError`: code that catches ``ValueError`` around executor calls still does."""
 
 
 class DockerUnavailable(ExecutorError):
@@ -77,6 +91,17 @@ class SessionError(ExecutorError):
 
 class SessionClosed(SessionError):
     """The session was closed; create a new one."""
+
+
+class HostDraining(SessionClosed):
+    """The sandbox host is being drained: it takes no new session nor pool work (the Ray
+    executor then places the request on another host). A ``SessionClosed``, so one that
+    reaches the API is a retryable 503."""
+
+
+class LinkRefused(ExecutorError):
+    """A host link (the Ray backend's direct data path) could not be opened: nothing was
+    sent, so the request goes through Ray instead. Raised and caught inside the backend."""
 
 
 class SessionOpenError(SessionError):

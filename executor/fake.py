@@ -71,8 +71,16 @@ from typing import Any
 
 from sandpit.sandbox_images.runner import child_oneshot, child_schemas, child_session, limits, protocol
 
-from . import jobs
-from .errors import ExecutorError, SessionClosed, SessionError, SessionOpenError, ToolSchemaError
+from .errors import (
+    ArgumentError,
+    ExecutorError,
+    SessionClosed,
+    SessionError,
+    SessionOpenError,
+    ToolSchemaError,
+)
+from .pool import jobs
+from .pool.session import check_open_arguments, lost_message
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from .results import (
     ENVSCALER_INVALID_ACTION,
@@ -88,7 +96,6 @@ from .results import (
     check_tool_schemas,
     render_state,
 )
-from .session import check_open_arguments, lost_message
 from .settings import ExecutorSettings
 
 Tool = Callable[..., object]
@@ -181,6 +188,10 @@ class FakeSession:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def retyped(self) -> list[dict[str, str]]:
+        return []  # the fake does not model construction over a config
 
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
         """EnvScaler's ``getattr(instance, name)(**arguments)`` on the scripted tool. Under
@@ -380,7 +391,7 @@ class FakeExecutor:
         try:
             config = json.loads(json.dumps(init_config or {}, allow_nan=False))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"init_config is not JSON-encodable: {exc}") from exc
+            raise ArgumentError(f"init_config is not JSON-encodable: {exc}") from exc
         self._raise_injected("open_session")
         env = self._env(class_name)
         try:
@@ -412,7 +423,7 @@ class FakeExecutor:
                    final_state: dict[str, Any], profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
         """One :class:`CheckResult` per check, from its scripted verdict (the check's source
-        is never run). Raises ValueError as the pool does, LookupError for a check with no
+        is never run). Raises ArgumentError as the pool does, LookupError for a check with no
         verdict (and no ``default_verdict``)."""
         jobs.check_tenant(tenant)
         timeout_s = jobs.check_checks(checks, initial_state, final_state, profile or self.profile(),
@@ -426,7 +437,7 @@ class FakeExecutor:
     def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
                 timeout_s: float | None = None, profile: ResourceProfile | None = None) -> ExecResult:
         """The scripted result of ``code`` (never run), its output capped by the profile.
-        Raises ValueError as the pool does, LookupError for an unscripted script."""
+        Raises ArgumentError as the pool does, LookupError for an unscripted script."""
         jobs.check_tenant(tenant)
         profile = profile or self.profile()
         request = jobs.check_exec(code, stdin, files, timeout_s, profile)

@@ -309,7 +309,7 @@ class ExecResult(BaseModel):
     over the profile's ``memory_mib``, exit status 1; or killed by the kernel's OOM
     killer) | crashed (killed by a signal, e.g. ``os.kill(os.getpid(), 9)`` or a
     segfault; or the sandbox died). ``rejected`` is never produced: bad arguments raise
-    ValueError."""
+    ArgumentError."""
     exit_code: int | None
     """The process's exit status; ``-N`` when killed by signal N; None on timeout or when
     the sandbox was lost."""

@@ -1,7 +1,11 @@
-"""Executor settings (environment variables prefixed ``SANDPIT_EXECUTOR_``).
+"""Executor settings: :class:`ExecutorSettings` (environment variables prefixed
+``SANDPIT_EXECUTOR_``: where and how sandboxes run), :class:`BackendSettings` (which
+backend runs them: ``SANDPIT_EXECUTOR_BACKEND`` and the backend's own variables) and
+:class:`ImageSettings` (``SANDPIT_IMAGE_``: how the sandbox image is built).
 
-Read through :func:`get_settings` (cached) so tests and the CLI can override them; nothing
-here creates a Docker client at import time. Profiles are JSON, e.g.
+Read through the cached getters (:func:`get_settings`, :func:`get_backend_settings`,
+:func:`get_image_settings`) so tests and the CLI can override them; nothing here creates a
+Docker client or reads the environment at import time. Profiles are JSON, e.g.
 ``SANDPIT_EXECUTOR_PROFILES='{"default": {"memory_mib": 512}}'``.
 """
 
@@ -10,13 +14,17 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sandpit.sandbox_images.runner import limits
 
 from .profiles import ResourceProfile, check_within
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "sandpit"
 
 
 def _default_run_dir() -> Path:
@@ -131,7 +139,7 @@ class ExecutorSettings(BaseSettings):
     snapshot) at their next request, and it is destroyed when the last one has left."""
     reap_on_start: bool = True
     """When a pool starts, remove every ``sandpit=1`` container left by earlier runs: those
-    whose owner is proven dead (``executor/owners.py``) and those without a Sandpit owner
+    whose owner is proven dead (``executor/docker/owners.py``) and those without a Sandpit owner
     label. Sandboxes of live owners (and of owners this pool cannot judge) stay."""
     reap_interval_s: Annotated[float, Field(ge=0, le=86400)] = 30.0
     """Seconds between two sweeps of the engine by a started pool (0: none): each removes
@@ -145,7 +153,7 @@ class ExecutorSettings(BaseSettings):
     every quarter of this) counts as expired, and its owner as dead, this many seconds
     after its last renewal: also while its process exists but is stopped or hung."""
     owner_lease_dir: Path | None = None
-    """Directory of the owner leases (``executor/owners.py``). Pools that should reap each
+    """Directory of the owner leases (``executor/docker/owners.py``). Pools that should reap each
     other's leftovers across pid namespaces (API servers in separate containers on one
     engine) must share it: mount the same host directory. ``None``: ``<run_dir>.leases``."""
     default_profile: str = "default"
@@ -181,6 +189,41 @@ class ExecutorSettings(BaseSettings):
         return self
 
 
+BackendName = Literal["local", "ray"]
+"""The backends :class:`BackendSettings` can choose (``config.py`` has one config class each)."""
+
+
+class BackendSettings(BaseSettings):
+    """Which executor backend a program builds, and that backend's options (prefix
+    ``SANDPIT_``). A field ``<backend>_<option>`` is option ``<option>`` of the backend
+    named ``<backend>`` (``ray_address`` is :attr:`RayConfig.address
+    <sandpit.executor.config.RayConfig.address>`); :func:`sandpit.executor.config.configured`
+    turns these into the backend's typed config."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDPIT_", extra="forbid")
+
+    executor_backend: BackendName = "local"
+    """Where sandboxes run: ``local`` (a Docker pool in this process, the default; no Ray
+    needed) or ``ray`` (host actors on the Ray cluster's nodes that offer the
+    ``sandpit_docker`` resource; needs the ``ray`` extra and, for replicas, a shared
+    PostgreSQL database). Environment: ``SANDPIT_EXECUTOR_BACKEND``."""
+    ray_address: str | None = None
+    """Ray cluster address for the ``ray`` backend (``SANDPIT_RAY_ADDRESS``; empty: ``auto``,
+    the cluster this machine's ``ray start`` joined)."""
+    ray_direct_calls: bool = True
+    """Ray backend: send session requests (tool calls, restores, state reads) to the sandbox
+    hosts over direct TCP links (``executor/ray/link.py``: an empty round trip ~0.3 ms
+    against ~1.1 ms for a Ray actor call, ``benchmarks/scale.py``); False sends everything
+    through Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
+
+    def config_data(self) -> dict[str, Any]:
+        """``{"type": <backend>, <option>: value, ...}``: the chosen backend's name and the
+        fields named ``<backend>_<option>`` (other backends' options are left out)."""
+        prefix = f"{self.executor_backend}_"
+        options = {name.removeprefix(prefix): value for name, value in self if name.startswith(prefix)}
+        return {"type": self.executor_backend, **options}
+
+
 class ImageSettings(BaseSettings):
     """How the sandbox image is built (``SANDPIT_IMAGE_`` prefix)."""
 
@@ -194,13 +237,22 @@ class ImageSettings(BaseSettings):
     debian_suite: str = "bookworm"
     debian_mirror: str = "http://deb.debian.org/debian"
     """Mirror for ``debootstrap`` when the base image cannot be pulled."""
-    cache_dir: Path = Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "sandpit"
+    cache_dir: Path = Field(default_factory=lambda: _default_cache_dir())
+    """Where base and builder root filesystems are cached as tarballs (and the BFCL wheel
+    next to them); default ``$XDG_CACHE_HOME/sandpit`` (``~/.cache/sandpit``), read when the
+    settings are made, not when this module is imported."""
 
 
 @lru_cache
 def get_settings() -> ExecutorSettings:
     """The process-wide executor settings (cached; tests call ``cache_clear()``)."""
     return ExecutorSettings()
+
+
+@lru_cache
+def get_backend_settings() -> BackendSettings:
+    """The process-wide backend choice (cached; tests call ``cache_clear()``)."""
+    return BackendSettings()
 
 
 @lru_cache

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from sandpit.client import Client, EnvHandle, InvalidRequest, NotFound, PayloadTooLarge, StepResult
 from sandpit.client.llm import ModelClient
-from sandpit.executor.policy import check_source
+from sandpit.policy import check_source
 
 from .ask import ask
 from .parsing import (

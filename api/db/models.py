@@ -48,7 +48,7 @@ class Environment(Base):
     inline: Mapped[bool] = mapped_column(Boolean, default=False)
     """Created implicitly by ``POST /v1/envs`` with inline ``source_code``."""
     policy: Mapped[str] = mapped_column(String(32), default="standard")
-    """Static policy the code was checked with (``sandpit.executor.policy``)."""
+    """Static policy the code was checked with (``sandpit.policy``)."""
     policy_report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """The static policy report (findings with rule, line, column, severity)."""
     introduction: Mapped[str | None] = mapped_column(Text)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Any
 
 from sqlalchemy import select
 
@@ -22,7 +22,7 @@ from ..db import models
 from ..db.affinity import DbAffinity
 from ..db.database import Database
 from ..errors import Conflict, NotFound
-from ..sandboxes import Sandboxes
+from ..sandboxes import BackendName, Sandboxes
 from ..schemas.cluster import ClusterStatus, HostDrainPublic, HostStatus, HostUndrainPublic, ReplicaStatus
 from ..settings import LEASE_S, ApiSettings
 from .common import aware
@@ -36,39 +36,35 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 unknown without asking the database (a NUL byte is not even storable in PostgreSQL)."""
 
 
-class Drainable(Protocol):
-    """What a multi-host executor (the Ray backend) offers for drains, structurally."""
-
-    def refresh(self, force: bool = False) -> dict[str, Any]: ...
-
-    def drain(self, host: str, wait_s: float | None = None) -> bool: ...
-
-    def undrain(self, host: str) -> bool: ...
-
-    def node_alive(self, host: str) -> bool: ...
-
-
 class ClusterService:
     """Reads, plus :meth:`drain`, :meth:`undrain` and the janitor's
-    :meth:`take_over_drains`; the executor's ``stats()`` is one request per host (Ray backend)."""
+    :meth:`take_over_drains`; the hosts' info is one request per host (Ray backend). Every
+    executor call goes through the adapter (:class:`~..sandboxes.Sandboxes`), so its
+    errors are translated like any other (503 for a failing backend).
+
+    Args:
+        backend: the executor's backend, as the status reports it.
+    """
 
     def __init__(self, settings: ApiSettings, db: Database, sandboxes: Sandboxes, live_envs: Callable[[], int],
-                 replica_id: str) -> None:
+                 replica_id: str, backend: BackendName = "local") -> None:
         self.settings = settings
         self.db = db
         self.sandboxes = sandboxes
         self.live_envs = live_envs
         """How many envs this replica holds in sandboxes now."""
         self.replica_id = replica_id
+        self.backend = backend
 
     def status(self) -> ClusterStatus:
         """The cluster as this replica sees it (drained hosts listed last, with zero
         counters). Raises ServiceUnavailable (database)."""
-        stats = self.sandboxes.stats()
         affinity = DbAffinity(self.db)
         placed = affinity.counts()
-        drains = affinity.drains() if "hosts" in stats else {}
-        raw: list[dict[str, Any]] = stats.get("hosts") or [{"host": "local", "stats": stats}]
+        multi_host = self.sandboxes.multi_host
+        drains = affinity.drains() if multi_host else {}
+        raw: list[dict[str, Any]] = ([dict(info) for info in self.sandboxes.hosts()] if multi_host
+                                     else [{"host": "local", "stats": self.sandboxes.stats()}])
         hosts = []
         for info in raw:
             s = info.get("stats", {})
@@ -94,7 +90,7 @@ class ClusterService:
                   for d in gone if d.host not in shown]
         caps = [h.capacity_sessions for h in hosts]
         return ClusterStatus(
-            backend=self.settings.executor_backend, replica=self.replica_id,
+            backend=self.backend, replica=self.replica_id,
             nodes=len({h.node_id or h.host for h in live_hosts}), hosts=hosts, replicas=replicas,
             live_envs=self.live_envs(), sandboxes=sum(h.sandboxes for h in hosts),
             sessions=sum(h.sessions for h in hosts),
@@ -115,14 +111,12 @@ class ClusterService:
                 have nowhere to go), or the local backend (its one pool cannot be drained).
             ServiceUnavailable: database or Ray failure.
         """
-        executor = self.sandboxes.executor
-        if not hasattr(executor, "drain"):
+        if not self.sandboxes.multi_host:
             if host == "local":
                 raise Conflict("the local backend has one sandbox host: there is nowhere to drain it to")
             raise NotFound(f"sandbox host {host!r} not found")
-        drainable = cast(Drainable, executor)
         affinity = DbAffinity(self.db)
-        live = set(drainable.refresh(force=True))
+        live = self.sandboxes.live_hosts(force=True)
         if host not in live and (not HOST_NAME.fullmatch(host) or affinity.drain_record(host) is None):
             raise NotFound(f"sandbox host {host!r} not found")
         row, created = affinity.start_drain(host, live, allow_last=force, owner=self.replica_id)
@@ -134,7 +128,7 @@ class ClusterService:
                 for orphan, owner in affinity.orphaned_drains(LEASE_S):
                     if orphan == host:
                         affinity.claim_drain(host, owner, self.replica_id)
-            drainable.drain(host)
+            self.sandboxes.drain(host)
         return self.drain_view(host)
 
     def take_over_drains(self) -> list[str]:
@@ -145,9 +139,8 @@ class ClusterService:
         janitor every ``janitor_interval_s``; a no-op on the local backend. Returns the
         hosts this replica took over. A drain this replica claimed but could not start is
         released (owner None) before the error is raised, so it is claimed again on a later
-        pass. Raises ServiceUnavailable (database), the executor's errors."""
-        executor = self.sandboxes.executor
-        if not hasattr(executor, "drain"):
+        pass. Raises ServiceUnavailable (database), the adapter's SandboxError."""
+        if not self.sandboxes.multi_host:
             return []
         affinity = DbAffinity(self.db)
         taken = []
@@ -156,7 +149,7 @@ class ClusterService:
                 continue  # another replica claimed it first
             log.warning("taking over the drain of %s from replica %s (no heartbeat for %.0f s)", host, owner, LEASE_S)
             try:
-                cast(Drainable, executor).drain(host)
+                self.sandboxes.drain(host)
             except Exception:
                 affinity.claim_drain(host, self.replica_id, None)  # let the next pass (any replica) retry it
                 raise
@@ -179,27 +172,25 @@ class ClusterService:
             ServiceUnavailable: database or Ray failure (also: the re-created host's pool
                 cannot start).
         """
-        executor = self.sandboxes.executor
-        if not hasattr(executor, "drain"):
+        if not self.sandboxes.multi_host:
             if host == "local":
                 return HostUndrainPublic(host=host, previous=None)
             raise NotFound(f"sandbox host {host!r} not found")
-        drainable = cast(Drainable, executor)
         if not HOST_NAME.fullmatch(host):
             raise NotFound(f"sandbox host {host!r} not found")
         affinity = DbAffinity(self.db)
         for _ in range(3):  # a drain finishing meanwhile turns draining into drained: look again
             row = affinity.drain_record(host)
             if row is None:
-                if host not in drainable.refresh(force=True):
+                if host not in self.sandboxes.live_hosts(force=True):
                     raise NotFound(f"sandbox host {host!r} not found")
-                drainable.undrain(host)  # lifts a refusal left behind, if any
+                self.sandboxes.undrain(host)  # lifts a refusal left behind, if any
                 return HostUndrainPublic(host=host, previous=None)
-            if not drainable.node_alive(host):
+            if not self.sandboxes.node_alive(host):
                 raise Conflict(f"host {host!r} is {row.status} and its Ray node is gone: it cannot take work again "
                                "(a new node gets a new host)")
             if affinity.undrain(host, row.status):
-                drainable.undrain(host)
+                self.sandboxes.undrain(host)
                 log.info("undrained %s (was %s)", host, row.status)
                 return HostUndrainPublic(host=host, previous=row.status)  # type: ignore[arg-type]
         raise Conflict(f"the drain of host {host!r} keeps changing; try again")
@@ -212,7 +203,7 @@ class ClusterService:
             raise NotFound(f"sandbox host {host!r} is not being drained")
         sessions = 0
         if row.status != "drained":
-            for info in self.sandboxes.stats().get("hosts", []):
+            for info in self.sandboxes.hosts():
                 if info.get("host") == host:
                     sessions = int(info.get("sessions", 0))
         return HostDrainPublic(host=row.host, status=row.status,  # type: ignore[arg-type]

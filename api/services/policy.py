@@ -1,12 +1,12 @@
-"""The static policy as the API uses it (``sandpit.executor.policy``, through the
-adapter): check code, summarize a report in one line for error messages, and word the
-sandbox's findings of a registration (:func:`retyped_findings`)."""
+"""The static policy as the API uses it (:mod:`sandpit.policy`): check code, summarize a
+report in one line for error messages, and word the sandbox's findings of a registration
+(:func:`retyped_findings`)."""
 
 from __future__ import annotations
 
 import ast
 
-from ..sandboxes import PolicyReport, check_source
+from sandpit.policy import PolicyReport, check_source
 
 __all__ = ["check_source", "policy_summary", "retyped_findings"]
 

@@ -13,7 +13,7 @@ the operator overrides single fields per tenant, stored in ``tenants.quotas``).
   ``steps_per_minute / 60`` per second); an empty bucket gives 429 with the wait.
 * ``max_running_calls`` — of the in-flight calls, how many may execute in sandboxes at
   once; the rest wait in the tenant's queue of the fair scheduler
-  (:mod:`sandpit.executor.scheduler`).
+  (:mod:`sandpit.api.scheduler`).
 * ``max_evaluation_concurrency`` / ``max_active_evaluations`` — episodes at once and
   unfinished evaluation jobs (enforced by :mod:`sandpit.api.evaluations.jobs`).
 

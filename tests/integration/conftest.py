@@ -31,14 +31,14 @@ import httpx
 import pytest
 import requests.exceptions
 from api_server import COUNTER_SOURCE, ApiServer
-from sandpit.executor import engine
+from sandpit.executor.docker import docker_pool, engine
+from sandpit.executor.docker.images import resolve_image
+from sandpit.executor.docker.sandbox import Sandbox
 from sandpit.executor.errors import ImageError
-from sandpit.executor.images import resolve_image
 from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.profiles import ProfileOverrides, ResourceProfile
 from sandpit.executor.results import CallResult
-from sandpit.executor.sandbox import Sandbox
-from sandpit.executor.session import Session
 from sandpit.executor.settings import ExecutorSettings, get_image_settings
 
 TENANT = "tests"
@@ -170,7 +170,7 @@ def pool_settings(run_root: Path) -> Callable[..., ExecutorSettings]:
 @pytest.fixture(scope="session")
 def pool(leak_check: None, run_root: Path) -> Iterator[SandboxPool]:
     """The shared pool: one session per sandbox, one warm sandbox."""
-    with SandboxPool(make_settings(run_root, "main")) as shared:
+    with docker_pool(make_settings(run_root, "main")) as shared:
         yield shared
 
 
@@ -221,7 +221,7 @@ def open_env(pool: SandboxPool, fast_profile: ResourceProfile) -> Iterator[OpenE
         session.close()
     for target, session in opened:
         assert session.closed
-        assert all(session.id not in sandbox.sessions for sandbox in list(target._all.values()))
+        assert all(session.id not in sandbox.sessions for sandbox in list(target.sets.all.values()))
 
 
 FORK_BOMB = """

@@ -12,7 +12,7 @@ import docker
 import docker.errors
 import httpx
 import pytest
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import docker
 import httpx
 import pytest
 from api_server import COUNTER_SOURCE, ApiServer
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.session import Session
+from sandpit.executor.pool.session import Session
 from sandpit.importers import bfcl
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

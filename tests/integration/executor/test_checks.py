@@ -15,8 +15,8 @@ import json
 import time
 
 import pytest
-from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.jobs import encode_json_state
 from sandpit.executor.profiles import ResourceProfile
 from sandpit.executor.results import CheckResult
 from sandpit.sandbox_images.runner import limits

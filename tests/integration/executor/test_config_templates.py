@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sandpit.executor.configs import wire_config
+from sandpit.executor.docker import docker_pool
+from sandpit.executor.docker.sandbox import Sandbox
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.sandbox import Sandbox
-from sandpit.executor.session import Session
+from sandpit.executor.pool.configs import wire_config
+from sandpit.executor.pool.session import Session
 
 from ..conftest import FAST, TENANT, template_state
 
@@ -79,7 +80,7 @@ def variant(constructor: str) -> str:
 
 @pytest.fixture(scope="module")
 def pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
-    with SandboxPool(pool_settings("config-templates", sessions_per_sandbox=8, pool_size=1,
+    with docker_pool(pool_settings("config-templates", sessions_per_sandbox=8, pool_size=1,
                                    idle_timeout_s=300.0)) as pool:
         yield pool
 
@@ -246,7 +247,7 @@ def test_a_config_the_runner_let_go_is_sent_again(pool, opened) -> None:
     config = {"data": {"new": 2}}
     wire = wire_config(config)
     assert wire is not None
-    sandbox.configs[wire[1]] = None  # the host believes the runner holds it; it does not
+    pool.sets.all[sandbox.id].configs.add(wire[1])  # the host believes the runner holds it; it does not
     session = open_(pool, opened, config)
     assert session._sandbox is sandbox and state_view(session)["data"] == {"new": 2}
 
@@ -273,7 +274,7 @@ template of ~55 MiB: three of them fill half of a 384 MiB sandbox."""
 @pytest.fixture(scope="module")
 def tight_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
     """One sandbox of 384 MiB: config templates are built below 192 MiB of it."""
-    with SandboxPool(pool_settings("config-room", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0,
+    with docker_pool(pool_settings("config-room", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0,
                                    sandbox_memory_mib=384)) as pool:
         yield pool
 

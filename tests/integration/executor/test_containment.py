@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.errors import SessionOpenError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
@@ -59,7 +60,7 @@ def rt_pool(request, leak_check, pool_settings, docker_client) -> Iterator[Sandb
         pytest.skip("runsc runtime not registered with Docker")
     settings = pool_settings(f"contain-{runtime}", runtime=runtime, sessions_per_sandbox=2, pool_size=0,
                              idle_timeout_s=300.0)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         yield pool
 
 
@@ -266,7 +267,7 @@ def _neighbour_still_serving(probe, other, pid: str, sandbox, expected: int) -> 
     is retired (``runsc_retire_pids_fraction``) and the session moves to a fresh one."""
     after = other.call("bump", {"by": 1})
     assert (after.status, after.observation) == ("ok", str(expected)), after
-    if sandbox.key[2] == "runc":
+    if sandbox.runtime == "runc":
         assert not after.recovered, after
         assert probe.ok(other, "result = os.getpid()") == pid, "the other session's process was restarted"
         assert other._sandbox is sandbox

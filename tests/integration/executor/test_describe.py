@@ -98,7 +98,7 @@ def assert_pool_still_works(pool: SandboxPool, profile: ResourceProfile, open_en
     result = session.call("restock", {"sku": "A", "quantity": 2})
     assert result.status == "ok", result
     assert session.state() == {"stock": {"A": 3}}
-    assert all(not sandbox.sessions for sandbox in list(pool._all.values()) if sandbox is not session._sandbox)
+    assert all(not sandbox.sessions for sandbox in list(pool.sets.all.values()) if sandbox.handle is not session._sandbox)
 
 
 # -- ordinary environments ---------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_describe_only_never_instantiates(pool: SandboxPool, fast_profile: Resou
 
 def test_describe_leaves_no_session_behind(pool: SandboxPool, fast_profile: ResourceProfile) -> None:
     describe(pool, fast_profile, INVENTORY, "Inventory")
-    assert all(not sandbox.sessions for sandbox in list(pool._all.values()))
+    assert all(not sandbox.sessions for sandbox in list(pool.sets.all.values()))
     assert pool.stats()["sessions"] == 0
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
 from sandpit.executor.results import ExecResult
@@ -228,7 +229,7 @@ def test_hostile_scripts_never_break_the_sandbox(pool, ex, attack) -> None:
 
 
 def test_a_job_never_touches_a_session_in_the_same_sandbox(leak_check, pool_settings, probe) -> None:
-    with SandboxPool(pool_settings("jobmix", sessions_per_sandbox=2, pool_size=0, reap_on_start=False)) as mixed:
+    with docker_pool(pool_settings("jobmix", sessions_per_sandbox=2, pool_size=0, reap_on_start=False)) as mixed:
         profile = mixed.profile(overrides=ProfileOverrides(call_timeout_s=2.0, memory_mib=128, tmpfs_mib=8))
         session = mixed.open_session(tenant=TENANT, source=probe.source, class_name="Probe",
                                      init_config={"counter": 1}, profile=profile)
@@ -240,7 +241,7 @@ def test_a_job_never_touches_a_session_in_the_same_sandbox(leak_check, pool_sett
                 result = mixed.execute(tenant=TENANT, code=attack, timeout_s=0.5, profile=profile)
                 assert result.status in ("timeout", "error", "ok", "oom"), result
                 assert session.call("bump", {"by": 1}).status == "ok"
-            assert len(mixed._all) == 1  # the job used the session's sandbox
+            assert len(mixed.sets.all) == 1  # the job used the session's sandbox
             assert session.state()["counter"] == 5
             assert session.call("bump", {"by": 1}).recovered is False
         finally:
@@ -308,7 +309,7 @@ def test_latency_of_a_warm_execute(warm_pool, fast_profile) -> None:
 def test_execute_and_checks_under_gvisor(leak_check, pool_settings, docker_client) -> None:
     if "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("runsc runtime not registered with Docker")
-    with SandboxPool(pool_settings("gvisor-jobs", runtime="runsc", pool_size=0, reap_on_start=False)) as gvisor:
+    with docker_pool(pool_settings("gvisor-jobs", runtime="runsc", pool_size=0, reap_on_start=False)) as gvisor:
         profile = gvisor.profile(overrides=ProfileOverrides(call_timeout_s=2.0))
         run = gvisor.execute(tenant=TENANT, code="import sys, os\nprint(sys.stdin.read(), os.uname()[0])",
                              stdin="in", files={"f": "x"}, profile=profile)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
 
 pytestmark = [pytest.mark.docker, pytest.mark.gvisor, pytest.mark.slow]
@@ -22,7 +23,7 @@ def gvisor_pool(leak_check, pool_settings, docker_client) -> Iterator[SandboxPoo
     if "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("runsc runtime not registered with Docker")
     settings = pool_settings("gvisor", runtime="runsc", pool_size=0)
-    with SandboxPool(settings) as gvisor:
+    with docker_pool(settings) as gvisor:
         yield gvisor
 
 

@@ -6,7 +6,7 @@ Under gVisor (runsc) without ``--oci-seccomp`` no seccomp profile applies inside
 sandbox, and an unprivileged ``unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWCGROUP)``
 succeeded in a session (it gives every capability over the new namespaces: mounts and the
 sentry's namespace and cgroup code to attack). Two layers now refuse it: the container's
-profile (runc: Docker's default; runsc: ``executor/seccomp.py``, loaded because
+profile (runc: Docker's default; runsc: ``executor/docker/seccomp.py``, loaded because
 ``scripts/ensure-docker`` registers runsc with ``--oci-seccomp``, which
 ``engine.check_runtime`` requires), and the per-process filter of
 ``sandbox_images/runner/child_confine.py`` (``unshare``, ``setns``, ``clone`` with a
@@ -14,7 +14,7 @@ CLONE_NEW* flag: EPERM; ``clone3``: ENOSYS, so glibc falls back to ``clone``). T
 below runs in a session, in a check function and in an ``exec`` script, in real sandboxes
 of each runtime; ``fork``, threads, ``posix_spawn``, ``subprocess``, ``multiprocessing``
 and ``select`` keep working in all three (Docker's own profile under runsc broke threads,
-``posix_spawn`` and ``select``: see ``executor/seccomp.py``).
+``posix_spawn`` and ``select``: see ``executor/docker/seccomp.py``).
 
 Every snippet here is untrusted code: it only ever runs inside sandboxes.
 """
@@ -30,9 +30,9 @@ from typing import Any
 
 import docker.errors
 import pytest
-from sandpit.executor import engine, seccomp
-from sandpit.executor.jobs import encode_json_state
+from sandpit.executor.docker import docker_pool, engine, seccomp
 from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.jobs import encode_json_state
 from sandpit.executor.profiles import ProfileOverrides
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow,
@@ -171,7 +171,7 @@ def rt_pool(request, leak_check, pool_settings, docker_client) -> Iterator[Sandb
     if runtime == "runsc" and "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("runsc runtime not registered with Docker")
     settings = pool_settings(f"confine-{runtime}", runtime=runtime, pool_size=0, idle_timeout_s=120.0)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         yield pool
 
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.errors import SessionOpenError
-from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import MiB, ProfileOverrides
 from sandpit.executor.settings import ExecutorSettings
 
@@ -84,7 +84,7 @@ def test_a_new_session_process_start_is_not_charged_to_the_time_limit(pool_setti
     ``session_startup_s`` (2 s), the open fails as ``crashed``, saying so, and the
     sandbox serves on. The environment's own code is still held to the limit from the
     start of its request (a looping constructor)."""
-    with SandboxPool(pool_settings("slow-start", pool_size=0, session_templates=False, session_startup_s=2.0)) as slow:
+    with docker_pool(pool_settings("slow-start", pool_size=0, session_templates=False, session_startup_s=2.0)) as slow:
         profile = slow.profile(overrides=ProfileOverrides(call_timeout_s=0.5, memory_mib=128))
 
         def open_counter(counter: int):

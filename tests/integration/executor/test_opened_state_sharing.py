@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from sandpit.api.db.store import PendingBlobs, apply_delta, encode_state
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.session import Session
 from sandpit.executor.results import Snapshot
-from sandpit.executor.session import Session
 
 from ..conftest import FAST, TENANT
 
@@ -45,7 +46,7 @@ def _config() -> dict[str, Any]:
 def pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
     # one session per sandbox: configs are sent whole, no config template, every open
     # constructs and sends its state back (the case that lost sharing)
-    with SandboxPool(pool_settings("opened-sharing", sessions_per_sandbox=1, pool_size=0,
+    with docker_pool(pool_settings("opened-sharing", sessions_per_sandbox=1, pool_size=0,
                                    idle_timeout_s=120.0)) as pool:
         yield pool
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import docker
 import pytest
-from sandpit.executor import engine
+from sandpit.executor.docker import docker_pool, engine
 from sandpit.executor.errors import CapacityError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.profiles import ProfileOverrides
@@ -43,7 +43,7 @@ def _docker() -> docker.DockerClient:
 def make_pool(**overrides: object) -> Iterator[SandboxPool]:
     client = _docker()
     settings = ExecutorSettings(**{"pool_size": 0, "watchdog_grace_s": 1.0, **overrides})
-    pool = SandboxPool(settings, client=client)
+    pool = docker_pool(settings, client=client)
     try:
         pool.start()
     except Exception as exc:
@@ -66,14 +66,14 @@ def test_watchdog_kills_an_unresponsive_runner_and_the_session_recovers() -> Non
         assert session.call("add", {"n": 5}).observation == "15"
         sandbox = session._sandbox
         assert sandbox is not None
-        pool.client.containers.get(sandbox.container_id).pause()  # runner frozen: no reply ever
+        pool.driver.client.containers.get(sandbox.container_id).pause()  # runner frozen: no reply ever
         started = time.monotonic()
         result = session.call("add", {"n": 1})
         waited = time.monotonic() - started
         assert result.status == "timeout", result
         # 2 x call timeout + grace is the watchdog bound
         assert waited <= 2 * 1.0 + 1.0 + 2.0, waited
-        assert engine.container_outcome(pool.client, sandbox.container_id)[0] == "missing"
+        assert engine.container_outcome(pool.driver.client, sandbox.container_id)[0] == "missing"
         recovered = session.call("add", {"n": 1})
         assert recovered.status == "ok" and recovered.recovered
         assert recovered.observation == "16", "the frozen call must not count; state is the last good one"
@@ -86,7 +86,7 @@ def test_docker_kill_mid_episode_restores_last_snapshot() -> None:
         session = pool.open_session(tenant="t-kill", source=COUNTER, class_name="Counter")
         for _ in range(3):
             session.call("add", {"n": 2})
-        pool.client.containers.get(session._sandbox.container_id).kill()  # type: ignore[union-attr]
+        pool.driver.client.containers.get(session._sandbox.container_id).kill()  # type: ignore[union-attr]
         first = session.call("add", {"n": 1})
         if first.status == "ok":  # death noticed before the call was sent: recovered at once
             assert first.recovered and first.observation == "7"
@@ -105,21 +105,21 @@ def test_idle_sandboxes_are_removed_after_the_idle_timeout() -> None:
         session.close()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            if engine.container_outcome(pool.client, container_id)[0] == "missing":
+            if engine.container_outcome(pool.driver.client, container_id)[0] == "missing":
                 break
             time.sleep(0.25)
-        assert engine.container_outcome(pool.client, container_id)[0] == "missing"
+        assert engine.container_outcome(pool.driver.client, container_id)[0] == "missing"
         assert pool.stats()["sandboxes"] == 0
 
 
 def test_capacity_error_creates_nothing_and_clears_when_a_slot_frees() -> None:
     with make_pool(max_sandboxes=1) as pool:
         first = pool.open_session(tenant="t-cap", source=COUNTER, class_name="Counter")
-        before = {c.id for c in engine.list_sandboxes(pool.client, pool=pool.id)}
+        before = {c.id for c in engine.list_sandboxes(pool.driver.client, pool=pool.id)}
         with pytest.raises(CapacityError) as info:
             pool.open_session(tenant="t-cap-other", source=COUNTER, class_name="Counter")
         assert info.value.retry_after_s > 0
-        assert {c.id for c in engine.list_sandboxes(pool.client, pool=pool.id)} == before
+        assert {c.id for c in engine.list_sandboxes(pool.driver.client, pool=pool.id)} == before
         assert pool.stats()["sessions"] == 1
         first.close()
         # the freed sandbox belongs to tenant t-cap: another tenant needs it removed first
@@ -136,7 +136,7 @@ def test_tenants_never_share_a_sandbox_and_labels_carry_the_tenant() -> None:
         assert a1._sandbox is a2._sandbox, "same tenant should be packed into one sandbox"
         assert b1._sandbox is not a1._sandbox
         for session, tenant in ((a1, "tenant-a"), (b1, "tenant-b")):
-            labels = pool.client.containers.get(session._sandbox.container_id).labels  # type: ignore[union-attr]
+            labels = pool.driver.client.containers.get(session._sandbox.container_id).labels  # type: ignore[union-attr]
             assert labels[engine.LABEL] == "1" and labels[engine.LABEL_TENANT] == tenant
         for session in (a1, a2, b1):
             session.close()
@@ -212,8 +212,8 @@ def test_an_unclean_recycle_off_the_callers_path_still_destroys_the_sandbox() ->
         stats = _wait_recycled(pool)
         assert stats["failures"].get("unclean") == 1 and stats["sandboxes"] == 0 and stats["idle"] == 0, stats
         deadline = time.monotonic() + 30
-        while engine.list_sandboxes(pool.client, pool=pool.id) and time.monotonic() < deadline:
+        while engine.list_sandboxes(pool.driver.client, pool=pool.id) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not engine.list_sandboxes(pool.client, pool=pool.id)  # the container is gone
+        assert not engine.list_sandboxes(pool.driver.client, pool=pool.id)  # the container is gone
         assert _batch(pool, PASSING_CHECK) == [("ok", True)]  # in a new sandbox
         assert len(pool.started_ms) == 2

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-from sandpit.executor import engine, owners
+from sandpit.executor.docker import docker_pool, engine, owners
 from sandpit.executor.pool import SandboxPool
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -29,10 +29,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 LEAKER = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
+    from sandpit.executor.docker import docker_pool
     from sandpit.executor.pool import SandboxPool
     from sandpit.executor.settings import ExecutorSettings
 
-    pool = SandboxPool(ExecutorSettings(pool_size=0, run_dir=Path(sys.argv[1]), reap_on_start=False)).start()
+    pool = docker_pool(ExecutorSettings(pool_size=0, run_dir=Path(sys.argv[1]), reap_on_start=False)).start()
     session = pool.open_session(tenant="leaker", source="class E:\\n    pass\\n", class_name="E")
     print(json.dumps(session._sandbox.container_id), flush=True)
     os._exit(0)  # dies without closing anything
@@ -92,11 +93,11 @@ def test_reap_on_start_removes_leftovers_of_dead_processes_only(docker_client, s
         made += [alive := _leftover(docker_client, sandbox_image, {engine.LABEL_OWNER: engine.owner_id()}),
                  other_host := _leftover(docker_client, sandbox_image, {engine.LABEL_OWNER: "some-other-host:1:1"})]
 
-        with SandboxPool(pool_settings("noreap", pool_size=0, reap_on_start=False, reap_interval_s=0)) as noreap:
+        with docker_pool(pool_settings("noreap", pool_size=0, reap_on_start=False, reap_interval_s=0)) as noreap:
             pass
-        assert noreap.reaped == 0, "reap_on_start=False must not reap"
+        assert noreap.driver.stats()["reaped"] == 0, "reap_on_start=False must not reap"
 
-        with SandboxPool(pool_settings("reap", pool_size=0, reap_on_start=True)):
+        with docker_pool(pool_settings("reap", pool_size=0, reap_on_start=True)):
             assert [cid for cid in doomed if _exists(docker_client, cid)] == []
             assert _exists(docker_client, alive.id), "a live process's sandbox was reaped"
             assert _exists(docker_client, other_host.id), "another host's sandbox was reaped"
@@ -115,7 +116,7 @@ def test_removing_a_missing_container_is_not_an_error(docker_client, sandbox_ima
 
 
 def test_pool_close_removes_every_container_it_started(docker_client, pool_settings, leak_check) -> None:
-    pool = SandboxPool(pool_settings("closing", pool_size=2)).start()
+    pool = docker_pool(pool_settings("closing", pool_size=2)).start()
     try:
         session = pool.open_session(tenant="closing", source="class E:\n    pass\n", class_name="E")
         assert pool.warm("closing", count=2, timeout_s=60) == 2
@@ -139,10 +140,11 @@ ENV_SOURCE = "class E:\n    def __init__(self):\n        self.n = 0\n\n    def b
 
 OWNER = textwrap.dedent('''
     import json, sys
+    from sandpit.executor.docker import docker_pool
     from sandpit.executor.pool import SandboxPool
     from sandpit.executor.settings import ExecutorSettings
 
-    pool = SandboxPool(ExecutorSettings(**json.loads(sys.argv[1]))).start()
+    pool = docker_pool(ExecutorSettings(**json.loads(sys.argv[1]))).start()
     sessions = []
 
     def open_one():
@@ -228,15 +230,15 @@ def _gone_within(client, container_ids: list[str], timeout_s: float, serving: li
 def _reaped_ids(caplog) -> set[str]:
     """Short ids of the containers reaped by this process's pools (their log lines)."""
     return {record.args[0] for record in caplog.records  # type: ignore[index]
-            if record.name == "sandpit.executor.engine" and record.msg.startswith("reaped sandbox container")}
+            if record.name == "sandpit.executor.docker.engine" and record.msg.startswith("reaped sandbox container")}
 
 
 def _sweeps(pool: SandboxPool, count: int, timeout_s: float = 30) -> None:
     """Wait until ``pool`` finished ``count`` more sweeps."""
-    target = pool.sweeps + count
+    target = pool.driver.stats()["sweeps"] + count
     deadline = time.monotonic() + timeout_s
-    while pool.sweeps < target:
-        assert time.monotonic() < deadline, f"{pool.sweeps} sweeps, waiting for {target}"
+    while pool.driver.stats()["sweeps"] < target:
+        assert time.monotonic() < deadline, f"{pool.driver.stats()['sweeps']} sweeps, waiting for {target}"
         time.sleep(0.1)
 
 
@@ -247,7 +249,7 @@ def sweeper(pool_settings, run_root, request, leak_check):
     leases = run_root / f"leases-{request.node.name[:40]}"
     settings = pool_settings(f"sweeper-{request.node.name[:20]}", pool_size=0, reap_on_start=False,
                              reap_interval_s=INTERVAL_S, owner_lease_timeout_s=LEASE_S, owner_lease_dir=leases)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         yield pool, leases
 
 
@@ -293,7 +295,7 @@ def test_an_owner_in_another_pid_namespace_lives_by_its_lease(docker_client, swe
     lease directory. Its pids mean nothing here; only its lease says whether it lives."""
     if not _unshare_available():
         pytest.skip("needs unshare --pid --mount-proc --uts (root)")
-    caplog.set_level(logging.INFO, logger="sandpit.executor.engine")
+    caplog.set_level(logging.INFO, logger="sandpit.executor.docker.engine")
     pool, leases = sweeper
     mine = pool.open_session(tenant="owners", source=ENV_SOURCE, class_name="E")
     foreign = Owner(_owner_settings(run_root, "foreign", leases, reap_interval_s=0), 2, tmp_path / "foreign.log",
@@ -353,7 +355,7 @@ def test_an_owner_starting_and_creating_sandboxes_under_a_fast_sweep_loses_none(
     leases = run_root / "leases-race"
     settings = pool_settings("fast-sweeper", pool_size=0, reap_on_start=True, reap_interval_s=0.1,
                              owner_lease_timeout_s=LEASE_S, owner_lease_dir=leases)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         _sweeps(pool, 2)
         owner = Owner(_owner_settings(run_root, "racer", leases, reap_on_start=True, reap_interval_s=0.1), 1,
                       tmp_path / "racer.log")
@@ -370,7 +372,7 @@ def test_sweeps_leave_hostile_and_foreign_labels_alone(docker_client, sandbox_im
     """Only proven-dead owners are swept: containers without an owner label, with labels
     Sandpit never writes, of other hosts or other pid namespaces without a lease stay
     (the start-up reap and ``sandpit sandboxes --reap`` remove the unowned ones)."""
-    caplog.set_level(logging.INFO, logger="sandpit.executor.engine")
+    caplog.set_level(logging.INFO, logger="sandpit.executor.docker.engine")
     pool, leases = sweeper
     host = socket.gethostname()
     dead = _dead_owner()

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.session import Session
+from sandpit.executor.pool.session import Session
 
 from ..conftest import FAST, TENANT, template_state
 
@@ -38,7 +39,7 @@ RETYPED_ORDERS = {"key": "orders", "constructed": "dict", "config": "list"}
 
 @pytest.fixture(scope="module")
 def pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
-    with SandboxPool(pool_settings("retyped", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0)) as pool:
+    with docker_pool(pool_settings("retyped", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0)) as pool:
         yield pool
 
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
 
 pytestmark = pytest.mark.docker
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def pair_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
     """Two sessions per sandbox; no warm sandbox, so an idle one is always reused next."""
-    with SandboxPool(pool_settings("pair", sessions_per_sandbox=2, pool_size=0, idle_timeout_s=300.0)) as pair:
+    with docker_pool(pool_settings("pair", sessions_per_sandbox=2, pool_size=0, idle_timeout_s=300.0)) as pair:
         yield pair
 
 

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.errors import CapacityError, SessionOpenError
-from sandpit.executor.jobs import encode_json_state
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.session import Session
+from sandpit.executor.pool.jobs import encode_json_state
+from sandpit.executor.pool.session import Session
 
 from ..conftest import FAST, TENANT, template_state
 
@@ -88,7 +89,7 @@ def other(source: str, label: str) -> str:
 @pytest.fixture(scope="module")
 def shared_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
     """Eight sessions per sandbox, templates on, one warm sandbox."""
-    with SandboxPool(pool_settings("templates", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0)) as pool:
+    with docker_pool(pool_settings("templates", sessions_per_sandbox=8, pool_size=1, idle_timeout_s=300.0)) as pool:
         yield pool
 
 
@@ -301,7 +302,7 @@ def test_memory_admission_spreads_sessions_below_the_hard_cap(leak_check, pool_s
     # hard cap 64, but a 200 MiB sandbox with 96 MiB of headroom has room for a few 10 MiB sessions
     settings = pool_settings("admission", sessions_per_sandbox=64, pool_size=0, sandbox_memory_mib=200,
                              sandbox_memory_headroom_mib=96, memory_sample_s=0.05)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         sessions = []
         try:
             for i in range(12):
@@ -319,7 +320,7 @@ def test_memory_admission_spreads_sessions_below_the_hard_cap(leak_check, pool_s
 def test_the_pool_memory_budget_refuses_placements(leak_check, pool_settings) -> None:
     settings = pool_settings("budget", sessions_per_sandbox=8, pool_size=0, memory_budget_mib=40,
                              session_memory_estimate_mib=8.0)
-    with SandboxPool(settings) as pool:
+    with docker_pool(settings) as pool:
         sessions: list[Session] = []
         try:
             with pytest.raises(CapacityError, match="memory budget"):

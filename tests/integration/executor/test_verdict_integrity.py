@@ -22,8 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 from hostile_environments import ATTACKS, HONEST, HOSTILE
-from sandpit.executor.jobs import encode_json_state
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.jobs import encode_json_state
 from sandpit.executor.profiles import ProfileOverrides
 
 pytestmark = pytest.mark.docker
@@ -47,7 +48,7 @@ def judged_pool(request, leak_check, pool_settings, docker_client) -> Iterator[S
     """A pool per runtime (gVisor only when Docker has it registered)."""
     if request.param == "runsc" and "runsc" not in (docker_client.info().get("Runtimes") or {}):
         pytest.skip("runsc runtime not registered with Docker")
-    with SandboxPool(pool_settings(f"verdict-{request.param}", runtime=request.param, pool_size=0)) as pool:
+    with docker_pool(pool_settings(f"verdict-{request.param}", runtime=request.param, pool_size=0)) as pool:
         yield pool
 
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 from sandpit.client import Client, InvalidRequest, SandpitError
-from sandpit.executor.pool import SandboxPool
+from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 from sandpit.importers import bfcl
 from sandpit.importers.bfcl.replay import register_environments, replay_episode
@@ -42,7 +42,7 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
         ids = register_environments(client, suite)
         assert register_environments(client, suite) == ids  # idempotent
         replays = [replay_episode(client, ep, ids[ep.environment_name], want_state=True) for ep in sample]
-    with SandboxPool(ExecutorSettings(pool_size=0)) as pool:
+    with docker_pool(ExecutorSettings(pool_size=0)) as pool:
         for episode, replay in zip(sample, replays, strict=True):
             assert replay.error is None and replay.statuses.get("ok", 0) == replay.steps > 0, replay
             environment = suite.environments[episode.environment_name]
@@ -59,8 +59,8 @@ def test_bfcl_replay_through_the_api_matches_stepping_in_a_sandbox(server, suite
 
 
 def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(server, suite: bfcl.BfclSuite) -> None:
-    from sandpit.executor.policy import check_source
     from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
+    from sandpit.policy import check_source
 
     with Client(server.url, api_key=server.api_key, timeout=120) as client:
         ids = register_environments(client, suite)
@@ -89,8 +89,8 @@ def test_bfcl_scenarios_reward_the_ground_truth_and_notice_a_wrong_trajectory(se
 def test_check_policy_judges_bfcl_modules_through_the_api(server, suite: bfcl.BfclSuite) -> None:
     from collections import Counter
 
-    from sandpit.executor.policy import check_source
     from sandpit.importers.bfcl.replay import check_policy
+    from sandpit.policy import check_source
 
     expected: Counter[str] = Counter()
     seen: set[str] = set()

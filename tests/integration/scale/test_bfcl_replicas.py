@@ -15,7 +15,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 from sandpit.importers import bfcl
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

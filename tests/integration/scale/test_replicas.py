@@ -46,7 +46,7 @@ import pytest
 from api_server import COUNTER_SOURCE, ApiServer
 from sandpit.api.settings import LEASE_S
 from sandpit.client import Client, Conflict, NotFound, SandpitError, Unauthorized
-from sandpit.executor import engine
+from sandpit.executor.docker import engine
 from sqlalchemy import create_engine, text
 from waiting import wait_until
 
@@ -86,7 +86,7 @@ def cluster() -> Iterator[Cluster]:
 
 def _stop_hosts(address: str) -> None:
     """Close the surviving hosts' pools (their containers go) and reap the lost node's."""
-    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.ray import RayExecutor
 
     try:
         executor = RayExecutor(address).start()
@@ -181,7 +181,7 @@ class StatusRecorder(httpx.HTTPTransport):
 
 
 def host_of_node(node: Any) -> str:
-    from sandpit.executor.ray_backend import HOST_PREFIX
+    from sandpit.executor.ray import HOST_PREFIX
 
     return HOST_PREFIX + node.node_id[:16]
 
@@ -232,7 +232,7 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
     import socket
 
     from sandpit.executor.errors import SandboxLost
-    from sandpit.executor.ray_backend import RayExecutor
+    from sandpit.executor.ray import RayExecutor
     from sandpit.executor.settings import ExecutorSettings
     from sandpit.sandbox_images.runner import protocol
 
@@ -488,7 +488,7 @@ def test_envs_survive_the_loss_of_a_node_through_either_replica(cluster: Cluster
             round_(number)
 
         # lose the node of env 0 (a worker node: the head carries no sandbox host)
-        from sandpit.executor.ray_backend import HOST_PREFIX
+        from sandpit.executor.ray import HOST_PREFIX
 
         lost_host = placed[env_ids[0]]
         victim = next(node for node in cluster.worker_nodes

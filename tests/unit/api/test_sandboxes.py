@@ -12,6 +12,7 @@ import pytest
 from api_fakes import SOURCE, fake_executor
 from sandpit.api.errors import InvalidRequest, NoCapacity, QuotaExceeded, ServiceUnavailable
 from sandpit.api.sandboxes import (
+    CHECK_SOURCE_MAX_BYTES,
     CodeFailed,
     SandboxCapacity,
     SandboxError,
@@ -20,10 +21,11 @@ from sandpit.api.sandboxes import (
     SandboxUnavailable,
     SessionClosedError,
 )
+from sandpit.api.scheduler import FairScheduler
 from sandpit.api.settings import ApiSettings
-from sandpit.executor.errors import CapacityError, DockerUnavailable, ProfileError, SandboxLost
+from sandpit.executor.errors import ArgumentError, CapacityError, DockerUnavailable, ProfileError, SandboxLost
 from sandpit.executor.fake import FakeExecutor
-from sandpit.executor.scheduler import FairScheduler
+from sandpit.executor.interface import HostInfo
 
 
 class RecordingScheduler(FairScheduler):
@@ -124,3 +126,100 @@ def test_profiles_are_lowered_never_raised(fake: FakeExecutor, tmp_path: Path) -
     with pytest.raises(SandboxRefused) as raised:
         sandboxes.profile({"memory_mib": 60000})
     assert raised.value.field == "profile"
+
+
+class ClusterFake(FakeExecutor):
+    """The fake plus the two multi-host capabilities (Cluster, KeyedSessions), scripted:
+    ``hosts`` answers ``infos``; ``fail_with`` makes every cluster call raise it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.infos: list[HostInfo] = [{"host": "h1", "stats": {"sessions": 2}}]
+        self.fail_with: Exception | None = None
+        self.drained: list[str] = []
+        self.discarded: list[str] = []
+
+    def _cluster_call(self) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+
+    def refresh(self, force: bool = False) -> list[str]:
+        self._cluster_call()
+        return [info["host"] for info in self.infos]
+
+    def hosts(self) -> list[HostInfo]:
+        self._cluster_call()
+        return list(self.infos)
+
+    def drain(self, host: str, wait_s: float | None = None) -> bool:
+        self._cluster_call()
+        self.drained.append(host)
+        return False
+
+    def undrain(self, host: str) -> bool:
+        self._cluster_call()
+        return True
+
+    def node_alive(self, host: str) -> bool:
+        self._cluster_call()
+        return host == "h1"
+
+    def discard(self, session_id: str) -> bool:
+        self.discarded.append(session_id)
+        raise SandboxLost("the host went away", "h1")  # best effort: the adapter swallows it
+
+
+def test_capabilities_are_found_by_their_protocols(fake: FakeExecutor, tmp_path: Path) -> None:
+    plain = adapter(fake, tmp_path)
+    assert not plain.keyed and plain.cluster is None and not plain.multi_host
+    assert plain.hosts() == [] and plain.live_hosts() == set() and "hosts" not in plain.stats()
+    with pytest.raises(SandboxUnavailable, match="one sandbox host"):
+        plain.drain("local")
+    multi = adapter(ClusterFake(), tmp_path)
+    assert multi.keyed and multi.cluster is multi.executor and multi.multi_host
+    assert multi.live_hosts(force=True) == {"h1"} and multi.node_alive("h1") and not multi.node_alive("h2")
+    assert multi.stats()["hosts"] == [{"host": "h1", "stats": {"sessions": 2}}]
+
+
+def test_only_keyed_executors_get_the_env_id_and_a_discard(fake: FakeExecutor, tmp_path: Path) -> None:
+    fake.register("Counter", {"bump": lambda state, by=1: by}, init=lambda config: {"count": 0})
+    session = adapter(fake, tmp_path).open_session(tenant="t", source=SOURCE, class_name="Counter", env_id="env_1")
+    assert session.id != "env_1"  # the local pool's ids stay its own
+    adapter(fake, tmp_path).discard("env_1")  # not keyed: nothing to end, nothing raised
+    cluster = ClusterFake()
+    cluster.register("Counter", {"bump": lambda state, by=1: by}, init=lambda config: {"count": 0})
+    keyed = adapter(cluster, tmp_path)
+    assert keyed.open_session(tenant="t", source=SOURCE, class_name="Counter", env_id="env_1").id == "env_1"
+    keyed.discard("env_1")  # its failure is logged, never raised
+    assert cluster.discarded == ["env_1"]
+
+
+@pytest.mark.parametrize(("error", "translated"), [
+    (SandboxLost("host gone", "h1"), SandboxUnavailable),
+    (DockerUnavailable("no host answers"), SandboxUnavailable),
+    (CapacityError("full", retry_after_s=2.0), SandboxCapacity),
+])
+def test_cluster_errors_are_translated_like_every_other_executor_error(
+        tmp_path: Path, error: Exception, translated: type[Exception]) -> None:
+    cluster = ClusterFake()
+    sandboxes = adapter(cluster, tmp_path)
+    cluster.fail_with = error
+    for operation in (sandboxes.hosts, lambda: sandboxes.drain("h1"), lambda: sandboxes.undrain("h1"),
+                      lambda: sandboxes.node_alive("h1"), lambda: sandboxes.live_hosts(force=True)):
+        with pytest.raises(translated):
+            operation()
+
+
+@pytest.mark.parametrize("checks", [
+    [{"check_item": "i", "check_func": "x" * (CHECK_SOURCE_MAX_BYTES + 1)}],  # over the cap
+    [{"check_item": "i"}] * 3,  # no check_func
+    "def check_func(s): return True",  # not a list
+    [{"check_item": "i", "check_func": "\ud800"}],  # a lone surrogate
+])
+def test_bad_arguments_pass_through_untranslated_for_the_caller_to_name(
+        fake: FakeExecutor, tmp_path: Path, checks: object) -> None:
+    sandboxes = adapter(fake, tmp_path)
+    with pytest.raises(ArgumentError) as refused:
+        sandboxes.run_checks(tenant="t", checks=checks, initial_state={}, final_state={})  # type: ignore[arg-type]
+    assert isinstance(refused.value, ValueError) and not isinstance(refused.value, SandboxError)
+    assert "check" in str(refused.value)

@@ -73,7 +73,7 @@ def test_importers_import_only_the_client_the_stdlib_and_pydantic() -> None:
 
 
 def test_the_rule_catches_server_imports() -> None:
-    assert not _allowed("sandpit.api.bfcl") and not _allowed("sandpit.executor.policy")
+    assert not _allowed("sandpit.api.bfcl") and not _allowed("sandpit.policy")
     assert not _allowed("sandpit.sandbox_images.runner.render") and not _allowed("httpx")
     assert _allowed("sandpit.client") and _allowed("sandpit.client.models") and _allowed("json")
     assert _allowed("sandpit.importers.bfcl.wheel") and _allowed("pydantic")

@@ -14,7 +14,7 @@ import types
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sandpit.executor.configs import InitialSnapshots, wire_config
+from sandpit.executor.pool.configs import InitialSnapshots, wire_config
 from sandpit.sandbox_images.runner import child_template, protocol
 from sandpit.sandbox_images.runner.pid1_templates import Configs
 

@@ -1,0 +1,115 @@
+"""Host end of the runner protocol: one multiplexed connection per sandbox.
+
+Requests are frames ``{"id": n, "op": ..., ...}``; a daemon reader thread matches replies
+to waiting callers by ``id``. Replies are size-capped (``max_frame``) and parsed with
+depth limits (``protocol``). If the runner closes the connection or sends anything
+malformed, the channel is dead and every waiter gets :class:`SandboxLost`; if a reply
+does not come within the caller's timeout (the host-side watchdog), the caller gets
+``SandboxLost(status="timeout")`` and must kill the sandbox.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner.limits import MAX_FRAME_DEPTH
+
+from ..errors import SandboxLost
+
+log = logging.getLogger(__name__)
+
+
+class RunnerChannel:
+    """Request/response over a connected socket: a Unix socket to an in-sandbox runner,
+    or a host link's TCP connection to a sandbox host (:mod:`sandpit.executor.ray.link`). ``max_frame``
+    (bytes) and ``max_depth`` (nesting levels) bound every reply."""
+
+    def __init__(self, sock: socket.socket, sandbox_id: str, max_frame: int,
+                 max_depth: int = MAX_FRAME_DEPTH) -> None:
+        sock.settimeout(None)
+        self._sock = sock
+        self.sandbox_id = sandbox_id
+        self._max_frame = max_frame
+        self._max_depth = max_depth
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._dead: str | None = None
+        self._reader = threading.Thread(target=self._read_loop, name=f"sandpit-chan-{sandbox_id}", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def request(self, op: str, timeout_s: float, **fields: object) -> dict[str, Any]:
+        """Send one request and wait for its reply (a dict with ``status``).
+
+        Raises:
+            SandboxLost: the connection is dead (``crashed``) or no reply came within
+                ``timeout_s`` seconds (``timeout``).
+            ValueError / TypeError: ``fields`` are not JSON-encodable (NaN, objects).
+        """
+        request_id = next(self._ids)
+        frame = protocol.encode({"id": request_id, "op": op, **fields})
+        future: Future[dict[str, Any]] = Future()
+        with self._state_lock:
+            if self._dead is not None:
+                raise SandboxLost(f"sandbox {self.sandbox_id} is gone: {self._dead}", self.sandbox_id)
+            self._pending[request_id] = future
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError as exc:
+            self._fail(f"send failed: {exc}")
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            with self._state_lock:
+                self._pending.pop(request_id, None)
+            raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
+                              self.sandbox_id, status="timeout") from None
+
+    def _fail(self, reason: str) -> None:
+        with self._state_lock:
+            if self._dead is None:
+                self._dead = reason
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(SandboxLost(f"sandbox {self.sandbox_id} lost: {reason}", self.sandbox_id))
+
+    def _read_loop(self) -> None:
+        reason = "connection closed"
+        try:
+            while True:
+                message = protocol.recv_frame(self._sock, self._max_frame, self._max_depth)
+                with self._state_lock:
+                    future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+                if future is not None and not future.done():
+                    future.set_result(message)
+        except EOFError:
+            reason = "runner closed the connection"
+        except protocol.ProtocolViolation as exc:
+            reason = f"protocol violation: {exc}"
+            log.warning("sandbox %s: %s", self.sandbox_id, reason)
+        except OSError as exc:
+            reason = f"connection error: {exc}"
+        self._fail(reason)
+
+    def close(self) -> None:
+        """Close the connection; pending and later requests fail with SandboxLost."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self._fail("closed by host")

@@ -1,0 +1,210 @@
+"""Repeated ``init_config``: sent to a sandbox once (by hash afterwards), and the initial
+state of sessions forked from a config template (``sandbox_images/runner/pid1_templates.py``)
+known by its digest instead of being sent again.
+
+* :func:`wire_config`: a config's exact JSON bytes (orjson) and their SHA-256. The hash is
+  of bytes that keep key order and ``1``/``1.0``/``true`` apart, so two configs share a
+  hash only when the sandbox would parse them into the same value. Configs orjson cannot
+  write exactly (integers beyond 64 bits, lone surrogates, non-finite floats, which it
+  would write as ``null``) return None: they go the old way, inside the JSON request.
+* :class:`InitialSnapshots`: encoded initial states by ``(tenant, digest)``, digests
+  computed by PID 1 over the state's JSON text (``protocol.snapshot_text``). Keyed by
+  tenant: a sandbox, which serves one tenant, can only ever name states that sandboxes of
+  its own tenant produced. Entries are shared by sessions and never changed in place
+  (sessions replace whole entries; keyed deltas are applied copy-on-write).
+* :func:`send_open` and :func:`opened_state`: the pool's ``open`` request with its config
+  by hash or by bytes, and the opened session's state from the reply or by digest.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from cachetools import LRUCache
+
+from ..errors import SessionError
+from ..results import EncodedValue, check_encoded, check_retyped
+from .placement import SessionSpec
+
+if TYPE_CHECKING:
+    from .warm import PooledSandbox
+
+INITIAL_SNAPSHOTS_MAX = 8
+"""Initial states kept (each shared by the sessions that started from it)."""
+CONFIGS_SENT_MAX = 64
+"""Config hashes remembered per sandbox as sent to its runner (least recently used out)."""
+
+
+def wire_config(init_config: dict[str, Any]) -> tuple[bytes, str] | None:
+    """``(JSON bytes, SHA-256 hex)`` of ``init_config`` as the sandbox receives it, or None
+    when orjson would not give the exact value back (see the module docstring)."""
+    if not init_config:
+        return None
+    try:
+        data = orjson.dumps(init_config)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if b"null" in data and orjson.loads(data) != init_config:  # NaN and infinities become null
+        return None
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class SharedConfig(dict[str, Any]):
+    """A config whose owner promises never to mutate it (the API's configs cached by hash):
+    its wire bytes (:func:`wire_config`) are computed on first use and kept on the object,
+    so opening more sessions of it does not encode and hash megabytes again."""
+
+    _wire: tuple[bytes, str] | None = None
+    _wired = False
+
+    def wired(self) -> tuple[bytes, str] | None:
+        """:func:`wire_config` of this config, computed once."""
+        if not self._wired:
+            self._wire = wire_config(self)
+            self._wired = True
+        return self._wire
+
+
+class InitialSnapshots:
+    """``(tenant, digest)`` -> encoded initial state, least recently used out past
+    ``max_entries`` (a :class:`cachetools.LRUCache` behind a lock). Thread-safe. Values are
+    shared: never mutate them."""
+
+    def __init__(self, max_entries: int = INITIAL_SNAPSHOTS_MAX) -> None:
+        self.max_entries = max_entries
+        self._entries: LRUCache[tuple[str, str], dict[str, EncodedValue]] = LRUCache(maxsize=max_entries)
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, tenant: str, digest: str) -> dict[str, EncodedValue] | None:
+        """The state known by ``digest`` for ``tenant`` (now the most recently used), or None."""
+        with self._lock:
+            found = self._entries.get((tenant, digest))
+            if found is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return found
+
+    def put(self, tenant: str, digest: str, snapshot: dict[str, EncodedValue]) -> None:
+        """Remember ``snapshot`` as ``tenant``'s state of ``digest``."""
+        with self._lock:
+            self._entries[(tenant, digest)] = snapshot
+
+
+class SentConfigs:
+    """The config hashes a sandbox's runner was sent (what the host believes it holds),
+    least recently used out past ``max_entries`` (a :class:`cachetools.LRUCache` behind a
+    lock: sessions placed in one sandbox open concurrently). A belief only: a runner that
+    let one go answers ``missing_config`` and the bytes are sent again (:func:`send_open`)."""
+
+    def __init__(self, max_entries: int = CONFIGS_SENT_MAX) -> None:
+        self._hashes: LRUCache[str, None] = LRUCache(maxsize=max_entries)
+        self._lock = threading.Lock()
+
+    def __contains__(self, config_hash: object) -> bool:
+        with self._lock:
+            return config_hash in self._hashes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._hashes)
+
+    def touch(self, config_hash: str) -> None:
+        """``config_hash`` was just used (most recently used now); unknown ones are ignored."""
+        with self._lock:
+            self._hashes.get(config_hash)
+
+    def add(self, config_hash: str) -> None:
+        """The runner was sent ``config_hash`` (the least recently used one may go)."""
+        with self._lock:
+            self._hashes[config_hash] = None
+
+    def discard(self, config_hash: str) -> None:
+        """The runner let ``config_hash`` go."""
+        with self._lock:
+            self._hashes.pop(config_hash, None)
+
+    def clear(self) -> None:
+        """The runner forgot every config (a recycle)."""
+        with self._lock:
+            self._hashes.clear()
+
+
+class OpenedSnapshot(dict[str, EncodedValue]):
+    """A session's encoded state as opened, with the digest PID 1 gave it (None when the
+    state came with a snapshot restored on top, or from a runner without digests) and
+    the construction's retyped attributes (``results.check_retyped``)."""
+
+    digest: str | None = None
+    retyped: list[dict[str, str]] | None = None
+
+
+def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
+    """(source sha256, class name, config hash) of a session whose config goes by hash."""
+    if spec.config_hash is None or spec.describe_only:
+        return None
+    return (hashlib.sha256(spec.source.encode("utf-8", "surrogatepass")).hexdigest(), spec.class_name,
+            spec.config_hash)
+
+
+def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot: dict[str, EncodedValue],
+              fields: dict[str, Any]) -> dict[str, Any]:
+    """The runner's reply to ``open``. A config with wire bytes goes by hash when the
+    sandbox was sent it before, else as base64 bytes with the hash; a ``missing_config``
+    answer (the runner let it go) is asked again with the bytes. Raises SandboxLost,
+    ValueError/TypeError (not JSON-encodable)."""
+    common = {"session": spec.session_id, "source": spec.source, "class_name": spec.class_name,
+              "snapshot": snapshot or None, **fields}
+    if spec.seed is not None:
+        common["seed"] = spec.seed
+    request = sandbox.handle.request
+    if spec.config_json is None or spec.config_hash is None:
+        return request("open", init_config=spec.init_config, **common)
+    if spec.config_hash in sandbox.configs:
+        reply = request("open", config_hash=spec.config_hash, **common)
+        if reply.get("status") != "fault" or reply.get("missing_config") is not True:
+            sandbox.configs.touch(spec.config_hash)
+            return reply
+        sandbox.configs.discard(spec.config_hash)
+    reply = request("open", config_hash=spec.config_hash,
+                    config_b64=base64.b64encode(spec.config_json).decode("ascii"), **common)
+    if reply.get("status") != "fault":
+        sandbox.configs.add(spec.config_hash)
+    return reply
+
+
+def opened_state(sandbox: PooledSandbox, spec: SessionSpec, reply: dict[str, Any], restored: bool,
+                 known_states: InitialSnapshots) -> OpenedSnapshot:
+    """The encoded state of a session the runner opened: the reply's, or, for a session
+    forked from a config template (``template: true``, no snapshot), the one known by
+    its digest for this tenant, else asked of the runner once (``snapshot``). Raises
+    SandboxLost, SessionError (malformed reply)."""
+    digest = reply.get("snapshot_digest")
+    digest = digest if isinstance(digest, str) and len(digest) == 64 and not restored else None
+    key = config_key(spec)
+    if key is not None:
+        sandbox.config_keys.add(key)
+    if reply.get("template") is True and digest is None:
+        raise SessionError("sandbox opened a session from a template without naming its state")
+    if reply.get("template") is True and digest is not None:
+        known = known_states.get(spec.tenant, digest)
+        if known is None:
+            asked = sandbox.handle.request("snapshot", session=spec.session_id)
+            if asked.get("status") != "ok":
+                raise SessionError(f"sandbox refused the opened state: {asked.get('message')}")
+            known = check_encoded(asked.get("snapshot") or {}, "snapshot")
+            known_states.put(spec.tenant, digest, known)
+        opened = OpenedSnapshot(known)
+    else:
+        opened = OpenedSnapshot(check_encoded(reply.get("snapshot") or {}, "snapshot"))
+        if digest is not None and spec.config_hash is not None:
+            known_states.put(spec.tenant, digest, dict(opened))
+    opened.digest = digest
+    opened.retyped = check_retyped(reply.get("retyped"))
+    return opened

@@ -1,0 +1,147 @@
+"""The placement protocol between a session and whatever places it (the pool in
+production): a :class:`Session` driven by a scripted placement and scripted sandboxes,
+no Docker. Covers first placement, recovery after a lost or dead sandbox, leaving a
+retiring one, closing, and that ``session.py`` does not know the pool."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from typing import Any
+
+import pytest
+from memory_driver import MemoryDriver
+from sandpit.executor.errors import SandboxLost, SessionClosed, SessionError
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool import session as session_module
+from sandpit.executor.pool.placement import Placement, SandboxSlot, SessionSpec
+from sandpit.executor.pool.session import Session
+from sandpit.executor.profiles import ResourceProfile
+from sandpit.executor.results import EncodedValue
+
+
+class ScriptedSandbox:
+    """A sandbox whose runner answers ``call`` with a counter increment."""
+
+    def __init__(self, name: str) -> None:
+        self.id = name
+        self.alive = True
+        self.retiring = False
+        self.lose_next: str | None = None
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+
+    def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
+        self.requests.append((op, dict(fields)))
+        if self.lose_next is not None:
+            status, self.lose_next = self.lose_next, None
+            self.alive = False
+            raise SandboxLost("the runner stopped answering", self.id, status=status)
+        if op == "call":
+            return {"status": "ok", "observation": "bumped", "duration_ms": 0.1,
+                    "delta": {"set": {"count": ["j", len(self.requests)]}, "del": ["gone"]}}
+        return {"status": "ok"}
+
+    def check_churn(self) -> bool:
+        return self.retiring
+
+
+class ScriptedPlacement:
+    """Places every session in a new :class:`ScriptedSandbox` and records what happened."""
+
+    def __init__(self) -> None:
+        self.sandboxes: list[ScriptedSandbox] = []
+        self.log: list[tuple[str, str, str]] = []
+        self.placed_with: list[dict[str, EncodedValue]] = []
+
+    def place(self, spec: SessionSpec,
+              snapshot: dict[str, EncodedValue]) -> tuple[SandboxSlot, dict[str, EncodedValue]]:
+        sandbox = ScriptedSandbox(f"s{len(self.sandboxes)}")
+        self.sandboxes.append(sandbox)
+        self.placed_with.append(dict(snapshot))
+        self.log.append(("place", sandbox.id, spec.session_id))
+        return sandbox, {"count": ["j", 0], "gone": ["j", 1], **snapshot}
+
+    def release(self, sandbox: SandboxSlot, session_id: str, close: bool = True) -> None:
+        self.log.append(("release" if close else "release-open", sandbox.id, session_id))
+
+    def forget(self, sandbox: SandboxSlot, session_id: str) -> None:
+        self.log.append(("forget", sandbox.id, session_id))
+
+
+def _open(placement: ScriptedPlacement, snapshot: dict[str, EncodedValue] | None = None) -> Session:
+    spec = SessionSpec(session_id="abc", tenant="t", profile=ResourceProfile(), source="class A: pass",
+                       class_name="A", init_config={})
+    session = Session(placement=placement, spec=spec)
+    session.open(snapshot or {})
+    return session
+
+
+def test_the_pool_and_the_scripts_are_placements() -> None:
+    placements: list[Placement] = [SandboxPool(MemoryDriver()), ScriptedPlacement()]  # structural: checked by mypy
+    slot: SandboxSlot = ScriptedSandbox("x")
+    assert all(callable(p.place) and callable(p.release) and callable(p.forget) for p in placements)
+    assert slot.alive and not slot.retiring
+
+
+def test_first_placement_then_calls_go_to_that_sandbox() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement, {"extra": ["j", "kept"]})
+    assert placement.log == [("place", "s0", "abc")] and placement.placed_with == [{"extra": ["j", "kept"]}]
+    result = session.call("bump", {"by": 1})
+    assert result.status == "ok" and not result.recovered
+    assert result.delta.set == {"count": ["j", 1]} and result.delta.deleted == ["gone"]
+    assert session.state() == {"count": 1, "extra": "kept"}  # the delta merged into the host's snapshot
+    assert placement.sandboxes[0].requests == [("call", {"session": "abc", "name": "bump", "arguments": {"by": 1}})]
+    with pytest.raises(SessionError, match="opened already"):
+        session.open({})
+
+
+def test_a_lost_sandbox_is_forgotten_and_the_next_call_is_placed_again_from_the_snapshot() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    session.call("bump")
+    placement.sandboxes[0].lose_next = "timeout"
+    lost = session.call("bump")
+    assert lost.status == "timeout" and "restored from its last snapshot" in lost.observation
+    assert lost.delta.set == {}
+    assert placement.log[-1] == ("forget", "s0", "abc")
+    again = session.call("bump")
+    assert again.recovered and session.recoveries == 1
+    assert placement.log[-1] == ("place", "s1", "abc")
+    assert placement.placed_with[-1] == {"count": ["j", 1]}  # the last good snapshot, nothing of the lost call
+
+
+def test_a_dead_sandbox_is_forgotten_and_a_retiring_one_released_before_the_next_request() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    placement.sandboxes[0].alive = False
+    assert session.call("bump").recovered
+    assert placement.log[1:] == [("forget", "s0", "abc"), ("place", "s1", "abc")]
+    placement.sandboxes[1].retiring = True
+    assert session.call("bump").recovered and session.recoveries == 2
+    assert placement.log[3:] == [("release", "s1", "abc"), ("place", "s2", "abc")]
+
+
+def test_close_releases_the_slot_once_and_ends_the_session() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    session.close()
+    session.close()
+    assert placement.log == [("place", "s0", "abc"), ("release", "s0", "abc")]
+    with pytest.raises(SessionClosed):
+        session.call("bump")
+    with pytest.raises(SessionClosed):
+        session.state()
+
+
+def test_the_session_module_does_not_know_the_pool() -> None:
+    tree = ast.parse(inspect.getsource(session_module))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "pool" not in imported and "sandbox" not in imported
+    assert not any(isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr in {
+        "_place", "_release", "_forget", "_reserve", "_reserve_slot"} for node in ast.walk(tree))
+
+
+def test_the_pool_refuses_to_release_a_sandbox_it_does_not_own() -> None:
+    with pytest.raises(TypeError, match="not a sandbox"):
+        SandboxPool(MemoryDriver()).release(ScriptedSandbox("foreign"), "abc")
