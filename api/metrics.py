@@ -5,9 +5,8 @@ one process, e.g. in tests).
 ``sandpit_pool_sandboxes`` by state (idle/active/starting) · ``sandpit_reaped_sandboxes_total``
 containers of dead owners the executor removed (start-up reap and periodic sweeps) · with a multi-host executor
 ``sandpit_host_sandboxes`` by host and state, ``sandpit_host_sessions`` by host and, for the
-Ray backend's host links, ``sandpit_host_link_connections`` (open now) and
-``sandpit_host_link_refused_total`` (connections closed for a bad or missing hello, or over
-the cap) by host · ``sandpit_sandbox_failures_total``
+Ray backend's host links, ``sandpit_host_link_calls`` (calls being dispatched now) and
+``sandpit_host_link_refused_total`` (calls refused for a missing or wrong token) by host · ``sandpit_sandbox_failures_total``
 by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
 offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
 ``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total`` ·
@@ -57,19 +56,18 @@ class _PoolCollector(Collector):
             per_host = GaugeMetricFamily("sandpit_host_sandboxes", "Sandbox containers by host and state",
                                          labels=["host", "state"])
             sessions = GaugeMetricFamily("sandpit_host_sessions", "Sessions placed on each host", labels=["host"])
-            links = GaugeMetricFamily("sandpit_host_link_connections",
-                                      "Host link connections open on each host (about one per API replica)",
-                                      labels=["host"])
+            links = GaugeMetricFamily("sandpit_host_link_calls",
+                                      "Host link calls each host is dispatching now", labels=["host"])
             refused = CounterMetricFamily("sandpit_host_link_refused",
-                                          "Host link connections a host closed for a bad or missing hello, "
-                                          "or over its connection cap", labels=["host"])
+                                          "Host link calls a host refused for a missing or wrong token",
+                                          labels=["host"])
             for info in hosts:
                 host_stats = info.get("stats", {})
                 for state in ("idle", "active", "starting"):
                     per_host.add_metric([info["host"], state], float(host_stats.get(state, 0)))
                 sessions.add_metric([info["host"]], float(host_stats.get("sessions", 0)))
-                if "links" in info:
-                    links.add_metric([info["host"]], float(info["links"]))
+                if "link_calls" in info:
+                    links.add_metric([info["host"]], float(info["link_calls"]))
                     refused.add_metric([info["host"]], float(info.get("links_refused", 0)))
             yield per_host
             yield sessions

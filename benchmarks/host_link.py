@@ -1,14 +1,15 @@
-"""Host link benchmark: the Ray backend's replica-to-host hop on each transport, side by side.
+"""Host link benchmark: the Ray backend's replica-to-host hop, with and without TLS, beside a
+Ray actor call.
 
 Paths, each a server answering an empty request (``noop``, answered ``{"ok": []}``) in a
 server process of its own (a spawned process, or with ``--ray`` a Ray actor on a one-node
 local cluster, as the sandbox host actor is), and its client in this process:
 
-  tcp             the TCP link, ``executor/host_link.py`` (token hello, no encryption)
-  grpc_tls        ``executor/grpc_link.py``: gRPC, TLS with a pinned certificate, token per call
+  grpc_tls        ``executor/ray/link.py``: gRPC, TLS with a pinned certificate, token per call
   grpc_plain      the same gRPC link without TLS (``PlaintextLinkServer``/``PlaintextHostLink``
                   below, here only to price TLS: the project has no plaintext link)
-  ray_actor_call  (``--ray`` only, round trips only) the same hop as a Ray actor call
+  ray_actor_call  (``--ray`` only, round trips only) the same hop as a Ray actor call, the
+                  path requests take when a link cannot be opened
 
 Measured in rounds, the paths interleaved and their order rotating from round to round, so
 machine noise hits them alike:
@@ -20,10 +21,9 @@ machine noise hits them alike:
   cpu_ms_per_req   CPU time (ms) per request of the client process and of the server
                    process during the 1-thread throughput runs
 
-The anchor is the TCP link's hop as ``benchmarks/scale.py`` measures it (``link_rtt_ms``,
-about 0.45 ms p50 on this 2-core machine, through ``RayExecutor.ask`` to a sandbox host
-actor); ``tcp`` here is the same link without the executor around it. Prints a table and
-saves JSON to ``benchmarks/results/host_link.json``.
+``benchmarks/scale.py`` measures the same hop through ``RayExecutor.ask`` to a real sandbox
+host actor (``link_rtt_ms``); here it is the link alone. Prints a table and saves JSON to
+``benchmarks/results/host_link.json``.
 
 Usage: ``python benchmarks/host_link.py [--requests 2000] [--rounds 5] [--seconds 2] [--ray]``.
 Takes about a minute and a half. Numbers on a loaded machine are noisy: re-run on a quiet one.
@@ -48,7 +48,7 @@ from typing import Any
 import grpc
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor import grpc_link, host_link
+from sandpit.executor.ray import link as grpc_link
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the run
@@ -56,7 +56,7 @@ from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the 
 TOKEN = bytes(range(32))
 MAX_FRAME = 4 << 20
 WORKERS = 256  # the host actor's HOST_CONCURRENCY
-TRANSPORTS = ("tcp", "grpc_tls", "grpc_plain")
+TRANSPORTS = ("grpc_tls", "grpc_plain")
 
 
 class PlaintextLinkServer(grpc_link.LinkServer):
@@ -85,7 +85,6 @@ class Hosts:
 
     def __init__(self) -> None:
         self.servers = {
-            "tcp": host_link.LinkServer(noop, "127.0.0.1", TOKEN, MAX_FRAME, WORKERS),
             "grpc_tls": grpc_link.LinkServer(noop, "127.0.0.1", TOKEN, MAX_FRAME, WORKERS),
             "grpc_plain": PlaintextLinkServer(noop, "127.0.0.1", TOKEN, MAX_FRAME, WORKERS),
         }
@@ -120,7 +119,6 @@ def open_links(endpoints: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One client per transport, to the server process's endpoints."""
     token = TOKEN.hex()
     return {
-        "tcp": host_link.HostLink("bench", "127.0.0.1", endpoints["tcp"]["port"], token, MAX_FRAME),
         "grpc_tls": grpc_link.HostLink("bench", "127.0.0.1", endpoints["grpc_tls"]["port"], token, MAX_FRAME,
                                        endpoints["grpc_tls"]["certificate"]),
         "grpc_plain": PlaintextHostLink("bench", "127.0.0.1", endpoints["grpc_plain"]["port"], token, MAX_FRAME, ""),
@@ -236,9 +234,9 @@ def measure(endpoints: dict[str, dict[str, Any]], server_cpu: Callable[[], float
     out: dict[str, Any] = {"host_steal": steal.summary(),
                            "transports": {name: {"rtt_ms": summary(rtt[name]), **rates[name]} for name in TRANSPORTS}}
     out["transports"].update({name: {"rtt_ms": summary(rtt[name])} for name in extra})
-    base = out["transports"]["tcp"]["rtt_ms"]["p50"]
+    base = out["transports"]["grpc_tls"]["rtt_ms"]["p50"]
     for values in out["transports"].values():
-        values["rtt_p50_vs_tcp"] = round(values["rtt_ms"]["p50"] / base, 2)
+        values["rtt_p50_vs_grpc_tls"] = round(values["rtt_ms"]["p50"] / base, 2)
     return out
 
 
@@ -298,18 +296,18 @@ def main() -> None:
         "settings": {"requests": args.requests, "rounds": args.rounds, "seconds": args.seconds,
                      "server_workers": WORKERS, "max_frame": MAX_FRAME,
                      "server": "Ray actor" if args.ray else "spawned process"},
-        "anchor": "benchmarks/scale.py link_rtt_ms: the tcp hop to a sandbox host actor, ~0.45 ms p50",
+        "anchor": "ray_actor_call (--ray): the path a request takes without a link",
         **(in_ray_actor(args) if args.ray else in_process(args)),
     }
     table = Table(title=f"host link: empty request, server in a {results['settings']['server']}, loopback")
-    for column in ("path", "rtt p50 ms", "rtt p99 ms", "x tcp", "1 thread req/s", "16 threads req/s",
+    for column in ("path", "rtt p50 ms", "rtt p99 ms", "x grpc_tls", "1 thread req/s", "16 threads req/s",
                    "16 threads p99 ms", "client CPU ms/req", "server CPU ms/req"):
         table.add_column(column, justify="left" if column == "path" else "right")
     for name, t in results["transports"].items():
         rates = [str(t["1_threads"]["requests_per_s"]), str(t["16_threads"]["requests_per_s"]),
                  f"{t['16_threads']['latency_ms']['p99']:.2f}", f"{t['cpu_ms_per_req']['client']:.3f}",
                  f"{t['cpu_ms_per_req']['server']:.3f}"] if "1_threads" in t else [""] * 5
-        table.add_row(name, f"{t['rtt_ms']['p50']:.3f}", f"{t['rtt_ms']['p99']:.3f}", f"{t['rtt_p50_vs_tcp']:.2f}",
+        table.add_row(name, f"{t['rtt_ms']['p50']:.3f}", f"{t['rtt_ms']['p99']:.3f}", f"{t['rtt_p50_vs_grpc_tls']:.2f}",
                       *rates)
     Console(width=140).print(table)
     print(f"host steal: {results['host_steal']['steal_pct']}% of CPU time")

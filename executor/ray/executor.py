@@ -235,7 +235,8 @@ class RayExecutor:
         try:
             answer = ray.get(handle.endpoint.remote(), timeout=30)
             where = answer["ok"]
-            link = HostLink(host, where["address"], int(where["port"]), where["token"], self.settings.max_frame_bytes)
+            link = HostLink(host, where["address"], int(where["port"]), where["token"], self.settings.max_frame_bytes,
+                            where["certificate"])
         except (LinkRefused, ray.exceptions.RayError, KeyError, TypeError, ValueError) as exc:
             log.warning("no direct link to %s (%s: %s); its requests go through Ray for %.0f s", host,
                         type(exc).__name__, exc, LINK_RETRY_AFTER_S)

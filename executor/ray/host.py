@@ -102,9 +102,10 @@ class SandboxHost:
         return {"ok": None}
 
     def endpoint(self) -> dict[str, Any]:
-        """Where the host link listens: ``{"ok": {"address", "port", "token"}}`` (token:
-        64 hex digits). Reached only through Ray, like every other method."""
-        return {"ok": {"address": self.link.address, "port": self.link.port, "token": self._link_token.hex()}}
+        """Where the host link listens and how to trust it: ``{"ok": {"address", "port",
+        "token", "certificate"}}`` (token: 64 hex digits; certificate: PEM, the link's only
+        trusted root). Reached only through Ray, like every other method."""
+        return {"ok": self.link.endpoint()}
 
     def _link_dispatch(self, op: str, args: list[Any]) -> dict[str, Any]:
         """A host link request: the :data:`~.link.DIRECT` method ``op`` with ``args``,
@@ -118,7 +119,7 @@ class SandboxHost:
 
     def info(self) -> dict[str, Any]:
         """Host name, node, process, sessions, tool calls in progress, whether it drains,
-        host link connections open (``links``) and refused so far (``links_refused``), and
+        host link calls being dispatched (``link_calls``) and refused so far (``links_refused``), and
         the pool's counters."""
         ray = ray_module()
         with self._lock:
@@ -126,7 +127,7 @@ class SandboxHost:
             calls = self._calls
         return {"ok": {"host": self.name, "node_id": ray.get_runtime_context().get_node_id(),
                        "hostname": socket.gethostname(), "pid": os.getpid(), "sessions": sessions,
-                       "draining": self.draining, "calls": calls, "links": self.link.connections(),
+                       "draining": self.draining, "calls": calls, "link_calls": self.link.calls(),
                        "links_refused": self.link.refused,
                        "uptime_s": time.time() - self.started, "stats": self.pool.stats(),
                        "max_sandboxes": self.settings.max_sandboxes,

@@ -315,30 +315,23 @@ CONFIG_HASH_CHARS = 64
 """A config's key: the SHA-256 hex digest of its exact JSON bytes (key order and
 ``1``/``1.0``/``true`` distinct)."""
 
-# -- the Ray backend's host link (executor/host_link.py; host side only, never in a sandbox)
+# -- the Ray backend's host link (executor/ray/link.py, gRPC; host side only, never in a sandbox)
 LINK_HELLO_TIMEOUT_S = 10.0
-"""Seconds a new host link connection has to authenticate before it is closed."""
-LINK_HELLO_MAX_BYTES = 4096
-"""Largest hello frame on a host link (bytes)."""
-LINK_MAX_CONNECTIONS = 512
-"""Connections one sandbox host serves at once (one per API replica is the normal case);
-more are closed at once."""
+"""Seconds a new host link connection has to finish its TLS handshake before it is closed."""
 LINK_MAX_EXTRA_DEPTH = 16
-"""Nesting levels a host link frame may have beyond MAX_FRAME_DEPTH (the envelope around
+"""Nesting levels a host link body may have beyond MAX_FRAME_DEPTH (the envelope around
 a tool call's result)."""
 LINK_CONNECT_TIMEOUT_S = 5.0
 """Seconds to open a host link before the request goes through Ray instead."""
 LINK_RETRY_AFTER_S = 5.0
 """Seconds after a failed host link open before the next attempt (meanwhile: through Ray)."""
-
-# -- the host link on gRPC (executor/grpc_link.py; host side only, never in a sandbox)
 LINK_MAX_CALLS = 1024
-"""Calls one sandbox host serves at once on its gRPC link, running or waiting for a worker
-(gRPC's ``maximum_concurrent_rpcs``, in place of LINK_MAX_CONNECTIONS: HTTP/2 carries every
-request of a replica on one connection); more are answered RESOURCE_EXHAUSTED."""
+"""Calls one sandbox host serves at once on its link, running or waiting for a worker
+(gRPC's ``maximum_concurrent_rpcs``: HTTP/2 carries every request of a replica on one
+connection); more are answered RESOURCE_EXHAUSTED before anything runs."""
 LINK_KEEPALIVE_S = 20.0
-"""Seconds between keepalive pings on a gRPC link connection (both ends)."""
+"""Seconds between keepalive pings on a host link connection (both ends)."""
 LINK_KEEPALIVE_TIMEOUT_S = 10.0
 """Seconds a keepalive ping may go unanswered before the connection counts as dead."""
 LINK_IDLE_S = 600.0
-"""Seconds a gRPC link connection may go without a call before the host closes it."""
+"""Seconds a host link connection may go without a call before the host closes it."""

@@ -226,15 +226,13 @@ class Napper:
 def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
         cluster: Cluster, leak_check: None, sandbox_image: str) -> None:
     """Tool calls reach the host over its link (not Ray) with the same answers as through
-    Ray; a stranger on the link's port is cut off; a link that breaks mid-call fails that
+    Ray; a stranger with a wrong token or without the host's certificate is refused; a link that breaks mid-call fails that
     call with SandboxLost while the host stays live, and the env then re-attaches on the
     same host with its state."""
-    import socket
-
-    from sandpit.executor.errors import SandboxLost
+    from sandpit.executor.errors import LinkRefused, SandboxLost
     from sandpit.executor.ray import RayExecutor
+    from sandpit.executor.ray.link import HostLink, self_signed
     from sandpit.executor.settings import ExecutorSettings
-    from sandpit.sandbox_images.runner import protocol
 
     settings = ExecutorSettings(pool_size=0)  # as the replicas' (whoever comes first creates the hosts)
     direct = RayExecutor(cluster.address, settings).start()
@@ -250,22 +248,18 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
         assert linked.call("nap", {"seconds": "x"}).status == plain.call("nap", {"seconds": "x"}).status
         assert linked.state() == plain.state()
         host = linked.host
-        info = direct.ask(host, "info")  # a Ray call (not a link method)
-        assert info["links"] >= 1 and host in direct._links and not through_ray._links
+        assert host in direct._links and not through_ray._links
+        refused_before = direct.ask(host, "info")["links_refused"]  # a Ray call (not a link method)
 
         where = direct.ask(host, "endpoint")
         assert where["address"] == "127.0.0.1" and len(where["token"]) == 64
-        stranger = socket.create_connection((where["address"], where["port"]), timeout=10)
-        try:  # a wrong token, then a request: cut off, nothing served
-            stranger.settimeout(10)
-            stranger.sendall(protocol.encode({"op": "hello", "token": "0" * 64})
-                             + protocol.encode({"id": 1, "op": "close_session", "args": ["env_link_direct", None]}))
-            try:
-                assert stranger.recv(1 << 16) == b""
-            except ConnectionResetError:  # closed with the request unread
-                pass
-        finally:
-            stranger.close()
+        with pytest.raises(LinkRefused):  # the right certificate, a wrong token: refused, nothing served
+            HostLink("stranger", where["address"], where["port"], "0" * 64, settings.max_frame_bytes,
+                     where["certificate"])
+        with pytest.raises(LinkRefused):  # the right token, another certificate: no TLS session at all
+            HostLink("stranger", where["address"], where["port"], where["token"], settings.max_frame_bytes,
+                     self_signed("127.0.0.1")[1].decode("ascii"))
+        assert direct.ask(host, "info")["links_refused"] == refused_before + 1
         assert linked.call("nap", {"seconds": 0}).observation  # the session is still there
 
         committed = linked.snapshot().attributes  # the head before the call whose outcome is lost
@@ -299,7 +293,7 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
 
 def test_metrics_show_each_hosts_sessions_and_links(cluster: Cluster, replicas: list[ApiServer]) -> None:
     """``/metrics`` of a replica on the Ray backend: per host, its sandboxes, sessions and
-    host link connections, and the stranger the previous test sent (refused)."""
+    calls on its host link, and the stranger the previous test sent (refused)."""
     import re
 
     client = Client(replicas[0].url, api_key=replicas[0].api_key, timeout=120, max_retry_wait_s=120)
@@ -312,11 +306,10 @@ def test_metrics_show_each_hosts_sessions_and_links(cluster: Cluster, replicas: 
         text = response.text
         hosts = {host_of_node(node) for node in cluster.worker_nodes}
         for host in hosts:
-            for family in ("sandpit_host_sessions", "sandpit_host_link_connections", "sandpit_host_link_refused_total"):
+            for family in ("sandpit_host_sessions", "sandpit_host_link_calls", "sandpit_host_link_refused_total"):
                 assert re.search(rf'^{family}{{host="{host}"}} [0-9.e+]+$', text, re.M), (family, host)
-        links = {m[0]: float(m[1]) for m in re.findall(r'^sandpit_host_link_connections\{host="([^"]+)"\} (\S+)$',
-                                                       text, re.M)}
-        assert max(links.values()) >= 1  # this replica's link to the env's host at least
+        calls = {m[0]: float(m[1]) for m in re.findall(r'^sandpit_host_link_calls\{host="([^"]+)"\} (\S+)$', text, re.M)}
+        assert set(calls) == hosts and all(value >= 0 for value in calls.values())
         refused = sum(float(v) for v in re.findall(r'^sandpit_host_link_refused_total\{host="[^"]+"\} (\S+)$', text,
                                                   re.M))
         assert refused >= 1  # the stranger of the test before
