@@ -1,4 +1,4 @@
-"""The in-sandbox runner: stdlib-only modules copied into the image (``COPY runner/``).
+"""The in-sandbox runner: a stdlib-only package copied into the image (``COPY runner/``).
 
 A file's name says which process its code runs in:
 
@@ -14,8 +14,12 @@ A file's name says which process its code runs in:
 * shared by both sides and by the host: ``protocol`` (framing) and ``limits`` (every
   size, count and time cap).
 
-In the sandbox these are top-level modules (``pid1_runner.py`` puts this directory on
-``sys.path``); on the host they are ``sandpit.sandbox_images.runner.<name>``, imported
-only for constants and pure helpers, never to run anything untrusted. No name may shadow
-a standard-library module (``tests/unit/runner/test_runner_files.py``).
+One package with relative imports. The image installs it as ``sandpit_runner`` in
+``/opt/sandpit`` (the Dockerfile), and PID 1 starts with ``from sandpit_runner import
+pid1_runner``; ``/opt/sandpit`` is on ``sys.path`` only while a process imports the
+runner: a spawned process takes it off before anything untrusted runs
+(``child_session.main``), so untrusted code finds no runner module on its path. On the
+host the package is ``sandpit.sandbox_images.runner``, imported only for constants and
+pure helpers, never to run anything untrusted. No name may shadow a standard-library
+module (``tests/unit/runner/test_runner_files.py``).
 """

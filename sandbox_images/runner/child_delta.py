@@ -53,20 +53,16 @@ import builtins
 import marshal
 import math
 
+from .limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
+
 TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
-    from .limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
-
-    state_watch: Any = None  # built only into the sandbox image
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
-
-    try:
-        import state_watch  # the image build compiled it next to this file
-    except ImportError:  # a runner copied without it (tests of the runner on the host)
-        state_watch = None
+try:
+    from . import state_watch  # type: ignore[attr-defined]  # the image build compiles it into the package
+except ImportError:  # the package on the host (unit tests): no compiled module
+    state_watch = None
 
 _SCALARS = (str, int, bool, type(None))
 

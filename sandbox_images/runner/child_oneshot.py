@@ -7,9 +7,10 @@ serves this one job only, then exits. Its caps are in ``limits.py``.
 
 ``exec`` (``{workdir, code, stdin, files}``): ``code`` runs as a script, like ``python3 -I
 main.py``: ``__name__ == "__main__"`` in a fresh ``__main__`` module, ``sys.argv ==
-["main.py"]``, ``sys.path`` without the script's or the runner's directory, the working
-directory ``workdir`` (empty but for ``files``, written here first), ``stdin`` on fd 0
-(an anonymous in-memory file), ``exit``/``quit`` builtins. The outcome is the process's
+["main.py"]``, ``sys.path`` without the script's directory or the one holding the runner's
+package (and no module of that package in ``sys.modules``), the working directory
+``workdir`` (empty but for ``files``, written here first), ``stdin`` on fd 0 (an anonymous
+in-memory file), ``exit``/``quit`` builtins. The outcome is the process's
 own: exit status (``SystemExit`` as Python maps it; an uncaught exception prints its
 traceback on stderr and exits 1), stdout and stderr (pipes the runner reads). The only
 frame sent on the control channel is ``{"id", "status": "oom"}`` just before exiting on
@@ -86,37 +87,23 @@ import sys
 import time
 import types
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from . import child_standins
+from .child_codec import dumps as _json_text
+from .child_codec import loads as _json_value
+from .child_readonly import why_not_read_only
+from .limits import (
+    CHECK_RESULT_MAX_BYTES,
+    CHECK_RESULT_TEXT_CAPS,
+    ERROR_CHARS,
+    FORK_RETRY_S,
+    RESULT_REPR_CHARS,
+    TRACEBACK_CHARS,
+    check_files,
+)
 
-    from . import child_standins
-    from .child_codec import dumps as _json_text
-    from .child_codec import loads as _json_value
-    from .child_readonly import why_not_read_only
-    from .limits import (
-        CHECK_RESULT_MAX_BYTES,
-        CHECK_RESULT_TEXT_CAPS,
-        ERROR_CHARS,
-        FORK_RETRY_S,
-        RESULT_REPR_CHARS,
-        TRACEBACK_CHARS,
-        check_files,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import child_standins
-    from child_codec import dumps as _json_text
-    from child_codec import loads as _json_value
-    from child_readonly import why_not_read_only
-    from limits import (
-        CHECK_RESULT_MAX_BYTES,
-        CHECK_RESULT_TEXT_CAPS,
-        ERROR_CHARS,
-        FORK_RETRY_S,
-        RESULT_REPR_CHARS,
-        TRACEBACK_CHARS,
-        check_files,
-    )
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
 # traceback and linecache are imported when an exception is reported (start-up cost).
 
@@ -497,11 +484,13 @@ def _enter_workdir(workdir: str) -> None:
 
 def _script_environment(workdir: str) -> types.ModuleType:
     """Make this process look like ``python3 -I main.py`` just started: a fresh
-    ``__main__``, ``sys.argv``, a ``sys.path`` without the runner's directory, no runner
-    modules in ``sys.modules``, and the ``exit``/``quit`` builtins ``site`` would add."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != here]
-    for name in [f[:-3] for f in os.listdir(here) if f.endswith(".py")]:  # the runner's own modules
+    ``__main__``, ``sys.argv``, a ``sys.path`` without the directory holding the runner's
+    package, no module of that package in ``sys.modules``, and the ``exit``/``quit``
+    builtins ``site`` would add."""
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the runner package's
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != parent]
+    package = __package__ or ""
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:  # the runner's
         sys.modules.pop(name, None)
     main = types.ModuleType("__main__")
     main.__file__ = os.path.join(workdir, SCRIPT_NAME)

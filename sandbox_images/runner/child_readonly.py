@@ -40,11 +40,7 @@ from __future__ import annotations
 import ast
 import builtins
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from .limits import READ_ONLY_CHECK_MAX_NODES
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import READ_ONLY_CHECK_MAX_NODES
+from .limits import READ_ONLY_CHECK_MAX_NODES
 
 SAFE_BUILTINS = frozenset({
     "abs", "all", "any", "ascii", "bin", "bool", "bytes", "callable", "chr", "complex", "dict", "divmod",

@@ -52,15 +52,12 @@ import builtins
 import math
 import sys
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from .child_codec import dumps as _json_text
+from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
 
-    from .child_codec import dumps as _json_text
-    from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from child_codec import dumps as _json_text
-    from limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
 
 LOCAL_MODULES = ("builtins", None, "dynamic_env", "sandpit_env", "__main__")

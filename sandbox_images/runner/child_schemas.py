@@ -64,43 +64,23 @@ import types
 import typing
 from typing import Any
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from .child_codec import dumps as _json_text
-    from .limits import (
-        MAX_ANNOTATION_CHARS,
-        MAX_ANY_OF,
-        MAX_DEFAULT_CHARS,
-        MAX_DESCRIPTION_CHARS,
-        MAX_DOC_SCAN_CHARS,
-        MAX_ENUM_CHARS,
-        MAX_ENUM_VALUES,
-        MAX_NAME_CHARS,
-        MAX_NOTE_CHARS,
-        MAX_NOTES,
-        MAX_PARAMS,
-        MAX_SCHEMA_DEPTH,
-        MAX_SCHEMAS_BYTES,
-        MAX_TOOLS,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from child_codec import dumps as _json_text
-    from limits import (
-        MAX_ANNOTATION_CHARS,
-        MAX_ANY_OF,
-        MAX_DEFAULT_CHARS,
-        MAX_DESCRIPTION_CHARS,
-        MAX_DOC_SCAN_CHARS,
-        MAX_ENUM_CHARS,
-        MAX_ENUM_VALUES,
-        MAX_NAME_CHARS,
-        MAX_NOTE_CHARS,
-        MAX_NOTES,
-        MAX_PARAMS,
-        MAX_SCHEMA_DEPTH,
-        MAX_SCHEMAS_BYTES,
-        MAX_TOOLS,
-    )
+from .child_codec import dumps as _json_text
+from .limits import (
+    MAX_ANNOTATION_CHARS,
+    MAX_ANY_OF,
+    MAX_DEFAULT_CHARS,
+    MAX_DESCRIPTION_CHARS,
+    MAX_DOC_SCAN_CHARS,
+    MAX_ENUM_CHARS,
+    MAX_ENUM_VALUES,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_PARAMS,
+    MAX_SCHEMA_DEPTH,
+    MAX_SCHEMAS_BYTES,
+    MAX_TOOLS,
+)
 
 TOOL_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}")
 """Public method names that are valid OpenAI function names (``^[a-zA-Z0-9_-]{1,64}$``)."""

@@ -52,40 +52,27 @@ import sys
 import time
 import types
 
+from . import child_delta
+from .child_codec import dumps as _json_text
+from .child_codec import loads as _json_value
+from .limits import (
+    DEFAULT_OBSERVATION_CAP_BYTES,
+    DEFAULT_SESSION_NOFILE,
+    INIT_RETYPED_MAX,
+    INIT_RETYPED_NAME_CHARS,
+    JSON_NATIVE_MAX_DEPTH,
+    KEYED_MIN_BYTES,
+    SESSION_TRACEBACK_CHARS,
+)
+
 TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+if TYPE_CHECKING:
     from typing import Any, TypeAlias  # annotations only: never evaluated in the sandbox
 
     Encoding: TypeAlias = tuple[Any, ...]
     """``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u",
     rendering_json_text)`` | ``("T", child_delta.Tree)`` (a large JSON dict or list tracked
     path by path, see ``child_delta.py``)."""
-
-    from . import child_delta
-    from .child_codec import dumps as _json_text
-    from .child_codec import loads as _json_value
-    from .limits import (
-        DEFAULT_OBSERVATION_CAP_BYTES,
-        DEFAULT_SESSION_NOFILE,
-        INIT_RETYPED_MAX,
-        INIT_RETYPED_NAME_CHARS,
-        JSON_NATIVE_MAX_DEPTH,
-        KEYED_MIN_BYTES,
-        SESSION_TRACEBACK_CHARS,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import child_delta
-    from child_codec import dumps as _json_text
-    from child_codec import loads as _json_value
-    from limits import (
-        DEFAULT_OBSERVATION_CAP_BYTES,
-        DEFAULT_SESSION_NOFILE,
-        INIT_RETYPED_MAX,
-        INIT_RETYPED_NAME_CHARS,
-        JSON_NATIVE_MAX_DEPTH,
-        KEYED_MIN_BYTES,
-        SESSION_TRACEBACK_CHARS,
-    )
 
 # pickle, base64 and traceback are imported where used: most sessions never need them,
 # and every spare process would pay for them at start (CPU of the sandbox's quota).
@@ -429,30 +416,24 @@ class Session:
 
 def _schemas() -> types.ModuleType:
     """The schema module, imported on first use (sessions that only call never pay for
-    ``inspect``/``typing``): a sibling file in the sandbox, a package module on the host."""
-    if TYPE_CHECKING or __package__:
-        from . import child_schemas as schemas
-    else:  # run as a script: its directory is sys.path[0]
-        import child_schemas as schemas
+    ``inspect``/``typing``)."""
+    from . import child_schemas as schemas
+
     return schemas
 
 
 def _render() -> types.ModuleType:
     """The rendering module, imported on first use like :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_render as render
-    else:
-        import child_render as render
+    from . import child_render as render
+
     return render
 
 
 def _oneshot() -> types.ModuleType:
     """The one-shot job module (scripts, check functions), imported on first use like
     :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_oneshot as oneshot
-    else:
-        import child_oneshot as oneshot
+    from . import child_oneshot as oneshot
+
     return oneshot
 
 
@@ -540,19 +521,15 @@ def _type_name(kind: type) -> str:
 
 def _template() -> types.ModuleType:
     """The template module (``child_template.py``), imported on first use like :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_template as template
-    else:
-        import child_template as template
+    from . import child_template as template
+
     return template
 
 
 def _confine() -> types.ModuleType:
     """The seccomp module (``child_confine.py``), a sibling file like :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_confine as confine
-    else:
-        import child_confine as confine
+    from . import child_confine as confine
+
     return confine
 
 
@@ -783,7 +760,19 @@ def _flush_std() -> None:
             pass
 
 
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory holding the runner's package (``/opt/sandpit`` in the image): on
+``sys.path`` only while the process imports the runner (PID 1's boot line puts it there),
+never while untrusted code runs. The package's own later imports go through its
+``__path__``."""
+
+
 def main() -> None:
+    """Entry point of every process PID 1 spawns (its boot line imports this module): the
+    package's parent leaves ``sys.path``, the limits of ``SANDPIT_SESSION_LIMITS`` are
+    applied (:func:`harden`), then the session protocol is served on fd 3 until PID 1
+    closes it; exits with status 0 (70 when the process cannot be confined)."""
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p) != PACKAGE_PARENT]
     limits = _json_value(os.environ.pop("SANDPIT_SESSION_LIMITS", "{}"))
     harden(limits)
     sys.argv = ["environment"]
@@ -791,7 +780,3 @@ def main() -> None:
         sys.path.append(IMAGE_PACKAGES)
     serve(Session(CTRL_FD, limits))
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -52,15 +52,12 @@ import io
 import pickle
 import reprlib
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from .limits import STANDIN_NAME_CHARS as NAME_CHARS
+from .limits import STANDIN_REPR_CHARS as REPR_CHARS
 
-    from .limits import STANDIN_NAME_CHARS as NAME_CHARS
-    from .limits import STANDIN_REPR_CHARS as REPR_CHARS
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import STANDIN_NAME_CHARS as NAME_CHARS
-    from limits import STANDIN_REPR_CHARS as REPR_CHARS
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
 SAFE_GLOBALS = frozenset({
     ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"), ("builtins", "bytes"),

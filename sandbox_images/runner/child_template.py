@@ -72,19 +72,14 @@ import socket
 import sys
 import time
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any, NoReturn  # annotations only: never evaluated in the sandbox
+from . import child_session
+from .child_codec import dumps as _json_text
+from .child_codec import loads as _json_value
+from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
 
-    from . import child_session
-    from .child_codec import dumps as _json_text
-    from .child_codec import loads as _json_value
-    from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import child_session
-    from child_codec import dumps as _json_text
-    from child_codec import loads as _json_value
-    from limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn  # annotations only: never evaluated in the sandbox
 
 PURE_MODULES = frozenset({
     "__future__", "abc", "bisect", "calendar", "collections", "copy", "dataclasses", "datetime", "decimal",

@@ -54,46 +54,29 @@ import selectors
 import signal
 import time
 
+from . import protocol
+from .limits import (
+    BATCH_SLACK_S,
+    CHECK_OUTPUT_CAP_BYTES,
+    CHECK_RESULT_TEXT_CAPS,
+    DRAIN_MAX_READS,
+    JOB_EXIT_WAIT_S,
+    JOB_MAX_FRAME_BYTES,
+    JOBS_PER_SLOT,
+    MAX_CHECK_SOURCE_BYTES,
+    MAX_CHECKS,
+    MAX_CODE_BYTES,
+    MAX_STDIN_BYTES,
+    STARTUP_S,
+    check_files,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
     from collections.abc import Callable
     from typing import Any
 
     from .pid1_runner import Child, Runner
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from . import protocol
-    from .limits import (
-        BATCH_SLACK_S,
-        CHECK_OUTPUT_CAP_BYTES,
-        CHECK_RESULT_TEXT_CAPS,
-        DRAIN_MAX_READS,
-        JOB_EXIT_WAIT_S,
-        JOB_MAX_FRAME_BYTES,
-        JOBS_PER_SLOT,
-        MAX_CHECK_SOURCE_BYTES,
-        MAX_CHECKS,
-        MAX_CODE_BYTES,
-        MAX_STDIN_BYTES,
-        STARTUP_S,
-        check_files,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import protocol
-    from limits import (
-        BATCH_SLACK_S,
-        CHECK_OUTPUT_CAP_BYTES,
-        CHECK_RESULT_TEXT_CAPS,
-        DRAIN_MAX_READS,
-        JOB_EXIT_WAIT_S,
-        JOB_MAX_FRAME_BYTES,
-        JOBS_PER_SLOT,
-        MAX_CHECK_SOURCE_BYTES,
-        MAX_CHECKS,
-        MAX_CODE_BYTES,
-        MAX_STDIN_BYTES,
-        STARTUP_S,
-        check_files,
-    )
 
 CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
 

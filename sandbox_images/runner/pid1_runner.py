@@ -70,62 +70,34 @@ import socket
 import sys
 import time
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from collections.abc import Callable
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from . import pid1_cleanup, pid1_jobs, pid1_templates, protocol
+from .limits import (
+    BROKEN_MAX_CHARS,
+    CHILD_SEND_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_OBSERVATION_CAP_BYTES,
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_SESSION_MEMORY_BYTES,
+    DEFAULT_SESSION_NOFILE,
+    DEFER_MAX_S,
+    DESCRIBE_ERROR_CHARS,
+    DESCRIBE_TRACEBACK_CHARS,
+    MAX_FRAME_BYTES,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    MAX_SCHEMAS_BYTES,
+    RECYCLE_MAX_PROBLEMS,
+    SESSION_ID_MAX_CHARS,
+    SESSION_STARTUP_S,
+    SPAWN_RETRY_S,
+    TOKEN_MAX_CHARS,
+)
 
-    from . import pid1_cleanup, pid1_jobs, pid1_templates, protocol
-    from .limits import (
-        BROKEN_MAX_CHARS,
-        CHILD_SEND_TIMEOUT_S,
-        CONNECT_TIMEOUT_S,
-        DEFAULT_CALL_TIMEOUT_S,
-        DEFAULT_OBSERVATION_CAP_BYTES,
-        DEFAULT_OUTPUT_CAP_BYTES,
-        DEFAULT_SESSION_MEMORY_BYTES,
-        DEFAULT_SESSION_NOFILE,
-        DEFER_MAX_S,
-        DESCRIBE_ERROR_CHARS,
-        DESCRIBE_TRACEBACK_CHARS,
-        MAX_FRAME_BYTES,
-        MAX_NOTE_CHARS,
-        MAX_NOTES,
-        MAX_SCHEMAS_BYTES,
-        RECYCLE_MAX_PROBLEMS,
-        SESSION_ID_MAX_CHARS,
-        SESSION_STARTUP_S,
-        SPAWN_RETRY_S,
-        TOKEN_MAX_CHARS,
-    )
-else:  # in the sandbox, run as a script: its directory comes first on sys.path
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import pid1_cleanup
-    import pid1_jobs
-    import pid1_templates
-    import protocol
-    from limits import (
-        BROKEN_MAX_CHARS,
-        CHILD_SEND_TIMEOUT_S,
-        CONNECT_TIMEOUT_S,
-        DEFAULT_CALL_TIMEOUT_S,
-        DEFAULT_OBSERVATION_CAP_BYTES,
-        DEFAULT_OUTPUT_CAP_BYTES,
-        DEFAULT_SESSION_MEMORY_BYTES,
-        DEFAULT_SESSION_NOFILE,
-        DEFER_MAX_S,
-        DESCRIBE_ERROR_CHARS,
-        DESCRIBE_TRACEBACK_CHARS,
-        MAX_FRAME_BYTES,
-        MAX_NOTE_CHARS,
-        MAX_NOTES,
-        MAX_SCHEMAS_BYTES,
-        RECYCLE_MAX_PROBLEMS,
-        SESSION_ID_MAX_CHARS,
-        SESSION_STARTUP_S,
-        SPAWN_RETRY_S,
-        TOKEN_MAX_CHARS,
-    )
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable  # annotations only: never evaluated in the sandbox
+    from typing import Any
 
 SOCKET_PATH = f"{protocol.SOCKET_DIR}/{protocol.SOCKET_NAME}"
 TOKEN_PATH = f"{protocol.SOCKET_DIR}/{protocol.TOKEN_NAME}"
@@ -133,11 +105,14 @@ TOKEN_PATH = f"{protocol.SOCKET_DIR}/{protocol.TOKEN_NAME}"
 soon as the runner has connected. Neither it nor its path is in the runner's environment,
 which gVisor's /proc/1/environ shows to every process of the same uid (it ignores
 PR_SET_DUMPABLE): both paths are fixed (``protocol.SOCKET_DIR``)."""
-RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
-SESSION_BOOT = f"import sys; sys.path[0] = {RUNNER_DIR!r}; import child_session; child_session.main()"
-"""How a session process starts: ``child_session.py`` imported as a module (not run as a
-script), so its bytecode compiled into the image is used instead of compiling it anew in
-every process."""
+PACKAGE = __package__ or ""
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SESSION_BOOT = (f"import sys; sys.path[0] = {PACKAGE_PARENT!r}; "
+                f"from {PACKAGE} import child_session; child_session.main()")
+"""How a session process starts: the runner's package made importable (its parent
+directory, which ``child_session.main`` takes off ``sys.path`` again before anything
+else), then ``child_session`` imported as a module, so its bytecode compiled into the
+image is used instead of compiling it anew in every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
@@ -1198,7 +1173,3 @@ def _detach_stdio() -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-
-
-if __name__ == "__main__":
-    main()

@@ -77,34 +77,23 @@ import signal
 import socket
 import time
 
+from . import protocol
+from .limits import (
+    CONFIG_CACHE_MAX_BYTES,
+    CONFIG_TEMPLATE_MAX_PER_SANDBOX,
+    CONFIG_TEMPLATE_MEMORY_FRACTION,
+    MAX_FRAME_BYTES,
+    TEMPLATE_FORK_TIMEOUT_S,
+    TEMPLATE_FRAME_MAX_BYTES,
+    TEMPLATE_MAX_PER_SANDBOX,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
     from collections.abc import Callable
     from typing import Any
 
     from .pid1_runner import Child, Runner
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from . import protocol
-    from .limits import (
-        CONFIG_CACHE_MAX_BYTES,
-        CONFIG_TEMPLATE_MAX_PER_SANDBOX,
-        CONFIG_TEMPLATE_MEMORY_FRACTION,
-        MAX_FRAME_BYTES,
-        TEMPLATE_FORK_TIMEOUT_S,
-        TEMPLATE_FRAME_MAX_BYTES,
-        TEMPLATE_MAX_PER_SANDBOX,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import protocol
-    from limits import (
-        CONFIG_CACHE_MAX_BYTES,
-        CONFIG_TEMPLATE_MAX_PER_SANDBOX,
-        CONFIG_TEMPLATE_MEMORY_FRACTION,
-        MAX_FRAME_BYTES,
-        TEMPLATE_FORK_TIMEOUT_S,
-        TEMPLATE_FRAME_MAX_BYTES,
-        TEMPLATE_MAX_PER_SANDBOX,
-    )
 CONFIG_OPENS_REMEMBERED = 256
 MEMORY_FILES = (("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
                 ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))

@@ -19,13 +19,11 @@ import re
 import socket
 import struct
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
 
-    from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
 HEADER = struct.Struct(">I")
 

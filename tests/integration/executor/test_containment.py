@@ -471,5 +471,5 @@ def test_the_delta_scans_write_barrier_loads_under_each_runtime(open_env, probe,
     import (correct, but the airline step about twice as slow): the compiled module must
     load in a real session process under runc and under gVisor alike."""
     session = open_env(on=rt_pool)
-    loaded = probe.ok(session, "import sys\nresult = repr(sys.modules['child_delta'].state_watch)")
-    assert "state_watch" in loaded and "/opt/sandpit/runner/state_watch." in loaded, loaded
+    loaded = probe.ok(session, "import sys\nresult = repr(sys.modules['sandpit_runner.child_delta'].state_watch)")
+    assert "state_watch" in loaded and "/opt/sandpit/sandpit_runner/state_watch." in loaded, loaded

@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 from sandpit.executor import engine
-from sandpit.sandbox_images import DEFINITION_DIR, RUNNER_FILES
+from sandpit.sandbox_images import DEFINITION_DIR, NATIVE_FILES, RUNNER_FILES
 
 RUNNER_DIR = Path(DEFINITION_DIR) / "runner"
 SHARED = {"protocol", "limits"}
+PACKAGE = "sandpit_runner"
+"""The runner's package name in the image (``/opt/sandpit/sandpit_runner``)."""
 
 
 def _stems() -> list[str]:
@@ -27,24 +29,26 @@ def test_every_runner_module_says_where_it_runs() -> None:
 
 
 def test_no_runner_module_shadows_a_standard_library_module() -> None:
-    # in the sandbox the runner's directory is sys.path[0]: a runner module named like a
-    # stdlib module would replace it for the runner and for every session process
-    shadowing = sorted(set(_stems()) & (set(sys.stdlib_module_names) | set(sys.builtin_module_names)))
+    # the package's modules import each other relatively, but a name shared with the
+    # standard library is still one reader mistaking one for the other; the package's own
+    # name is on sys.path while a process imports the runner
+    shadowing = sorted((set(_stems()) | {PACKAGE}) & (set(sys.stdlib_module_names) | set(sys.builtin_module_names)))
     assert not shadowing, f"runner modules shadowing the standard library: {shadowing}"
 
 
-def test_the_image_gets_the_folder_and_starts_pid1_runner() -> None:
+def test_the_image_gets_the_folder_as_a_package_and_pid1_imports_it() -> None:
     assert RUNNER_FILES == tuple(sorted(p.name for p in RUNNER_DIR.glob("*.py") if p.name != "__init__.py"))
     dockerfile = (Path(DEFINITION_DIR) / "Dockerfile").read_text()
-    assert "COPY runner/ /opt/sandpit/runner/" in dockerfile  # the folder: one file list
+    assert f"COPY runner/ /opt/sandpit/{PACKAGE}/" in dockerfile  # the folder: one file list
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
     assert cmd is not None
     assert json.loads(cmd.group(1))[1:] == engine.RUNNER_CMD[1:] == [
-        "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
+        "-s", "-S", "-B", "-c",
+        f"import sys; sys.path[0] = '/opt/sandpit'; from {PACKAGE} import pid1_runner; pid1_runner.main()"]
 
 
 def test_imports_between_runner_modules_name_existing_files() -> None:
-    stems = set(_stems())
+    stems = set(_stems()) | {name[:-2] for name in NATIVE_FILES}  # C modules the image build compiles
     for name in RUNNER_FILES:
         tree = ast.parse((RUNNER_DIR / name).read_text())
         for node in ast.walk(tree):
