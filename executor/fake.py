@@ -69,7 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner import child_oneshot, child_schemas, child_session, limits, protocol
+from sandpit.sandbox_images.runner import child_schemas, child_session, limits, protocol, wire
 
 from . import jobs
 from .errors import ExecutorError, SessionClosed, SessionError, SessionOpenError, ToolSchemaError
@@ -100,11 +100,8 @@ rendered initial and final states returning the value (an exception is ``error``
 ExecScript = str | ExecResult | Callable[[jobs.ExecRequest], str | ExecResult]
 """How a script is answered: its stdout (exit 0), a whole result, or a callable."""
 FAILABLE = frozenset({"open_session", "describe", "run_checks", "execute", "warm", "ping", "call"})
-_RUNNER_MESSAGES = {  # pid1_runner.Runner.child_failed: the runner's words for a failed call
-    "timeout": "Error: tool call exceeded the {timeout:g} s time limit",
-    "oom": "Error: session ran out of memory",
-    "crashed": "Error: session process died",
-}
+_CALL_FAILURES = ("timeout", "oom", "crashed")
+"""Statuses :meth:`FakeExecutor.fail_call` injects (PID 1's words: ``wire.call_failure_observation``)."""
 _CHECK_ERRORS = {
     "timeout": "timed out after {timeout:g} s", "oom": "the check ran out of memory",
     "crashed": "the check process crashed (killed by signal SIGKILL)", "error": "Error: scripted failure",
@@ -137,7 +134,7 @@ class ScriptedEnv:
         try:
             tools, _notes = child_schemas.describe_class(type(self.class_name, (), dict(self.tools)))
         except child_schemas.SchemaLimitError as exc:
-            raise ToolSchemaError("rejected", child_session.error_observation(exc)) from None
+            raise ToolSchemaError("rejected", wire.error_observation(exc)) from None
         return check_tool_schemas(tools)
 
 
@@ -214,7 +211,7 @@ class FakeSession:
                     self.recoveries += 1
                     text = lost_message(failure.status)
                 else:
-                    text = _RUNNER_MESSAGES[failure.status].format(timeout=self.profile.call_timeout_s)
+                    text = wire.call_failure_observation(failure.status, self.profile.call_timeout_s)
                 return _result(failure.status, text, started, recovered=recovered)
             tool = self._env.tools.get(name)
             if tool is None:
@@ -226,12 +223,12 @@ class FakeSession:
             try:
                 observation = str(tool(self._state, **arguments))
             except Exception as exc:  # noqa: BLE001 - EnvScaler: errors are observations
-                status, observation = "error", child_session.error_observation(exc)
+                status, observation = "error", wire.error_observation(exc)
                 trace = _traceback(exc)
                 if rules == "envscaler":
-                    observation = child_session.ENVSCALER_TOOL_ERROR + trace
+                    observation = wire.ENVSCALER_TOOL_ERROR + trace
             tool_ms = (time.perf_counter() - tool_started) * 1000.0
-            observation, truncated = child_session.cap_observation(observation, self.profile.observation_cap_bytes)
+            observation, truncated = wire.cap_observation(observation, self.profile.observation_cap_bytes)
             encoded = self._executor._encode_state(self._state)
             delta = StateDelta(set={k: v for k, v in encoded.items() if self._encoded.get(k) != v},
                                deleted=[k for k in self._encoded if k not in encoded])
@@ -351,8 +348,8 @@ class FakeExecutor:
                   times: int | None = 1, lost: bool = False) -> None:
         """Make the next ``times`` tool calls (of ``tool``, in ``session_id``, when given)
         end with ``status`` (``timeout``, ``oom`` or ``crashed``) without running the tool."""
-        if status not in _RUNNER_MESSAGES:
-            raise ValueError(f"status must be one of {sorted(_RUNNER_MESSAGES)}")
+        if status not in _CALL_FAILURES:
+            raise ValueError(f"status must be one of {sorted(_CALL_FAILURES)}")
         with self._lock:
             self._call_failures.append(_CallFailure(status, tool, session_id, times, lost))
 
@@ -387,7 +384,7 @@ class FakeExecutor:
             state = dict(env.init(copy.deepcopy(config))) if env.init is not None else {}
         except Exception as exc:  # noqa: BLE001 - the environment's __init__ raised
             self.failures["error"] += 1
-            raise SessionOpenError("error", child_session.error_observation(exc), _traceback(exc)) from None
+            raise SessionOpenError("error", wire.error_observation(exc), _traceback(exc)) from None
         state.update(config)
         if snapshot:  # as the sandbox does: on top of init_config, dropping what it does not name
             self._apply(state, snapshot)
@@ -562,13 +559,13 @@ class FakeExecutor:
                 value = verdict(copy.deepcopy(initial), copy.deepcopy(final))
             except Exception as exc:  # noqa: BLE001 - a check that raises is an error result
                 return CheckResult(check_item=item, passed=False, status="error",
-                                   error=child_oneshot.error_text(exc), traceback=_traceback(exc),
+                                   error=wire.error_observation(exc, limits.ERROR_CHARS), traceback=_traceback(exc),
                                    duration_ms=_ms(started))
         else:
             value = verdict
-        status, passed, error = child_oneshot.classify(value)
+        status, passed, error = wire.classify(value)
         return CheckResult(check_item=item, passed=passed, status=status,  # type: ignore[arg-type]
-                           result=child_oneshot.bounded_repr(value), error=error, duration_ms=_ms(started))
+                           result=wire.bounded_repr(value), error=error, duration_ms=_ms(started))
 
 
 def _ms(started: float) -> float:

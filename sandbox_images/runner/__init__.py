@@ -11,8 +11,9 @@ A file's name says which process its code runs in:
   (a script or a check batch), ``child_readonly`` (which checks provably only read, so
   they may share the batch's process), ``child_schemas`` (tool schemas by introspection),
   ``child_render`` (the JSON rendering of state), ``child_confine`` (the seccomp filter).
-* shared by both sides and by the host: ``protocol`` (framing) and ``limits`` (every
-  size, count and time cap).
+* shared by both sides and by the host: ``protocol`` (framing), ``limits`` (every size,
+  count and time cap) and ``wire`` (the rules and texts both sides of the boundary apply:
+  encoded state entries, tags, tool names, the JSON depth scan, error texts).
 
 One package with relative imports. The image installs it as ``sandpit_runner`` in
 ``/opt/sandpit`` (the Dockerfile), and PID 1 starts with ``from sandpit_runner import

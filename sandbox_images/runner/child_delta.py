@@ -23,7 +23,7 @@ child by child with :func:`diff`, a type-aware walk (``type(a) is type(b)``, key
 ``path`` is a list of dict keys (str) and list indexes (int) below the attribute. A node
 whose type or key order changed is set whole; a list whose length changed gets element
 operations for its common prefix plus one ``r``. Any value a ``s``/``r`` carries is
-checked JSON-native (``child_session._json_native``) at its depth, so the attribute
+checked JSON-native (``wire.json_native``) at its depth, so the attribute
 stays within ``JSON_NATIVE_MAX_DEPTH``; when it is not (a ``set`` or ``date`` appeared
 deep inside, a cycle, a non-str key, a dict that reads like a ``$`` tag), :func:`check`
 returns None and the caller re-encodes the attribute whole (pickle + rendering).

@@ -96,10 +96,10 @@ from .limits import (
     CHECK_RESULT_TEXT_CAPS,
     ERROR_CHARS,
     FORK_RETRY_S,
-    RESULT_REPR_CHARS,
     TRACEBACK_CHARS,
     check_files,
 )
+from .wire import bounded_repr, classify, error_observation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -117,28 +117,6 @@ HEADER_SIZE = 4
 __builtins__ = dict(vars(builtins))  # type: ignore[assignment]
 # ^ this module's own copy of the builtins, taken before any untrusted code runs: code
 # that patches `builtins` later in this process does not act on its functions
-
-
-def bounded_repr(value: object, limit: int = RESULT_REPR_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters; a hostile ``__repr__`` that raises
-    gives ``<unrepresentable T: E>``."""
-    try:
-        text = repr(value)
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        text = f"<unrepresentable {type(value).__name__}: {type(exc).__name__}>"
-    if type(text) is not str:  # a str subclass from a hostile __repr__
-        text = str.__str__(text) if isinstance(text, str) else "<unrepresentable>"
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def error_text(exc: BaseException) -> str:
-    """``Error: <Type>: <message>`` (EnvScaler's observation of an exception), capped."""
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001
-        message = "<unprintable exception>"
-    text = f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
-    return text[:ERROR_CHARS]
 
 
 def bounded_traceback(exc: BaseException, skip: int = 0) -> str:
@@ -159,19 +137,6 @@ def bounded_traceback(exc: BaseException, skip: int = 0) -> str:
         text = (text[:head] + f"\n...[{len(text) - TRACEBACK_CHARS} characters cut]...\n"
                 + text[-(TRACEBACK_CHARS - head):])
     return text
-
-
-def classify(value: object) -> tuple[str, bool, str | None]:
-    """EnvScaler ``calculate_reward`` on one returned value: ``(status, passed, error)``.
-    Only ``True`` itself passes; ``False`` is a clean failure; anything else (``1``,
-    ``"yes"``, ``None``, a bool subclass) is an ``error`` naming what came back."""
-    if value is True:
-        return "ok", True, None
-    if value is False:
-        return "ok", False, None
-    if value is None:
-        return "error", False, "returned None, not a bool"
-    return "error", False, f"returned {type(value).__name__} {bounded_repr(value, 200)}, not a bool"
 
 
 def syntax_error_text(exc: SyntaxError | ValueError) -> str:
@@ -216,7 +181,7 @@ def _load_env_module(source: str | None) -> types.ModuleType:
     except BaseException as exc:  # noqa: BLE001 - reported as the state's error
         for name in (ENV_MODULE, *ENV_MODULE_ALIASES):
             sys.modules.pop(name, None)
-        raise StateError(f"loading the environment's module failed: {error_text(exc)}") from None
+        raise StateError(f"loading the environment's module failed: {error_observation(exc, ERROR_CHARS)}") from None
     return module
 
 
@@ -251,7 +216,7 @@ def decode_state(encoded: dict[str, Any], source: str | None, objects: str = "st
             except (MemoryError, StateError):
                 raise
             except BaseException as exc:  # noqa: BLE001 - a pickle that does not load
-                raise StateError(f"attribute {name!r} could not be restored: {error_text(exc)}") from None
+                raise StateError(f"attribute {name!r} could not be restored: {error_observation(exc, ERROR_CHARS)}") from None
         else:
             state[name] = entry[1] if len(entry) > 1 else None
     return state
@@ -424,7 +389,7 @@ def run_check(source: str, initial: object, final: object) -> dict[str, Any]:
         raise
     except BaseException as exc:  # noqa: BLE001 - EnvScaler: an error is a failed check
         _register_source(CHECK_FILENAME, source)
-        out.update(status="error", passed=False, error=error_text(exc),
+        out.update(status="error", passed=False, error=error_observation(exc, ERROR_CHARS),
                    traceback=bounded_traceback(exc, skip=1))
     return _timed(out, started)
 

@@ -81,10 +81,7 @@ from .limits import (
     MAX_SCHEMAS_BYTES,
     MAX_TOOLS,
 )
-
-TOOL_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}")
-"""Public method names that are valid OpenAI function names (``^[a-zA-Z0-9_-]{1,64}$``)."""
-JSON_TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
+from .wire import is_tool_name
 
 _class_dict = type.__dict__["__dict__"].__get__
 _class_mro = type.__dict__["__mro__"].__get__
@@ -689,7 +686,7 @@ def describe_class(cls: type) -> tuple[list[dict[str, Any]], list[str]]:
     tools: list[dict[str, Any]] = []
     size = 2
     for name, kind, function in public_methods(cls):
-        if not TOOL_NAME.fullmatch(name):
+        if not is_tool_name(name):
             _note(notes, f"{name[:MAX_NAME_CHARS]!r}: not a valid function name (ASCII letters, digits, "
                          f"underscores, at most {MAX_NAME_CHARS}); not described")
             continue

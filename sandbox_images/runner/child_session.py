@@ -60,9 +60,15 @@ from .limits import (
     DEFAULT_SESSION_NOFILE,
     INIT_RETYPED_MAX,
     INIT_RETYPED_NAME_CHARS,
-    JSON_NATIVE_MAX_DEPTH,
     KEYED_MIN_BYTES,
     SESSION_TRACEBACK_CHARS,
+)
+from .wire import (
+    ENVSCALER_INVALID_ACTION,
+    ENVSCALER_TOOL_ERROR,
+    cap_observation,
+    error_observation,
+    json_native,
 )
 
 TYPE_CHECKING = False
@@ -94,40 +100,6 @@ the standard library. Not a boundary: environment code could append it itself.""
 __builtins__ = dict(vars(builtins))  # type: ignore[assignment]
 # ^ this module's own copy of the builtins, taken before any untrusted code runs: code
 # that patches `builtins` later in this process does not act on its functions
-
-
-def _json_native(value: object, depth: int = 0) -> bool:
-    """True when ``value`` round-trips through JSON with exact types and reads back as
-    itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
-    ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk), counting
-    from ``depth`` (the level ``value`` sits at inside its attribute)."""
-    stack: list[tuple[Any, int]] = [(value, depth)]
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if kind is str or kind is int or kind is bool or item is None:
-            continue
-        if kind is float:
-            if item != item or item in (float("inf"), float("-inf")):
-                return False
-            continue
-        if depth >= JSON_NATIVE_MAX_DEPTH:
-            return False
-        if kind is dict:
-            if len(item) == 1:
-                key = next(iter(item))
-                if type(key) is str and key.startswith("$"):
-                    return False
-            for key, sub in item.items():
-                if type(key) is not str:
-                    return False
-                stack.append((sub, depth + 1))
-            continue
-        if kind is list:
-            stack.extend((sub, depth + 1) for sub in item)
-            continue
-        return False
-    return True
 
 
 def _dumps(value: object) -> str:
@@ -176,7 +148,7 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
     if text is not None:
         if cached is not None and cached[0] == "j" and cached[1] == text:
             return cached
-        if _json_native(value):
+        if json_native(value):
             return ("j", text)
     import base64
     import pickle
@@ -208,7 +180,7 @@ def tree_delta(value: object, tree: child_delta.Tree) -> tuple[str, child_delta.
     ``True`` and a reordering of keys are changes, at any depth."""
     if type(value) is not dict and type(value) is not list:
         return None
-    ops = child_delta.Ops(_dumps, _json_native)
+    ops = child_delta.Ops(_dumps, json_native)
     try:
         tree = child_delta.check(tree, value, [], ops, 0)
     except child_delta.Abort:
@@ -561,10 +533,6 @@ def _reap_children() -> None:
             return
 
 
-ENVSCALER_INVALID_ACTION = "Error: Invalid action"
-"""EnvScaler's observation for an action ``hasattr`` does not find (``check_vaild_action``)."""
-ENVSCALER_TOOL_ERROR = "Error: <Exception>\n"
-"""What EnvScaler's ``step()`` puts before the traceback of a tool that raised."""
 RUNNER_PATHS = ("sandbox_images/runner", "/opt/sandpit/")
 
 
@@ -600,22 +568,6 @@ def envscaler_traceback(exc: BaseException) -> str:
         return "".join(lines)
     except Exception:  # noqa: BLE001 - a hostile exception's __str__
         return f"Traceback (most recent call last):\n{type(exc).__name__}: <unprintable>\n"
-
-
-def error_observation(exc: BaseException) -> str:
-    """EnvScaler's observation of an exception: ``Error: <Type>: <message>``."""
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<unprintable exception>"
-    return f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
-
-
-def cap_observation(text: str, limit: int) -> tuple[str, bool]:
-    """``(text, False)``, or its first ``limit`` characters with a marker and True."""
-    if len(text) <= limit:
-        return text, False
-    return text[:limit] + f"\n...[truncated {len(text) - limit} characters]", True
 
 
 def harden(limits: dict[str, Any]) -> None:

@@ -70,6 +70,7 @@ from .limits import (
     STARTUP_S,
     check_files,
 )
+from .wire import is_encoded_entry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
@@ -591,22 +592,12 @@ def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
         sources.append(source)
     initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
     for name, state in (("initial_state", initial), ("final_state", final)):
-        if not isinstance(state, dict) or not all(_encoded_entry(entry) for entry in state.values()):
+        if not isinstance(state, dict) or not all(is_encoded_entry(entry) for entry in state.values()):
             raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
     if source is not None and (not isinstance(source, str)
                                or len(source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
         raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
     return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
-
-
-def _encoded_entry(entry: object) -> bool:
-    """One attribute of an encoded state: ``["j", value]``, ``["p", base64, ...]``, ``["u", rendering]``."""
-    if not isinstance(entry, list) or not entry:
-        return False
-    kind = entry[0]
-    if kind == "j" or kind == "u":
-        return len(entry) == 2
-    return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
 
 
 def _check_result(msg: dict[str, Any], index: int) -> dict[str, Any] | None:

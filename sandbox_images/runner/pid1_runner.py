@@ -93,6 +93,7 @@ from .limits import (
     SPAWN_RETRY_S,
     TOKEN_MAX_CHARS,
 )
+from .wire import call_failure_observation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -858,22 +859,18 @@ class Runner:
             self._drain(session)
         self._detach(session)
         self.sweep_strays()
-        messages = {
-            "timeout": f"Error: tool call exceeded the {self.timeout_s:g} s time limit",
-            "oom": "Error: session ran out of memory",
-            "crashed": "Error: session process died" + (f" ({note})" if note else ""),
-        }
+        observation = call_failure_observation(status, self.timeout_s, note)
         if item is not None:
             kind = item.get("internal") or item["msg"]["op"]
             rid = item.get("rid")
             if kind == "init" and rid is not None and not session.opened:
-                self.reply({"id": rid, "status": status, "observation": messages[status]})
+                self.reply({"id": rid, "status": status, "observation": observation})
                 self.close_session(session)
                 return
             if kind == "init" and rid is None:
-                session.broken = messages[status]
+                session.broken = observation
             elif rid is not None:
-                self.reply({"id": rid, "status": status, "observation": messages[status],
+                self.reply({"id": rid, "status": status, "observation": observation,
                             "stdout": session.out.take(), "stderr": session.err.take(),
                             "delta": {"set": {}, "del": []}})
         if session.sid in self.sessions and not session.broken:

@@ -13,7 +13,7 @@ from sandpit.executor import engine
 from sandpit.sandbox_images import DEFINITION_DIR, NATIVE_FILES, RUNNER_FILES
 
 RUNNER_DIR = Path(DEFINITION_DIR) / "runner"
-SHARED = {"protocol", "limits"}
+SHARED = {"protocol", "limits", "wire"}
 PACKAGE = "sandpit_runner"
 """The runner's package name in the image (``/opt/sandpit/sandpit_runner``)."""
 
