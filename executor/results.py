@@ -44,7 +44,7 @@ def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:
 
 
 def check_retyped(value: object) -> list[dict[str, str]]:
-    """The ``retyped`` list of an ``init`` reply (``child_session.retyped_attributes``:
+    """The ``retyped`` list of an ``init`` reply (``child_instance.retyped_attributes``:
     ``init_config`` keys that replace an attribute the constructor set to a value of
     another type), as ``[{"key", "constructed", "config"}]`` of strings: at most
     ``limits.INIT_RETYPED_MAX`` entries, each string cut to

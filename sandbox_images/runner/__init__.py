@@ -19,7 +19,7 @@ One package with relative imports. The image installs it as ``sandpit_runner`` i
 ``/opt/sandpit`` (the Dockerfile), and PID 1 starts with ``from sandpit_runner import
 pid1_runner``; ``/opt/sandpit`` is on ``sys.path`` only while a process imports the
 runner: a spawned process takes it off before anything untrusted runs
-(``child_session.main``), so untrusted code finds no runner module on its path. On the
+(``child_spare.main``), so untrusted code finds no runner module on its path. On the
 host the package is ``sandpit.sandbox_images.runner``, imported only for constants and
 pure helpers, never to run anything untrusted. No name may shadow a standard-library
 module (``tests/unit/runner/test_runner_files.py``).

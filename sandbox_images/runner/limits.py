@@ -87,7 +87,7 @@ SESSION_TRACEBACK_CHARS = 4096
 """A tool's or an ``init``'s traceback, cut to this many characters (head and tail kept)."""
 INIT_RETYPED_MAX = 32
 """At most this many ``init_config`` keys that replace a constructed attribute with a
-value of another type are reported by an ``init`` (``child_session.retyped_attributes``)."""
+value of another type are reported by an ``init`` (``child_instance.retyped_attributes``)."""
 INIT_RETYPED_NAME_CHARS = 200
 """A reported key or type name is cut to this many characters."""
 JSON_NATIVE_MAX_DEPTH = 100

@@ -109,11 +109,11 @@ PR_SET_DUMPABLE): both paths are fixed (``protocol.SOCKET_DIR``)."""
 PACKAGE = __package__ or ""
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SESSION_BOOT = (f"import sys; sys.path[0] = {PACKAGE_PARENT!r}; "
-                f"from {PACKAGE} import child_session; child_session.main()")
-"""How a session process starts: the runner's package made importable (its parent
-directory, which ``child_session.main`` takes off ``sys.path`` again before anything
-else), then ``child_session`` imported as a module, so its bytecode compiled into the
-image is used instead of compiling it anew in every process."""
+                f"from {PACKAGE} import child_spare; child_spare.main()")
+"""How a spawned process starts: the runner's package made importable (its parent
+directory, which ``child_spare.main`` takes off ``sys.path`` again before anything else),
+then ``child_spare`` imported as a module, so the bytecode compiled into the image is used
+instead of compiling it anew in every process."""
 WORK_ROOT = os.environ.get("SANDPIT_WORK_ROOT", "/work")
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 

@@ -72,28 +72,6 @@ def test_unrepresentable_values_are_bounded() -> None:
     assert kind == "u" and len(json.loads(rendering)["$repr"]["repr"]) <= 4096 + 3
 
 
-def test_instantiate_follows_envscaler_init_env_instance() -> None:
-    class WithConfig:  # trusted test classes: our code, run on the host on purpose
-        def __init__(self, init_config):
-            self.seen = dict(init_config)
-
-    class NoArgs:
-        def __init__(self):
-            self.ready = True
-
-    class Raises:
-        def __init__(self, init_config):
-            raise TypeError("a bug inside __init__")
-
-    with_config = child.instantiate(WithConfig, {"a": 1})
-    assert vars(with_config) == {"seen": {"a": 1}, "a": 1}  # and every key is set as an attribute
-    assert vars(child.instantiate(WithConfig, {})) == {"seen": {}}  # cls({}) for an empty config
-    assert vars(child.instantiate(NoArgs, {"b": 2})) == {"ready": True, "b": 2}  # TypeError -> cls() + setattr
-    with pytest.raises(TypeError, match="missing 1 required"):  # any TypeError falls back to cls(), as in
-        child.instantiate(Raises, {"c": 3})  # EnvScaler, whose own error then propagates
-
-
-
 def test_error_observation_and_bounded_traceback() -> None:
     def recurse(n: int, message: str) -> None:
         if n == 0:

@@ -63,11 +63,11 @@ def test_imports_between_runner_modules_name_existing_files() -> None:
                 assert module in stems, f"{name} imports {module}, which is not a runner file"
 
 
-def test_session_processes_boot_the_child_session_module() -> None:
+def test_spawned_processes_boot_the_child_spare_module() -> None:
     tree = ast.parse((RUNNER_DIR / "pid1_runner.py").read_text())
     boot = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "SESSION_BOOT")
-    assert "import child_session; child_session.main()" in ast.unparse(boot)
+    assert "import child_spare; child_spare.main()" in ast.unparse(boot)
 
 
 CAP_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
