@@ -112,7 +112,7 @@ def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
     """A plain JSON state (attribute name -> JSON value, e.g. a validation case written
     by hand) as an encoded state: every attribute ``["j", value]``. Tags of the state
     rendering in it (``{"$set": [...]}``, ``{"$date": ...}``) become real objects in the
-    check's process (``child_oneshot.unrender``)."""
+    check's process (``child_restore.unrender``)."""
     return {name: ["j", value] for name, value in state.items()}
 
 

@@ -1,5 +1,5 @@
 """Which check functions can only read: the static proof behind running a check in the
-zygote itself instead of a process forked for it (``child_oneshot.run_checks``).
+zygote itself instead of a process forked for it (``child_checks.run_checks``).
 
 Stdlib only; runs in a check batch's zygote, inside the sandbox. A fork costs this VM
 ~2-3 ms of CPU per check (copy-on-write page faults of the interpreter the check runs

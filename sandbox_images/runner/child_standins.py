@@ -1,6 +1,6 @@
 """States rebuilt for check functions without running the code that defined their objects.
 
-Stdlib only; runs in a check batch's process (``child_oneshot.py``) inside the sandbox. A
+Stdlib only; runs in a check batch's process (``child_restore.py``) inside the sandbox. A
 state attribute that is not plain JSON arrives as a pickle made by the session process,
 where the environment's code runs. Unpickling it the ordinary way imports whatever
 module the pickle names and calls whatever callable it names: the environment's own

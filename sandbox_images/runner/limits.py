@@ -157,7 +157,7 @@ rendering; values past it become ``size`` markers."""
 RENDER_MAX_REPR_CHARS = 4096
 """Longest ``repr`` kept in a ``$repr`` or marker."""
 
-# -- one-shot jobs: check functions (child_oneshot.py, pid1_jobs.py, executor/jobs.py) --------
+# -- one-shot jobs: check functions (child_checks.py, pid1_jobs.py, executor/jobs.py) ---------
 MAX_CHECKS = 256
 """Checks in one ``checks`` request."""
 MAX_CHECK_SOURCE_BYTES = 64 * KiB

@@ -29,7 +29,7 @@ Host requests (each has an integer ``id``; the reply echoes it):
       ``source`` is the environment's code, sent only for a scenario that opts in
       (``check_objects: environment``): then it is loaded to unpickle instances of its
       classes; without it they are rebuilt as stand-ins and no environment code runs
-      in the job (``child_standins.py``). One job process (``child_oneshot.py``'s zygote) restores the states once and
+      in the job (``child_standins.py``). One job process (``child_checks.py``'s zygote) restores the states once and
       runs every check in a fresh process forked from it (or, for a check proven
       read-only on plain states, in itself), one after the other: after each
       result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
