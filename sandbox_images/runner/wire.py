@@ -111,9 +111,11 @@ def is_tool_name(name: object) -> bool:
 # -- nesting depth ---------------------------------------------------------------------------
 _PARENS = bytes.maketrans(b"[{]}", b"(())")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_STRING = rb'"(?:[^"\\]+|\\.)*"'
+_STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
 """A complete JSON string literal, escapes included (left to right, as the exact scan
-opens and closes strings; a backslash outside a string is skipped by both)."""
+opens and closes strings; a backslash outside a string is skipped by both). Written so
+that every way to match is the same one: a string that never ends costs one pass, where
+``"(?:[^"\\]+|\\.)*"`` backtracks exponentially."""
 
 
 def depth_exceeds(payload: bytes, limit: int) -> bool:

@@ -4,6 +4,7 @@ with hostile input for each."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -96,6 +97,16 @@ def test_depth_boundary_and_strings() -> None:
     assert not wire.depth_exceeds(escaped, 2)
     unterminated = b'[["' + b"[" * 50  # a string that never ends: not deeper, the parser refuses it
     assert not wire.depth_exceeds(unterminated, 2)
+
+
+def test_depth_scan_of_an_unterminated_string_takes_one_pass() -> None:
+    # brackets to pass the count, a backslash to take the regular expression, then a
+    # string that never ends: a pattern with nested repetition backtracks exponentially
+    for payload in (b"[" * 50 + b'\\"' + b"a" * 100_000, b'\\' + b'"' + b"[" * 100_000,
+                    b"[" * 50 + b'"\\' + b"a" * 50_000 + b'"' + b"b" * 50_000):
+        started = time.perf_counter()
+        wire.depth_exceeds(payload, 10)
+        assert time.perf_counter() - started < 1.0
 
 
 @settings(max_examples=2000, deadline=None)
