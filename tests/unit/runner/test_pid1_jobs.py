@@ -1,22 +1,10 @@
-"""PID 1's side of one-shot jobs (``pid1_jobs``): capped output, validation of job requests
+"""PID 1's side of one-shot jobs (``pid1_jobs``): validation of job requests
 and of check-result frames, descriptions of a process's end."""
 
 from __future__ import annotations
 
 import pytest
 from sandpit.sandbox_images.runner import limits, pid1_jobs
-
-
-def test_output_keeps_the_cap_and_counts_the_rest() -> None:
-    out = pid1_jobs.Output(5)
-    out.add(b"abc")
-    out.add(b"defgh")
-    out.add(b"ij")
-    assert (bytes(out.data), out.dropped) == (b"abcde", 5)
-    assert out.text() == "abcde" and out.text(marker=True) == "abcde\n...[5 bytes dropped]"
-    out.reset()
-    assert (out.text(), out.dropped) == ("", 0)
-    assert pid1_jobs.Output(0).text() == ""
 
 
 def test_exec_requests_are_validated() -> None:

@@ -64,7 +64,7 @@ def test_imports_between_runner_modules_name_existing_files() -> None:
 
 
 def test_spawned_processes_boot_the_child_spare_module() -> None:
-    tree = ast.parse((RUNNER_DIR / "pid1_runner.py").read_text())
+    tree = ast.parse((RUNNER_DIR / "pid1_children.py").read_text())
     boot = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "SESSION_BOOT")
     assert "import child_spare; child_spare.main()" in ast.unparse(boot)
