@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner import limits
+from sandpit.sandbox_images.runner import limits, wire
 
 from .errors import SessionError
 from .profiles import ResourceProfile
@@ -125,9 +125,7 @@ def check_state(state: object, name: str) -> None:
     if not isinstance(state, dict):
         raise ValueError(f"{name} must be an object (attribute name -> encoded value)")
     for key, entry in state.items():
-        if not isinstance(key, str) or not isinstance(entry, list) or not entry or entry[0] not in ("j", "p", "u") \
-                or (entry[0] == "p" and (len(entry) not in (2, 3) or not isinstance(entry[1], str))) \
-                or (entry[0] != "p" and len(entry) != 2):
+        if not isinstance(key, str) or not wire.is_encoded_entry(entry):
             raise ValueError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
     try:
         text = json.dumps(state, allow_nan=False, ensure_ascii=False)

@@ -63,12 +63,11 @@ from .child_readonly import why_not_read_only
 from .child_restore import ProcessState, StateError, decode_state
 from .limits import (
     CHECK_RESULT_MAX_BYTES,
-    CHECK_RESULT_TEXT_CAPS,
     ERROR_CHARS,
     FORK_RETRY_S,
     TRACEBACK_CHARS,
 )
-from .wire import bounded_repr, classify, error_observation
+from .wire import bounded_repr, check_result, classify, error_observation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -396,26 +395,12 @@ def _kill_and_wait(pid: int) -> int:
     return os.waitpid(pid, 0)[1]
 
 
-_RESULT_STATUSES = ("ok", "error", "rejected", "oom")
-
-
 def _result_fields(raw: bytes) -> dict[str, Any] | None:
-    """The fields of a check process's result, rebuilt with exact types and caps (None
-    when it is not a well-formed result)."""
+    """The fields of a check process's result (``wire.check_result``: it never reports
+    ``crashed``); None when it is not a well-formed result."""
     try:
         message = _json_value(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    if type(message) is not dict or message.get("status") not in _RESULT_STATUSES:
-        return None
-    passed, duration = message.get("passed"), message.get("duration_ms")
-    if type(passed) is not bool or not (type(duration) is int or type(duration) is float):
-        return None
-    out: dict[str, Any] = {"status": message["status"], "passed": passed and message["status"] == "ok",
-                           "duration_ms": float(duration)}
-    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
-        value = message.get(name)
-        if value is not None and type(value) is not str:
-            return None
-        out[name] = value[:cap] if value is not None else None
-    return out
+    return check_result(message, ("ok", "error", "rejected", "oom"))
+

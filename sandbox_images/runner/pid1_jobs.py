@@ -57,7 +57,6 @@ from . import protocol
 from .limits import (
     BATCH_SLACK_S,
     CHECK_OUTPUT_CAP_BYTES,
-    CHECK_RESULT_TEXT_CAPS,
     DRAIN_MAX_READS,
     JOB_EXIT_WAIT_S,
     JOB_MAX_FRAME_BYTES,
@@ -71,7 +70,7 @@ from .limits import (
 )
 from .pid1_children import Output, drain, oom_kills, read_once
 from .pid1_templates import JOBS_KEY
-from .wire import is_encoded_entry
+from .wire import check_result, is_encoded_entry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -81,9 +80,6 @@ if TYPE_CHECKING:
     from .pid1_host import Host
     from .pid1_loop import Loop
     from .pid1_templates import Templates
-
-CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
-
 
 class Job:
     """State of one job: its current process, work directory, deadline and results."""
@@ -629,21 +625,9 @@ def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_result(msg: dict[str, Any], index: int) -> dict[str, Any] | None:
-    """One check result frame from the job process, validated and capped (None when
-    malformed: the process is then treated as crashed)."""
-    if msg.get("index") != index or msg.get("status") not in CHECK_STATUSES:
-        return None
-    passed, duration = msg.get("passed"), msg.get("duration_ms")
-    if type(passed) is not bool or not (type(duration) is int or type(duration) is float) or not 0 <= duration < 1e9:
-        return None
-    fields = {}
-    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
-        value = msg.get(name)
-        if value is not None and not isinstance(value, str):
-            return None
-        fields[name] = value[:cap] if isinstance(value, str) else None
-    status = msg["status"]
-    return {"status": status, "passed": passed and status == "ok", **fields, "duration_ms": float(duration)}
+    """The result of check ``index`` in a frame from the job process (``wire.check_result``);
+    None when it is another check's or malformed (the process is then treated as crashed)."""
+    return check_result(msg) if msg.get("index") == index else None
 
 
 def _failed(status: str, error: str, duration_ms: float) -> dict[str, Any]:

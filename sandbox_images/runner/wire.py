@@ -19,7 +19,9 @@ applied on the other cannot drift apart:
   :func:`cap_observation`, :data:`ENVSCALER_INVALID_ACTION`, :data:`ENVSCALER_TOOL_ERROR`,
   :func:`call_failure_observation` (PID 1's words for a call that timed out, ran out of
   memory or crashed), and EnvScaler's verdict of a check's returned value
-  (:func:`classify`, :func:`bounded_repr`).
+  (:func:`classify`, :func:`bounded_repr`);
+* **check results**: :func:`check_result` (one check's result as a check process sends
+  it to its zygote and the zygote to PID 1, validated and capped).
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from __future__ import annotations
 import builtins
 import re
 
-from .limits import ERROR_CHARS, JSON_NATIVE_MAX_DEPTH, MAX_NAME_CHARS, RESULT_REPR_CHARS
+from .limits import (
+    CHECK_RESULT_TEXT_CAPS,
+    ERROR_CHARS,
+    JSON_NATIVE_MAX_DEPTH,
+    MAX_NAME_CHARS,
+    RESULT_REPR_CHARS,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -230,3 +238,30 @@ def classify(value: object) -> tuple[str, bool, str | None]:
     if value is None:
         return "error", False, "returned None, not a bool"
     return "error", False, f"returned {type(value).__name__} {bounded_repr(value, 200)}, not a bool"[:ERROR_CHARS]
+
+
+# -- check results ---------------------------------------------------------------------------
+CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
+"""The statuses of one check's result; a check process itself never reports ``crashed``."""
+
+
+def check_result(message: object, statuses: tuple[str, ...] = CHECK_STATUSES) -> dict[str, Any] | None:
+    """One check's result fields from an untrusted frame, rebuilt with exact types and
+    capped: ``{"status", "passed", "result", "error", "traceback", "duration_ms"}``, where
+    ``status`` is one of ``statuses``, ``passed`` a bool (True only with ``ok``),
+    ``duration_ms`` a number from 0 to 1e9, and each text None or a string cut to its
+    CHECK_RESULT_TEXT_CAPS. None when the frame is anything else."""
+    if type(message) is not dict or message.get("status") not in statuses:
+        return None
+    passed, duration = message.get("passed"), message.get("duration_ms")
+    if type(passed) is not bool or not (type(duration) is int or type(duration) is float) or not 0 <= duration < 1e9:
+        return None
+    status = message["status"]
+    out: dict[str, Any] = {"status": status, "passed": passed and status == "ok"}
+    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
+        value = message.get(name)
+        if value is not None and type(value) is not str:
+            return None
+        out[name] = value[:cap] if value is not None else None
+    out["duration_ms"] = float(duration)
+    return out

@@ -191,3 +191,26 @@ def test_bounded_repr() -> None:
     assert type(sneaky) is str and len(sneaky) == limits.RESULT_REPR_CHARS + 3
     error = wire.classify(Huge())[2]
     assert error is not None and error.endswith(", not a bool") and len(error) < 300
+
+
+def result(**changes: object) -> dict[str, object]:
+    return {"status": "ok", "passed": True, "result": "True", "error": None, "traceback": None,
+            "duration_ms": 0.5, **changes}
+
+
+def test_check_results_are_rebuilt_with_exact_types_and_caps() -> None:
+    assert wire.check_result(result()) == {"status": "ok", "passed": True, "result": "True", "error": None,
+                                           "traceback": None, "duration_ms": 0.5}
+    assert wire.check_result(result(status="error"))["passed"] is False  # type: ignore[index]  # only ok passes
+    assert wire.check_result(result(status="crashed")) is not None
+    assert wire.check_result(result(status="crashed"), ("ok", "error", "rejected", "oom")) is None
+    long = wire.check_result(result(error="e" * 100_000, traceback="t" * 100_000, result=Tag("r" * 100_000)))
+    assert long is None  # a str subclass is not text
+    long = wire.check_result(result(error="e" * 100_000, traceback="t" * 100_000))
+    assert long is not None and len(long["error"]) == limits.ERROR_CHARS
+    assert len(long["traceback"]) == limits.CHECK_RESULT_TEXT_CAPS["traceback"]
+    for bad in ([], None, "ok", result(status="fault"), result(status="timeout"), result(passed=1),
+                result(duration_ms=-1), result(duration_ms=float("inf")), result(duration_ms=float("nan")),
+                result(duration_ms="1"), result(duration_ms=True), result(result=5), result(error=["x"]),
+                result(traceback={})):
+        assert wire.check_result(bad) is None, bad
