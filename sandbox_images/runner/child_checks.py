@@ -77,6 +77,8 @@ if TYPE_CHECKING:
     Send: TypeAlias = Callable[[dict[str, Any]], None]
     """Sends one frame to PID 1 (``child_oneshot._Channel.send``)."""
     Wait: TypeAlias = Callable[[], "int | None"]
+
+    from .wire import CheckFields
     """Waits for PID 1's go-ahead and returns the index it names (``child_oneshot._Channel.wait``)."""
 
 # traceback and linecache are imported when an exception is reported (start-up cost).
@@ -326,7 +328,7 @@ def _forked_check(source: str, initial: object, final: object) -> dict[str, Any]
     elapsed = (time.perf_counter() - started) * 1000.0
     result = _result_fields(raw) if raw is not None else None
     if result is not None:
-        return result
+        return dict(result)
     code = os.waitstatus_to_exitcode(wait_status)
     out = {"status": "crashed", "passed": False, "result": None, "traceback": None, "duration_ms": elapsed,
            "error": (f"the check process was killed by signal {-code}" if code < 0
@@ -395,7 +397,7 @@ def _kill_and_wait(pid: int) -> int:
     return os.waitpid(pid, 0)[1]
 
 
-def _result_fields(raw: bytes) -> dict[str, Any] | None:
+def _result_fields(raw: bytes) -> CheckFields | None:
     """The fields of a check process's result (``wire.check_result``: it never reports
     ``crashed``); None when it is not a well-formed result."""
     try:

@@ -318,6 +318,36 @@ def _first_for_the_oom_killer(pid: int) -> None:
         pass
 
 
+def await_exit(pid: int, limit_s: float) -> None:
+    """Reap ``pid``, a child of this process that was sent SIGKILL (or exited), polling for at
+    most ``limit_s`` seconds; no-op when it was reaped already. A process still alive then
+    is left to the sweep that follows (the sweep, not this wait, guarantees it dies)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() > deadline:
+            return
+        time.sleep(0.0005)
+
+
+def signal_name(number: int) -> str:
+    """The name of signal ``number`` (``SIGKILL``), or the number when it has none."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def describe_exit(wait_status: int) -> str:
+    """How a process ended, from its ``waitpid`` status: ``killed by signal SIGKILL`` or
+    ``exited with status 3``."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return f"killed by signal {signal_name(-code)}" if code < 0 else f"exited with status {code}"
+
+
 # -- the table -----------------------------------------------------------------------------
 class Children:
     """The spare, the processes PID 1's parts follow, reaping, sweeping, work directories

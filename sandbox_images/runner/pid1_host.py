@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .pid1_loop import Loop
+    from .protocol import AnyReply
 
 SOCKET_PATH = f"{protocol.SOCKET_DIR}/{protocol.SOCKET_NAME}"
 TOKEN_PATH = f"{protocol.SOCKET_DIR}/{protocol.TOKEN_NAME}"
@@ -82,24 +83,25 @@ def detach_stdio() -> None:
 
 
 class Host:
-    """The connected host socket in the loop: requests to ``handle``, replies back.
-    ``sock`` is blocking; it is read only when the selector reports it readable."""
+    """The connected host socket in the loop: requests to ``handle`` (each a frame not yet
+    checked: ``Any`` until the request's handler checks its fields), replies back. ``sock``
+    is blocking; it is read only when the selector reports it readable."""
 
     def __init__(self, sock: socket.socket, loop: Loop, max_request_bytes: int,
-                 handle: Callable[[dict[str, Any]], None]) -> None:
+                 handle: Callable[[Any], None]) -> None:
         self.sock = sock
         self.loop = loop
         self.frames = protocol.FrameBuffer(max_request_bytes)
         self.handle = handle
         loop.watch(sock, self._readable)
 
-    def reply(self, message: dict[str, Any]) -> None:
+    def reply(self, message: AnyReply) -> None:
         """Send one reply. Text a session escaped into its JSON that UTF-8 cannot carry (a
         lone surrogate) becomes ``?`` instead of an exception in PID 1. Raises OSError
         when the host is gone."""
         self.sock.sendall(protocol.encode(message, errors="replace"))
 
-    def reply_raw(self, message: dict[str, Any], raw: dict[str, bytes]) -> None:
+    def reply_raw(self, message: AnyReply, raw: dict[str, bytes]) -> None:
         """:meth:`reply` with members that are JSON text already (``protocol.encode_raw``)."""
         self.sock.sendall(protocol.encode_raw(message, raw, errors="replace"))
 

@@ -11,39 +11,24 @@ its deadline is checked in the event loop (``pid1_loop``), its exit status comes
 ``waitpid`` (``Children.reap``). When the job ends, its process group is killed, processes
 it left behind are swept, its work directory is removed.
 
-Host requests (each has an integer ``id``; the reply echoes it):
+``exec`` (``protocol.ExecRequest`` -> ``ExecReply``): ``ok`` (exit 0), ``error`` (non-zero
+exit; an uncaught exception exits 1), ``timeout`` (killed at ``time_limit_s``, at most the
+profile's ``call_timeout_s``), ``oom`` (an uncaught MemoryError, or the kernel's OOM
+killer), ``crashed`` (a signal, or no process could be started). Output is capped at
+``output_cap_bytes`` per stream; what is cut is dropped and flagged.
 
-  exec {code, stdin?, files?, time_limit_s}
-      -> {status, exit_code, stdout, stderr, stdout_truncated, stderr_truncated,
-          duration_ms, error}
-      status: ``ok`` (exit 0), ``error`` (non-zero exit; an uncaught exception exits 1),
-      ``timeout`` (killed at ``time_limit_s``, at most the profile's ``call_timeout_s``;
-      exit_code None), ``oom`` (uncaught MemoryError, exit_code 1; or killed by the
-      kernel's OOM killer), ``crashed`` (killed by a signal: exit_code ``-signal``; or
-      the process could not be started). Output is capped at ``output_cap_bytes`` per
-      stream; what is cut is dropped and flagged.
-  checks {checks: [{check_func}], initial_state, final_state, source?, time_limit_s}
-      -> {status: "ok", results: [{status, passed, result, error, traceback,
-          duration_ms, stdout, stderr}], restarts}
-      The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
-      ``source`` is the environment's code, sent only for a scenario that opts in
-      (``check_objects: environment``): then it is loaded to unpickle instances of its
-      classes; without it they are rebuilt as stand-ins and no environment code runs
-      in the job (``child_standins.py``). One job process (``child_checks.py``'s zygote) restores the states once and
-      runs every check in a fresh process forked from it (or, for a check proven
-      read-only on plain states, in itself), one after the other: after each
-      result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
-      (so each check's output is attributed to it and no process of one check outlives
-      it); ``time_limit_s`` bounds each check. A check that times out gets that status
-      and the remaining checks go on in a fresh zygote (``restarts`` counts them); one
-      that dies or runs out of memory is reported by the zygote (``crashed``; ``oom``
-      when the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
-      restored the states (no check ran in it) is replaced once by a newly spawned one,
-      charging no check. The whole batch is bounded by
-      ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
-      ``timeout`` ("not run").
-
-Requests that are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
+``checks`` (``protocol.ChecksRequest`` -> ``ChecksReply``): one job process (the zygote,
+``child_checks.py``) restores the states once and runs the checks one after the other,
+each in a process of its own: after each result PID 1 sweeps leftover processes, then sends
+``{"op": "next", "index"}`` (so each check's output is attributed to it and no process of
+one check outlives it); ``time_limit_s`` bounds each check. A check that times out gets
+that status and the remaining checks go on in a fresh zygote (``restarts`` counts them);
+one that dies or runs out of memory is reported by the zygote (``crashed``; ``oom`` when
+the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
+restored the states (no check ran in it) is replaced once by a newly spawned one,
+charging no check. The whole batch is bounded by ``time_limit_s * len(checks) +
+BATCH_SLACK_S``; checks not started by then are ``timeout`` ("not run"). Requests that
+are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
 """
 
 from __future__ import annotations
@@ -68,7 +53,7 @@ from .limits import (
     STARTUP_S,
     check_files,
 )
-from .pid1_children import Output, drain, oom_kills, read_once
+from .pid1_children import Output, await_exit, describe_exit, drain, oom_kills, read_once, signal_name
 from .pid1_templates import JOBS_KEY
 from .wire import check_result, is_encoded_entry
 
@@ -80,6 +65,9 @@ if TYPE_CHECKING:
     from .pid1_host import Host
     from .pid1_loop import Loop
     from .pid1_templates import Templates
+    from .protocol import CheckResult, ChecksRequest, ExecRequest
+    from .wire import CheckFields
+
 
 class Job:
     """State of one job: its current process, work directory, deadline and results."""
@@ -101,7 +89,7 @@ class Job:
         self.ctrl_open = False
         # checks
         self.request: dict[str, Any] = {}
-        self.results: list[dict[str, Any] | None] = []
+        self.results: list[CheckResult | None] = []
         self.next = 0
         self.check_started = 0.0
         self.budget_deadline = 0.0
@@ -140,7 +128,7 @@ class Jobs:
     def _max_jobs(self) -> int:
         return JOBS_PER_SLOT * max(1, int(self.limits.get("max_sessions", 1)))
 
-    def _timeout(self, msg: dict[str, Any]) -> float:
+    def _timeout(self, msg: ExecRequest | ChecksRequest) -> float:
         limit = float(self.limits["call_timeout_s"])
         value = msg.get("time_limit_s", limit)
         if not (type(value) is int or type(value) is float) or not value > 0:
@@ -148,15 +136,15 @@ class Jobs:
         return min(float(value), limit)
 
     # -- host requests ---------------------------------------------------------------
-    def start(self, rid: object, msg: dict[str, Any]) -> None:
+    def start(self, rid: object, msg: ExecRequest | ChecksRequest) -> None:
         """Validate and start an ``exec`` or ``checks`` request (``fault`` if malformed)."""
-        op = msg.get("op")
+        op = msg["op"]  # "exec" or "checks": the dispatcher's choice
         if len(self.active) >= self._max_jobs():
             self.host.fault(rid, f"too many jobs: at most {self._max_jobs()} run at once in this sandbox")
             return
         try:
             timeout_s = self._timeout(msg)
-            request = _exec_request(msg) if op == "exec" else _checks_request(msg)
+            request = _exec_request(msg) if msg["op"] == "exec" else _checks_request(msg)
         except ValueError as exc:
             self.host.fault(rid, str(exc))
             return
@@ -289,12 +277,11 @@ class Jobs:
             return
         if (result["status"] == "crashed" and msg.get("signal") == signal.SIGKILL
                 and oom_kills() > job.oom_baseline):
-            result.update(status="oom", error="the check ran out of memory (killed by the kernel's OOM killer)")
+            result["status"], result["error"] = "oom", "the check ran out of memory (killed by the kernel's OOM killer)"
         self._drain(job)
-        result["stdout"], result["stderr"] = job.out.text(True), job.err.text(True)
+        job.results[job.next] = {**result, "stdout": job.out.text(True), "stderr": job.err.text(True)}
         job.out.reset()
         job.err.reset()
-        job.results[job.next] = result
         job.next += 1
         if msg.get("fatal") is True:  # it ran out of memory and exits: go on in a new process
             self._end_process(job)
@@ -346,7 +333,7 @@ class Jobs:
             self._next_checks(job, spawn=True)
         else:
             oom = oom_kills() > job.oom_baseline
-            detail = _death(wait_status)
+            detail = describe_exit(wait_status)
             self._process_failed(job, "oom" if oom else "crashed",
                                  "the check ran out of memory" if oom else f"the check process crashed ({detail})")
 
@@ -412,9 +399,7 @@ class Jobs:
         self._drain(job)
         if job.next < len(job.results):
             elapsed = (time.monotonic() - job.check_started) * 1000.0
-            result = _failed(status, message, elapsed)
-            result["stdout"], result["stderr"] = job.out.text(True), job.err.text(True)
-            job.results[job.next] = result
+            job.results[job.next] = _failed(status, message, elapsed, job.out.text(True), job.err.text(True))
             job.next += 1
         job.out.reset()
         job.err.reset()
@@ -428,7 +413,8 @@ class Jobs:
             self._end_process(job)
         if job not in self.active:
             return
-        self.host.reply({"id": job.rid, "status": "ok", "results": job.results, "restarts": job.restarts})
+        results = [result for result in job.results if result is not None]  # all there: the batch ended
+        self.host.reply({"id": job.rid, "status": "ok", "results": results, "restarts": job.restarts})
         self._cleanup(job)
 
     # -- exec --------------------------------------------------------------------------
@@ -451,7 +437,7 @@ class Jobs:
         elif -exit_code == signal.SIGKILL and oom_kills() > job.oom_baseline:
             status, error = "oom", "killed by the kernel's OOM killer (out of memory)"
         else:
-            status, error = "crashed", f"killed by signal {_signal_name(-exit_code)}"
+            status, error = "crashed", f"killed by signal {signal_name(-exit_code)}"
         self._end_process(job)
         self._reply_exec(job, status, exit_code, error)
         self._cleanup(job)
@@ -512,7 +498,7 @@ class Jobs:
         if self.by_pid.get(child.pid) is job:
             del self.by_pid[child.pid]
         if not child.alive:  # killed here: collect it before the sweep, which would see it dying
-            _await_exit(child.pid, JOB_EXIT_WAIT_S)
+            await_exit(child.pid, JOB_EXIT_WAIT_S)
         self.children.sweep()
 
     def _cleanup(self, job: Job) -> None:
@@ -574,22 +560,7 @@ class Jobs:
         self.job_spare = None
 
 
-def _await_exit(pid: int, limit_s: float) -> None:
-    """Reap ``pid``, a child of this process that was sent SIGKILL (or exited), polling for at
-    most ``limit_s`` seconds; no-op when it was reaped already. A process still alive then
-    is left to the sweep that follows (the sweep, not this wait, guarantees it dies)."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done or time.monotonic() > deadline:
-            return
-        time.sleep(0.0005)
-
-
-def _exec_request(msg: dict[str, Any]) -> dict[str, Any]:
+def _exec_request(msg: ExecRequest) -> dict[str, Any]:
     """The fields of an ``exec`` request forwarded to the job process, validated."""
     code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
     if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
@@ -601,7 +572,7 @@ def _exec_request(msg: dict[str, Any]) -> dict[str, Any]:
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
-def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
+def _checks_request(msg: ChecksRequest) -> dict[str, Any]:
     """The fields of a ``checks`` request forwarded to the job process, validated (the
     states' sizes were bounded by the host frame cap)."""
     checks = msg.get("checks")
@@ -614,34 +585,23 @@ def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
                              f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
-    initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
+    initial, final, env_source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
     for name, state in (("initial_state", initial), ("final_state", final)):
         if not isinstance(state, dict) or not all(is_encoded_entry(entry) for entry in state.values()):
             raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
-    if source is not None and (not isinstance(source, str)
-                               or len(source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
+    if env_source is not None and (not isinstance(env_source, str)
+                                   or len(env_source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
         raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
-    return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
+    return {"checks": sources, "initial_state": initial, "final_state": final, "source": env_source}
 
 
-def _check_result(msg: dict[str, Any], index: int) -> dict[str, Any] | None:
+def _check_result(msg: dict[str, Any], index: int) -> CheckFields | None:
     """The result of check ``index`` in a frame from the job process (``wire.check_result``);
     None when it is another check's or malformed (the process is then treated as crashed)."""
     return check_result(msg) if msg.get("index") == index else None
 
 
-def _failed(status: str, error: str, duration_ms: float) -> dict[str, Any]:
+def _failed(status: str, error: str, duration_ms: float, stdout: str = "", stderr: str = "") -> CheckResult:
+    """The result of a check that PID 1 reports itself (it timed out, its process died)."""
     return {"status": status, "passed": False, "result": None, "error": error, "traceback": None,
-            "duration_ms": duration_ms, "stdout": "", "stderr": ""}
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def _death(wait_status: int) -> str:
-    code = os.waitstatus_to_exitcode(wait_status)
-    return f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+            "duration_ms": duration_ms, "stdout": stdout, "stderr": stderr}

@@ -26,28 +26,8 @@ This module wires the parts (each receives the loop, the host channel and the pr
 table it needs; none of them knows the runner), answers ``ping`` and ``recycle`` itself,
 and hands every other request to the part that owns it.
 
-Host requests (each has an integer ``id``; each reply echoes it):
-  open {session, source, class_name, init_config, snapshot?, describe_only?}
-      -> {status, observation?, snapshot?, snapshot_digest?}   (describe_only: load the class,
-      never instantiate). Instead of ``init_config``: ``config_hash`` (SHA-256 hex of the
-      config's JSON bytes) and, unless PID 1 has it (``Configs``), ``config_b64`` (those
-      bytes); a hash PID 1 does not hold is a fault with ``missing_config: true`` (the host
-      sends the bytes). Such a session of an environment whose config template is ready
-      is forked from it: the reply is ``{status: ok, template: true, snapshot_digest}``
-      without the snapshot (the host asks ``snapshot`` when it does not know the digest).
-  call {session, name, arguments} -> {status, observation, duration_ms, stdout, stderr, delta}
-  describe {session} -> {status, tools, notes} or {status, observation, traceback?}
-      (OpenAI tool schemas of the class; the encoded tools are at most MAX_SCHEMAS_BYTES)
-  state {session} -> {status, state};  snapshot {session} -> {status, snapshot}
-  restore {session, snapshot} -> {status, snapshot};  close {session} -> {status}
-  ping {} -> {status, sessions, templates: {ready, loading, forked, fallbacks, failed, reasons}}
-  recycle {} -> {status, clean, problems}: once no session or job is left, kill every
-      process but PID 1, empty and prove empty every writable place (``pid1_cleanup.reset``);
-      ``clean`` False means the host must destroy the sandbox instead of reusing it
-  exec {code, stdin?, files?, time_limit_s} and checks {checks, initial_state, final_state,
-      time_limit_s}: one-shot jobs, each in a fresh process of its own (``pid1_jobs.py``)
-A reply with ``status == "fault"`` means the request itself was unusable (unknown session,
-bad fields); ``message`` says why.
+The messages are those of ``protocol.py`` (a ``TypedDict`` each); a request that is
+unusable (unknown op or session, bad fields) is answered ``fault``.
 """
 
 from __future__ import annotations
@@ -94,7 +74,7 @@ class Runner:
         self.jobs = Jobs(self.loop, self.host, self.children, self.templates, limits)
         self.baseline = pid1_cleanup.Baseline(work_root)
 
-    def on_host_message(self, msg: dict[str, Any]) -> None:
+    def on_host_message(self, msg: Any) -> None:
         """One host request: ``ping`` and ``recycle`` here, ``exec``/``checks`` to the
         jobs, everything else to the sessions (which answer an unknown op ``fault``)."""
         rid = msg.get("id")

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .pid1_host import Host
     from .pid1_loop import Loop
     from .pid1_templates import Templates
+    from .protocol import CallReply, DescribeReply, OpenReply, OpenRequest
 
 QUEUED_OPS = ("call", "state", "snapshot", "restore", "describe")
 """Host requests that queue behind a session's in-flight request."""
@@ -110,7 +111,7 @@ class Sessions:
         loop.add_busy(lambda: any(s.current is not None for s in self.by_sid.values()))
 
     # -- host requests -----------------------------------------------------------------------
-    def handle(self, rid: object, op: object, msg: dict[str, Any]) -> None:
+    def handle(self, rid: object, op: object, msg: Any) -> None:
         """A host request naming a session: ``open``, ``close`` or one of QUEUED_OPS;
         anything malformed is answered ``fault``."""
         sid = msg.get("session")
@@ -134,7 +135,7 @@ class Sessions:
         session.queue.append({"rid": rid, "msg": msg})
         self.pump(session)
 
-    def open(self, rid: object, sid: str, msg: dict[str, Any]) -> None:
+    def open(self, rid: object, sid: str, msg: OpenRequest) -> None:
         """``open {session, source, class_name, init_config | config_hash [config_b64],
         snapshot?, describe_only?, seed?}``: validated, then the session's ``init`` is
         queued; its templates are asked for once the loop is quiet."""
@@ -467,19 +468,21 @@ class Sessions:
             return False
         session.forked_from = None
         session.opened = True
-        retyped = {"retyped": msg["retyped"]} if isinstance(msg.get("retyped"), list) else {}
+        reply: OpenReply = {"id": rid, "status": "ok"}
+        if isinstance(msg.get("retyped"), list):
+            reply["retyped"] = msg["retyped"]
         if template is not None and template.snapshot is not None:
             session.snapshot = dict(template.snapshot)  # entries are replaced, never changed in place
             if rid is not None:
-                self.host.reply({"id": rid, "status": "ok", "template": True, "snapshot_digest": template.digest,
-                                 **retyped})
+                reply["template"], reply["snapshot_digest"] = True, template.digest
+                self.host.reply(reply)
             return True
         delta = msg.get("delta") or {}
         session.snapshot = dict(delta.get("set") or {})
         if rid is not None:
             text = protocol.snapshot_text(session.snapshot)
-            self.host.reply_raw({"id": rid, "status": "ok", "snapshot_digest": hashlib.sha256(text).hexdigest(),
-                                 **retyped}, {"snapshot": text})
+            reply["snapshot_digest"] = hashlib.sha256(text).hexdigest()
+            self.host.reply_raw(reply, {"snapshot": text})
         return True
 
     def _on_call_reply(self, session: Session, item: dict[str, Any], status: str, msg: dict[str, Any]) -> bool:
@@ -498,14 +501,15 @@ class Sessions:
                 session.snapshot[key] = value
             for key in delta.get("del") or []:
                 session.snapshot.pop(key, None)
-        out = {
+        out: CallReply = {
             "id": item.get("rid"), "status": status, "observation": msg.get("observation"),
             "duration_ms": msg.get("duration_ms"), "stdout": session.out.take(),
             "stderr": session.err.take(), "delta": delta,
         }
-        for extra in ("traceback", "observation_truncated"):
-            if msg.get(extra):
-                out[extra] = msg[extra]
+        if msg.get("traceback"):
+            out["traceback"] = msg["traceback"]
+        if msg.get("observation_truncated"):
+            out["observation_truncated"] = msg["observation_truncated"]
         self.children.sweep(own=session.child.pid if session.child is not None else None)  # before the reply
         self.host.reply(out)
         return True
@@ -573,14 +577,15 @@ class Sessions:
         return wait
 
 
-def describe_reply(rid: object, status: object, msg: dict[str, Any]) -> dict[str, Any]:
+def describe_reply(rid: object, status: str, msg: dict[str, Any]) -> DescribeReply:
     """The host reply to a ``describe`` answered by a session's process. Nothing it sends
     is trusted: ``tools`` must be a list and encode to at most MAX_SCHEMAS_BYTES, ``notes``
     a list of at most MAX_NOTES entries (each cut to MAX_NOTE_CHARS), an error's
     observation and traceback are cut to DESCRIBE_ERROR_CHARS and DESCRIBE_TRACEBACK_CHARS;
     anything else becomes an ``error`` result (the host validates each schema's shape)."""
     if status != "ok":
-        out = {"id": rid, "status": status, "observation": str(msg.get("observation"))[:DESCRIBE_ERROR_CHARS]}
+        out: DescribeReply = {"id": rid, "status": status,
+                              "observation": str(msg.get("observation"))[:DESCRIBE_ERROR_CHARS]}
         if isinstance(msg.get("traceback"), str):
             out["traceback"] = msg["traceback"][:DESCRIBE_TRACEBACK_CHARS]
         return out

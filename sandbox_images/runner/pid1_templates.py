@@ -96,6 +96,7 @@ if TYPE_CHECKING:
 
     from .pid1_children import Children
     from .pid1_loop import Loop
+    from .protocol import TemplateStats
 CONFIG_OPENS_REMEMBERED = 256
 
 JOBS_KEY = "jobs"
@@ -232,7 +233,7 @@ class Templates:
                 return template
         return None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> TemplateStats:
         """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys;
         ``configs_lru``: the first 16 hex digits of each ready config template's config
         hash, least recently used first."""

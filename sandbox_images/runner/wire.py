@@ -39,7 +39,18 @@ from .limits import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any  # annotations only: never evaluated in the sandbox
+    from typing import Any, TypedDict  # annotations only: never evaluated in the sandbox
+
+    class CheckFields(TypedDict):
+        """One check's result as :func:`check_result` rebuilds it (``protocol.CheckResult``
+        adds the check's output)."""
+
+        status: str
+        passed: bool
+        result: str | None
+        error: str | None
+        traceback: str | None
+        duration_ms: float
 
 __builtins__ = dict(vars(builtins))  # type: ignore[assignment]
 # ^ this module's own copy of the builtins, taken before any untrusted code runs: code
@@ -245,7 +256,7 @@ CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
 """The statuses of one check's result; a check process itself never reports ``crashed``."""
 
 
-def check_result(message: object, statuses: tuple[str, ...] = CHECK_STATUSES) -> dict[str, Any] | None:
+def check_result(message: object, statuses: tuple[str, ...] = CHECK_STATUSES) -> CheckFields | None:
     """One check's result fields from an untrusted frame, rebuilt with exact types and
     capped: ``{"status", "passed", "result", "error", "traceback", "duration_ms"}``, where
     ``status`` is one of ``statuses``, ``passed`` a bool (True only with ``ok``),
@@ -256,12 +267,12 @@ def check_result(message: object, statuses: tuple[str, ...] = CHECK_STATUSES) ->
     passed, duration = message.get("passed"), message.get("duration_ms")
     if type(passed) is not bool or not (type(duration) is int or type(duration) is float) or not 0 <= duration < 1e9:
         return None
-    status = message["status"]
-    out: dict[str, Any] = {"status": status, "passed": passed and status == "ok"}
+    texts: dict[str, str | None] = {}
     for name, cap in CHECK_RESULT_TEXT_CAPS.items():
         value = message.get(name)
         if value is not None and type(value) is not str:
             return None
-        out[name] = value[:cap] if value is not None else None
-    out["duration_ms"] = float(duration)
-    return out
+        texts[name] = value[:cap] if value is not None else None
+    status = message["status"]
+    return {"status": status, "passed": passed and status == "ok", "result": texts["result"],
+            "error": texts["error"], "traceback": texts["traceback"], "duration_ms": float(duration)}

@@ -62,3 +62,9 @@ def test_a_stream_is_one_way_and_a_closed_descriptor_reads_as_its_end() -> None:
             data = None
         assert not data
     assert pid1_children.read_once(ours) == b""  # closed: EBADF counts as the end
+
+
+def test_signal_and_exit_descriptions() -> None:
+    assert pid1_children.describe_exit(9) == "killed by signal SIGKILL"
+    assert pid1_children.describe_exit(3 << 8) == "exited with status 3"
+    assert pid1_children.signal_name(200) == "200"

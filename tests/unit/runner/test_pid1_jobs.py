@@ -48,9 +48,3 @@ def test_check_result_frames_are_validated_and_capped() -> None:
                 frame(passed=1), frame(duration_ms=-1), frame(duration_ms=float("inf")), frame(duration_ms="1"),
                 frame(result=5), frame(error=["x"]), frame(traceback={})]:
         assert pid1_jobs._check_result(bad, 2) is None, bad
-
-
-def test_signal_and_exit_descriptions() -> None:
-    assert pid1_jobs._death(9) == "killed by signal SIGKILL"
-    assert pid1_jobs._death(3 << 8) == "exited with status 3"
-    assert pid1_jobs._signal_name(200) == "200"
