@@ -35,15 +35,11 @@ import time
 from . import protocol
 from .limits import (
     BROKEN_MAX_CHARS,
-    DESCRIBE_ERROR_CHARS,
-    DESCRIBE_TRACEBACK_CHARS,
-    MAX_NOTE_CHARS,
-    MAX_NOTES,
-    MAX_SCHEMAS_BYTES,
     SESSION_ID_MAX_CHARS,
     SESSION_STARTUP_S,
 )
 from .pid1_children import Child, Output, drain, oom_kills, read_once
+from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_templates import Configs, Template, template_key
 from .wire import call_failure_observation
 
@@ -55,7 +51,7 @@ if TYPE_CHECKING:
     from .pid1_host import Host
     from .pid1_loop import Loop
     from .pid1_templates import Templates
-    from .protocol import CallReply, DescribeReply, OpenReply, OpenRequest
+    from .protocol import OpenReply, OpenRequest
 
 QUEUED_OPS = ("call", "state", "snapshot", "restore", "describe")
 """Host requests that queue behind a session's in-flight request."""
@@ -443,8 +439,11 @@ class Sessions:
                 self._drain(session, discard=True)  # what introspection printed is nobody's output
                 self.host.reply(describe_reply(rid, status, msg))
             elif kind == "restore":
-                delta = msg.get("delta") or {}
-                session.snapshot = dict(delta.get("set") or {})
+                state = state_of(msg)
+                if state is None:
+                    self.child_failed(session, "crashed", item=item, note="malformed reply from session")
+                    return
+                session.snapshot = state
                 self.host.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
         if go_on:
             self.pump(session)
@@ -458,12 +457,14 @@ class Sessions:
                 session.broken = str(msg.get("observation"))[:BROKEN_MAX_CHARS]
                 self._detach(session)
                 return True
-            self.host.reply({"id": rid, "status": status, "observation": msg.get("observation"),
-                             "traceback": msg.get("traceback")})
+            observation, traceback = failure_text(msg)
+            self.host.reply({"id": rid, "status": status, "observation": observation, "traceback": traceback})
             self.close(session)
             return False
         template = session.forked_from
-        if template is not None and (template.snapshot is None or msg.get("from_template") is not True):
+        state = state_of(msg)
+        forked_wrong = template is not None and (template.snapshot is None or msg.get("from_template") is not True)
+        if state is None or forked_wrong:
             self.child_failed(session, "crashed", item=item, note="malformed reply from session")
             return False
         session.forked_from = None
@@ -477,8 +478,7 @@ class Sessions:
                 reply["template"], reply["snapshot_digest"] = True, template.digest
                 self.host.reply(reply)
             return True
-        delta = msg.get("delta") or {}
-        session.snapshot = dict(delta.get("set") or {})
+        session.snapshot = state
         if rid is not None:
             text = protocol.snapshot_text(session.snapshot)
             reply["snapshot_digest"] = hashlib.sha256(text).hexdigest()
@@ -490,26 +490,19 @@ class Sessions:
         leftovers swept, then the reply. False when a keyed delta does not apply (the
         process is failed over)."""
         self._drain(session)
-        delta = msg.get("delta") or {"set": {}, "del": []}
+        out = call_reply(item.get("rid"), status, msg, session.out.take(), session.err.take())
+        if out is None:
+            self.child_failed(session, "crashed", item=item, note="malformed reply from session")
+            return False
         if status in ("ok", "error"):
-            for key, value in (delta.get("set") or {}).items():
-                if isinstance(value, list) and len(value) == 2 and value[0] == "k":
-                    value = protocol.apply_keyed(session.snapshot.get(key), value[1])
-                    if value is None:  # our snapshot can no longer follow the session
-                        self.child_failed(session, "crashed", item=item, note="malformed keyed delta")
-                        return False
+            for key, entry in out["delta"]["set"].items():
+                value = protocol.apply_keyed(session.snapshot.get(key), entry[1]) if entry[0] == "k" else entry
+                if value is None:  # our snapshot can no longer follow the session
+                    self.child_failed(session, "crashed", item=item, note="malformed keyed delta")
+                    return False
                 session.snapshot[key] = value
-            for key in delta.get("del") or []:
+            for key in out["delta"]["del"]:
                 session.snapshot.pop(key, None)
-        out: CallReply = {
-            "id": item.get("rid"), "status": status, "observation": msg.get("observation"),
-            "duration_ms": msg.get("duration_ms"), "stdout": session.out.take(),
-            "stderr": session.err.take(), "delta": delta,
-        }
-        if msg.get("traceback"):
-            out["traceback"] = msg["traceback"]
-        if msg.get("observation_truncated"):
-            out["observation_truncated"] = msg["observation_truncated"]
         self.children.sweep(own=session.child.pid if session.child is not None else None)  # before the reply
         self.host.reply(out)
         return True
@@ -575,29 +568,3 @@ class Sessions:
             else:
                 wait = remaining if wait is None else min(wait, remaining)
         return wait
-
-
-def describe_reply(rid: object, status: str, msg: dict[str, Any]) -> DescribeReply:
-    """The host reply to a ``describe`` answered by a session's process. Nothing it sends
-    is trusted: ``tools`` must be a list and encode to at most MAX_SCHEMAS_BYTES, ``notes``
-    a list of at most MAX_NOTES entries (each cut to MAX_NOTE_CHARS), an error's
-    observation and traceback are cut to DESCRIBE_ERROR_CHARS and DESCRIBE_TRACEBACK_CHARS;
-    anything else becomes an ``error`` result (the host validates each schema's shape)."""
-    if status != "ok":
-        out: DescribeReply = {"id": rid, "status": status,
-                              "observation": str(msg.get("observation"))[:DESCRIBE_ERROR_CHARS]}
-        if isinstance(msg.get("traceback"), str):
-            out["traceback"] = msg["traceback"][:DESCRIBE_TRACEBACK_CHARS]
-        return out
-    tools = msg.get("tools")
-    notes = msg.get("notes")
-    if not isinstance(tools, list) or not isinstance(notes, list) or len(notes) > MAX_NOTES:
-        return {"id": rid, "status": "error", "observation": "Error: malformed describe reply from the session"}
-    try:
-        size = len(protocol.encode({"tools": tools}, errors="replace"))
-    except (TypeError, ValueError, RecursionError):
-        size = MAX_SCHEMAS_BYTES + 1
-    if size > MAX_SCHEMAS_BYTES + 64:  # frame header and key
-        return {"id": rid, "status": "error",
-                "observation": f"Error: tool schemas exceed {MAX_SCHEMAS_BYTES} bytes"}
-    return {"id": rid, "status": "ok", "tools": tools, "notes": [str(n)[:MAX_NOTE_CHARS] for n in notes]}

@@ -29,8 +29,9 @@ integer ``id``, and its reply echoes it::
 
 A reply with ``status == "fault"`` means the request itself was unusable (unknown
 session, bad fields, caps of ``limits.py``): only ``message`` says why. A reply's fields
-are typed as PID 1 vouches for them: ``object`` where it forwards what a session's process
-said without checking it, which the host must check.
+are typed as PID 1 vouches for them (what a session's process said is checked first,
+``pid1_replies``; ``object`` where it is forwarded as it is). The host trusts none of it
+and checks what it reads again.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
         TypedDict,
     )
 
-    from .wire import CheckFields
+    from .wire import CheckFields, Delta
 
     Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
     """What became of a call, a check or a script (``executor.results.Status``)."""
@@ -162,8 +163,8 @@ if TYPE_CHECKING:
         of a failed construction. A fault with ``missing_config: true``: PID 1 does not
         hold the config of ``config_hash`` (send ``config_b64``)."""
 
-        observation: NotRequired[object]
-        traceback: NotRequired[object]
+        observation: NotRequired[str]
+        traceback: NotRequired[str | None]
         snapshot: NotRequired[Encoded]
         snapshot_digest: NotRequired[str]
         template: NotRequired[bool]
@@ -172,18 +173,18 @@ if TYPE_CHECKING:
 
     class CallReply(Reply):
         """The call's ``status`` (``ok``, ``error``, ``rejected``, or the process's
-        ``timeout``/``oom``/``crashed``) and ``observation``; ``stdout``/``stderr`` capped at
-        ``output_cap_bytes``; ``delta`` ``{"set": {name: entry}, "del": [name]}`` with
-        keyed entries ``["k", ops]`` (``apply_keyed``); what the session's process sent
-        (observation, duration, delta, traceback) is forwarded unchecked."""
+        ``timeout``/``oom``/``crashed``) and ``observation``; the tool's own time
+        (``duration_ms``; not for a failed process); ``stdout``/``stderr`` capped at
+        ``output_cap_bytes``; ``delta`` (``wire.Delta``) with keyed entries ``["k",
+        changes]`` (``apply_keyed``); all checked by PID 1 (``pid1_replies.call_reply``)."""
 
-        observation: NotRequired[object]
-        duration_ms: NotRequired[object]
+        observation: NotRequired[str]
+        duration_ms: NotRequired[float]
         stdout: NotRequired[str]
         stderr: NotRequired[str]
-        delta: NotRequired[object]
-        traceback: NotRequired[object]
-        observation_truncated: NotRequired[object]
+        delta: NotRequired[Delta]
+        traceback: NotRequired[str]
+        observation_truncated: NotRequired[bool]
 
     class DescribeReply(Reply):
         """``ok``: ``tools`` (encoded in at most MAX_SCHEMAS_BYTES; the host checks each

@@ -10,8 +10,9 @@ One definition each, so that a rule checked on one side of the sandbox boundary 
 applied on the other cannot drift apart:
 
 * **state encoding**: :func:`is_encoded_entry` (what an attribute of an encoded state may
-  be), :func:`json_native` (which values are sent as ``["j", value]``), :func:`is_tag`
-  (the ``$`` tags of a rendering, ``child_render.py``);
+  be), :func:`check_delta` (the shape of state changes), :func:`json_native` (which values
+  are sent as ``["j", value]``), :func:`is_tag` (the ``$`` tags of a rendering,
+  ``child_render.py``);
 * **tool schemas**: :data:`TOOL_NAME_PATTERN` / :func:`is_tool_name` (a tool's name),
   :data:`JSON_TYPES` (the ``type`` keywords a schema may use);
 * **JSON frames and bodies**: :func:`depth_exceeds` (nesting depth, without recursion);
@@ -41,6 +42,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypedDict  # annotations only: never evaluated in the sandbox
 
+    Delta = TypedDict("Delta", {"set": dict[str, list[Any]], "del": list[str]})
+    """State changes: ``set`` attribute name -> encoded entry (or, in a call's delta, a keyed
+    change ``["k", changes]``, ``protocol.apply_keyed``); ``del`` names of deleted attributes."""
+
     class CheckFields(TypedDict):
         """One check's result as :func:`check_result` rebuilds it (``protocol.CheckResult``
         adds the check's output)."""
@@ -67,6 +72,23 @@ def is_encoded_entry(entry: object) -> bool:
     if kind == "j" or kind == "u":
         return len(entry) == 2
     return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
+
+
+def check_delta(delta: object, keyed: bool = True) -> Delta | None:
+    """``delta`` when it is state changes in shape: a dict whose ``set`` (default empty)
+    maps names to encoded entries (:func:`is_encoded_entry`) or, with ``keyed``, to keyed
+    changes ``["k", changes]`` (their content is checked when they are applied), and whose
+    ``del`` (default empty) is a list of names; returned with both keys. None otherwise."""
+    if type(delta) is not dict:
+        return None
+    sets, dels = delta.get("set", {}), delta.get("del", [])
+    if type(sets) is not dict or type(dels) is not list or not all(type(name) is str for name in dels):
+        return None
+    for entry in sets.values():
+        if not is_encoded_entry(entry) and not (keyed and type(entry) is list and len(entry) == 2
+                                                 and entry[0] == "k"):
+            return None
+    return {"set": sets, "del": dels}
 
 
 def json_native(value: object, depth: int = 0) -> bool:

@@ -25,6 +25,16 @@ def test_malformed_encoded_entries(entry: object) -> None:
     assert not wire.is_encoded_entry(entry)
 
 
+def test_deltas_in_shape() -> None:
+    assert wire.check_delta({}) == {"set": {}, "del": []}
+    full = {"set": {"a": ["j", 1], "b": ["k", {"v": 2, "ops": []}]}, "del": ["c"]}
+    assert wire.check_delta(full) == full
+    assert wire.check_delta(full, keyed=False) is None  # a whole state holds no keyed change
+    for bad in (None, [], "x", {"set": []}, {"set": None}, {"del": {}}, {"del": [1]}, {"set": {"a": 1}},
+                {"set": {"a": ["k"]}}, {"set": {"a": ["k", 1, 2]}}, {"set": {"a": ["q", 1]}}):
+        assert wire.check_delta(bad) is None, bad
+
+
 @pytest.mark.parametrize("value", [None, True, 0, -5, 2**70, 1.5, "", "ü", [], {}, {"a": [1, {"b": None}]}])
 def test_json_native_values(value: object) -> None:
     assert wire.json_native(value)
