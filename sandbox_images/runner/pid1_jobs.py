@@ -1,15 +1,12 @@
-"""One-shot jobs of the runner (PID 1): scripts and check-function batches, each in a
-fresh process that never served an environment session. Stdlib only; runs in the runner
-process and never executes job code (that happens in the child, ``child_oneshot.py``).
+"""One-shot jobs of PID 1: scripts and check-function batches, each in a fresh process
+that never served an environment session (stdlib only; the job's code runs in the child,
+``child_oneshot.py``, never here).
 
-A job takes a fresh process (a check batch: the one forked ahead from the sandbox's jobs
-template, or one forked from it now, ``pid1_templates``; else, and for scripts, the spare
-of ``pid1_children``), gives it a private empty work directory under ``/work`` and one
-request, and watches it with the same machinery as sessions: its stdout/stderr are
-streams read here and capped, its control channel is read frame by frame with a size cap,
-its deadline is checked in the event loop (``pid1_loop``), its exit status comes from
-``waitpid`` (``Children.reap``). When the job ends, its process group is killed, processes
-it left behind are swept, its work directory is removed.
+A job gets a fresh process (for a check batch, one forked from the jobs template,
+``pid1_templates``; else the spare, ``pid1_children``), a private empty work directory and
+one request; its output streams are read and capped, its control channel read frame by
+frame with a size cap, its deadline checked in the loop, its exit reaped. When it ends,
+its process group is killed, what it left behind swept, its work directory removed.
 
 ``exec`` (``protocol.ExecRequest`` -> ``ExecReply``): ``ok`` (exit 0), ``error`` (non-zero
 exit; an uncaught exception exits 1), ``timeout`` (killed at ``time_limit_s``, at most the
@@ -120,10 +117,7 @@ class Jobs:
     # -- bookkeeping -----------------------------------------------------------------
     def pids(self) -> set[int]:
         """The jobs' processes and the process forked ahead for the next batch."""
-        pids = set(self.by_pid)
-        if self.job_spare is not None:
-            pids.add(self.job_spare.pid)
-        return pids
+        return set(self.by_pid) | ({self.job_spare.pid} if self.job_spare is not None else set())
 
     def _max_jobs(self) -> int:
         return JOBS_PER_SLOT * max(1, int(self.limits.get("max_sessions", 1)))
@@ -144,15 +138,13 @@ class Jobs:
             return
         try:
             timeout_s = self._timeout(msg)
-            request = _exec_request(msg) if msg["op"] == "exec" else _checks_request(msg)
+            request = _exec_request(msg) if msg["op"] == "exec" else _checks_request(msg)  # (narrows the type)
         except ValueError as exc:
             self.host.fault(rid, str(exc))
             return
-        workdir = self.children.make_workdir()
         cap = int(self.limits["output_cap_bytes"])
-        if op == "checks":
-            cap = min(cap, CHECK_OUTPUT_CAP_BYTES)
-        job = Job(str(op), rid, workdir, timeout_s, cap)
+        cap = cap if op == "exec" else min(cap, CHECK_OUTPUT_CAP_BYTES)
+        job = Job(op, rid, self.children.make_workdir(), timeout_s, cap)
         job.request = request
         self.active.append(job)
         if op == "exec":
@@ -544,11 +536,9 @@ class Jobs:
 
     def _ensure_job_spare(self) -> None:
         """Fork a process from the ready jobs template ahead of the next check batch and
-        keep it (``job_spare``), as ``Children.ensure_spare`` keeps a spawned one: a fresh
-        process that never served a job, followed like the spare (never a stray, forgotten
-        when it dies, killed by ``recycle``). Forking it takes the template's fork, the
-        intermediate process and the new process's own set-up (about 4 ms of the sandbox's
-        CPU quota, measured) off the batch's path."""
+        keep it (``job_spare``), as ``Children.ensure_spare`` keeps a spawned one: followed
+        like the spare (never a stray, forgotten when it dies, killed by ``recycle``), it
+        takes the fork and the process's set-up (about 4 ms of CPU quota) off the batch's path."""
         if self.job_spare is not None and self.job_spare.alive:
             return
         self.job_spare = self.templates.fork(JOBS_KEY)
