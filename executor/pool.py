@@ -47,7 +47,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import docker
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
@@ -61,6 +61,9 @@ from .results import CheckResult, EncodedValue, ExecResult, check_encoded, check
 from .sandbox import PoolKey, Sandbox
 from .session import Session, check_open_arguments
 from .settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
+
+if TYPE_CHECKING:
+    from sandpit.sandbox_images.runner.protocol import ChecksReply, ExecReply, OpenReply, SnapshotReply
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +319,7 @@ class SandboxPool:
                 return jobs.lost_checks(checks, exc.status, f"the sandbox was lost: {exc}")
         finally:
             slot.release()
-        results, restarts = jobs.parse_check_results(reply, checks)
+        results, restarts = jobs.parse_check_results(cast("ChecksReply", reply), checks)
         with self._lock:
             self.check_restarts += restarts
         return results
@@ -407,7 +410,7 @@ class SandboxPool:
             slot.lost(sandbox)
             self.failures[exc.status] += 1
             return jobs.lost_exec(exc.status, f"the sandbox was lost: {exc}", (time.perf_counter() - started) * 1000)
-        return jobs.parse_exec_result(reply, slot.profile, (time.perf_counter() - started) * 1000.0)
+        return jobs.parse_exec_result(cast("ExecReply", reply), slot.profile, (time.perf_counter() - started) * 1000.0)
 
     def warm(self, tenant: str, profile: ResourceProfile | None = None, count: int | None = None,
              timeout_s: float = 120.0) -> int:
@@ -501,7 +504,7 @@ class SandboxPool:
             raise SessionOpenError(exc.status, f"Error: sandbox lost while opening: {exc}") from exc
 
     def _open(self, sandbox: Sandbox, spec: SessionSpec, snapshot: dict[str, EncodedValue],
-              fields: dict[str, Any]) -> dict[str, Any]:
+              fields: dict[str, Any]) -> OpenReply:
         """The runner's reply to ``open``. A config with wire bytes goes by hash when the
         sandbox was sent it before, else as base64 bytes with the hash; a ``missing_config``
         answer (the runner let it go) is asked again with the bytes. Raises SandboxLost,
@@ -511,28 +514,29 @@ class SandboxPool:
         if spec.seed is not None:
             common["seed"] = spec.seed
         if spec.config_json is None or spec.config_hash is None:
-            return sandbox.request("open", init_config=spec.init_config, **common)
+            return cast("OpenReply", sandbox.request("open", init_config=spec.init_config, **common))
         if spec.config_hash in sandbox.configs:
-            reply = sandbox.request("open", config_hash=spec.config_hash, **common)
+            reply = cast("OpenReply", sandbox.request("open", config_hash=spec.config_hash, **common))
             if reply.get("status") != "fault" or reply.get("missing_config") is not True:
                 sandbox.configs.move_to_end(spec.config_hash)
                 return reply
             sandbox.configs.pop(spec.config_hash, None)
-        reply = sandbox.request("open", config_hash=spec.config_hash,
-                                config_b64=base64.b64encode(spec.config_json).decode("ascii"), **common)
+        reply = cast("OpenReply", sandbox.request("open", config_hash=spec.config_hash,
+                                                  config_b64=base64.b64encode(spec.config_json).decode("ascii"),
+                                                  **common))
         if reply.get("status") != "fault":
             sandbox.configs[spec.config_hash] = None
             while len(sandbox.configs) > 64:
                 sandbox.configs.popitem(last=False)
         return reply
 
-    def _opened(self, sandbox: Sandbox, spec: SessionSpec, reply: dict[str, Any],
+    def _opened(self, sandbox: Sandbox, spec: SessionSpec, reply: OpenReply,
                 restored: bool) -> configs.OpenedSnapshot:
         """The encoded state of a session the runner opened: the reply's, or, for a session
         forked from a config template (``template: true``, no snapshot), the one known by
         its digest for this tenant, else asked of the runner once (``snapshot``). Raises
         SandboxLost, SessionError (malformed reply)."""
-        digest = reply.get("snapshot_digest")
+        digest: object = reply.get("snapshot_digest")
         digest = digest if isinstance(digest, str) and len(digest) == 64 and not restored else None
         key = _config_key(spec)
         if key is not None:
@@ -542,7 +546,7 @@ class SandboxPool:
         if reply.get("template") is True and digest is not None:
             known = self.initial_snapshots.get(spec.tenant, digest)
             if known is None:
-                asked = sandbox.request("snapshot", session=spec.session_id)
+                asked = cast("SnapshotReply", sandbox.request("snapshot", session=spec.session_id))
                 if asked.get("status") != "ok":
                     raise SessionError(f"sandbox refused the opened state: {asked.get('message')}")
                 known = check_encoded(asked.get("snapshot") or {}, "snapshot")
