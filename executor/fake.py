@@ -9,10 +9,12 @@ callables over a plain state dict, and checks and scripts get scripted answers. 
 returns is what :class:`~sandpit.executor.pool.SandboxPool` returns for the same
 behaviour: :class:`CallResult` with deltas in the executor's state encoding (``["j",
 value]``; a value JSON cannot carry becomes ``["p", base64 pickle, rendering]`` or ``["u",
-rendering]`` through the sandbox's own encoder, and :class:`Encoded` puts a given entry in
-the state), :class:`Snapshot`, ``state()`` through :func:`render_state`, OpenAI tool
-schemas derived from the tools' signatures and docstrings by the sandbox's own deriver
-(or given), the same observations, rejections and error texts, and the same exceptions.
+rendering]`` by the sandbox's rules, and :class:`Encoded` puts a given entry in the state),
+:class:`Snapshot`, ``state()`` through :func:`render_state`, OpenAI tool schemas derived
+from the tools' signatures and docstrings (or given), the same observations, rejections
+and error texts (``wire``), and the same exceptions. Encodings and schemas come from
+:mod:`~sandpit.executor.fake_tools`, the fake's own versions of the sandbox's rules for
+plain tools and values: the host imports no code that runs beside untrusted code.
 
 Example::
 
@@ -69,9 +71,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner import child_schemas, child_session, limits, protocol, wire
+from sandpit.sandbox_images.runner import limits, protocol, wire
 
-from . import jobs
+from . import fake_tools, jobs
 from .errors import ExecutorError, SessionClosed, SessionError, SessionOpenError, ToolSchemaError
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from .results import (
@@ -127,14 +129,15 @@ class ScriptedEnv:
     schemas: list[dict[str, Any]] | None = None
 
     def describe(self) -> list[dict[str, Any]]:
-        """The given schemas, else those the sandbox would derive from the tools (their
+        """The given schemas, else those derived from the tools' signatures and docstrings
+        as a sandbox derives them for plain methods (``fake_tools.describe_tools``: their
         first parameter plays ``self``)."""
         if self.schemas is not None:
             return copy.deepcopy(self.schemas)
         try:
-            tools, _notes = child_schemas.describe_class(type(self.class_name, (), dict(self.tools)))
-        except child_schemas.SchemaLimitError as exc:
-            raise ToolSchemaError("rejected", wire.error_observation(exc)) from None
+            tools = fake_tools.describe_tools(self.tools)
+        except fake_tools.TooManyTools as exc:
+            raise ToolSchemaError("rejected", f"Error: SchemaLimitError: {exc}") from None
         return check_tool_schemas(tools)
 
 
@@ -505,7 +508,8 @@ class FakeExecutor:
         return None
 
     def _encode_state(self, state: dict[str, Any]) -> dict[str, EncodedValue]:
-        """The state's encoding by the sandbox's own encoder (EnvScaler: no dunder keys)."""
+        """The state's encoding by the sandbox's rules (``fake_tools.encode_value``;
+        EnvScaler: no dunder keys); a ``"p"`` value is kept to be restored from."""
         out: dict[str, EncodedValue] = {}
         for name, value in state.items():
             if name.startswith("__") and name.endswith("__"):
@@ -513,15 +517,10 @@ class FakeExecutor:
             if isinstance(value, Encoded):
                 out[name] = copy.deepcopy(value.entry)
                 continue
-            kind = child_session.encode_value(value, None)
-            if kind[0] == "j":
-                out[name] = ["j", json.loads(kind[1])]
-            elif kind[0] == "p":
+            out[name] = fake_tools.encode_value(value)
+            if out[name][0] == "p":
                 with self._lock:
-                    self._pickles[kind[1]] = copy.deepcopy(value)
-                out[name] = ["p", kind[1], json.loads(kind[2])]
-            else:
-                out[name] = ["u", json.loads(kind[1])]
+                    self._pickles[out[name][1]] = copy.deepcopy(value)
         return check_encoded(out, "state")
 
     def _apply(self, state: dict[str, Any], snapshot: dict[str, EncodedValue]) -> None:

@@ -105,7 +105,7 @@ _SCHEMA_KEYS = {"type", "description", "items", "enum", "anyOf", "default"}
 def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
     """Validate the tool schemas a sandbox derived (``describe``); nothing it sends is trusted.
 
-    Accepts exactly the shape :mod:`sandpit.sandbox_images.runner.child_schemas` produces: a list
+    Accepts exactly the shape a sandbox derives (``sandbox_images/runner/child_schemas.py``): a list
     of at most ``MAX_TOOLS`` ``{"type": "function", "function": {"name", "description",
     "parameters"}}``; unique names matching ``wire.TOOL_NAME_PATTERN``; descriptions of at most
     ``MAX_DESCRIPTION_CHARS``; ``parameters`` ``{"type": "object", "properties",

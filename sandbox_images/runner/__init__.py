@@ -25,7 +25,8 @@ A file's name says which process its code runs in:
   seccomp filter).
 * shared by both sides and by the host: ``protocol`` (framing), ``limits`` (every size,
   count and time cap) and ``wire`` (the rules and texts both sides of the boundary apply:
-  encoded state entries, tags, tool names, the JSON depth scan, error texts).
+  encoded state entries, tags, tool names, the JSON depth scan, error texts). The host
+  imports nothing else of the runner.
 
 One package with relative imports. The image installs it as ``sandpit_runner`` in
 ``/opt/sandpit`` (the Dockerfile), and PID 1 starts with ``from sandpit_runner import
