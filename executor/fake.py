@@ -9,10 +9,12 @@ callables over a plain state dict, and checks and scripts get scripted answers. 
 returns is what :class:`~sandpit.executor.pool.SandboxPool` returns for the same
 behaviour: :class:`CallResult` with deltas in the executor's state encoding (``["j",
 value]``; a value JSON cannot carry becomes ``["p", base64 pickle, rendering]`` or ``["u",
-rendering]`` through the sandbox's own encoder, and :class:`Encoded` puts a given entry in
-the state), :class:`Snapshot`, ``state()`` through :func:`render_state`, OpenAI tool
-schemas derived from the tools' signatures and docstrings by the sandbox's own deriver
-(or given), the same observations, rejections and error texts, and the same exceptions.
+rendering]`` by the sandbox's rules, and :class:`Encoded` puts a given entry in the state),
+:class:`Snapshot`, ``state()`` through :func:`render_state`, OpenAI tool schemas derived
+from the tools' signatures and docstrings (or given), the same observations, rejections
+and error texts (``wire``), and the same exceptions. Encodings and schemas come from
+:mod:`~sandpit.executor.fake_tools`, the fake's own versions of the sandbox's rules for
+plain tools and values: the host imports no code that runs beside untrusted code.
 
 Example::
 
@@ -69,8 +71,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandpit.sandbox_images.runner import child_oneshot, child_schemas, child_session, limits, protocol
+from sandpit.sandbox_images.runner import limits, protocol, wire
 
+from . import fake_tools
 from .errors import (
     ArgumentError,
     ExecutorError,
@@ -107,11 +110,8 @@ rendered initial and final states returning the value (an exception is ``error``
 ExecScript = str | ExecResult | Callable[[jobs.ExecRequest], str | ExecResult]
 """How a script is answered: its stdout (exit 0), a whole result, or a callable."""
 FAILABLE = frozenset({"open_session", "describe", "run_checks", "execute", "warm", "ping", "call"})
-_RUNNER_MESSAGES = {  # pid1_runner.Runner.child_failed: the runner's words for a failed call
-    "timeout": "Error: tool call exceeded the {timeout:g} s time limit",
-    "oom": "Error: session ran out of memory",
-    "crashed": "Error: session process died",
-}
+_CALL_FAILURES = ("timeout", "oom", "crashed")
+"""Statuses :meth:`FakeExecutor.fail_call` injects (PID 1's words: ``wire.call_failure_observation``)."""
 _CHECK_ERRORS = {
     "timeout": "timed out after {timeout:g} s", "oom": "the check ran out of memory",
     "crashed": "the check process crashed (killed by signal SIGKILL)", "error": "Error: scripted failure",
@@ -137,14 +137,15 @@ class ScriptedEnv:
     schemas: list[dict[str, Any]] | None = None
 
     def describe(self) -> list[dict[str, Any]]:
-        """The given schemas, else those the sandbox would derive from the tools (their
+        """The given schemas, else those derived from the tools' signatures and docstrings
+        as a sandbox derives them for plain methods (``fake_tools.describe_tools``: their
         first parameter plays ``self``)."""
         if self.schemas is not None:
             return copy.deepcopy(self.schemas)
         try:
-            tools, _notes = child_schemas.describe_class(type(self.class_name, (), dict(self.tools)))
-        except child_schemas.SchemaLimitError as exc:
-            raise ToolSchemaError("rejected", child_session.error_observation(exc)) from None
+            tools = fake_tools.describe_tools(self.tools)
+        except fake_tools.TooManyTools as exc:
+            raise ToolSchemaError("rejected", f"Error: SchemaLimitError: {exc}") from None
         return check_tool_schemas(tools)
 
 
@@ -225,7 +226,7 @@ class FakeSession:
                     self.recoveries += 1
                     text = lost_message(failure.status)
                 else:
-                    text = _RUNNER_MESSAGES[failure.status].format(timeout=self.profile.call_timeout_s)
+                    text = wire.call_failure_observation(failure.status, self.profile.call_timeout_s)
                 return _result(failure.status, text, started, recovered=recovered)
             tool = self._env.tools.get(name)
             if tool is None:
@@ -237,12 +238,12 @@ class FakeSession:
             try:
                 observation = str(tool(self._state, **arguments))
             except Exception as exc:  # noqa: BLE001 - EnvScaler: errors are observations
-                status, observation = "error", child_session.error_observation(exc)
+                status, observation = "error", wire.error_observation(exc)
                 trace = _traceback(exc)
                 if rules == "envscaler":
-                    observation = child_session.ENVSCALER_TOOL_ERROR + trace
+                    observation = wire.ENVSCALER_TOOL_ERROR + trace
             tool_ms = (time.perf_counter() - tool_started) * 1000.0
-            observation, truncated = child_session.cap_observation(observation, self.profile.observation_cap_bytes)
+            observation, truncated = wire.cap_observation(observation, self.profile.observation_cap_bytes)
             encoded = self._executor._encode_state(self._state)
             delta = StateDelta(set={k: v for k, v in encoded.items() if self._encoded.get(k) != v},
                                deleted=[k for k in self._encoded if k not in encoded])
@@ -362,8 +363,8 @@ class FakeExecutor:
                   times: int | None = 1, lost: bool = False) -> None:
         """Make the next ``times`` tool calls (of ``tool``, in ``session_id``, when given)
         end with ``status`` (``timeout``, ``oom`` or ``crashed``) without running the tool."""
-        if status not in _RUNNER_MESSAGES:
-            raise ValueError(f"status must be one of {sorted(_RUNNER_MESSAGES)}")
+        if status not in _CALL_FAILURES:
+            raise ValueError(f"status must be one of {sorted(_CALL_FAILURES)}")
         with self._lock:
             self._call_failures.append(_CallFailure(status, tool, session_id, times, lost))
 
@@ -398,7 +399,7 @@ class FakeExecutor:
             state = dict(env.init(copy.deepcopy(config))) if env.init is not None else {}
         except Exception as exc:  # noqa: BLE001 - the environment's __init__ raised
             self.failures["error"] += 1
-            raise SessionOpenError("error", child_session.error_observation(exc), _traceback(exc)) from None
+            raise SessionOpenError("error", wire.error_observation(exc), _traceback(exc)) from None
         state.update(config)
         if snapshot:  # as the sandbox does: on top of init_config, dropping what it does not name
             self._apply(state, snapshot)
@@ -519,7 +520,8 @@ class FakeExecutor:
         return None
 
     def _encode_state(self, state: dict[str, Any]) -> dict[str, EncodedValue]:
-        """The state's encoding by the sandbox's own encoder (EnvScaler: no dunder keys)."""
+        """The state's encoding by the sandbox's rules (``fake_tools.encode_value``;
+        EnvScaler: no dunder keys); a ``"p"`` value is kept to be restored from."""
         out: dict[str, EncodedValue] = {}
         for name, value in state.items():
             if name.startswith("__") and name.endswith("__"):
@@ -527,15 +529,10 @@ class FakeExecutor:
             if isinstance(value, Encoded):
                 out[name] = copy.deepcopy(value.entry)
                 continue
-            kind = child_session.encode_value(value, None)
-            if kind[0] == "j":
-                out[name] = ["j", json.loads(kind[1])]
-            elif kind[0] == "p":
+            out[name] = fake_tools.encode_value(value)
+            if out[name][0] == "p":
                 with self._lock:
-                    self._pickles[kind[1]] = copy.deepcopy(value)
-                out[name] = ["p", kind[1], json.loads(kind[2])]
-            else:
-                out[name] = ["u", json.loads(kind[1])]
+                    self._pickles[out[name][1]] = copy.deepcopy(value)
         return check_encoded(out, "state")
 
     def _apply(self, state: dict[str, Any], snapshot: dict[str, EncodedValue]) -> None:
@@ -573,13 +570,13 @@ class FakeExecutor:
                 value = verdict(copy.deepcopy(initial), copy.deepcopy(final))
             except Exception as exc:  # noqa: BLE001 - a check that raises is an error result
                 return CheckResult(check_item=item, passed=False, status="error",
-                                   error=child_oneshot.error_text(exc), traceback=_traceback(exc),
+                                   error=wire.error_observation(exc, limits.ERROR_CHARS), traceback=_traceback(exc),
                                    duration_ms=_ms(started))
         else:
             value = verdict
-        status, passed, error = child_oneshot.classify(value)
+        status, passed, error = wire.classify(value)
         return CheckResult(check_item=item, passed=passed, status=status,  # type: ignore[arg-type]
-                           result=child_oneshot.bounded_repr(value), error=error, duration_ms=_ms(started))
+                           result=wire.bounded_repr(value), error=error, duration_ms=_ms(started))
 
 
 def _ms(started: float) -> float:

@@ -16,7 +16,7 @@ import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sandpit.sandbox_images.runner import child_schemas, child_session, limits
+from sandpit.sandbox_images.runner import limits, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
@@ -27,7 +27,7 @@ CallRules = Literal["sandpit", "envscaler"]
 tools; a raised exception is ``Error: <Type>: <message>``) or ``envscaler`` (EnvScaler's
 ``step()``: ``hasattr`` decides, a raised exception is ``Error: <Exception>\n`` and the
 traceback; ``sandbox_images/runner/child_session.py``)."""
-ENVSCALER_INVALID_ACTION = child_session.ENVSCALER_INVALID_ACTION
+ENVSCALER_INVALID_ACTION = wire.ENVSCALER_INVALID_ACTION
 """The observation of a call under ``envscaler`` rules that names nothing of the instance
 (the session's own text, for a name the host refuses before asking it)."""
 
@@ -38,13 +38,13 @@ def check_encoded(mapping: object, what: str) -> dict[str, EncodedValue]:
     if not isinstance(mapping, dict):
         raise ProtocolViolation(f"{what} is not an object")
     for key, entry in mapping.items():
-        if not _valid_entry(entry):
+        if not wire.is_encoded_entry(entry):
             raise ProtocolViolation(f"{what}: malformed entry for attribute {str(key)[:64]!r}")
     return mapping
 
 
 def check_retyped(value: object) -> list[dict[str, str]]:
-    """The ``retyped`` list of an ``init`` reply (``child_session.retyped_attributes``:
+    """The ``retyped`` list of an ``init`` reply (``child_instance.retyped_attributes``:
     ``init_config`` keys that replace an attribute the constructor set to a value of
     another type), as ``[{"key", "constructed", "config"}]`` of strings: at most
     ``limits.INIT_RETYPED_MAX`` entries, each string cut to
@@ -57,15 +57,6 @@ def check_retyped(value: object) -> list[dict[str, str]]:
         if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("key", "constructed", "config")):
             found.append({k: entry[k][:limits.INIT_RETYPED_NAME_CHARS] for k in ("key", "constructed", "config")})
     return found
-
-
-def _valid_entry(entry: object) -> bool:
-    if not isinstance(entry, list) or not entry:
-        return False
-    kind = entry[0]
-    if kind == "j" or kind == "u":
-        return len(entry) == 2
-    return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
 
 
 def render_entry(entry: EncodedValue) -> Any:
@@ -114,13 +105,13 @@ _SCHEMA_KEYS = {"type", "description", "items", "enum", "anyOf", "default"}
 def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
     """Validate the tool schemas a sandbox derived (``describe``); nothing it sends is trusted.
 
-    Accepts exactly the shape :mod:`sandpit.sandbox_images.runner.child_schemas` produces: a list
+    Accepts exactly the shape a sandbox derives (``sandbox_images/runner/child_schemas.py``): a list
     of at most ``MAX_TOOLS`` ``{"type": "function", "function": {"name", "description",
-    "parameters"}}``; unique names matching ``TOOL_NAME``; descriptions of at most
+    "parameters"}}``; unique names matching ``wire.TOOL_NAME_PATTERN``; descriptions of at most
     ``MAX_DESCRIPTION_CHARS``; ``parameters`` ``{"type": "object", "properties",
     "required", "additionalProperties": bool}`` with at most ``MAX_PARAMS`` properties,
     ``required`` naming only properties; each property a schema of ``type`` (one of
-    ``JSON_TYPES``), ``description``, ``items``, ``enum`` (JSON scalars), ``anyOf`` and
+    ``wire.JSON_TYPES``), ``description``, ``items``, ``enum`` (JSON scalars), ``anyOf`` and
     ``default`` (JSON of at most ``MAX_DEFAULT_CHARS``), nested at most
     ``MAX_SCHEMA_DEPTH`` deep. Returns ``tools`` unchanged.
 
@@ -140,7 +131,7 @@ def check_tool_schemas(tools: object) -> list[dict[str, Any]]:
         function = tool["function"]
         _keys(function, _FUNCTION_KEYS, _FUNCTION_KEYS, f"{where}.function")
         name = function["name"]
-        if not isinstance(name, str) or not child_schemas.TOOL_NAME.fullmatch(name) or name in names:
+        if not isinstance(name, str) or not wire.is_tool_name(name) or name in names:
             raise ProtocolViolation(f"{where}.function.name is not a valid, unique tool name")
         names.add(name)
         where = f"tool {name!r}"
@@ -179,7 +170,7 @@ def _check_schema(schema: object, where: str, depth: int) -> None:
         raise ProtocolViolation(f"{where}: schema nested too deeply")
     _keys(schema, set(), _SCHEMA_KEYS, where)
     assert isinstance(schema, dict)
-    if "type" in schema and schema["type"] not in child_schemas.JSON_TYPES:
+    if "type" in schema and schema["type"] not in wire.JSON_TYPES:
         raise ProtocolViolation(f"{where}: unknown type")
     if "description" in schema:
         _text(schema["description"], f"{where}: description")

@@ -73,11 +73,12 @@ SCENARIOS_FILE = "rl_scenarios.json"
 EPISODES_FILE = "episodes.jsonl"
 MAX_OUTPUTS = 1000
 """Recorded outputs per episode (more refuses the line)."""
-REFERENCE_FILES = {"limits.py": "runner/limits.py", "child_codec.py": "runner/child_codec.py",
-                   "child_render.py": "runner/child_render.py", "envscaler_reference.txt": "envscaler/reference.py"}
+REFERENCE_FILES = {**{f"sandpit_runner/{name}": f"runner/{name}"
+                      for name in ("__init__.py", "limits.py", "child_codec.py", "child_render.py")},
+                   "envscaler_reference.txt": "envscaler/reference.py"}
 """The reference job's files: name in the job -> path under the sandbox image definition
-(``sandpit.sandbox_images.DEFINITION_DIR``): the reference and the runner modules it needs
-(``child_render`` renders states as Sandpit serves them)."""
+(``sandpit.sandbox_images.DEFINITION_DIR``): the reference and the runner modules it needs,
+as the runner's package (``child_render`` renders states as Sandpit serves them)."""
 _REFERENCE_SCRIPT = '''\
 import json, sys, types
 
@@ -90,20 +91,20 @@ def load(name, path, filename=None):
     return module
 
 
-load("limits", "limits.py")
-load("child_codec", "child_codec.py")
-render = load("render", "child_render.py")
+sys.path.insert(0, ".")  # the job's files hold the runner's package
+from sandpit_runner import child_render as render
 reference = load("envscaler_reference", "envscaler_reference.txt", "envscaler_reference.py")
 job = json.loads(sys.stdin.read())
 out = reference.run(job["source"], job["class_name"], job["record"], job["scenario"], job["requests"],
                     render.render, seed=job["seed"])
 sys.stdout.write(json.dumps(out))
 '''
-"""Runs in the sandbox: loads the reference and its helpers from the job's files and runs
-one episode (the job itself comes on stdin). The reference's code is compiled under the name
-``envscaler_reference.py``, whose ``File`` lines it cuts from tracebacks, but its file is
-``envscaler_reference.txt``: with no file of the compiled name to read, a traceback prints
-no source line under those frames either, which would survive the cut."""
+"""Runs in the sandbox: imports the runner's rendering and loads the reference from the
+job's files, and runs one episode (the job itself comes on stdin). The reference's code is
+compiled under the name ``envscaler_reference.py``, whose ``File`` lines it cuts from
+tracebacks, but its file is ``envscaler_reference.txt``: with no file of the compiled name to
+read, a traceback prints no source line under those frames either, which would survive the
+cut."""
 
 
 class ReleaseError(ValueError):

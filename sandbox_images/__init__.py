@@ -6,8 +6,9 @@ build compiles for the image's interpreter. Built by
 from pathlib import Path
 
 DEFINITION_DIR = Path(__file__).resolve().parent
-RUNNER_FILES = tuple(sorted(p.name for p in (DEFINITION_DIR / "runner").glob("*.py") if p.name != "__init__.py"))
-"""The runner's modules: every ``.py`` file of ``runner/`` (the image gets the folder; this
-is the one list, used for the image's content hash and its build context)."""
+RUNNER_FILES = tuple(sorted(p.name for p in (DEFINITION_DIR / "runner").glob("*.py")))
+"""The runner package's files: every ``.py`` file of ``runner/``, its ``__init__.py`` too
+(the image installs the folder as a regular package; this is the one list, used for the
+image's content hash and its build context)."""
 NATIVE_FILES = tuple(sorted(p.name for p in (DEFINITION_DIR / "native").glob("*.c")))
 """C sources of ``native/`` (compiled in the image build's builder stage)."""

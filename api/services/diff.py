@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sandpit.sandbox_images.runner.child_render import is_tag
+from sandpit.sandbox_images.runner.wire import is_tag
 
 
 def _as_mapping(value: Any) -> dict[str, Any] | None:

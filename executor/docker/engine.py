@@ -36,7 +36,8 @@ LABEL_POOL = "sandpit.pool"
 LABEL_OWNER = "sandpit.owner"
 LABEL_OWNER_NS = "sandpit.owner-ns"
 SOCKET_MOUNT = protocol.SOCKET_DIR
-RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "/opt/sandpit/runner/pid1_runner.py"]
+RUNNER_CMD = ["/usr/bin/python3", "-s", "-S", "-B", "-c",
+              "import sys; sys.path[0] = '/opt/sandpit'; from sandpit_runner import pid1_runner; pid1_runner.main()"]
 
 
 @contextlib.contextmanager

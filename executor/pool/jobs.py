@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandpit.sandbox_images.runner import limits
+from sandpit.sandbox_images.runner import limits, wire
 
 from ..errors import ArgumentError, SessionError
 from ..profiles import ResourceProfile
 from ..results import STATUSES, CheckResult, ExecResult
+
+if TYPE_CHECKING:
+    from sandpit.sandbox_images.runner.protocol import ChecksReply, ExecReply, Reply
 
 SNIPPET_KEYS = frozenset({"code", "stdin", "files", "timeout_s"})
 BATCH_SLACK_S = limits.BATCH_SLACK_S + limits.STARTUP_S
@@ -112,7 +115,7 @@ def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
     """A plain JSON state (attribute name -> JSON value, e.g. a validation case written
     by hand) as an encoded state: every attribute ``["j", value]``. Tags of the state
     rendering in it (``{"$set": [...]}``, ``{"$date": ...}``) become real objects in the
-    check's process (``child_oneshot.unrender``)."""
+    check's process (``child_restore.unrender``)."""
     return {name: ["j", value] for name, value in state.items()}
 
 
@@ -125,9 +128,7 @@ def check_state(state: object, name: str) -> None:
     if not isinstance(state, dict):
         raise ArgumentError(f"{name} must be an object (attribute name -> encoded value)")
     for key, entry in state.items():
-        if not isinstance(key, str) or not isinstance(entry, list) or not entry or entry[0] not in ("j", "p", "u") \
-                or (entry[0] == "p" and (len(entry) not in (2, 3) or not isinstance(entry[1], str))) \
-                or (entry[0] != "p" and len(entry) != 2):
+        if not isinstance(key, str) or not wire.is_encoded_entry(entry):
             raise ArgumentError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
     try:
         text = json.dumps(state, allow_nan=False, ensure_ascii=False)
@@ -209,7 +210,7 @@ def _duration(value: object, what: str) -> float:
     return float(value)
 
 
-def _status(reply: dict[str, Any], what: str) -> str:
+def _status(reply: Reply | dict[str, Any], what: str) -> str:
     status = reply.get("status")
     if status == "fault":
         raise SessionError(f"sandbox refused the {what}: {str(reply.get('message'))[:500]}")
@@ -218,7 +219,7 @@ def _status(reply: dict[str, Any], what: str) -> str:
     return str(status)
 
 
-def parse_check_results(reply: dict[str, Any], checks: list[dict[str, Any]]) -> tuple[list[CheckResult], int]:
+def parse_check_results(reply: ChecksReply, checks: list[dict[str, Any]]) -> tuple[list[CheckResult], int]:
     """The runner's ``checks`` reply as one :class:`CheckResult` per check (in order),
     and how many fresh processes the batch needed beyond the first.
 
@@ -227,7 +228,8 @@ def parse_check_results(reply: dict[str, Any], checks: list[dict[str, Any]]) -> 
             ``len(checks)`` well-formed results within the caps.
     """
     _status(reply, "check batch")
-    results, restarts = reply.get("results"), reply.get("restarts")
+    results: object = reply.get("results")
+    restarts: object = reply.get("restarts")
     if not isinstance(results, list) or len(results) != len(checks) or type(restarts) is not int:
         raise SessionError("sandbox sent a malformed check batch reply")
     out = []
@@ -250,15 +252,16 @@ def parse_check_results(reply: dict[str, Any], checks: list[dict[str, Any]]) -> 
     return out, restarts
 
 
-def parse_exec_result(reply: dict[str, Any], profile: ResourceProfile, duration_ms: float) -> ExecResult:
+def parse_exec_result(reply: ExecReply, profile: ResourceProfile, duration_ms: float) -> ExecResult:
     """The runner's ``exec`` reply as an :class:`ExecResult` (``duration_ms``: the host's
     round trip). Raises SessionError: refused (``fault``) or malformed (types, output
     over the profile's ``output_cap_bytes``)."""
     status = _status(reply, "script run")
-    exit_code = reply.get("exit_code")
+    exit_code: object = reply.get("exit_code")
     if exit_code is not None and (type(exit_code) is not int or not -128 <= exit_code <= 255):
         raise SessionError("sandbox sent a malformed exit code")
-    stdout_truncated, stderr_truncated = reply.get("stdout_truncated"), reply.get("stderr_truncated")
+    stdout_truncated: object = reply.get("stdout_truncated")
+    stderr_truncated: object = reply.get("stderr_truncated")
     if type(stdout_truncated) is not bool or type(stderr_truncated) is not bool:
         raise SessionError("sandbox sent malformed truncation flags")
     cap = profile.output_cap_bytes

@@ -14,13 +14,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import SandboxLost
 from ..profiles import ResourceProfile
 from ..results import CheckResult, ExecResult
 from . import jobs
 from .warm import PooledSandbox
+
+if TYPE_CHECKING:
+    from sandpit.sandbox_images.runner.protocol import ChecksReply, ExecReply
 
 Reserve = Callable[[str, ResourceProfile, str], PooledSandbox]
 """``reserve(tenant, profile, slot_id)``: a sandbox with ``slot_id`` placed in it (the
@@ -92,7 +95,7 @@ def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_state: dict[
         slot.lost(sandbox)
         failures[exc.status] += 1
         return jobs.lost_checks(checks, exc.status, f"the sandbox was lost: {exc}"), 0
-    return jobs.parse_check_results(reply, checks)
+    return jobs.parse_check_results(cast("ChecksReply", reply), checks)
 
 
 def run_script(slot: JobSlot, request: jobs.ExecRequest, grace_s: float,
@@ -108,7 +111,7 @@ def run_script(slot: JobSlot, request: jobs.ExecRequest, grace_s: float,
         slot.lost(sandbox)
         failures[exc.status] += 1
         return jobs.lost_exec(exc.status, f"the sandbox was lost: {exc}", (time.perf_counter() - started) * 1000)
-    return jobs.parse_exec_result(reply, slot.profile, (time.perf_counter() - started) * 1000.0)
+    return jobs.parse_exec_result(cast("ExecReply", reply), slot.profile, (time.perf_counter() - started) * 1000.0)
 
 
 def run_scripts(slot: JobSlot, requests: list[jobs.ExecRequest], concurrency: int, grace_s: float,

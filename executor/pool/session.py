@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from sandpit.sandbox_images.runner import limits
+from sandpit.sandbox_images.runner import limits, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
 
 from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, ToolSchemaError
@@ -42,6 +42,9 @@ from ..results import (
     render_state,
 )
 from .placement import Placement, SandboxSlot, SessionSpec
+
+if TYPE_CHECKING:
+    from sandpit.sandbox_images.runner.protocol import CallReply, DescribeReply, SnapshotReply
 
 log = logging.getLogger(__name__)
 
@@ -153,26 +156,26 @@ class Session:
         extra = {"rules": "envscaler"} if rules == "envscaler" else {}
         with self._lock:
             try:
-                reply, recovered = self._request("call", name=name, arguments=arguments, **extra)
+                raw, recovered = self._request("call", name=name, arguments=arguments, **extra)
             except (ValueError, TypeError) as exc:
                 return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
             except SandboxLost as exc:
                 self._lose()
                 return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
                                   duration_ms=_ms(started))
+            reply = cast("CallReply", raw)
             try:
-                delta = reply.get("delta") or {}
-                raw = delta.get("set") or {}
-                if not isinstance(raw, dict):
-                    raise ProtocolViolation("delta 'set' is not an object")
-                keyed = {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == 2 and v[0] == "k"}
-                changed = check_encoded({k: v for k, v in raw.items() if k not in keyed}, "delta")
-                for key, entry in keyed.items():  # large JSON values arrive as path operations
-                    merged = apply_keyed(self._snapshot.get(key), entry[1])
-                    if merged is None:
-                        raise ProtocolViolation(f"delta: keyed change of {key!r} does not apply")
-                    changed[key] = merged
-                deleted = [k for k in delta.get("del") or [] if isinstance(k, str)]
+                delta = wire.check_delta(reply.get("delta") or {})
+                if delta is None:
+                    raise ProtocolViolation("delta is not {set: {name: entry}, del: [name]}")
+                changed = {k: v for k, v in delta["set"].items() if v[0] != "k"}
+                for key, entry in delta["set"].items():  # large JSON values arrive as path operations
+                    if entry[0] == "k":
+                        merged = apply_keyed(self._snapshot.get(key), entry[1])
+                        if merged is None:
+                            raise ProtocolViolation(f"delta: keyed change of {key!r} does not apply")
+                        changed[key] = merged
+                deleted = delta["del"]
             except ProtocolViolation as exc:
                 raise SessionError(f"sandbox sent a malformed delta: {exc}") from exc
             status = reply.get("status")
@@ -225,10 +228,11 @@ class Session:
         """
         with self._lock:
             try:
-                reply, _ = self._request("describe")
+                raw, _ = self._request("describe")
             except SandboxLost:
                 self._lose()
-                reply, _ = self._request("describe")
+                raw, _ = self._request("describe")
+            reply = cast("DescribeReply", raw)
             status = reply.get("status")
             if status != "ok":
                 traceback = reply.get("traceback")
@@ -236,7 +240,7 @@ class Session:
                                       traceback[:limits.DESCRIBE_TRACEBACK_CHARS] if isinstance(traceback, str) else None)
             try:
                 tools = check_tool_schemas(reply.get("tools"))
-                notes = reply.get("notes") or []
+                notes: object = reply.get("notes") or []
                 if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
                     raise ProtocolViolation("notes is not a list of strings")
             except ProtocolViolation as exc:
@@ -278,13 +282,14 @@ class Session:
         attributes = check_encoded(snapshot.attributes, "snapshot")
         with self._lock:
             try:
-                reply, _ = self._request("restore", snapshot=attributes)
+                raw, _ = self._request("restore", snapshot=attributes)
             except SandboxLost:
                 self._lose()
                 self._snapshot = dict(attributes)
                 self._digest = None
                 self._ensure_placed()
                 return
+            reply = cast("SnapshotReply", raw)
             if reply.get("status") != "ok":
                 raise SessionError(f"restore failed: {reply.get('observation') or reply.get('message')}")
             self._snapshot = check_encoded(reply.get("snapshot") or {}, "snapshot")

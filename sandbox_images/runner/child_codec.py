@@ -1,7 +1,7 @@
 """The JSON codec of the processes that run untrusted code, bound before any of it runs.
 
 Stdlib only. A session process (``child_session.py``), a template (``child_template.py``)
-and a check batch (``child_oneshot.py``) speak to PID 1 in JSON frames *after* the
+and a check batch (``child_checks.py``) speak to PID 1 in JSON frames *after* the
 environment's module, or a check function, has run in the same interpreter. Such code may
 change the modules every process shares (``json.dumps = ...``, ``json.encoder.
 encode_basestring = ...``, ``sys.modules["json"] = ...``) for its own reasons: an
@@ -22,7 +22,7 @@ Patching the module objects themselves (rewriting a function's ``__code__``, or 
 module's globals) is not defended against: code that does that inside a session process
 can only break its own session's frames, which PID 1 checks and answers by killing the
 process (``crashed``). What a verdict rests on never shares a process with such code
-unless a scenario opts in (``child_oneshot.py``).
+unless a scenario opts in (``child_restore.py``).
 """
 
 from __future__ import annotations

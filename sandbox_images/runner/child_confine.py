@@ -1,4 +1,4 @@
-"""Per-process confinement of a session or job process, applied by ``child_session.harden``
+"""Per-process confinement of a session or job process, applied by ``child_spare.harden``
 before any untrusted code exists. Stdlib only (``ctypes`` for ``prctl``).
 
 :func:`install_filter` installs a seccomp filter (inherited by every process the

@@ -23,7 +23,7 @@ child by child with :func:`diff`, a type-aware walk (``type(a) is type(b)``, key
 ``path`` is a list of dict keys (str) and list indexes (int) below the attribute. A node
 whose type or key order changed is set whole; a list whose length changed gets element
 operations for its common prefix plus one ``r``. Any value a ``s``/``r`` carries is
-checked JSON-native (``child_session._json_native``) at its depth, so the attribute
+checked JSON-native (``wire.json_native``) at its depth, so the attribute
 stays within ``JSON_NATIVE_MAX_DEPTH``; when it is not (a ``set`` or ``date`` appeared
 deep inside, a cycle, a non-str key, a dict that reads like a ``$`` tag), :func:`check`
 returns None and the caller re-encodes the attribute whole (pickle + rendering).
@@ -53,20 +53,16 @@ import builtins
 import marshal
 import math
 
+from .limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
+
 TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
-    from .limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
-
-    state_watch: Any = None  # built only into the sandbox image
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import JSON_NATIVE_MAX_DEPTH, MAX_PATH_OPS, TREE_MAX_DEPTH, TREE_MIN_BYTES
-
-    try:
-        import state_watch  # the image build compiled it next to this file
-    except ImportError:  # a runner copied without it (tests of the runner on the host)
-        state_watch = None
+try:
+    from . import state_watch  # type: ignore[attr-defined]  # the image build compiles it into the package
+except ImportError:  # the package on the host (unit tests): no compiled module
+    state_watch = None
 
 _SCALARS = (str, int, bool, type(None))
 

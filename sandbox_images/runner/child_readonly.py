@@ -1,5 +1,5 @@
 """Which check functions can only read: the static proof behind running a check in the
-zygote itself instead of a process forked for it (``child_oneshot.run_checks``).
+zygote itself instead of a process forked for it (``child_checks.run_checks``).
 
 Stdlib only; runs in a check batch's zygote, inside the sandbox. A fork costs this VM
 ~2-3 ms of CPU per check (copy-on-write page faults of the interpreter the check runs
@@ -40,11 +40,7 @@ from __future__ import annotations
 import ast
 import builtins
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from .limits import READ_ONLY_CHECK_MAX_NODES
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import READ_ONLY_CHECK_MAX_NODES
+from .limits import READ_ONLY_CHECK_MAX_NODES
 
 SAFE_BUILTINS = frozenset({
     "abs", "all", "any", "ascii", "bin", "bool", "bytes", "callable", "chr", "complex", "dict", "divmod",

@@ -1,8 +1,8 @@
 """The JSON rendering of environment state: one lossless, explicit view of any value.
 
 Stdlib only. Runs inside the sandbox (session and check processes), where the real
-objects are; the host imports this module only for its constants and :func:`is_tag`, and
-never renders anything itself (it stores and serves what sandboxes rendered).
+objects are; the host never renders anything itself (it stores and serves what sandboxes
+rendered, and tells a tag by ``wire.is_tag``).
 
 EnvScaler's state is ``vars(instance)`` without dunder keys, as real Python objects. Values
 that JSON carries exactly (``dict`` with ``str`` keys, ``list``, ``str``, ``int``, finite
@@ -52,15 +52,12 @@ import builtins
 import math
 import sys
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from .child_codec import dumps as _json_text
+from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
 
-    from .child_codec import dumps as _json_text
-    from .limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from child_codec import dumps as _json_text
-    from limits import RENDER_MAX_BYTES, RENDER_MAX_DEPTH, RENDER_MAX_ITEMS, RENDER_MAX_REPR_CHARS
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
 
 LOCAL_MODULES = ("builtins", None, "dynamic_env", "sandpit_env", "__main__")
@@ -78,14 +75,6 @@ TAGS = frozenset({
 __builtins__ = dict(vars(builtins))  # type: ignore[assignment]
 # ^ this module's own copy of the builtins, taken before any untrusted code runs: code
 # that patches `builtins` later in this process does not act on its functions
-
-
-def is_tag(value: object) -> bool:
-    """True when ``value`` (a rendering) is a tag: a one-key dict whose key starts with ``$``."""
-    if type(value) is not dict or len(value) != 1:
-        return False
-    key: str = next(iter(value))  # renderings are JSON: keys are strings
-    return key.startswith("$")
 
 
 def ambiguous_dict(value: dict[Any, Any]) -> bool:

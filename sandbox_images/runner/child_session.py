@@ -1,23 +1,24 @@
 """Session child: the one process in a sandbox that executes untrusted environment code.
 
-Stdlib only; runs inside the sandbox container as a child of the runner (``pid1_runner.py``),
-one process per session. It is started before any untrusted code exists ("spare"), then
-receives an ``init`` request carrying the environment source (or, as its first and only
-request, a one-shot ``exec``/``checks`` job, handed over to ``child_oneshot.py``). A newly spawned
-process is sent ``hello`` right before its first session request and answers it at once:
-PID 1 starts that request's time limit at the answer, not at the process start. From then on it serves one
-request at a time over fd 3 (a socketpair to the runner, length-prefixed JSON frames, see
-``protocol.py``). fd 0 is /dev/null and fds 1/2 are pipes the runner reads and caps, so
+Stdlib only; runs inside the sandbox container as a child of PID 1, one process per
+session. The process is started before any untrusted code exists (a "spare",
+``child_spare.py``, which confines it and hands it to :func:`serve`), then receives an
+``init`` request carrying the environment source (or a request that makes it a one-shot
+job or a template instead, ``child_spare.become``). A newly spawned process is sent
+``hello`` right before its first session request and answers it at once: PID 1 starts
+that request's time limit at the answer, not at the process start. From then on it serves
+one request at a time over fd 3 (a socketpair to PID 1, length-prefixed JSON frames, see
+``protocol.py``). fd 0 is /dev/null and fds 1/2 are streams PID 1 reads and caps, so
 nothing the environment prints can reach the protocol channel.
 
-Semantics follow EnvScaler:
+Semantics follow EnvScaler (the class and the instance: ``child_instance.py``):
 - module: the code is executed as a module named ``dynamic_env`` (EnvScaler's name; also
   registered as ``sandpit_env``, the name older snapshots' pickles refer to);
 - instance creation (EnvScaler ``init_env_instance``): ``cls(init_config)`` (``cls({})`` for
   an empty config); if that raises ``TypeError``, ``cls()``; then, for a non-empty config,
   ``setattr(instance, key, value)`` for every key; keys that replace an attribute the
   constructor set to a value of another type are listed in the ``init`` reply
-  (``retyped``, :func:`retyped_attributes`), an authoring mistake registration reports;
+  (``retyped``, ``child_instance.retyped_attributes``), an authoring mistake registration reports;
 - tool call: ``getattr(instance, name)(**arguments)``; observation ``str(result)``; an
   exception becomes the observation ``"Error: <Type>: <message>"`` plus a bounded
   traceback and the episode goes on;
@@ -29,8 +30,8 @@ Semantics follow EnvScaler:
 
 State encoding (one entry per attribute), used for deltas, snapshots and restore:
 ``["j", value]`` JSON-native value (exact types: dict with str keys, list, str, int,
-float (finite), bool, None; a dict with a single ``$`` key is not JSON-native, see
-``child_render.py``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
+float (finite), bool, None; a dict with a single ``$`` key is not JSON-native:
+``wire.json_native``); ``["p", base64, rendering]`` pickle (opaque, only ever decoded inside a
 sandbox) plus its JSON rendering (``child_render.py``), which is what the host shows;
 ``["u", rendering]`` not picklable (cannot be restored; the attribute keeps whatever
 ``init`` produced). Text is sent as UTF-8: a lone surrogate in an observation or a
@@ -47,100 +48,49 @@ from __future__ import annotations
 
 import builtins
 import os
-import resource
-import sys
 import time
 import types
 
+from . import child_delta
+from .child_codec import dumps as _json_text
+from .child_codec import loads as _json_value
+from .child_instance import flush_std, instantiate, load_class
+from .limits import (
+    DEFAULT_OBSERVATION_CAP_BYTES,
+    KEYED_MIN_BYTES,
+    SESSION_TRACEBACK_CHARS,
+)
+from .wire import (
+    ENVSCALER_INVALID_ACTION,
+    ENVSCALER_TOOL_ERROR,
+    cap_observation,
+    error_observation,
+    json_native,
+)
+
 TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any, TypeAlias  # annotations only: never evaluated in the sandbox
+if TYPE_CHECKING:
+    from collections.abc import Callable  # annotations only: never evaluated in the sandbox
+    from typing import Any, TypeAlias
 
     Encoding: TypeAlias = tuple[Any, ...]
     """``("j", json_text)`` | ``("p", base64, rendering_json_text)`` | ``("u",
     rendering_json_text)`` | ``("T", child_delta.Tree)`` (a large JSON dict or list tracked
     path by path, see ``child_delta.py``)."""
-
-    from . import child_delta
-    from .child_codec import dumps as _json_text
-    from .child_codec import loads as _json_value
-    from .limits import (
-        DEFAULT_OBSERVATION_CAP_BYTES,
-        DEFAULT_SESSION_NOFILE,
-        INIT_RETYPED_MAX,
-        INIT_RETYPED_NAME_CHARS,
-        JSON_NATIVE_MAX_DEPTH,
-        KEYED_MIN_BYTES,
-        SESSION_TRACEBACK_CHARS,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import child_delta
-    from child_codec import dumps as _json_text
-    from child_codec import loads as _json_value
-    from limits import (
-        DEFAULT_OBSERVATION_CAP_BYTES,
-        DEFAULT_SESSION_NOFILE,
-        INIT_RETYPED_MAX,
-        INIT_RETYPED_NAME_CHARS,
-        JSON_NATIVE_MAX_DEPTH,
-        KEYED_MIN_BYTES,
-        SESSION_TRACEBACK_CHARS,
-    )
+    Become: TypeAlias = Callable[[dict[str, Any], "Session"], None]
+    """``child_spare.become``: takes a fresh process over for a job or a template."""
 
 # pickle, base64 and traceback are imported where used: most sessions never need them,
 # and every spare process would pay for them at start (CPU of the sandbox's quota).
 
 CTRL_FD = 3
-MODULE_NAME = "dynamic_env"
-"""The environment's module (EnvScaler ``init_env_class`` names it ``dynamic_env``)."""
-LEGACY_MODULE_NAMES = ("sandpit_env",)
-"""Earlier names of the module, kept as aliases so pickles in older snapshots load."""
-JSON_SCALARS = (str, int, float, bool, type(None))
-
+"""The control socketpair to PID 1, on the same descriptor in every process it starts."""
 HEADER_SIZE = 4
-IMAGE_PACKAGES = "/usr/lib/python3/dist-packages"
-"""Debian-packaged libraries of the image (``base.json``'s ``include``, e.g. mpmath). The
-child runs with ``-S`` (no ``site``), so this is appended to ``sys.path`` explicitly, after
-the standard library. Not a boundary: environment code could append it itself."""
 
 
 __builtins__ = dict(vars(builtins))  # type: ignore[assignment]
 # ^ this module's own copy of the builtins, taken before any untrusted code runs: code
 # that patches `builtins` later in this process does not act on its functions
-
-
-def _json_native(value: object, depth: int = 0) -> bool:
-    """True when ``value`` round-trips through JSON with exact types and reads back as
-    itself in a rendering: no dict with a single ``$`` key (it would look like a tag of
-    ``child_render.py``), at most JSON_NATIVE_MAX_DEPTH levels (iterative walk), counting
-    from ``depth`` (the level ``value`` sits at inside its attribute)."""
-    stack: list[tuple[Any, int]] = [(value, depth)]
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if kind is str or kind is int or kind is bool or item is None:
-            continue
-        if kind is float:
-            if item != item or item in (float("inf"), float("-inf")):
-                return False
-            continue
-        if depth >= JSON_NATIVE_MAX_DEPTH:
-            return False
-        if kind is dict:
-            if len(item) == 1:
-                key = next(iter(item))
-                if type(key) is str and key.startswith("$"):
-                    return False
-            for key, sub in item.items():
-                if type(key) is not str:
-                    return False
-                stack.append((sub, depth + 1))
-            continue
-        if kind is list:
-            stack.extend((sub, depth + 1) for sub in item)
-            continue
-        return False
-    return True
 
 
 def _dumps(value: object) -> str:
@@ -189,7 +139,7 @@ def encode_value(value: object, cached: Encoding | None) -> Encoding:
     if text is not None:
         if cached is not None and cached[0] == "j" and cached[1] == text:
             return cached
-        if _json_native(value):
+        if json_native(value):
             return ("j", text)
     import base64
     import pickle
@@ -221,7 +171,7 @@ def tree_delta(value: object, tree: child_delta.Tree) -> tuple[str, child_delta.
     ``True`` and a reordering of keys are changes, at any depth."""
     if type(value) is not dict and type(value) is not list:
         return None
-    ops = child_delta.Ops(_dumps, _json_native)
+    ops = child_delta.Ops(_dumps, json_native)
     try:
         tree = child_delta.check(tree, value, [], ops, 0)
     except child_delta.Abort:
@@ -429,131 +379,17 @@ class Session:
 
 def _schemas() -> types.ModuleType:
     """The schema module, imported on first use (sessions that only call never pay for
-    ``inspect``/``typing``): a sibling file in the sandbox, a package module on the host."""
-    if TYPE_CHECKING or __package__:
-        from . import child_schemas as schemas
-    else:  # run as a script: its directory is sys.path[0]
-        import child_schemas as schemas
+    ``inspect``/``typing``)."""
+    from . import child_schemas as schemas
+
     return schemas
 
 
 def _render() -> types.ModuleType:
     """The rendering module, imported on first use like :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_render as render
-    else:
-        import child_render as render
+    from . import child_render as render
+
     return render
-
-
-def _oneshot() -> types.ModuleType:
-    """The one-shot job module (scripts, check functions), imported on first use like
-    :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_oneshot as oneshot
-    else:
-        import child_oneshot as oneshot
-    return oneshot
-
-
-def load_class(source: str, class_name: str) -> type:
-    """Execute ``source`` as the module ``dynamic_env`` (EnvScaler ``init_env_class``; also
-    registered under LEGACY_MODULE_NAMES) and return its class ``class_name``. Raises what
-    the code raises, LookupError (no such name) or TypeError (not a class)."""
-    module = types.ModuleType(MODULE_NAME)
-    module.__file__ = "<environment>"
-    module.__builtins__ = builtins  # type: ignore[attr-defined]  # the real module, as EnvScaler's exec gives it
-    sys.modules[MODULE_NAME] = module
-    for alias in LEGACY_MODULE_NAMES:
-        sys.modules[alias] = module
-    code = compile(source, "<environment>", "exec")
-    exec(code, module.__dict__)  # noqa: S102 - this is the sandbox
-    if class_name not in module.__dict__:
-        raise LookupError(f"class {class_name!r} is not defined by the environment code")
-    cls = module.__dict__[class_name]
-    if not issubclass(type(cls), type):  # its real type: a forged __class__ does not count
-        raise TypeError(f"{class_name!r} is not a class (the environment code binds it to a "
-                        f"{type(cls).__name__})")
-    return cls  # type: ignore[no-any-return]
-
-
-def instantiate(cls: type, init_config: dict[str, Any], retyped: list[dict[str, str]] | None = None) -> object:
-    """EnvScaler ``init_env_instance``: ``cls(init_config)`` (``cls({})`` when the config is
-    empty); on ``TypeError``, ``cls()``; then every key of a non-empty config is set as an
-    attribute. ``init_config`` is this process's own copy (parsed from the request). When
-    ``retyped`` is a list, :func:`retyped_attributes` of the constructed instance (before
-    the keys are set) are appended to it."""
-    try:
-        instance = cls(init_config) if init_config else cls({})
-    except TypeError:
-        instance = cls()
-    if retyped is not None and init_config:
-        retyped.extend(retyped_attributes(instance, init_config))
-    for key, value in init_config.items():
-        setattr(instance, key, value)
-    return instance
-
-
-def retyped_attributes(instance: object, init_config: dict[str, Any]) -> list[dict[str, str]]:
-    """The keys of ``init_config`` whose value will replace an attribute the constructor
-    set to a value of another type (EnvScaler sets every key over what ``__init__`` made:
-    a constructor that turned ``init_config["orders"]``, a list, into a dict keyed by id
-    gets the list back, and its first tool call fails on ``list.get``), as
-    ``{"key", "constructed", "config"}`` (the key, which is the attribute's name, and the
-    two types' names), at most INIT_RETYPED_MAX, names cut to INIT_RETYPED_NAME_CHARS.
-    Only attributes in the instance's ``__dict__`` count (a key the constructor did not
-    set is a new attribute); a constructed ``None`` (a placeholder) and ``int`` <->
-    ``float`` are not reported. Types are compared exactly (``defaultdict`` -> ``dict`` is
-    reported) and named through ``type``'s own slot, so no environment code runs here;
-    an instance without a readable ``__dict__`` reports nothing."""
-    try:
-        attrs = object.__getattribute__(instance, "__dict__")
-    except Exception:  # noqa: BLE001 - slots or a hostile descriptor: nothing to compare
-        return []
-    if not isinstance(attrs, dict):
-        return []
-    numbers = (int, float)
-    found: list[dict[str, str]] = []
-    for key, value in init_config.items():
-        if len(found) >= INIT_RETYPED_MAX:
-            break
-        before = dict.get(attrs, key, _MISSING) if type(key) is str else _MISSING
-        if before is _MISSING or before is None:
-            continue
-        old, new = type(before), type(value)
-        if old is new or (old in numbers and new in numbers):
-            continue
-        found.append({"key": key[:INIT_RETYPED_NAME_CHARS], "constructed": _type_name(old),
-                      "config": _type_name(new)})
-    return found
-
-
-_MISSING = object()
-
-
-def _type_name(kind: type) -> str:
-    """``kind.__name__`` read through ``type``'s own slot (a metaclass cannot intercept
-    it), cut to INIT_RETYPED_NAME_CHARS."""
-    name = type.__dict__["__name__"].__get__(kind, type)
-    return str(name)[:INIT_RETYPED_NAME_CHARS]
-
-
-def _template() -> types.ModuleType:
-    """The template module (``child_template.py``), imported on first use like :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_template as template
-    else:
-        import child_template as template
-    return template
-
-
-def _confine() -> types.ModuleType:
-    """The seccomp module (``child_confine.py``), a sibling file like :func:`_schemas`."""
-    if TYPE_CHECKING or __package__:
-        from . import child_confine as confine
-    else:
-        import child_confine as confine
-    return confine
 
 
 def bounded_traceback(exc: BaseException) -> str:
@@ -584,10 +420,6 @@ def _reap_children() -> None:
             return
 
 
-ENVSCALER_INVALID_ACTION = "Error: Invalid action"
-"""EnvScaler's observation for an action ``hasattr`` does not find (``check_vaild_action``)."""
-ENVSCALER_TOOL_ERROR = "Error: <Exception>\n"
-"""What EnvScaler's ``step()`` puts before the traceback of a tool that raised."""
 RUNNER_PATHS = ("sandbox_images/runner", "/opt/sandpit/")
 
 
@@ -625,57 +457,16 @@ def envscaler_traceback(exc: BaseException) -> str:
         return f"Traceback (most recent call last):\n{type(exc).__name__}: <unprintable>\n"
 
 
-def error_observation(exc: BaseException) -> str:
-    """EnvScaler's observation of an exception: ``Error: <Type>: <message>``."""
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<unprintable exception>"
-    return f"Error: {type(exc).__name__}: {message}" if message else f"Error: {type(exc).__name__}"
+HANDOVER_OPS = frozenset({"exec", "checks", "template", "config_template"})
+"""Requests that make a process holding no environment class something else than a
+session (``child_spare.become``)."""
 
 
-def cap_observation(text: str, limit: int) -> tuple[str, bool]:
-    """``(text, False)``, or its first ``limit`` characters with a marker and True."""
-    if len(text) <= limit:
-        return text, False
-    return text[:limit] + f"\n...[truncated {len(text) - limit} characters]", True
-
-
-def harden(limits: dict[str, Any]) -> None:
-    """Per-session limits, set before any untrusted code exists. Hard limits equal soft
-    ones so the environment cannot raise them again.
-
-    Memory: ``session_memory_bytes`` as RLIMIT_DATA, or as RLIMIT_AS when
-    ``memory_rlimit`` is ``"as"`` (gVisor ignores RLIMIT_DATA and checks RLIMIT_AS at
-    every mmap/brk). Over it an allocation fails with MemoryError (status ``oom``).
-    Then the seccomp filter of ``child_confine.py`` (no SysV IPC, POSIX message queues or
-    keyrings, which would outlive the session's processes; no changing another
-    process's limits or priority); if it cannot be installed the process exits (status
-    70) rather than run code unconfined."""
-    memory = int(limits.get("session_memory_bytes", 0))
-    if memory > 0:
-        kind = resource.RLIMIT_AS if limits.get("memory_rlimit") == "as" else resource.RLIMIT_DATA
-        resource.setrlimit(kind, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    nofile = int(limits.get("session_nofile", DEFAULT_SESSION_NOFILE))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-    try:  # non-dumpable: other sessions (same uid) cannot ptrace us or read /proc/<pid>/*
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = 1, SIGKILL: die with the runner
-    except Exception:  # pragma: no cover - ctypes missing: limits still hold
-        pass
-    if limits.get("confine", True):
-        try:
-            _confine().install_filter()
-        except Exception as exc:  # noqa: BLE001 - never run untrusted code unconfined
-            sys.stderr.write(f"sandpit-session: cannot confine the process: {exc}\n")
-            os._exit(70)
-
-
-def serve(session: Session) -> None:
+def serve(session: Session, become: Become | None = None) -> None:
+    """Serve the session protocol on ``session``'s control descriptor, one request at a
+    time, until PID 1 closes it (or a read fails). While the process holds no class, a
+    request of HANDOVER_OPS is first offered to ``become``, which does not return when it
+    takes the process over. A MemoryError is answered ``oom`` and the process exits."""
     max_obs = int(session.limits.get("observation_cap_bytes", DEFAULT_OBSERVATION_CAP_BYTES))
     while True:
         try:
@@ -684,13 +475,8 @@ def serve(session: Session) -> None:
             return
         request_id = msg.get("id", "")
         op = msg.get("op")
-        if op in ("exec", "checks") and session.cls is None:  # a fresh spare's one-shot job
-            _oneshot().run_job(msg, session.fd)  # never returns
-        if op == "template" and session.cls is None and session.preloaded is None:  # a fresh spare
-            _template().run_template(msg, session)  # never returns
-        if op == "config_template" and session.cls is None and session.preloaded is not None \
-                and session.preinstance is None:  # fresh from an environment's template
-            _template().run_config_template(msg, session)  # never returns
+        if become is not None and session.cls is None and op in HANDOVER_OPS:
+            become(msg, session)  # what the process becomes never comes back here
         _reap_children()
         try:
             if op == "init":
@@ -725,7 +511,7 @@ def serve(session: Session) -> None:
                     traceback_text = bounded_traceback(exc)
                 duration_ms = (time.perf_counter() - started) * 1000.0
                 observation, truncated = cap_observation(observation, max_obs)
-                _flush_std()
+                flush_std()
                 fields = {"status": status, "observation": observation, "duration_ms": duration_ms}
                 if truncated:
                     fields["observation_truncated"] = True
@@ -745,7 +531,7 @@ def serve(session: Session) -> None:
             else:
                 session.reply(request_id, {"status": "rejected", "observation": f"unknown op {op!r}"})
         except MemoryError:
-            _flush_std()
+            flush_std()
             try:
                 session.reply(request_id, {"status": "oom", "observation": "Error: MemoryError: session memory limit reached"})
             finally:
@@ -765,7 +551,7 @@ def _describe(session: Session, request_id: str) -> None:
         traceback_text: str | None = bounded_traceback(exc)
     else:
         traceback_text = None
-    _flush_std()
+    flush_std()
     if status == "ok":
         session.reply(request_id, {"status": "ok", "notes": notes}, {"tools": text})
     else:
@@ -773,25 +559,3 @@ def _describe(session: Session, request_id: str) -> None:
         if traceback_text:
             fields["traceback"] = traceback_text
         session.reply(request_id, fields)
-
-
-def _flush_std() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
-
-def main() -> None:
-    limits = _json_value(os.environ.pop("SANDPIT_SESSION_LIMITS", "{}"))
-    harden(limits)
-    sys.argv = ["environment"]
-    if os.path.isdir(IMAGE_PACKAGES) and IMAGE_PACKAGES not in sys.path:
-        sys.path.append(IMAGE_PACKAGES)
-    serve(Session(CTRL_FD, limits))
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """States rebuilt for check functions without running the code that defined their objects.
 
-Stdlib only; runs in a check batch's process (``child_oneshot.py``) inside the sandbox. A
+Stdlib only; runs in a check batch's process (``child_restore.py``) inside the sandbox. A
 state attribute that is not plain JSON arrives as a pickle made by the session process,
 where the environment's code runs. Unpickling it the ordinary way imports whatever
 module the pickle names and calls whatever callable it names: the environment's own
@@ -52,15 +52,12 @@ import io
 import pickle
 import reprlib
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from .limits import STANDIN_NAME_CHARS as NAME_CHARS
+from .limits import STANDIN_REPR_CHARS as REPR_CHARS
 
-    from .limits import STANDIN_NAME_CHARS as NAME_CHARS
-    from .limits import STANDIN_REPR_CHARS as REPR_CHARS
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import STANDIN_NAME_CHARS as NAME_CHARS
-    from limits import STANDIN_REPR_CHARS as REPR_CHARS
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
 SAFE_GLOBALS = frozenset({
     ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"), ("builtins", "bytes"),

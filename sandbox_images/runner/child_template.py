@@ -1,8 +1,8 @@
 """Template process: an environment's module executed once, forked for each new session.
 
 Stdlib only; runs inside the sandbox as a child of the runner, confined exactly like a
-session process (it *is* a spare session process, ``child_session.harden`` already applied:
-rlimits, non-dumpable, seccomp filter), handed over here by ``child_session.serve`` when its
+session process (it *is* a spare session process, ``child_spare.harden`` already applied:
+rlimits, non-dumpable, seccomp filter), handed over here by ``child_spare.become`` when its
 first request is ``template {id, source, class_name}``. It then:
 
 1. decides whether the source may be loaded once for many sessions (:func:`unsuitable`):
@@ -13,7 +13,7 @@ first request is ``template {id, source, class_name}``. It then:
    IMPORT_TIME_CALLS, and ``open``/``exec``/``eval``/``compile``/``__import__`` may not appear
    at all. Anything else (``os``, ``random.seed(0)``, ``uuid4()`` or ``datetime.now()`` at import,
    threads, files) is *unsuitable*: the environment's sessions start the normal way;
-2. executes the source (``child_session.load_class``), then checks at run time that the
+2. executes the source (``child_instance.load_class``), then checks at run time that the
    process has one thread and no file descriptor beyond 0-3; ``gc.freeze()`` keeps the
    collector of forked sessions from writing to (and so copying) the template's objects;
 3. answers ``{status: ok}`` (or ``{status: unsuitable, reason}``) and serves ``fork``
@@ -42,7 +42,7 @@ exactly like a spare taking its first request, without the cost of starting Pyth
 
 Config templates (:func:`run_config_template`): a process forked from an environment's
 template receives ``config_template {id, config}`` and keeps an *instance*: it constructs
-``cls(config)`` (EnvScaler ``init_env_instance``, :func:`child_session.instantiate`) and
+``cls(config)`` (EnvScaler ``init_env_instance``, ``child_instance.instantiate``) and
 encodes its state, then a probe process forked from it before construction does the
 same with its own copy of the config (after, never beside it: two constructions at the same
 time may read the same clock). It is suitable only when
@@ -72,19 +72,17 @@ import socket
 import sys
 import time
 
+from . import child_session
+from .child_codec import dumps as _json_text
+from .child_codec import loads as _json_value
+from .child_instance import flush_std, instantiate, load_class
+from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+
 TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
+if TYPE_CHECKING:
     from typing import Any, NoReturn  # annotations only: never evaluated in the sandbox
 
-    from . import child_session
-    from .child_codec import dumps as _json_text
-    from .child_codec import loads as _json_value
-    from .limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import child_session
-    from child_codec import dumps as _json_text
-    from child_codec import loads as _json_value
-    from limits import TEMPLATE_CHECK_MAX_NODES, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_REPARENT_S
+    from .child_session import Become
 
 PURE_MODULES = frozenset({
     "__future__", "abc", "bisect", "calendar", "collections", "copy", "dataclasses", "datetime", "decimal",
@@ -242,16 +240,17 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return message, list(fds)
 
 
-def run_template(msg: dict[str, Any], session: child_session.Session) -> NoReturn:
+def run_template(msg: dict[str, Any], session: child_session.Session, become: Become) -> NoReturn:
     """Serve as the template of ``msg``'s environment until PID 1 closes the channel (or
     kills it); never returns. ``session`` is the spare process's (unused) session object:
-    its control descriptor and limits."""
+    its control descriptor and limits; ``become`` (``child_spare.become``) is handed to
+    every process forked from the template, whose first request it may take over."""
     os.chdir("/")  # read-only: nothing written at import can be shared by forked sessions
     sock = socket.socket(fileno=os.dup(session.fd))  # fd 3 stays free for the sessions' channel
     os.close(session.fd)
     request_id = msg.get("id", "")
     if msg.get("jobs") is True:
-        _run_jobs_template(sock, request_id, session.limits)
+        _run_jobs_template(sock, request_id, session.limits, become)
     source, class_name = msg.get("source"), msg.get("class_name")
     reason = None if isinstance(source, str) and isinstance(class_name, str) else "malformed request"
     cls: type | None = None
@@ -260,7 +259,7 @@ def run_template(msg: dict[str, Any], session: child_session.Session) -> NoRetur
         reason = unsuitable(source, class_name)
     if reason is None:
         try:
-            cls = child_session.load_class(source, class_name)  # type: ignore[arg-type]
+            cls = load_class(source, class_name)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - the normal path reports it per session
             reason = f"import failed: {type(exc).__name__}"
     if reason is None:
@@ -268,14 +267,15 @@ def run_template(msg: dict[str, Any], session: child_session.Session) -> NoRetur
     if reason is not None or cls is None:
         _send(sock, {"id": request_id, "status": "unsuitable", "reason": str(reason)[:200]})
         os._exit(0)
-    child_session._flush_std()
+    flush_std()
     gc.collect()
     gc.freeze()
     _send(sock, {"id": request_id, "status": "ok"})
-    _serve_forks(sock, cls, session.limits)
+    _serve_forks(sock, cls, session.limits, become)
 
 
-def _run_jobs_template(sock: socket.socket, request_id: object, limits: dict[str, Any]) -> NoReturn:
+def _run_jobs_template(sock: socket.socket, request_id: object, limits: dict[str, Any],
+                       become: Become) -> NoReturn:
     """Serve as the sandbox's jobs template (module docstring): preload the one-shot
     module and what restoring a state imports, then fork fresh job processes; never returns."""
     import base64  # noqa: F401 - preloaded for the forked zygotes (decode_state)
@@ -284,16 +284,17 @@ def _run_jobs_template(sock: socket.socket, request_id: object, limits: dict[str
     import pickle  # noqa: F401
     import traceback  # noqa: F401
 
-    child_session._oneshot()
+    from . import child_oneshot  # noqa: F401 - preloaded: the forked processes run its jobs
+
     reason = _extra_state(sock.fileno())
     if reason is not None:
         _send(sock, {"id": request_id, "status": "unsuitable", "reason": reason[:200]})
         os._exit(0)
-    child_session._flush_std()
+    flush_std()
     gc.collect()
     gc.freeze()
     _send(sock, {"id": request_id, "status": "ok"})
-    _serve_forks(sock, None, limits)
+    _serve_forks(sock, None, limits, become)
 
 
 def module_fingerprint(cls: type) -> bytes | None:
@@ -353,14 +354,15 @@ def _construct(cls: type, config: dict[str, Any], limits: dict[str, Any]) -> tup
     and its full encoded state (JSON text of ``{"set": ..., "del": []}``)."""
     state = child_session.Session(-1, limits)
     state.cls = cls
-    state.instance = child_session.instantiate(cls, config, state.retyped)
+    state.instance = instantiate(cls, config, state.retyped)
     return state, state.delta_json(full=True).encode("utf-8", "replace")
 
 
-def run_config_template(msg: dict[str, Any], session: child_session.Session) -> NoReturn:
+def run_config_template(msg: dict[str, Any], session: child_session.Session, become: Become) -> NoReturn:
     """Serve as the config template of ``msg["config"]`` (see the module docstring) until
     PID 1 closes the channel (or kills it); never returns. ``session`` is this process's
-    session object, forked from the environment's template (its class preloaded)."""
+    session object, forked from the environment's template (its class preloaded);
+    ``become`` is handed on to the sessions forked from it, as by :func:`run_template`."""
     import hashlib
 
     os.chdir("/")
@@ -378,7 +380,7 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
     if reason is None:
         read_end, write_end = os.pipe()
         wait_end, go = os.pipe()
-        child_session._flush_std()
+        flush_std()
         probe = os.fork()
         if probe == 0:  # the probe: a second, independent construction from its own copy
             try:
@@ -429,14 +431,14 @@ def run_config_template(msg: dict[str, Any], session: child_session.Session) -> 
     if reason is not None or state is None:
         _send(sock, {"id": request_id, "status": "unsuitable", "reason": str(reason)[:200]})
         os._exit(0)
-    child_session._flush_std()
+    flush_std()
     body = f'{{"id":{_json_text(request_id, ascii=True)},"status":"ok","delta":'.encode() + text + b"}"
     sock.sendall(len(body).to_bytes(4, "big") + body)
     preload = (cls, (state.instance, state.cache, state.retyped))
     del config, msg, state, text, body
     gc.collect()
     gc.freeze()
-    _serve_forks(sock, preload, session.limits)
+    _serve_forks(sock, preload, session.limits, become)
 
 
 def _extra_children() -> str | None:
@@ -451,7 +453,7 @@ def _extra_children() -> str | None:
     return f"construction left a child process ({pid})" if pid else "construction left a child process"
 
 
-def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any]) -> NoReturn:
+def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any], become: Become) -> NoReturn:
     runner = os.getppid()
     _prctl()  # loaded once here: each forked session would otherwise dlopen libc again (~0.4 ms)
     while True:
@@ -463,7 +465,7 @@ def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any]) -> NoRet
             if msg.get("op") != "fork" or len(fds) != 3:
                 _send(sock, {"id": msg.get("id", ""), "status": "error", "reason": "expected fork with 3 fds"})
                 continue
-            pid = _fork(fds, cls, limits, runner)
+            pid = _fork(fds, cls, limits, runner, become)
             _send(sock, {"id": msg.get("id", ""), "status": "ok" if pid else "error", "pid": pid})
         except OSError:
             os._exit(0)
@@ -475,17 +477,17 @@ def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any]) -> NoRet
                     pass
 
 
-def _fork(fds: list[int], cls: Any, limits: dict[str, Any], runner: int) -> int:
+def _fork(fds: list[int], cls: Any, limits: dict[str, Any], runner: int, become: Become) -> int:
     """Fork a session (see the module docstring); its pid, or 0 when it did not report."""
     read_end, write_end = os.pipe()
-    child_session._flush_std()
+    flush_std()
     intermediate = os.fork()
     if intermediate == 0:
         try:
             os.close(read_end)
             me = os.getpid()
             if os.fork() == 0:
-                _become_session(fds, write_end, cls, limits, me, runner)
+                _become_session(fds, write_end, cls, limits, me, runner, become)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -516,7 +518,7 @@ def _prctl() -> Any:
 
 
 def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any], parent: int,
-                    runner: int) -> NoReturn:
+                    runner: int, become: Become) -> NoReturn:
     """In the forked session: own process session, descriptors 0-3 only, death signal,
     pid reported, then the session protocol with ``cls`` preloaded (None: a fresh job
     process of the jobs template, whose first request is its one-shot job). Never returns."""
@@ -551,6 +553,6 @@ def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any
             forked.preloaded, forked.preinstance = cls
         else:
             forked.preloaded = cls
-        child_session.serve(forked)
+        child_session.serve(forked, become)
     finally:
         os._exit(0)

@@ -87,7 +87,7 @@ SESSION_TRACEBACK_CHARS = 4096
 """A tool's or an ``init``'s traceback, cut to this many characters (head and tail kept)."""
 INIT_RETYPED_MAX = 32
 """At most this many ``init_config`` keys that replace a constructed attribute with a
-value of another type are reported by an ``init`` (``child_session.retyped_attributes``)."""
+value of another type are reported by an ``init`` (``child_instance.retyped_attributes``)."""
 INIT_RETYPED_NAME_CHARS = 200
 """A reported key or type name is cut to this many characters."""
 JSON_NATIVE_MAX_DEPTH = 100
@@ -157,7 +157,7 @@ rendering; values past it become ``size`` markers."""
 RENDER_MAX_REPR_CHARS = 4096
 """Longest ``repr`` kept in a ``$repr`` or marker."""
 
-# -- one-shot jobs: check functions (child_oneshot.py, pid1_jobs.py, executor/jobs.py) --------
+# -- one-shot jobs: check functions (child_checks.py, pid1_jobs.py, executor/jobs.py) ---------
 MAX_CHECKS = 256
 """Checks in one ``checks`` request."""
 MAX_CHECK_SOURCE_BYTES = 64 * KiB

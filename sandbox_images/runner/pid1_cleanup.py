@@ -64,11 +64,7 @@ import stat
 import time
 from collections.abc import Callable
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from .limits import SWEEP_DEADLINE_S
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import SWEEP_DEADLINE_S
+from .limits import SWEEP_DEADLINE_S
 
 SCRUB_DIRS = ("/tmp", "/dev/shm")
 """Listable shared tmpfs directories emptied entry by entry."""

@@ -1,132 +1,69 @@
-"""One-shot jobs of the runner (PID 1): scripts and check-function batches, each in a
-fresh process that never served an environment session. Stdlib only; runs in the runner
-process and never executes job code (that happens in the child, ``child_oneshot.py``).
+"""One-shot jobs of PID 1: scripts and check-function batches, each in a fresh process
+that never served an environment session (stdlib only; the job's code runs in the child,
+``child_oneshot.py``, never here).
 
-A job takes a fresh process (a check batch: forked from the sandbox's jobs template when
-it is ready, ``pid1_templates``; else, and for scripts, the pre-started spare, the runner's
-``Child``), gives it a private
-empty work directory under ``/work`` and one request, and watches it with the same
-machinery as sessions: its stdout/stderr are pipes read here and capped, its control
-channel is read frame by frame with a size cap, its deadline is checked by the runner's
-event loop, its exit status comes from ``waitpid``. When the job ends, its process group
-is killed, processes it left behind are swept, its work directory is removed.
+A job gets a fresh process (for a check batch, one forked from the jobs template,
+``pid1_templates``; else the spare, ``pid1_children``), a private empty work directory and
+one request; its output streams are read and capped, its control channel read frame by
+frame with a size cap, its deadline checked in the loop, its exit reaped. When it ends,
+its process group is killed, what it left behind swept, its work directory removed.
 
-Host requests (each has an integer ``id``; the reply echoes it):
+``exec`` (``protocol.ExecRequest`` -> ``ExecReply``): ``ok`` (exit 0), ``error`` (non-zero
+exit; an uncaught exception exits 1), ``timeout`` (killed at ``time_limit_s``, at most the
+profile's ``call_timeout_s``), ``oom`` (an uncaught MemoryError, or the kernel's OOM
+killer), ``crashed`` (a signal, or no process could be started). Output is capped at
+``output_cap_bytes`` per stream; what is cut is dropped and flagged.
 
-  exec {code, stdin?, files?, time_limit_s}
-      -> {status, exit_code, stdout, stderr, stdout_truncated, stderr_truncated,
-          duration_ms, error}
-      status: ``ok`` (exit 0), ``error`` (non-zero exit; an uncaught exception exits 1),
-      ``timeout`` (killed at ``time_limit_s``, at most the profile's ``call_timeout_s``;
-      exit_code None), ``oom`` (uncaught MemoryError, exit_code 1; or killed by the
-      kernel's OOM killer), ``crashed`` (killed by a signal: exit_code ``-signal``; or
-      the process could not be started). Output is capped at ``output_cap_bytes`` per
-      stream; what is cut is dropped and flagged.
-  checks {checks: [{check_func}], initial_state, final_state, source?, time_limit_s}
-      -> {status: "ok", results: [{status, passed, result, error, traceback,
-          duration_ms, stdout, stderr}], restarts}
-      The states are encoded states (``{name: ["j", v] | ["p", b64] | ["u", rendering]}``);
-      ``source`` is the environment's code, sent only for a scenario that opts in
-      (``check_objects: environment``): then it is loaded to unpickle instances of its
-      classes; without it they are rebuilt as stand-ins and no environment code runs
-      in the job (``child_standins.py``). One job process (``child_oneshot.py``'s zygote) restores the states once and
-      runs every check in a fresh process forked from it (or, for a check proven
-      read-only on plain states, in itself), one after the other: after each
-      result the runner sweeps leftover processes, then sends ``{"op": "next", "index"}``
-      (so each check's output is attributed to it and no process of one check outlives
-      it); ``time_limit_s`` bounds each check. A check that times out gets that status
-      and the remaining checks go on in a fresh zygote (``restarts`` counts them); one
-      that dies or runs out of memory is reported by the zygote (``crashed``; ``oom``
-      when the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
-      restored the states (no check ran in it) is replaced once by a newly spawned one,
-      charging no check. The whole batch is bounded by
-      ``time_limit_s * len(checks) + BATCH_SLACK_S``; checks not started by then are
-      ``timeout`` ("not run").
-
-Requests that are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
+``checks`` (``protocol.ChecksRequest`` -> ``ChecksReply``): one job process (the zygote,
+``child_checks.py``) restores the states once and runs the checks one after the other,
+each in a process of its own: after each result PID 1 sweeps leftover processes, then sends
+``{"op": "next", "index"}`` (so each check's output is attributed to it and no process of
+one check outlives it); ``time_limit_s`` bounds each check. A check that times out gets
+that status and the remaining checks go on in a fresh zygote (``restarts`` counts them);
+one that dies or runs out of memory is reported by the zygote (``crashed``; ``oom`` when
+the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
+restored the states (no check ran in it) is replaced once by a newly spawned one,
+charging no check. The whole batch is bounded by ``time_limit_s * len(checks) +
+BATCH_SLACK_S``; checks not started by then are ``timeout`` ("not run"). Requests that
+are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import selectors
 import signal
 import time
 
+from . import protocol
+from .limits import (
+    BATCH_SLACK_S,
+    CHECK_OUTPUT_CAP_BYTES,
+    DRAIN_MAX_READS,
+    JOB_EXIT_WAIT_S,
+    JOB_MAX_FRAME_BYTES,
+    JOBS_PER_SLOT,
+    MAX_CHECK_SOURCE_BYTES,
+    MAX_CHECKS,
+    MAX_CODE_BYTES,
+    MAX_STDIN_BYTES,
+    STARTUP_S,
+    check_files,
+)
+from .pid1_children import Output, await_exit, describe_exit, drain, oom_kills, read_once, signal_name
+from .pid1_templates import JOBS_KEY
+from .wire import check_result, is_encoded_entry
+
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
-    from collections.abc import Callable
-    from typing import Any
+if TYPE_CHECKING:
+    from typing import Any  # annotations only: never evaluated in the sandbox
 
-    from .pid1_runner import Child, Runner
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from . import protocol
-    from .limits import (
-        BATCH_SLACK_S,
-        CHECK_OUTPUT_CAP_BYTES,
-        CHECK_RESULT_TEXT_CAPS,
-        DRAIN_MAX_READS,
-        JOB_EXIT_WAIT_S,
-        JOB_MAX_FRAME_BYTES,
-        JOBS_PER_SLOT,
-        MAX_CHECK_SOURCE_BYTES,
-        MAX_CHECKS,
-        MAX_CODE_BYTES,
-        MAX_STDIN_BYTES,
-        STARTUP_S,
-        check_files,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import protocol
-    from limits import (
-        BATCH_SLACK_S,
-        CHECK_OUTPUT_CAP_BYTES,
-        CHECK_RESULT_TEXT_CAPS,
-        DRAIN_MAX_READS,
-        JOB_EXIT_WAIT_S,
-        JOB_MAX_FRAME_BYTES,
-        JOBS_PER_SLOT,
-        MAX_CHECK_SOURCE_BYTES,
-        MAX_CHECKS,
-        MAX_CODE_BYTES,
-        MAX_STDIN_BYTES,
-        STARTUP_S,
-        check_files,
-    )
-
-CHECK_STATUSES = ("ok", "error", "rejected", "oom", "crashed")
-
-
-class Output:
-    """A capped byte buffer for one stream: keeps ``cap`` bytes, counts the rest."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.dropped = 0
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def text(self, marker: bool = False) -> str:
-        text = self.data.decode("utf-8", "replace")
-        if marker and self.dropped:
-            text += f"\n...[{self.dropped} bytes dropped]"
-        return text
-
-    def reset(self) -> None:
-        self.data = bytearray()
-        self.dropped = 0
-
-    def take(self) -> str:
-        """The text with its dropped-bytes marker, then empty the buffer (one per call)."""
-        text = self.text(marker=True)
-        self.reset()
-        return text
+    from .pid1_children import Child, Children
+    from .pid1_host import Host
+    from .pid1_loop import Loop
+    from .pid1_templates import Templates
+    from .protocol import CheckResult, ChecksRequest, ExecRequest
+    from .wire import CheckFields
 
 
 class Job:
@@ -138,7 +75,7 @@ class Job:
         self.workdir = workdir
         self.timeout_s = timeout_s
         self.child: Child | None = None
-        """The runner's Child, while a process runs."""
+        """Its process (``pid1_children.Child``), while one runs."""
         self.token = ""
         self.deadline = 0.0
         self.started = time.monotonic()
@@ -149,7 +86,7 @@ class Job:
         self.ctrl_open = False
         # checks
         self.request: dict[str, Any] = {}
-        self.results: list[dict[str, Any] | None] = []
+        self.results: list[CheckResult | None] = []
         self.next = 0
         self.check_started = 0.0
         self.budget_deadline = 0.0
@@ -159,50 +96,55 @@ class Job:
 
 
 class Jobs:
-    """The runner's one-shot jobs. ``runner`` provides ``sel``, ``limits``, ``reply``,
-    ``fault``, ``job_child``, ``sweep_strays``, ``remove_workdir``, ``jobs_ended`` (see
-    ``pid1_runner.py``)."""
+    """The sandbox's one-shot jobs (module docstring). ``limits`` are the sandbox's."""
 
-    def __init__(self, runner: Runner, work_root: str, oom_kills: Callable[[], int]) -> None:
-        self.runner = runner
-        self.work_root = work_root
-        self.oom_kills = oom_kills
+    def __init__(self, loop: Loop, host: Host, children: Children, templates: Templates,
+                 limits: dict[str, Any]) -> None:
+        self.loop = loop
+        self.host = host
+        self.children = children
+        self.templates = templates
+        self.limits = limits
         self.by_pid: dict[int, Job] = {}
         self.active: list[Job] = []
+        self.job_spare: Child | None = None
+        """A process forked ahead from the ready jobs template, waiting for the next check
+        batch (:meth:`_ensure_job_spare`): the batch's zygote then costs no fork on its path."""
+        children.follow(self.pids, self._claim_exit)
+        loop.add_deadlines(self.check_deadlines)
+        loop.add_busy(lambda: bool(self.active))
 
     # -- bookkeeping -----------------------------------------------------------------
     def pids(self) -> set[int]:
-        return set(self.by_pid)
+        """The jobs' processes and the process forked ahead for the next batch."""
+        return set(self.by_pid) | ({self.job_spare.pid} if self.job_spare is not None else set())
 
     def _max_jobs(self) -> int:
-        return JOBS_PER_SLOT * max(1, int(self.runner.limits.get("max_sessions", 1)))
+        return JOBS_PER_SLOT * max(1, int(self.limits.get("max_sessions", 1)))
 
-    def _timeout(self, msg: dict[str, Any]) -> float:
-        limit = float(self.runner.limits["call_timeout_s"])
+    def _timeout(self, msg: ExecRequest | ChecksRequest) -> float:
+        limit = float(self.limits["call_timeout_s"])
         value = msg.get("time_limit_s", limit)
         if not (type(value) is int or type(value) is float) or not value > 0:
             raise ValueError("field 'time_limit_s' must be a positive number")
         return min(float(value), limit)
 
     # -- host requests ---------------------------------------------------------------
-    def start(self, rid: object, msg: dict[str, Any]) -> None:
+    def start(self, rid: object, msg: ExecRequest | ChecksRequest) -> None:
         """Validate and start an ``exec`` or ``checks`` request (``fault`` if malformed)."""
-        op = msg.get("op")
+        op = msg["op"]  # "exec" or "checks": the dispatcher's choice
         if len(self.active) >= self._max_jobs():
-            self.runner.fault(rid, f"too many jobs: at most {self._max_jobs()} run at once in this sandbox")
+            self.host.fault(rid, f"too many jobs: at most {self._max_jobs()} run at once in this sandbox")
             return
         try:
             timeout_s = self._timeout(msg)
-            request = _exec_request(msg) if op == "exec" else _checks_request(msg)
+            request = _exec_request(msg) if msg["op"] == "exec" else _checks_request(msg)  # (narrows the type)
         except ValueError as exc:
-            self.runner.fault(rid, str(exc))
+            self.host.fault(rid, str(exc))
             return
-        workdir = os.path.join(self.work_root, secrets.token_hex(16))
-        os.mkdir(workdir, 0o700)
-        cap = int(self.runner.limits["output_cap_bytes"])
-        if op == "checks":
-            cap = min(cap, CHECK_OUTPUT_CAP_BYTES)
-        job = Job(str(op), rid, workdir, timeout_s, cap)
+        cap = int(self.limits["output_cap_bytes"])
+        cap = cap if op == "exec" else min(cap, CHECK_OUTPUT_CAP_BYTES)
+        job = Job(op, rid, self.children.make_workdir(), timeout_s, cap)
         job.request = request
         self.active.append(job)
         if op == "exec":
@@ -219,7 +161,7 @@ class Jobs:
         request. False (and the job is finished or failed over) when no process could be
         started."""
         try:
-            child = self.runner.spawn_child() if spawn else self.runner.job_child(job.kind)
+            child = self.children.spawn() if spawn else self._job_child(job.kind)
         except OSError as exc:
             self._no_process(job, f"could not start a process: {exc}")
             return False
@@ -227,12 +169,11 @@ class Jobs:
         job.child = child
         job.token = secrets.token_hex(16)
         job.ctrl_open = True
-        job.oom_baseline = self.oom_kills()
+        job.oom_baseline = oom_kills()
         self.by_pid[child.pid] = job
-        sel = self.runner.sel
-        sel.register(child.sock, selectors.EVENT_READ, ("job-ctrl", job))
-        sel.register(child.out_r, selectors.EVENT_READ, ("job-out", job))
-        sel.register(child.err_r, selectors.EVENT_READ, ("job-err", job))
+        self.loop.watch(child.sock, lambda _sock: self._on_control(job))
+        self.loop.watch(child.out_r, lambda _fd: self._on_output(job, "out"))
+        self.loop.watch(child.err_r, lambda _fd: self._on_output(job, "err"))
         request = {"op": job.kind, "id": job.token, "workdir": job.workdir, **job.request, **(fields or {})}
         try:
             child.send(request)
@@ -251,30 +192,30 @@ class Jobs:
             self._finish_checks(job)
 
     # -- events from the event loop ---------------------------------------------------
-    def on_readable(self, kind: str, job: Job) -> None:
+    def _on_control(self, job: Job) -> None:
         child = job.child
         if child is None:
             return
-        if kind == "job-ctrl":
-            data = protocol.recv_ready(child.sock)
-            if data is None:
-                return
-            if not data:
-                self._ctrl_closed(job)
-                return
-            self._feed(job, child, data)
+        data = protocol.recv_ready(child.sock)
+        if data is None:
             return
-        fd = child.out_r if kind == "job-out" else child.err_r
-        try:
-            chunk = os.read(fd, 65536)
-        except (BlockingIOError, InterruptedError):
+        if not data:
+            self._ctrl_closed(job)
             return
-        except OSError:
-            chunk = b""
+        self._feed(job, child, data)
+
+    def _on_output(self, job: Job, kind: str) -> None:
+        child = job.child
+        if child is None:
+            return
+        fd = child.out_r if kind == "out" else child.err_r
+        chunk = read_once(fd)
+        if chunk is None:
+            return
         if not chunk:
-            _unregister(self.runner.sel, fd)
+            self.loop.unwatch(fd)
             return
-        (job.out if kind == "job-out" else job.err).add(chunk)
+        (job.out if kind == "out" else job.err).add(chunk)
 
     def _feed(self, job: Job, child: Child, data: bytes) -> None:
         try:
@@ -287,7 +228,7 @@ class Jobs:
             if job.child is not child:
                 return
             if job.kind == "exec":  # only an optional flag comes this way: stop listening
-                _unregister(self.runner.sel, child.sock)
+                self.loop.unwatch(child.sock)
                 job.ctrl_open = False
                 return
             self._process_failed(job, "crashed", f"the check process broke the protocol ({str(exc)[:200]})")
@@ -302,7 +243,7 @@ class Jobs:
         reported by waitpid, says how) or closed fd 3 itself (then a check batch can no
         longer report and ends at its exit or deadline)."""
         if job.child is not None:
-            _unregister(self.runner.sel, job.child.sock)
+            self.loop.unwatch(job.child.sock)
         job.ctrl_open = False
 
     def _on_message(self, job: Job, msg: dict[str, Any]) -> None:
@@ -316,7 +257,7 @@ class Jobs:
             now = time.monotonic()
             job.ready = True
             job.check_started = now
-            job.oom_baseline = self.oom_kills()
+            job.oom_baseline = oom_kills()
             job.deadline = min(now + job.timeout_s, job.budget_deadline)
             return
         index = msg.get("index")
@@ -327,13 +268,12 @@ class Jobs:
             self._process_failed(job, "crashed", "the check process sent a malformed result")
             return
         if (result["status"] == "crashed" and msg.get("signal") == signal.SIGKILL
-                and self.oom_kills() > job.oom_baseline):
-            result.update(status="oom", error="the check ran out of memory (killed by the kernel's OOM killer)")
+                and oom_kills() > job.oom_baseline):
+            result["status"], result["error"] = "oom", "the check ran out of memory (killed by the kernel's OOM killer)"
         self._drain(job)
-        result["stdout"], result["stderr"] = job.out.text(True), job.err.text(True)
+        job.results[job.next] = {**result, "stdout": job.out.text(True), "stderr": job.err.text(True)}
         job.out.reset()
         job.err.reset()
-        job.results[job.next] = result
         job.next += 1
         if msg.get("fatal") is True:  # it ran out of memory and exits: go on in a new process
             self._end_process(job)
@@ -342,9 +282,9 @@ class Jobs:
         elif job.next >= len(job.results):
             self._finish_checks(job)
         else:  # the process waits for this go-ahead: its pipes now hold nothing of the next check
-            self.runner.sweep_strays()  # nothing a check left behind meets the next one
+            self.children.sweep()  # nothing a check left behind meets the next one
             now = time.monotonic()
-            job.oom_baseline = self.oom_kills()
+            job.oom_baseline = oom_kills()
             job.check_started = now
             job.deadline = min(now + job.timeout_s, job.budget_deadline)
             try:
@@ -353,8 +293,20 @@ class Jobs:
             except (OSError, ValueError):
                 pass  # it died or closed the channel: its exit or deadline says so
 
-    def on_exit(self, pid: int, wait_status: int) -> None:
-        """``waitpid`` reported the exit of a job process."""
+    def _claim_exit(self, pid: int, wait_status: int) -> bool:
+        """A reaped pid: a job's process (its job goes on or ends) or the process forked
+        ahead for the next batch (forgotten). False when it is neither."""
+        if self.job_spare is not None and self.job_spare.pid == pid:
+            self.job_spare.alive = False
+            self.job_spare.kill()
+            self.job_spare = None
+            return True
+        if pid not in self.by_pid:
+            return False
+        self._on_exit(pid, wait_status)
+        return True
+
+    def _on_exit(self, pid: int, wait_status: int) -> None:
         job = self.by_pid.get(pid)
         if job is None or job.child is None or job.child.pid != pid:
             return
@@ -372,8 +324,8 @@ class Jobs:
             self._end_process(job)
             self._next_checks(job, spawn=True)
         else:
-            oom = self.oom_kills() > job.oom_baseline
-            detail = _death(wait_status)
+            oom = oom_kills() > job.oom_baseline
+            detail = describe_exit(wait_status)
             self._process_failed(job, "oom" if oom else "crashed",
                                  "the check ran out of memory" if oom else f"the check process crashed ({detail})")
 
@@ -439,9 +391,7 @@ class Jobs:
         self._drain(job)
         if job.next < len(job.results):
             elapsed = (time.monotonic() - job.check_started) * 1000.0
-            result = _failed(status, message, elapsed)
-            result["stdout"], result["stderr"] = job.out.text(True), job.err.text(True)
-            job.results[job.next] = result
+            job.results[job.next] = _failed(status, message, elapsed, job.out.text(True), job.err.text(True))
             job.next += 1
         job.out.reset()
         job.err.reset()
@@ -455,7 +405,8 @@ class Jobs:
             self._end_process(job)
         if job not in self.active:
             return
-        self.runner.reply({"id": job.rid, "status": "ok", "results": job.results, "restarts": job.restarts})
+        results = [result for result in job.results if result is not None]  # all there: the batch ended
+        self.host.reply({"id": job.rid, "status": "ok", "results": results, "restarts": job.restarts})
         self._cleanup(job)
 
     # -- exec --------------------------------------------------------------------------
@@ -475,10 +426,10 @@ class Jobs:
             status = "oom" if job.memory_error else "error"
             error = ("uncaught MemoryError: the script ran out of memory" if job.memory_error
                      else f"exited with status {exit_code}")
-        elif -exit_code == signal.SIGKILL and self.oom_kills() > job.oom_baseline:
+        elif -exit_code == signal.SIGKILL and oom_kills() > job.oom_baseline:
             status, error = "oom", "killed by the kernel's OOM killer (out of memory)"
         else:
-            status, error = "crashed", f"killed by signal {_signal_name(-exit_code)}"
+            status, error = "crashed", f"killed by signal {signal_name(-exit_code)}"
         self._end_process(job)
         self._reply_exec(job, status, exit_code, error)
         self._cleanup(job)
@@ -486,7 +437,7 @@ class Jobs:
     def _reply_exec(self, job: Job, status: str, exit_code: int | None, error: str | None) -> None:
         if job not in self.active:
             return
-        self.runner.reply({
+        self.host.reply({
             "id": job.rid, "status": status, "exit_code": exit_code,
             "stdout": job.out.text(), "stderr": job.err.text(),
             "stdout_truncated": job.out.dropped > 0, "stderr_truncated": job.err.dropped > 0,
@@ -510,15 +461,8 @@ class Jobs:
         child = job.child
         if child is None:
             return
-        for fd, output in ((child.out_r, job.out), (child.err_r, job.err)):
-            for _ in range(DRAIN_MAX_READS):
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:  # EAGAIN: nothing more now; EBADF: closed
-                    break
-                if not chunk:
-                    break
-                output.add(chunk)
+        drain(child.out_r, job.out, DRAIN_MAX_READS)
+        drain(child.err_r, job.err, DRAIN_MAX_READS)
 
     def _read_final_frames(self, job: Job) -> None:
         """Frames the process wrote just before exiting (still in the socket)."""
@@ -535,9 +479,8 @@ class Jobs:
         if child is None:
             return
         job.child = None
-        sel = self.runner.sel
         for obj in (child.sock, child.out_r, child.err_r):
-            _unregister(sel, obj)
+            self.loop.unwatch(obj)
         for fd in (child.out_r, child.err_r):
             try:
                 os.close(fd)
@@ -547,41 +490,67 @@ class Jobs:
         if self.by_pid.get(child.pid) is job:
             del self.by_pid[child.pid]
         if not child.alive:  # killed here: collect it before the sweep, which would see it dying
-            _await_exit(child.pid, JOB_EXIT_WAIT_S)
-        self.runner.sweep_strays()
+            await_exit(child.pid, JOB_EXIT_WAIT_S)
+        self.children.sweep()
 
     def _cleanup(self, job: Job) -> None:
         self._kill(job)
         self._end_process(job)
         if job in self.active:
             self.active.remove(job)
-        self.runner.remove_workdir(job.workdir)
-        self.runner.jobs_ended(job.kind)
+        self.children.remove_workdir(job.workdir)
+        self._ended(job.kind)
 
+    # -- processes for jobs ------------------------------------------------------------
+    def _job_child(self, kind: str) -> Child:
+        """A fresh process for a one-shot job: for a check batch, the process forked ahead
+        from the jobs template, else one forked from the ready jobs template now, else
+        (and for ``exec``) the spare or a new one. Raises OSError when none can be
+        started (pids limit)."""
+        if kind == "checks":
+            child = self.job_spare
+            self.job_spare = None
+            if child is not None and child.alive:
+                child.discard_output()
+                return child
+            if child is not None:
+                child.kill()
+            child = self.templates.fork(JOBS_KEY)
+            if child is not None:
+                return child
+        return self.children.take()
 
-def _await_exit(pid: int, limit_s: float) -> None:
-    """Reap ``pid``, a child of this process that was sent SIGKILL (or exited), polling for at
-    most ``limit_s`` seconds; no-op when it was reaped already. A process still alive then
-    is left to the sweep that follows (the sweep, not this wait, guarantees it dies)."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
+    def _ended(self, kind: str) -> None:
+        """A job finished: keep a spare (the host asks for ``recycle`` before the sandbox
+        serves anything else); after a check batch, start the jobs template
+        (``pid1_templates``) for the next batches, now that this one has its reply, and,
+        when the sandbox serves sessions (so no ``recycle`` follows), fork the next
+        batch's process from it ahead (:meth:`_ensure_job_spare`; not in a sandbox
+        without sessions, which is recycled next and then holds only PID 1, the spare and
+        the jobs template). Not while a batch runs: its checks would see one more process."""
+        self.children.ensure_spare()
+        if kind == "checks":
+            self.templates.want_jobs()
+            if self.children.sessions_open():
+                self.loop.later(self._ensure_job_spare)
+
+    def _ensure_job_spare(self) -> None:
+        """Fork a process from the ready jobs template ahead of the next check batch and
+        keep it (``job_spare``), as ``Children.ensure_spare`` keeps a spawned one: followed
+        like the spare (never a stray, forgotten when it dies, killed by ``recycle``), it
+        takes the fork and the process's set-up (about 4 ms of CPU quota) off the batch's path."""
+        if self.job_spare is not None and self.job_spare.alive:
             return
-        if done or time.monotonic() > deadline:
-            return
-        time.sleep(0.0005)
+        self.job_spare = self.templates.fork(JOBS_KEY)
+
+    def kill_spare(self) -> None:
+        """Kill and forget the process forked ahead (``recycle``)."""
+        if self.job_spare is not None:
+            self.job_spare.kill()
+        self.job_spare = None
 
 
-def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
-    try:
-        sel.unregister(obj)
-    except (KeyError, ValueError, OSError):
-        pass
-
-
-def _exec_request(msg: dict[str, Any]) -> dict[str, Any]:
+def _exec_request(msg: ExecRequest) -> dict[str, Any]:
     """The fields of an ``exec`` request forwarded to the job process, validated."""
     code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
     if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
@@ -593,7 +562,7 @@ def _exec_request(msg: dict[str, Any]) -> dict[str, Any]:
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
-def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
+def _checks_request(msg: ChecksRequest) -> dict[str, Any]:
     """The fields of a ``checks`` request forwarded to the job process, validated (the
     states' sizes were bounded by the host frame cap)."""
     checks = msg.get("checks")
@@ -606,56 +575,23 @@ def _checks_request(msg: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
                              f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
-    initial, final, source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
+    initial, final, env_source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
     for name, state in (("initial_state", initial), ("final_state", final)):
-        if not isinstance(state, dict) or not all(_encoded_entry(entry) for entry in state.values()):
+        if not isinstance(state, dict) or not all(is_encoded_entry(entry) for entry in state.values()):
             raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
-    if source is not None and (not isinstance(source, str)
-                               or len(source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
+    if env_source is not None and (not isinstance(env_source, str)
+                                   or len(env_source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
         raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
-    return {"checks": sources, "initial_state": initial, "final_state": final, "source": source}
+    return {"checks": sources, "initial_state": initial, "final_state": final, "source": env_source}
 
 
-def _encoded_entry(entry: object) -> bool:
-    """One attribute of an encoded state: ``["j", value]``, ``["p", base64, ...]``, ``["u", rendering]``."""
-    if not isinstance(entry, list) or not entry:
-        return False
-    kind = entry[0]
-    if kind == "j" or kind == "u":
-        return len(entry) == 2
-    return kind == "p" and len(entry) in (2, 3) and isinstance(entry[1], str)
+def _check_result(msg: dict[str, Any], index: int) -> CheckFields | None:
+    """The result of check ``index`` in a frame from the job process (``wire.check_result``);
+    None when it is another check's or malformed (the process is then treated as crashed)."""
+    return check_result(msg) if msg.get("index") == index else None
 
 
-def _check_result(msg: dict[str, Any], index: int) -> dict[str, Any] | None:
-    """One check result frame from the job process, validated and capped (None when
-    malformed: the process is then treated as crashed)."""
-    if msg.get("index") != index or msg.get("status") not in CHECK_STATUSES:
-        return None
-    passed, duration = msg.get("passed"), msg.get("duration_ms")
-    if type(passed) is not bool or not (type(duration) is int or type(duration) is float) or not 0 <= duration < 1e9:
-        return None
-    fields = {}
-    for name, cap in CHECK_RESULT_TEXT_CAPS.items():
-        value = msg.get(name)
-        if value is not None and not isinstance(value, str):
-            return None
-        fields[name] = value[:cap] if isinstance(value, str) else None
-    status = msg["status"]
-    return {"status": status, "passed": passed and status == "ok", **fields, "duration_ms": float(duration)}
-
-
-def _failed(status: str, error: str, duration_ms: float) -> dict[str, Any]:
+def _failed(status: str, error: str, duration_ms: float, stdout: str = "", stderr: str = "") -> CheckResult:
+    """The result of a check that PID 1 reports itself (it timed out, its process died)."""
     return {"status": status, "passed": False, "result": None, "error": error, "traceback": None,
-            "duration_ms": duration_ms, "stdout": "", "stderr": ""}
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def _death(wait_status: int) -> str:
-    code = os.waitstatus_to_exitcode(wait_status)
-    return f"killed by signal {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+            "duration_ms": duration_ms, "stdout": stdout, "stderr": stderr}

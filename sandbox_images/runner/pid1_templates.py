@@ -14,7 +14,7 @@ and a template serves only the sandbox's tenant (sandboxes are per tenant).
         waits up to TEMPLATE_FORK_TIMEOUT_S for ``{status: ok, pid}``; it accepts the pid
         only if /proc says it is PID 1's child and the leader of its own process session
         and process group, and it is not already tracked. The session is then exactly a
-        spawned one for the runner: same Child object, same kill (``killpg``), same sweeps,
+        spawned one for PID 1: same Child object, same kill (``killpg``), same sweeps,
         reaped by PID 1, its own work directory, and the same ``init`` request (the child
         skips executing the source it already has).
     anything else (``unsuitable``, a malformed or late answer, the template's death, a
@@ -31,7 +31,7 @@ again after a ``recycle`` that killed one, and each check batch's zygote is fork
 (same ``fork`` request, same verification) instead of taking the spare, whose replacement
 would cost a Python start-up (~30 ms of CPU quota) per batch. In a sandbox that serves
 sessions, PID 1 forks the next batch's process from it ahead, after each batch
-(``Runner.job_spare``), so that batch's path holds no fork.
+(``Jobs.job_spare``, ``pid1_jobs``), so that batch's path holds no fork.
 When it is not ready or fails, the batch takes the spare as before.
 Config templates (an environment *instance* kept, keyed by the environment's key plus
 the SHA-256 of the exact ``init_config`` bytes):
@@ -60,7 +60,7 @@ Making room (least recently used first, by count and by memory):
         more configs than fit gets no more construction work than without templates)
     by count: the least recently used candidate is killed; none -> no new template
     by memory: the fewest least recently used candidates whose private memory
-        (``_private_bytes``: an upper bound of what killing them frees) brings the cgroup
+        (``pid1_children.private_bytes``: an upper bound of what killing them frees) brings the cgroup
         under the fraction are killed, and the new template is built; when all of them
         together would not (memory held by sessions), none is killed and none is built
     an evicted config's key is not failed: its next opens may build it again.
@@ -68,46 +68,36 @@ Making room (least recently used first, by count and by memory):
 
 from __future__ import annotations
 
+import base64
 import collections
 import hashlib
 import os
 import secrets
-import selectors
 import signal
 import socket
 import time
 
+from . import protocol
+from .limits import (
+    CONFIG_CACHE_MAX_BYTES,
+    CONFIG_TEMPLATE_MAX_PER_SANDBOX,
+    CONFIG_TEMPLATE_MEMORY_FRACTION,
+    MAX_FRAME_BYTES,
+    TEMPLATE_FORK_TIMEOUT_S,
+    TEMPLATE_FRAME_MAX_BYTES,
+    TEMPLATE_MAX_PER_SANDBOX,
+)
+from .pid1_children import Child, memory_over, private_bytes, read_once, stream
+
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # annotations only (pid1_runner imports this module at run time)
-    from collections.abc import Callable
+if TYPE_CHECKING:
+    from collections.abc import Callable  # annotations only: never evaluated in the sandbox
     from typing import Any
 
-    from .pid1_runner import Child, Runner
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from . import protocol
-    from .limits import (
-        CONFIG_CACHE_MAX_BYTES,
-        CONFIG_TEMPLATE_MAX_PER_SANDBOX,
-        CONFIG_TEMPLATE_MEMORY_FRACTION,
-        MAX_FRAME_BYTES,
-        TEMPLATE_FORK_TIMEOUT_S,
-        TEMPLATE_FRAME_MAX_BYTES,
-        TEMPLATE_MAX_PER_SANDBOX,
-    )
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    import protocol
-    from limits import (
-        CONFIG_CACHE_MAX_BYTES,
-        CONFIG_TEMPLATE_MAX_PER_SANDBOX,
-        CONFIG_TEMPLATE_MEMORY_FRACTION,
-        MAX_FRAME_BYTES,
-        TEMPLATE_FORK_TIMEOUT_S,
-        TEMPLATE_FRAME_MAX_BYTES,
-        TEMPLATE_MAX_PER_SANDBOX,
-    )
+    from .pid1_children import Children
+    from .pid1_loop import Loop
+    from .protocol import TemplateStats
 CONFIG_OPENS_REMEMBERED = 256
-MEMORY_FILES = (("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.max"),
-                ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 JOBS_KEY = "jobs"
 """Key of the jobs template (an environment's key always holds a ``:``)."""
@@ -151,6 +141,19 @@ class Configs:
                 self.size -= len(old)
         return True
 
+    def resolve(self, digest: str, data_b64: object) -> bytes | None:
+        """The bytes of config ``digest`` after keeping ``data_b64`` (their base64, when not
+        None); None when they are not held. Raises ValueError when ``data_b64`` is not the
+        base64 of bytes whose SHA-256 is ``digest``."""
+        if data_b64 is not None:
+            try:
+                data = base64.b64decode(data_b64, validate=True)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                data = b""
+            if not self.put(digest, data):
+                raise ValueError("field 'config_b64' does not match 'config_hash'")
+        return self.get(digest)
+
     def clear(self) -> None:
         self.by_hash.clear()
         self.size = 0
@@ -178,10 +181,13 @@ class Template:
 
 
 class Templates:
-    """The runner's templates (see the module docstring)."""
+    """The sandbox's templates (see the module docstring). ``limits`` are the sandbox's."""
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    def __init__(self, loop: Loop, children: Children, limits: dict[str, Any]) -> None:
+        self.loop = loop
+        self.children = children
+        self.limits = limits
+        self.timeout_s = float(limits["call_timeout_s"])
         self.by_key: dict[str, Template] = {}
         self.failed: dict[str, str] = {}
         """Keys whose template failed (key -> reason): no new template until recycle."""
@@ -190,7 +196,6 @@ class Templates:
         self.pending: dict[str, tuple[str, bytes, float]] = {}
         """Environment key -> (config hash, bytes, previous open) wanted as a config
         template once the environment's template is ready."""
-        self.make_child: Callable[[int, socket.socket, int, int], Child] | None = None
         self.config_builds = 0
         """Config templates started (processes forked for them are not counted in ``forked``)."""
         self.config_evictions = 0
@@ -199,15 +204,19 @@ class Templates:
         """When each config template key was last opened (monotonic seconds; the last
         CONFIG_OPENS_REMEMBERED keys): a template is built for a config opened twice, not
         for one-off configs, and only evicts templates used less recently than that."""
+        children.follow(self.pids, self._claim_exit, settled=self.ready_pids)
+        loop.add_deadlines(self.check_deadlines)
 
     def enabled(self) -> bool:
-        limits = self.runner.limits
-        return bool(limits.get("templates", False)) and int(limits.get("max_sessions", 1)) > 1
+        """Environment and config templates: on with ``templates`` in a shared sandbox."""
+        return bool(self.limits.get("templates", False)) and int(self.limits.get("max_sessions", 1)) > 1
 
     def jobs_enabled(self) -> bool:
-        return bool(self.runner.limits.get("templates", False))
+        """The jobs template: on with ``templates``, in any sandbox."""
+        return bool(self.limits.get("templates", False))
 
     def pids(self) -> set[int]:
+        """Pids of every template, loading or ready."""
         return {t.child.pid for t in self.by_key.values()}
 
     def ready_pids(self) -> set[int]:
@@ -224,7 +233,7 @@ class Templates:
                 return template
         return None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> TemplateStats:
         """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys;
         ``configs_lru``: the first 16 hex digits of each ready config template's config
         hash, least recently used first."""
@@ -259,35 +268,38 @@ class Templates:
     def _start(self, key: str, fields: dict[str, Any]) -> None:
         """Make a spare the template of ``key``: send it ``template {id, **fields}``."""
         try:
-            child = self.runner.take_child()
+            child = self.children.take()
         except OSError:
             return  # pids limit: the template is only an optimisation
         child.frames = protocol.FrameBuffer(TEMPLATE_FRAME_MAX_BYTES)
-        template = Template(key, child, time.monotonic() + self.runner.timeout_s)
+        template = Template(key, child, time.monotonic() + self.timeout_s)
         self.by_key[key] = template
-        sel = self.runner.sel
-        sel.register(child.sock, selectors.EVENT_READ, ("tmpl", template))
-        sel.register(child.out_r, selectors.EVENT_READ, ("tmpl-out", template))
-        sel.register(child.err_r, selectors.EVENT_READ, ("tmpl-out", template))
+        self._watch(template)
         try:
             child.send({"op": "template", "id": template.token, **fields})
         except (OSError, ValueError, TypeError):
             self.fail(template, "request could not be delivered")
 
-    def on_readable(self, kind: str, template: Template, obj: Any) -> None:
-        """The template's control socket or one of its output streams is readable."""
+    def _watch(self, template: Template) -> None:
+        child = template.child
+        self.loop.watch(child.sock, lambda sock: self._on_control(template, sock))
+        self.loop.watch(child.out_r, lambda fd: self._on_output(template, fd))
+        self.loop.watch(child.err_r, lambda fd: self._on_output(template, fd))
+
+    def _on_output(self, template: Template, fd: int) -> None:
+        """What a template printed (at import) belongs to nobody: read and dropped."""
         if self.by_key.get(template.key) is not template:
-            _unregister(self.runner.sel, obj)
+            self.loop.unwatch(fd)
             return
-        if kind == "tmpl-out":  # what the module printed at import belongs to nobody
-            try:
-                chunk = os.read(obj, 65536)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                chunk = b""
-            if not chunk:
-                _unregister(self.runner.sel, obj)
+        if read_once(fd) == b"":
+            self.loop.unwatch(fd)
+
+    def _on_control(self, template: Template, sock: Any) -> None:
+        """The template's control socket is readable: its one answer (``ok`` with, for a
+        config template, its encoded state; or ``unsuitable``), or anything else, which
+        fails it."""
+        if self.by_key.get(template.key) is not template:
+            self.loop.unwatch(sock)
             return
         data = protocol.recv_ready(template.child.sock)
         if data is None:
@@ -322,7 +334,7 @@ class Templates:
             template.ready = True
             template.deadline = None
             template.child.sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
-            self.runner.sweep_strays()  # whatever its import left running dies now
+            self.children.sweep()  # whatever its import left running dies now
             if template.config_hash is None and template.key in self.pending:
                 self._build_config(template.key, *self.pending.pop(template.key))
 
@@ -345,18 +357,20 @@ class Templates:
         self.failed[template.key] = reason
         child = template.child
         for obj in (child.sock, child.out_r, child.err_r):
-            _unregister(self.runner.sel, obj)
+            self.loop.unwatch(obj)
         child.kill()
 
-    def on_exit(self, pid: int) -> None:
-        """``pid`` (a template's) was reaped: its sessions live on; new ones fall back."""
+    def _claim_exit(self, pid: int, wait_status: int) -> bool:
+        """A reaped pid: a template's exit (its sessions live on; new ones fall back).
+        False when ``pid`` is no template's."""
         template = self.by_pid(pid)
         if template is None:
-            return
+            return False
         template.child.alive = False
-        self.on_readable("tmpl", template, template.child.sock)  # an answer sent before exiting wins
+        self._on_control(template, template.child.sock)  # an answer sent before exiting wins
         if self.by_key.get(template.key) is template:
             self.fail(template, "exited")
+        return True
 
     def clear(self) -> bool:
         """Forget every template, failed key and count (``recycle``: the templates are killed
@@ -397,7 +411,7 @@ class Templates:
         template, after making room among the templates used before ``previous`` (the
         config's previous open, monotonic seconds). Never raises."""
         ckey = config_template_key(key, config_hash)
-        if ckey in self.by_key or ckey in self.failed or self.make_child is None:
+        if ckey in self.by_key or ckey in self.failed:
             return
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
         older = sorted((t for t in configs if t.ready and t.used < previous), key=lambda t: t.used)
@@ -406,26 +420,23 @@ class Templates:
             if not older:
                 return
             victims.append(older.pop(0))
-        over = _memory_over() - sum(_private_bytes(t.child.pid) or 0 for t in victims)
+        over = memory_over(CONFIG_TEMPLATE_MEMORY_FRACTION) - sum(private_bytes(t.child.pid) or 0 for t in victims)
         if over > 0:
-            more = make_room(older, over, _private_bytes)
+            more = make_room(older, over, private_bytes)
             if more is None:
                 return  # nothing killed: it would not make room
             victims += more
         for victim in victims:
             self.evict(victim)
-        child = self.fork(key, self.make_child)
+        child = self.fork(key)
         if child is None:
             return
         self.forked -= 1
         self.config_builds += 1
         child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
-        template = Template(ckey, child, time.monotonic() + 3 * self.runner.timeout_s, config_hash)
+        template = Template(ckey, child, time.monotonic() + 3 * self.timeout_s, config_hash)
         self.by_key[ckey] = template
-        sel = self.runner.sel
-        sel.register(child.sock, selectors.EVENT_READ, ("tmpl", template))
-        sel.register(child.out_r, selectors.EVENT_READ, ("tmpl-out", template))
-        sel.register(child.err_r, selectors.EVENT_READ, ("tmpl-out", template))
+        self._watch(template)
         try:
             child.sock.sendall(protocol.encode_raw({"op": "config_template", "id": template.token},
                                                    {"config": data}))
@@ -447,17 +458,17 @@ class Templates:
         return template
 
     # -- forking ----------------------------------------------------------------------------
-    def fork(self, key: str, make_child: Callable[[int, socket.socket, int, int], Child]) -> Child | None:
+    def fork(self, key: str) -> Child | None:
         """A session process forked from ``key``'s ready template, or None (no ready
         template, or the fork failed: the template is then failed and the caller starts
-        the session the normal way). ``make_child(pid, sock, out_r, err_r)`` wraps the
-        verified process in the runner's Child."""
+        the session the normal way). The verified process is adopted as a ``Child``
+        (``pid1_children.Child.adopt``): from here on it is handled like a spawned one."""
         template = self.by_key.get(key)
         if template is None or not template.ready:
             return None
         parent, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = _stream()
-        err_r, err_w = _stream()
+        out_r, out_w = stream()
+        err_r, err_w = stream()
         ours = [parent.detach(), out_r, err_r]
         pid = 0
         try:
@@ -467,7 +478,7 @@ class Templates:
             os.close(out_w)
             os.close(err_w)
         if pid:
-            return make_child(pid, socket.socket(fileno=ours[0]), out_r, err_r)
+            return Child.adopt(pid, socket.socket(fileno=ours[0]), out_r, err_r)
         for fd in ours:
             os.close(fd)
         self.fallbacks += 1
@@ -519,7 +530,7 @@ class Templates:
     def _verified(self, pid: int) -> bool:
         """``pid`` is PID 1's child, leads its own process session and group, and is no
         process the runner tracks already (read from /proc: nothing the template says)."""
-        if pid <= 1 or pid in self.runner.tracked_pids():
+        if pid <= 1 or pid in self.children.tracked_pids():
             return False
         fields = _stat(pid)
         if fields is None or fields[0] in ("Z", "X", "x"):
@@ -543,22 +554,6 @@ def _parent(pid: int) -> int | None:
     return int(fields[1]) if fields else None
 
 
-def _stream() -> tuple[int, int]:
-    """(read end, write end) of a one-way socketpair stream, as ``pid1_runner._stream``."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    ours.shutdown(socket.SHUT_WR)
-    theirs.shutdown(socket.SHUT_RD)
-    return ours.detach(), theirs.detach()
-
-
-def _unregister(sel: selectors.BaseSelector, obj: Any) -> None:
-    try:
-        sel.unregister(obj)
-    except (KeyError, ValueError, OSError):
-        pass
-
-
-
 def make_room(candidates: list[Template], over: int,
               private_bytes: Callable[[int], int | None]) -> list[Template] | None:
     """The fewest of ``candidates`` (least recently used first) whose private memory
@@ -576,51 +571,3 @@ def make_room(candidates: list[Template], over: int,
         if freed >= over:
             return victims
     return None
-
-
-def _private_bytes(pid: int) -> int | None:
-    """Bytes of memory killing ``pid`` would free, at most: Private_Clean + Private_Dirty of
-    /proc/<pid>/smaps_rollup (or of /proc/<pid>/smaps summed, where there is no rollup, as
-    under gVisor) when PID 1 may read them; else (a non-dumpable child, as every template
-    is under runc: reading its smaps needs CAP_SYS_PTRACE) its resident pages that are not
-    file-backed, from /proc/<pid>/statm, which also counts the pages it shares copy-on-write
-    with sessions forked from it (they stay). None when nothing is readable."""
-    for name in ("smaps_rollup", "smaps"):
-        try:
-            with open(f"/proc/{pid}/{name}", "rb") as handle:
-                lines = handle.read().splitlines()
-        except OSError:
-            continue
-        total = found = 0
-        for line in lines:
-            if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
-                fields = line.split()
-                if len(fields) >= 2 and fields[1].isdigit():
-                    total += int(fields[1]) * 1024
-                    found += 1
-        if found:
-            return total
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as handle:
-            fields = handle.read().split()
-        return max(0, int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _memory_over() -> int:
-    """Bytes by which the sandbox's cgroup uses more than CONFIG_TEMPLATE_MEMORY_FRACTION
-    of its limit (<= 0: under it; 0 when it cannot be read or has no limit: the host's
-    admission still measures the cgroup)."""
-    for current_path, limit_path in MEMORY_FILES:
-        try:
-            with open(current_path) as handle:
-                current = int(handle.read().strip())
-            with open(limit_path) as handle:
-                raw = handle.read().strip()
-        except (OSError, ValueError):
-            continue
-        if not raw.isdigit():
-            return 0  # "max": no limit
-        return current - int(int(raw) * CONFIG_TEMPLATE_MEMORY_FRACTION) + 1
-    return 0

@@ -1,4 +1,4 @@
-"""Length-prefixed JSON framing shared by the host executor and the in-sandbox runner.
+"""Length-prefixed JSON framing and the messages of the host <-> PID 1 channel.
 
 Stdlib only: this file is copied into the sandbox image and also imported on the host
 as ``sandpit.sandbox_images.runner.protocol``. It never executes or unpickles anything.
@@ -8,24 +8,265 @@ of UTF-8 JSON encoding one object. A frame larger than the reader's ``max_frame`
 or one that is not a JSON object, raises :class:`ProtocolViolation`; the peer that sent it
 is then treated as broken (the runner kills a misbehaving child, the host kills a
 misbehaving sandbox). JSON is parsed with ``parse_constant`` refusing NaN/Infinity and
-a nesting-depth bound, so a hostile peer cannot smuggle non-standard values or blow the
-parser's stack.
-"""
+a nesting-depth bound (``wire.depth_exceeds``), so a hostile peer cannot smuggle
+non-standard values or blow the parser's stack.
 
+Messages (a ``TypedDict`` each, for the type checker only: nothing here imports
+``typing`` at run time). PID 1 starts with :class:`Hello`; then every host request has an
+integer ``id``, and its reply echoes it::
+
+    OpenRequest     -> OpenReply        a session: its process, class and instance
+    CallRequest     -> CallReply        one tool call
+    DescribeRequest -> DescribeReply    the class's OpenAI tool schemas
+    StateRequest    -> StateReply       the state's rendering
+    SnapshotRequest -> SnapshotReply    the last good snapshot (PID 1's copy)
+    RestoreRequest  -> RestoreReply     the instance set to a snapshot
+    CloseRequest    -> Reply            the session ended
+    PingRequest     -> PingReply        liveness and template counters
+    RecycleRequest  -> RecycleReply     emptied and proven empty for the next tenant's use
+    ExecRequest     -> ExecReply        a script in a fresh process
+    ChecksRequest   -> ChecksReply      check functions, each in a fresh process
+
+A reply with ``status == "fault"`` means the request itself was unusable (unknown
+session, bad fields, caps of ``limits.py``): only ``message`` says why. A reply's fields
+are typed as PID 1 vouches for them (what a session's process said is checked first,
+``pid1_replies``; ``object`` where it is forwarded as it is). The host trusts none of it
+and checks what it reads again.
+"""
 from __future__ import annotations
 
 import json
-import re
 import socket
 import struct
 
-TYPE_CHECKING = False
-if TYPE_CHECKING or __package__:  # the host (and mypy): package modules
-    from typing import Any  # annotations only: never evaluated in the sandbox
+from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
+from .wire import depth_exceeds
 
-    from .limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
-else:  # in the sandbox: pid1_runner.py put this directory on sys.path
-    from limits import MAX_FRAME_BYTES, MAX_FRAME_DEPTH, MAX_PATH_LENGTH
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping  # annotations only: never evaluated in the sandbox
+    from typing import (
+        Any,
+        Literal,
+        NotRequired,
+        TypedDict,
+    )
+
+    from .wire import CheckFields, Delta
+
+    Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
+    """What became of a call, a check or a script (``executor.results.Status``)."""
+    Encoded = dict[str, list[Any]]
+    """An encoded state: attribute name -> ``["j", value]`` | ``["p", base64, rendering?]``
+    | ``["u", rendering]`` (``wire.is_encoded_entry``)."""
+
+    class Hello(TypedDict):
+        """PID 1's first frame: the one-time token of the file the host wrote, its pid."""
+
+        op: Literal["hello"]
+        token: str
+        pid: int
+
+    # -- requests (host -> PID 1) ------------------------------------------------------------
+    class Request(TypedDict):
+        """What every request carries: ``id`` (echoed by the reply); each kind adds its ``op``."""
+
+        id: int
+
+    class SessionRequest(Request):
+        """A request to one session (``describe``, ``state``, ``snapshot``, ``close``, and
+        the kinds below): its id, at most SESSION_ID_MAX_CHARS, single-use."""
+
+        op: Literal["describe", "state", "snapshot", "close", "open", "call", "restore"]
+        session: str
+
+    class OpenRequest(SessionRequest):
+        """Open a session of ``class_name`` from ``source``: ``init_config`` (EnvScaler
+        ``cls(init_config)``), or ``config_hash`` (SHA-256 hex of the config's JSON bytes)
+        plus ``config_b64`` (those bytes) unless PID 1 holds them; ``snapshot`` restored
+        over the instance; ``describe_only`` loads the class without an instance; ``seed``
+        (0 to 2**64 - 1) seeds ``random`` before the module runs (EnvScaler's reset)."""
+
+        source: str
+        class_name: str
+        init_config: NotRequired[dict[str, Any] | None]
+        config_hash: NotRequired[str]
+        config_b64: NotRequired[str]
+        snapshot: NotRequired[Encoded | None]
+        describe_only: NotRequired[bool]
+        seed: NotRequired[int]
+
+    class CallRequest(SessionRequest):
+        """``getattr(instance, name)(**arguments)``; ``rules: "envscaler"`` for EnvScaler's
+        ``step()`` (``hasattr`` decides what a call is)."""
+
+        name: str
+        arguments: dict[str, Any]
+        rules: NotRequired[Literal["envscaler"]]
+
+    class RestoreRequest(SessionRequest):
+        """Set every restorable attribute from ``snapshot``, drop those it does not name."""
+
+        snapshot: Encoded
+
+    class CheckSource(TypedDict):
+        """One check function's source (``def check_func(final_state): ...``)."""
+
+        check_func: str
+
+    class ExecRequest(Request):
+        """Run ``code`` as ``main.py`` with ``stdin`` and ``files`` (relative path -> text)
+        in a fresh process, for at most ``time_limit_s`` seconds (capped by the profile)."""
+
+        op: Literal["exec"]
+        code: str
+        stdin: NotRequired[str | None]
+        files: NotRequired[dict[str, str]]
+        time_limit_s: NotRequired[float]
+
+    class ChecksRequest(Request):
+        """Run each check on two encoded states, each in a fresh process, at most
+        ``time_limit_s`` seconds each; ``source`` only for a scenario whose checks see the
+        environment's own classes (``check_objects: environment``)."""
+
+        op: Literal["checks"]
+        checks: list[CheckSource]
+        initial_state: Encoded
+        final_state: Encoded
+        source: NotRequired[str | None]
+        time_limit_s: NotRequired[float]
+
+    class PingRequest(Request):
+        """Liveness, and counters of the templates (``PingReply``)."""
+
+        op: Literal["ping"]
+
+    class RecycleRequest(Request):
+        """Make the sandbox fit for the next use, once its last session and job ended."""
+
+        op: Literal["recycle"]
+
+    # -- replies (PID 1 -> host) -------------------------------------------------------------
+    class Reply(TypedDict):
+        """What every reply carries: the request's ``id`` and a ``status``; a ``fault``
+        carries only ``message`` (why the request was unusable)."""
+
+        id: object
+        status: str
+        message: NotRequired[str]
+
+    class OpenReply(Reply):
+        """``ok``: the state as ``snapshot`` with its ``snapshot_digest`` (SHA-256 of
+        ``snapshot_text``), or, for a session forked from a config template, ``template:
+        true`` and the digest alone; ``retyped`` config keys (``child_instance``).
+        ``error``/``timeout``/``oom``/``crashed``: the ``observation`` (and ``traceback``)
+        of a failed construction. A fault with ``missing_config: true``: PID 1 does not
+        hold the config of ``config_hash`` (send ``config_b64``)."""
+
+        observation: NotRequired[str]
+        traceback: NotRequired[str | None]
+        snapshot: NotRequired[Encoded]
+        snapshot_digest: NotRequired[str]
+        template: NotRequired[bool]
+        retyped: NotRequired[list[Any]]
+        missing_config: NotRequired[bool]
+
+    class CallReply(Reply):
+        """The call's ``status`` (``ok``, ``error``, ``rejected``, or the process's
+        ``timeout``/``oom``/``crashed``) and ``observation``; the tool's own time
+        (``duration_ms``; not for a failed process); ``stdout``/``stderr`` capped at
+        ``output_cap_bytes``; ``delta`` (``wire.Delta``) with keyed entries ``["k",
+        changes]`` (``apply_keyed``); all checked by PID 1 (``pid1_replies.call_reply``)."""
+
+        observation: NotRequired[str]
+        duration_ms: NotRequired[float]
+        stdout: NotRequired[str]
+        stderr: NotRequired[str]
+        delta: NotRequired[Delta]
+        traceback: NotRequired[str]
+        observation_truncated: NotRequired[bool]
+
+    class DescribeReply(Reply):
+        """``ok``: ``tools`` (encoded in at most MAX_SCHEMAS_BYTES; the host checks each
+        schema) and ``notes``; otherwise ``observation`` and ``traceback``, capped."""
+
+        tools: NotRequired[list[Any]]
+        notes: NotRequired[list[str]]
+        observation: NotRequired[str]
+        traceback: NotRequired[str]
+
+    class StateReply(Reply):
+        """The state's rendering (JSON-native attributes as they are, others as tags)."""
+
+        state: NotRequired[object]
+
+    class SnapshotReply(Reply):
+        """PID 1's copy of the session's last good snapshot (also ``restore``'s reply)."""
+
+        snapshot: NotRequired[Encoded]
+        observation: NotRequired[object]
+
+    class TemplateStats(TypedDict):
+        """Counters of ``pid1_templates.Templates.stats``."""
+
+        ready: int
+        loading: int
+        forked: int
+        fallbacks: int
+        failed: int
+        reasons: list[str]
+        configs_ready: int
+        configs_loading: int
+        configs_built: int
+        configs_evicted: int
+        configs_lru: list[str]
+        configs_failed: int
+        config_reasons: list[str]
+
+    class PingReply(Reply):
+        """Open sessions, PID 1's pid (1 in a sandbox), template counters."""
+
+        sessions: NotRequired[int]
+        pid: NotRequired[int]
+        templates: NotRequired[TemplateStats]
+
+    class RecycleReply(Reply):
+        """``clean`` False (with ``problems``, at most RECYCLE_MAX_PROBLEMS) when the
+        sandbox must be destroyed instead of reused."""
+
+        clean: NotRequired[bool]
+        problems: NotRequired[list[str]]
+
+    class ExecReply(Reply):
+        """``ok`` (exit 0), ``error`` (non-zero exit), ``timeout`` (``exit_code`` None),
+        ``oom``, ``crashed`` (a signal: ``exit_code`` ``-signal``; or no process);
+        ``stdout``/``stderr`` capped at ``output_cap_bytes``, what was cut flagged."""
+
+        exit_code: NotRequired[int | None]
+        stdout: NotRequired[str]
+        stderr: NotRequired[str]
+        stdout_truncated: NotRequired[bool]
+        stderr_truncated: NotRequired[bool]
+        duration_ms: NotRequired[float]
+        error: NotRequired[str | None]
+
+    class CheckResult(CheckFields):
+        """One check's result (``wire.check_result``) with its output, capped at
+        CHECK_OUTPUT_CAP_BYTES per stream."""
+
+        stdout: str
+        stderr: str
+
+    class ChecksReply(Reply):
+        """One result per check, in order, and how many fresh processes the batch needed
+        beyond the first (``restarts``)."""
+
+        results: NotRequired[list[CheckResult]]
+        restarts: NotRequired[int]
+
+    AnyReply = (OpenReply | CallReply | DescribeReply | StateReply | SnapshotReply | PingReply | RecycleReply
+                | ExecReply | ChecksReply | Reply)
+    """Any frame PID 1 sends the host after :class:`Hello`."""
 
 HEADER = struct.Struct(">I")
 
@@ -68,64 +309,14 @@ def _refuse_constant(name: str) -> float:
     raise ProtocolViolation(f"non-standard JSON constant {name!r} in frame")
 
 
-_PARENS = bytes.maketrans(b"[{]}", b"(())")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_STRING = re.compile(rb'"(?:[^"\\]+|\\.)*"', re.DOTALL)
-"""A complete JSON string literal, escapes included (left to right, as the exact scan
-opens and closes strings; a backslash outside a string is skipped by both)."""
-
-
 def _check_depth(payload: bytes, limit: int) -> None:
-    """Reject payloads nested deeper than ``limit`` before handing them to ``json``.
-
-    Never recurses. Bytes operations (in C) first: string literals cut out by one regular
-    expression (escapes honoured only inside strings), everything but brackets removed,
-    then each ``replace(b"()", b"")`` pass peels one nesting level; only a payload still
-    holding brackets after ``limit`` passes (deeper, or unbalanced) gets the exact
-    byte-by-byte scan, which decides. A 3 MB frame without backslashes: ~30 ms instead of
-    ~200 ms (at 0.5 CPU, and a frame is checked at each hop); with backslashes the string
-    literals are cut by a regular expression, about the cost of the scan.
-    """
-    if payload.count(b"[") + payload.count(b"{") <= limit:
-        return
-    if b"\\" in payload:
-        outside = _STRING.sub(b"", payload)  # an unterminated string stays: the scan decides
-    else:
-        outside = b"".join(payload.split(b'"')[::2])
-    brackets = outside.translate(_PARENS, _NOT_BRACKETS)
-    for _ in range(limit):
-        shorter = brackets.replace(b"()", b"")
-        if len(shorter) == len(brackets):
-            break
-        brackets = shorter
-    if brackets:
-        _scan_depth(payload, limit)
+    """Raise :class:`ProtocolViolation` when ``payload`` nests deeper than ``limit`` levels
+    (:func:`wire.depth_exceeds`, before the payload reaches ``json``)."""
+    if depth_exceeds(payload, limit):
+        raise ProtocolViolation(f"frame nested deeper than {limit} levels")
 
 
-def _scan_depth(payload: bytes, limit: int) -> None:
-    """The exact linear scan behind :func:`_check_depth`: counts brackets outside of strings."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for byte in payload:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                raise ProtocolViolation(f"frame nested deeper than {limit} levels")
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-
-
-def encode(message: dict[str, Any], errors: str = "strict") -> bytes:
+def encode(message: Mapping[str, Any], errors: str = "strict") -> bytes:
     """Serialize one message to a frame (header + compact JSON). Raises ``ValueError``
     for NaN/Infinity and ``TypeError`` for non-JSON values. A string holding a lone
     surrogate (which UTF-8 cannot carry) raises ``UnicodeEncodeError`` (a ValueError),
@@ -136,7 +327,7 @@ def encode(message: dict[str, Any], errors: str = "strict") -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def encode_raw(message: dict[str, Any], raw: dict[str, bytes], errors: str = "strict") -> bytes:
+def encode_raw(message: Mapping[str, Any], raw: dict[str, bytes], errors: str = "strict") -> bytes:
     """:func:`encode` of ``message`` plus members whose values are JSON text already
     (``raw``: name -> UTF-8 JSON bytes), spliced in without being parsed or re-encoded
     (PID 1 forwards an ``init_config`` it holds as the host's bytes, and its snapshots).

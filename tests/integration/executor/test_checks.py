@@ -204,7 +204,7 @@ HOSTILE = [
     check("import sys\nwhile True:\n    sys.stdout.write('y' * 65536)"),  # infinite output
     check("import os\nif os.fork() == 0:\n    import time\n    time.sleep(600)\nreturn True"),  # a stray
     check("import os\nos.setsid() if os.fork() == 0 else None\nreturn True"),  # a forked twin runs on
-    check("open('/opt/sandpit/runner/pid1_runner.py', 'w').write('pwned')\nreturn True"),
+    check("open('/opt/sandpit/sandpit_runner/pid1_runner.py', 'w').write('pwned')\nreturn True"),
 ]
 
 

@@ -201,6 +201,42 @@ def test_a_reused_sandbox_carries_nothing_between_jobs(rt_pool) -> None:
     assert json.loads(found) == nothing_left(report)
 
 
+PACKAGE_VIEW = """
+import json, sys
+package = sys.modules.get('sandpit_runner')
+result = json.dumps({'path': sys.path, 'package': getattr(package, '__file__', None),
+                     'loaded': sorted(name for name in sys.modules if name.startswith('sandpit_runner'))})
+"""
+"""Snippet: the session process's ``sys.path``, where its runner package was loaded from,
+and which of its modules it holds."""
+
+
+def test_the_runner_package_is_loaded_from_the_image_and_off_the_untrusted_path(open_env, probe, rt_pool) -> None:
+    """The image installs the runner as a package in /opt/sandpit; a spawned process
+    imports it from there, then takes /opt/sandpit off sys.path before any untrusted code
+    runs, so code of the environment (or a script) finds no runner module by import."""
+    session = open_env(on=rt_pool)
+    seen = json.loads(probe.ok(session, PACKAGE_VIEW))
+    assert seen["package"] == "/opt/sandpit/sandpit_runner/__init__.py", seen
+    assert {"sandpit_runner.child_spare", "sandpit_runner.child_session", "sandpit_runner.wire"} <= set(seen["loaded"])
+    assert not any(name.startswith("sandpit_runner.pid1_") for name in seen["loaded"]), seen["loaded"]
+    assert not any(entry == "/opt/sandpit" or "sandpit_runner" in entry for entry in seen["path"]), seen["path"]
+    script = rt_pool.execute(tenant="tests", profile=rt_pool.profile(overrides=FAST), code=(
+        "import json, sys\n"
+        "try:\n"
+        "    import sandpit_runner\n"
+        "except ImportError:\n"
+        "    found = None\n"
+        "else:\n"
+        "    found = sandpit_runner.__file__\n"
+        "print(json.dumps({'path': sys.path, 'found': found,\n"
+        "                  'loaded': [m for m in sys.modules if m.startswith('sandpit_runner')]}))\n"))
+    assert script.status == "ok", script
+    view = json.loads(script.stdout)
+    assert view["found"] is None and view["loaded"] == [], view
+    assert not any(entry == "/opt/sandpit" or "sandpit" in entry for entry in view["path"]), view["path"]
+
+
 def test_the_runner_token_is_nowhere_a_session_can_read(open_env, probe, rt_pool) -> None:
     session = open_env(on=rt_pool)
     environ = probe.run(session, "result = open('/proc/1/environ', 'rb').read().decode('latin-1')")
@@ -472,5 +508,5 @@ def test_the_delta_scans_write_barrier_loads_under_each_runtime(open_env, probe,
     import (correct, but the airline step about twice as slow): the compiled module must
     load in a real session process under runc and under gVisor alike."""
     session = open_env(on=rt_pool)
-    loaded = probe.ok(session, "import sys\nresult = repr(sys.modules['child_delta'].state_watch)")
-    assert "state_watch" in loaded and "/opt/sandpit/runner/state_watch." in loaded, loaded
+    loaded = probe.ok(session, "import sys\nresult = repr(sys.modules['sandpit_runner.child_delta'].state_watch)")
+    assert "state_watch" in loaded and "/opt/sandpit/sandpit_runner/state_watch." in loaded, loaded

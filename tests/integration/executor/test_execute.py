@@ -212,7 +212,7 @@ def test_nothing_of_a_run_is_left_for_the_next(ex) -> None:
     "import os\nos.write(3, b'\\xff\\xff\\xff\\xff' + os.urandom(1000))",
     "import json, os\nbody = json.dumps({'id': 1, 'status': 'ok', 'exit_code': 0}).encode()\n"
     "os.write(3, len(body).to_bytes(4, 'big') + body)\nos._exit(9)",
-    "open('/opt/sandpit/runner/pid1_runner.py', 'w').write('pwned')",
+    "open('/opt/sandpit/sandpit_runner/pid1_runner.py', 'w').write('pwned')",
     "import os\nos.kill(-1, 9)",
     "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)",

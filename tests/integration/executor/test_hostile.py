@@ -244,6 +244,46 @@ def test_a_reply_forged_with_the_right_id_only_answers_its_own_call(open_env, pr
         assert (after.status, after.observation) == ("ok", expected), after
 
 
+MALFORMED_REPLIES = {
+    "delta-a-list": "'delta': []",
+    "set-a-list": "'delta': {'set': [], 'del': []}",
+    "set-text": "'delta': {'set': 'x', 'del': []}",
+    "entry-not-encoded": "'delta': {'set': {'counter': 666}, 'del': []}",
+    "del-not-names": "'delta': {'set': {}, 'del': [1]}",
+    "observation-not-text": "'observation': {'x': 1}",
+    "duration-not-a-number": "'duration_ms': 'soon'",
+    "traceback-not-text": "'traceback': 7",
+}
+
+
+@pytest.mark.parametrize("field", list(MALFORMED_REPLIES))
+def test_a_reply_forged_with_the_right_id_but_out_of_shape_is_a_crash_of_that_call(open_env, probe, field) -> None:
+    """The forged reply answers its own call, but PID 1 checks it first: a process that
+    sends one out of shape has broken the protocol (crashed, re-created from the last good
+    state), and PID 1, the sandbox and the other sessions in it go on."""
+    session = open_env(init_config={"counter": 5})
+    neighbour = open_env(init_config={"counter": 50})
+    sandbox = session._sandbox
+    result = probe.run(session, (
+        "import json, sys\n"
+        "frame = sys._getframe()\n"
+        "while 'request_id' not in frame.f_locals:\n"
+        "    frame = frame.f_back\n"
+        "reply = {'id': frame.f_locals['request_id'], 'status': 'ok', 'observation': 'forged', 'duration_ms': 1,\n"
+        "         'delta': {'set': {}, 'del': []}}\n"
+        f"reply.update({{{MALFORMED_REPLIES[field]}}})\n"
+        "body = json.dumps(reply).encode()\n"
+        "os.write(3, len(body).to_bytes(4, 'big') + body)\n"
+        "self.counter += 1\n"
+        "result = 'real'\n"))
+    assert result.status == "crashed" and "malformed reply" in result.observation, result
+    after = session.call("bump", {"by": 1})
+    assert (after.status, after.observation, after.recovered) == ("ok", "6", False), after
+    assert session._sandbox is sandbox and sandbox.alive
+    if neighbour._sandbox is sandbox:  # a shared sandbox: the other session never noticed
+        assert neighbour.call("bump", {"by": 1}).observation == "51"
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGQUIT", "SIGKILL", "SIGSTOP"])
 def test_signals_to_the_runner_are_ignored(open_env, probe, signame) -> None:
     session = open_env(init_config={"counter": 1})

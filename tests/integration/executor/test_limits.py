@@ -305,7 +305,7 @@ def test_unprivileged_no_capabilities_no_new_privileges(open_env, probe) -> None
     assert probe.run(session, "os.setuid(0)").observation.startswith("Error: PermissionError")
 
 
-@pytest.mark.parametrize("path", ["/escape.txt", "/opt/escape.txt", "/opt/sandpit/runner/pid1_runner.py",
+@pytest.mark.parametrize("path", ["/escape.txt", "/opt/escape.txt", "/opt/sandpit/sandpit_runner/pid1_runner.py",
                                   "/usr/lib/python3.11/os.py", "/etc/passwd"])
 def test_root_filesystem_is_read_only(open_env, probe, path) -> None:
     session = open_env()

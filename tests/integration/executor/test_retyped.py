@@ -1,5 +1,5 @@
 """What an ``init`` reports of ``init_config`` keys that replace an attribute the constructor
-set to a value of another type (``child_session.retyped_attributes``), on real sandboxes:
+set to a value of another type (``child_instance.retyped_attributes``), on real sandboxes:
 for sessions constructed from their config and for sessions forked from a config template
 (whose construction ran once, in the template)."""
 

@@ -29,7 +29,7 @@ from sandpit.sandbox_images.runner import child_delta
 
 pytestmark = [pytest.mark.docker]
 
-RUNNER_DIR = "/opt/sandpit/runner"
+RUNNER_DIR = "/opt/sandpit/sandpit_runner"
 
 
 @pytest.fixture(scope="session")

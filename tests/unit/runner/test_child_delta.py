@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 import pytest
-from sandpit.sandbox_images.runner import child_delta, limits
+from sandpit.sandbox_images.runner import child_delta, limits, wire
 from sandpit.sandbox_images.runner import child_session as child
 from sandpit.sandbox_images.runner.protocol import apply_keyed, apply_path_ops
 
@@ -317,7 +317,7 @@ def test_path_operations_copy_only_the_changed_path() -> None:
 
 
 def test_ops_refuse_values_that_are_not_json() -> None:
-    ops = child_delta.Ops(child._dumps, child._json_native)
+    ops = child_delta.Ops(child._dumps, wire.json_native)
     with pytest.raises(child_delta.Abort):
         ops.set(["a"], {1, 2})
     with pytest.raises(child_delta.Abort):

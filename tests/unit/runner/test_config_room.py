@@ -1,4 +1,4 @@
-"""Making room for a config template (``pid1_templates.make_room``, ``_private_bytes``):
+"""Making room for a config template (``pid1_templates.make_room``, ``pid1_children.private_bytes``):
 the fewest least recently used templates whose memory covers what is over, none at all
 when they would not (or a size cannot be read), and the memory a real process maps
 privately, read the way PID 1 reads its children's."""
@@ -11,7 +11,7 @@ import sys
 import types
 
 import pytest
-from sandpit.sandbox_images.runner import pid1_templates
+from sandpit.sandbox_images.runner import pid1_children, pid1_templates
 from sandpit.sandbox_images.runner.pid1_templates import make_room
 
 MiB = 1024 * 1024
@@ -44,9 +44,9 @@ def test_private_bytes_of_a_real_process_grow_with_what_it_allocates() -> None:
     with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
         try:
             assert proc.stdout is not None and proc.stdout.readline() == b"1\n"
-            size = pid1_templates._private_bytes(proc.pid)
+            size = pid1_children.private_bytes(proc.pid)
             assert size is not None and 64 * MiB <= size < 128 * MiB
         finally:
             proc.kill()
-    assert pid1_templates._private_bytes(proc.pid) is None  # gone: unreadable, never 0
-    assert (pid1_templates._private_bytes(os.getpid()) or 0) > 0
+    assert pid1_children.private_bytes(proc.pid) is None  # gone: unreadable, never 0
+    assert (pid1_children.private_bytes(os.getpid()) or 0) > 0

@@ -1,22 +1,10 @@
-"""PID 1's side of one-shot jobs (``pid1_jobs``): capped output, validation of job requests
+"""PID 1's side of one-shot jobs (``pid1_jobs``): validation of job requests
 and of check-result frames, descriptions of a process's end."""
 
 from __future__ import annotations
 
 import pytest
 from sandpit.sandbox_images.runner import limits, pid1_jobs
-
-
-def test_output_keeps_the_cap_and_counts_the_rest() -> None:
-    out = pid1_jobs.Output(5)
-    out.add(b"abc")
-    out.add(b"defgh")
-    out.add(b"ij")
-    assert (bytes(out.data), out.dropped) == (b"abcde", 5)
-    assert out.text() == "abcde" and out.text(marker=True) == "abcde\n...[5 bytes dropped]"
-    out.reset()
-    assert (out.text(), out.dropped) == ("", 0)
-    assert pid1_jobs.Output(0).text() == ""
 
 
 def test_exec_requests_are_validated() -> None:
@@ -60,9 +48,3 @@ def test_check_result_frames_are_validated_and_capped() -> None:
                 frame(passed=1), frame(duration_ms=-1), frame(duration_ms=float("inf")), frame(duration_ms="1"),
                 frame(result=5), frame(error=["x"]), frame(traceback={})]:
         assert pid1_jobs._check_result(bad, 2) is None, bad
-
-
-def test_signal_and_exit_descriptions() -> None:
-    assert pid1_jobs._death(9) == "killed by signal SIGKILL"
-    assert pid1_jobs._death(3 << 8) == "exited with status 3"
-    assert pid1_jobs._signal_name(200) == "200"

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from sandpit.sandbox_images.runner import limits, protocol
 from sandpit.sandbox_images.runner.protocol import FrameBuffer, ProtocolViolation
 
@@ -131,17 +128,3 @@ def test_frames_before_a_bad_one_are_kept() -> None:
     with pytest.raises(protocol.ProtocolViolation) as info:
         protocol.FrameBuffer(8).feed(b"\xff\xff\xff\xff")
     assert info.value.messages == []
-
-
-@settings(max_examples=2000, deadline=None)
-@given(st.binary(max_size=80).map(lambda b: bytes(b"[]{}\"\\ a,:"[x % 10] for x in b)), st.integers(1, 6))
-def test_fast_depth_check_agrees_with_the_exact_scan(payload: bytes, limit: int) -> None:
-    """The bytes-operation depth check refuses exactly what the byte-by-byte scan refuses."""
-    def refused(check: Any) -> bool:
-        try:
-            check(payload, limit)
-        except ProtocolViolation:
-            return True
-        return False
-
-    assert refused(protocol._check_depth) == refused(protocol._scan_depth)

@@ -1,13 +1,15 @@
-"""``child_session.retyped_attributes`` (imported, never run as a process here) and the
-host's reading of what a sandbox reports of it (``results.check_retyped``)."""
+"""``child_instance`` (imported, never run as a process here): EnvScaler's instance from a
+config, the keys it reports as retyped, and the host's reading of what a sandbox reports
+of them (``results.check_retyped``)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any
 
+import pytest
 from sandpit.executor.results import check_retyped
-from sandpit.sandbox_images.runner import child_session as child
+from sandpit.sandbox_images.runner import child_instance as child
 from sandpit.sandbox_images.runner import limits
 
 
@@ -80,3 +82,24 @@ def test_the_host_keeps_only_well_formed_bounded_entries() -> None:
     assert check_retyped([good, {"key": 1, "constructed": "a", "config": "b"}, "junk", {"key": "b"}]) == [good]
     assert len(check_retyped([good] * 1000)) == limits.INIT_RETYPED_MAX
     assert check_retyped([{**good, "key": "x" * 10_000}])[0]["key"] == "x" * limits.INIT_RETYPED_NAME_CHARS
+
+
+def test_instantiate_follows_envscaler_init_env_instance() -> None:
+    class WithConfig:  # trusted test classes: our code, run on the host on purpose
+        def __init__(self, init_config):
+            self.seen = dict(init_config)
+
+    class NoArgs:
+        def __init__(self):
+            self.ready = True
+
+    class Raises:
+        def __init__(self, init_config):
+            raise TypeError("a bug inside __init__")
+
+    with_config = child.instantiate(WithConfig, {"a": 1})
+    assert vars(with_config) == {"seen": {"a": 1}, "a": 1}  # and every key is set as an attribute
+    assert vars(child.instantiate(WithConfig, {})) == {"seen": {}}  # cls({}) for an empty config
+    assert vars(child.instantiate(NoArgs, {"b": 2})) == {"ready": True, "b": 2}  # TypeError -> cls() + setattr
+    with pytest.raises(TypeError, match="missing 1 required"):  # any TypeError falls back to cls(), as in
+        child.instantiate(Raises, {"c": 3})  # EnvScaler, whose own error then propagates

@@ -1,0 +1,114 @@
+"""PID 1's event loop (``pid1_loop``) on real sockets in this process: callbacks of what is
+readable, deadlines that shorten the wait, deferred actions that wait while something is
+busy (but not past DEFER_MAX_S), after-round actions, and a stop that ends the round."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from sandpit.sandbox_images.runner import limits
+from sandpit.sandbox_images.runner.pid1_loop import Loop
+
+
+@pytest.fixture
+def pair() -> tuple[socket.socket, socket.socket]:
+    left, right = socket.socketpair()
+    yield left, right
+    left.close()
+    right.close()
+
+
+def run_rounds(loop: Loop, rounds: int) -> None:
+    """Stop ``loop`` after ``rounds`` rounds (an after-round action counts them)."""
+    seen = [0]
+
+    def count() -> None:
+        seen[0] += 1
+        if seen[0] >= rounds:
+            loop.stop()
+
+    loop.after_round(count)
+    loop.run()
+
+
+def test_readable_objects_reach_their_callback_and_unwatch_is_quiet(pair) -> None:
+    left, right = pair
+    loop = Loop(poll_s=0.01)
+    got: list[bytes] = []
+    loop.watch(right, lambda sock: got.append(sock.recv(100)))
+    left.sendall(b"ping")
+    run_rounds(loop, 2)
+    assert got == [b"ping"]
+    loop.unwatch(right)
+    loop.unwatch(right)  # twice: quiet
+    loop.unwatch(12345)  # never watched: quiet
+    right.close()
+    loop.unwatch(right)  # closed: quiet
+
+
+def test_deadlines_shorten_the_wait_and_run_every_round() -> None:
+    loop = Loop(poll_s=5.0)
+    now_seen: list[float] = []
+
+    def check(now: float) -> float | None:
+        now_seen.append(now)
+        return 0.01
+
+    loop.add_deadlines(check)
+    loop.add_deadlines(lambda now: None)  # no deadline: does not shorten anything
+    started = time.monotonic()
+    run_rounds(loop, 3)
+    assert len(now_seen) == 3 and time.monotonic() - started < 2.0  # not the 5 s poll
+
+
+def test_deferred_actions_wait_while_busy_but_not_past_their_due_time() -> None:
+    loop = Loop(poll_s=0.005)
+    busy = [True]
+    ran: list[float] = []
+    loop.add_busy(lambda: busy[0])
+    action = lambda: ran.append(time.monotonic())  # noqa: E731
+    started = time.monotonic()
+    loop.later(action)
+    loop.later(action)  # asked twice: runs once
+    loop.after_round(lambda: loop.stop() if ran else None)
+    loop.run()
+    assert len(ran) == 1 and ran[0] - started >= limits.DEFER_MAX_S * 0.9  # waited for the busy part
+    busy[0] = False
+    loop.running = True
+    ran.clear()
+    started = time.monotonic()
+    loop.later(action)
+    loop.run()
+    assert len(ran) == 1 and ran[0] - started < limits.DEFER_MAX_S  # nothing busy: at once
+    loop.later(action)
+    loop.cancel_deferred()
+    assert loop.deferred == [] and loop.deferred_due is None
+
+
+def test_a_stop_ends_the_round_after_the_current_callback(pair) -> None:
+    left, right = pair
+    other_left, other_right = socket.socketpair()
+    with other_left, other_right:
+        loop = Loop(poll_s=0.01)
+        calls: list[str] = []
+
+        def first(sock: socket.socket) -> None:
+            sock.recv(10)
+            calls.append("stop")
+            loop.stop()
+
+        def second(sock: socket.socket) -> None:
+            sock.recv(10)
+            calls.append("second")
+            loop.stop()
+
+        loop.watch(right, first)
+        loop.watch(other_right, second)
+        left.sendall(b"a")
+        other_left.sendall(b"b")
+        after: list[int] = []
+        loop.after_round(lambda: after.append(1))
+        loop.run()
+        assert len(calls) == 1 and after == [1]  # one callback, then the round's end
