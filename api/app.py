@@ -88,9 +88,10 @@ def tune_gc(young_threshold: int) -> None:
     before uvicorn starts; the app never does, it may share a process): the youngest
     generation's threshold (``young_threshold`` allocations; 0 keeps Python's) and
     ``gc.freeze()`` of everything alive now (modules, the app), so later collections do
-    not walk it again. The older generations keep Python's thresholds. Why: parsing a 3 MB
-    JSON body at the default threshold of 700 ran hundreds of collections over the
-    growing heap (3-4x the parse itself; :attr:`ApiSettings.gc_young_threshold`)."""
+    not walk it again. The older generations keep Python's thresholds. Why: parsing a
+    multi-megabyte JSON body at the default threshold of 700 runs hundreds of collections
+    over the growing heap, costing more than the parse itself
+    (:attr:`ApiSettings.gc_young_threshold`)."""
     if young_threshold:
         _, middle, oldest = gc.get_threshold()
         gc.set_threshold(young_threshold, middle, oldest)

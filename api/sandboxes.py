@@ -7,8 +7,8 @@ wraps any ``Executor`` (a pool or the Ray backend in production, a scripted fake
 tests). Optional capabilities are asked with ``isinstance`` on their protocols:
 :class:`~sandpit.executor.KeyedSessions` (sessions keyed by the env id, which any replica
 re-attaches to and :meth:`Sandboxes.discard` ends) and :class:`~sandpit.executor.Cluster`
-(several sandbox hosts: per-host info, drains). It owns two things every caller used to
-repeat:
+(several sandbox hosts: per-host info, drains). It owns two things every caller would
+otherwise repeat:
 
 * **slots**: every run of untrusted code (opening a session, a tool call, restoring a
   snapshot, deriving tools, checks, scripts) holds one slot of the :class:`FairScheduler`

@@ -60,9 +60,8 @@ class Quotas(BaseModel):
     max_running_calls: Annotated[int, Field(ge=1)] = Field(default_factory=lambda: default_running_calls())
     """Calls of this tenant executing in sandboxes at once (each sandbox has its own CPU
     quota, so this bounds the CPU one tenant can take). Default: half the CPU cores, at
-    least 1 (1 on a 2-core machine: a tenant spinning takes at most 0.5 CPU). Measured on
-    2 cores with 32 infinite loops of a noisy tenant: with 1, the quiet tenant's step p99
-    rose 1.13-1.33x; with 2, 1.41-2.17x (benchmarks/tenancy.py)."""
+    least 1 (1 on a 2-core machine: a tenant spinning takes at most 0.5 CPU). What a noisy
+    tenant costs a quiet one at each value is measured by ``benchmarks/tenancy.py``."""
     steps_per_minute: Annotated[int, Field(ge=1)] = 600_000
     step_burst: Annotated[int, Field(ge=1)] | None = None
     """Token bucket size; default: one second's worth of ``steps_per_minute`` (at least 10)."""
@@ -139,8 +138,8 @@ class ApiSettings(BaseSettings):
     sqlite_checkpoint_interval_s: Annotated[float, Field(ge=0, le=3600)] = 0.5
     """Seconds between the passive WAL checkpoints a thread of the app runs on a SQLite
     database (:mod:`sandpit.api.db.checkpoint`), so that no step's commit copies the WAL
-    back and syncs the file (6.5-8.7 ms on this project's VM, against 0.22 ms for the
-    commit). 0: SQLite's own checkpoint inside a commit every 1,000 pages, as before.
+    back and syncs the file (many times a commit's own cost). 0: SQLite's own checkpoint
+    inside a commit every 1,000 pages.
     Ignored for PostgreSQL."""
     gc_young_threshold: Annotated[int, Field(ge=0, le=10_000_000)] = 50_000
     """Allocations of container objects between two collections of the youngest garbage

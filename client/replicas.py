@@ -1,4 +1,4 @@
-"""Spreading a client's requests over several API replicas (issue 15: any replica answers
+"""Spreading a client's requests over several API replicas (any replica answers
 any request, since they share one database and reach an env's session through its host).
 
 A base URL with commas, ``http://127.0.0.1:8601,http://127.0.0.1:8602``, makes `Client` /

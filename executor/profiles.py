@@ -1,7 +1,7 @@
 """Resource profiles: the limits one sandbox and each session in it run under.
 
-A profile is named in settings (``ExecutorSettings.profiles``; ``default`` gives the
-issue's defaults: 256 MiB, 0.5 CPU, 64 pids, 64 MiB tmpfs, 10 s per call). A caller may
+A profile is named in settings (``ExecutorSettings.profiles``; ``default`` gives
+256 MiB, 0.5 CPU, 64 pids, 64 MiB tmpfs, 10 s per call). A caller may
 *lower* any field of a named profile (:func:`resolve_profile` with overrides); only an
 operator raises limits, by defining profiles in settings, and no profile may exceed
 ``ExecutorSettings.max_profile``.

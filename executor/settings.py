@@ -127,9 +127,9 @@ class ExecutorSettings(BaseSettings):
     runsc_poll_interval_s: Annotated[float, Field(gt=0, le=1)] = 0.05
     """Under gVisor, the runner's event loop wakes at least this often (seconds): Debian's
     runsc (2022-12) can miss epoll wake-ups on the host-backed protocol socket, which
-    otherwise stalls a reply until the next wake-up. runc needs no polling (1 s).
-    Measured (ptrace platform, 0.5 CPU): 0.05 s gives call p50 1.6 ms / p99 18 ms; faster
-    polling spends the CPU quota on wake-ups and gets throttled (0.02 s: p99 > 1 s)."""
+    otherwise stalls a reply until the next wake-up. runc needs no polling (1 s). Faster
+    polling spends the sandbox's CPU quota on wake-ups and gets it throttled, which raises
+    the tail rather than lowering it."""
     runsc_retire_pids_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
     """Under gVisor (ptrace platform, Debian's 2022-12 runsc) the host stub processes of
     exited sandboxed processes are kept: measured about 230 host pids per spawn loop of
@@ -212,9 +212,9 @@ class BackendSettings(BaseSettings):
     the cluster this machine's ``ray start`` joined)."""
     ray_direct_calls: bool = True
     """Ray backend: send session requests (tool calls, restores, state reads) to the sandbox
-    hosts over direct TCP links (``executor/ray/link.py``: an empty round trip ~0.3 ms
-    against ~1.1 ms for a Ray actor call, ``benchmarks/scale.py``); False sends everything
-    through Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
+    hosts over gRPC host links (``executor/ray/link.py``; ``benchmarks/host_link.py``
+    compares their round trip with a Ray actor call's); False sends everything through
+    Ray (``SANDPIT_RAY_DIRECT_CALLS``)."""
 
     def config_data(self) -> dict[str, Any]:
         """``{"type": <backend>, <option>: value, ...}``: the chosen backend's name and the

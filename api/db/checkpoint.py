@@ -4,9 +4,7 @@ In WAL mode a commit appends pages to ``<db>-wal``; a *checkpoint* copies them b
 the database file and syncs it. By default SQLite runs one inside whichever commit finds
 the WAL over 1,000 pages (``wal_autocheckpoint``), so every ~1,000 pages one step's
 commit, and every step of the group commit waiting behind it, pays for copying ~4 MB and
-an ``fsync``: measured on this project's 2-core VM, 6.5 ms at p99.9 and 8.7 ms at worst
-for a commit that is 0.22 ms at p50 (quiet machine; under load the stall grows with the
-disk's queue).
+an ``fsync``: tens of times a commit's own cost, growing with the disk's queue.
 
 :class:`WalCheckpointer` moves that work to a thread of its own: every ``interval_s`` it
 runs ``PRAGMA wal_checkpoint(PASSIVE)`` on its own connection, which copies what no

@@ -36,7 +36,7 @@ Sandpit's own: :mod:`.actions`, :mod:`.rulebook`). What the profile fixes:
 Where EnvScaler's own ``step()`` raises instead of answering (a tool name that is not a
 string, ``chat_with_user`` content that ``in`` cannot search in a non-conversational
 episode), the profile answers :data:`INVALID_ACTION` / ends the episode as above; the
-README's profile table lists these with every other difference from the ``sandpit``
+profile table in docs/envscaler.md lists these with every other difference from the ``sandpit``
 profile.
 """
 

@@ -16,7 +16,7 @@ and ignores ``FOR UPDATE``).
 
 Recovery: an episode left ``running`` by a replica that is gone goes back to ``pending``.
 On SQLite (one API process per database file, as documented for the quota counters)
-every episode not claimed by this replica is reset at start-up, as before. On other
+every episode not claimed by this replica is reset at start-up. On other
 databases only episodes of replicas whose heartbeat is older than ``LEASE_S`` seconds
 (or whose row is missing: a clean shutdown deletes it) are, and live replicas check for
 dead ones every ``HEARTBEAT_S`` seconds.

@@ -36,8 +36,8 @@ FORMAT = "%s %s %s %.2fms tenant=%s"
 
 class AccessFormatter(logging.Formatter):
     """``<local time, to the millisecond> <message>`` (``2026-01-31 14:05:09,123 POST ...``),
-    the time's seconds rendered once per second rather than once per line: ``strftime``
-    was a third of a line's cost (measured: ~10 of ~30 us per line on a loaded 2-core VM).
+    the time's seconds rendered once per second rather than once per line, since
+    ``strftime`` is a large part of a line's cost.
     ``sandpit serve`` formats ``sandpit.access`` with it."""
 
     def __init__(self) -> None:

@@ -1,8 +1,8 @@
 """Request bodies arrive within a deadline; a client that goes away is one log line.
 
 uvicorn closes idle keep-alive connections (``timeout_keep_alive``) but has no limit on
-a request whose headers arrived and whose body stalls: the app's ``receive()`` waits
-forever, so 200 slow-loris uploads held 200 connections past 120 s (issue 12).
+a request whose headers arrived and whose body stalls: without a deadline the app's
+``receive()`` would wait forever, and slow-loris uploads would hold connections open.
 :class:`BodyReadTimeout` wraps ``receive``: the whole body must arrive within
 ``timeout_s`` of the request's start, else the ``receive`` raises
 :class:`~sandpit.api.errors.RequestTimeout` (408 ``request_timeout``). Any response that starts

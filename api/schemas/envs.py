@@ -62,7 +62,7 @@ class EpisodeOptions(_Request):
     observation and the episode goes on) or ``envscaler`` (EnvScaler's RL environment byte
     for byte: its introduction, observation texts and kinds, parse messages, ``hasattr``
     validity, a raising tool ends the episode with reward 0.0 and a traceback; the
-    README's profile table). Default: the scenario's ``episode_profile``, else
+    profile table in docs/envscaler.md). Default: the scenario's ``episode_profile``, else
     ``sandpit``. Under ``envscaler`` the fields below that the profile fixes take its
     values when omitted (``on_tool_error: terminate``, ``termination_action:
     chat_with_user``, ``score_truncated: false``, ``max_steps: null``) and contradicting
@@ -295,7 +295,7 @@ class StateView(BaseModel):
     """EnvScaler's state (``vars(instance)`` without dunder keys) as JSON: JSON-native
     values exactly; sets, tuples, dates, bytes, objects... as explicit ``$`` tags
     (``{"$set": [...]}``, ``{"$date": "2024-05-01"}``, ``{"$object": {"type", "attrs"}}``;
-    see the README's "State" section); anything cut says so with a ``$truncated`` tag."""
+    see docs/api.md, "State"); anything cut says so with a ``$truncated`` tag."""
 
     env_id: str
     episode: int

@@ -8,7 +8,8 @@ tags become objects). Nothing is decoded on the host. Objects of the environment
 classes are rebuilt as stand-ins carrying their attributes, so no code of the environment
 being judged runs where a verdict is computed; a scenario with ``check_objects:
 environment`` opts in to loading the environment's module for its checks instead, and then
-the environment's code takes part in the verdict (``child_oneshot.py``, README).
+the environment's code takes part in the verdict (``child_oneshot.py``; docs/isolation.md,
+"Verdicts the judged code cannot write").
 
 A checklist longer than one sandbox job takes (``CHECKS_PER_JOB``, 256) runs in
 consecutive jobs of at most that many checks, each on the same two states, and the

@@ -23,7 +23,7 @@ def retyped_findings(source_code: str, class_name: str,
                      retyped: list[dict[str, str]]) -> list[tuple[int | None, int | None, str]]:
     """``(line, col, message)`` per config key the sandbox reported as replacing an
     attribute ``__init__`` set to a value of another type (``[{"key", "constructed",
-    "config"}]``, ``child_session.retyped_attributes``), for
+    "config"}]``, ``child_instance.retyped_attributes``), for
     ``PolicyReport.extended("init-config-replaces-attribute", ...)``. The position is the
     first ``self.<key> = ...`` in ``class_name``'s ``__init__`` (found with
     :func:`ast.parse`; nothing is executed), else unknown (None)."""

@@ -130,7 +130,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
     ``no-new-privileges``, a seccomp profile (under runc Docker's default, never
     overridden; under runsc gVisor's kernel answers and applies ``seccomp.runsc_profile``,
     Docker's refusals in gVisor's names, loaded because runsc is registered with
-    ``--oci-seccomp``, :func:`check_runtime`; see README "Isolation"), memory with swap
+    ``--oci-seccomp``, :func:`check_runtime`; see docs/isolation.md), memory with swap
     equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the protocol
     socket directory as the only host path (read-only). Neither the runner's token nor
     where it is is in the environment (only ``SANDPIT_LIMITS``, the profile's limits): the

@@ -223,7 +223,7 @@ class SandboxPool:
         only objects it made and names only its states and harmless builtins:
         ``runner/child_readonly.py``) runs in that process itself when the states hold no
         pickled objects: it cannot change what another check sees, and skips a fork
-        (~2-3 ms of sandbox CPU). Only a returned
+        (milliseconds of sandbox CPU). Only a returned
         ``True`` passes. A check that exceeds ``per_check_timeout_s`` gets ``timeout``
         (the next ones run in a fresh process); one that dies gets ``crashed`` (``oom`` when
         the kernel's OOM killer did it); the whole call is bounded by
@@ -518,7 +518,7 @@ class SandboxPool:
     def _release(self, sandbox: PooledSandbox, session_id: str, close: bool, background: bool = False) -> None:
         """:meth:`release`; with ``background`` (a one-shot job's slot: ``run_checks``,
         ``execute``) the recycle runs in a thread of its own and this returns at once (the
-        caller's reply no longer waits ~20 ms for it): the sandbox stays out of placement
+        caller's reply does not wait for it): the sandbox stays out of placement
         until it is proven clean exactly as in the foreground, and a placement of its key
         that finds no other sandbox waits for it instead of starting a container."""
         handle = sandbox.handle

@@ -58,10 +58,11 @@ scheduler, no home-made cluster protocol::
   re-created on that node by the next refresh (the API refuses the undrain of a host
   whose node is gone).
 
-* **Direct data path.** A Ray actor call costs about 1 ms of round trip by itself, so the
+* **Direct data path.** A Ray actor call costs more round trip than a plain RPC, so the
   session requests (opens and attaches, tool calls, restores, reads, closes) go over a
-  *host link* instead: one authenticated TCP connection from each replica to each host's
-  :class:`~sandpit.executor.ray.link.LinkServer`, framed like the runner protocol
+  *host link* instead: a gRPC channel from each replica to each host's
+  :class:`~sandpit.executor.ray.link.LinkServer`, with TLS pinned to the host's own
+  certificate, a token on every call and a deadline per request
   (:mod:`sandpit.executor.ray.link`). They reach the same host methods with the same
   versions and answers; Ray keeps placement, host creation, pool work, drains and the
   verdict on whether a host whose link broke is lost. ``RayExecutor(direct=False)`` (setting

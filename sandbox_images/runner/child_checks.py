@@ -15,7 +15,7 @@ check does (its modules, threads, files descriptors, tracers, patched builtins, 
 walks) can reach another check, this process or the verdict of another check. The zygote
 reads the check process's one result frame from a private pipe, kills the check's
 process group, and forwards the result (re-validated) to the runner. One exception,
-for speed (a fork costs ~2-3 ms of this VM's CPU, most of an evaluation): a check whose
+for speed (a fork's milliseconds of CPU are most of an evaluation): a check whose
 source ``child_readonly`` proves read-only (it can change only objects it made and
 reach only its states and harmless builtins) runs in the zygote itself, on the shared
 states, when both states are plain data (no ``"p"`` entry, whose objects' classes could

@@ -34,9 +34,9 @@ tag of each dict in it (CPython bumps a dict's tag on every write, PEP 509) and 
 of each list, with references that keep them alive. One ``state_watch.dirty`` call per
 node says which buckets were written to (or no longer hold the same objects under their
 keys); only those are marshalled, compared and walked, then get a new watch. Buckets are
-then small (8 children; the square root without the module). Measured on the host,
-tau-bench airline (2.8 MB), a writing step's check: 8.9 ms p50 by marshal alone, 1.1 ms
-with the barrier. A bucket holding anything else than dicts, lists, tuples and immutable
+then small (8 children; the square root without the module). On a multi-megabyte state
+the barrier cuts a writing step's check several-fold against marshalling every bucket
+(``benchmarks/deltas.py``). A bucket holding anything else than dicts, lists, tuples and immutable
 scalars (a ``set``), or nested past 64 levels, gets no watch and is always compared by
 marshal bytes.
 
@@ -122,8 +122,8 @@ def _bucket_count(children: int) -> int:
     """Buckets of a node with ``children`` small children. Without the write barrier every
     bucket is marshalled on every check, and about the square root balances that pass
     against the walk of a changed bucket; with it only the dirty buckets are, so they are
-    small: about 8 children each (measured on the host, tau-bench airline writing steps:
-    check p50 2.4 ms with square-root buckets, 1.6 ms with 8 children)."""
+    small: about 8 children each (``benchmarks/deltas.py`` compares the two on the
+    tau-bench-shaped airline)."""
     if state_watch is None:
         return max(1, min(1024, int(math.sqrt(children))))
     return max(1, min(8192, children // 8))
@@ -362,8 +362,8 @@ def _marshal_equal(a: Any, b: Any) -> bool:
     version flags every object referenced more than once, and one side here is always
     fresh from ``marshal.loads`` (each string referenced once) while the other is the live
     state (keys shared by every record): nearly every comparison came out unequal and the
-    walk went on down to the scalars (measured: ~600 ``diff`` calls per tau-bench retail
-    step, 1.8 ms of the sandbox's CPU). Version 0 stays exact: ``True``/``1``/``1.0``,
+    walk went on down to the scalars (hundreds of ``diff`` calls per step on a
+    tau-bench-sized state). Version 0 stays exact: ``True``/``1``/``1.0``,
     ``-0.0``/``0.0``, list/tuple, key order and dict subclasses (unmarshallable) differ."""
     try:
         return marshal.dumps(a, 0) == marshal.dumps(b, 0)

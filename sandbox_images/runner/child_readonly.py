@@ -1,9 +1,9 @@
 """Which check functions can only read: the static proof behind running a check in the
 zygote itself instead of a process forked for it (``child_checks.run_checks``).
 
-Stdlib only; runs in a check batch's zygote, inside the sandbox. A fork costs this VM
-~2-3 ms of CPU per check (copy-on-write page faults of the interpreter the check runs
-in), which is most of an evaluation's time at 0.5 CPU. A check whose source passes
+Stdlib only; runs in a check batch's zygote, inside the sandbox. A fork costs
+milliseconds of CPU per check (copy-on-write page faults of the interpreter the check
+runs in), which is most of an evaluation's time on a fraction of a CPU. A check whose source passes
 :func:`why_not_read_only` cannot change anything another check of the batch sees, so it
 may share the zygote's interpreter with them. The proof assumes what the zygote
 guarantees when it takes this path: both states are plain data (JSON values, or the

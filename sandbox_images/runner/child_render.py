@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
 LOCAL_MODULES = ("builtins", None, "dynamic_env", "sandpit_env", "__main__")
 """Modules whose classes are named without the module: builtins, the environment's own
-module (``dynamic_env``, as EnvScaler names it; ``sandpit_env`` formerly) and scripts."""
+module (``dynamic_env``, as EnvScaler names it; ``sandpit_env``, the name of stored
+pickles' classes) and scripts."""
 
 TAGS = frozenset({
     "$set", "$frozenset", "$tuple", "$bytes", "$bytearray", "$datetime", "$date", "$time",

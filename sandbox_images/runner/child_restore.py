@@ -142,7 +142,7 @@ class ProcessState:
     patches it installs at import do not act on the checks): builtins, the standard
     streams and hooks of ``sys``, replaced ``sys.modules`` entries, profile and trace
     functions. It cannot take back audit hooks, threads it started, or changes made
-    inside module objects; the README says so."""
+    inside module objects; docs/isolation.md says so."""
 
     def __init__(self) -> None:
         self.builtins = dict(builtins.__dict__)

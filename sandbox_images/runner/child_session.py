@@ -200,7 +200,7 @@ class Session:
         ``from_template`` takes them as they are."""
         self.retyped: list[dict[str, str]] = []
         """``init_config`` keys that replaced a constructed attribute with a value of
-        another type (:func:`retyped_attributes`), reported in the ``init`` reply."""
+        another type (:func:`child_instance.retyped_attributes`), reported in the ``init`` reply."""
 
     # -- framing ---------------------------------------------------------------------
     def _read_exact(self, n: int) -> bytes:

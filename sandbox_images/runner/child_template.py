@@ -37,8 +37,8 @@ process without any environment: it executes no source at all, only imports the 
 own one-shot module (``child_oneshot.py``) and the modules restoring a state needs, then
 serves ``fork`` requests in the same way. Each forked process is a fresh job process (a
 check batch's zygote) that never served an environment and never ran untrusted code,
-exactly like a spare taking its first request, without the cost of starting Python (about
-30 ms of the sandbox's CPU quota per check batch).
+exactly like a spare taking its first request, without the cost of starting Python (on
+the sandbox's CPU quota, per check batch).
 
 Config templates (:func:`run_config_template`): a process forked from an environment's
 template receives ``config_template {id, config}`` and keeps an *instance*: it constructs

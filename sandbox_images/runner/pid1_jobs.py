@@ -538,7 +538,7 @@ class Jobs:
         """Fork a process from the ready jobs template ahead of the next check batch and
         keep it (``job_spare``), as ``Children.ensure_spare`` keeps a spawned one: followed
         like the spare (never a stray, forgotten when it dies, killed by ``recycle``), it
-        takes the fork and the process's set-up (about 4 ms of CPU quota) off the batch's path."""
+        takes the fork and the process's set-up off the batch's path."""
         if self.job_spare is not None and self.job_spare.alive:
             return
         self.job_spare = self.templates.fork(JOBS_KEY)

@@ -12,7 +12,7 @@ what they need here and never reach each other through the loop:
 * :meth:`Loop.add_busy` ``(busy)``: while any ``busy()`` is True, deferred actions wait;
 * :meth:`Loop.after_round` ``(action)``: run after every pass (reaping exited children);
 * :meth:`Loop.later` ``(action)``: run once nothing is busy (a spare's or a template's
-  start, ~30 ms of the sandbox's CPU quota, must not compete with the request that made
+  start, a Python start-up on the sandbox's CPU quota, must not compete with the request that made
   it necessary), at the latest DEFER_MAX_S seconds after it was first asked for; an
   action asked for twice in one round runs once.
 

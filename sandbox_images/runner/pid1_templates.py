@@ -29,10 +29,10 @@ The jobs template (key JOBS_KEY, with ``templates`` enabled, in any sandbox) exe
 environment: it is started after the sandbox's first check batch ends (``want_jobs``) and
 again after a ``recycle`` that killed one, and each check batch's zygote is forked from it
 (same ``fork`` request, same verification) instead of taking the spare, whose replacement
-would cost a Python start-up (~30 ms of CPU quota) per batch. In a sandbox that serves
+would cost a Python start-up on the sandbox's CPU quota per batch. In a sandbox that serves
 sessions, PID 1 forks the next batch's process from it ahead, after each batch
 (``Jobs.job_spare``, ``pid1_jobs``), so that batch's path holds no fork.
-When it is not ready or fails, the batch takes the spare as before.
+When it is not ready or fails, the batch takes the spare.
 Config templates (an environment *instance* kept, keyed by the environment's key plus
 the SHA-256 of the exact ``init_config`` bytes):
 

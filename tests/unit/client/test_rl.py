@@ -22,7 +22,6 @@ from openai.types.chat import ChatCompletionMessageToolCall
 from sandpit.client import Client, NotFound
 from sandpit.client.rl import (
     GYMNASIUM_ID,
-    NOT_A_TOOL_CALL,
     AsyncRLEnv,
     RLEnv,
     SandpitVectorEnv,
@@ -30,6 +29,7 @@ from sandpit.client.rl import (
     UnicodeText,
     action_body,
 )
+from sandpit.client.spaces import NOT_A_TOOL_CALL
 
 BUMP = {"name": "bump", "arguments": {"by": 1}}
 
