@@ -6,7 +6,7 @@ clients over an ``httpx.MockTransport`` whose handler imitates the HTTP contract
 /v1/envs`` (from a scenario or an environment, with ``episode`` options), ``/reset``,
 ``/step`` (``{"name","arguments"}``, an OpenAI tool call or ``{"text"}``), ``GET``/``DELETE
 /v1/envs/{id}`` and ``GET /v1/scenarios``. Episode semantics follow the server
-(``api/services/episodes.py``): a malformed action is a recorded ``rejected`` step, ``chat_with_user``
+(``api/envs/episodes.py``): a malformed action is a recorded ``rejected`` step, ``chat_with_user``
 ends a non-conversational episode with ``Task finished``, ``max_steps`` truncates, a step
 after the end is 409 ``episode_ended``, and the reward is the mean of two checks on the
 final state (``count == target``, ``count > 0``). A conversational episode's "user"
