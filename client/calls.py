@@ -43,7 +43,7 @@ from .models import (
     Trajectory,
 )
 
-__all__ = ["Call", "tool_call_body"]
+__all__ = ["Call", "step_action", "tool_call_body"]
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -183,6 +183,42 @@ def tool_call_body(call: object) -> tuple[str, dict[str, Any]]:
     if hasattr(call, "name") and hasattr(call, "arguments"):
         return _tool_call_parts(call.name, call.arguments)
     raise TypeError(f"not a tool call: {type(call).__name__} has neither .function nor .name/.arguments")
+
+
+def step_action(call: object, arguments: Mapping[str, Any]) -> object:
+    """The action `EnvHandle.step(call, **arguments)` sends, in a shape `tool_call_body` takes.
+
+    - `call` a string: the name of the tool, called with keyword `arguments` (any names,
+      `text` and `name` included): `{"name": call, "arguments": arguments}`;
+    - `call` a dict or an object (an OpenAI chat tool call `{"id", "type": "function",
+      "function": {"name", "arguments": "<json string>"}}`, `{"name", "arguments"}`,
+      `{"text"}`, an openai SDK tool call): that action as it is; its arguments are its own;
+    - `call` None and `arguments` exactly `{"text": str}`: raw model output
+      (`tool_call_body`'s string form: the server parses the `<tool_call>` format).
+
+    Raises:
+        TypeError, before anything is sent (so no step is recorded): keyword arguments
+        beside a dict or object call (its arguments would be ambiguous); `text=` beside
+        other keywords or not a string; neither a call nor `text=`; a `call` none of
+        `tool_call_body`'s shapes.
+    """
+    if isinstance(call, str):
+        return {"name": call, "arguments": dict(arguments)}
+    if call is None:
+        if set(arguments) != {"text"}:
+            if not arguments:
+                raise TypeError("step() needs a tool name, a tool call, or text=")
+            raise TypeError("keyword arguments need a tool name: step('tool_name', **arguments); "
+                            "text= (raw model output) goes alone")
+        text = arguments["text"]
+        if not isinstance(text, str):
+            raise TypeError(f"text= must be a string (raw model output), not {type(text).__name__}")
+        return text
+    if arguments:
+        raise TypeError(f"a tool call given as {type(call).__name__} carries its own arguments; "
+                        f"keyword arguments ({', '.join(sorted(arguments))}) go with a tool name only")
+    tool_call_body(call)  # its TypeError for a shape that is no tool call, before sending
+    return call
 
 
 def _tool_call_parts(name: object, arguments: object) -> tuple[str, dict[str, Any]]:

@@ -48,13 +48,24 @@ class EnvHandle(_HandleBase):
         super().__init__(env)
         self._t = transport
 
-    def step(self, name: str, /, **arguments: Any) -> StepResult:
-        """Call tool `name` with keyword `arguments` (any names, including `name`).
+    def step(self, call: object = None, /, **arguments: Any) -> StepResult:
+        """Take one step: `step("bump", by=2)` calls tool `bump` with keyword `arguments`
+        (any names, `name` and `text` included); `step(tool_call)` runs a tool call given as
+        an OpenAI chat tool call dict (`{"id", "type": "function", "function": {"name",
+        "arguments": "<json string>"}}`), a `{"name", "arguments"}` dict or an openai SDK
+        tool call object; `step(text=output)` sends raw model output (the `<tool_call>`
+        format, parsed by the server; plain text is a reply). See `calls.step_action`.
 
-        Returns the `StepResult`; a tool that raised, timed out or was refused is a result
-        with that `status`, not an exception. Never retried after the request was sent.
+        Returns the `StepResult`; a tool that raised, timed out or was refused (an unknown
+        tool, arguments that are not a JSON object) is a result with that `status`, not an
+        exception. Never retried after the request was sent.
+
+        Raises:
+            TypeError, before sending (no step is recorded): keyword arguments beside a
+            tool call dict or object, `text=` beside other keywords, no action at all, or
+            a `call` that is no tool call (a dict with neither `name`, `function` nor `text`).
         """
-        return self._t.run(calls.env_step(self.id, {"name": name, "arguments": arguments}, None))
+        return self._t.run(calls.env_step(self.id, calls.step_action(call, arguments), None))
 
     def step_call(self, call: object, *, include: Iterable[Include] | None = None) -> StepResult:
         """Run a tool call given as a dict or an openai SDK object (see `tool_call_body`).
@@ -195,9 +206,9 @@ class AsyncEnvHandle(_HandleBase):
         super().__init__(env)
         self._t = transport
 
-    async def step(self, name: str, /, **arguments: Any) -> StepResult:
-        """See `EnvHandle.step`."""
-        return await self._t.run(calls.env_step(self.id, {"name": name, "arguments": arguments}, None))
+    async def step(self, call: object = None, /, **arguments: Any) -> StepResult:
+        """See `EnvHandle.step`: the same actions and the same `TypeError`s, raised before sending."""
+        return await self._t.run(calls.env_step(self.id, calls.step_action(call, arguments), None))
 
     async def step_call(self, call: object, *, include: Iterable[Include] | None = None) -> StepResult:
         """See `EnvHandle.step_call`."""

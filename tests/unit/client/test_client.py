@@ -578,6 +578,49 @@ def test_openai_tool_call_dict_and_object(client: Client, double: Double) -> Non
     assert env.step_call(bad).status == "rejected"
 
 
+def test_step_takes_a_tool_call_dict_or_object(client: Client, double: Double) -> None:
+    env = client.envs.create(source_code=SOURCE, class_name="Counter")
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"amount": 2}'}}
+    assert env.step(call).observation == "2"
+    assert env.step(SimpleNamespace(function=SimpleNamespace(name="add", arguments='{"amount": 3}'))).observation == "5"
+    assert env.step({"name": "add", "arguments": {"amount": 1}}).observation == "6"
+    env.step("add", text="a tool argument named text", amount=0)  # text= with a tool name: an argument
+    assert [r.body for r in double.calls("POST", "/v1/envs/*/step")] == [
+        {"type": "function", "function": {"name": "add", "arguments": '{"amount": 2}'}},
+        {"type": "function", "function": {"name": "add", "arguments": '{"amount": 3}'}},
+        {"name": "add", "arguments": {"amount": 1}},
+        {"name": "add", "arguments": {"text": "a tool argument named text", "amount": 0}},
+    ]
+
+
+@pytest.mark.parametrize(("call", "arguments", "message"), [
+    ({"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}, {"text": "hi"},
+     "carries its own arguments"),
+    ({"name": "add"}, {"amount": 1}, "carries its own arguments"),
+    ({"id": "c", "type": "function"}, {}, "needs 'name'"),
+    ({"function": "add"}, {}, "'function' must be an object"),
+    (None, {}, "needs a tool name, a tool call, or text="),
+    (None, {"amount": 1}, "keyword arguments need a tool name"),
+    (None, {"text": "hi", "amount": 1}, "keyword arguments need a tool name"),
+    (None, {"text": b"bytes"}, "text= must be a string"),
+    (42, {}, "not a tool call"),
+])
+def test_step_refuses_ambiguous_actions_before_sending(server: tuple[str, Double], client: Client, double: Double,
+                                                       call: Any, arguments: dict[str, Any], message: str) -> None:
+    env = client.envs.create(source_code=SOURCE, class_name="Counter")
+    with pytest.raises(TypeError, match=message):
+        env.step(call, **arguments)
+
+    async def run() -> None:
+        async with AsyncClient(server[0], api_key="key-1", timeout=5.0) as async_client:
+            handle = await async_client.envs.get(env.id)
+            with pytest.raises(TypeError, match=message):
+                await handle.step(call, **arguments)
+
+    asyncio.run(run())
+    assert double.calls("POST", "/v1/envs/*/step") == []
+
+
 def test_tool_call_body_shapes() -> None:
     assert tool_call_body({"name": "a"}) == ("a", {"name": "a", "arguments": {}})
     assert tool_call_body({"function": {"name": "a", "arguments": {"x": 1}}}) == (
