@@ -15,22 +15,25 @@
 * ``sandpit synth``, ``sandpit eval``, ``sandpit rl`` — synthesis, batch evaluations, RL demo.
 
 Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
+
+The console script is :func:`main`. On an install without the ``server`` extra the
+server's commands (``image``, ``sandboxes``, ``demo``, ``db``, ``serve``, ``synth``) and the
+commands of the other extras answer with the extra to install
+(:mod:`sandpit.cli_extras`); the server's packages are imported only by those commands.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import sys
 import time
 from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
-from sandpit.executor.docker import engine, owners
-from sandpit.executor.docker.images import build_image, sandbox_tag
-from sandpit.executor.errors import ExecutorError
-from sandpit.executor.settings import get_image_settings, get_settings
+from sandpit.cli_extras import fail_missing, missing_message
 
 app = typer.Typer(help="Sandpit: sandboxed execution of LLM-synthesized tool environments.",
                   no_args_is_help=True)
@@ -47,6 +50,11 @@ def _fail(exc: Exception) -> NoReturn:
 @image_app.command("build")
 def image_build(force: bool = typer.Option(False, help="Rebuild even if the tag exists.")) -> None:
     """Build the sandbox image (debootstrap base when no registry answers); no-op if up to date."""
+    from sandpit.executor.docker import engine
+    from sandpit.executor.docker.images import build_image
+    from sandpit.executor.errors import ExecutorError
+    from sandpit.executor.settings import get_image_settings, get_settings
+
     try:
         client = engine.make_client(get_settings())
         with console.status("building sandbox image") as status:
@@ -62,7 +70,10 @@ def image_build(force: bool = typer.Option(False, help="Rebuild even if the tag 
 
 @image_app.command("tag")
 def image_tag() -> None:
-    """Print the content-hash tag of the sandbox image (does not need Docker)."""
+    """Print the content-hash tag of the sandbox image (does not need a Docker Engine)."""
+    from sandpit.executor.docker.images import sandbox_tag
+    from sandpit.executor.settings import get_image_settings, get_settings
+
     typer.echo(get_settings().image or sandbox_tag(get_image_settings()))
 
 
@@ -71,6 +82,10 @@ def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owne
                                                     "expired) or not a Sandpit process."),
               all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones.")) -> None:
     """List every container labeled sandpit=1 (optionally reap leftovers)."""
+    from sandpit.executor.docker import engine, owners
+    from sandpit.executor.errors import ExecutorError
+    from sandpit.executor.settings import get_settings
+
     try:
         settings = get_settings()
         client = engine.make_client(settings)
@@ -90,6 +105,8 @@ def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owne
 @app.command("demo")
 def demo(sessions: int = typer.Option(2, min=1, max=32, help="Concurrent episodes to run.")) -> None:
     """Run the bundled demo environment through real sandboxes and print what happens."""
+    from sandpit.executor.errors import ExecutorError
+
     from .demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
@@ -97,10 +114,6 @@ def demo(sessions: int = typer.Option(2, min=1, max=32, help="Concurrent episode
         run_demo(sessions=sessions, console=Console())
     except ExecutorError as exc:
         _fail(exc)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    app()
 
 
 db_app = typer.Typer(help="Control database (SQLite file by default, PostgreSQL by URL).", no_args_is_help=True)
@@ -175,30 +188,75 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                 log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=15)  # ours: sandpit.access
 
 
+def _unavailable(name: str, exc: ModuleNotFoundError) -> None:
+    """Register ``sandpit <name>`` as a command that answers only with the extra it needs
+    (any arguments accepted, so ``sandpit synth run ...`` gets the same one line); re-raises
+    ``exc`` when no extra provides the missing module."""
+    message = missing_message(name, exc)
+    if message is None:
+        raise exc
+    summary = message.partition(" needs ")[2]
+
+    @app.command(name, help=f"Needs {summary}", add_help_option=False,
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def unavailable(ctx: typer.Context) -> None:
+        fail_missing(name, exc)
+
+
 def _register_feature_apps() -> None:
     """Sub-apps that live in their own modules (``sandpit import``, ``sandpit bfcl``,
     ``sandpit tenants``, ``sandpit synth``, ``sandpit eval``, ``sandpit environments``,
-    ``sandpit scenarios``, ``sandpit envs``, ``sandpit rl``, ``sandpit cluster``)."""
+    ``sandpit scenarios``, ``sandpit envs``, ``sandpit rl``, ``sandpit cluster``). The
+    modules of ``import``/``bfcl`` and ``synth`` import their extras' packages; without
+    them those names answer with the extra to install (:func:`_unavailable`)."""
     from sandpit.cluster_cli import cluster_app
     from sandpit.environments_cli import environments_app
     from sandpit.envs_cli import envs_app
     from sandpit.eval_cli import eval_app
-    from sandpit.import_cli import bfcl_app, import_app
     from sandpit.rl_cli import rl_app
     from sandpit.scenarios_cli import scenarios_app
-    from sandpit.synth_cli import synth_app
     from sandpit.tenants_cli import tenants_app
 
-    app.add_typer(import_app, name="import")
+    try:
+        from sandpit.import_cli import bfcl_app, import_app
+    except ModuleNotFoundError as exc:
+        _unavailable("import", exc)
+        _unavailable("bfcl", exc)
+    else:
+        app.add_typer(import_app, name="import")
+        app.add_typer(bfcl_app, name="bfcl")
     app.add_typer(tenants_app, name="tenants")
     app.add_typer(cluster_app, name="cluster")
-    app.add_typer(synth_app, name="synth")
+    try:
+        from sandpit.synth_cli import synth_app
+    except ModuleNotFoundError as exc:
+        _unavailable("synth", exc)
+    else:
+        app.add_typer(synth_app, name="synth")
     app.add_typer(eval_app, name="eval")
     app.add_typer(environments_app, name="environments")
     app.add_typer(scenarios_app, name="scenarios")
     app.add_typer(envs_app, name="envs")
     app.add_typer(rl_app, name="rl")
-    app.add_typer(bfcl_app, name="bfcl")
 
 
 _register_feature_apps()
+
+
+def main() -> None:
+    """The ``sandpit`` console script: runs :data:`app`; a command that imports a package of
+    an extra that is not installed exits 1 with the one line of
+    :func:`sandpit.cli_extras.missing_message` (naming ``sys.argv[1]``) instead of a
+    traceback. Any other missing module is raised."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:  # raised out of click: typer.Exit would not be handled here
+        message = missing_message(next((arg for arg in sys.argv[1:] if not arg.startswith("-")), ""), exc)
+        if message is None:
+            raise
+        typer.echo(message, err=True)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -151,6 +151,7 @@ def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False
          gem_episodes: Annotated[int, typer.Option(min=0, help="Episodes through the GEM env.")] = 10,
          max_steps: Annotated[int, typer.Option(min=1, help="Episode step limit.")] = 100) -> None:
     """Drive scenario-bound envs with a scripted policy through RLEnv and the GEM env."""
+    import sandpit.client.rl  # noqa: F401 - without the rl extra, fail before any output (sandpit.cli.main)
     from sandpit.client import Client
 
     items = _load(replay_file, limit)

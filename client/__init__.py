@@ -20,7 +20,8 @@ Modules, one concept each:
 * `models`: the wire models; `errors`: the `SandpitError` tree (drawn there) and the
   response -> error mapping; `calls`: every endpoint as a sans-IO `Call`;
   `transport`: the sync and async transports and what they retry;
-* `llm`: the OpenAI-compatible model client (synthesis, rollouts, simulated users);
+* `llm`: the OpenAI-compatible model client (synthesis, rollouts, simulated users;
+  `pip install 'sandpit[llm]'`: the default install is this package without openai);
 * `rl` (gymnasium `RLEnv`, `AsyncRLEnv`, `SandpitVectorEnv`; `pip install 'sandpit[rl]'`)
   and `gem_env` (GEM environments; `sandpit[gem]`): imported on their own, never here.
 """

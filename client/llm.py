@@ -45,6 +45,9 @@ the endpoint again, so a rerun is reproducible and resumable.
 Usage: every live request, cache hit, retry and failure is counted in a :class:`Usage`
 (``client.usage``, or the ``usage`` given to the call), under a lock: one client may be
 shared by threads. ``max_concurrency`` bounds the requests in flight per client.
+
+Install: ``openai`` comes with the ``llm`` extra (``pip install 'sandpit[llm]'``) and the
+``server`` extra; without it, importing this module raises ``ModuleNotFoundError`` saying so.
 """
 
 from __future__ import annotations
@@ -61,8 +64,13 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import httpx
-import openai
 import tenacity
+
+try:
+    import openai
+except ModuleNotFoundError as exc:  # the default install is the HTTP client alone
+    raise ModuleNotFoundError("sandpit.client.llm needs the openai SDK: pip install 'sandpit[llm]'",
+                              name=exc.name) from exc
 
 __all__ = [
     "CACHE_FORMAT",
