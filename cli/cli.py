@@ -195,9 +195,9 @@ def _unavailable(name: str, exc: ModuleNotFoundError) -> None:
     message = missing_message(name, exc)
     if message is None:
         raise exc
-    summary = message.partition(" needs ")[2]
+    summary = message.partition(" needs ")[2].partition(": pip install")[0]  # no brackets: help is rich markup
 
-    @app.command(name, help=f"Needs {summary}", add_help_option=False,
+    @app.command(name, help=f"Needs {summary}.", add_help_option=False,
                  context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def unavailable(ctx: typer.Context) -> None:
         fail_missing(name, exc)

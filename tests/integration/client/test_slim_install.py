@@ -8,9 +8,10 @@ and runs the ``sandpit`` command there: the client-side commands work, the serve
 the other extras' answer in one line naming the extra.
 
 The venv with the dependencies is cached under ``build/slim-client/<hash>`` (the hash of
-``pyproject.toml`` and the Python version), so only its first creation reaches PyPI (or
-pip's cache); every run builds the wheel again offline (``--no-build-isolation`` with the
-venv's own setuptools) and reinstalls it with ``--no-deps``.
+``pyproject.toml`` and the Python version; one at a time), so only its first creation
+reaches PyPI (or pip's cache); every run builds the wheel again offline
+(``--no-build-isolation`` with the venv's own setuptools) and reinstalls it with
+``--no-deps``.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def slim_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = venv / "bin" / "python"
     work = tmp_path_factory.mktemp("slim")
     if not (venv / "ready").exists():
-        shutil.rmtree(venv, ignore_errors=True)
+        for stale in venv.parent.glob("*"):  # venvs of other pyproject.toml versions, or a half-made one
+            shutil.rmtree(stale, ignore_errors=True)
         _checked([sys.executable, "-m", "venv", venv])
         _checked([python, "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS])
         _checked([python, "-m", "pip", "install", "-q", _wheel(python, work)])
@@ -149,7 +151,8 @@ def test_sandpit_command_on_the_client_alone(slim_python: Path, server: ApiServe
                                              tmp_path: Path) -> None:
     sandpit = slim_python.parent / "sandpit"
     env = _client_env(server, tmp_path)
-    assert "serve" in _checked([sandpit, "--help"], env=env).stdout
+    usage = _checked([sandpit, "--help"], env=env).stdout
+    assert "serve" in usage and re.search(r"synth +Needs the 'server' extra \(\w+ is not installed\)\.", usage)
     listed = _checked([sandpit, "environments", "list"], env=env).stdout
     assert counter_env_id in listed
 
