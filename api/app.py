@@ -73,11 +73,12 @@ from .services.execution import ExecutionService
 from .services.health import HealthService
 from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
+from .services.stats import StatsService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
-          "scenarios", "execution", "evaluations", "health")
+          "scenarios", "stats", "execution", "evaluations", "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
@@ -232,6 +233,7 @@ class Services:
     history: EnvHistory
     collector: Collector
     scenarios: ScenarioService
+    stats: StatsService
     execution: ExecutionService
     runner: EvaluationRunner
     evaluations: EvaluationJobs
@@ -280,6 +282,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
         rewards=rewards, history=EnvHistory(db, live), collector=collector, scenarios=scenarios,
+        stats=StatsService(db),
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
