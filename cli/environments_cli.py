@@ -3,7 +3,9 @@
 * ``create FILE --class-name C`` — register a Python module whose class ``C`` is the
   environment: the static policy runs, then a sandbox loads it, derives the tools and
   instantiates it once (``--sample-init-config``); prints the tools and the policy findings;
-* ``list``, ``get ID`` (tools as a table, the policy report's findings), ``delete ID``.
+* ``list``, ``get ID`` (tools as a table, the policy report's findings), ``delete ID``;
+* ``stats ID [--kind K] [--since TIME] [--recent N]``: per scenario and in total, attempts,
+  finished episodes, passes (reward 1.0), pass rate, mean reward, newest rewards.
 
 The file is read as text and sent; it never runs on this machine. Exit codes as in
 :mod:`sandpit.api_cli`.
@@ -22,9 +24,12 @@ from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
     KeyOpt,
+    KindOpt,
     LimitOpt,
     OffsetOpt,
     QuietOpt,
+    RecentOpt,
+    SinceOpt,
     UrlOpt,
     connect,
     console,
@@ -33,6 +38,7 @@ from sandpit.api_cli import (
     kv_table,
     out,
     read_text,
+    stats_table,
     text_value,
     tools_table,
     when,
@@ -164,6 +170,23 @@ def get(environment_id: Annotated[str, typer.Argument(help="envr_... id.")], url
         emit_json(environment)
     else:
         print_environment(environment)
+
+
+@environments_app.command("stats")
+def stats(environment_id: Annotated[str, typer.Argument(help="envr_... id.")], kind: KindOpt = "all",
+          since: SinceOpt = None, recent: RecentOpt = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
+          limit: LimitOpt = 50, offset: OffsetOpt = 0, json_: JsonOpt = False) -> None:
+    """Statistics of the environment's scenarios (a page of them, newest first) and the
+    totals over all of them."""
+    with connect(url, api_key) as client:
+        figures = client.environments.stats(environment_id, kind=kind, since=since, recent=recent, limit=limit,
+                                            offset=offset)
+    if json_:
+        emit_json(figures)
+        return
+    scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
+    out.print(stats_table(f"{environment_id}: {len(figures.data)} of {figures.count} scenarios ({scope})",
+                          figures.data, figures.totals))
 
 
 @environments_app.command("delete")

@@ -149,6 +149,16 @@ def print_summary(job: EvaluationJob) -> None:
             per_env.add_row(label, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                             fmt(row.get("success_rate")))
         out.print(per_env)
+    if summary.by_scenario:
+        per_scenario = Table(title="per scenario (overall: every episode of the scenario, training and evaluations)")
+        per_scenario.add_column("scenario", no_wrap=True, min_width=max(len(s) for s in summary.by_scenario))
+        for column in ("episodes", "mean reward", "success rate", "overall pass rate", "overall finished"):
+            per_scenario.add_column(column, justify="right", no_wrap=True)
+        for scenario_id, row in summary.by_scenario.items():
+            per_scenario.add_row(scenario_id, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
+                                 fmt(row.get("success_rate")), fmt(row.get("overall_pass_rate")),
+                                 str(row.get("overall_finished", 0)))
+        out.print(per_scenario)
 
 
 def _finish(client: Client, job: EvaluationJob, detach: bool, poll_s: float, results: Path | None) -> None:

@@ -5,7 +5,9 @@ an ``init_config`` and check functions that turn a finished episode into a rewar
   (FILE: a JSON list of ``{"check_item", "check_func"}``; each ``check_func`` is Python
   source defining ``check_func(final_state) -> bool``, checked by the static policy and
   run only in sandboxes);
-* ``list [--environment-id ID]``, ``get ID``, ``delete ID``.
+* ``list [--environment-id ID]``, ``get ID``, ``delete ID``;
+* ``stats ID [--kind K] [--since TIME] [--recent N]``: attempts, finished episodes, passes
+  (reward 1.0), pass rate, mean reward and the newest rewards.
 
 Exit codes as in :mod:`sandpit.api_cli`.
 """
@@ -22,9 +24,12 @@ from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
     KeyOpt,
+    KindOpt,
     LimitOpt,
     OffsetOpt,
     QuietOpt,
+    RecentOpt,
+    SinceOpt,
     UrlOpt,
     connect,
     console,
@@ -33,6 +38,7 @@ from sandpit.api_cli import (
     json_value,
     kv_table,
     out,
+    stats_table,
     text_value,
     when,
 )
@@ -141,6 +147,21 @@ def get(scenario_id: Annotated[str, typer.Argument(help="scn_... id.")], url: Ur
         emit_json(scenario)
     else:
         print_scenario(scenario)
+
+
+@scenarios_app.command("stats")
+def stats(scenario_id: Annotated[str, typer.Argument(help="scn_... id.")], kind: KindOpt = "all",
+          since: SinceOpt = None, recent: RecentOpt = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
+          json_: JsonOpt = False) -> None:
+    """The scenario's statistics: attempts, finished, passed (reward 1.0), pass rate, mean
+    reward, newest rewards."""
+    with connect(url, api_key) as client:
+        figures = client.scenarios.stats(scenario_id, kind=kind, since=since, recent=recent)
+    if json_:
+        emit_json(figures)
+        return
+    scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
+    out.print(stats_table(f"scenario statistics ({scope})", [figures]))
 
 
 @scenarios_app.command("delete")

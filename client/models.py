@@ -390,6 +390,9 @@ class EvaluationSummary(_ResponseModel):
     mean_reward: float | None = None
     success_rate: float | None = None
     by_environment: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    by_scenario: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """`{scenario_id: {episodes, mean_reward, success_rate, overall_pass_rate,
+    overall_finished}}`: this evaluation's figures and the scenario's over all episodes."""
     errors_by_status: dict[str, int] = Field(default_factory=dict)
     cancelled: int = 0
     usage: dict[str, int] = Field(default_factory=dict)

@@ -51,6 +51,9 @@ ENDED = ("terminated", "truncated")
 """Statuses of a finished training episode (``episodes.status``)."""
 EVALUATION_STARTED = ("running", "done", "error")
 """Statuses of an evaluation episode that was started (``evaluation_episodes.status``)."""
+ID_BATCH = 500
+"""Scenario ids per statement of :meth:`StatsService.pass_rates` (bound parameters stay
+far below SQLite's limit)."""
 
 
 @dataclass(frozen=True)
@@ -177,10 +180,11 @@ class StatsService:
         """Each scenario's overall pass rate and finished episodes (every kind, all time;
         scenarios without a finished episode are left out): what an evaluation report
         shows beside its own."""
-        if not scenario_ids:
-            return {}
+        ids = sorted(set(scenario_ids))
+        stats: dict[str, dict[str, Any]] = {}
         with self.db.read() as db:
-            stats = self._per_scenario(db, tenant, StatsQuery(recent=0), sorted(set(scenario_ids)))
+            for start in range(0, len(ids), ID_BATCH):
+                stats.update(self._per_scenario(db, tenant, StatsQuery(recent=0), ids[start:start + ID_BATCH]))
         return {sid: (_rate(s["passed"], s["finished"]), s["finished"]) for sid, s in stats.items() if s["finished"]}
 
     # -- the statements ---------------------------------------------------------------------
