@@ -14,7 +14,7 @@ answer as JSON (for scripts); notes and errors go to stderr.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 from sandpit.client import DEFAULT_URL, Client, SandpitError
 from sandpit.client.models import ScenarioStats, StatsTotals
+from sandpit.output import error, id_column
 
 __all__ = ["DEFAULT_URL", "JsonOpt", "KeyOpt", "KindOpt", "LimitOpt", "OffsetOpt", "QuietOpt", "RecentOpt", "SinceOpt",
            "UrlOpt", "checks_table", "connect", "console", "emit_json", "fail", "id_column", "json_object",
@@ -70,9 +71,8 @@ SinceOpt = Annotated[datetime | None, typer.Option(
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """One line ``error: message`` on stderr, then exit with ``code``."""
-    console.print(Text("error: ", style="red") + Text(" ".join(message.splitlines())), soft_wrap=True)
-    raise typer.Exit(code)
+    """One line ``error: message`` on stderr (never read as markup), then exit with ``code``."""
+    error(console, message, code)
 
 
 @contextmanager
@@ -192,12 +192,6 @@ def checks_table(results: list[Any], title: str) -> Table:
                                                                    style="green" if passed else "red"),
                       Text(str(row.get("status", ""))), Text(str(row.get("error") or "")))
     return table
-
-
-def id_column(table: Table, header: str, ids: Iterable[str]) -> None:
-    """Add an id column as wide as the longest of ``ids``: ids are never cut or wrapped,
-    however narrow the terminal (other columns give way)."""
-    table.add_column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
 
 
 def rate(value: float | None) -> str:

@@ -31,6 +31,7 @@ from sandpit.executor.docker import engine, owners
 from sandpit.executor.docker.images import build_image, sandbox_tag
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.settings import get_image_settings, get_settings
+from sandpit.output import error
 
 app = typer.Typer(help="Sandpit: sandboxed execution of LLM-synthesized tool environments.",
                   no_args_is_help=True)
@@ -40,8 +41,7 @@ console = Console(stderr=True)
 
 
 def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
+    error(console, exc)
 
 
 @image_app.command("build")

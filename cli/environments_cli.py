@@ -34,6 +34,7 @@ from sandpit.api_cli import (
     connect,
     console,
     emit_json,
+    id_column,
     json_object,
     kv_table,
     out,
@@ -44,6 +45,7 @@ from sandpit.api_cli import (
     when,
 )
 from sandpit.client import Environment
+from sandpit.output import show
 
 environments_app = typer.Typer(help="Registered environment code (a class whose public methods are the tools).",
                                no_args_is_help=True)
@@ -149,7 +151,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
         emit_json(page)
         return
     table = Table(title=f"environments ({len(page.data)} of {page.count})")
-    table.add_column("id", no_wrap=True)
+    id_column(table, "id", [environment.id for environment in page.data])
     for column in ("name", "class", "tools", "policy"):
         table.add_column(column, overflow="fold", justify="right" if column == "tools" else "left")
     for environment in page.data:
@@ -157,7 +159,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
         table.add_row(environment.id, Text(environment.name or ""), environment.class_name,
                       str(len(environment.tools)),
                       f"{environment.policy} {report.get('errors', 0)}E {report.get('warnings', 0)}W")
-    out.print(table)
+    show(out, table)
 
 
 @environments_app.command("get")
@@ -185,7 +187,7 @@ def stats(environment_id: Annotated[str, typer.Argument(help="envr_... id.")], k
         emit_json(figures)
         return
     scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
-    out.print(stats_table(f"{environment_id}: {len(figures.data)} of {figures.count} scenarios ({scope})",
+    show(out, stats_table(f"{environment_id}: {len(figures.data)} of {figures.count} scenarios ({scope})",
                           figures.data, figures.totals))
 
 
