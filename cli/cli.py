@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,8 +30,11 @@ from rich.table import Table
 from sandpit.executor.docker import engine, owners
 from sandpit.executor.docker.images import build_image, sandbox_tag
 from sandpit.executor.errors import ExecutorError
-from sandpit.executor.settings import get_image_settings, get_settings
-from sandpit.output import error
+from sandpit.executor.settings import ExecutorSettings, get_image_settings, get_settings
+from sandpit.output import error, note
+
+if TYPE_CHECKING:
+    from sandpit.api.settings import ApiSettings
 
 app = typer.Typer(help="Sandpit: sandboxed execution of LLM-synthesized tool environments.",
                   no_args_is_help=True)
@@ -115,7 +118,35 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) 
 
     url = get_api_settings().resolved_database_url()
     upgrade(url, revision)
-    console.print(f"database at {revision}: {url}")
+    note(console, f"database at {revision}: {masked_url(url)}")
+
+
+def masked_url(url: str) -> str:
+    """A database URL fit to print: as given when it holds no password, else
+    SQLAlchemy's rendering with the password replaced by ``***``; a URL SQLAlchemy cannot
+    parse is shown as ``<unparsable URL>`` (it might hold a password in a place we do not
+    know)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+        return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "<unparsable URL>"
+
+
+def serve_summary(api: ApiSettings, executor: ExecutorSettings, backend: str, image: str, host: str,
+                  port: int) -> list[tuple[str, str]]:
+    """What ``sandpit serve`` prints before it serves, as ``(name, value)`` lines: the
+    data directory, the database (password masked), the executor backend, the sandbox
+    image and OCI runtime, the warm pool (sandboxes kept ready per tenant and profile) and
+    the sandbox cap, the execution slots, and the URL it listens on."""
+    where = f"[{host}]" if ":" in host else host
+    return [("data dir", str(api.data_dir)), ("database", masked_url(api.resolved_database_url())),
+            ("backend", backend), ("image", image), ("runtime", executor.runtime),
+            ("warm pool", f"{executor.pool_size} per tenant and profile (max {executor.max_sandboxes} sandboxes)"),
+            ("call slots", str(api.resolved_call_slots())), ("url", f"http://{where}:{port}")]
 
 
 def serve_log_config(level: str) -> dict[str, Any]:
@@ -151,6 +182,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     from sandpit.api.db.engine import make_engine, require_current
     from sandpit.api.errors import DatabaseNotMigrated
     from sandpit.api.settings import get_api_settings
+    from sandpit.executor.config import configured
 
     try:
         log_config = serve_log_config(log_level)
@@ -159,9 +191,15 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                                  "debug, trace", param_hint="--log-level") from None
     try:
         settings = get_api_settings()
+        backend = configured().type
     except ValidationError as exc:  # e.g. a placeholder SANDPIT_OPERATOR_KEY: refuse to start
         _fail(RuntimeError("invalid settings: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+    executor_settings = get_settings()
+    image = executor_settings.image or sandbox_tag(get_image_settings())
+    bind_host, bind_port = host or settings.host, port or settings.port
+    for name, value in serve_summary(settings, executor_settings, backend, image, bind_host, bind_port):
+        note(console, (f"{name:<11}", "bold"), value)
     engine = make_engine(settings.resolved_database_url())
     try:
         require_current(engine)
@@ -171,7 +209,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
         engine.dispose()
     app = create_app(settings)
     tune_gc(settings.gc_young_threshold)
-    uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_config=log_config,
+    uvicorn.run(app, host=bind_host, port=bind_port, log_config=log_config,
                 log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=15)  # ours: sandpit.access
 
 
