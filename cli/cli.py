@@ -20,6 +20,7 @@ Exit codes: 0 success, 1 a Sandpit error (message on stderr), 2 usage error.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -27,11 +28,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sandpit.executor.docker import engine, owners
 from sandpit.executor.docker.images import build_image, sandbox_tag
 from sandpit.executor.errors import ExecutorError
 from sandpit.executor.settings import ExecutorSettings, get_image_settings, get_settings
-from sandpit.output import error, note
+from sandpit.output import error, id_column, note, show
 
 if TYPE_CHECKING:
     from sandpit.api.settings import ApiSettings
@@ -72,17 +74,28 @@ def image_tag() -> None:
 @app.command("sandboxes")
 def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owner is dead (process gone or lease "
                                                     "expired) or not a Sandpit process."),
-              all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones.")) -> None:
-    """List every container labeled sandpit=1 (optionally reap leftovers)."""
+              all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones."),
+              as_json: bool = typer.Option(False, "--json", help="Print the list as JSON: one object per "
+                                                                 "container (container, sandbox, tenant, owner, "
+                                                                 "status).")) -> None:
+    """List every container labeled sandpit=1, full container ids (optionally reap leftovers)."""
     try:
         settings = get_settings()
         client = engine.make_client(settings)
-        found = engine.list_sandboxes(client)
-        table = Table("container", "sandbox", "tenant", "owner", "status")
-        for c in found:
-            table.add_row(c.short_id, c.labels.get(engine.LABEL_SANDBOX, ""),
-                          c.labels.get(engine.LABEL_TENANT, ""), c.labels.get(engine.LABEL_OWNER, ""), c.status)
-        Console().print(table)
+        rows = [{"container": c.id, "sandbox": c.labels.get(engine.LABEL_SANDBOX, ""),
+                 "tenant": c.labels.get(engine.LABEL_TENANT, ""), "owner": c.labels.get(engine.LABEL_OWNER, ""),
+                 "status": c.status} for c in engine.list_sandboxes(client)]
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+        else:
+            table = Table()
+            id_column(table, "container", [r["container"] for r in rows])
+            id_column(table, "sandbox", [r["sandbox"] for r in rows])
+            for column in ("tenant", "owner", "status"):
+                table.add_column(column)
+            for r in rows:
+                table.add_row(*(Text(r[k]) for k in ("container", "sandbox", "tenant", "owner", "status")))
+            show(Console(), table)
         if reap:
             leases = owners.LeaseView(settings.resolved_lease_dir(), time.time())
             typer.echo(f"removed {engine.reap(client, everything=all_, leases=leases)} container(s)")
