@@ -53,8 +53,8 @@ def test_the_summary_names_everything_and_masks_the_password(tmp_path) -> None:
                      "backend": "local", "image": "sandpit-sandbox:abc", "runtime": "runsc",
                      "warm pool": "3 per tenant and profile (max 40 sandboxes)", "call slots": "6",
                      "url": "http://[::1]:8601"}
-    sqlite = dict(serve_summary(ApiSettings(data_dir=tmp_path), ExecutorSettings(), "local", "i", "0.0.0.0", 80))
-    assert sqlite["database"] == f"sqlite:///{tmp_path / 'sandpit.db'}" and sqlite["url"] == "http://0.0.0.0:80"
+    sqlite = dict(serve_summary(ApiSettings(data_dir=tmp_path), ExecutorSettings(), "local", "i", "10.0.0.7", 80))
+    assert sqlite["database"] == f"sqlite:///{tmp_path / 'sandpit.db'}" and sqlite["url"] == "http://10.0.0.7:80"
 
 
 @pytest.mark.parametrize("url", ["not a url at all", "postgresql://u:p@host:notaport/db"])
