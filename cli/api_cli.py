@@ -202,7 +202,7 @@ def rate(value: float | None) -> str:
 def stats_table(title: str, rows: list[ScenarioStats], totals: StatsTotals | None = None) -> Table:
     """Scenario statistics, one row per scenario (full ids), then the totals when given:
     attempts, finished, passed, pass rate, mean reward, last end and the newest rewards."""
-    table = Table(title=title)
+    table = Table(title=Text(title))
     id_column(table, "scenario", [r.scenario_id for r in rows])
     for column in ("attempts", "finished", "passed", "pass rate", "mean reward"):
         table.add_column(column, justify="right", no_wrap=True)

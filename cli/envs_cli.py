@@ -331,7 +331,7 @@ def episodes(env_id: EnvArg, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, 
     if json_:
         emit_json(page)
         return
-    table = Table(title=f"{env_id}: {page.count} episode(s)")
+    table = Table(title=Text(f"{env_id}: {page.count} episode(s)"))
     table.add_column("episode", justify="right")
     id_column(table, "scenario", [item.scenario_id or "" for item in page.data])
     table.add_column("status")
@@ -389,7 +389,7 @@ def fork(env_id: EnvArg,
     elif quiet:
         typer.echo("\n".join(f.id for f in forks))
     else:
-        table = Table(title=f"{len(forks)} fork(s) of {env_id}")
+        table = Table(title=Text(f"{len(forks)} fork(s) of {env_id}"))
         table.add_column("env", no_wrap=True)
         table.add_column("at step", justify="right")
         for handle in forks:

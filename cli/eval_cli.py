@@ -24,6 +24,7 @@ Exit codes: 0 the evaluation completed; 1 it was cancelled or failed, or the API
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -271,12 +272,13 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
         return
     table = Table(title=f"evaluations ({len(page.data)} of {page.count})")
     id_column(table, "id", [job.id for job in page.data])
-    for column in ("mode", "status", "done/total", "errors", "mean reward", "created"):
-        table.add_column(column, no_wrap=column == "created")
+    for column in ("mode", "status", "done/total", "errors", "mean reward", "created (UTC)"):
+        table.add_column(column, no_wrap=column in ("mode", "status"), overflow="fold")
     for job in page.data:
         p = job.progress
         table.add_row(job.id, job.mode, job.status, f"{p.done}/{job.total}", str(p.errors),
-                      "-" if p.mean_reward is None else f"{p.mean_reward:.3f}", job.created_at.isoformat(timespec="seconds"))
+                      "-" if p.mean_reward is None else f"{p.mean_reward:.3f}",
+                      job.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"))
     show(out, table)
 
 

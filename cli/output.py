@@ -14,7 +14,6 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -47,11 +46,14 @@ def id_column(table: Table, header: str, ids: Iterable[str]) -> None:
 
 
 def show(console: Console, table: Table) -> None:
-    """Print ``table`` whole: when the terminal is narrower than the table's narrowest
-    layout (its :func:`id_column` columns are never narrower than their ids), the table is
-    laid out at that width and its lines are not cropped (the terminal wraps them), so no
-    id is ever cut."""
-    narrowest = Measurement.get(console, console.options.update_width(10**6), table).minimum
-    if narrowest > console.width:
-        table.width = narrowest
+    """Print ``table`` whole: when the terminal is too narrow for its id columns
+    (:func:`id_column`: ``no_wrap`` with a ``min_width``) beside a few characters of each
+    other column, the table is laid out at the width they need and its lines are not
+    cropped (the terminal wraps them), so no id is ever cut; otherwise it is laid out at
+    the terminal's width as usual (other columns wrap)."""
+    _, right, _, left = table.padding
+    needed = sum((column.min_width or 0) if column.no_wrap else 4 for column in table.columns)
+    needed += len(table.columns) * (left + right) + (len(table.columns) + 1 if table.box else 0)
+    if needed > console.width:
+        table.width = needed
     console.print(table, crop=False)

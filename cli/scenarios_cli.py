@@ -121,8 +121,8 @@ def list_(environment_id: Annotated[str | None, typer.Option("--environment-id",
     if json_:
         emit_json(page)
         return
-    table = Table(title=f"scenarios ({len(page.data)} of {page.count})"
-                        + (f" of {environment_id}" if environment_id else ""))
+    table = Table(title=Text(f"scenarios ({len(page.data)} of {page.count})"
+                             + (f" of {environment_id}" if environment_id else "")))
     id_column(table, "id", [scenario.id for scenario in page.data])
     if environment_id is None:
         id_column(table, "environment", [scenario.environment_id for scenario in page.data])
