@@ -13,7 +13,8 @@
     sandboxes.py      the executor seam: the one adapter over ``Executor``/``ExecutorSession``
                       (slots of the fair scheduler, executor errors translated)
     services/         registries: environments, scenarios, tenants, quotas, execution
-                      (validate, execute), checks, model endpoints, health, cluster
+                      (validate, execute), checks, model endpoints, health, cluster,
+                      stats (per-scenario statistics)
     envs/             an env's lifecycle, one concept a module, one method per verb taking
                       the caller's ``TenantContext``: lifecycle (create, read, list, delete,
                       expire, collect), episodes (reset, restore, fork), steps, rewards

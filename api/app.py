@@ -73,11 +73,12 @@ from .services.execution import ExecutionService
 from .services.health import HealthService
 from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
+from .services.stats import StatsService
 from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
-          "scenarios", "execution", "evaluations", "health")
+          "scenarios", "stats", "execution", "evaluations", "health")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
@@ -232,6 +233,7 @@ class Services:
     history: EnvHistory
     collector: Collector
     scenarios: ScenarioService
+    stats: StatsService
     execution: ExecutionService
     runner: EvaluationRunner
     evaluations: EvaluationJobs
@@ -274,14 +276,16 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     rewards = Rewards(db, checks, live, quotas)
     steps = Steps(settings, db, sessions, rulebook, rewards, quotas, metrics)
     scenarios = ScenarioService(settings, db, environments, quotas, tenants)
+    stats = StatsService(db)
     runner = EvaluationRunner(settings, db, envs, steps, rewards, environments, scenarios, tenants)
     cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id, backend)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
         rewards=rewards, history=EnvHistory(db, live), collector=collector, scenarios=scenarios,
+        stats=stats,
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
-        evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants),
+        evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants, stats),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
         janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks() + [cluster.take_over_drains]),
         cluster=cluster)

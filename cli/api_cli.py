@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from pydantic import BaseModel
@@ -26,10 +26,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sandpit.client import DEFAULT_URL, Client, SandpitError
+from sandpit.client.models import ScenarioStats, StatsTotals
+from sandpit.output import error, id_column
 
-__all__ = ["DEFAULT_URL", "JsonOpt", "KeyOpt", "LimitOpt", "OffsetOpt", "QuietOpt", "UrlOpt", "checks_table",
-           "connect", "console", "emit_json", "fail", "json_object", "json_or_text", "json_value", "kv_table", "out",
-           "read_text", "text_value", "tools_table", "when"]
+__all__ = ["DEFAULT_URL", "JsonOpt", "KeyOpt", "KindOpt", "LimitOpt", "OffsetOpt", "QuietOpt", "RecentOpt", "SinceOpt",
+           "UrlOpt", "checks_table", "connect", "console", "emit_json", "fail", "id_column", "json_object",
+           "json_or_text", "json_value", "kv_table", "out", "rate", "read_text", "since_value", "stats_table",
+           "text_value", "tools_table", "when"]
 
 TIMEOUT_S = 120.0
 """Per request; above the default per-call limit of a tool (60 s), so a slow step is a
@@ -45,12 +48,31 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's answer as
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the new id.")]
 LimitOpt = Annotated[int, typer.Option("--limit", min=1, max=1000, help="Items per page.")]
 OffsetOpt = Annotated[int, typer.Option("--offset", min=0, help="Items to skip (newest first).")]
+KindOpt = Annotated[Literal["all", "training", "evaluation"], typer.Option(
+    "--kind", help="Which episodes count: training (envs), evaluation (batch "
+                                           "evaluations) or all.")]
+RecentOpt = Annotated[int, typer.Option("--recent", min=0, max=100,
+                                        help="Newest rewards to list per scenario, newest first.")]
+
+
+def since_value(raw: str) -> datetime:
+    """typer ``parser`` of ``--since``: an ISO 8601 date or time (``2026-01-31``,
+    ``2026-01-31T14:05:00+02:00``); UTC when it names no zone. Raises BadParameter."""
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise typer.BadParameter(f"not an ISO 8601 date or time: {raw!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+SinceOpt = Annotated[datetime | None, typer.Option(
+    "--since", parser=since_value, metavar="ISO-8601",
+    help="Count only episodes started at or after this time (UTC unless it names a zone).")]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """One line ``error: message`` on stderr, then exit with ``code``."""
-    console.print(Text("error: ", style="red") + Text(" ".join(message.splitlines())), soft_wrap=True)
-    raise typer.Exit(code)
+    """One line ``error: message`` on stderr (never read as markup), then exit with ``code``."""
+    error(console, message, code)
 
 
 @contextmanager
@@ -169,4 +191,28 @@ def checks_table(results: list[Any], title: str) -> Table:
         table.add_row(Text(str(row.get("check_item", ""))), Text("yes" if passed else "no",
                                                                    style="green" if passed else "red"),
                       Text(str(row.get("status", ""))), Text(str(row.get("error") or "")))
+    return table
+
+
+def rate(value: float | None) -> str:
+    """A pass rate or mean reward for a table cell (``-`` when nothing finished)."""
+    return "-" if value is None else f"{value:.4g}"
+
+
+def stats_table(title: str, rows: list[ScenarioStats], totals: StatsTotals | None = None) -> Table:
+    """Scenario statistics, one row per scenario (full ids), then the totals when given:
+    attempts, finished, passed, pass rate, mean reward, last end and the newest rewards."""
+    table = Table(title=Text(title))
+    id_column(table, "scenario", [r.scenario_id for r in rows])
+    for column in ("attempts", "finished", "passed", "pass rate", "mean reward"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("last ended", no_wrap=True)
+    table.add_column("recent rewards (newest first)", overflow="fold")
+    for row in rows:
+        table.add_row(row.scenario_id, str(row.attempts), str(row.finished), str(row.passed), rate(row.pass_rate),
+                      rate(row.mean_reward), when(row.last_ended_at),
+                      " ".join(f"{r.reward:g}" for r in row.recent))
+    if totals is not None:
+        table.add_row(Text(f"all {totals.scenarios}", style="bold"), str(totals.attempts), str(totals.finished),
+                      str(totals.passed), rate(totals.pass_rate), rate(totals.mean_reward), "", "", end_section=True)
     return table

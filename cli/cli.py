@@ -25,15 +25,22 @@ commands of the other extras answer with the extra to install
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sandpit.cli_extras import fail_missing, missing_message
+from sandpit.output import error, id_column, note, show
+
+if TYPE_CHECKING:
+    from sandpit.api.settings import ApiSettings
+    from sandpit.executor.settings import ExecutorSettings
 
 app = typer.Typer(help="Sandpit: sandboxed execution of LLM-synthesized tool environments.",
                   no_args_is_help=True)
@@ -43,8 +50,7 @@ console = Console(stderr=True)
 
 
 def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
+    error(console, exc)
 
 
 @image_app.command("build")
@@ -80,8 +86,11 @@ def image_tag() -> None:
 @app.command("sandboxes")
 def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owner is dead (process gone or lease "
                                                     "expired) or not a Sandpit process."),
-              all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones.")) -> None:
-    """List every container labeled sandpit=1 (optionally reap leftovers)."""
+              all_: bool = typer.Option(False, "--all", help="With --reap: remove every sandbox, even live ones."),
+              as_json: bool = typer.Option(False, "--json", help="Print the list as JSON: one object per "
+                                                                 "container (container, sandbox, tenant, owner, "
+                                                                 "status).")) -> None:
+    """List every container labeled sandpit=1, full container ids (optionally reap leftovers)."""
     from sandpit.executor.docker import engine, owners
     from sandpit.executor.errors import ExecutorError
     from sandpit.executor.settings import get_settings
@@ -89,12 +98,20 @@ def sandboxes(reap: bool = typer.Option(False, help="Remove sandboxes whose owne
     try:
         settings = get_settings()
         client = engine.make_client(settings)
-        found = engine.list_sandboxes(client)
-        table = Table("container", "sandbox", "tenant", "owner", "status")
-        for c in found:
-            table.add_row(c.short_id, c.labels.get(engine.LABEL_SANDBOX, ""),
-                          c.labels.get(engine.LABEL_TENANT, ""), c.labels.get(engine.LABEL_OWNER, ""), c.status)
-        Console().print(table)
+        rows = [{"container": c.id, "sandbox": c.labels.get(engine.LABEL_SANDBOX, ""),
+                 "tenant": c.labels.get(engine.LABEL_TENANT, ""), "owner": c.labels.get(engine.LABEL_OWNER, ""),
+                 "status": c.status} for c in engine.list_sandboxes(client)]
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+        else:
+            table = Table()
+            id_column(table, "container", [r["container"] for r in rows])
+            id_column(table, "sandbox", [r["sandbox"] for r in rows])
+            for column in ("tenant", "owner", "status"):
+                table.add_column(column)
+            for r in rows:
+                table.add_row(*(Text(r[k]) for k in ("container", "sandbox", "tenant", "owner", "status")))
+            show(Console(), table)
         if reap:
             leases = owners.LeaseView(settings.resolved_lease_dir(), time.time())
             typer.echo(f"removed {engine.reap(client, everything=all_, leases=leases)} container(s)")
@@ -128,7 +145,35 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target revision.")) 
 
     url = get_api_settings().resolved_database_url()
     upgrade(url, revision)
-    console.print(f"database at {revision}: {url}")
+    note(console, f"database at {revision}: {masked_url(url)}")
+
+
+def masked_url(url: str) -> str:
+    """A database URL fit to print: as given when it holds no password, else
+    SQLAlchemy's rendering with the password replaced by ``***``; a URL SQLAlchemy cannot
+    parse is shown as ``<unparsable URL>`` (it might hold a password in a place we do not
+    know)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+        return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "<unparsable URL>"
+
+
+def serve_summary(api: ApiSettings, executor: ExecutorSettings, backend: str, image: str, host: str,
+                  port: int) -> list[tuple[str, str]]:
+    """What ``sandpit serve`` prints before it serves, as ``(name, value)`` lines: the
+    data directory, the database (password masked), the executor backend, the sandbox
+    image and OCI runtime, the warm pool (sandboxes kept ready per tenant and profile) and
+    the sandbox cap, the execution slots, and the URL it listens on."""
+    where = f"[{host}]" if ":" in host else host
+    return [("data dir", str(api.data_dir)), ("database", masked_url(api.resolved_database_url())),
+            ("backend", backend), ("image", image), ("runtime", executor.runtime),
+            ("warm pool", f"{executor.pool_size} per tenant and profile (max {executor.max_sandboxes} sandboxes)"),
+            ("call slots", str(api.resolved_call_slots())), ("url", f"http://{where}:{port}")]
 
 
 def serve_log_config(level: str) -> dict[str, Any]:
@@ -164,6 +209,9 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     from sandpit.api.db.engine import make_engine, require_current
     from sandpit.api.errors import DatabaseNotMigrated
     from sandpit.api.settings import get_api_settings
+    from sandpit.executor.config import configured
+    from sandpit.executor.docker.images import sandbox_tag
+    from sandpit.executor.settings import get_image_settings, get_settings
 
     try:
         log_config = serve_log_config(log_level)
@@ -172,9 +220,15 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                                  "debug, trace", param_hint="--log-level") from None
     try:
         settings = get_api_settings()
+        backend = configured().type
     except ValidationError as exc:  # e.g. a placeholder SANDPIT_OPERATOR_KEY: refuse to start
         _fail(RuntimeError("invalid settings: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+    executor_settings = get_settings()
+    image = executor_settings.image or sandbox_tag(get_image_settings())
+    bind_host, bind_port = host or settings.host, port or settings.port
+    for name, value in serve_summary(settings, executor_settings, backend, image, bind_host, bind_port):
+        note(console, (f"{name:<11}", "bold"), value)
     engine = make_engine(settings.resolved_database_url())
     try:
         require_current(engine)
@@ -184,7 +238,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
         engine.dispose()
     app = create_app(settings)
     tune_gc(settings.gc_young_threshold)
-    uvicorn.run(app, host=host or settings.host, port=port or settings.port, log_config=log_config,
+    uvicorn.run(app, host=bind_host, port=bind_port, log_config=log_config,
                 log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=15)  # ours: sandpit.access
 
 

@@ -19,8 +19,10 @@ from typing import Annotated, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sandpit.client import Client, SandpitConnectionError, SandpitError
 from sandpit.client.models import HostDrain, HostUndrain
+from sandpit.output import error, id_column, note, show
 
 __all__ = ["cluster_app"]
 
@@ -38,17 +40,14 @@ def _admin_call(url: str, operator_key: str | None, request: Callable[[Client], 
     """``request(client)`` on an operator-keyed client of ``url``; a missing key, an
     unreachable server or a refusal is one line on stderr and exit code 1."""
     if not operator_key:
-        console.print("[red]error:[/red] no operator key: set SANDPIT_OPERATOR_KEY")
-        raise typer.Exit(1)
+        error(console, "no operator key: set SANDPIT_OPERATOR_KEY")
     try:
         with Client(url, timeout=TIMEOUT_S, operator_key=operator_key) as client:
             return request(client)
     except SandpitConnectionError as exc:
-        console.print(f"[red]error:[/red] cannot reach {url}: {exc}")
-        raise typer.Exit(1) from None
+        error(console, f"cannot reach {url}: {exc}")
     except SandpitError as exc:
-        console.print(f"[red]error:[/red] {exc.status_code or exc.code}: {exc.message}")
-        raise typer.Exit(1) from None
+        error(console, f"{exc.status_code or exc.code}: {exc.message}")
 
 
 @cluster_app.command("status")
@@ -61,19 +60,25 @@ def status(url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOptio
         return
     out = Console()
     capacity = answer.capacity_sessions if answer.capacity_sessions is not None else "?"
-    out.print(f"backend [bold]{answer.backend}[/bold] · {answer.nodes} node(s) · {answer.sandboxes} sandboxes · "
-              f"{answer.sessions}/{capacity} sessions · answered by {answer.replica}")
-    hosts = Table("host", "node", "state", "sandboxes", "idle", "active", "starting", "sessions", "capacity",
-                  "envs placed")
+    note(out, "backend ", (answer.backend, "bold"), f" · {answer.nodes} node(s) · {answer.sandboxes} sandboxes · "
+         f"{answer.sessions}/{capacity} sessions · answered by {answer.replica}")
+    hosts = Table()
+    id_column(hosts, "host", [h.host for h in answer.hosts])
+    id_column(hosts, "node", [h.node_id or "-" for h in answer.hosts])
+    for column in ("state", "sandboxes", "idle", "active", "starting", "sessions", "capacity", "envs placed"):
+        hosts.add_column(column)
     for h in answer.hosts:
-        hosts.add_row(h.host, (h.node_id or "-")[:12], h.drain or "active", str(h.sandboxes), str(h.idle),
+        hosts.add_row(Text(h.host), Text(h.node_id or "-"), h.drain or "active", str(h.sandboxes), str(h.idle),
                       str(h.active), str(h.starting), str(h.sessions),
                       str(h.capacity_sessions if h.capacity_sessions is not None else "?"), str(h.envs_placed))
-    out.print(hosts)
-    replicas = Table("replica", "started", "last heartbeat")
+    show(out, hosts)
+    replicas = Table()
+    id_column(replicas, "replica", [r.id for r in answer.replicas])
+    for column in ("started", "last heartbeat"):
+        replicas.add_column(column, no_wrap=True)
     for r in answer.replicas:
         replicas.add_row(r.id, r.started_at.isoformat(timespec="seconds"), r.heartbeat_at.isoformat(timespec="seconds"))
-    out.print(replicas)
+    show(out, replicas)
 
 
 @cluster_app.command("drain")
@@ -91,8 +96,8 @@ def drain(host: Annotated[str, typer.Argument(help="The host, as `sandpit cluste
         typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
         return
     run_by = f" (run by {answer.owner})" if answer.owner and answer.status == "draining" else ""
-    Console().print(f"host [bold]{answer.host}[/bold] {answer.status}{run_by}: {answer.sessions} session(s) left, "
-                    f"{answer.envs_placed} env(s) placed, {answer.envs_moved} moved")
+    note(Console(), "host ", (answer.host, "bold"), f" {answer.status}{run_by}: {answer.sessions} session(s) left, "
+         f"{answer.envs_placed} env(s) placed, {answer.envs_moved} moved")
 
 
 
@@ -108,4 +113,4 @@ def undrain(host: Annotated[str, typer.Argument(help="The host, as `sandpit clus
         typer.echo(json.dumps(answer.model_dump(mode="json"), indent=2))
         return
     was = answer.previous or "not drained"
-    Console().print(f"host [bold]{answer.host}[/bold] {answer.status} (was {was})")
+    note(Console(), "host ", (answer.host, "bold"), f" {answer.status} (was {was})")

@@ -20,6 +20,7 @@ from sandpit.executor.docker import DockerDriver
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
 from sandpit.executor.settings import get_settings
+from sandpit.output import note
 from sandpit.sandbox_images import DEFINITION_DIR
 
 INIT_CONFIG: dict[str, Any] = {
@@ -53,8 +54,8 @@ def _episode(session: Session, console: Console, verbose: bool) -> list[float]:
         latencies.append(result.duration_ms)
         if verbose:
             changed = ", ".join(sorted(result.delta.set)) or "-"
-            console.print(f"  [bold]{name}[/bold]({json.dumps(arguments)}) -> [cyan]{result.status}[/cyan] "
-                          f"{result.observation[:110]!r}  changed: {changed}  ({result.duration_ms:.2f} ms)")
+            note(console, "  ", (name, "bold"), f"({json.dumps(arguments)}) -> ", (result.status, "cyan"),
+                 f" {result.observation[:110]!r}  changed: {changed}  ({result.duration_ms:.2f} ms)")
     return latencies
 
 
@@ -77,10 +78,10 @@ def run_demo(sessions: int = 2, console: Console | None = None) -> dict[str, Any
         for name, arguments in (("add_to_cart", {"customer_id": "C2", "product_id": "P2", "quantity": 3}),
                                 ("checkout", {"customer_id": "C2"})):
             result = first.call(name, arguments)
-            console.print(f"  {name} -> {result.status} {result.observation!r}")
-        console.print(f"  orders after checkout: {json.dumps(first.state()['orders'])}")
+            note(console, f"  {name} -> {result.status} {result.observation!r}")
+        note(console, f"  orders after checkout: {json.dumps(first.state()['orders'])}")
         first.restore(snapshot)
-        console.print(f"  restored snapshot; orders now: {json.dumps(first.state()['orders'])}")
+        note(console, f"  restored snapshot; orders now: {json.dumps(first.state()['orders'])}")
         with ThreadPoolExecutor(max(1, sessions - 1)) as workers:
             for more in workers.map(lambda s: _episode(s, console, verbose=False), opened[1:]):
                 latencies += more

@@ -3,7 +3,9 @@
 * ``create FILE --class-name C`` — register a Python module whose class ``C`` is the
   environment: the static policy runs, then a sandbox loads it, derives the tools and
   instantiates it once (``--sample-init-config``); prints the tools and the policy findings;
-* ``list``, ``get ID`` (tools as a table, the policy report's findings), ``delete ID``.
+* ``list``, ``get ID`` (tools as a table, the policy report's findings), ``delete ID``;
+* ``stats ID [--kind K] [--since TIME] [--recent N]``: per scenario and in total, attempts,
+  finished episodes, passes (reward 1.0), pass rate, mean reward, newest rewards.
 
 The file is read as text and sent; it never runs on this machine. Exit codes as in
 :mod:`sandpit.api_cli`.
@@ -22,22 +24,28 @@ from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
     KeyOpt,
+    KindOpt,
     LimitOpt,
     OffsetOpt,
     QuietOpt,
+    RecentOpt,
+    SinceOpt,
     UrlOpt,
     connect,
     console,
     emit_json,
+    id_column,
     json_object,
     kv_table,
     out,
     read_text,
+    stats_table,
     text_value,
     tools_table,
     when,
 )
 from sandpit.client import Environment
+from sandpit.output import show
 
 environments_app = typer.Typer(help="Registered environment code (a class whose public methods are the tools).",
                                no_args_is_help=True)
@@ -143,7 +151,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
         emit_json(page)
         return
     table = Table(title=f"environments ({len(page.data)} of {page.count})")
-    table.add_column("id", no_wrap=True)
+    id_column(table, "id", [environment.id for environment in page.data])
     for column in ("name", "class", "tools", "policy"):
         table.add_column(column, overflow="fold", justify="right" if column == "tools" else "left")
     for environment in page.data:
@@ -151,7 +159,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
         table.add_row(environment.id, Text(environment.name or ""), environment.class_name,
                       str(len(environment.tools)),
                       f"{environment.policy} {report.get('errors', 0)}E {report.get('warnings', 0)}W")
-    out.print(table)
+    show(out, table)
 
 
 @environments_app.command("get")
@@ -164,6 +172,23 @@ def get(environment_id: Annotated[str, typer.Argument(help="envr_... id.")], url
         emit_json(environment)
     else:
         print_environment(environment)
+
+
+@environments_app.command("stats")
+def stats(environment_id: Annotated[str, typer.Argument(help="envr_... id.")], kind: KindOpt = "all",
+          since: SinceOpt = None, recent: RecentOpt = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
+          limit: LimitOpt = 50, offset: OffsetOpt = 0, json_: JsonOpt = False) -> None:
+    """Statistics of the environment's scenarios (a page of them, newest first) and the
+    totals over all of them."""
+    with connect(url, api_key) as client:
+        figures = client.environments.stats(environment_id, kind=kind, since=since, recent=recent, limit=limit,
+                                            offset=offset)
+    if json_:
+        emit_json(figures)
+        return
+    scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
+    show(out, stats_table(f"{environment_id}: {len(figures.data)} of {figures.count} scenarios ({scope})",
+                          figures.data, figures.totals))
 
 
 @environments_app.command("delete")

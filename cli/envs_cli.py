@@ -39,6 +39,7 @@ from sandpit.api_cli import (
     connect,
     console,
     emit_json,
+    id_column,
     json_object,
     json_or_text,
     json_value,
@@ -48,6 +49,7 @@ from sandpit.api_cli import (
     tools_table,
 )
 from sandpit.client import Env, Include, StepResult, Trajectory
+from sandpit.output import show
 from sandpit.scenarios_cli import ChecksOpt, read_checks
 
 envs_app = typer.Typer(help="Live envs (instances of an environment): create, step, inspect, rewind, fork, score.",
@@ -191,14 +193,14 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
         emit_json(page)
         return
     table = Table(title=f"envs ({len(page.data)} of {page.count})")
-    table.add_column("id", no_wrap=True)
-    table.add_column("scenario / environment", overflow="fold")
+    id_column(table, "id", [env.id for env in page.data])
+    id_column(table, "scenario / environment", [env.scenario_id or env.environment_id or "" for env in page.data])
     for column in ("episode", "step", "status"):
         table.add_column(column, justify="right" if column == "step" else "left")
     for env in page.data:
         table.add_row(env.id, env.scenario_id or env.environment_id or "", f"{env.episode} {env.episode_status}",
                       str(env.step), env.status)
-    out.print(table)
+    show(out, table)
 
 
 @envs_app.command("get")
@@ -329,9 +331,9 @@ def episodes(env_id: EnvArg, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, 
     if json_:
         emit_json(page)
         return
-    table = Table(title=f"{env_id}: {page.count} episode(s)")
+    table = Table(title=Text(f"{env_id}: {page.count} episode(s)"))
     table.add_column("episode", justify="right")
-    table.add_column("scenario", overflow="fold")
+    id_column(table, "scenario", [item.scenario_id or "" for item in page.data])
     table.add_column("status")
     table.add_column("steps", justify="right")
     table.add_column("reward", justify="right")
@@ -340,7 +342,7 @@ def episodes(env_id: EnvArg, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, 
         task = item.task or ""
         table.add_row(str(item.episode), item.scenario_id or "", item.status, str(item.steps), _reward(item.reward),
                       Text(task if len(task) <= 200 else task[:199] + "…"))
-    out.print(table)
+    show(out, table)
 
 
 @envs_app.command("reset")
@@ -387,7 +389,7 @@ def fork(env_id: EnvArg,
     elif quiet:
         typer.echo("\n".join(f.id for f in forks))
     else:
-        table = Table(title=f"{len(forks)} fork(s) of {env_id}")
+        table = Table(title=Text(f"{len(forks)} fork(s) of {env_id}"))
         table.add_column("env", no_wrap=True)
         table.add_column("at step", justify="right")
         for handle in forks:

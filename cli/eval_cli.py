@@ -24,6 +24,7 @@ Exit codes: 0 the evaluation completed; 1 it was cancelled or failed, or the API
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -32,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sandpit.client import Client, EvaluationJob, SandpitError, every_item
+from sandpit.output import error, id_column, note, show
 
 eval_app = typer.Typer(help="Batch evaluations (replay or rollout) on a Sandpit server, with rewards from "
                             "the scenarios' check functions.", no_args_is_help=True)
@@ -51,8 +53,7 @@ PollOpt = Annotated[float, typer.Option("--poll", min=0.05, help="Seconds betwee
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
+    error(console, message, code)
 
 
 def _client(url: str, api_key: str | None) -> Client:
@@ -109,7 +110,7 @@ def _follow(client: Client, job: EvaluationJob, poll_s: float) -> EvaluationJob:
 
             return client.evaluations.wait(job.id, poll_s=poll_s, on_progress=show)
     except KeyboardInterrupt:
-        console.print(f"stopped following; evaluation {job.id} keeps running on the server "
+        note(console, f"stopped following; evaluation {job.id} keeps running on the server "
                       f"(`sandpit eval watch {job.id}`, `sandpit eval cancel {job.id}`)")
         raise typer.Exit(130) from None
 
@@ -149,6 +150,16 @@ def print_summary(job: EvaluationJob) -> None:
             per_env.add_row(label, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                             fmt(row.get("success_rate")))
         out.print(per_env)
+    if summary.by_scenario:
+        per_scenario = Table(title="per scenario (overall: every episode of the scenario, training and evaluations)")
+        id_column(per_scenario, "scenario", summary.by_scenario)
+        for column in ("episodes", "mean reward", "success rate", "overall pass rate", "overall finished"):
+            per_scenario.add_column(column, justify="right", no_wrap=True)
+        for scenario_id, row in summary.by_scenario.items():
+            per_scenario.add_row(scenario_id, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
+                                 fmt(row.get("success_rate")), fmt(row.get("overall_pass_rate")),
+                                 str(row.get("overall_finished", 0)))
+        show(out, per_scenario)
 
 
 def _finish(client: Client, job: EvaluationJob, detach: bool, poll_s: float, results: Path | None) -> None:
@@ -170,7 +181,7 @@ def _write_results(client: Client, evaluation_id: str, path: Path | None, transc
         typer.echo(text, nl=False)
     else:
         path.write_text(text, encoding="utf-8")
-        console.print(f"{len(lines)} episode result(s) written to {path}")
+        note(console, f"{len(lines)} episode result(s) written to {path}")
 
 
 @eval_app.command("replay")
@@ -247,21 +258,28 @@ def watch(evaluation_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
 
 @eval_app.command("list")
 def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
-          limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 20) -> None:
+          limit: Annotated[int, typer.Option("--limit", min=1, max=1000)] = 20,
+          json_: Annotated[bool, typer.Option("--json", help="Print the API's page as JSON (for scripts).")] = False,
+          ) -> None:
     """The tenant's evaluations, newest first."""
     try:
         with _client(url, api_key) as client:
             page = client.evaluations.list(limit=limit)
     except SandpitError as exc:
         _fail(str(exc))
-    table = Table(title=f"evaluations ({page.count})")
-    for column in ("id", "mode", "status", "done/total", "errors", "mean reward", "created"):
-        table.add_column(column)
+    if json_:
+        typer.echo(page.model_dump_json(indent=2))
+        return
+    table = Table(title=f"evaluations ({len(page.data)} of {page.count})")
+    id_column(table, "id", [job.id for job in page.data])
+    for column in ("mode", "status", "done/total", "errors", "mean reward", "created (UTC)"):
+        table.add_column(column, no_wrap=column in ("mode", "status"), overflow="fold")
     for job in page.data:
         p = job.progress
         table.add_row(job.id, job.mode, job.status, f"{p.done}/{job.total}", str(p.errors),
-                      "-" if p.mean_reward is None else f"{p.mean_reward:.3f}", job.created_at.isoformat(timespec="seconds"))
-    out.print(table)
+                      "-" if p.mean_reward is None else f"{p.mean_reward:.3f}",
+                      job.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"))
+    show(out, table)
 
 
 @eval_app.command("cancel")
@@ -272,7 +290,7 @@ def cancel(evaluation_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None
             job = client.evaluations.cancel(evaluation_id)
     except SandpitError as exc:
         _fail(str(exc))
-    console.print(f"evaluation {job.id}: {job.status}")
+    note(console, f"evaluation {job.id}: {job.status}")
 
 
 @eval_app.command("results")

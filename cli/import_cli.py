@@ -37,6 +37,7 @@ from sandpit.importers.bfcl import (
 from sandpit.importers.bfcl.replay import check_policy, register_environments, replay_suite
 from sandpit.importers.bfcl.scenarios import make_scenarios, replay_items
 from sandpit.importers.envscaler import EnvScalerFileError, ImportReport, import_release
+from sandpit.output import error, note
 
 __all__ = ["bfcl_app", "import_app"]
 
@@ -54,8 +55,7 @@ class Policy(enum.StrEnum):
 
 
 def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
+    error(console, exc)
 
 
 @import_app.command("bfcl")
@@ -71,7 +71,7 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", envvar="SANDPIT
     try:
         suite = load_suite(fetch_wheel())
         with Client(url, api_key=api_key, timeout=120) as client:
-            console.print(f"BFCL {suite.version}: {len(suite.environments)} environments, {len(suite.episodes)} episodes")
+            note(console, f"BFCL {suite.version}: {len(suite.environments)} environments, {len(suite.episodes)} episodes")
             findings = check_policy(client, suite)
             console.print("static policy `standard` on BFCL's modules: 0 errors; "
                           + ", ".join(f"{n} {rule}" for rule, n in sorted(findings.items())))
@@ -103,8 +103,8 @@ def import_bfcl(url: str = typer.Option("http://127.0.0.1:8600", envvar="SANDPIT
     table.add_row("steps/s", f"{summary.steps_per_s:.0f}")
     table.add_row("wall time (s)", f"{summary.wall_s:.1f}")
     Console().print(table)
-    for episode_id, error in list(summary.failed_episodes.items())[:10]:
-        console.print(f"[yellow]{episode_id}[/yellow]: {error}")
+    for episode_id, failure in list(summary.failed_episodes.items())[:10]:
+        note(console, (episode_id, "yellow"), f": {failure}")
     if summary.failed_episodes:
         raise typer.Exit(1)
 
@@ -122,8 +122,8 @@ def _bfcl_scenarios(client: Client, suite: BfclSuite, ids: dict[str, str], path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(item) + "\n" for item in items))
     failed = [m for m in made if m.error]
-    console.print(f"{len(items)} scenarios (BFCL state checks); replay evaluation input: {path}"
-                  + (f"; {len(failed)} failed, e.g. {failed[0].episode.id}: {failed[0].error}" if failed else ""))
+    note(console, f"{len(items)} scenarios (BFCL state checks); replay evaluation input: {path}"
+         + (f"; {len(failed)} failed, e.g. {failed[0].episode.id}: {failed[0].error}" if failed else ""))
 
 
 ENVSCALER_HELP = (
@@ -208,11 +208,10 @@ def import_envscaler(
         typer.echo(json.dumps({**report.to_dict(), "elapsed_s": round(elapsed, 2)}, ensure_ascii=False))
     else:
         _envscaler_table(report)
-        for error in report.file_errors:
-            console.print(f"[red]file error:[/red] {error}")
+        for file_error in report.file_errors:
+            note(console, ("file error: ", "red"), str(file_error))
         for kind, c in report.counts().items():
-            console.print(f"{kind}s: {c['imported']} imported, {c['reused']} reused, {c['refused']} refused",
-                          soft_wrap=True)
+            note(console, f"{kind}s: {c['imported']} imported, {c['reused']} reused, {c['refused']} refused")
         console.print(f"({elapsed:.1f} s)")
     if report.file_errors:
         raise typer.Exit(1)

@@ -31,6 +31,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from sandpit.output import error, note
 
 if TYPE_CHECKING:
     from sandpit.importers.envscaler_parity import EpisodeParity, Totals
@@ -180,7 +181,7 @@ def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False
     Console().print(table)
     failed = [r for r in runs + gem_runs if r.error is not None or not r.ended]
     for run in failed[:10]:
-        console.print(f"[yellow]{run.scenario_id}[/yellow]: {run.error or 'did not end'}")
+        note(console, (run.scenario_id, "yellow"), f": {run.error or 'did not end'}")
     if any(r.error is not None for r in failed):
         raise typer.Exit(1)
 
@@ -222,8 +223,7 @@ def envscaler(release_dir: Annotated[Path, typer.Argument(help="Release director
                 results = parity.run_release(client, release, reference, seed=seed, scenarios=scenarios,
                                       on_episode=lambda r: progress.update(task, advance=1, description=r.task_id))
     except SandpitError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        error(console, exc)
     totals = parity.Totals.of(results)
     if json_output:
         typer.echo(json.dumps({"episodes": [r.to_dict() for r in results], "totals": totals.to_dict()},
@@ -274,5 +274,5 @@ def _parity_table(results: list[EpisodeParity], totals: Totals) -> None:
         table.columns[index].footer = text
     out.print(table)
     colour = "green" if totals.equal == totals.episodes else "red"
-    console.print(f"[{colour}]{totals.equal} of {totals.episodes} episodes equal[/{colour}] (introduction, tools, "
-                  "first observation, and every step's observation, kind, end and reward)")
+    note(console, (f"{totals.equal} of {totals.episodes} episodes equal", colour), " (introduction, tools, "
+         "first observation, and every step's observation, kind, end and reward)")

@@ -5,7 +5,9 @@ an ``init_config`` and check functions that turn a finished episode into a rewar
   (FILE: a JSON list of ``{"check_item", "check_func"}``; each ``check_func`` is Python
   source defining ``check_func(final_state) -> bool``, checked by the static policy and
   run only in sandboxes);
-* ``list [--environment-id ID]``, ``get ID``, ``delete ID``.
+* ``list [--environment-id ID]``, ``get ID``, ``delete ID``;
+* ``stats ID [--kind K] [--since TIME] [--recent N]``: attempts, finished episodes, passes
+  (reward 1.0), pass rate, mean reward and the newest rewards.
 
 Exit codes as in :mod:`sandpit.api_cli`.
 """
@@ -22,21 +24,27 @@ from sandpit.api_cli import (
     DEFAULT_URL,
     JsonOpt,
     KeyOpt,
+    KindOpt,
     LimitOpt,
     OffsetOpt,
     QuietOpt,
+    RecentOpt,
+    SinceOpt,
     UrlOpt,
     connect,
     console,
     emit_json,
+    id_column,
     json_object,
     json_value,
     kv_table,
     out,
+    stats_table,
     text_value,
     when,
 )
-from sandpit.client import Page, Scenario, every_item
+from sandpit.client import Scenario
+from sandpit.output import show
 
 scenarios_app = typer.Typer(help="EnvScaler scenarios: task, init_config and check functions of an environment.",
                             no_args_is_help=True)
@@ -109,26 +117,22 @@ def list_(environment_id: Annotated[str | None, typer.Option("--environment-id",
           json_: JsonOpt = False) -> None:
     """The tenant's scenarios, newest first."""
     with connect(url, api_key) as client:
-        if environment_id is None:
-            page = client.scenarios.list(limit=limit, offset=offset)
-        else:  # the client's list has no filter: read every page, keep this environment's
-            matching = [s for s in every_item(client.scenarios.list, 1000) if s.environment_id == environment_id]
-            page = Page[Scenario](data=matching[offset:offset + limit], count=len(matching))
+        page = client.scenarios.list(limit=limit, offset=offset, environment_id=environment_id)
     if json_:
         emit_json(page)
         return
-    table = Table(title=f"scenarios ({len(page.data)} of {page.count})"
-                        + (f" of {environment_id}" if environment_id else ""))
-    table.add_column("id", no_wrap=True)
+    table = Table(title=Text(f"scenarios ({len(page.data)} of {page.count})"
+                             + (f" of {environment_id}" if environment_id else "")))
+    id_column(table, "id", [scenario.id for scenario in page.data])
     if environment_id is None:
-        table.add_column("environment", overflow="fold")
+        id_column(table, "environment", [scenario.environment_id for scenario in page.data])
     table.add_column("checks", justify="right")
     table.add_column("task", overflow="fold")
     for scenario in page.data:
         task = scenario.task if len(scenario.task) <= 200 else scenario.task[:199] + "…"
         cells = [scenario.id, scenario.environment_id] if environment_id is None else [scenario.id]
         table.add_row(*cells, str(len(scenario.checklist_with_func)), Text(task))
-    out.print(table)
+    show(out, table)
 
 
 @scenarios_app.command("get")
@@ -141,6 +145,21 @@ def get(scenario_id: Annotated[str, typer.Argument(help="scn_... id.")], url: Ur
         emit_json(scenario)
     else:
         print_scenario(scenario)
+
+
+@scenarios_app.command("stats")
+def stats(scenario_id: Annotated[str, typer.Argument(help="scn_... id.")], kind: KindOpt = "all",
+          since: SinceOpt = None, recent: RecentOpt = 20, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
+          json_: JsonOpt = False) -> None:
+    """The scenario's statistics: attempts, finished, passed (reward 1.0), pass rate, mean
+    reward, newest rewards."""
+    with connect(url, api_key) as client:
+        figures = client.scenarios.stats(scenario_id, kind=kind, since=since, recent=recent)
+    if json_:
+        emit_json(figures)
+        return
+    scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
+    show(out, stats_table(f"scenario statistics ({scope})", [figures]))
 
 
 @scenarios_app.command("delete")

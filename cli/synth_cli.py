@@ -19,13 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 from sandpit.client import Client, SandpitError
+from sandpit.output import error, note
 from sandpit.synthesis.pipeline import Pipeline, SeedFileError, StageInputMissing, summarize
 from sandpit.synthesis.rundir import RunDir
 from sandpit.synthesis.settings import SynthSettings
@@ -56,11 +58,9 @@ def _pipeline(run_dir: Path, url: str, api_key: str | None) -> Iterator[Pipeline
         try:
             yield pipeline
         except (SeedFileError, StageInputMissing) as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+            error(console, exc, 2)
         except SandpitError as exc:
-            console.print(f"[red]error:[/red] Sandpit API: {exc}")
-            raise typer.Exit(1) from None
+            error(console, f"Sandpit API: {exc}")
         finally:
             pipeline.close()
     _print_summary(pipeline)
@@ -71,7 +71,7 @@ def _print_summary(pipeline: Pipeline) -> None:
 
 
 def _print_table(path: Path, summary: dict[str, Any]) -> None:
-    table = Table(title=f"sandpit synth: {path}")
+    table = Table(title=Text(f"sandpit synth: {path}"))
     table.add_column("", style="bold")
     table.add_column("count", justify="right")
     rows: list[tuple[str, Any]] = [
@@ -91,14 +91,29 @@ def _print_table(path: Path, summary: dict[str, Any]) -> None:
                      (f"tokens, {label} (prompt / completion)",
                       f"{usage.get('prompt_tokens', 0)} / {usage.get('completion_tokens', 0)}")]
     for label, value in rows:
-        table.add_row(label, str(value))
+        table.add_row(Text(label), Text(str(value)))
     Console().print(table)
+
+
+SHOWN_CAUSES = 10
+"""Unfinished items whose cause ``sandpit synth`` prints (the rest are counted)."""
+
+
+def _unfinished(run: RunDir, stage: str) -> NoReturn:
+    """Why ``stage`` is partial: each unfinished item and its recorded cause (the first
+    :data:`SHOWN_CAUSES`), then the rerun advice; exit 1."""
+    causes = run.unfinished(stage)
+    for cause in causes[:SHOWN_CAUSES]:
+        note(console, "  ", (cause["key"], "yellow"), ": ", " ".join(cause["error"].splitlines()))
+    if len(causes) > SHOWN_CAUSES:
+        note(console, f"  ... and {len(causes) - SHOWN_CAUSES} more (errors in {run.file(stage + '.json')})")
+    note(console, (f"stage {stage} has {len(causes) or 'some'} unfinished item(s): rerun to resume", "yellow"))
+    raise typer.Exit(1)
 
 
 def _exit_for(pipeline: Pipeline, stage: str) -> None:
     if (pipeline.run.manifest["stages"].get(stage) or {}).get("status") == "partial":
-        console.print(f"[yellow]stage {stage} has unfinished items: rerun to resume[/yellow]")
-        raise typer.Exit(1)
+        _unfinished(pipeline.run, stage)
 
 
 @synth_app.command("run")
@@ -112,8 +127,7 @@ def run(run_dir: RunDirOpt, seeds: SeedsOpt = None, register: Annotated[bool, ty
         outcome = pipeline.run_all(register=register)
     partial = [stage for stage, status in outcome.items() if status == "partial"]
     if partial:
-        console.print(f"[yellow]stage {partial[0]} has unfinished items: rerun to resume[/yellow]")
-        raise typer.Exit(1)
+        _unfinished(pipeline.run, partial[0])
 
 
 def _stage(name: str, method: str, doc: str) -> None:
@@ -123,7 +137,7 @@ def _stage(name: str, method: str, doc: str) -> None:
             if force or not pipeline.run.stage_done(name):
                 getattr(pipeline, method)()
             else:
-                console.print(f"stage {name} is done (use --force to run it again)")
+                note(console, f"stage {name} is done (use --force to run it again)")
         _exit_for(pipeline, name)
 
     command.__doc__ = doc
@@ -154,6 +168,5 @@ _stage("register", "register", "Register kept environments and scenarios in Sand
 def report(run_dir: RunDirOpt) -> None:
     """Print the final table of a run directory (no model or API call)."""
     if not (run_dir / "manifest.json").exists():
-        console.print(f"[red]error:[/red] {run_dir} is not a run directory")
-        raise typer.Exit(2)
+        error(console, f"{run_dir} is not a run directory", 2)
     _print_table(run_dir, summarize(RunDir(run_dir)))

@@ -15,8 +15,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from sandpit.client import Client, SandpitConnectionError, SandpitError
 from sandpit.client.admin import Admin
+from sandpit.output import error, id_column, note, show
 
 __all__ = ["tenants_app"]
 
@@ -29,8 +31,7 @@ TIMEOUT_S = 30.0
 
 
 def _fail(message: str) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(1)
+    error(console, message)
 
 
 @contextmanager
@@ -93,8 +94,8 @@ def tenants_create(
     if quiet:
         typer.echo(key["key"])
         return
-    console.print(f"tenant [bold]{tenant.id}[/bold] created; API key {key['id']} "
-                  f"(expires {key['expires_at'] or 'never'}). Store it now, it is not shown again:")
+    note(console, "tenant ", (tenant.id, "bold"), f" created; API key {key['id']} "
+         f"(expires {key['expires_at'] or 'never'}). Store it now, it is not shown again:")
     typer.echo(key["key"])
 
 
@@ -108,29 +109,47 @@ def tenants_create_key(
     """Another API key for a tenant (printed once)."""
     with _admin(url, operator_key) as admin:
         key = admin.keys.create(tenant_id, name=name, expires_in_s=_seconds(expires_in_days)).model_dump(mode="json")
-    console.print(f"API key {key['id']} for {tenant_id} (expires {key['expires_at'] or 'never'}):")
+    note(console, f"API key {key['id']} for {tenant_id} (expires {key['expires_at'] or 'never'}):")
     typer.echo(key["key"])
 
 
 @tenants_app.command("list")
 def tenants_list(url: UrlOption = "http://127.0.0.1:8600", operator_key: OperatorOption = None,
-                 keys: Annotated[bool, typer.Option(help="Also list every tenant's keys.")] = False) -> None:
+                 keys: Annotated[bool, typer.Option(help="Also list every tenant's keys.")] = False,
+                 as_json: Annotated[bool, typer.Option(
+                     "--json", help="Print the API's page of tenants as JSON (with --keys: each tenant's "
+                                    "page of keys under \"keys\", by tenant id).")] = False) -> None:
     """Tenants with their quota overrides and active keys."""
     with _admin(url, operator_key) as admin:
-        tenants = [t.model_dump(mode="json") for t in admin.tenants.list().data]  # times as the server sends them
-        table = Table("tenant", "active keys", "quota overrides", "created")
-        for tenant in tenants:
-            overrides = ", ".join(f"{k}={v}" for k, v in tenant["quota_overrides"].items()) or "-"
-            table.add_row(tenant["id"], str(tenant["active_keys"]), overrides, tenant["created_at"][:19])
-        Console().print(table)
+        page = admin.tenants.list()
+        tenants = [t.model_dump(mode="json") for t in page.data]  # times as the server sends them
+        key_pages = {t["id"]: admin.keys.list(t["id"]) for t in tenants} if keys else {}
+    if as_json:
+        document: dict[str, Any] = page.model_dump(mode="json")
         if keys:
-            key_table = Table("key id", "tenant", "name", "prefix", "expires", "revoked")
-            for tenant in tenants:
-                for row in admin.keys.list(tenant["id"]).data:
-                    key = row.model_dump(mode="json")
-                    key_table.add_row(key["id"], key["tenant"], key["name"] or "", key["prefix"] + "…",
-                                      (key["expires_at"] or "never")[:19], (key["revoked_at"] or "")[:19])
-            Console().print(key_table)
+            document["keys"] = {tenant: p.model_dump(mode="json") for tenant, p in key_pages.items()}
+        typer.echo(json.dumps(document, indent=2))
+        return
+    table = Table()
+    id_column(table, "tenant", [t["id"] for t in tenants])
+    for column in ("active keys", "quota overrides", "created"):
+        table.add_column(column)
+    for tenant in tenants:
+        overrides = ", ".join(f"{k}={v}" for k, v in tenant["quota_overrides"].items()) or "-"
+        table.add_row(Text(tenant["id"]), str(tenant["active_keys"]), Text(overrides), tenant["created_at"][:19])
+    show(Console(), table)
+    if keys:
+        key_table = Table()
+        id_column(key_table, "key id", [k.id for p in key_pages.values() for k in p.data])
+        for column in ("tenant", "name", "prefix", "expires", "revoked"):
+            key_table.add_column(column)
+        for key_page in key_pages.values():
+            for row in key_page.data:
+                key = row.model_dump(mode="json")
+                key_table.add_row(Text(key["id"]), Text(key["tenant"]), Text(key["name"] or ""),
+                                  Text(key["prefix"] + "…"), (key["expires_at"] or "never")[:19],
+                                  (key["revoked_at"] or "")[:19])
+        show(Console(), key_table)
 
 
 @tenants_app.command("revoke-key")
@@ -139,4 +158,4 @@ def tenants_revoke_key(key_id: Annotated[str, typer.Argument(help="Key id (key_.
     """Revoke an API key: requests with it get 401 from now on."""
     with _admin(url, operator_key) as admin:
         key = admin.keys.revoke(key_id).model_dump(mode="json")
-    console.print(f"revoked {key['id']} of tenant {key['tenant']} at {key['revoked_at']}")
+    note(console, f"revoked {key['id']} of tenant {key['tenant']} at {key['revoked_at']}")

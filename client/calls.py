@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
@@ -26,6 +27,7 @@ from .models import (
     ClusterStatus,
     Env,
     Environment,
+    EnvironmentStats,
     Episode,
     EpisodeResult,
     Evaluation,
@@ -37,6 +39,7 @@ from .models import (
     Page,
     Profile,
     Scenario,
+    ScenarioStats,
     StateView,
     StepResult,
     Tenant,
@@ -275,6 +278,19 @@ def environment_list(limit: int | None, offset: int | None) -> Call[Page[Environ
     return _read("GET", "/v1/environments", Page[Environment], params=_page_params(limit, offset))
 
 
+def _stats_params(kind: str | None, since: datetime | str | None, recent: int | None,
+                  limit: int | None = None, offset: int | None = None) -> dict[str, str] | None:
+    return _query(kind=kind, since=since.isoformat() if isinstance(since, datetime) else since, recent=recent,
+                  limit=limit, offset=offset)
+
+
+def environment_stats(environment_id: str, kind: str | None = None, since: datetime | str | None = None,
+                      recent: int | None = None, limit: int | None = None,
+                      offset: int | None = None) -> Call[EnvironmentStats]:
+    return _read("GET", f"/v1/environments/{_seg(environment_id)}/stats", EnvironmentStats,
+                 params=_stats_params(kind, since, recent, limit, offset))
+
+
 def environment_delete(environment_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/environments/{_seg(environment_id)}", _no_content)
 
@@ -293,6 +309,12 @@ def scenario_get(scenario_id: str) -> Call[Scenario]:
 def scenario_list(limit: int | None, offset: int | None, environment_id: str | None = None) -> Call[Page[Scenario]]:
     return _read("GET", "/v1/scenarios", Page[Scenario],
                  params=_query(limit=limit, offset=offset, environment_id=environment_id))
+
+
+def scenario_stats(scenario_id: str, kind: str | None = None, since: datetime | str | None = None,
+                   recent: int | None = None) -> Call[ScenarioStats]:
+    return _read("GET", f"/v1/scenarios/{_seg(scenario_id)}/stats", ScenarioStats,
+                 params=_stats_params(kind, since, recent))
 
 
 def scenario_delete(scenario_id: str) -> Call[None]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from . import calls
-from .models import Environment, Page
+from .models import Environment, EnvironmentStats, Page
 from .transport import AsyncTransport, SyncTransport
 
 __all__ = ["AsyncEnvironments", "Environments"]
@@ -53,6 +54,18 @@ class Environments:
         """A page of the tenant's environments (server default limit when None)."""
         return self._t.run(calls.environment_list(limit, offset))
 
+    def stats(self, environment_id: str, *, kind: str | None = None, since: datetime | str | None = None,
+              recent: int | None = None, limit: int | None = None, offset: int | None = None) -> EnvironmentStats:
+        """Statistics of the environment's scenarios: `totals` over all of them and, in
+        `data`, each scenario of one page (`limit`/`offset`, newest scenario first) as
+        `client.scenarios.stats` gives it. kind: `training` (envs of `/v1/envs`), `evaluation` (batch evaluations) or `all`
+        (the server's default). since: count only episodes started at or after this time
+        (a naive datetime or a string without a zone is UTC). recent: how many of the
+        newest rewards to list (0..100; the server's default is 20).
+
+        Raises `NotFound` (unknown or another tenant's environment), `InvalidRequest`."""
+        return self._t.run(calls.environment_stats(environment_id, kind, since, recent, limit, offset))
+
     def delete(self, environment_id: str) -> None:
         """Delete an environment. Raises `NotFound`; `Conflict` if the server refuses."""
         self._t.run(calls.environment_delete(environment_id))
@@ -83,6 +96,12 @@ class AsyncEnvironments:
     async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Environment]:
         """See `Client.environments.list`."""
         return await self._t.run(calls.environment_list(limit, offset))
+
+    async def stats(self, environment_id: str, *, kind: str | None = None, since: datetime | str | None = None,
+                    recent: int | None = None, limit: int | None = None,
+                    offset: int | None = None) -> EnvironmentStats:
+        """See `Client.environments.stats`."""
+        return await self._t.run(calls.environment_stats(environment_id, kind, since, recent, limit, offset))
 
     async def delete(self, environment_id: str) -> None:
         """See `Client.environments.delete`."""

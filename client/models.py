@@ -32,14 +32,18 @@ __all__ = [
     "EvaluationJob",
     "EvaluationProgress",
     "EvaluationSummary",
+    "EnvironmentStats",
     "ExecResult",
     "HostDrain",
     "HostUndrain",
     "Include",
     "Page",
     "Profile",
+    "RecentReward",
     "Scenario",
+    "ScenarioStats",
     "StateView",
+    "StatsTotals",
     "StepResult",
     "StepStatus",
     "Tenant",
@@ -113,6 +117,57 @@ class Scenario(_ResponseModel):
     """How its checks see objects of the environment's classes: stand-ins (no
     environment code where a verdict is computed) or the environment's own classes."""
     created_at: datetime
+
+
+class RecentReward(_ResponseModel):
+    """A finished episode's reward, when it ended, and whether it was a training episode
+    (an env of `/v1/envs`) or an evaluation's."""
+
+    reward: float
+    ended_at: datetime
+    kind: Literal["training", "evaluation"]
+
+
+class ScenarioStats(_ResponseModel):
+    """A scenario's statistics (`GET /v1/scenarios/{id}/stats`): episodes started
+    (`attempts`) and finished with a reward, how many passed (reward exactly 1.0: every
+    check passed), `pass_rate` and `mean_reward` (None when none finished), and the
+    newest rewards, newest first; over `kind` episodes started at or after `since`."""
+
+    scenario_id: str
+    environment_id: str
+    kind: Literal["all", "training", "evaluation"]
+    since: datetime | None = None
+    attempts: int
+    finished: int
+    passed: int
+    pass_rate: float | None = None
+    mean_reward: float | None = None
+    last_ended_at: datetime | None = None
+    recent: list[RecentReward] = Field(default_factory=list)
+
+
+class StatsTotals(_ResponseModel):
+    """`ScenarioStats`' figures over all of an environment's scenarios together."""
+
+    scenarios: int
+    attempts: int
+    finished: int
+    passed: int
+    pass_rate: float | None = None
+    mean_reward: float | None = None
+
+
+class EnvironmentStats(_ResponseModel):
+    """`GET /v1/environments/{id}/stats`: totals, and one page of its scenarios' statistics
+    (`count`: all its scenarios)."""
+
+    environment_id: str
+    kind: Literal["all", "training", "evaluation"]
+    since: datetime | None = None
+    totals: StatsTotals
+    data: list[ScenarioStats] = Field(default_factory=list)
+    count: int
 
 
 class CheckOutcome(_ResponseModel):
@@ -335,6 +390,9 @@ class EvaluationSummary(_ResponseModel):
     mean_reward: float | None = None
     success_rate: float | None = None
     by_environment: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    by_scenario: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """`{scenario_id: {episodes, mean_reward, success_rate, overall_pass_rate,
+    overall_finished}}`: this evaluation's figures and the scenario's over all episodes."""
     errors_by_status: dict[str, int] = Field(default_factory=dict)
     cancelled: int = 0
     usage: dict[str, int] = Field(default_factory=dict)

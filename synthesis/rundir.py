@@ -76,6 +76,18 @@ class RunDir:
         """JSON content of ``<run>/<name>``. Raises FileNotFoundError, ValueError."""
         return json.loads(self.file(name).read_text(encoding="utf-8"))
 
+    def unfinished(self, stage: str) -> list[dict[str, str]]:
+        """The items ``stage`` could not finish, as its output file records them:
+        ``[{"key", "error"}]`` (the item and why: the model endpoint or the API's
+        answer). Empty when the stage has no output file or finished every item."""
+        try:
+            data = self.read(f"{stage}.json")
+        except (OSError, ValueError):
+            return []
+        errors = data.get("errors") if isinstance(data, dict) else None
+        return [{"key": str(e.get("key", "")), "error": str(e.get("error", ""))}
+                for e in errors or [] if isinstance(e, dict)]
+
     def stage_done(self, stage: str) -> bool:
         """True when ``stage`` finished every item and its output file exists."""
         entry = self.manifest["stages"].get(stage) or {}

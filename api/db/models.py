@@ -126,6 +126,9 @@ class Episode(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
+    __table_args__ = (Index("ix_episodes_scenario_started", "scenario_id", "started_at"),)
+    """Scenario statistics (:mod:`sandpit.api.services.stats`) read one scenario's episodes."""
+
 
 class Step(Base):
     """One acknowledged step: the tool call, its result, and the state after it."""
@@ -324,6 +327,9 @@ class EvaluationEpisode(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     """The :class:`Replica` running it (``running`` only): recovery resets only the episodes
     of replicas that stopped heart-beating, never those of a live one."""
+
+    __table_args__ = (Index("ix_evaluation_episodes_scenario", "scenario_id"),)
+    """Scenario statistics (:mod:`sandpit.api.services.stats`) read one scenario's runs."""
 
 
 class Replica(Base):

@@ -49,11 +49,13 @@ from ..schemas.evaluations import (
     EvaluationSummary,
     JobStatus,
     Mode,
+    ScenarioBreakdown,
     check_base_url,
 )
 from ..services.common import new_id, owned
 from ..services.common import utcnow as _now
 from ..services.quotas import FIXED_RETRY_AFTER_S, QuotaService, TenantContext
+from ..services.stats import StatsService
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .runner import EvaluationRunner
@@ -74,13 +76,14 @@ class EvaluationJobs:
     ``close()`` run the background runner (called from the app's lifespan)."""
 
     def __init__(self, settings: ApiSettings, db: Database, runner: EvaluationRunner, sandboxes: Sandboxes,
-                 quotas: QuotaService, tenants: TenantService) -> None:
+                 quotas: QuotaService, tenants: TenantService, stats: StatsService) -> None:
         self.settings = settings
         self.db = db
         self.runner = runner
         self.sandboxes = sandboxes
         self.quotas = quotas
         self.tenants = tenants
+        self.stats = stats
         self._create_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -265,29 +268,33 @@ class EvaluationJobs:
 
     def _public(self, row: models.EvaluationJob, progress: EvaluationProgress,
                 with_summary: bool = True) -> EvaluationJobPublic:
-        summary = self.summary(row.id) if with_summary and row.status not in ACTIVE else None
+        summary = self.summary(row.id, row.tenant) if with_summary and row.status not in ACTIVE else None
         return EvaluationJobPublic(id=row.id, mode=cast(Mode, row.mode), status=cast(JobStatus, row.status),
                                    config=row.config,
                                    concurrency=row.concurrency, total=row.total, progress=progress, summary=summary,
                                    error=row.error, created_by=row.created_by, created_at=row.created_at,
                                    finished_at=row.finished_at)
 
-    def summary(self, evaluation_id: str) -> EvaluationSummary:
-        """Mean reward, success rate, per-environment breakdown, errors by status and
-        token usage over the job's finished episodes (errored ones count reward 0.0)."""
+    def summary(self, evaluation_id: str, tenant: str) -> EvaluationSummary:
+        """Mean reward, success rate, per-environment and per-scenario breakdowns, errors
+        by status and token usage over the job's finished episodes (errored ones count
+        reward 0.0); beside each scenario, its pass rate over all of ``tenant``'s
+        episodes of it (:meth:`StatsService.pass_rates`)."""
         with self.db.read() as db:
             finished = (select(EvaluationEpisode.environment_id, EvaluationEpisode.status,
-                               EvaluationEpisode.reward, EvaluationEpisode.error_status, EvaluationEpisode.usage)
+                               EvaluationEpisode.reward, EvaluationEpisode.error_status, EvaluationEpisode.usage,
+                               EvaluationEpisode.scenario_id)
                         .where(EvaluationEpisode.evaluation_id == evaluation_id))
             rows = db.execute(finished).all()
             names = dict(db.execute(select(models.Environment.id, models.Environment.name).where(
                 models.Environment.id.in_({r[0] for r in rows if r[0]}))).all())
         per_env: dict[str, list[float]] = {}
+        per_scenario: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
         usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0, "retries": 0}
         rewards: list[float] = []
         cancelled = scored = 0
-        for environment_id, status, reward, error_status, used in rows:
+        for environment_id, status, reward, error_status, used, scenario_id in rows:
             for name, value in (used or {}).items():
                 if isinstance(value, int) and name in usage:
                     usage[name] += value
@@ -301,6 +308,8 @@ class EvaluationJobs:
                 errors[error_status or "error"] = errors.get(error_status or "error", 0) + 1
             rewards.append(value)
             per_env.setdefault(environment_id or "", []).append(value)
+            per_scenario.setdefault(scenario_id, []).append(value)
+        overall = self.stats.pass_rates(tenant, list(per_scenario))
 
         def mean(values: list[float]) -> float | None:
             return sum(values) / len(values) if values else None
@@ -313,6 +322,10 @@ class EvaluationJobs:
             by_environment={env: EnvironmentBreakdown(name=names.get(env), episodes=len(v), mean_reward=mean(v),
                                                       success_rate=success(v))
                             for env, v in sorted(per_env.items())},
+            by_scenario={sid: ScenarioBreakdown(episodes=len(v), mean_reward=mean(v), success_rate=success(v),
+                                                overall_pass_rate=overall.get(sid, (None, 0))[0],
+                                                overall_finished=overall.get(sid, (None, 0))[1])
+                         for sid, v in sorted(per_scenario.items())},
             errors_by_status=dict(sorted(errors.items())), cancelled=cancelled, usage=usage)
 
     # -- cancel --------------------------------------------------------------------------

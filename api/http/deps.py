@@ -9,6 +9,7 @@ says so with ``responses=METERED``: the OpenAPI document then lists its 429
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -18,12 +19,14 @@ from ..envs.history import EnvHistory
 from ..envs.lifecycle import EnvLifecycle
 from ..envs.rewards import Rewards
 from ..evaluations.jobs import EvaluationJobs
+from ..schemas.stats import RECENT_DEFAULT, RECENT_MAX, StatsKind
 from ..services.cluster import ClusterService
 from ..services.environments import EnvironmentService
 from ..services.execution import ExecutionService
 from ..services.health import HealthService
 from ..services.quotas import QuotaService, TenantContext
 from ..services.scenarios import ScenarioService
+from ..services.stats import StatsQuery, StatsService
 from ..services.tenants import TenantService
 from .access_log import note_tenant
 from .strict_json import StrictJSONRoute
@@ -72,6 +75,11 @@ def get_history(request: Request) -> EnvHistory:
 def get_scenarios(request: Request) -> ScenarioService:
     """The app's :class:`ScenarioService`."""
     return cast(ScenarioService, _state(request, "scenarios"))
+
+
+def get_stats(request: Request) -> StatsService:
+    """The app's :class:`StatsService` (scenario and environment statistics)."""
+    return cast(StatsService, _state(request, "stats"))
 
 
 def get_execution(request: Request) -> ExecutionService:
@@ -132,12 +140,28 @@ class Page:
         self.offset = offset
 
 
+def stats_query(kind: Annotated[StatsKind, Query(
+                    description="Which episodes count: training (envs of /v1/envs), evaluation "
+                                "(batch evaluations) or all.")] = "all",
+                since: Annotated[datetime | None, Query(
+                    description="Count only episodes started at or after this ISO 8601 time "
+                                "(UTC when it names no zone).")] = None,
+                recent: Annotated[int, Query(ge=0, le=RECENT_MAX, description=(
+                    "How many of the newest finished episodes' rewards to list per scenario "
+                    "(newest first)."))] = RECENT_DEFAULT) -> StatsQuery:
+    """The query parameters of the statistics routes (:class:`StatsQuery`); FastAPI
+    answers 422 for an unknown ``kind``, a malformed ``since`` or ``recent`` out of
+    0..:data:`~sandpit.api.schemas.stats.RECENT_MAX`."""
+    return StatsQuery(kind=kind, since=since, recent=recent)
+
+
 EnvironmentsDep = Annotated[EnvironmentService, Depends(get_environments)]
 EnvsDep = Annotated[EnvLifecycle, Depends(get_envs)]
 EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
 RewardsDep = Annotated[Rewards, Depends(get_rewards)]
 HistoryDep = Annotated[EnvHistory, Depends(get_history)]
 ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
+StatsDep = Annotated[StatsService, Depends(get_stats)]
 ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]
 JobsDep = Annotated[EvaluationJobs, Depends(get_jobs)]
 TenantsDep = Annotated[TenantService, Depends(get_tenants)]
@@ -148,3 +172,4 @@ CallerDep = Annotated[TenantContext, Depends(get_caller)]
 OperatorDep = Annotated[None, Depends(require_operator)]
 AuthorizationDep = Annotated[str | None, Depends(authorization)]
 PageDep = Annotated[Page, Depends(Page)]
+StatsQueryDep = Annotated[StatsQuery, Depends(stats_query)]

@@ -194,6 +194,23 @@ class EnvironmentBreakdown(BaseModel):
     success_rate: float | None
 
 
+class ScenarioBreakdown(BaseModel):
+    """Summary of one scenario's episodes in an evaluation, beside the scenario's figures
+    over every episode of it (training and evaluations, this one included:
+    :mod:`sandpit.api.services.stats`)."""
+
+    episodes: int
+    """Finished (scored or errored) episodes of this evaluation."""
+    mean_reward: float | None
+    success_rate: float | None
+    """Share of this evaluation's finished episodes with reward == 1.0."""
+    overall_pass_rate: float | None = None
+    """The scenario's pass rate over all its finished episodes (None when none finished,
+    e.g. every episode of it errored)."""
+    overall_finished: int = 0
+    """Finished episodes behind ``overall_pass_rate``."""
+
+
 class EvaluationSummary(BaseModel):
     """Result of a finished job (EnvScaler reward: passed / total checks per episode)."""
 
@@ -205,6 +222,8 @@ class EvaluationSummary(BaseModel):
     success_rate: float | None
     """Share of finished episodes with reward == 1.0."""
     by_environment: dict[str, EnvironmentBreakdown]
+    by_scenario: dict[str, ScenarioBreakdown]
+    """Per scenario: this evaluation's figures and the scenario's overall pass rate."""
     errors_by_status: dict[str, int]
     """``error_status`` -> episodes (``model_error``, ``model_unavailable``, ``no_capacity``, ...)."""
     cancelled: int

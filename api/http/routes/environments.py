@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import Response, status
 
 from ...schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
-from ..deps import METERED, CallerDep, EnvironmentsDep, PageDep, json_router
+from ...schemas.stats import EnvironmentStats
+from ..deps import METERED, CallerDep, EnvironmentsDep, PageDep, StatsDep, StatsQueryDep, json_router
 
 router = json_router(prefix="/v1/environments", tags=["environments"])
 
@@ -23,6 +24,16 @@ def create_environment(body: EnvironmentCreate, environments: EnvironmentsDep, c
 def get_environment(environment_id: str, environments: EnvironmentsDep, caller: CallerDep) -> EnvironmentPublic:
     """One environment (404 for unknown ids and other tenants' ids)."""
     return environments.read(caller, environment_id)
+
+
+@router.get("/{environment_id}/stats", response_model=EnvironmentStats)
+def get_environment_stats(environment_id: str, query: StatsQueryDep, page: PageDep, stats: StatsDep,
+                          caller: CallerDep) -> EnvironmentStats:
+    """Statistics of the environment's scenarios: totals over all of them and, per
+    scenario of one page (``limit``/``offset``, newest scenario first), what
+    ``GET /v1/scenarios/{id}/stats`` gives. 404 for unknown ids and other tenants' ids;
+    422 for a bad ``kind``, ``since``, ``recent`` or page."""
+    return stats.environment(caller, environment_id, query, page.limit, page.offset)
 
 
 @router.get("", response_model=EnvironmentsPublic)

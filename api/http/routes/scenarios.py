@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import Query, Response, status
 
 from ...schemas.scenarios import ScenarioCreate, ScenarioPublic, ScenariosPublic
-from ..deps import METERED, CallerDep, PageDep, ScenariosDep, json_router
+from ...schemas.stats import ScenarioStats
+from ..deps import METERED, CallerDep, PageDep, ScenariosDep, StatsDep, StatsQueryDep, json_router
 
 router = json_router(prefix="/v1/scenarios", tags=["scenarios"])
 
@@ -23,6 +24,16 @@ def create_scenario(body: ScenarioCreate, scenarios: ScenariosDep, caller: Calle
 def get_scenario(scenario_id: str, scenarios: ScenariosDep, caller: CallerDep) -> ScenarioPublic:
     """One scenario (404 for unknown ids and other tenants' ids)."""
     return scenarios.read(caller, scenario_id)
+
+
+@router.get("/{scenario_id}/stats", response_model=ScenarioStats)
+def get_scenario_stats(scenario_id: str, query: StatsQueryDep, stats: StatsDep, caller: CallerDep) -> ScenarioStats:
+    """The scenario's statistics for curricula: episodes started (``attempts``) and
+    finished, how many passed (reward exactly 1.0: every check passed), pass rate, mean
+    reward and the newest ``recent`` rewards (newest first), over training episodes,
+    evaluation episodes or both (``kind``), started at or after ``since``. 404 for
+    unknown ids and other tenants' ids; 422 for a bad ``kind``, ``since`` or ``recent``."""
+    return stats.scenario(caller, scenario_id, query)
 
 
 @router.get("", response_model=ScenariosPublic)

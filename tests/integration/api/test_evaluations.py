@@ -418,10 +418,14 @@ def test_cli_replay_follows_and_prints_the_summary(server: Any, api: httpx.Clien
         {"scenario_id": sid, "tool_calls": [BUMP5, STORE_A]}, {"scenario_id": sid, "tool_calls": [BUMP5]}]) + "\n")
     out = tmp_path / "results.jsonl"
     common = ["--url", server.url, "--api-key", server.api_key]
-    run = CliRunner().invoke(eval_app, ["replay", str(trajectories), *common, "--poll", "0.2", "--results", str(out)],
-                             catch_exceptions=False)
+    run = CliRunner(env={"COLUMNS": "200"}).invoke(
+        eval_app, ["replay", str(trajectories), *common, "--poll", "0.2", "--results", str(out)], catch_exceptions=False)
     assert run.exit_code == 0, run.output
     assert "mean reward" in run.output and "0.750" in run.output and "success rate" in run.output
+    per_scenario = run.output[run.output.index("per scenario"):]
+    assert "overall pass rate" in per_scenario
+    row = next(line for line in per_scenario.splitlines() if sid in line).split()
+    assert row[2:] == ["│", "2", "│", "0.750", "│", "0.500", "│", "0.500", "│", "2", "│"]  # overall: 1 pass in 2
     assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0, 0.5]
 
     listed = CliRunner().invoke(eval_app, ["list", *common], catch_exceptions=False)

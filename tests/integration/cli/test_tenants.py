@@ -3,6 +3,8 @@ that the keys it prints work, and its errors (exit 1, one line)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sandpit.cli import app
 from sandpit.client import Client, Unauthorized
@@ -53,6 +55,27 @@ def test_errors_are_one_line_and_exit_1(runner: CliRunner, monkeypatch: pytest.M
     monkeypatch.setenv("SANDPIT_OPERATOR_KEY", "k")
     down = runner.invoke(app, ["tenants", "list", "--url", "http://127.0.0.1:9"])
     assert down.exit_code == 1 and down.stderr.startswith("error: cannot reach http://127.0.0.1:9: ")
+
+
+def test_a_servers_message_is_printed_as_written(runner: CliRunner) -> None:
+    """The server's 422 for a bad tenant id quotes its pattern (``...{0,63}``), and the id
+    itself holds markup: both reach the terminal as sent, on one line."""
+    refused = runner.invoke(app, ["tenants", "create", "BAD[bold]x[/bold]"])
+    assert refused.exit_code == 1 and refused.stderr.startswith("error: 422: ")
+    assert "{0,63}" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def test_list_json_is_the_apis_page_with_full_ids(runner: CliRunner) -> None:
+    assert runner.invoke(app, ["tenants", "create", "cli-json-with-a-rather-long-tenant-id", "--quiet"]).exit_code == 0
+    listed = runner.invoke(app, ["tenants", "list", "--keys", "--json"])
+    assert listed.exit_code == 0, listed.output
+    document = json.loads(listed.stdout)
+    ids = [t["id"] for t in document["data"]]
+    assert "cli-json-with-a-rather-long-tenant-id" in ids and document["count"] == len(ids)
+    assert set(document["keys"]) == set(ids)
+    key_id = document["keys"]["cli-json-with-a-rather-long-tenant-id"]["data"][0]["id"]
+    narrow = runner.invoke(app, ["tenants", "list", "--keys"], env={"COLUMNS": "30"})
+    assert "cli-json-with-a-rather-long-tenant-id" in narrow.stdout and key_id in narrow.stdout
 
 
 def flat(text: str) -> str:

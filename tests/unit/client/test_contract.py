@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import jsonschema
@@ -58,12 +59,17 @@ SAMPLES: list[tuple[str, Callable[[], Call[Any]]]] = [
     ("environment_get", lambda: calls.environment_get("env_1")),
     ("environment_list", lambda: calls.environment_list(10, 5)),
     ("environment_delete", lambda: calls.environment_delete("env_1")),
+    ("environment_stats", lambda: calls.environment_stats("envr_1")),
+    ("environment_stats", lambda: calls.environment_stats("envr_1", "training", "2026-01-01T00:00:00+00:00", 5,
+                                                          10, 20)),
     ("scenario_create", lambda: calls.scenario_create({
         "environment_id": "e", "task": "t", "init_config": {"a": 1}, "checklist": ["c"],
         "checklist_with_func": [{"check_item": "c", "check_func": CHECK}], "external_id": "x"})),
     ("scenario_get", lambda: calls.scenario_get("scn_1")),
     ("scenario_list", lambda: calls.scenario_list(None, None)),
     ("scenario_delete", lambda: calls.scenario_delete("scn_1")),
+    ("scenario_stats", lambda: calls.scenario_stats("scn_1")),
+    ("scenario_stats", lambda: calls.scenario_stats("scn_1", "evaluation", datetime(2026, 1, 1, tzinfo=UTC), 0)),
     ("env_create", lambda: calls.env_create("e", None, None, None, None)),
     ("env_create", lambda: calls.env_create(None, "class A:\n    pass\n", "A", {"a": 1},
                                             Profile(memory_mib=128, cpus=0.5, call_timeout_s=2), None,

@@ -137,7 +137,10 @@ def test_cli_stage_commands_resume_and_report(tmp_path: Path, monkeypatch: pytes
             monkeypatch.setenv(f"SANDPIT_SYNTH_{name}", value)
         runner = CliRunner()
         first = runner.invoke(synth_app, ["describe", "--run-dir", run, "--seeds", str(seeds)])
-        assert first.exit_code == 1 and "rerun to resume" in first.output
+        assert first.exit_code == 1 and "1 unfinished item(s): rerun to resume" in first.output
+        [cause] = json.loads((tmp_path / "run" / "skel_1_descriptions.json").read_text())["errors"]
+        assert cause["key"] == "s1" and cause["error"]
+        assert f"  s1: {' '.join(cause['error'].splitlines())}\n" in first.output  # the recorded cause, as written
         refused = runner.invoke(synth_app, ["build", "--run-dir", run])
         assert refused.exit_code == 2 and "partial" in refused.output
         server.rules.insert(0, Rule(contains=[P + "infer_environment", "Blue Fox"], content=js({
