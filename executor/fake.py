@@ -52,11 +52,9 @@ an unregistered class, is a :class:`SessionOpenError` (``error``); a tool that r
 ``error`` result (``Error: <Type>: <message>``, traceback) whose state changes count; an
 unknown or private tool name, non-object or non-JSON arguments are ``rejected``; an
 injected ``timeout``/``oom``/``crashed`` call does not run the tool and leaves the state
-at the last good snapshot (``lost=True``: as if the host lost the sandbox, the handle
-closes and every later request raises ``SessionClosed``; recovering is the caller's, as
-with a real session); the opened state is handed over once (``take_opened``: the
-attributes, never a digest) and ``read_state`` reads the instance's current encoded
-state (a copy); ``restore`` drops attributes the snapshot does not name and keeps
+at the last good snapshot (``lost=True``: a lost sandbox, the handle closes and later
+requests raise ``SessionClosed``); ``take_opened`` hands the opened attributes over once
+(never a digest); ``restore`` drops attributes the snapshot does not name and keeps
 the current value of ``"u"`` entries. Nothing is pickled back: a ``"p"`` entry the fake
 did not produce itself is kept as an :class:`Encoded` value. Not modelled: tool output
 (``stdout``/``stderr`` are empty), time limits (a tool runs to its end), memory.
@@ -253,8 +251,7 @@ class FakeSession:
 
     def take_opened(self) -> OpenedState:
         """The encoded state the session opened with, once (then an empty one)."""
-        with self._lock:
-            opened, self._opened = self._opened, None
+        opened, self._opened = self._opened, None
         return opened or OpenedState()
 
     def read_state(self) -> dict[str, EncodedValue]:
@@ -266,10 +263,7 @@ class FakeSession:
 
     def state(self) -> dict[str, Any]:
         """The JSON view of the instance's current state. Raises SessionClosed."""
-        with self._lock:
-            if self._closed:
-                raise SessionClosed(f"session {self.id} is closed")
-            return render_state(self._encoded)
+        return render_state(self.read_state())
 
     def restore(self, snapshot: Snapshot) -> None:
         """Put the state into ``snapshot``'s (the real restore's rules, module docstring)."""
