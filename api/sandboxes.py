@@ -53,14 +53,17 @@ from sandpit.executor import (
     ExecutorSession,
     HostInfo,
     KeyedSessions,
+    OpenedState,
     ProfileError,
     ProfileOverrides,
     ResourceProfile,
     SandboxLost,
     SessionClosed,
+    SessionError,
     SessionOpenError,
     SharedConfig,
     Snapshot,
+    StateDelta,
     encode_json_state,
     is_truncated,
     render_entry,
@@ -83,10 +86,10 @@ CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
 
 __all__ = [
     "ArgumentError", "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
-    "ExecResult", "ProfileOverrides", "ResourceProfile",
+    "ExecResult", "OpenedState", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "SharedConfig", "Snapshot", "encode_json_state", "is_truncated", "render_entry",
-    "translate",
+    "SessionClosedError", "SharedConfig", "Snapshot", "StateDelta", "encode_json_state", "is_truncated",
+    "render_entry", "resolved_changes", "translate",
 ]
 
 
@@ -136,7 +139,9 @@ def translate(exc: ExecutorError, retry_after: int) -> ApiError:
 
 class SandboxSession:
     """One environment instance in a sandbox (an :class:`ExecutorSession` behind the
-    slot discipline and the error translation)."""
+    slot discipline and the error translation). A handle: it keeps no state (the API's
+    copy is ``LiveEnv.cache``). When its sandbox is lost, the call reports the loss's
+    status and :attr:`closed` turns true; the caller re-opens from its own copy."""
 
     def __init__(self, session: ExecutorSession, owner: Sandboxes) -> None:
         self._session = session
@@ -148,6 +153,8 @@ class SandboxSession:
 
     @property
     def closed(self) -> bool:
+        """True once closed, or once its sandbox was lost (every request then raises
+        SessionClosedError)."""
         return self._session.closed
 
     @property
@@ -164,31 +171,23 @@ class SandboxSession:
         with self._owner.slot(self._session.tenant), self._owner.translated():
             return self._session.call(name, arguments, rules)
 
+    def take_opened(self) -> OpenedState:
+        """The state the session opened with, handed over once
+        (:meth:`ExecutorSession.take_opened`): encoded attributes, or only the runner's
+        digest of a state forked from a config template."""
+        return self._session.take_opened()
+
+    def read_state(self) -> dict[str, list[Any]]:
+        """The session's current encoded state, read from its sandbox (one round trip; no
+        environment code runs). Raises a SandboxError (SessionClosedError once lost)."""
+        with self._owner.translated():
+            return self._session.read_state()
+
     def state(self) -> dict[str, Any]:
-        """The state's JSON view (no untrusted code runs). Raises a SandboxError."""
+        """The current state's JSON view, read from the sandbox (no untrusted code runs).
+        Raises a SandboxError (SessionClosedError once lost)."""
         with self._owner.translated():
             return self._session.state()
-
-    def encoded_state(self) -> dict[str, list[Any]]:
-        """The last good snapshot's encoded attributes. Raises a SandboxError."""
-        with self._owner.translated():
-            return self._session.snapshot().attributes
-
-    def opened_state(self) -> tuple[dict[str, list[Any]], str | None]:
-        """The last good snapshot's encoded attributes and, while it is still the state
-        the session was opened with, the runner's digest of it (None otherwise): equal
-        digests of one tenant are equal states. Raises a SandboxError."""
-        with self._owner.translated():
-            snapshot = self._session.snapshot()
-        return snapshot.attributes, snapshot.digest
-
-    def share_opened_state(self, attributes: dict[str, list[Any]], digest: str) -> bool:
-        """Let the session's snapshot be ``attributes`` (a stored initial state with the
-        same ``digest`` as the one it opened with), so the store's identity checks hold
-        from the first step (``ExecutorSession.share_opened_state``). Raises a
-        SandboxError."""
-        with self._owner.translated():
-            return self._session.share_opened_state(attributes, digest)
 
     def restore(self, attributes: dict[str, list[Any]]) -> None:
         """Put the instance into the state of ``attributes`` (in a slot: restoring opaque
@@ -200,6 +199,17 @@ class SandboxSession:
         """End the session (idempotent; a failure to close is the executor's to log)."""
         with self._owner.translated():
             self._session.close()
+
+
+def resolved_changes(delta: StateDelta, previous: Callable[[str], list[Any] | None]) -> dict[str, list[Any]]:
+    """The attributes a call set, keyed changes (``["k", ops]``) applied to ``previous(name)``
+    (the API's copy of the attribute before the call), sharing untouched nodes with it
+    (:meth:`StateDelta.applied_to`). Raises SandboxUnavailable (503) when a keyed change
+    does not apply: the sandbox sent a delta that does not fit the state it was given."""
+    try:
+        return delta.applied_to(previous)
+    except SessionError as exc:
+        raise SandboxUnavailable(f"executor failure: {exc}", retry_after=1) from exc
 
 
 class Sandboxes:

@@ -50,6 +50,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sandpit.executor.docker import docker_pool, engine
+from sandpit.executor.recovering import RecoveringSession
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -120,7 +121,8 @@ def bench_memory(templates: bool, extra: int) -> dict:
 
 def bench_executor(args: argparse.Namespace) -> dict:
     """The sandbox side alone (no HTTP, no database): ``--envs`` sessions opened through the
-    pool with the API part's settings, then ``--stepping`` threads call ``bump`` on their own
+    pool with the API part's settings (each a ``RecoveringSession``: it keeps its state, as
+    the API does, and re-opens after a lost sandbox, counted as ``recoveries``), then ``--stepping`` threads call ``bump`` on their own
     session for ``--seconds`` with ``--think-s`` between calls. Call p50/p99 in ms."""
     settings = ExecutorSettings(
         pool_size=2, sessions_per_sandbox=args.per_sandbox, max_sandboxes=args.max_sandboxes,
@@ -130,7 +132,7 @@ def bench_executor(args: argparse.Namespace) -> dict:
     with docker_pool(settings) as pool:
         started = time.perf_counter()
         with ThreadPoolExecutor(8) as starter:
-            sessions = list(starter.map(lambda i: pool.open_session(tenant="bench", source=SOURCE, class_name="Bench",
+            sessions = list(starter.map(lambda i: RecoveringSession(pool, tenant="bench", source=SOURCE, class_name="Bench",
                                                                      init_config={"count": i}), range(args.envs)))
         out["open_all_s"] = round(time.perf_counter() - started, 1)
         latencies: list[float] = []

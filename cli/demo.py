@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from sandpit.executor.docker import DockerDriver
 from sandpit.executor.pool import SandboxPool
-from sandpit.executor.pool.session import Session
+from sandpit.executor.recovering import RecoveringSession
 from sandpit.executor.settings import get_settings
 from sandpit.output import note
 from sandpit.sandbox_images import DEFINITION_DIR
@@ -47,7 +47,7 @@ def load_source() -> str:
     return (DEFINITION_DIR / "environments" / "order_desk.py").read_text()
 
 
-def _episode(session: Session, console: Console, verbose: bool) -> list[float]:
+def _episode(session: RecoveringSession, console: Console, verbose: bool) -> list[float]:
     latencies = []
     for name, arguments in EPISODE:
         result = session.call(name, arguments)
@@ -68,8 +68,8 @@ def run_demo(sessions: int = 2, console: Console | None = None) -> dict[str, Any
     with SandboxPool(driver, settings) as pool:
         console.print(f"[bold]image[/bold] {driver.image}  runtime={settings.runtime}")
         t0 = time.perf_counter()
-        opened = [pool.open_session(tenant="demo", source=source, class_name="OrderDesk", init_config=INIT_CONFIG)
-                  for _ in range(sessions)]
+        opened = [RecoveringSession(pool, tenant="demo", source=source, class_name="OrderDesk", init_config=INIT_CONFIG)
+                  for _ in range(sessions)]  # each keeps its state: snapshot() below, re-opened after a lost sandbox
         console.print(f"opened {sessions} session(s) in {(time.perf_counter() - t0) * 1000:.0f} ms")
         first = opened[0]
         console.print("[bold]episode 1[/bold] (OrderDesk)")

@@ -7,6 +7,8 @@ API (and any other host program) imports; it names the contract, never a backend
                 host an env is on); all runtime_checkable: callers use isinstance
     errors      the documented exception tree (ExecutorError and below)
     results     what calls return (CallResult, CheckResult, ExecResult, Snapshot, ...)
+    recovering  RecoveringSession: a session that keeps its state and re-opens after a
+                lost sandbox, for code that uses the executor on its own
     profiles    resource profiles (ResourceProfile, ProfileOverrides)
     settings    ExecutorSettings (SANDPIT_EXECUTOR_*), BackendSettings (which backend)
     config      LocalConfig | RayConfig, configured(), get_executor(config)
@@ -46,7 +48,18 @@ from .interface import Affinity, Cluster, Executor, ExecutorSession, HostInfo, K
 from .pool.configs import SharedConfig
 from .pool.jobs import encode_json_state
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
-from .results import CallResult, CallRules, CheckResult, ExecResult, Snapshot, is_truncated, render_entry
+from .recovering import RecoveringSession
+from .results import (
+    CallResult,
+    CallRules,
+    CheckResult,
+    ExecResult,
+    OpenedState,
+    Snapshot,
+    StateDelta,
+    is_truncated,
+    render_entry,
+)
 from .settings import (
     BackendName,
     BackendSettings,
@@ -61,9 +74,9 @@ __all__ = [
     "EXECUTOR_CONFIG", "Affinity", "ArgumentError", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
     "CapacityError", "CheckResult", "Cluster", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
     "ExecutorError", "ExecutorSession", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
-    "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "ProfileError", "ProfileOverrides",
-    "RayConfig", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
-    "SessionOpenError", "SharedConfig", "Snapshot", "ToolSchemaError", "configured", "encode_json_state",
+    "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "ProfileError", "ProfileOverrides",
+    "RayConfig", "RecoveringSession", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
+    "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state",
     "get_backend_settings", "get_executor", "get_image_settings", "get_settings", "is_truncated", "render_entry",
     "resolve_profile",
 ]

@@ -52,8 +52,9 @@ an unregistered class, is a :class:`SessionOpenError` (``error``); a tool that r
 ``error`` result (``Error: <Type>: <message>``, traceback) whose state changes count; an
 unknown or private tool name, non-object or non-JSON arguments are ``rejected``; an
 injected ``timeout``/``oom``/``crashed`` call does not run the tool and leaves the state
-at the last good snapshot (``lost=True``: as if the host lost the sandbox, the next call
-reports ``recovered``); ``restore`` drops attributes the snapshot does not name and keeps
+at the last good snapshot (``lost=True``: a lost sandbox, the handle closes and later
+requests raise ``SessionClosed``); ``take_opened`` hands the opened attributes over once
+(never a digest); ``restore`` drops attributes the snapshot does not name and keeps
 the current value of ``"u"`` entries. Nothing is pickled back: a ``"p"`` entry the fake
 did not produce itself is kept as an :class:`Encoded` value. Not modelled: tool output
 (``stdout``/``stderr`` are empty), time limits (a tool runs to its end), memory.
@@ -92,6 +93,7 @@ from .results import (
     CheckResult,
     EncodedValue,
     ExecResult,
+    OpenedState,
     Snapshot,
     StateDelta,
     Status,
@@ -172,11 +174,10 @@ class FakeSession:
         self._encoded: dict[str, EncodedValue] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self._recover_next = False
-        self.recoveries = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
         """Every call this session was asked to make (name, arguments), in order."""
         self._encoded = self._executor._encode_state(self._state)
+        self._opened: OpenedState | None = OpenedState(attributes=copy.deepcopy(self._encoded))
 
     @property
     def id(self) -> str:
@@ -217,21 +218,18 @@ class FakeSession:
             except (ValueError, TypeError) as exc:
                 return _result("rejected", f"Error: arguments are not JSON-encodable: {exc}", started)
             self.calls.append((name, arguments))
-            recovered, self._recover_next = self._recover_next, False
             failure = self._executor._take_call_failure(self.id, name)
             if failure is not None:
                 self._executor.failures[failure.status] += 1
                 if failure.lost:
-                    self._recover_next = True
-                    self.recoveries += 1
+                    self._closed = True  # the sandbox is gone: the handle closes with it
                     text = lost_message(failure.status)
                 else:
                     text = wire.call_failure_observation(failure.status, self.profile.call_timeout_s)
-                return _result(failure.status, text, started, recovered=recovered)
+                return _result(failure.status, text, started)
             tool = self._env.tools.get(name)
             if tool is None:
-                return _result("rejected", f"Error: {name!r} is not a tool of this environment", started,
-                               recovered=recovered)
+                return _result("rejected", f"Error: {name!r} is not a tool of this environment", started)
             status: Status = "ok"
             trace = None
             tool_started = time.perf_counter()
@@ -249,23 +247,23 @@ class FakeSession:
                                deleted=[k for k in self._encoded if k not in encoded])
             self._encoded = encoded
             return CallResult(status=status, observation=observation, duration_ms=_ms(started), tool_ms=tool_ms,
-                              traceback=trace, observation_truncated=truncated, delta=delta, recovered=recovered)
+                              traceback=trace, observation_truncated=truncated, delta=delta)
 
-    def state(self) -> dict[str, Any]:
-        """The JSON view of the last good snapshot."""
+    def take_opened(self) -> OpenedState:
+        """The encoded state the session opened with, once (then an empty one)."""
+        opened, self._opened = self._opened, None
+        return opened or OpenedState()
+
+    def read_state(self) -> dict[str, EncodedValue]:
+        """The instance's current encoded state (a copy). Raises SessionClosed."""
         with self._lock:
             if self._closed:
                 raise SessionClosed(f"session {self.id} is closed")
-            return render_state(self._encoded)
+            return copy.deepcopy(self._encoded)
 
-    def snapshot(self) -> Snapshot:
-        """The last good snapshot (a copy)."""
-        with self._lock:
-            return Snapshot(attributes=copy.deepcopy(self._encoded))
-
-    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
-        """Never shares: the fake keeps no digests (its snapshots are copies anyway)."""
-        return False
+    def state(self) -> dict[str, Any]:
+        """The JSON view of the instance's current state. Raises SessionClosed."""
+        return render_state(self.read_state())
 
     def restore(self, snapshot: Snapshot) -> None:
         """Put the state into ``snapshot``'s (the real restore's rules, module docstring)."""
@@ -362,7 +360,9 @@ class FakeExecutor:
     def fail_call(self, status: Status, *, tool: str | None = None, session_id: str | None = None,
                   times: int | None = 1, lost: bool = False) -> None:
         """Make the next ``times`` tool calls (of ``tool``, in ``session_id``, when given)
-        end with ``status`` (``timeout``, ``oom`` or ``crashed``) without running the tool."""
+        end with ``status`` (``timeout``, ``oom`` or ``crashed``) without running the tool;
+        ``lost``: as a lost sandbox (the observation says so and the session closes), else
+        as a session process PID 1 restarted (the session stays open)."""
         if status not in _CALL_FAILURES:
             raise ValueError(f"status must be one of {sorted(_CALL_FAILURES)}")
         with self._lock:
@@ -409,6 +409,8 @@ class FakeExecutor:
             if sid in self.sessions:
                 raise SessionError(f"sandbox refused to open the session: session {sid!r} already exists")
             session = FakeSession(self, env, sid, tenant, profile or self.profile(), state)
+            if snapshot:
+                session._opened = None  # the caller gave the state
             self.sessions[sid] = session
         return session
 
@@ -583,8 +585,8 @@ def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
-def _result(status: Status, observation: str, started: float, recovered: bool = False) -> CallResult:
-    return CallResult(status=status, observation=observation, duration_ms=_ms(started), recovered=recovered)
+def _result(status: Status, observation: str, started: float) -> CallResult:
+    return CallResult(status=status, observation=observation, duration_ms=_ms(started))
 
 
 def _traceback(exc: BaseException) -> str:

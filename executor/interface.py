@@ -34,12 +34,20 @@ from collections.abc import Collection
 from typing import Any, Protocol, Required, TypedDict, runtime_checkable
 
 from .profiles import ProfileOverrides, ResourceProfile
-from .results import CallResult, CallRules, CheckResult, EncodedValue, ExecResult, Snapshot
+from .results import CallResult, CallRules, CheckResult, EncodedValue, ExecResult, OpenedState, Snapshot
 
 
 @runtime_checkable
 class ExecutorSession(Protocol):
-    """One environment instance (EnvScaler semantics; see ``executor/pool/session.py``)."""
+    """A handle on one environment instance in a sandbox (EnvScaler semantics; see
+    ``executor/pool/session.py``).
+
+    The handle keeps no copy of the state: the state lives in the sandbox, and the caller
+    keeps its own copy from :meth:`take_opened` and each call's delta (keyed changes
+    resolved with :meth:`~sandpit.executor.results.StateDelta.applied_to`). When the
+    sandbox is lost, the failed call reports ``timeout``, ``oom`` or ``crashed`` and the
+    handle closes (:attr:`closed`); every later request raises SessionClosed. Recovering
+    is the caller's: open a new session with the state it kept."""
 
     @property
     def id(self) -> str:
@@ -53,7 +61,8 @@ class ExecutorSession(Protocol):
 
     @property
     def closed(self) -> bool:
-        """True after :meth:`close`; every request then raises SessionClosed."""
+        """True after :meth:`close` or once its sandbox was lost; every request then
+        raises SessionClosed."""
         ...
 
     @property
@@ -63,27 +72,32 @@ class ExecutorSession(Protocol):
         (``[{"key", "constructed", "config"}]``; ``[]`` when it reported none)."""
         ...
 
+    def take_opened(self) -> OpenedState:
+        """The state the session opened with, handed over once (later calls, and sessions
+        opened with a snapshot, give an empty :class:`OpenedState`): the encoded attributes
+        the sandbox reported, or only the runner's digest of a state forked from a config
+        template (get the attributes with :meth:`read_state` when the digest is unknown)."""
+        ...
+
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
-        """``getattr(instance, name)(**arguments)``; a result whatever the tool does.
-        ``rules`` picks whose step semantics the sandbox applies (:data:`CallRules`)."""
+        """``getattr(instance, name)(**arguments)``; a result whatever the tool does (a lost
+        sandbox is a ``timeout``/``oom``/``crashed`` result, and the handle closes).
+        ``rules`` picks whose step semantics the sandbox applies (:data:`CallRules`).
+        Raises SessionClosed (closed), SessionError (refused, malformed reply)."""
+        ...
+
+    def read_state(self) -> dict[str, EncodedValue]:
+        """The current encoded state, read from the sandbox (one round trip; no
+        environment code runs). Raises SessionClosed, SessionError."""
         ...
 
     def state(self) -> dict[str, Any]:
-        """The state's JSON view (``render_state`` of the last good snapshot)."""
-        ...
-
-    def snapshot(self) -> Snapshot:
-        """The last good snapshot (encoded attributes)."""
-        ...
-
-    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
-        """Use ``attributes`` (equal to the opened state, whose digest is ``digest``) as
-        the session's snapshot objects, so that deltas share structure with the caller's
-        copy; False when the session moved on or cannot share (another process)."""
+        """The current state's JSON view (``render_state`` of :meth:`read_state`)."""
         ...
 
     def restore(self, snapshot: Snapshot) -> None:
-        """Put the instance into ``snapshot``'s state. Raises SessionError."""
+        """Put the instance into ``snapshot``'s state. Raises SessionError (not applied;
+        the state is unchanged), SandboxLost (the handle closes), SessionClosed."""
         ...
 
     def describe(self) -> list[dict[str, Any]]:
@@ -108,7 +122,8 @@ class Executor(Protocol):
                      snapshot: dict[str, list[Any]] | None = None,
                      session_id: str | None = None, seed: int | None = None) -> ExecutorSession:
         """Instantiate ``class_name`` from ``source`` (and restore ``snapshot``); ``seed``
-        seeds the session's ``random`` before the constructor runs (EnvScaler's reset)."""
+        seeds the session's ``random`` before the constructor runs (EnvScaler's reset).
+        The session hands its opened state over once (:meth:`ExecutorSession.take_opened`)."""
         ...
 
     def describe(self, *, tenant: str, source: str, class_name: str,

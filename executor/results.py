@@ -13,11 +13,14 @@ reader sees (``GET /state``, ``include=state``, diffs).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sandpit.sandbox_images.runner import limits, wire
-from sandpit.sandbox_images.runner.protocol import ProtocolViolation
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
+
+from .errors import SessionError
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "oom", "crashed", "rejected")
@@ -198,12 +201,40 @@ def _check_schema(schema: object, where: str, depth: int) -> None:
 
 
 class StateDelta(BaseModel):
-    """Attributes a call changed (``set``, encoded) and removed (``deleted``)."""
+    """Attributes a call changed (``set``) and removed (``deleted``), as the sandbox sent
+    them. An entry of ``set`` is a whole encoded value (``["j", value]``, ``["p", ...]``,
+    ``["u", ...]``) or a keyed change of a large JSON value, ``["k", ops]``: path
+    operations on the attribute's previous ``["j", value]`` (``protocol.apply_keyed``),
+    which only the holder of that previous value can apply (:meth:`applied_to`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     set: dict[str, EncodedValue] = Field(default_factory=dict)
     deleted: list[str] = Field(default_factory=list)
+
+    def applied_to(self, previous: Callable[[str], EncodedValue | None]) -> dict[str, EncodedValue]:
+        """``set`` with every keyed change resolved against ``previous(name)`` (the
+        attribute's encoding before the call; None when it had none): whole entries as
+        they are, keyed ones as the new ``["j", value]``. The result shares every untouched
+        node with the previous value (copy on write along the changed paths), so an
+        encoder that skips unchanged subtrees by identity sees only what changed.
+
+        Raises:
+            SessionError: a keyed change does not apply (malformed operations, a path
+                that does not exist, a previous value that is not JSON): the sandbox sent
+                a delta that does not fit the state it was given.
+        """
+        changed: dict[str, EncodedValue] = {}
+        for name, entry in self.set.items():
+            if entry[0] != "k":
+                changed[name] = entry
+                continue
+            merged = apply_keyed(previous(name), entry[1])
+            if merged is None:
+                raise SessionError(f"sandbox sent a delta whose keyed change of {name[:64]!r} does not apply "
+                                   "to the state it holds")
+            changed[name] = merged
+        return changed
 
 
 class Snapshot(BaseModel):
@@ -215,12 +246,24 @@ class Snapshot(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     attributes: dict[str, EncodedValue]
+
+
+class OpenedState(BaseModel):
+    """The state a session opened with, as its executor reports it once
+    (:meth:`~sandpit.executor.interface.ExecutorSession.take_opened`).
+
+    ``attributes`` are the encoded attributes the sandbox reported, or None when the
+    session was forked from a config template (the sandbox named the state by ``digest``
+    instead of sending it: a caller that knows the state of that digest uses its own copy,
+    otherwise it asks the sandbox once with ``read_state``). ``digest`` is the runner's
+    SHA-256 (hex) of the state's JSON text, None when the session opened with a snapshot
+    restored on top or the backend gives none; equal digests of one tenant are equal
+    states (digests come from that tenant's own sandboxes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attributes: dict[str, EncodedValue] | None = None
     digest: str | None = None
-    """SHA-256 (hex) of the state's JSON text as the sandbox's runner wrote it, when the
-    state is still the one the session was opened with (no call, no restore since), and
-    the runner said; equal digests of one tenant mean equal initial states."""
-
-
 class CallResult(BaseModel):
     """Outcome of one tool call (EnvScaler step semantics).
 
@@ -246,8 +289,10 @@ class CallResult(BaseModel):
     delta: StateDelta = Field(default_factory=StateDelta)
     """Encoded state changes; empty unless status is ok or error."""
     recovered: bool = False
-    """True when the session was re-created from its last snapshot before this call
-    (its sandbox had died or been evicted)."""
+    """True when the session was re-opened from a state its caller kept before this call
+    (its sandbox had been lost). An executor's own session never sets it (its handle
+    closes with the sandbox); :class:`~sandpit.executor.recovering.RecoveringSession`
+    does."""
 
 
 class CheckResult(BaseModel):

@@ -135,8 +135,8 @@ class ExecutorSettings(BaseSettings):
     exited sandboxed processes are kept: measured about 230 host pids per spawn loop of
     64 processes, still held when the sandbox is idle. A runsc sandbox whose pids cgroup
     holds more than this fraction of its limit after a call is retired: no new session
-    is placed in it, its sessions move to a fresh sandbox (restored from their last
-    snapshot) at their next request, and it is destroyed when the last one has left."""
+    is placed in it, its sessions move to a fresh sandbox (restored from the state read
+    from the retiring one) at their next request, and it is destroyed when the last one has left."""
     reap_on_start: bool = True
     """When a pool starts, remove every ``sandpit=1`` container left by earlier runs: those
     whose owner is proven dead (``executor/docker/owners.py``) and those without a Sandpit owner

@@ -25,9 +25,9 @@ Every blob is keyed by a 128-bit SHA-256 prefix of its content and zlib-compress
 identical values are stored once, across steps, envs and forks (:mod:`.state_blobs`).
 
 :class:`StateCache` keeps, per live env, the decoded head state and its tree nodes so that
-encoding a step touches only what changed: the executor applies path deltas copy-on-write
-(``protocol.apply_keyed``), so an untouched subtree is the *same object* as before and is
-skipped by an identity test; other children are compared exactly, never with ``==``.
+encoding a step touches only what changed: a step's keyed changes are applied to this
+cache's own values copy-on-write (``StateDelta.applied_to``, ``protocol.apply_keyed``), so
+an untouched subtree is the *same object* as before and is skipped by an identity test; other children are compared exactly, never with ``==``.
 Nothing here executes or unpickles anything. :func:`collect_garbage` deletes blobs no
 step refers to any more. How a state *looks* (renderings of non-JSON values) is the executor's business: see
 ``state_view`` in :mod:`sandpit.api.envs.state`.
@@ -84,6 +84,12 @@ class StateCache:
     def encoded(self) -> dict[str, Encoded]:
         """The state in executor encoding (what ``open_session(snapshot=...)`` takes)."""
         return {name: attr.encoded for name, attr in self.attrs.items()}
+
+    def entry(self, name: str) -> Encoded | None:
+        """One attribute in executor encoding, None when the state has no ``name`` (what a
+        keyed delta applies to: ``StateDelta.applied_to``)."""
+        attr = self.attrs.get(name)
+        return attr.encoded if attr is not None else None
 
 
 def _view_entry(view: Any, pending: PendingBlobs) -> list[Any]:

@@ -3,13 +3,17 @@
 :meth:`Sessions.live_entry` is the one way a request reaches an env's session: a live env
 of the caller's tenant that has not expired is used as it is (no database read);
 otherwise the env is re-attached from its committed head (:meth:`Sessions.attach`: a new
-session restored from the stored state). That covers an env never opened in this
-process (a fork, an API restart, another replica's env) and one whose session was
-evicted or closed. Opening a session evicts the least recently used idle env when no
+session restored from that state). This is the one recovery path for every loss: an env
+never opened in this process (a fork, an API restart, another replica's env), one whose
+session was evicted, and one whose sandbox was lost (the executor's session is a handle
+that closes with its sandbox; it keeps no state). The head comes from the live entry's
+own :class:`StateCache` (the one host copy of the state) when it is the committed head,
+else from the database. Opening a session evicts the least recently used idle env when no
 sandbox is free (:meth:`Sessions.open`), and answers 503 with ``Retry-After`` when none
 frees. A new episode's session (create, reset) comes from :meth:`Sessions.new_episode`,
 which also encodes its initial state, reusing an identical one opened before
-(:class:`InitialStates`).
+(:class:`InitialStates`, the one cache of initial states: a session forked from a config
+template names its state by digest, and a known digest costs no transfer).
 
 Callers hold the env's lock (:meth:`.live.LiveEnvs.lock`) around :meth:`live_entry` and
 what they do with the entry.
@@ -139,12 +143,13 @@ class Sessions:
             raise InvalidRequest(f"instantiating {environment.class_name} failed ({exc.status}): "
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
         try:
-            attributes, digest = session.opened_state()
+            opened = session.take_opened()
+            digest = opened.digest
             known = self.initial_states.get(tenant, digest) if digest is not None else None
-            if known is not None and digest is not None:
-                session.share_opened_state(known[0].encoded(), digest)
+            if known is not None:
                 yield session, known[0], known[1]
-            else:
+            else:  # a template-forked state of an unknown digest is asked of the sandbox once
+                attributes = opened.attributes if opened.attributes is not None else session.read_state()
                 pending = PendingBlobs()
                 cache = encode_state(attributes, pending)
                 if digest is not None:
@@ -156,16 +161,22 @@ class Sessions:
 
     def attach(self, db: DbSession, row: models.Env, environment: models.Environment) -> tuple[LiveEnv, bool]:
         """The env's live entry, re-attached from its committed head when it has none or
-        its session closed. Returns ``(entry, attached_now)``. Raises ServiceUnavailable
-        (no stored head, or the environment failed to restore: retry after 1 s), and what
-        :meth:`open` raises."""
+        its session closed (evicted, its sandbox lost, another replica's since). The head
+        is the live entry's own state when that is the committed head (same episode, step
+        and root: the one host copy, no database read of the state), else the stored one.
+        Returns ``(entry, attached_now)``. Raises ServiceUnavailable (no stored head, or the
+        environment failed to restore: retry after 1 s), and what :meth:`open` raises."""
         entry = self.live.get(row.id)
         if entry is not None and not entry.session.closed:
             return entry, False
         head = db.get(models.Step, (row.id, row.episode, row.step))
         if head is None:
             raise ServiceUnavailable(f"env {row.id!r} has no stored head state", retry_after=1)
-        cache = load_state(db, head.state_root)
+        if (entry is not None and entry.episode == row.episode and entry.step == row.step
+                and entry.cache.root == head.state_root):
+            cache = entry.cache
+        else:
+            cache = load_state(db, head.state_root)
         try:
             session = self.open(row.id, row.tenant, environment, self.configs.read(db, row), row.profile,
                                 cache.encoded())

@@ -10,7 +10,11 @@ tool error (``on_tool_error: terminate``) or ``max_steps``, and the step that en
 carries the reward from the scenario's checks (:mod:`.rewards`).
 
 Every acknowledged step is committed (action, observation, status, duration, reward,
-state root) before the call returns. Steps of different envs that finish at the same
+state root) before the call returns. The API's live head (``LiveEnv.cache``) is the one
+host copy of the state: the sandbox's delta is applied to it once, keyed changes of large
+JSON values included. A call whose sandbox was lost is recorded with the loss's status
+(``timeout``, ``oom``, ``crashed``) and no state change; its session handle closed, so
+the next request re-opens the env from the head (reported as ``recovered``). Steps of different envs that finish at the same
 time share one transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`, written by
 :func:`~sandpit.api.db.step_writes.write_steps`); a step whose transaction fails is
 retried alone, and if its write still fails after the sandbox ran the call, the env's
@@ -35,7 +39,7 @@ from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
 from ..metrics import Metrics, StepClock
-from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError
+from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError, resolved_changes
 from ..schemas.envs import StepRequest
 from ..schemas.scenarios import CheckOutcome
 from ..services.common import clean_text, utcnow
@@ -144,7 +148,7 @@ class Steps:
             pending = PendingBlobs()
             after = before
             if result is not None and result.status in ("ok", "error"):
-                after = apply_delta(before, result.delta.set, result.delta.deleted, pending)
+                after = self._applied(env_id, before, result, pending)
             number = entry.step + 1
             terminated = done_run.terminated
             truncated = not terminated and run.config.max_steps is not None and number >= run.config.max_steps
@@ -206,6 +210,19 @@ class Steps:
                 # the committed head and act once more
         raise AssertionError("unreachable")
 
+    def _applied(self, env_id: str, before: StateCache, result: CallResult, pending: PendingBlobs) -> StateCache:
+        """The head after ``result``'s delta: keyed changes applied to ``before``'s own
+        values (the one host copy; untouched subtrees keep their identity, so encoding
+        skips them), then encoded incrementally. A delta that does not apply (a hostile
+        or broken sandbox) drops the env's session and raises SandboxUnavailable (503):
+        nothing is committed, and the next request re-attaches from the committed head."""
+        try:
+            changed = resolved_changes(result.delta, before.entry)
+        except SandboxError:
+            self.live.drop(env_id)
+            raise
+        return apply_delta(before, changed, result.delta.deleted, pending)
+
     def _commit(self, env_id: str, entry: LiveEnv, number: int, recorded: dict[str, Any], done_run: StepRun,
                 after: StateCache, pending: PendingBlobs, reward: float, done: str | None,
                 checks: list[CheckOutcome] | None) -> None:
@@ -266,12 +283,15 @@ class Steps:
 
     def _call(self, env_id: str, entry: LiveEnv, name: str, arguments: dict[str, Any], rules: CallRules) -> CallResult:
         """The tool call in the env's session. A session that closed or moved (another
-        replica) raises :class:`_SessionMoved`; a SandboxError propagates. Either way the
-        env's live entry is dropped, so the next request re-attaches from the committed head."""
+        replica) raises :class:`_SessionMoved` (its handle is closed; the entry stays, and
+        re-attaching uses its head when that is still the committed one); another
+        SandboxError drops the env's live entry and propagates. A call whose sandbox was
+        lost is a result with the loss's status, and its handle is closed: the next
+        request re-attaches from the committed head (:meth:`.sessions.Sessions.attach`)."""
         try:
             return entry.session.call(name, arguments, rules)
         except SessionClosedError:
-            self.live.drop(env_id)
+            entry.session.close()
             raise _SessionMoved from None
         except SandboxError:
             self.live.drop(env_id)

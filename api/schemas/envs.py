@@ -262,7 +262,8 @@ class StepResult(BaseModel):
     checks: list[CheckOutcome] | None = None
     """At the end of an episode with a scenario: each check's outcome."""
     recovered: bool = False
-    """The env was restored into a (new) sandbox from its last snapshot before this call."""
+    """The env was re-opened in a (new) sandbox from its last committed step before this
+    call (its sandbox was lost or evicted, the API restarted, or another replica had it)."""
     state_diff: dict[str, Any] | None = None
     """With ``?include=state_diff``: EnvScaler ``get_state_diff`` of the step, ``{key:
     {"added": v} | {"removed": v} | {"changed": {"old", "new"}} | <nested diff>}``."""

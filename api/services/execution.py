@@ -129,6 +129,11 @@ class ExecutionService:
                     reasons.append(f"smoke call {call.name!r}: not a tool")
                     continue
                 outcome = session.call(call.name, call.arguments)
+                if session.closed:  # its sandbox was lost (the outcome says how): nothing more to run
+                    result.smoke.append(SmokeResult(name=call.name, status=outcome.status,
+                                                    observation=clean_text(outcome.observation), state_diff=None))
+                    reasons.append(f"smoke call {call.name!r}: {outcome.status}: {clean_text(outcome.observation)[:300]}")
+                    break
                 after = session.state()
                 result.smoke.append(SmokeResult(name=call.name, status=outcome.status,
                                                 observation=clean_text(outcome.observation),

@@ -7,13 +7,12 @@ known by its digest instead of being sent again.
   hash only when the sandbox would parse them into the same value. Configs orjson cannot
   write exactly (integers beyond 64 bits, lone surrogates, non-finite floats, which it
   would write as ``null``) return None: they go the old way, inside the JSON request.
-* :class:`InitialSnapshots`: encoded initial states by ``(tenant, digest)``, digests
-  computed by PID 1 over the state's JSON text (``protocol.snapshot_text``). Keyed by
-  tenant: a sandbox, which serves one tenant, can only ever name states that sandboxes of
-  its own tenant produced. Entries are shared by sessions and never changed in place
-  (sessions replace whole entries; keyed deltas are applied copy-on-write).
 * :func:`send_open` and :func:`opened_state`: the pool's ``open`` request with its config
-  by hash or by bytes, and the opened session's state from the reply or by digest.
+  by hash or by bytes, and the opened session's state from the reply (encoded
+  attributes), or only its digest (PID 1's SHA-256 of the state's JSON text,
+  ``protocol.snapshot_text``) for a session forked from a template: the executor keeps no
+  state, so whoever keeps one (the API's initial-state cache) reuses its own copy of a
+  digest it knows instead of receiving megabytes again.
 """
 
 from __future__ import annotations
@@ -27,14 +26,12 @@ import orjson
 from cachetools import LRUCache
 
 from ..errors import SessionError
-from ..results import EncodedValue, check_encoded, check_retyped
+from ..results import EncodedValue, OpenedState, check_encoded, check_retyped
 from .placement import SessionSpec
 
 if TYPE_CHECKING:
     from .warm import PooledSandbox
 
-INITIAL_SNAPSHOTS_MAX = 8
-"""Initial states kept (each shared by the sessions that started from it)."""
 CONFIGS_SENT_MAX = 64
 """Config hashes remembered per sandbox as sent to its runner (least recently used out)."""
 
@@ -67,34 +64,6 @@ class SharedConfig(dict[str, Any]):
             self._wire = wire_config(self)
             self._wired = True
         return self._wire
-
-
-class InitialSnapshots:
-    """``(tenant, digest)`` -> encoded initial state, least recently used out past
-    ``max_entries`` (a :class:`cachetools.LRUCache` behind a lock). Thread-safe. Values are
-    shared: never mutate them."""
-
-    def __init__(self, max_entries: int = INITIAL_SNAPSHOTS_MAX) -> None:
-        self.max_entries = max_entries
-        self._entries: LRUCache[tuple[str, str], dict[str, EncodedValue]] = LRUCache(maxsize=max_entries)
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, tenant: str, digest: str) -> dict[str, EncodedValue] | None:
-        """The state known by ``digest`` for ``tenant`` (now the most recently used), or None."""
-        with self._lock:
-            found = self._entries.get((tenant, digest))
-            if found is None:
-                self.misses += 1
-            else:
-                self.hits += 1
-            return found
-
-    def put(self, tenant: str, digest: str, snapshot: dict[str, EncodedValue]) -> None:
-        """Remember ``snapshot`` as ``tenant``'s state of ``digest``."""
-        with self._lock:
-            self._entries[(tenant, digest)] = snapshot
 
 
 class SentConfigs:
@@ -136,15 +105,6 @@ class SentConfigs:
             self._hashes.clear()
 
 
-class OpenedSnapshot(dict[str, EncodedValue]):
-    """A session's encoded state as opened, with the digest PID 1 gave it (None when the
-    state came with a snapshot restored on top, or from a runner without digests) and
-    the construction's retyped attributes (``results.check_retyped``)."""
-
-    digest: str | None = None
-    retyped: list[dict[str, str]] | None = None
-
-
 def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
     """(source sha256, class name, config hash) of a session whose config goes by hash."""
     if spec.config_hash is None or spec.describe_only:
@@ -179,32 +139,24 @@ def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot: dict[str, Enc
     return reply
 
 
-def opened_state(sandbox: PooledSandbox, spec: SessionSpec, reply: dict[str, Any], restored: bool,
-                 known_states: InitialSnapshots) -> OpenedSnapshot:
-    """The encoded state of a session the runner opened: the reply's, or, for a session
-    forked from a config template (``template: true``, no snapshot), the one known by
-    its digest for this tenant, else asked of the runner once (``snapshot``). Raises
-    SandboxLost, SessionError (malformed reply)."""
+def opened_state(spec: SessionSpec, sandbox: PooledSandbox, reply: dict[str, Any],
+                 restored: bool) -> tuple[OpenedState, list[dict[str, str]]]:
+    """The state of a session the runner opened and the construction's retyped attributes
+    (``results.check_retyped``). The state is the reply's encoded attributes, or, for a
+    session forked from a config template (``template: true``, no snapshot), only the
+    digest the runner gave it: the caller that needs the attributes and does not know
+    them by that digest asks the sandbox (``read_state``). No state is kept here. Raises
+    SessionError, ProtocolViolation (malformed reply)."""
     digest = reply.get("snapshot_digest")
     digest = digest if isinstance(digest, str) and len(digest) == 64 and not restored else None
     key = config_key(spec)
     if key is not None:
         sandbox.config_keys.add(key)
-    if reply.get("template") is True and digest is None:
-        raise SessionError("sandbox opened a session from a template without naming its state")
-    if reply.get("template") is True and digest is not None:
-        known = known_states.get(spec.tenant, digest)
-        if known is None:
-            asked = sandbox.handle.request("snapshot", session=spec.session_id)
-            if asked.get("status") != "ok":
-                raise SessionError(f"sandbox refused the opened state: {asked.get('message')}")
-            known = check_encoded(asked.get("snapshot") or {}, "snapshot")
-            known_states.put(spec.tenant, digest, known)
-        opened = OpenedSnapshot(known)
-    else:
-        opened = OpenedSnapshot(check_encoded(reply.get("snapshot") or {}, "snapshot"))
-        if digest is not None and spec.config_hash is not None:
-            known_states.put(spec.tenant, digest, dict(opened))
-    opened.digest = digest
-    opened.retyped = check_retyped(reply.get("retyped"))
-    return opened
+    retyped = check_retyped(reply.get("retyped"))
+    if reply.get("template") is True:
+        if digest is None:
+            raise SessionError("sandbox opened a session from a template without naming its state")
+        return OpenedState(digest=digest), retyped
+    if restored:  # the caller gave the state; the reply's copy of it is not needed
+        return OpenedState(), retyped
+    return OpenedState(attributes=check_encoded(reply.get("snapshot") or {}, "snapshot"), digest=digest), retyped

@@ -8,10 +8,11 @@ way round, and neither calls the other's private methods.
 
 Lifecycle of one session's slot::
 
-    place(spec, snapshot) ──► (sandbox, snapshot as opened)    the session is open there
-        │ the sandbox died under it:  forget(sandbox, id)       (destroyed, dropped)
-        │ it is retiring, or the session closes: release(sandbox, id)
-        └─► the next request places the session again, from its last good snapshot
+    place(spec, snapshot) ──► (sandbox, opened state, retyped)   the session is open there
+        │ the sandbox died under it:  forget(sandbox, id)       (destroyed; the session closes)
+        │ the session closes:         release(sandbox, id)
+        └─ it is retiring (still alive): the session reads its state from that sandbox,
+           release(sandbox, id), and place(spec, that state) elsewhere
 
 Every method is called with the session's own lock held, so one session never has two
 placements in flight; different sessions are placed concurrently.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..profiles import ResourceProfile
-from ..results import EncodedValue
+from ..results import EncodedValue, OpenedState
 
 
 class SandboxSlot(Protocol):
@@ -88,14 +89,16 @@ class Placement(Protocol):
     """Where sessions live: a source of sandbox slots for one session at a time."""
 
     def place(self, spec: SessionSpec,
-              snapshot: dict[str, EncodedValue]) -> tuple[SandboxSlot, dict[str, EncodedValue]]:
+              snapshot: dict[str, EncodedValue]) -> tuple[SandboxSlot, OpenedState, list[dict[str, str]]]:
         """Open ``spec`` in a sandbox of its tenant and profile and restore ``snapshot``
         (encoded attributes; ``{}`` for none) on top of its ``init_config``.
 
         Returns:
-            The sandbox now holding the session and the session's encoded state there
-            (an :class:`~sandpit.executor.pool.configs.OpenedSnapshot` carries the state's
-            digest when the runner gave one).
+            The sandbox now holding the session, the state it opened with
+            (:class:`~sandpit.executor.results.OpenedState`: the encoded attributes the
+            sandbox reported, or only the runner's digest of a template-forked state; no
+            attributes when ``snapshot`` was given) and the ``init_config`` keys the
+            construction retyped (``results.check_retyped``).
 
         Raises:
             SessionOpenError: the environment failed to load or instantiate (or the

@@ -47,7 +47,7 @@ from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 from ..errors import ArgumentError, CapacityError, SandboxLost, SessionError, SessionOpenError
 from ..profiles import MiB, ProfileOverrides, ResourceProfile, resolve_profile
-from ..results import CheckResult, EncodedValue, ExecResult, check_encoded
+from ..results import CheckResult, EncodedValue, ExecResult, OpenedState, check_encoded
 from ..settings import ExecutorSettings, get_settings
 from . import configs, jobs, oneshot
 from .admission import Admission
@@ -88,9 +88,6 @@ class SandboxPool:
         self.check_restarts = 0
         """Fresh processes check batches needed after a check timed out, crashed or ran
         out of memory (all calls of this pool)."""
-        self.initial_snapshots = configs.InitialSnapshots()
-        """Initial states by (tenant, digest): sessions forked from a config template get
-        theirs from here instead of over the wire (``executor/pool/configs.py``)."""
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> SandboxPool:
@@ -390,8 +387,8 @@ class SandboxPool:
             }
 
     # -- placement (the protocol sessions depend on) ----------------------------------
-    def place(self, spec: SessionSpec,
-              snapshot: dict[str, EncodedValue]) -> tuple[SandboxHandle, dict[str, EncodedValue]]:
+    def place(self, spec: SessionSpec, snapshot: dict[str, EncodedValue]
+              ) -> tuple[SandboxHandle, OpenedState, list[dict[str, str]]]:
         """Open ``spec`` in some sandbox of its tenant and profile (a live one with a free
         slot, else a warm one, else a new one), ``snapshot`` restored; retried in another
         sandbox when one is lost while opening (three attempts). Called by a session with
@@ -411,13 +408,11 @@ class SandboxPool:
             status = reply.get("status")
             if status == "ok":
                 try:
-                    return sandbox.handle, configs.opened_state(sandbox, spec, reply, bool(snapshot), self.initial_snapshots)
+                    opened, retyped = configs.opened_state(spec, sandbox, reply, bool(snapshot))
+                    return sandbox.handle, opened, retyped
                 except (SessionError, ProtocolViolation) as exc:
                     self._release(sandbox, spec.session_id, close=True)
                     raise SessionError(f"sandbox opened the session with a malformed state: {exc}") from exc
-                except SandboxLost as exc:
-                    self._lost_while_opening(sandbox, spec, exc, last=attempt == 2)
-                    continue
             self._release(sandbox, spec.session_id, close=False)
             if status == "fault":
                 raise SessionError(f"sandbox refused to open the session: {reply.get('message')}")

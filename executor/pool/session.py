@@ -1,10 +1,21 @@
 """Host-side handle of one session (one environment instance in a sandbox).
 
-The handle keeps the session's last good snapshot (the encoded state after the last
-``ok``/``error`` call), updated from every call's delta. If the sandbox dies (timeout
-kill by the watchdog, OOM kill, crash, ``docker kill``, engine restart) the failed call
-reports its status, and the next request transparently re-creates the session in a
-sandbox of the same tenant and profile from that snapshot (``CallResult.recovered``).
+The handle holds no state of its own: the state lives in the sandbox (PID 1 keeps a
+snapshot there and restarts a crashed session process from it), and whoever needs a copy
+on the host keeps it (the API keeps the one copy, ``LiveEnv.cache``). A call's reply
+carries the delta as the sandbox sent it, keyed changes of large JSON values
+(``["k", ops]``) included: the holder of the previous state applies them
+(:meth:`~sandpit.executor.results.StateDelta.applied_to`).
+
+If the sandbox is lost (timeout kill by the watchdog, OOM kill, crash, ``docker kill``,
+engine restart) the failed call reports its status (``timeout``, ``oom``, ``crashed``) and
+the handle closes; every later request raises :class:`SessionClosed`. Nothing is
+re-placed silently: recovering is the caller's (the API re-opens the env from its own
+copy; :class:`~sandpit.executor.recovering.RecoveringSession` does it for code that uses
+the executor on its own). A sandbox that is still alive but retiring (gVisor pid churn)
+is left at the next request: the session's state is read from that sandbox and the
+session placed again with it.
+
 Requests on one session are serialized; different sessions run concurrently.
 
 :meth:`Session.describe` returns the environment's OpenAI tool schemas, derived inside
@@ -26,7 +37,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from sandpit.sandbox_images.runner import limits, wire
-from sandpit.sandbox_images.runner.protocol import ProtocolViolation, apply_keyed
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, ToolSchemaError
 from ..results import (
@@ -34,6 +45,7 @@ from ..results import (
     CallResult,
     CallRules,
     EncodedValue,
+    OpenedState,
     Snapshot,
     StateDelta,
     Status,
@@ -77,13 +89,13 @@ class Session:
         """Loaded without instantiation: only :meth:`describe` is served (calls are rejected)."""
         self._placement = placement
         self._sandbox: SandboxSlot | None = None
-        self._snapshot: dict[str, EncodedValue] = {}
-        self._digest: str | None = None
-        """The runner's digest of the opened state, until a call or restore changes it."""
+        self._opened: OpenedState | None = None
+        """What :meth:`take_opened` hands over once (then None)."""
         self._lock = threading.Lock()
         self.closed = False
-        self.recoveries = 0
-        """How many times the session was re-created in a new sandbox."""
+        self.lost: str | None = None
+        """The status (``timeout``, ``oom``, ``crashed``) of the loss that closed the
+        session, None while it is open or when it was closed by :meth:`close`."""
         self.retyped: list[dict[str, str]] = []
         """``init_config`` keys whose value replaced an attribute the constructor set to a
         value of another type, as the sandbox reported them when the session was opened
@@ -96,34 +108,68 @@ class Session:
         with self._lock:
             if self._sandbox is not None or self.closed:
                 raise SessionError(f"session {self.id} was opened already")
-            self._sandbox, self._snapshot = self._placement.place(self.spec, snapshot)
-            self._digest = getattr(self._snapshot, "digest", None) if not snapshot else None
-            self.retyped = list(getattr(self._snapshot, "retyped", None) or [])
-            self._snapshot = dict(self._snapshot)  # this session's own map; entries are shared, never mutated
+            self._sandbox, self._opened, self.retyped = self._placement.place(self.spec, snapshot)
 
-    # -- placement (called with self._lock held) -------------------------------------
-    def _ensure_placed(self) -> bool:
-        if self._sandbox is not None and self._sandbox.alive and not self._sandbox.retiring:
-            return False
-        if self._sandbox is not None and self._sandbox.alive:  # retiring: leave it cleanly
-            self._placement.release(self._sandbox, self.id)
-        elif self._sandbox is not None:
-            self._placement.forget(self._sandbox, self.id)
-        self._sandbox = None
-        self._sandbox, placed = self._placement.place(self.spec, self._snapshot)
-        self._snapshot = dict(placed)
-        self.recoveries += 1
-        return True
+    def take_opened(self) -> OpenedState:
+        """The state the session opened with (:class:`OpenedState`: the encoded
+        attributes the sandbox reported, or only the runner's digest of a state forked
+        from a config template), handed over once: the handle keeps no copy, and later
+        calls return an empty ``OpenedState()``. Empty too for a session opened with a
+        snapshot (its caller gave the state)."""
+        with self._lock:
+            opened, self._opened = self._opened, None
+        return opened or OpenedState()
 
-    def _request(self, op: str, **fields: Any) -> tuple[dict[str, Any], bool]:
-        if self.closed:
+    # -- the sandbox (called with self._lock held) -------------------------------------
+    def _slot(self) -> SandboxSlot:
+        """The live sandbox holding the session: a retiring one is left for another, the
+        state read from it first. Raises SessionClosed (closed, or its sandbox lost),
+        SandboxLost (lost while moving: the session closes), what :meth:`Placement.place`
+        raises."""
+        if self.closed or self._sandbox is None:
             raise SessionClosed(f"session {self.id} is closed")
-        recovered = self._ensure_placed()
-        assert self._sandbox is not None
-        reply = self._sandbox.request(op, session=self.id, **fields)
+        sandbox = self._sandbox
+        if not sandbox.alive:
+            self._lose("crashed")
+            raise SessionClosed(f"session {self.id} is closed: its sandbox was lost")
+        if not sandbox.retiring:
+            return sandbox
+        try:
+            state = self._read(sandbox)
+        except SandboxLost as exc:
+            self._lose(exc.status)
+            raise
+        self._placement.release(sandbox, self.id)
+        self._sandbox = None
+        try:
+            self._sandbox, _, _ = self._placement.place(self.spec, state)
+        except BaseException:
+            self.closed = True
+            raise
+        return self._sandbox
+
+    def _request(self, op: str, **fields: Any) -> dict[str, Any]:
+        reply = self._slot().request(op, session=self.id, **fields)
         if reply.get("status") == "fault":
             raise SessionError(f"sandbox refused {op!r}: {reply.get('message')}")
-        return reply, recovered
+        return reply
+
+    def _read(self, sandbox: SandboxSlot) -> dict[str, EncodedValue]:
+        reply = sandbox.request("snapshot", session=self.id)
+        if reply.get("status") != "ok":
+            raise SessionError(f"sandbox refused the state: {reply.get('message') or reply.get('observation')}")
+        try:
+            return check_encoded(cast("SnapshotReply", reply).get("snapshot") or {}, "snapshot")
+        except ProtocolViolation as exc:
+            raise SessionError(f"sandbox sent a malformed state: {exc}") from exc
+
+    def _lose(self, status: str) -> None:
+        """The sandbox died under the session: forget it there and close the handle."""
+        if self._sandbox is not None:
+            self._placement.forget(self._sandbox, self.id)
+        self._sandbox = None
+        self.closed = True
+        self.lost = status
 
     # -- public API --------------------------------------------------------------------
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
@@ -137,9 +183,16 @@ class Session:
         (``rejected`` with ``Error: Invalid action`` when it has none), and a tool that
         raises gives ``Error: <Exception>\n`` plus the traceback as the observation.
 
+        The result's ``delta`` is the sandbox's, checked for shape: keyed entries
+        (``["k", ops]``) are passed on as they are, for the holder of the previous state
+        to apply. When the sandbox is lost during the call, the result has the loss's
+        status (``timeout``, ``oom``, ``crashed``) and :func:`lost_message`, and the
+        handle is closed (:attr:`closed`, :attr:`lost`).
+
         Raises:
-            SessionClosed: after :meth:`close`.
-            CapacityError: the session had to be re-placed and no sandbox is available.
+            SessionClosed: after :meth:`close` or a loss.
+            SessionError: the sandbox refused the call or sent a malformed delta.
+            CapacityError: the session had to leave a retiring sandbox and none is free.
         """
         started = time.perf_counter()
         arguments = {} if arguments is None else arguments
@@ -156,53 +209,47 @@ class Session:
         extra = {"rules": "envscaler"} if rules == "envscaler" else {}
         with self._lock:
             try:
-                raw, recovered = self._request("call", name=name, arguments=arguments, **extra)
+                raw = self._request("call", name=name, arguments=arguments, **extra)
             except (ValueError, TypeError) as exc:
                 return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
             except SandboxLost as exc:
-                self._lose()
+                self._lose(exc.status)
                 return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
                                   duration_ms=_ms(started))
             reply = cast("CallReply", raw)
-            try:
-                delta = wire.check_delta(reply.get("delta") or {})
-                if delta is None:
-                    raise ProtocolViolation("delta is not {set: {name: entry}, del: [name]}")
-                changed = {k: v for k, v in delta["set"].items() if v[0] != "k"}
-                for key, entry in delta["set"].items():  # large JSON values arrive as path operations
-                    if entry[0] == "k":
-                        merged = apply_keyed(self._snapshot.get(key), entry[1])
-                        if merged is None:
-                            raise ProtocolViolation(f"delta: keyed change of {key!r} does not apply")
-                        changed[key] = merged
-                deleted = delta["del"]
-            except ProtocolViolation as exc:
-                raise SessionError(f"sandbox sent a malformed delta: {exc}") from exc
             status = reply.get("status")
+            delta = StateDelta()
+            if status in ("ok", "error"):
+                checked = wire.check_delta(reply.get("delta") or {})
+                if checked is None:
+                    raise SessionError("sandbox sent a malformed delta: not {set: {name: entry}, del: [name]}")
+                delta = StateDelta(set=checked["set"], deleted=checked["del"])
             if self._sandbox is not None:
                 self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
-            if status in ("ok", "error"):
-                if changed or deleted:
-                    self._digest = None
-                self._snapshot.update(changed)
-                for key in deleted:
-                    self._snapshot.pop(key, None)
             return CallResult(
                 status=cast(Status, status), observation=str(reply.get("observation", "")), duration_ms=_ms(started),
                 tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
                 stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
-                observation_truncated=bool(reply.get("observation_truncated")),
-                delta=StateDelta(set=changed, deleted=deleted), recovered=recovered)
+                observation_truncated=bool(reply.get("observation_truncated")), delta=delta)
+
+    def read_state(self) -> dict[str, EncodedValue]:
+        """The session's current encoded state, read from the sandbox (PID 1 answers from
+        its own snapshot: one round trip, no environment code runs). Raises
+        SessionClosed (closed, or lost: the handle closes), SessionError (refused or
+        malformed)."""
+        with self._lock:
+            sandbox = self._slot()
+            try:
+                return self._read(sandbox)
+            except SandboxLost as exc:
+                self._lose(exc.status)
+                raise SessionClosed(f"session {self.id} is closed: its sandbox was lost ({exc.status})") from exc
 
     def state(self) -> dict[str, Any]:
-        """The current state's JSON view (:func:`~sandpit.executor.results.render_state`):
-        every non-dunder attribute, JSON-native ones as they are, others as the rendering
-        the sandbox made of them. Built from the host's copy of the last good snapshot: no
-        sandbox round trip, and the same view a stored state of this step gives."""
-        with self._lock:
-            if self.closed:
-                raise SessionClosed(f"session {self.id} is closed")
-            return render_state(self._snapshot)
+        """The current state's JSON view (:func:`~sandpit.executor.results.render_state`
+        of :meth:`read_state`): every non-dunder attribute, JSON-native ones as they are,
+        others as the rendering the sandbox made of them. Raises as :meth:`read_state`."""
+        return render_state(self.read_state())
 
     def describe(self) -> list[dict[str, Any]]:
         """OpenAI function-calling schemas of the environment's tools, derived inside the
@@ -223,15 +270,14 @@ class Session:
                 raised (``error``), timed out, ran out of memory or crashed.
             SessionError: the sandbox's reply is not a valid tool list (sizes, types,
                 shape; see :func:`check_tool_schemas`). SessionClosed: after :meth:`close`.
-            CapacityError: the session had to be re-placed and no sandbox is available.
-            SandboxLost: the sandbox died again after being replaced once.
+            SandboxLost: the sandbox was lost (the handle closes).
         """
         with self._lock:
             try:
-                raw, _ = self._request("describe")
-            except SandboxLost:
-                self._lose()
-                raw, _ = self._request("describe")
+                raw = self._request("describe")
+            except SandboxLost as exc:
+                self._lose(exc.status)
+                raise
             reply = cast("DescribeReply", raw)
             status = reply.get("status")
             if status != "ok":
@@ -249,66 +295,36 @@ class Session:
                 log.info("session %s (%s): %s", self.id, self.class_name, note[:limits.MAX_NOTE_CHARS])
             return tools
 
-    def snapshot(self) -> Snapshot:
-        """The last good snapshot (host copy; no sandbox round trip)."""
-        with self._lock:
-            return Snapshot(attributes=dict(self._snapshot), digest=self._digest)
-
-    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
-        """Take ``attributes`` as this session's snapshot when the session is still in the
-        state it opened with and PID 1 gave that state ``digest`` (SHA-256 of its
-        snapshot text, so the two are equal exactly). Returns whether it did.
-
-        Why: the API reuses the stored initial state of an earlier env with the same
-        digest, and its encoder skips unchanged records by identity (``value is
-        node.value``); a keyed delta applied to a separately decoded copy of the same
-        state shares no object with it, so the first writing step of every such env
-        re-compared every record (~30 ms on a 2.8 MB state; measured: tau-bench airline,
-        first writing step 39 ms against 8 ms for the rest). Values are shared, never
-        mutated (keyed deltas copy along their paths)."""
-        with self._lock:
-            if self._digest is None or self._digest != digest or set(attributes) != set(self._snapshot):
-                return False
-            self._snapshot = dict(attributes)
-            return True
-
     def restore(self, snapshot: Snapshot) -> None:
         """Put the instance into ``snapshot``'s state (attributes not in it are deleted).
 
         Raises:
             SessionError: the snapshot could not be applied (e.g. an opaque entry fails to
                 unpickle inside the sandbox); the session keeps its previous state.
+            SandboxLost: the sandbox was lost during the restore (the handle closes).
+            SessionClosed: after :meth:`close` or a loss.
         """
         attributes = check_encoded(snapshot.attributes, "snapshot")
         with self._lock:
             try:
-                raw, _ = self._request("restore", snapshot=attributes)
-            except SandboxLost:
-                self._lose()
-                self._snapshot = dict(attributes)
-                self._digest = None
-                self._ensure_placed()
-                return
+                raw = self._request("restore", snapshot=attributes)
+            except SandboxLost as exc:
+                self._lose(exc.status)
+                raise
             reply = cast("SnapshotReply", raw)
             if reply.get("status") != "ok":
                 raise SessionError(f"restore failed: {reply.get('observation') or reply.get('message')}")
-            self._snapshot = check_encoded(reply.get("snapshot") or {}, "snapshot")
-            self._digest = None
 
     def close(self) -> None:
         """End the session: its process, work directory and slot are freed. Idempotent."""
         with self._lock:
-            if self.closed:
+            if self.closed and self._sandbox is None:
                 return
             self.closed = True
             sandbox, self._sandbox = self._sandbox, None
+            self._opened = None
         if sandbox is not None:
             self._placement.release(sandbox, self.id)
-
-    def _lose(self) -> None:
-        if self._sandbox is not None:
-            self._placement.forget(self._sandbox, self.id)
-        self._sandbox = None
 
 
 def _ms(started: float) -> float:
@@ -320,7 +336,8 @@ def _rejected(message: str, started: float) -> CallResult:
 
 
 def lost_message(status: str) -> str:
-    """The observation of a call whose sandbox was lost (``status`` of :class:`SandboxLost`)."""
+    """The observation of a call whose sandbox was lost (``status`` of :class:`SandboxLost`):
+    the handle closed; its owner re-opens the session from the last state it kept."""
     return {
         "timeout": "Error: the sandbox stopped responding and was killed; the session will be restored from its last snapshot",
         "oom": "Error: the sandbox ran out of memory and was killed; the session will be restored from its last snapshot",

@@ -17,7 +17,7 @@ from sandpit.sandbox_images.runner.limits import LINK_RETRY_AFTER_S
 from ..errors import DockerUnavailable, ExecutorError, HostDraining, LinkRefused, SandboxLost
 from ..interface import Affinity, HostInfo
 from ..profiles import ProfileOverrides, ResourceProfile, resolve_profile
-from ..results import CheckResult, ExecResult, check_retyped
+from ..results import CheckResult, ExecResult, OpenedState, check_retyped
 from ..settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
 from .affinity import MemoryAffinity
 from .drain import HostDrains
@@ -421,6 +421,8 @@ class RayExecutor:
             self.affinity.put(session_id, host)
         session = RaySession(self, host, session_id, tenant, int(opened["version"]))
         session.retyped = check_retyped(opened.get("retyped"))
+        if isinstance(opened.get("opened"), dict):
+            session.opened = OpenedState.model_validate(opened["opened"])
         return session
 
     def describe(self, *, tenant: str, source: str, class_name: str,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import LocalConfig
-from ..errors import ArgumentError, DockerUnavailable, HostDraining, SessionClosed
+from ..errors import ArgumentError, DockerUnavailable, HostDraining, SandboxLost, SessionClosed
 from ..interface import Executor
 from ..profiles import ProfileOverrides, ResourceProfile
 from ..results import CallRules, Snapshot
@@ -156,25 +156,33 @@ class SandboxHost:
         if (snapshot is not None and existing is not None and not existing.session.closed
                 and existing.tenant == tenant):  # a resume: attach (a fresh open replaces it)
             with existing.lock:
-                if snapshot is not None and existing.session.snapshot().attributes != snapshot:
-                    existing.session.restore(Snapshot(attributes=snapshot))
-                existing.version += 1
-                return {"version": existing.version, "attached": True}
+                try:
+                    if existing.session.read_state() != snapshot:  # the sandbox's state, not a copy here
+                        existing.session.restore(Snapshot(attributes=snapshot))
+                except (SessionClosed, SandboxLost):
+                    pass  # lost meanwhile: a fresh open below replaces it
+                else:
+                    existing.version += 1
+                    return {"version": existing.version, "attached": True}
         session = self.pool.open_session(
             tenant=tenant, source=source, class_name=class_name, init_config=init_config,
             profile=ResourceProfile.model_validate(profile) if profile is not None else None,
             snapshot=snapshot, seed=seed)  # the pool's own (random) session id; hosted under session_id
+        opened = session.take_opened()  # handed to the replica: this host keeps no state
         with self._lock:
             old = self._sessions.get(session_id)
             self._sessions[session_id] = _Hosted(session, tenant, version=(old.version + 1) if old else 1)
             version = self._sessions[session_id].version
         if old is not None:
             old.session.close()
-        return {"version": version, "attached": False, "retyped": session.retyped}
+        return {"version": version, "attached": False, "retyped": session.retyped,
+                "opened": opened.model_dump(mode="json")}
 
     def call(self, session_id: str, version: int, name: str, arguments: dict[str, Any],
              rules: CallRules = "sandpit") -> dict[str, Any]:
-        """A tool call (under ``rules``) on a session at ``version``: ``{"ok": [new_version, result]}``."""
+        """A tool call (under ``rules``) on a session at ``version``: ``{"ok": [new_version,
+        result, closed]}``, ``closed`` true when the sandbox was lost during the call (the
+        session is no longer hosted: the replica re-opens it from the state it keeps)."""
         def run() -> list[Any]:
             hosted = self._hosted(session_id, version)
             with hosted.lock:
@@ -187,7 +195,12 @@ class SandboxHost:
                     with self._lock:
                         self._calls -= 1
                 hosted.version += 1
-                return [hosted.version, result.model_dump(mode="json")]
+                closed = hosted.session.closed
+                if closed:
+                    with self._lock:
+                        if self._sessions.get(session_id) is hosted:
+                            del self._sessions[session_id]
+                return [hosted.version, result.model_dump(mode="json"), closed]
         return guard(run)
 
     def restore(self, session_id: str, version: int, attributes: dict[str, list[Any]]) -> dict[str, Any]:
@@ -202,13 +215,14 @@ class SandboxHost:
         return guard(run)
 
     def read(self, session_id: str, what: str) -> dict[str, Any]:
-        """``state`` (JSON view), ``snapshot`` (encoded attributes) or ``describe`` of a session."""
+        """``state`` (JSON view), ``snapshot`` (encoded attributes) or ``describe`` of a
+        session, each read from its sandbox (the host keeps no state)."""
         def run() -> Any:
             session = self._hosted(session_id, None).session
             if what == "state":
                 return session.state()
             if what == "snapshot":
-                return session.snapshot().attributes
+                return session.read_state()
             if what == "describe":
                 return session.describe()
             raise ArgumentError(f"unknown read {what!r}")

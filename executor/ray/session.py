@@ -1,13 +1,16 @@
 """A replica's handle on a session that lives in a sandbox host: :class:`RaySession`.
 Every request carries the version the handle last saw; a host that has another answers
-``SessionClosed`` (another replica used the env) and the handle closes."""
+``SessionClosed`` (another replica used the env) and the handle closes. Neither the handle
+nor the host keeps a copy of the state (the host's pool session is a handle too): a call
+whose sandbox was lost reports its status and closes the handle, and the replica's caller
+re-opens the session from the state it keeps."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExecutorError, SandboxLost, SessionClosed
-from ..results import CallResult, CallRules, EncodedValue, Snapshot
+from ..results import CallResult, CallRules, EncodedValue, OpenedState, Snapshot
 
 if TYPE_CHECKING:
     from .executor import RayExecutor
@@ -25,6 +28,8 @@ class RaySession:
         self._closed = False
         self.retyped: list[dict[str, str]] = []
         """What the host's session reported at open (``Session.retyped``)."""
+        self.opened = OpenedState()
+        """What the host's session reported it opened with (:meth:`take_opened`)."""
 
     @property
     def id(self) -> str:
@@ -51,28 +56,32 @@ class RaySession:
 
     def call(self, name: str, arguments: dict[str, Any] | None = None, rules: CallRules = "sandpit") -> CallResult:
         """A tool call in the host (EnvScaler semantics; ``rules`` as the executor's
-        session). Raises SessionClosed (closed, or stale: another replica used the env),
+        session); when its sandbox was lost the result says how and the handle closes.
+        Raises SessionClosed (closed, or stale: another replica used the env),
         SandboxLost (host lost), ArgumentError."""
         self._check()
-        version, result = self._ask("call", self._id, self._version, name, arguments or {}, rules)
-        self._version = version
-        return CallResult.model_validate(result)
+        reply = self._ask("call", self._id, self._version, name, arguments or {}, rules)
+        self._version = reply[0]
+        if len(reply) > 2 and reply[2] is True:
+            self._closed = True  # the host's session closed with its sandbox
+        return CallResult.model_validate(reply[1])
+
+    def take_opened(self) -> OpenedState:
+        """The state the host's session opened with, once (then an empty one)."""
+        opened, self.opened = self.opened, OpenedState()
+        return opened
+
+    def read_state(self) -> dict[str, EncodedValue]:
+        """The current encoded state, read from the sandbox through its host."""
+        self._check()
+        attributes: dict[str, EncodedValue] = self._ask("read", self._id, "snapshot")
+        return attributes
 
     def state(self) -> dict[str, Any]:
-        """The state's JSON view."""
+        """The state's JSON view, read from the sandbox through its host."""
         self._check()
         state: dict[str, Any] = self._ask("read", self._id, "state")
         return state
-
-    def snapshot(self) -> Snapshot:
-        """The last good snapshot."""
-        self._check()
-        return Snapshot(attributes=self._ask("read", self._id, "snapshot"))
-
-    def share_opened_state(self, attributes: dict[str, EncodedValue], digest: str) -> bool:
-        """Never shares: the session's snapshot lives in its host's process, where no
-        object of this one can be."""
-        return False
 
     def restore(self, snapshot: Snapshot) -> None:
         """Put the instance into ``snapshot``'s state. Raises SessionError, SandboxLost."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
+from sandpit.executor.results import Snapshot
 from sandpit.importers import bfcl
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -82,7 +83,7 @@ def _check_restore(pool: SandboxPool, env: bfcl.BfclEnvironment, episode: bfcl.B
     assert set(state) == {*env.classes, bfcl.CONFIG_KEY}  # the private key holding the scenarios is state too
     for class_name in env.classes:
         assert state[class_name]["$object"]["type"].rsplit(".", 1)[-1] == class_name
-    snapshot = session.snapshot()
+    snapshot = Snapshot(attributes=session.read_state())
     # every BFCL instance is pickled ("p"), not left unrestorable ("u")
     assert {name: entry[0] for name, entry in snapshot.attributes.items()} == {
         **dict.fromkeys(env.classes, "p"), bfcl.CONFIG_KEY: "j"}

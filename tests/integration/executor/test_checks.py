@@ -318,9 +318,9 @@ def test_checks_see_real_sets_dates_and_environment_objects(pool, fast_profile, 
         return "added"
 """, class_name="Shop", profile=fast_profile)
     try:
-        initial = session.snapshot().attributes
+        initial = session.read_state()
         assert session.call("add", {"tag": "vip"}).status == "ok"
-        final = session.snapshot().attributes
+        final = session.read_state()
         source = session.source
     finally:
         session.close()
@@ -344,7 +344,7 @@ def _state_with_an_order(pool: SandboxPool, profile: ResourceProfile) -> tuple[d
 """, class_name="Shop", profile=profile)
     try:
         session.call("add", {})
-        return _pickled(session.snapshot().attributes), session.source
+        return _pickled(session.read_state()), session.source
     finally:
         session.close()
 

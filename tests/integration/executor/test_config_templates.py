@@ -127,7 +127,9 @@ def test_forked_instance_equals_a_constructed_one_and_shares_nothing(pool, opene
     assert a._sandbox is sandbox and b._sandbox is sandbox
     after = template_state(sandbox)
     assert after["forked"] == before["forked"] + 2
-    assert a.snapshot().digest is not None and a.snapshot().digest == b.snapshot().digest
+    named_a, named_b = a.take_opened(), b.take_opened()  # forked: the state is named by digest, not sent
+    assert named_a.digest is not None and named_a.digest == named_b.digest
+    assert named_a.attributes is None and named_b.attributes is None
     # indistinguishable from the constructed first session: state, types, key order
     assert state_view(a) == state_view(b) == state_view(first)
     assert list(state_view(a)) == list(state_view(first))
@@ -144,7 +146,7 @@ def test_forked_instance_equals_a_constructed_one_and_shares_nothing(pool, opene
     assert b.call("registry").observation == "[]"
     late = open_(pool, opened, config)
     assert "c" not in state_view(late)["data"] and late.call("registry").observation == "[]"
-    assert pool.initial_snapshots.hits >= 1
+    assert late.take_opened() == named_a  # the same state, named by the same digest
 
 
 @pytest.mark.parametrize("constructor,reason", [
@@ -311,9 +313,9 @@ def test_config_templates_make_room_by_memory_least_recently_used_first(tight_po
     assert state["configs_evicted"] >= 1 and a not in state["configs_lru"], state
     assert state["configs_lru"][-1] == d and 2 <= len(state["configs_lru"]) <= 3, state
     # D's next session is forked from its template (no construction) and is a whole instance
-    hits = tight_pool.initial_snapshots.hits
     session = open_(tight_pool, opened, configs["D"], ROWS)
-    assert tight_pool.initial_snapshots.hits == hits + 1  # answered with the template's digest only
+    named = session.take_opened()
+    assert named.attributes is None and named.digest is not None  # answered with the template's digest only
     assert len(session.state()["data"]["rows"]) == 100_000
     # every template in use since A's previous open: reopening A evicts none of them (a
     # tenant cycling through more configs than fit rebuilds nothing), whatever the memory

@@ -19,6 +19,7 @@ import pytest
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.errors import SessionOpenError
 from sandpit.executor.profiles import MiB, ProfileOverrides
+from sandpit.executor.results import Snapshot
 from sandpit.executor.settings import ExecutorSettings
 
 from ..conftest import PROBE_SOURCE, TENANT
@@ -30,7 +31,7 @@ def test_infinite_loop_times_out_and_its_mutation_is_discarded(open_env, probe, 
     session = open_env(init_config={"counter": 5})
     assert session.call("bump", {"by": 2}).observation == "7"
     before = session.state()
-    snapshot = session.snapshot()
+    snapshot = Snapshot(attributes=session.read_state())
 
     started = time.monotonic()
     result = probe.run(session, "self.counter = 999\nself.log.append('mutated')\nwhile True:\n    pass\n")
@@ -41,7 +42,7 @@ def test_infinite_loop_times_out_and_its_mutation_is_discarded(open_env, probe, 
     assert result.observation == "Error: tool call exceeded the 2 s time limit"
     assert result.delta.set == {}
 
-    assert session.snapshot() == snapshot
+    assert Snapshot(attributes=session.read_state()) == snapshot
     after = session.call("bump", {"by": 1})
     assert after.status == "ok" and after.observation == "8", after
     assert not after.recovered  # recreated inside the same sandbox, not a new one

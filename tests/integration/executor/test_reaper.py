@@ -142,15 +142,16 @@ OWNER = textwrap.dedent('''
     import json, sys
     from sandpit.executor.docker import docker_pool
     from sandpit.executor.pool import SandboxPool
+    from sandpit.executor.recovering import RecoveringSession
     from sandpit.executor.settings import ExecutorSettings
 
     pool = docker_pool(ExecutorSettings(**json.loads(sys.argv[1]))).start()
     sessions = []
 
-    def open_one():
-        session = pool.open_session(tenant="owners", source=sys.argv[2], class_name="E")
+    def open_one():  # each keeps its state and re-opens when its sandbox was reaped under it
+        session = RecoveringSession(pool, tenant="owners", source=sys.argv[2], class_name="E")
         sessions.append(session)
-        return session._sandbox.container_id
+        return session._session._sandbox.container_id
 
     first = [open_one() for _ in range(int(sys.argv[3]))]
     print(json.dumps({"pool": pool.id, "containers": first}), flush=True)
@@ -164,8 +165,9 @@ OWNER = textwrap.dedent('''
             break
     pool.close()
 ''')
-"""A Sandpit process owning sandboxes: opens sessions, then answers ``call`` (every
-session steps once), ``open`` (one more session) and ``quit`` (close the pool) on stdin."""
+"""A Sandpit process owning sandboxes: opens sessions (``RecoveringSession``: a session
+whose sandbox was reaped while the process was stopped re-opens), then answers ``call``
+(every session steps once), ``open`` (one more session) and ``quit`` (close the pool) on stdin."""
 
 
 class Owner:

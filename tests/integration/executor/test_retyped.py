@@ -65,7 +65,7 @@ def test_constructed_and_template_forked_sessions_report_the_same_keys(pool, ope
     assert template_state(sandbox)["configs_ready"] >= 1
     forked = open_(pool, opened, config)
     assert template_state(sandbox)["forked"] > forked_before
-    assert forked.snapshot().digest == first.snapshot().digest  # the template's instance
+    assert forked.take_opened().digest == first.take_opened().digest  # the template's instance
     assert forked.retyped == expected
     # EnvScaler's rule, unchanged: the list replaced the dict
     assert "'list' object has no attribute 'get'" in forked.call("get_order", {"order_id": "o1"}).observation

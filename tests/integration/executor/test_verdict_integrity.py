@@ -57,9 +57,9 @@ def _states(pool: SandboxPool, source: str, class_name: str) -> tuple[dict, dict
     session = pool.open_session(tenant=TENANT, source=source, class_name=class_name,
                                 profile=pool.profile(overrides=ProfileOverrides(call_timeout_s=5.0)))
     try:
-        initial = session.snapshot().attributes
+        initial = session.read_state()
         assert session.call("bump", {}).status == "ok"
-        final = session.snapshot().attributes
+        final = session.read_state()
     finally:
         session.close()
     return initial, final

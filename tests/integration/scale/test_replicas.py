@@ -262,7 +262,7 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
         assert direct.ask(host, "info")["links_refused"] == refused_before + 1
         assert linked.call("nap", {"seconds": 0}).observation  # the session is still there
 
-        committed = linked.snapshot().attributes  # the head before the call whose outcome is lost
+        committed = linked.read_state()  # the head before the call whose outcome is lost
         count = linked.state()["count"]
         failures: list[BaseException] = []
 

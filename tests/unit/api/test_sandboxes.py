@@ -61,8 +61,8 @@ def test_every_run_of_untrusted_code_takes_a_slot(fake: FakeExecutor, tmp_path: 
     fake.script_exec("x", "")
     session = sandboxes.open_session(tenant="t", source=SOURCE, class_name="Counter")
     session.call("bump", {"by": 1})
-    session.restore(session.encoded_state())
-    session.state()  # a rendering of the last snapshot: no code runs
+    session.restore(session.read_state())
+    session.state()  # read from the sandbox's own snapshot: no code runs
     sandboxes.describe(tenant="t", source=SOURCE, class_name="Counter")
     sandboxes.run_checks(tenant="t", checks=[{"check_item": "i", "check_func": "c"}], initial_state={},
                          final_state={})

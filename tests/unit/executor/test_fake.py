@@ -78,7 +78,7 @@ def test_calls_change_the_state_and_report_deltas_in_the_state_encoding(fake: Fa
     locked = session.call("lock")
     assert locked.delta.set["lock"][0] == "u" and session.state()["lock"]["$repr"]["type"].endswith("lock")
     assert session.state()["tags"] == {"$set": ["a"]}
-    assert session.snapshot().attributes["count"] == ["j", 7]
+    assert session.read_state()["count"] == ["j", 7]
     assert [name for name, _ in session.calls] == ["bump", "tag", "lock"]
 
 
@@ -105,10 +105,18 @@ def test_tool_errors_and_rejections_are_results(fake: FakeExecutor) -> None:
     assert capped.observation_truncated and capped.observation.endswith("[truncated 976 characters]")
 
 
+def test_the_opened_state_is_handed_over_once(fake: FakeExecutor) -> None:
+    session = fake.open_session(tenant="t", source=NEVER_RUN, class_name="Counter")
+    assert session.take_opened().attributes == {"count": ["j", 0], "log": ["j", []]}
+    assert session.take_opened().attributes is None  # once: the handle keeps no copy
+    restored = fake.open_session(tenant="t", source=NEVER_RUN, class_name="Counter", snapshot={"count": ["j", 3]})
+    assert restored.take_opened().attributes is None  # the caller gave the state
+
+
 def test_snapshot_and_restore_follow_the_sandbox_rules(fake: FakeExecutor) -> None:
     session = fake.open_session(tenant="t", source=NEVER_RUN, class_name="Counter")
     session.call("tag", {"name": "a"})
-    good = session.snapshot()
+    good = Snapshot(attributes=session.read_state())
     session.call("bump", {"by": 3})
     session.call("lock")
     session.restore(good)
@@ -117,7 +125,7 @@ def test_snapshot_and_restore_follow_the_sandbox_rules(fake: FakeExecutor) -> No
     opaque = Snapshot(attributes={"count": ["j", 1], "blob": ["p", "AAAA", {"$repr": {"type": "X", "repr": "X()"}}],
                                   "gone": ["u", {"$repr": {"type": "Lock", "repr": "<lock>"}}]})
     session.restore(opaque)
-    assert session.snapshot().attributes == {"count": ["j", 1], "blob": opaque.attributes["blob"]}
+    assert session.read_state() == {"count": ["j", 1], "blob": opaque.attributes["blob"]}
     again = fake.open_session(tenant="t", source="", class_name="Counter", snapshot=opaque.attributes)
     assert again.state() == {"count": 1, "blob": {"$repr": {"type": "X", "repr": "X()"}}}
 
@@ -126,7 +134,7 @@ def test_encoded_values_can_be_scripted_into_the_state() -> None:
     fake = FakeExecutor()
     fake.register("Opaque", {}, init=lambda config: {"when": Encoded(["p", "QUJD", {"$date": "2024-05-01"}])})
     session = fake.open_session(tenant="t", source="", class_name="Opaque")
-    assert session.snapshot().attributes == {"when": ["p", "QUJD", {"$date": "2024-05-01"}]}
+    assert session.read_state() == {"when": ["p", "QUJD", {"$date": "2024-05-01"}]}
     assert session.state() == {"when": {"$date": "2024-05-01"}}
 
 
@@ -186,7 +194,11 @@ def test_injected_call_failures(fake: FakeExecutor) -> None:
     fake.fail_call("oom", lost=True)
     lost = session.call("bump")
     assert lost.status == "oom" and "restored from its last snapshot" in lost.observation
-    assert session.call("bump").recovered and fake.stats()["failures"] == {"timeout": 1, "oom": 1}
+    assert session.closed and fake.stats()["failures"] == {"timeout": 1, "oom": 1}
+    for request in (lambda: session.call("bump"), session.state, session.read_state, session.describe,
+                    lambda: session.restore(Snapshot(attributes={}))):
+        with pytest.raises(SessionClosed):  # a lost sandbox closes the handle: recovering is the caller's
+            request()
     with pytest.raises(ValueError):
         fake.fail_call("ok")
 

@@ -29,6 +29,7 @@ from sandpit.executor import (
     get_executor,
 )
 from sandpit.executor.pool import SandboxDriver, SandboxHandle, SandboxPool
+from sandpit.executor.recovering import RecoveringSession
 
 
 class PodDriver:
@@ -120,14 +121,18 @@ def test_the_pool_places_steps_and_recycles_sessions_on_pods(executor: Executor)
     assert executor.stats()["pods"] == 2  # the driver's counters come with the pool's
 
 
-def test_a_lost_pod_is_replaced_from_the_last_good_state(executor: Executor) -> None:
+def test_a_lost_pod_closes_the_session_and_a_recovering_one_reopens(executor: Executor) -> None:
     [driver] = DRIVERS
     session = executor.open_session(tenant="t1", source="<never run>", class_name="Counter")
     session.call("bump", {"by": 5})
     driver.pods[0].kill()
-    assert session.call("bump").status == "crashed"
-    recovered = session.call("bump")
-    assert recovered.recovered and recovered.observation == "6" and len(driver.pods) == 2
+    assert session.call("bump").status == "crashed" and session.closed
+    kept = RecoveringSession(executor, tenant="t1", source="<never run>", class_name="Counter")
+    kept.call("bump", {"by": 5})
+    driver.pods[-1].kill()
+    assert kept.call("bump").status == "crashed"
+    recovered = kept.call("bump")
+    assert recovered.recovered and recovered.observation == "6" and len(driver.pods) == 3
 
 
 def test_the_api_adapter_serves_the_new_backend_unchanged(executor: Executor, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import types
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sandpit.executor.pool.configs import InitialSnapshots, wire_config
+from sandpit.executor.pool.configs import wire_config
 from sandpit.sandbox_images.runner import child_template, protocol
 from sandpit.sandbox_images.runner.pid1_templates import Configs
 
@@ -71,15 +71,6 @@ def test_raw_members_splice_into_valid_frames(message: dict, raw: dict) -> None:
     decoded = protocol.decode_payload(frame[4:])
     assert decoded == {**message, **{k: json.loads(v) for k, v in raw.items()}}
     assert int.from_bytes(frame[:4], "big") == len(frame) - 4
-
-
-def test_initial_snapshots_are_per_tenant_and_bounded() -> None:
-    cache = InitialSnapshots(max_entries=2)
-    cache.put("a", "d1", {"x": ["j", 1]})
-    assert cache.get("b", "d1") is None  # another tenant never sees it
-    cache.put("a", "d2", {})
-    cache.put("a", "d3", {})
-    assert cache.get("a", "d1") is None and cache.get("a", "d3") == {}
 
 
 def test_module_fingerprint_sees_globals_class_attributes_and_defaults() -> None:

@@ -1,31 +1,63 @@
-"""The pool's two bounded caches of ``configs.py`` (on cachetools): the initial states by
-tenant and digest, and the config hashes a sandbox's runner was sent. Both keep the same
-bounds as before, evict the least recently *used* entry, and take concurrent callers."""
+"""``configs.py``: the opened state of a session as the runner reported it (attributes, or
+only a template fork's digest; the pool keeps no state), and the bounded cache of config
+hashes a sandbox's runner was sent (on cachetools: least recently *used* out, concurrent
+callers)."""
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
-from sandpit.executor.pool.configs import (
-    CONFIGS_SENT_MAX,
-    INITIAL_SNAPSHOTS_MAX,
-    InitialSnapshots,
-    SentConfigs,
-)
+import pytest
+from sandpit.executor.errors import SessionError
+from sandpit.executor.pool.configs import CONFIGS_SENT_MAX, SentConfigs, opened_state
+from sandpit.executor.pool.placement import SessionSpec
+from sandpit.executor.profiles import ResourceProfile
+from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 
-def test_initial_states_keep_the_recently_used_and_count_hits() -> None:
-    cache = InitialSnapshots(max_entries=2)
-    assert cache.max_entries == 2 and InitialSnapshots().max_entries == INITIAL_SNAPSHOTS_MAX == 8
-    cache.put("t", "d1", {"x": ["j", 1]})
-    cache.put("t", "d2", {})
-    assert cache.get("t", "d1") == {"x": ["j", 1]}  # d1 is the most recently used now
-    cache.put("t", "d3", {})
-    assert cache.get("t", "d2") is None and cache.get("t", "d1") is not None
-    assert cache.get("other", "d1") is None  # per tenant
-    assert (cache.hits, cache.misses) == (2, 2)
-    empty = cache.get("t", "d3")
-    assert empty == {} and cache.hits == 3  # an empty state is a hit, not a miss
+def _spec(config_hash: str | None = "h" * 64) -> SessionSpec:
+    return SessionSpec(session_id="s1", tenant="t", profile=ResourceProfile(), source="class A: pass",
+                       class_name="A", init_config={"x": 1}, config_json=b'{"x":1}', config_hash=config_hash)
+
+
+def test_a_template_forked_open_gives_only_its_digest() -> None:
+    sandbox = SimpleNamespace(config_keys=set())
+    opened, retyped = opened_state(_spec(), sandbox, {"status": "ok", "template": True,  # type: ignore[arg-type]
+                                                       "snapshot_digest": "d" * 64}, restored=False)
+    assert opened.attributes is None and opened.digest == "d" * 64 and retyped == []
+    assert sandbox.config_keys  # the sandbox is known to hold the config's template now
+
+
+def test_an_open_reply_gives_its_attributes_and_digest() -> None:
+    reply = {"status": "ok", "snapshot": {"x": ["j", 1]}, "snapshot_digest": "e" * 64,
+             "retyped": [{"key": "x", "constructed": "str", "config": "int"}]}
+    opened, retyped = opened_state(_spec(None), SimpleNamespace(config_keys=set()), reply,  # type: ignore[arg-type]
+                                   restored=False)
+    assert opened.attributes == {"x": ["j", 1]} and opened.digest == "e" * 64
+    assert retyped == [{"key": "x", "constructed": "str", "config": "int"}]
+
+
+def test_a_restored_open_gives_no_state_and_no_digest() -> None:
+    reply = {"status": "ok", "snapshot": {"x": ["j", 2]}, "snapshot_digest": "e" * 64}
+    opened, _ = opened_state(_spec(), SimpleNamespace(config_keys=set()), reply, restored=True)  # type: ignore[arg-type]
+    assert opened.attributes is None and opened.digest is None  # the caller gave the state
+
+
+@pytest.mark.parametrize("reply", [
+    {"status": "ok", "template": True},  # a template fork that names no state
+    {"status": "ok", "template": True, "snapshot_digest": "short"},
+])
+def test_a_template_fork_without_a_digest_is_refused(reply: dict) -> None:
+    with pytest.raises(SessionError, match="without naming its state"):
+        opened_state(_spec(), SimpleNamespace(config_keys=set()), reply, restored=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("snapshot", [["j", 1], {"x": ["q", 1]}, {"x": "plain"}])
+def test_a_malformed_opened_state_is_a_protocol_violation(snapshot: object) -> None:
+    with pytest.raises(ProtocolViolation):
+        opened_state(_spec(), SimpleNamespace(config_keys=set()),  # type: ignore[arg-type]
+                     {"status": "ok", "snapshot": snapshot}, restored=False)
 
 
 def test_sent_configs_are_bounded_and_forget_the_least_recently_used() -> None:

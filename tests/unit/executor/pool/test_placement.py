@@ -1,7 +1,8 @@
 """The placement protocol between a session and whatever places it (the pool in
 production): a :class:`Session` driven by a scripted placement and scripted sandboxes,
-no Docker. Covers first placement, recovery after a lost or dead sandbox, leaving a
-retiring one, closing, and that ``session.py`` does not know the pool."""
+no Docker. Covers first placement, the handle closing with a lost or dead sandbox (no
+re-placement, no state kept), leaving a retiring one with the state read from it,
+closing, and that ``session.py`` does not know the pool."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from sandpit.executor.pool import session as session_module
 from sandpit.executor.pool.placement import Placement, SandboxSlot, SessionSpec
 from sandpit.executor.pool.session import Session
 from sandpit.executor.profiles import ResourceProfile
-from sandpit.executor.results import EncodedValue
+from sandpit.executor.results import EncodedValue, OpenedState, Snapshot
 
 
 class ScriptedSandbox:
@@ -29,6 +30,8 @@ class ScriptedSandbox:
         self.retiring = False
         self.lose_next: str | None = None
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.state: dict[str, EncodedValue] = {}
+        """What PID 1 would answer ``snapshot`` with."""
 
     def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         self.requests.append((op, dict(fields)))
@@ -37,8 +40,12 @@ class ScriptedSandbox:
             self.alive = False
             raise SandboxLost("the runner stopped answering", self.id, status=status)
         if op == "call":
+            self.state["count"] = ["j", len(self.requests)]
+            self.state.pop("gone", None)
             return {"status": "ok", "observation": "bumped", "duration_ms": 0.1,
                     "delta": {"set": {"count": ["j", len(self.requests)]}, "del": ["gone"]}}
+        if op == "snapshot":
+            return {"status": "ok", "snapshot": dict(self.state)}
         return {"status": "ok"}
 
     def check_churn(self) -> bool:
@@ -54,12 +61,14 @@ class ScriptedPlacement:
         self.placed_with: list[dict[str, EncodedValue]] = []
 
     def place(self, spec: SessionSpec,
-              snapshot: dict[str, EncodedValue]) -> tuple[SandboxSlot, dict[str, EncodedValue]]:
+              snapshot: dict[str, EncodedValue]) -> tuple[SandboxSlot, OpenedState, list[dict[str, str]]]:
         sandbox = ScriptedSandbox(f"s{len(self.sandboxes)}")
         self.sandboxes.append(sandbox)
         self.placed_with.append(dict(snapshot))
         self.log.append(("place", sandbox.id, spec.session_id))
-        return sandbox, {"count": ["j", 0], "gone": ["j", 1], **snapshot}
+        sandbox.state = {"count": ["j", 0], "gone": ["j", 1], **snapshot}
+        opened = OpenedState() if snapshot else OpenedState(attributes=dict(sandbox.state), digest="d" * 64)
+        return sandbox, opened, []
 
     def release(self, sandbox: SandboxSlot, session_id: str, close: bool = True) -> None:
         self.log.append(("release" if close else "release-open", sandbox.id, session_id))
@@ -87,39 +96,89 @@ def test_first_placement_then_calls_go_to_that_sandbox() -> None:
     placement = ScriptedPlacement()
     session = _open(placement, {"extra": ["j", "kept"]})
     assert placement.log == [("place", "s0", "abc")] and placement.placed_with == [{"extra": ["j", "kept"]}]
+    assert session.take_opened() == OpenedState()  # opened with a snapshot: the caller has the state
     result = session.call("bump", {"by": 1})
     assert result.status == "ok" and not result.recovered
     assert result.delta.set == {"count": ["j", 1]} and result.delta.deleted == ["gone"]
-    assert session.state() == {"count": 1, "extra": "kept"}  # the delta merged into the host's snapshot
-    assert placement.sandboxes[0].requests == [("call", {"session": "abc", "name": "bump", "arguments": {"by": 1}})]
+    assert session.state() == {"count": 1, "extra": "kept"}  # read from the sandbox, not kept here
+    assert placement.sandboxes[0].requests == [("call", {"session": "abc", "name": "bump", "arguments": {"by": 1}}),
+                                               ("snapshot", {"session": "abc"})]
     with pytest.raises(SessionError, match="opened already"):
         session.open({})
 
 
-def test_a_lost_sandbox_is_forgotten_and_the_next_call_is_placed_again_from_the_snapshot() -> None:
+def test_the_opened_state_is_handed_over_once() -> None:
+    session = _open(ScriptedPlacement())
+    first = session.take_opened()
+    assert first.attributes == {"count": ["j", 0], "gone": ["j", 1]} and first.digest == "d" * 64
+    assert session.take_opened() == OpenedState()
+
+
+def test_keyed_changes_are_passed_on_unapplied() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    keyed = ["k", {"v": 2, "ops": [["s", ["a"], 1]]}]
+    placement.sandboxes[0].request = lambda op, timeout_s=None, **fields: {  # type: ignore[method-assign]
+        "status": "ok", "observation": "", "delta": {"set": {"big": keyed}, "del": []}}
+    assert session.call("bump").delta.set == {"big": keyed}  # for the holder of the previous state to apply
+
+
+@pytest.mark.parametrize("delta", [{"set": {"x": ["k"]}, "del": []}, {"set": [], "del": []},
+                                   {"set": {"x": ["j", 1]}, "del": [1]}, "nonsense"])
+def test_a_malformed_delta_is_a_session_error(delta: object) -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    placement.sandboxes[0].request = lambda op, timeout_s=None, **fields: {  # type: ignore[method-assign]
+        "status": "ok", "observation": "", "delta": delta}
+    with pytest.raises(SessionError, match="malformed delta"):
+        session.call("bump")
+
+
+def test_a_lost_sandbox_closes_the_handle_and_nothing_is_placed_again() -> None:
     placement = ScriptedPlacement()
     session = _open(placement)
     session.call("bump")
     placement.sandboxes[0].lose_next = "timeout"
     lost = session.call("bump")
-    assert lost.status == "timeout" and "restored from its last snapshot" in lost.observation
-    assert lost.delta.set == {}
+    assert lost.status == "timeout" and "sandbox stopped responding" in lost.observation
+    assert lost.delta.set == {} and not lost.recovered
     assert placement.log[-1] == ("forget", "s0", "abc")
-    again = session.call("bump")
-    assert again.recovered and session.recoveries == 1
-    assert placement.log[-1] == ("place", "s1", "abc")
-    assert placement.placed_with[-1] == {"count": ["j", 1]}  # the last good snapshot, nothing of the lost call
+    assert session.closed and session.lost == "timeout"
+    for request in (lambda: session.call("bump"), session.state, session.read_state, session.describe,
+                    lambda: session.restore(Snapshot(attributes={}))):
+        with pytest.raises(SessionClosed):
+            request()
+    assert len(placement.sandboxes) == 1  # never re-placed
+    session.close()
+    assert placement.log[-1] == ("forget", "s0", "abc")  # nothing left to release
 
 
-def test_a_dead_sandbox_is_forgotten_and_a_retiring_one_released_before_the_next_request() -> None:
+def test_a_sandbox_that_died_between_requests_closes_the_handle() -> None:
     placement = ScriptedPlacement()
     session = _open(placement)
     placement.sandboxes[0].alive = False
-    assert session.call("bump").recovered
-    assert placement.log[1:] == [("forget", "s0", "abc"), ("place", "s1", "abc")]
-    placement.sandboxes[1].retiring = True
-    assert session.call("bump").recovered and session.recoveries == 2
-    assert placement.log[3:] == [("release", "s1", "abc"), ("place", "s2", "abc")]
+    with pytest.raises(SessionClosed, match="sandbox was lost"):
+        session.call("bump")
+    assert session.closed and placement.log[1:] == [("forget", "s0", "abc")]
+
+
+def test_a_restore_whose_sandbox_is_lost_raises_and_closes_the_handle() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    placement.sandboxes[0].lose_next = "crashed"
+    with pytest.raises(SandboxLost):
+        session.restore(Snapshot(attributes={"count": ["j", 5]}))
+    assert session.closed and len(placement.sandboxes) == 1
+
+
+def test_a_retiring_sandbox_is_left_with_the_state_read_from_it() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    session.call("bump")
+    placement.sandboxes[0].retiring = True
+    assert session.call("bump").status == "ok"
+    assert placement.log[1:] == [("release", "s0", "abc"), ("place", "s1", "abc")]
+    assert placement.placed_with[-1] == {"count": ["j", 1]}  # the sandbox's own state, not a host copy
 
 
 def test_close_releases_the_slot_once_and_ends_the_session() -> None:

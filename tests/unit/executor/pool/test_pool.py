@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 from memory_driver import MemoryDriver, MemorySandbox
-from sandpit.executor.errors import CapacityError, SandboxStartError
+from sandpit.executor.errors import CapacityError, SandboxStartError, SessionClosed
 from sandpit.executor.pool import SandboxDriver, SandboxHandle, SandboxPool
+from sandpit.executor.recovering import RecoveringSession
 from sandpit.executor.settings import ExecutorSettings
 
 
@@ -75,17 +76,38 @@ def test_a_sandbox_serves_only_its_tenant(pool: SandboxPool, driver: MemoryDrive
     assert [s.tenant for s in driver.started] == ["t1", "t2"]
 
 
-def test_a_lost_sandbox_reports_the_call_and_the_next_one_recovers_elsewhere(pool: SandboxPool,
-                                                                              driver: MemoryDriver) -> None:
+def test_a_lost_sandbox_reports_the_call_and_closes_the_handle(pool: SandboxPool, driver: MemoryDriver) -> None:
     session = pool.open_session(tenant="t1", source="", class_name="Counter")
+    assert session.take_opened().attributes == {"count": ["j", 0]}
     session.call("bump", {"by": 4})
     driver.started[0].kill()
     lost = session.call("bump")
-    assert lost.status == "crashed" and "restored from its last snapshot" in lost.observation
+    assert lost.status == "crashed" and "sandbox died" in lost.observation
     assert driver.started[0].destroyed  # forgotten: destroyed and dropped
+    assert session.closed
+    with pytest.raises(SessionClosed):
+        session.call("bump")
+    assert len(driver.started) == 1  # nothing was placed again: recovering is the caller's
+
+
+def test_a_recovering_session_reopens_from_its_own_state_after_a_loss(pool: SandboxPool,
+                                                                     driver: MemoryDriver) -> None:
+    session = RecoveringSession(pool, tenant="t1", source="", class_name="Counter")
+    assert session.call("bump", {"by": 4}).observation == "4"
+    first = session.id
+    driver.started[0].kill()
+    assert session.call("bump").status == "crashed"
     again = session.call("bump")
-    assert again.recovered and again.observation == "5"  # placed again from the last good state
-    assert len(driver.started) == 2 and pool.stats()["sandboxes"] == 1
+    assert again.recovered and again.observation == "5" and session.recoveries == 1  # the lost call left no trace
+    assert session.id != first and len(driver.started) == 2 and session.state() == {"count": 5}
+    snapshot = session.snapshot()
+    session.call("bump")
+    driver.started[1].kill()
+    session.restore(snapshot)  # restoring onto a lost sandbox opens a new session with it
+    assert session.call("bump").observation == "6" and session.recoveries == 2
+    session.close()
+    with pytest.raises(SessionClosed):
+        session.call("bump")
 
 
 def test_an_unclean_sandbox_is_destroyed_not_reused(pool: SandboxPool, driver: MemoryDriver) -> None:
