@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BeforeValidator
 
 from ..envs.episodes import Episodes
 from ..envs.history import EnvHistory
@@ -140,10 +141,23 @@ class Page:
         self.offset = offset
 
 
+def iso_time(value: object) -> object:
+    """A query parameter's ISO 8601 date or date-time (``2026-11-28``,
+    ``2026-11-28T10:00:00Z``, with or without a zone), as the OpenAPI document's
+    ``format: date-time`` says: pydantic alone would also take a number as Unix seconds.
+    Raises ValueError (a 422 naming the parameter) for anything else."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError("must be an ISO 8601 date or time, e.g. 2026-11-28T10:00:00Z")
+
+
 def stats_query(kind: Annotated[StatsKind, Query(
                     description="Which episodes count: training (envs of /v1/envs), evaluation "
                                 "(batch evaluations) or all.")] = "all",
-                since: Annotated[datetime | None, Query(
+                since: Annotated[datetime | None, BeforeValidator(iso_time), Query(
                     description="Count only episodes started at or after this ISO 8601 time "
                                 "(UTC when it names no zone).")] = None,
                 recent: Annotated[int, Query(ge=0, le=RECENT_MAX, description=(
