@@ -211,6 +211,12 @@ class EnvLifecycle:
             row = owned(db, models.Env, env_id, ctx.tenant, "env")
         return self.views.public(row)
 
+    def is_live_for(self, ctx: TenantContext, env_id: str) -> bool:
+        """Whether ``env_id`` is live in this process for the caller's tenant (no database
+        read: safe on an event loop). False says nothing: ask :meth:`scenario_of`."""
+        entry = self.sessions.live.get(env_id)
+        return entry is not None and entry.tenant == ctx.tenant
+
     def scenario_of(self, ctx: TenantContext, env_id: str) -> str | None:
         """The scenario id ``env_id`` was made from (None: none), once the caller is known
         to own it: the MCP endpoints' existence check, one indexed read of two columns.

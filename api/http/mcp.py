@@ -195,7 +195,9 @@ class McpServer:
     # -- the endpoints ---------------------------------------------------------------------
     async def env(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``/v1/envs/{env_id}/mcp`` (module docstring): the key and the env's owner are
-        checked (one worker-thread hop), then the SDK answers."""
+        checked (on the event loop for a recently authenticated key and an env live in this
+        process for its tenant, else one worker-thread hop with database reads), then the
+        SDK answers."""
         note_route(scope, ENV_TEMPLATE)
         env_id: str = scope["path_params"]["env_id"]
         authorization = Headers(scope=scope).get("authorization")
@@ -207,7 +209,11 @@ class McpServer:
             return caller
 
         try:
-            caller = await self._blocking(check)
+            caller = self.tenants.authenticate_cached(authorization)  # a known key, a live env: no hop
+            if caller is not None and self.envs.is_live_for(caller, env_id):
+                note_tenant(scope, caller.tenant)
+            else:
+                caller = await self._blocking(check)
         except ApiError as exc:
             await self._error(exc, scope, receive, send)
             return
