@@ -11,18 +11,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 from api_server import COUNTER_SOURCE, ApiServer
+from markdown_docs import section_blocks
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import McpError
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[3]
 META = "sandpit/step"
 CHECKS = [{"check_item": "count is 3", "check_func": "def check_func(final_state):\n"
                                                      "    return final_state['count'] == 3\n"}]
@@ -297,3 +303,18 @@ def test_scenario_session_hostile(replicas: list[ApiServer], scenario_id: str) -
         assert client.delete(path, headers={"Mcp-Session-Id": session}).status_code == 204
         assert client.get(f"/v1/envs/{session}").status_code == 404
         client.delete(f"/v1/envs/{plain_env}")
+
+
+def test_the_documented_client_runs(replicas: list[ApiServer], scenario_id: str, tmp_path: Path) -> None:
+    """docs/mcp.md's client example, saved and run as written against a replica."""
+    blocks = [b for b in section_blocks((ROOT / "docs" / "mcp.md").read_text(), "A client") if b.language == "python"]
+    assert len(blocks) == 1
+    script = tmp_path / "mcp_episode.py"
+    script.write_text(blocks[0].code)
+    env = {**os.environ, "SANDPIT_URL": replicas[1].url, "SANDPIT_API_KEY": replicas[1].api_key,
+           "SANDPIT_SCENARIO": scenario_id}
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[2:] == ["observation 3 error False", "count 3", "terminated True reward 1.0"], run.stdout
+    assert lines[0].startswith("env env_") and "'bump'" in lines[1]
