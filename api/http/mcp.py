@@ -297,7 +297,10 @@ class McpServer:
         finally:
             if status[:1] != [200]:
                 with anyio.CancelScope(shield=True):
-                    await self._blocking(lambda: self.envs.delete(caller, env_id))
+                    try:
+                        await self._blocking(lambda: self.envs.delete(caller, env_id))
+                    except ApiError as exc:  # deleted already (a racing DELETE): nothing left to do
+                        log.info("MCP session %s: its env is gone already: %s", env_id, exc.message)
 
     def _caller(self, scope: Scope, authorization: str | None) -> TenantContext:
         caller = self.tenants.authenticate(authorization)
