@@ -38,8 +38,10 @@ runs on a transport of its own), so any API replica serves any call. Every reque
 needs the tenant's ``Authorization: Bearer <api key>`` (401/403 as every route); an env
 or session of another tenant, an unknown one, or (scenario endpoint) an env of another
 scenario is 404 ``not_found``, never revealing that it exists. ``GET`` (the optional
-server-to-client event stream) is 405. Malformed JSON-RPC and unknown methods get the
-SDK's JSON-RPC errors (parse error -32700 with HTTP 400, method not found -32601).
+server-to-client event stream) is 405. Malformed JSON-RPC gets the SDK's JSON-RPC
+errors: a body that is not JSON -32700 (HTTP 400); a method the protocol does not know
+-32602 (the SDK validates it as a request of every known method); a protocol method these
+servers do not offer (``prompts/list``) -32601.
 """
 
 from __future__ import annotations

@@ -218,7 +218,9 @@ def test_hostile_requests(replicas: list[ApiServer], scenario_id: str) -> None:
     malformed = _rpc(first, path, None, raw=b'{"jsonrpc": "2.0", "id": 1, "method": ')
     assert malformed.status_code == 400 and malformed.json()["error"]["code"] == -32700
     unknown = _rpc(second, path, {"jsonrpc": "2.0", "id": 2, "method": "no/such_method"})
-    assert unknown.json()["error"]["code"] in (-32601, -32602)
+    assert unknown.json()["error"]["code"] == -32602  # the SDK validates it against every known method
+    not_offered = _rpc(first, path, {"jsonrpc": "2.0", "id": 4, "method": "prompts/list"})
+    assert not_offered.json()["error"]["code"] == -32601
     not_object = _rpc(first, path, _call("bump", [1, 2]))
     assert not_object.json()["error"]["code"] == -32602
     long_name = _rpc(second, path, _call("x" * 5000, {}))
