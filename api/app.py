@@ -38,6 +38,7 @@ from sandpit.executor import (
     get_settings,
     resolve_profile,
 )
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from .db.affinity import DbAffinity
@@ -62,6 +63,7 @@ from .http import openapi, step
 from .http.access_log import AccessLog
 from .http.body_timeout import BodyReadTimeout
 from .http.handlers import error_response, register_handlers
+from .http.mcp import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpEndpoint, McpServer
 from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .http.step import StepDoor
 from .metrics import Metrics
@@ -171,12 +173,15 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                                  backend=backend.type)
                 for name in SERVED:  # what the routes' dependencies (deps.py) read
                     setattr(app.state, name, getattr(services, name))
+                app.state.mcp = mcp = McpServer(api_settings, services.tenants, services.envs, services.steps,
+                                                services.history, translate=_translated, version=app.version)
                 services.start()
                 if api_settings.warm_on_start and pool_settings.pool_size:
                     threading.Thread(target=services.sandboxes.warm, args=(api_settings.tenant,), daemon=True,
                                      name="sandpit-warm").start()
                 try:
-                    yield
+                    async with mcp.run():
+                        yield
                 finally:
                     door.close()
                     services.close()
@@ -207,6 +212,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
     for router in ROUTERS:
         app.include_router(router)
+    # MCP over Streamable HTTP: raw ASGI endpoints (every method; the SDK speaks the protocol)
+    app.router.routes += [Route(ENV_TEMPLATE, McpEndpoint("env")), Route(SCENARIO_TEMPLATE, McpEndpoint("scenario"))]
     app.state.api_routes = [route for router in ROUTERS for route in router.routes]  # for 405's Allow
     openapi.install(app, ROUTERS, partial(_default_limits, pool_settings))
     return app

@@ -33,6 +33,7 @@ EXTRA_OF_MODULE: Mapping[str, str] = MappingProxyType({
     "fastapi": "server",
     "ijson": "importers",
     "jsonschema": "server",
+    "mcp": "server",  # api/http/mcp.py: the MCP servers
     "openai": "server",  # synthesis (`sandpit synth`) and the API; sandpit.client.llm alone: `llm`
     "orjson": "server",
     "prometheus_client": "server",

@@ -36,6 +36,7 @@ from ..db import models
 from ..db.configs import CanonicalConfig, canonical, collect_configs, store_config
 from ..db.database import Database
 from ..db.store import collect_garbage
+from ..errors import NotFound
 from ..json_rules import text_size
 from ..sandboxes import Sandboxes
 from ..schemas.envs import EnvCreate, EnvPublic, EnvsPublic
@@ -209,6 +210,24 @@ class EnvLifecycle:
         with self.db.read() as db:
             row = owned(db, models.Env, env_id, ctx.tenant, "env")
         return self.views.public(row)
+
+    def is_live_for(self, ctx: TenantContext, env_id: str) -> bool:
+        """Whether ``env_id`` is live in this process for the caller's tenant (no database
+        read: safe on an event loop). False says nothing: ask :meth:`scenario_of`."""
+        entry = self.sessions.live.get(env_id)
+        return entry is not None and entry.tenant == ctx.tenant
+
+    def scenario_of(self, ctx: TenantContext, env_id: str) -> str | None:
+        """The scenario id ``env_id`` was made from (None: none), once the caller is known
+        to own it: the MCP endpoints' existence check, one indexed read of two columns.
+        Raises NotFound (also for another tenant's id)."""
+        with self.db.read() as db:
+            found = db.execute(select(models.Env.tenant, models.Env.scenario_id)
+                               .where(models.Env.id == env_id)).first()
+        if found is None or found.tenant != ctx.tenant:
+            raise NotFound(f"env {env_id[:64]!r} not found")
+        scenario: str | None = found.scenario_id
+        return scenario
 
     def page(self, ctx: TenantContext, limit: int, offset: int) -> EnvsPublic:
         """``GET /v1/envs``: a page of the tenant's envs, newest first (without tools)."""

@@ -108,20 +108,30 @@ class TenantService:
         if not self.is_operator(key):
             raise Forbidden("the admin API needs the operator key")
 
+    def authenticate_cached(self, authorization: str | None) -> TenantContext | None:
+        """:meth:`authenticate` when the key was authenticated within
+        ``auth_cache_ttl_s`` seconds (no database read: safe on an event loop), else
+        None. Raises Unauthorized for a missing or malformed header or an expired key."""
+        digest = hash_key(self.bearer(authorization))
+        cached = self._cache.get(digest)
+        if cached is None or time.monotonic() - cached[0] >= self.settings.auth_cache_ttl_s:
+            return None
+        expires = cached[2]
+        if expires is not None and expires <= _now():
+            self._cache.pop(digest, None)
+            raise Unauthorized("API key expired")
+        return cached[1]
+
     def authenticate(self, authorization: str | None) -> TenantContext:
         """The tenant of a bearer API key. Raises Unauthorized for a missing header or an
         unknown, revoked or expired key; Forbidden for the operator key (it is not a
         tenant's key)."""
+        hit = self.authenticate_cached(authorization)
+        if hit is not None:
+            return hit
         key = self.bearer(authorization)
         digest = hash_key(key)
         now = time.monotonic()
-        cached = self._cache.get(digest)
-        if cached is not None and now - cached[0] < self.settings.auth_cache_ttl_s:
-            expires = cached[2]
-            if expires is not None and expires <= _now():
-                self._cache.pop(digest, None)
-                raise Unauthorized("API key expired")
-            return cached[1]
         if self.is_operator(key):
             raise Forbidden("the operator key only opens /v1/admin; use a tenant's API key")
         with self.db.read() as db:

@@ -138,3 +138,18 @@ def test_the_audit_log_is_per_tenant_and_newest_first(tenants: TenantService) ->
     assert {e.tenant for e in tenants.audit_page(None, 100, 0).data} == {"team-a", "team-b"}
     assert tenants.audit_page("team-a", 10, 0, action="env.create").count == 1
     assert [t.id for t in tenants.every().data] == ["team-a", "team-b"]
+
+
+def test_the_cached_check_reads_no_database_and_forgets_revoked_keys(tenants: TenantService) -> None:
+    key = tenants.create(TenantCreate(id="team-a")).api_key
+    assert key is not None and key.key is not None
+    assert tenants.authenticate_cached(bearer(key.key)) is None  # never seen: ask authenticate
+    ctx = tenants.authenticate(bearer(key.key))
+    assert tenants.authenticate_cached(bearer(key.key)) == ctx
+    assert tenants.authenticate_cached(bearer("sp_unknown")) is None
+    with pytest.raises(Unauthorized):
+        tenants.authenticate_cached(None)
+    with pytest.raises(Unauthorized):
+        tenants.authenticate_cached("Basic abc")
+    tenants.revoke(key.id)
+    assert tenants.authenticate_cached(bearer(key.key)) is None
