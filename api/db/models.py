@@ -19,6 +19,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -379,6 +380,35 @@ class HostDrain(Base):
     that resets a dead replica's episodes) or its row is gone, a live replica's janitor
     claims the drain (compare-and-set on this column) and resumes it. None: recorded
     before migration 0008; claimed like a dead owner's."""
+
+
+IDEMPOTENCY_KEY_LENGTH = 255
+"""Longest ``Idempotency-Key`` (characters, printable ASCII)."""
+
+
+class IdempotencyKey(Base):
+    """A request's ``Idempotency-Key`` and, once it finished, its stored response
+    (:mod:`sandpit.api.db.idempotency`). The primary key (tenant, key) is what holds a key
+    to one request across replicas and restarts: a second claim of the same key fails on
+    it. A step's response is written in the transaction of the step's own row."""
+
+    __tablename__ = "idempotency_keys"
+
+    tenant: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(IDEMPOTENCY_KEY_LENGTH))
+    digest: Mapped[str] = mapped_column(String(64))
+    """SHA-256 (hex) of the request: method, route template, env id, query and body."""
+    claim: Mapped[str] = mapped_column(String(32))
+    """The token of the request that holds the key (a new one when a lapsed claim is taken over)."""
+    status: Mapped[int | None] = mapped_column(Integer)
+    """The stored response's HTTP status; None while the request is in flight."""
+    body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The stored response's JSON body (bytes as sent)."""
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    """After this the key is forgotten (``idempotency_key_ttl_s`` after the claim)."""
+
+    __table_args__ = (PrimaryKeyConstraint("tenant", "key", name="pk_idempotency_keys"),)
 
 
 def table(model: type[Base]) -> Table:

@@ -35,6 +35,7 @@ from sandpit.client.llm import ModelError
 
 from ..db.database import Database
 from ..db.group_commit import GroupCommit
+from ..db.idempotency import KeyClaim
 from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
@@ -103,13 +104,15 @@ class Steps:
         """Steps committed together when they finish together (module docstring)."""
 
     def step(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
-             clock: StepClock | None = None) -> StepOutcome:
+             clock: StepClock | None = None, key: KeyClaim | None = None) -> StepOutcome:
         """``POST /v1/envs/{id}/step``: run one action and commit it (EnvScaler ``step()``,
         the module docstring). First the action is parsed (arguments within the server's
         and the tenant's ``max_arguments_bytes``), then one token of the tenant's
         ``steps_per_minute`` and one of its concurrent calls are taken. ``include`` names
         the parts of the reply to add (:data:`INCLUDES`); ``clock`` (optional) is charged
-        the ``parse``, ``auth``, ``sandbox``, ``persist`` and ``other`` phases.
+        the ``parse``, ``auth``, ``sandbox``, ``persist`` and ``other`` phases. ``key``
+        (the request's ``Idempotency-Key`` claim, :mod:`sandpit.api.services.idempotency`)
+        gets the reply's bytes stored in the step's own transaction.
 
         A session that refuses the call before running it (another API replica stepped the
         env since this one's handle was made: any replica answers any request) is
@@ -119,7 +122,8 @@ class Steps:
         Raises InvalidRequest (``include``), PayloadTooLarge (arguments over the server's
         cap), QuotaExceeded (the tenant's ``max_arguments_bytes``, ``steps_per_minute``,
         ``max_concurrent_calls``; no execution slot), NotFound, Conflict (expired),
-        EpisodeEnded (409: reset first), NoCapacity (503 + Retry-After),
+        EpisodeEnded (409: reset first), IdempotencyKeyInFlight (409: ``key``'s claim was
+        taken over; nothing committed), NoCapacity (503 + Retry-After),
         ServiceUnavailable (database, Docker Engine or the simulated user's model failed;
         the step is not acknowledged and the env resumes from its last committed state)."""
         wanted = wanted_parts(include)
@@ -131,13 +135,14 @@ class Steps:
             self.quotas.take_step(ctx)
             if clock is not None:
                 clock.lap("auth")
-            outcome = self._step(ctx.tenant, env_id, action, wanted, clock)
+            outcome = self._step(ctx.tenant, env_id, action, wanted, clock, key)
         return outcome
 
     def _step(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-              clock: StepClock | None) -> StepOutcome:
+              clock: StepClock | None, key: KeyClaim | None) -> StepOutcome:
         """The step under the env's lock: act (:meth:`_act_once_more`), score an ending
-        episode, commit, move the live head; metrics after the lock."""
+        episode, render the reply (when ``key`` needs it stored), commit, move the live
+        head; metrics after the lock."""
         started = time.perf_counter()
         with self.live.lock(env_id):
             entry, restored, before, done_run = self._act_once_more(tenant, env_id, action, clock)
@@ -158,7 +163,15 @@ class Steps:
                                                     after)
             done = "terminated" if terminated else "truncated" if truncated else None
             recorded = done_run.action if done_run.action is not None else action.record()
-            self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks)
+            recovered = restored or bool(result is not None and result.recovered)
+            outcome = StepOutcome(env_id, entry.episode, number, recorded, done_run, recovered, reward,
+                                  terminated, truncated, checks, wanted=wanted)
+            if wanted:
+                outcome.state_after = state_view(after)
+                if "state_diff" in wanted:
+                    outcome.state_before = state_view(before)
+            self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
+                         key, outcome.json() if key is not None else b"")
             if clock is not None:
                 clock.lap("persist")
             entry.cache = after
@@ -172,13 +185,6 @@ class Steps:
         self.metrics.snapshot_bytes.inc(pending.stored_bytes)
         if done_run.status in FAILURE_STATUSES:
             self.metrics.failures.labels(done_run.status).inc()
-        recovered = restored or bool(result is not None and result.recovered)
-        outcome = StepOutcome(env_id, entry.episode, number, recorded, done_run, recovered, reward,
-                              terminated, truncated, checks, wanted=wanted)
-        if wanted:
-            outcome.state_after = state_view(after)
-            if "state_diff" in wanted:
-                outcome.state_before = state_view(before)
         if clock is not None:
             clock.lap("other")
         return outcome
@@ -225,9 +231,10 @@ class Steps:
 
     def _commit(self, env_id: str, entry: LiveEnv, number: int, recorded: dict[str, Any], done_run: StepRun,
                 after: StateCache, pending: PendingBlobs, reward: float, done: str | None,
-                checks: list[CheckOutcome] | None) -> None:
+                checks: list[CheckOutcome] | None, key: KeyClaim | None, response: bytes) -> None:
         """Commit step ``number`` through the group commit: its row, its new blobs, the
-        env's head, and the episode's changes (user transcript, its end). A failed write
+        env's head, the episode's changes (user transcript, its end) and, with ``key``,
+        the reply's bytes ``response`` stored on the request's idempotency key. A failed write
         drops the env's session (the sandbox is ahead of the database: the next request
         resumes from the committed head). Raises ServiceUnavailable."""
         info = step_info(done_run)
@@ -238,7 +245,7 @@ class Steps:
             "env_id": env_id, "episode": entry.episode, "step": number, "action": recorded,
             "observation": done_run.observation, "status": done_run.status,
             "duration_ms": done_run.duration_ms, "state_root": after.root, "created_at": now,
-            "reward": reward, "done": done, "info": info or None}, pending, now)
+            "reward": reward, "done": done, "info": info or None}, pending, now, key=key, response=response)
         if done_run.user_messages is not None:
             write.episode_changes["user_messages"] = done_run.user_messages
         if done is not None:

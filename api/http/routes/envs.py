@@ -26,6 +26,7 @@ from ..deps import (
     EnvsDep,
     EpisodesDep,
     HistoryDep,
+    IdempotentDep,
     PageDep,
     RewardsDep,
     json_router,
@@ -35,12 +36,13 @@ router = json_router(prefix="/v1/envs", tags=["envs"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic, responses=METERED)
-def create_env(body: EnvCreate, envs: EnvsDep, caller: CallerDep) -> Response:
+def create_env(body: EnvCreate, envs: EnvsDep, caller: CallerDep, keyed: IdempotentDep) -> Response:
     """Instantiate an environment (registered, inline code, or a scenario's) in a sandbox;
     step 0 is stored. 429 over the tenant's ``max_live_envs``, ``max_concurrent_calls``,
-    ``max_profile`` or size quotas (nothing is created then)."""
+    ``max_profile`` or size quotas (nothing is created then). With ``Idempotency-Key``, a
+    retry gets the first response and creates nothing."""
     # the reply echoes init_config (megabytes): spliced in as the bytes already computed for it
-    return Response(envs.create(caller, body).json(), status.HTTP_201_CREATED, media_type="application/json")
+    return keyed.respond(caller, status.HTTP_201_CREATED, lambda: envs.create(caller, body).json())
 
 
 @router.get("/{env_id}", response_model=EnvPublic)
@@ -63,11 +65,14 @@ def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep) -> Response:
 
 
 @router.post("/{env_id}/reset", response_model=EnvPublic, responses=METERED)
-def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, body: ResetRequest | None = None) -> EnvPublic:
+def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, keyed: IdempotentDep,
+          body: ResetRequest | None = None) -> Response:
     """Begin the next episode (EnvScaler ``reset()``: the response has the initial
     ``observation``, ``tools`` and ``introduction``), optionally with another scenario,
-    ``init_config`` or episode options. The previous episode stays readable."""
-    return episodes.reset(caller, env_id, body)
+    ``init_config`` or episode options. The previous episode stays readable. With
+    ``Idempotency-Key``, a retry gets the first response and starts no episode."""
+    return keyed.respond(caller, status.HTTP_200_OK,
+                         lambda: episodes.reset(caller, env_id, body).model_dump_json().encode("utf-8"))
 
 
 @router.get("/{env_id}/state", response_model=StateView, response_class=Response)
@@ -104,10 +109,12 @@ def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: Ca
 
 @router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic,
              responses=METERED)
-def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: CallerDep) -> EnvsPublic:
+def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: CallerDep, keyed: IdempotentDep) -> Response:
     """``count`` new envs sharing this env's history up to ``step`` (head by default);
-    429 when they would exceed the tenant's ``max_live_envs``."""
-    return episodes.fork(caller, env_id, body)
+    429 when they would exceed the tenant's ``max_live_envs``. With ``Idempotency-Key``,
+    a retry gets the first response and forks nothing."""
+    return keyed.respond(caller, status.HTTP_201_CREATED,
+                         lambda: episodes.fork(caller, env_id, body).model_dump_json().encode("utf-8"))
 
 
 @router.post("/{env_id}/evaluate", response_model=EvaluationPublic, responses=METERED)
