@@ -45,6 +45,7 @@ from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
 from .envs.actions import ToolSets
+from .envs.attempts import Attempts
 from .envs.configs import EnvConfigs
 from .envs.episodes import Episodes
 from .envs.history import EnvHistory
@@ -79,7 +80,8 @@ from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
-          "scenarios", "stats", "execution", "evaluations", "health", "idempotency")
+          "scenarios", "stats", "execution", "evaluations", "health", "idempotency",
+          "attempts")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
@@ -242,6 +244,7 @@ class Services:
     janitor: Janitor
     cluster: ClusterService
     idempotency: Idempotency
+    attempts: Attempts
 
     def start(self) -> None:
         """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
@@ -282,6 +285,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     runner = EvaluationRunner(settings, db, envs, steps, rewards, environments, scenarios, tenants)
     cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id, backend)
     idempotency = Idempotency(settings, db)
+    attempts = Attempts(db, sessions)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
@@ -292,4 +296,4 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
         janitor=Janitor(settings.janitor_interval_s,
                         envs.janitor_tasks() + [cluster.take_over_drains, idempotency.expire]),
-        cluster=cluster, idempotency=idempotency)
+        cluster=cluster, idempotency=idempotency, attempts=attempts)

@@ -8,6 +8,7 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     │   └── UnknownTool           422     unknown_tool
     ├── Conflict                  409     conflict         e.g. restore past the end
     │   ├── EpisodeEnded          409     episode_ended    a step after the episode ended (reset first)
+    │   ├── StaleAttempt          409     stale_attempt    the call's attempt token is not the env's current one
     │   ├── IdempotencyKeyReused  409     idempotency_key_reused     the key was used for another request
     │   └── IdempotencyKeyInFlight 409    idempotency_key_in_flight  the key's first request still runs; Retry-After
     ├── PayloadTooLarge           413     payload_too_large
@@ -74,6 +75,11 @@ class EpisodeEnded(Conflict):
     """A step on an env whose current episode has terminated or been truncated."""
 
 
+class StaleAttempt(Conflict):
+    """A call on an env carrying an attempt token (``Sandpit-Attempt``) that is not the
+    env's current one: the env was resumed by a newer attempt since; nothing was done."""
+
+
 class IdempotencyKeyReused(Conflict):
     """An ``Idempotency-Key`` the tenant already used for another request (another method,
     route, env or body); nothing was run."""
@@ -128,6 +134,7 @@ TABLE: dict[type[ApiError], tuple[int, str]] = {
     UnknownTool: (422, "unknown_tool"),
     InvalidRequest: (422, "invalid_request"),
     EpisodeEnded: (409, "episode_ended"),
+    StaleAttempt: (409, "stale_attempt"),
     IdempotencyKeyReused: (409, "idempotency_key_reused"),
     IdempotencyKeyInFlight: (409, "idempotency_key_in_flight"),
     Conflict: (409, "conflict"),
@@ -159,7 +166,7 @@ class ErrorDetail(BaseModel):
 
     code: str
     """Machine-readable: ``not_found``, ``invalid_request``, ``unknown_tool``, ``conflict``,
-    ``episode_ended``, ``idempotency_key_reused``, ``idempotency_key_in_flight``,
+    ``episode_ended``, ``stale_attempt``, ``idempotency_key_reused``, ``idempotency_key_in_flight``,
     ``payload_too_large``, ``request_timeout``, ``unauthorized``, ``forbidden``,
     ``quota_exceeded``, ``no_capacity``, ``unavailable``, ..."""
     message: str

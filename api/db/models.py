@@ -96,6 +96,11 @@ class Env(Base):
     init_config_hash: Mapped[str | None] = mapped_column(String(64))
     """The ``init_configs`` row holding this env's ``init_config`` (then the column above is
     ``{}``); None for rows written before configs were stored once (:mod:`.configs`)."""
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times the env was resumed (``POST /v1/envs/{id}/attempts``); 0: never."""
+    attempt_token: Mapped[str | None] = mapped_column(String(64))
+    """The current attempt's token: calls carrying another token are 409 ``stale_attempt``
+    (:mod:`sandpit.api.db.attempts`); None: never resumed."""
 
 
 class Episode(Base):

@@ -15,11 +15,13 @@ from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
+from ..envs.attempts import Attempts
 from ..envs.episodes import Episodes
 from ..envs.history import EnvHistory
 from ..envs.lifecycle import EnvLifecycle
 from ..envs.rewards import Rewards
 from ..evaluations.jobs import EvaluationJobs
+from ..schemas.envs import ATTEMPT_PATTERN
 from ..schemas.stats import RECENT_DEFAULT, RECENT_MAX, StatsKind
 from ..services.cluster import ClusterService
 from ..services.environments import EnvironmentService
@@ -142,6 +144,14 @@ IdempotencyKeyHeader = Annotated[str | None, Header(
                 "`idempotency_key_in_flight` with `Retry-After`. Kept `SANDPIT_IDEMPOTENCY_KEY_TTL_S`; "
                 "errors are not stored (a retry runs again).")]
 """The ``Idempotency-Key`` request header (FastAPI answers 422 naming it when malformed)."""
+ATTEMPT_HEADER = "Sandpit-Attempt"
+"""The request header that carries an env's attempt token."""
+AttemptHeader = Annotated[str | None, Header(
+    alias=ATTEMPT_HEADER, min_length=1, max_length=64, pattern=ATTEMPT_PATTERN,
+    description="The token of the env's attempt this call belongs to (`POST /v1/envs/{env_id}/attempts`): "
+                "a token that is not the env's current attempt's is 409 `stale_attempt` and nothing is "
+                "done. Without it the call is not fenced.")]
+"""The ``Sandpit-Attempt`` request header (FastAPI answers 422 naming it when malformed)."""
 REPLAYED_HEADER = "Idempotent-Replayed"
 """Response header set to ``true`` on a replayed response."""
 
@@ -190,6 +200,16 @@ async def idempotent(request: Request, key: IdempotencyKeyHeader = None) -> Idem
     return Idempotent(_state(request, "idempotency"), key, digest)
 
 
+def get_attempts(request: Request) -> Attempts:
+    return cast(Attempts, _state(request, "attempts"))
+
+
+def fence(request: Request, env_id: str, caller: CallerDep, attempt: AttemptHeader = None) -> None:
+    """Refuse the call when its ``Sandpit-Attempt`` token is not the env's current
+    attempt's (409 ``stale_attempt``); no header: no fence."""
+    get_attempts(request).check(caller, env_id, attempt)
+
+
 class Page:
     """``limit`` (1..max_list_limit) and ``offset`` query parameters."""
 
@@ -229,6 +249,8 @@ ClusterDep = Annotated[ClusterService, Depends(get_cluster)]
 HealthDep = Annotated[HealthService, Depends(get_health)]
 CallerDep = Annotated[TenantContext, Depends(get_caller)]
 IdempotentDep = Annotated[Idempotent, Depends(idempotent)]
+AttemptsDep = Annotated[Attempts, Depends(get_attempts)]
+FencedDep = Annotated[None, Depends(fence)]
 OperatorDep = Annotated[None, Depends(require_operator)]
 AuthorizationDep = Annotated[str | None, Depends(authorization)]
 PageDep = Annotated[Page, Depends(Page)]

@@ -18,6 +18,7 @@ query parameters or a body                  422
 the :data:`~.deps.METERED` marker           429 (``Retry-After``)
 the ``Idempotency-Key`` header               409 (``idempotency_key_reused``,
                                             ``idempotency_key_in_flight`` with ``Retry-After``)
+the ``Sandpit-Attempt`` header               409 (``stale_attempt``)
 an entry in :data:`EXTRA`                   those (409s, 404s for ids in bodies)
 =========================================  =============================================
 
@@ -68,7 +69,8 @@ STATUSES: dict[int, tuple[str, dict[str, Any]]] = {
     408: ("The request body did not arrive whole within `SANDPIT_BODY_READ_TIMEOUT_S`; the "
           "connection is closed.", {}),
     409: ("The request contradicts the resource's state (past the head, expired env, in use, "
-          "exists, already finished), or its `Idempotency-Key` was used for another request "
+          "exists, already finished; `stale_attempt`: the `Sandpit-Attempt` token is not the env's "
+          "current attempt's), or its `Idempotency-Key` was used for another request "
           "(`idempotency_key_reused`) or belongs to a request still running "
           "(`idempotency_key_in_flight`, with `Retry-After`); nothing was done.",
           {"Retry-After": {"description": "`idempotency_key_in_flight` only: seconds before the first "
@@ -93,6 +95,7 @@ EXTRA: dict[str, set[int]] = {
     "reset": {409, 404},  # expired env; scenario_id in the body
     "get_state": {409},  # past the head
     "restore": {409},
+    "resume": {409},  # expired env
     "fork": {409},
     "evaluate": {409},  # no scenario and no checks
     "cancel_evaluation": {409},  # already finished
@@ -146,8 +149,8 @@ def error_statuses(route: APIRoute) -> set[int]:
         statuses.add(413)
         if (route.methods or set()) & BODY_METHODS:
             statuses |= {408, 422}
-    if any(param.alias == KEY_HEADER for param in _all_params(route.dependant, "header_params")):
-        statuses.add(409)  # idempotency_key_reused, idempotency_key_in_flight
+    if any(param.alias in (KEY_HEADER, "Sandpit-Attempt") for param in _all_params(route.dependant, "header_params")):
+        statuses.add(409)  # idempotency_key_reused, idempotency_key_in_flight, stale_attempt
     if 429 in route.responses or "429" in route.responses:  # the METERED marker
         statuses.add(429)
     return statuses

@@ -24,6 +24,9 @@ that path did, with one hop to a worker thread:
    them); after the API key, the key is claimed: a replay of the stored reply
    (``Idempotent-Replayed: true``) or a 409 runs nothing; otherwise the reply is
    stored in the step's own transaction, and an error releases the key.
+5. ``Sandpit-Attempt`` (:mod:`sandpit.api.envs.attempts`): a malformed token is a 422
+   naming the header; a token that is not the env's current attempt's is 409
+   ``stale_attempt``, checked before the action runs and in the step's transaction.
 
 Errors are rendered from the one table (:mod:`.handlers`, 429s counted); executor
 errors are translated as the app's handler does; anything else is logged and answered
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import email.message
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -56,13 +60,21 @@ from ..envs.steps import INCLUDES, Steps
 from ..errors import ApiError, invalid_request_body
 from ..metrics import StepClock
 from ..schemas.common import list_pattern
-from ..schemas.envs import StepRequest, StepResult
+from ..schemas.envs import ATTEMPT_PATTERN, StepRequest, StepResult
 from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest, valid_key
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
-from .deps import METERED, REPLAYED_HEADER, CallerDep, IdempotencyKeyHeader, json_router
+from .deps import (
+    ATTEMPT_HEADER,
+    METERED,
+    REPLAYED_HEADER,
+    AttemptHeader,
+    CallerDep,
+    IdempotencyKeyHeader,
+    json_router,
+)
 from .handlers import count_rejection, error_response, internal_error_response
 from .strict_json import StrictJSONRoute, declared_too_large, parse_body
 
@@ -77,7 +89,8 @@ Include = Annotated[str | None, Query(max_length=INCLUDE_MAX_CHARS,
 """The ``include`` query parameter as the OpenAPI document states it."""
 _INCLUDE = TypeAdapter(Annotated[str, Field(max_length=INCLUDE_MAX_CHARS)])
 _BODY = TypeAdapter(StepRequest)
-_READ_HEADERS = (b"content-length", b"content-type", b"authorization", b"idempotency-key")
+_READ_HEADERS = (b"content-length", b"content-type", b"authorization", b"idempotency-key", b"sandpit-attempt")
+_ATTEMPT = re.compile(ATTEMPT_PATTERN)
 
 
 class _Invalid(Exception):
@@ -171,6 +184,11 @@ class StepDoor:
             invalid.insert(_first_body_error(invalid), {
                 "type": "string_pattern_mismatch", "loc": ("header", KEY_HEADER),
                 "msg": f"must be 1 to 255 printable ASCII characters (got {len(key)} character(s))"})
+        attempt = _text(headers.get(b"sandpit-attempt"))
+        if attempt is not None and _ATTEMPT.fullmatch(attempt) is None:
+            invalid.insert(_first_body_error(invalid), {
+                "type": "string_pattern_mismatch", "loc": ("header", ATTEMPT_HEADER),
+                "msg": "must be an attempt token: 1 to 64 of A-Z a-z 0-9 _ -"})
         digest = request_digest("POST", STEP_TEMPLATE, env_id, scope.get("query_string", b""), body) if key else ""
         parse_cpu = time.thread_time() - started
         authorization = _text(headers.get(b"authorization"))
@@ -188,13 +206,13 @@ class StepDoor:
             clock.lap("auth")
             assert request is not None
             if key is None:
-                data = steps.step(caller, env_id, request, include, clock).json()
+                data = steps.step(caller, env_id, request, include, clock, attempt=attempt).json()
             else:
                 claim = keys.begin(caller.tenant, key, digest)
                 if isinstance(claim, Replay):
                     return claim
                 try:
-                    data = steps.step(caller, env_id, request, include, clock, claim).json()
+                    data = steps.step(caller, env_id, request, include, clock, claim, attempt).json()
                 except BaseException:
                     keys.release(claim)
                     raise
@@ -343,7 +361,7 @@ router = json_router(prefix="/v1/envs", tags=["envs"])
 
 
 def step(env_id: str, body: StepRequest, caller: CallerDep, include: Include = None,
-         idempotency_key: IdempotencyKeyHeader = None) -> Response:
+         idempotency_key: IdempotencyKeyHeader = None, sandpit_attempt: AttemptHeader = None) -> Response:
     """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
     EnvScaler ``step()``. Returns the observation, ``reward``, ``terminated`` and
     ``truncated``; committed before the reply. A malformed action is a recorded

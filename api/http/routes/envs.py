@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Query, Response, status
 
 from ...schemas.envs import (
+    AttemptPublic,
     EnvCreate,
     EnvPublic,
     EnvsPublic,
@@ -22,9 +23,11 @@ from ...schemas.envs import (
 from ...schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..deps import (
     METERED,
+    AttemptsDep,
     CallerDep,
     EnvsDep,
     EpisodesDep,
+    FencedDep,
     HistoryDep,
     IdempotentDep,
     PageDep,
@@ -58,14 +61,14 @@ def list_envs(page: PageDep, envs: EnvsDep, caller: CallerDep) -> EnvsPublic:
 
 
 @router.delete("/{env_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep) -> Response:
+def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep, _: FencedDep) -> Response:
     """Delete an env: its sandbox session, trajectory and snapshots."""
     envs.delete(caller, env_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{env_id}/reset", response_model=EnvPublic, responses=METERED)
-def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, keyed: IdempotentDep,
+def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, keyed: IdempotentDep, _: FencedDep,
           body: ResetRequest | None = None) -> Response:
     """Begin the next episode (EnvScaler ``reset()``: the response has the initial
     ``observation``, ``tools`` and ``introduction``), optionally with another scenario,
@@ -102,9 +105,17 @@ def episodes(env_id: str, page: PageDep, history: HistoryDep, caller: CallerDep)
 
 
 @router.post("/{env_id}/restore", response_model=EnvPublic)
-def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: CallerDep) -> EnvPublic:
+def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: CallerDep, _: FencedDep) -> EnvPublic:
     """Go back to step ``k`` of the episode (later steps are discarded; 409 past the head)."""
     return episodes.restore(caller, env_id, body)
+
+
+@router.post("/{env_id}/attempts", status_code=status.HTTP_201_CREATED, response_model=AttemptPublic)
+def resume(env_id: str, attempts: AttemptsDep, caller: CallerDep) -> AttemptPublic:
+    """Resume the env as a new attempt: its number and token (send it as
+    ``Sandpit-Attempt``). Calls carrying an earlier attempt's token are 409
+    ``stale_attempt`` from now on; the env itself (episode, head, sandbox) is unchanged."""
+    return attempts.resume(caller, env_id)
 
 
 @router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic,

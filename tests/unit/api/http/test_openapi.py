@@ -79,13 +79,25 @@ def test_idempotency_key_header_and_its_409s_are_documented(spec: dict[str, Any]
     assert "Retry-After" in op["responses"]["409"]["headers"]
 
 
-def test_routes_without_the_header_take_no_key(spec: dict[str, Any]) -> None:
+def test_only_the_mutating_env_routes_take_keys_and_attempts(spec: dict[str, Any]) -> None:
+    keyed = {("POST", "/v1/envs"), ("POST", "/v1/envs/{env_id}/reset"), ("POST", "/v1/envs/{env_id}/fork"),
+             ("POST", "/v1/envs/{env_id}/step")}
+    fenced = {("POST", "/v1/envs/{env_id}/step"), ("POST", "/v1/envs/{env_id}/reset"),
+              ("POST", "/v1/envs/{env_id}/restore"), ("DELETE", "/v1/envs/{env_id}")}
     for method, path, op in _operations(spec):
         named = {p["name"] for p in op.get("parameters", []) if p["in"] == "header"}
-        expected = {"Idempotency-Key"} if (method, path) in {
-            ("POST", "/v1/envs"), ("POST", "/v1/envs/{env_id}/step"), ("POST", "/v1/envs/{env_id}/reset"),
-            ("POST", "/v1/envs/{env_id}/fork")} else set()
+        expected = ({"Idempotency-Key"} if (method, path) in keyed else set()) | (
+            {"Sandpit-Attempt"} if (method, path) in fenced else set())
         assert named == expected, (method, path)
+        if "Sandpit-Attempt" in named:
+            assert "stale_attempt" in op["responses"]["409"]["description"]
+
+
+def test_resume_is_documented(spec: dict[str, Any]) -> None:
+    op = spec["paths"]["/v1/envs/{env_id}/attempts"]["post"]
+    assert op["responses"]["201"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/AttemptPublic"}
+    assert set(op["responses"]) == {"201", "401", "403", "404", "408", "409", "413", "422", "503"}
 
 
 def test_quota_and_capacity_errors_document_retry_after(spec: dict[str, Any]) -> None:
