@@ -21,6 +21,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from .attempts import Attempt
 from .errors import invalid_response
 from .models import (
     ApiKey,
@@ -71,6 +72,9 @@ class Call(Generic[T]):
     """Which key the request carries: the tenant's API key, or the operator key (`/v1/admin`)."""
     model: type[BaseModel] | None = None
     """The model a 2xx body is read into (None: no body, or a plain JSON object)."""
+    attempt: str | None = None
+    """Sent as ``Sandpit-Attempt``: the env's attempt token (`EnvHandle.resume`); the
+    server refuses the call (409 ``stale_attempt``) once the env was resumed again."""
     idempotency_key: str | None = None
     """Sent as ``Idempotency-Key`` (step, reset, create, fork: a new uuid4 per call,
     the same on its retries): the server runs the call at most once."""
@@ -403,6 +407,10 @@ def env_trajectory(env_id: str, episode: int | None = None, limit: int | None = 
 
 def env_episodes(env_id: str, limit: int | None, offset: int | None) -> Call[Page[Episode]]:
     return _read("GET", f"/v1/envs/{_seg(env_id)}/episodes", Page[Episode], params=_page_params(limit, offset))
+
+
+def env_resume(env_id: str) -> Call[Attempt]:
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/attempts", Attempt)
 
 
 def env_restore(env_id: str, step: int) -> Call[Env]:

@@ -121,7 +121,13 @@ class _Base:
         self._operator_key = operator_key
 
     def _headers(self, call: Call[Any]) -> dict[str, str] | None:
-        headers = {"Idempotency-Key": call.idempotency_key} if call.idempotency_key is not None else None
+        headers: dict[str, str] | None = None
+        if call.idempotency_key is not None or call.attempt is not None:
+            headers = {}
+            if call.idempotency_key is not None:
+                headers["Idempotency-Key"] = call.idempotency_key
+            if call.attempt is not None:
+                headers["Sandpit-Attempt"] = call.attempt
         if call.auth != "operator":
             return headers
         if not self._operator_key:

@@ -975,3 +975,30 @@ def test_clients_are_shared_not_copied(server: tuple[str, Double]) -> None:
     async_client = AsyncClient(server[0])
     assert copy.deepcopy([async_client])[0] is async_client
     asyncio.run(async_client.aclose())
+
+
+def test_a_resumed_handle_fences_its_mutating_calls_only() -> None:
+    seen: list[tuple[str, str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.headers.get("sandpit-attempt")))
+        if request.url.path.endswith("/attempts"):
+            return httpx.Response(201, json={"env_id": "e1", "attempt": 1, "token": "tok_1"})
+        if request.url.path.endswith("/state"):
+            return httpx.Response(200, json={"env_id": "e1", "episode": 1, "step": 0, "state": {}})
+        return httpx.Response(500, json={"error": {"code": "internal", "message": "x", "field": None}})
+
+    with mock_client(handler, max_retry_wait_s=0) as c:
+        env = EnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live", created_at=datetime.now(UTC)))
+        with pytest.raises(ServerError):
+            env.step("add")  # before resume: no token
+        resumed = env.resume()
+        assert (resumed.attempt, resumed.env_id, env.attempt) == (1, "e1", resumed.token)
+        env.state()
+        for call in (lambda: env.step("add"), env.reset, lambda: env.restore(0), env.delete):
+            with pytest.raises(ServerError):
+                call()
+    assert seen == [("POST", "/v1/envs/e1/step", None), ("POST", "/v1/envs/e1/attempts", None),
+                    ("GET", "/v1/envs/e1/state", None), ("POST", "/v1/envs/e1/step", "tok_1"),
+                    ("POST", "/v1/envs/e1/reset", "tok_1"), ("POST", "/v1/envs/e1/restore", "tok_1"),
+                    ("DELETE", "/v1/envs/e1", "tok_1")]
