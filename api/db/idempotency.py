@@ -3,8 +3,8 @@ responses.
 
 A request with a key first *claims* it (:func:`claim_key`): a row (tenant, key) with the
 request's digest, a claim token and no response yet. The table's primary key makes the
-claim exclusive across replicas: of two concurrent first claims one insert fails and
-that request reads the other's row. When the request ends its response is stored on the
+claim exclusive across replicas: of two concurrent first claims one insert does nothing
+and that request reads the other's row. When the request ends its response is stored on the
 row, but only while the row still carries the request's own claim token
 (:func:`store_response`; the step's group commit runs the same update in the step's
 transaction: :func:`store_response_core`), so a request whose claim lapsed and was
@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Connection, delete, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Executable, Table, delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..errors import IdempotencyKeyInFlight, ServiceUnavailable
 from .database import Database
@@ -53,27 +54,38 @@ def claim_key(db: Database, tenant: str, key: str, digest: str, token: str, now:
     the claim is this request's (a new row; or the key's row had expired; or its request
     was still in flight ``lease_s`` seconds after claiming it, so it is taken over), else
     the row as found (the caller compares the digest and replays or refuses). The row
-    expires ``ttl_s`` seconds after ``now``. Raises ServiceUnavailable (database)."""
-    for _ in range(2):
-        try:
-            with db.write() as session:
-                row = session.get(IdempotencyKey, (tenant, key))
-                if row is None:
-                    session.add(IdempotencyKey(tenant=tenant, key=key, digest=digest, claim=token, status=None,
-                                               body=None, claimed_at=now,
-                                               expires_at=now + timedelta(seconds=ttl_s)))
-                    return None
-                lapsed = row.status is None and _aware(row.claimed_at) + timedelta(seconds=lease_s) <= now
-                if _aware(row.expires_at) <= now or lapsed:
-                    row.digest, row.claim, row.status, row.body = digest, token, None, None
-                    row.claimed_at, row.expires_at = now, now + timedelta(seconds=ttl_s)
-                    return None
-                return StoredKey(row.digest, row.status, row.body)
-        except ServiceUnavailable as exc:
-            if not isinstance(exc.__cause__, IntegrityError):
-                raise
-            # another request inserted the same (tenant, key) first: read its row
-    raise ServiceUnavailable("the idempotency key changed hands twice during the claim; retry", retry_after=1)
+    expires ``ttl_s`` seconds after ``now``. One transaction: an insert that does nothing
+    when the key exists (the primary key decides between concurrent claims), then, only
+    then, a read of the existing row and a takeover conditional on its claim token.
+    Raises ServiceUnavailable (database)."""
+    keys = table(IdempotencyKey)
+    fresh = {"digest": digest, "claim": token, "status": None, "body": None, "claimed_at": now,
+             "expires_at": now + timedelta(seconds=ttl_s)}
+    with db.write_connection() as conn:
+        for _ in range(3):
+            if conn.execute(_insert_new(conn.dialect.name, keys), {"tenant": tenant, "key": key, **fresh}).rowcount == 1:
+                return None
+            found = conn.execute(select(keys.c.digest, keys.c.claim, keys.c.status, keys.c.body, keys.c.claimed_at,
+                                        keys.c.expires_at).where(keys.c.tenant == tenant, keys.c.key == key)).first()
+            if found is None:  # deleted (expired, released) since the insert: insert again
+                continue
+            lapsed = found.status is None and _aware(found.claimed_at) + timedelta(seconds=lease_s) <= now
+            if not (_aware(found.expires_at) <= now or lapsed):
+                return StoredKey(found.digest, found.status, found.body)
+            taken = conn.execute(update(keys).where(keys.c.tenant == tenant, keys.c.key == key,
+                                                    keys.c.claim == found.claim).values(**fresh))
+            if taken.rowcount == 1:
+                return None
+    raise ServiceUnavailable("the idempotency key changed hands during the claim; retry", retry_after=1)
+
+
+def _insert_new(dialect: str, keys: Table) -> Executable:
+    """``INSERT`` of a key's row that does nothing when (tenant, key) exists."""
+    if dialect == "sqlite":
+        return sqlite_insert(keys).on_conflict_do_nothing(index_elements=["tenant", "key"])
+    if dialect == "postgresql":
+        return pg_insert(keys).on_conflict_do_nothing(index_elements=["tenant", "key"])
+    raise NotImplementedError(f"idempotency keys on {dialect}")  # pragma: no cover - SQLite and PostgreSQL only
 
 
 def store_response_core(conn: Connection, tenant: str, key: str, token: str, status: int, body: bytes) -> None:
