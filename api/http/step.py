@@ -368,7 +368,8 @@ def step(env_id: str, body: StepRequest, caller: CallerDep, include: Include = N
     ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
     tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
     wait) or ``max_arguments_bytes`` (nothing is recorded). With ``Idempotency-Key``, a
-    retry gets the first reply and runs nothing."""
+    retry gets the first reply and runs nothing; with ``Sandpit-Attempt``, 409
+    ``stale_attempt`` once the env was resumed by a newer attempt (nothing is recorded)."""
     raise AssertionError("answered by the step door (StepRoute's app), never called")  # pragma: no cover
 
 
