@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Connection, Executable, Table, delete, select, update
+from sqlalchemy import Connection, Table, delete, select, update
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..errors import IdempotencyKeyInFlight, ServiceUnavailable
@@ -63,7 +65,9 @@ def claim_key(db: Database, tenant: str, key: str, digest: str, token: str, now:
              "expires_at": now + timedelta(seconds=ttl_s)}
     with db.write_connection() as conn:
         for _ in range(3):
-            if conn.execute(_insert_new(conn.dialect.name, keys), {"tenant": tenant, "key": key, **fresh}).rowcount == 1:
+            inserted = conn.execute(_insert_new(conn.dialect.name, keys).values(tenant=tenant, key=key, **fresh)
+                                    .returning(keys.c.claim)).first()
+            if inserted is not None:
                 return None
             found = conn.execute(select(keys.c.digest, keys.c.claim, keys.c.status, keys.c.body, keys.c.claimed_at,
                                         keys.c.expires_at).where(keys.c.tenant == tenant, keys.c.key == key)).first()
@@ -79,7 +83,7 @@ def claim_key(db: Database, tenant: str, key: str, digest: str, token: str, now:
     raise ServiceUnavailable("the idempotency key changed hands during the claim; retry", retry_after=1)
 
 
-def _insert_new(dialect: str, keys: Table) -> Executable:
+def _insert_new(dialect: str, keys: Table) -> SqliteInsert | PgInsert:
     """``INSERT`` of a key's row that does nothing when (tenant, key) exists."""
     if dialect == "sqlite":
         return sqlite_insert(keys).on_conflict_do_nothing(index_elements=["tenant", "key"])
