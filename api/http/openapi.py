@@ -13,12 +13,12 @@ an ``Authorization`` dependency             401 (``WWW-Authenticate``), 403, 503
                                             (``Retry-After``: the key lookup needs the
                                             database)
 path parameters                             404 (unknown id, or another tenant's)
-query parameters or a body                  422
+query or header parameters, or a body       422
 :class:`~.strict_json.StrictJSONRoute`      413; with POST/PUT/PATCH also 408 and 422
 the :data:`~.deps.METERED` marker           429 (``Retry-After``)
-the ``Idempotency-Key`` header               409 (``idempotency_key_reused``,
+the ``Idempotency-Key`` header              409 (``idempotency_key_reused``,
                                             ``idempotency_key_in_flight`` with ``Retry-After``)
-the ``Sandpit-Attempt`` header               409 (``stale_attempt``)
+the ``Sandpit-Attempt`` header              409 (``stale_attempt``)
 an entry in :data:`EXTRA`                   those (409s, 404s for ids in bodies)
 =========================================  =============================================
 
@@ -143,7 +143,8 @@ def error_statuses(route: APIRoute) -> set[int]:
         statuses |= {401, 403, 503}
     if _params(route.dependant, "path_params"):
         statuses.add(404)
-    if _params(route.dependant, "query_params") or route.body_field is not None:
+    if _params(route.dependant, "query_params") or _params(route.dependant, "header_params") \
+            or route.body_field is not None:
         statuses.add(422)
     if isinstance(route, StrictJSONRoute):
         statuses.add(413)

@@ -91,6 +91,8 @@ def test_only_the_mutating_env_routes_take_keys_and_attempts(spec: dict[str, Any
         assert named == expected, (method, path)
         if "Sandpit-Attempt" in named:
             assert "stale_attempt" in op["responses"]["409"]["description"]
+        if named:  # a malformed header is a 422
+            assert "422" in op["responses"], (method, path)
 
 
 def test_resume_is_documented(spec: dict[str, Any]) -> None:
