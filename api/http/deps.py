@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BeforeValidator
 
 from ..envs.attempts import Attempts
 from ..envs.episodes import Episodes
@@ -219,10 +220,22 @@ class Page:
         self.offset = offset
 
 
+def _iso_time(value: Any) -> Any:
+    """Refuse a number where an ISO 8601 time is documented (pydantic would read ``0`` or
+    ``0.5`` as seconds since the epoch)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError("an ISO 8601 date-time is expected, not a number")
+    return value
+
+
 def stats_query(kind: Annotated[StatsKind, Query(
                     description="Which episodes count: training (envs of /v1/envs), evaluation "
                                 "(batch evaluations) or all.")] = "all",
-                since: Annotated[datetime | None, Query(
+                since: Annotated[datetime | None, BeforeValidator(_iso_time), Query(
                     description="Count only episodes started at or after this ISO 8601 time "
                                 "(UTC when it names no zone).")] = None,
                 recent: Annotated[int, Query(ge=0, le=RECENT_MAX, description=(
