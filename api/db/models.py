@@ -394,8 +394,8 @@ IDEMPOTENCY_KEY_LENGTH = 255
 class IdempotencyKey(Base):
     """A request's ``Idempotency-Key`` and, once it finished, its stored response
     (:mod:`sandpit.api.db.idempotency`). The primary key (tenant, key) is what holds a key
-    to one request across replicas and restarts: a second claim of the same key fails on
-    it. A step's response is written in the transaction of the step's own row."""
+    to one request across replicas and restarts: a second claim of the same key inserts
+    nothing and finds the first. A step's response is written in the transaction of the step's own row."""
 
     __tablename__ = "idempotency_keys"
 
