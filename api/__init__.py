@@ -9,16 +9,17 @@
     schemas/          request and response models, one module per resource (the contract)
     db/               engine and migration gate, the unit of work, tables, the snapshot store
                       (store, state_trees, state_blobs), configs, the group commit and its
-                      step writer (step_writes)
+                      step writer (step_writes), idempotency keys, attempt fences
     sandboxes.py      the executor seam: the one adapter over ``Executor``/``ExecutorSession``
                       (slots of the fair scheduler, executor errors translated)
     services/         registries: environments, scenarios, tenants, quotas, execution
                       (validate, execute), checks, model endpoints, health, cluster,
-                      stats (per-scenario statistics)
+                      stats (per-scenario statistics), idempotency (Idempotency-Key)
     envs/             an env's lifecycle, one concept a module, one method per verb taking
                       the caller's ``TenantContext``: lifecycle (create, read, list, delete,
                       expire, collect), episodes (reset, restore, fork), steps, rewards
-                      (score, evaluate), history; and sessions, live, rulebook, users,
+                      (score, evaluate), history, attempts (resume, the attempt fence);
+                      and sessions, live, rulebook, users,
                       actions, envscaler, outcomes, configs, views, state
     evaluations/      batch evaluation jobs, their runner (a client of the env verbs),
                       claims across replicas, the rollout agent loop

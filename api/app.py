@@ -46,6 +46,7 @@ from .db.checkpoint import WalCheckpointer
 from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
 from .envs.actions import ToolSets
+from .envs.attempts import Attempts
 from .envs.configs import EnvConfigs
 from .envs.episodes import Episodes
 from .envs.history import EnvHistory
@@ -73,6 +74,7 @@ from .services.cluster import ClusterService
 from .services.environments import EnvironmentService
 from .services.execution import ExecutionService
 from .services.health import HealthService
+from .services.idempotency import Idempotency
 from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
 from .services.stats import StatsService
@@ -80,7 +82,8 @@ from .services.tenants import TenantService
 from .settings import ApiSettings, get_api_settings
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
-          "scenarios", "stats", "execution", "evaluations", "health")
+          "scenarios", "stats", "execution", "evaluations", "health", "idempotency",
+          "attempts")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
@@ -247,6 +250,8 @@ class Services:
     health: HealthService
     janitor: Janitor
     cluster: ClusterService
+    idempotency: Idempotency
+    attempts: Attempts
 
     def start(self) -> None:
         """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
@@ -286,6 +291,8 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     stats = StatsService(db)
     runner = EvaluationRunner(settings, db, envs, steps, rewards, environments, scenarios, tenants)
     cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id, backend)
+    idempotency = Idempotency(settings, db)
+    attempts = Attempts(db, sessions)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
@@ -294,5 +301,6 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
         execution=ExecutionService(settings, sandboxes, checks, quotas), runner=runner,
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants, stats),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
-        janitor=Janitor(settings.janitor_interval_s, envs.janitor_tasks() + [cluster.take_over_drains]),
-        cluster=cluster)
+        janitor=Janitor(settings.janitor_interval_s,
+                        envs.janitor_tasks() + [cluster.take_over_drains, idempotency.expire]),
+        cluster=cluster, idempotency=idempotency, attempts=attempts)

@@ -7,7 +7,10 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     ├── InvalidRequest            422     invalid_request  names the offending ``field``
     │   └── UnknownTool           422     unknown_tool
     ├── Conflict                  409     conflict         e.g. restore past the end
-    │   └── EpisodeEnded          409     episode_ended    a step after the episode ended (reset first)
+    │   ├── EpisodeEnded          409     episode_ended    a step after the episode ended (reset first)
+    │   ├── StaleAttempt          409     stale_attempt    the call's attempt token is not the env's current one
+    │   ├── IdempotencyKeyReused  409     idempotency_key_reused     the key was used for another request
+    │   └── IdempotencyKeyInFlight 409    idempotency_key_in_flight  the key's first request still runs; Retry-After
     ├── PayloadTooLarge           413     payload_too_large
     ├── RequestTimeout            408     request_timeout  the body did not arrive in time; connection closed
     ├── Unauthorized              401     unauthorized     missing/unknown/revoked/expired key
@@ -72,6 +75,21 @@ class EpisodeEnded(Conflict):
     """A step on an env whose current episode has terminated or been truncated."""
 
 
+class StaleAttempt(Conflict):
+    """A call on an env carrying an attempt token (``Sandpit-Attempt``) that is not the
+    env's current one: the env was resumed by a newer attempt since; nothing was done."""
+
+
+class IdempotencyKeyReused(Conflict):
+    """An ``Idempotency-Key`` the tenant already used for another request (another method,
+    route, env or body); nothing was run."""
+
+
+class IdempotencyKeyInFlight(Conflict):
+    """The first request with this ``Idempotency-Key`` has not finished yet (on any
+    replica); nothing was run. Retry after ``retry_after`` seconds to get its response."""
+
+
 class PayloadTooLarge(ApiError):
     """Code, init_config, arguments or the whole body is over its configured cap."""
 
@@ -116,6 +134,9 @@ TABLE: dict[type[ApiError], tuple[int, str]] = {
     UnknownTool: (422, "unknown_tool"),
     InvalidRequest: (422, "invalid_request"),
     EpisodeEnded: (409, "episode_ended"),
+    StaleAttempt: (409, "stale_attempt"),
+    IdempotencyKeyReused: (409, "idempotency_key_reused"),
+    IdempotencyKeyInFlight: (409, "idempotency_key_in_flight"),
     Conflict: (409, "conflict"),
     PayloadTooLarge: (413, "payload_too_large"),
     RequestTimeout: (408, "request_timeout"),
@@ -145,6 +166,7 @@ class ErrorDetail(BaseModel):
 
     code: str
     """Machine-readable: ``not_found``, ``invalid_request``, ``unknown_tool``, ``conflict``,
+    ``episode_ended``, ``stale_attempt``, ``idempotency_key_reused``, ``idempotency_key_in_flight``,
     ``payload_too_large``, ``request_timeout``, ``unauthorized``, ``forbidden``,
     ``quota_exceeded``, ``no_capacity``, ``unavailable``, ..."""
     message: str
@@ -155,7 +177,7 @@ class ErrorDetail(BaseModel):
     limit: str | None = Field(default=None)
     """429 only: the quota that was hit (``max_live_envs``, ``max_profile.memory_mib``, ...)."""
     retry_after: int | None = Field(default=None, ge=1)
-    """429 and 503 only: seconds before trying again can help (also the ``Retry-After``
+    """429, 503 and 409 ``idempotency_key_in_flight`` only: seconds before trying again can help (also the ``Retry-After``
     header)."""
 
 
@@ -206,9 +228,9 @@ def error_reply(exc: ApiError) -> ErrorReply:
 
 def field_of(loc: Iterable[Any]) -> str | None:
     """The dotted ``field`` of a validation error's location, without the request part
-    it was found in (``("body", "function", "name")`` -> ``function.name``; ``("body",)``
-    -> None)."""
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    it was found in (``("body", "function", "name")`` -> ``function.name``; ``("header",
+    "Idempotency-Key")`` -> ``Idempotency-Key``; ``("body",)`` -> None)."""
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     return ".".join(parts) or None
 
 

@@ -188,6 +188,14 @@ class ApiSettings(BaseSettings):
     """An env older than this is closed and answers 409; deleting it frees its storage."""
     janitor_interval_s: Annotated[float, Field(gt=0)] = 5.0
     """How often idle eviction and expiry run."""
+    idempotency_key_ttl_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
+    """How long a request's ``Idempotency-Key`` and its stored response are kept (seconds
+    from the first request); the janitor deletes older ones, and a retry after that runs
+    the request again."""
+    idempotency_lease_s: Annotated[float, Field(gt=0)] = 600.0
+    """Seconds after which a key whose first request has not finished (its replica died
+    mid-request) may be claimed by a retry; until then a retry is 409
+    ``idempotency_key_in_flight``. Keep it above the longest request (create, reset)."""
     capacity_retry_after_s: Annotated[int, Field(ge=1)] = 2
     """``Retry-After`` of a 503 when no sandbox capacity is left."""
     warm_on_start: bool = True

@@ -17,7 +17,7 @@ Modules, one concept each:
   (`environments.py`), `scenarios` (`scenarios.py`), `envs` and env handles (`envs.py`),
   `evaluations` (`evaluations.py`), `admin` (`admin.py`: tenants, keys, audit with the
   operator key);
-* `models`: the wire models; `errors`: the `SandpitError` tree (drawn there) and the
+* `models`: the wire models (`attempts`: an env's `Attempt`); `errors`: the `SandpitError` tree (drawn there) and the
   response -> error mapping; `calls`: every endpoint as a sans-IO `Call`;
   `transport`: the sync and async transports and what they retry;
 * `llm`: the OpenAI-compatible model client (synthesis, rollouts, simulated users;
@@ -26,6 +26,7 @@ Modules, one concept each:
   and `gem_env` (GEM environments; `sandpit[gem]`): imported on their own, never here.
 """
 
+from .attempts import Attempt
 from .calls import tool_call_body
 from .clients import AsyncClient, Client
 from .envs import AsyncEnvHandle, EnvHandle
@@ -36,6 +37,7 @@ from .errors import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    RequestInFlight,
     SandpitConnectionError,
     SandpitError,
     ServerError,
@@ -70,6 +72,7 @@ from .models import (
 from .transport import DEFAULT_URL
 
 __all__ = [
+    "Attempt",
     "DEFAULT_URL",
     "ApiKey",
     "AsyncClient",
@@ -96,6 +99,7 @@ __all__ = [
     "PayloadTooLarge",
     "Profile",
     "RateLimited",
+    "RequestInFlight",
     "SandpitConnectionError",
     "SandpitError",
     "Scenario",

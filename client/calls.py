@@ -11,6 +11,7 @@ server judges the rest.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +21,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from .attempts import Attempt
 from .errors import invalid_response
 from .models import (
     ApiKey,
@@ -70,10 +72,23 @@ class Call(Generic[T]):
     """Which key the request carries: the tenant's API key, or the operator key (`/v1/admin`)."""
     model: type[BaseModel] | None = None
     """The model a 2xx body is read into (None: no body, or a plain JSON object)."""
+    attempt: str | None = None
+    """Sent as ``Sandpit-Attempt``: the env's attempt token (`EnvHandle.resume`); the
+    server refuses the call (409 ``stale_attempt``) once the env was resumed again."""
+    idempotency_key: str | None = None
+    """Sent as ``Idempotency-Key`` (step, reset, create, fork: a new uuid4 per call,
+    the same on its retries): the server runs the call at most once."""
 
     @property
     def idempotent(self) -> bool:
-        return self.method == "GET"
+        """Whether sending the call again cannot do anything twice (a GET, or a call with
+        an idempotency key): the transport then retries it after a lost connection."""
+        return self.method == "GET" or self.idempotency_key is not None
+
+
+def _new_key() -> str:
+    """A fresh idempotency key (uuid4): one per logical call."""
+    return str(uuid.uuid4())
 
 
 # --------------------------------------------------------------------------- parsers
@@ -347,7 +362,7 @@ def env_create(environment_id: str | None, source_code: str | None, class_name: 
         body["argument_checking"] = argument_checking
     if seed is not None:
         body["seed"] = seed
-    return _read("POST", "/v1/envs", Env, json=body)
+    return _read("POST", "/v1/envs", Env, json=body, idempotency_key=_new_key())
 
 
 def env_get(env_id: str) -> Call[Env]:
@@ -364,7 +379,8 @@ def env_delete(env_id: str) -> Call[None]:
 
 def env_step(env_id: str, call: object, include: Iterable[Include] | None) -> Call[StepResult]:
     _, body = tool_call_body(call)
-    return _read("POST", f"/v1/envs/{_seg(env_id)}/step", StepResult, json=body, params=_include_params(include))
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/step", StepResult, json=body, params=_include_params(include),
+                 idempotency_key=_new_key())
 
 
 def env_reset(env_id: str, init_config: Mapping[str, Any] | None, scenario_id: str | None = None,
@@ -376,7 +392,7 @@ def env_reset(env_id: str, init_config: Mapping[str, Any] | None, scenario_id: s
         body["episode"] = dict(episode)
     if seed is not None:
         body["seed"] = seed
-    return _read("POST", f"/v1/envs/{_seg(env_id)}/reset", Env, json=body)
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/reset", Env, json=body, idempotency_key=_new_key())
 
 
 def env_state(env_id: str, step: int | None, episode: int | None = None) -> Call[StateView]:
@@ -393,6 +409,10 @@ def env_episodes(env_id: str, limit: int | None, offset: int | None) -> Call[Pag
     return _read("GET", f"/v1/envs/{_seg(env_id)}/episodes", Page[Episode], params=_page_params(limit, offset))
 
 
+def env_resume(env_id: str) -> Call[Attempt]:
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/attempts", Attempt)
+
+
 def env_restore(env_id: str, step: int) -> Call[Env]:
     return _read("POST", f"/v1/envs/{_seg(env_id)}/restore", Env, json={"step": step})
 
@@ -400,7 +420,8 @@ def env_restore(env_id: str, step: int) -> Call[Env]:
 def env_fork(env_id: str, step: int | None, count: int) -> Call[Page[Env]]:
     if count < 1:
         raise ValueError(f"count must be at least 1, not {count}")
-    return _read("POST", f"/v1/envs/{_seg(env_id)}/fork", Page[Env], json={"step": step, "count": count})
+    return _read("POST", f"/v1/envs/{_seg(env_id)}/fork", Page[Env], json={"step": step, "count": count},
+                 idempotency_key=_new_key())
 
 
 def env_evaluate(env_id: str, checks: list[Mapping[str, str]] | None,

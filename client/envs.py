@@ -1,25 +1,43 @@
 """`client.envs`: live envs, and the handles that step, reset, read, restore, fork,
-evaluate and delete one of them (sync and async; each method is one HTTP call)."""
+evaluate and delete one of them (sync and async; each method is one HTTP call).
+
+Attempts: `resume()` gives the env a new attempt and keeps its token on the handle; from
+then on the handle's step, reset, restore and delete carry it (`Sandpit-Attempt`), and a
+handle still holding an older attempt's token gets `Conflict` (`stale_attempt`) for
+them. A handle that never resumed (`attempt` None) is not fenced. Hand the token to
+another process's handle with `client.envs.get(env_id, attempt=token)`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from . import calls
+from .attempts import Attempt
 from .errors import NotFound
 from .models import Env, Episode, Evaluation, Include, Page, Profile, StateView, StepResult, Trajectory
 from .transport import AsyncTransport, SyncTransport
 
 __all__ = ["AsyncEnvHandle", "AsyncEnvs", "EnvHandle", "Envs"]
 
+T = TypeVar("T")
+
 
 class _HandleBase:
-    """What sync and async env handles share: the `Env`, and its id and tools."""
+    """What sync and async env handles share: the `Env`, its id and tools, and the
+    attempt token its mutating calls carry."""
 
-    def __init__(self, env: Env) -> None:
+    def __init__(self, env: Env, attempt: str | None = None) -> None:
         self.env = env
+        self.attempt = attempt
+        """The env's attempt token this handle's step, reset, restore and delete carry
+        (`resume()` sets it); None: not fenced."""
+
+    def _fenced(self, call: calls.Call[T]) -> calls.Call[T]:
+        """`call` carrying this handle's attempt token (if any)."""
+        return call if self.attempt is None else dataclasses.replace(call, attempt=self.attempt)
 
     @property
     def id(self) -> str:
@@ -44,9 +62,19 @@ class EnvHandle(_HandleBase):
     without a response (see the module docstring for what is retried).
     """
 
-    def __init__(self, transport: SyncTransport, env: Env) -> None:
-        super().__init__(env)
+    def __init__(self, transport: SyncTransport, env: Env, attempt: str | None = None) -> None:
+        super().__init__(env, attempt)
         self._t = transport
+
+    def resume(self) -> Attempt:
+        """Resume the env as a new attempt (`POST /v1/envs/{id}/attempts`) and keep its
+        token: this handle's later calls carry it, and every handle holding an earlier
+        token (a stale worker) gets `Conflict` (`code == "stale_attempt"`) for step,
+        reset, restore and delete. The env itself is unchanged. Raises `NotFound`,
+        `Conflict` (expired env)."""
+        attempt = self._t.run(calls.env_resume(self.id))
+        self.attempt = attempt.token
+        return attempt
 
     def step(self, call: object = None, /, **arguments: Any) -> StepResult:
         """Take one step: `step("bump", by=2)` calls tool `bump` with keyword `arguments`
@@ -58,14 +86,15 @@ class EnvHandle(_HandleBase):
 
         Returns the `StepResult`; a tool that raised, timed out or was refused (an unknown
         tool, arguments that are not a JSON object) is a result with that `status`, not an
-        exception. Never retried after the request was sent.
+        exception. Sent with an `Idempotency-Key`, so a retry after a lost connection
+        runs it at most once.
 
         Raises:
             TypeError, before sending (no step is recorded): keyword arguments beside a
             tool call dict or object, `text=` beside other keywords, no action at all, or
             a `call` that is no tool call (a dict with neither `name`, `function` nor `text`).
         """
-        return self._t.run(calls.env_step(self.id, calls.step_action(call, arguments), None))
+        return self._t.run(self._fenced(calls.env_step(self.id, calls.step_action(call, arguments), None)))
 
     def step_call(self, call: object, *, include: Iterable[Include] | None = None) -> StepResult:
         """Run a tool call given as a dict or an openai SDK object (see `tool_call_body`).
@@ -79,7 +108,7 @@ class EnvHandle(_HandleBase):
         Raises:
             TypeError: `call` is not a tool call; ValueError: unknown `include` value.
         """
-        return self._t.run(calls.env_step(self.id, call, include))
+        return self._t.run(self._fenced(calls.env_step(self.id, call, include)))
 
     def reset(self, init_config: Mapping[str, Any] | None = None, *, scenario_id: str | None = None,
               episode: Mapping[str, Any] | None = None, seed: int | None = None) -> Env:
@@ -89,7 +118,7 @@ class EnvHandle(_HandleBase):
         the current episode options; `seed` (0 to 2**64-1) seeds the session's `random`
         before the environment is constructed, as EnvScaler's `reset(seed=...)` does. The
         previous episode stays readable."""
-        self.env = self._t.run(calls.env_reset(self.id, init_config, scenario_id, episode, seed))
+        self.env = self._t.run(self._fenced(calls.env_reset(self.id, init_config, scenario_id, episode, seed)))
         return self.env
 
     def state(self, step: int | None = None, *, episode: int | None = None) -> dict[str, Any]:
@@ -112,7 +141,7 @@ class EnvHandle(_HandleBase):
 
     def restore(self, step: int) -> Env:
         """Rewind the current episode to right after `step` (0: the initial state)."""
-        self.env = self._t.run(calls.env_restore(self.id, step))
+        self.env = self._t.run(self._fenced(calls.env_restore(self.id, step)))
         return self.env
 
     def fork(self, step: int | None = None, count: int = 1) -> list[EnvHandle]:
@@ -140,7 +169,7 @@ class EnvHandle(_HandleBase):
 
     def delete(self) -> None:
         """Close and delete the env; afterwards every call raises `NotFound`."""
-        self._t.run(calls.env_delete(self.id))
+        self._t.run(self._fenced(calls.env_delete(self.id)))
 
     def __enter__(self) -> Self:
         return self
@@ -186,9 +215,10 @@ class Envs:
                                                           init_config, profile, scenario_id, episode,
                                                           argument_checking, seed)))
 
-    def get(self, env_id: str) -> EnvHandle:
-        """A handle on an existing env. Raises `NotFound`."""
-        return EnvHandle(self._t, self._t.run(calls.env_get(env_id)))
+    def get(self, env_id: str, *, attempt: str | None = None) -> EnvHandle:
+        """A handle on an existing env, carrying `attempt` (an attempt token another
+        handle's `resume()` returned) on its mutating calls. Raises `NotFound`."""
+        return EnvHandle(self._t, self._t.run(calls.env_get(env_id)), attempt)
 
     def list(self, limit: int | None = None, offset: int | None = None) -> Page[Env]:
         """A page of the tenant's envs; `client.envs.get(env.id)` gives a handle."""
@@ -202,22 +232,28 @@ class Envs:
 class AsyncEnvHandle(_HandleBase):
     """Async `EnvHandle`: the same methods, awaited; same results and errors."""
 
-    def __init__(self, transport: AsyncTransport, env: Env) -> None:
-        super().__init__(env)
+    def __init__(self, transport: AsyncTransport, env: Env, attempt: str | None = None) -> None:
+        super().__init__(env, attempt)
         self._t = transport
+
+    async def resume(self) -> Attempt:
+        """See `EnvHandle.resume`."""
+        attempt = await self._t.run(calls.env_resume(self.id))
+        self.attempt = attempt.token
+        return attempt
 
     async def step(self, call: object = None, /, **arguments: Any) -> StepResult:
         """See `EnvHandle.step`: the same actions and the same `TypeError`s, raised before sending."""
-        return await self._t.run(calls.env_step(self.id, calls.step_action(call, arguments), None))
+        return await self._t.run(self._fenced(calls.env_step(self.id, calls.step_action(call, arguments), None)))
 
     async def step_call(self, call: object, *, include: Iterable[Include] | None = None) -> StepResult:
         """See `EnvHandle.step_call`."""
-        return await self._t.run(calls.env_step(self.id, call, include))
+        return await self._t.run(self._fenced(calls.env_step(self.id, call, include)))
 
     async def reset(self, init_config: Mapping[str, Any] | None = None, *, scenario_id: str | None = None,
                     episode: Mapping[str, Any] | None = None, seed: int | None = None) -> Env:
         """See `EnvHandle.reset`."""
-        self.env = await self._t.run(calls.env_reset(self.id, init_config, scenario_id, episode, seed))
+        self.env = await self._t.run(self._fenced(calls.env_reset(self.id, init_config, scenario_id, episode, seed)))
         return self.env
 
     async def state(self, step: int | None = None, *, episode: int | None = None) -> dict[str, Any]:
@@ -239,7 +275,7 @@ class AsyncEnvHandle(_HandleBase):
 
     async def restore(self, step: int) -> Env:
         """See `EnvHandle.restore`."""
-        self.env = await self._t.run(calls.env_restore(self.id, step))
+        self.env = await self._t.run(self._fenced(calls.env_restore(self.id, step)))
         return self.env
 
     async def fork(self, step: int | None = None, count: int = 1) -> list[AsyncEnvHandle]:
@@ -254,7 +290,7 @@ class AsyncEnvHandle(_HandleBase):
 
     async def delete(self) -> None:
         """See `EnvHandle.delete`."""
-        await self._t.run(calls.env_delete(self.id))
+        await self._t.run(self._fenced(calls.env_delete(self.id)))
 
     async def evaluate(self, checks: list[Mapping[str, str]] | None = None, *,
                        check_objects: str | None = None) -> Evaluation:
@@ -288,9 +324,9 @@ class AsyncEnvs:
                                 argument_checking, seed)
         return AsyncEnvHandle(self._t, await self._t.run(call))
 
-    async def get(self, env_id: str) -> AsyncEnvHandle:
+    async def get(self, env_id: str, *, attempt: str | None = None) -> AsyncEnvHandle:
         """See `Client.envs.get`."""
-        return AsyncEnvHandle(self._t, await self._t.run(calls.env_get(env_id)))
+        return AsyncEnvHandle(self._t, await self._t.run(calls.env_get(env_id)), attempt)
 
     async def list(self, limit: int | None = None, offset: int | None = None) -> Page[Env]:
         """See `Client.envs.list`."""

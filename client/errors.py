@@ -10,6 +10,7 @@ Exception tree (every error the client raises on purpose is a `SandpitError`)::
     ├── Unauthorized            401, 403
     ├── NotFound                404 (unknown id, or another tenant's)
     ├── Conflict                409
+    │   └── RequestInFlight     409 ``idempotency_key_in_flight``; retry_after (seconds)
     ├── PayloadTooLarge         413
     ├── RateLimited             429; retry_after (seconds)
     ├── Unavailable             503; retry_after (seconds)
@@ -38,6 +39,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "RequestInFlight",
     "SandpitConnectionError",
     "SandpitError",
     "ServerError",
@@ -145,6 +147,12 @@ class Unavailable(_RetryAfterError):
     """503: no capacity right now; nothing was done. `retry_after`: seconds, or None."""
 
 
+class RequestInFlight(Conflict, _RetryAfterError):
+    """409 ``idempotency_key_in_flight``: the first request with this call's
+    ``Idempotency-Key`` is still running (the transport retries it, sleeping
+    `retry_after` seconds, to get that request's response)."""
+
+
 class ServerError(SandpitError):
     """Any 5xx other than 503: a failure of Sandpit itself."""
 
@@ -206,6 +214,8 @@ def error_from_response(response: httpx.Response) -> SandpitError:
         message = response.content.decode("utf-8", "replace").strip()
     message = clip(message or response.reason_phrase or "no message")
     cls = STATUS_ERRORS.get(status) or (ServerError if status >= 500 else SandpitError)
+    if status == 409 and code == "idempotency_key_in_flight":
+        cls = RequestInFlight
     if issubclass(cls, _RetryAfterError):
         return cls(message, status_code=status, code=code, field=field,
                    retry_after=parse_retry_after(response.headers.get("Retry-After")))
@@ -231,15 +241,19 @@ def invalid_response(response: httpx.Response, expected: str, exc: Exception | N
         status_code=response.status_code, code="invalid_response")
 
 
-def error_from_transport(exc: httpx.RequestError, method: str, path: str) -> SandpitError:
-    """The error for a request that got no (readable) response. A GET may be repeated
-    safely after the request was sent; anything else only when it was never sent."""
+def error_from_transport(exc: httpx.RequestError, method: str, path: str,
+                         repeatable: bool | None = None) -> SandpitError:
+    """The error for a request that got no (readable) response. A `repeatable` request
+    (default: a GET; a POST with an ``Idempotency-Key`` too) may be repeated safely after
+    it was sent; anything else only when it was never sent."""
     if isinstance(exc, httpx.DecodingError):
         return InvalidResponse(clip(f"{method} {path}: undecodable response body: {exc}"), code="invalid_response")
     unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
     after_send = isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.ReadError
                             | httpx.WriteError | httpx.RemoteProtocolError | httpx.CloseError)
-    retry_safe = unsent or (after_send and method == "GET")
+    if repeatable is None:
+        repeatable = method == "GET"
+    retry_safe = unsent or (after_send and repeatable)
     what = "could not connect" if unsent else "no response"
     return SandpitConnectionError(
         clip(f"{method} {path}: {what}: {type(exc).__name__}: {exc}"),

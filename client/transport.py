@@ -4,9 +4,13 @@ Retries (tenacity): 429 and 503 are retried for every call, since the server gua
 did nothing, sleeping what `Retry-After` says, until the total sleep would exceed
 `max_retry_wait_s`; then the last error is raised. Transport failures before the request was
 sent (connect error or timeout, pool timeout) are retried for every call, at most 3 attempts.
-Failures after it was sent (read timeout, dropped connection) are retried only for GET: a
-step, create, reset, restore or fork may have happened, so it raises `SandpitConnectionError`
-with `request_sent=True` instead of risking doing it twice.
+Failures after it was sent (read timeout, dropped connection) are retried for GET and for
+calls that carry an ``Idempotency-Key`` (step, create, reset, fork: a new uuid4 per call,
+the same on each retry, so the server runs the call at most once and a retry gets the
+first answer); a 409 ``idempotency_key_in_flight`` (the first attempt still runs) is
+retried after its `Retry-After` like a 503. Any other call (restore, delete, ...) that
+lost its connection after sending raises `SandpitConnectionError` with
+`request_sent=True` instead of risking doing it twice.
 
 Keys: a call marked `auth="operator"` (`/v1/admin`) carries the operator key instead of
 the tenant's API key; without an operator key it is refused before anything is sent.
@@ -24,6 +28,7 @@ import tenacity
 from .calls import Call
 from .errors import (
     RateLimited,
+    RequestInFlight,
     SandpitConnectionError,
     Unauthorized,
     Unavailable,
@@ -74,6 +79,8 @@ class RetryPolicy:
         def should_retry(exc: BaseException) -> bool:
             if isinstance(exc, RateLimited | Unavailable):
                 return call.retry_busy
+            if isinstance(exc, RequestInFlight):
+                return True
             return isinstance(exc, SandpitConnectionError) and exc.retry_safe
 
         def stop(state: tenacity.RetryCallState) -> bool:
@@ -114,12 +121,19 @@ class _Base:
         self._operator_key = operator_key
 
     def _headers(self, call: Call[Any]) -> dict[str, str] | None:
+        headers: dict[str, str] | None = None
+        if call.idempotency_key is not None or call.attempt is not None:
+            headers = {}
+            if call.idempotency_key is not None:
+                headers["Idempotency-Key"] = call.idempotency_key
+            if call.attempt is not None:
+                headers["Sandpit-Attempt"] = call.attempt
         if call.auth != "operator":
-            return None
+            return headers
         if not self._operator_key:
             raise Unauthorized(f"{call.method} {call.path} needs the operator key: pass operator_key= to the client",
                                code="no_operator_key")
-        return {"Authorization": f"Bearer {self._operator_key}"}
+        return {**(headers or {}), "Authorization": f"Bearer {self._operator_key}"}
 
 
 class SyncTransport(_Base):
@@ -143,7 +157,7 @@ class SyncTransport(_Base):
         try:
             response = self.http.request(call.method, call.path, params=call.params, json=call.json, headers=headers)
         except httpx.RequestError as exc:
-            raise error_from_transport(exc, call.method, call.path) from exc
+            raise error_from_transport(exc, call.method, call.path, call.idempotent) from exc
         return _result(call, response)
 
 
@@ -165,5 +179,5 @@ class AsyncTransport(_Base):
             response = await self.http.request(call.method, call.path, params=call.params, json=call.json,
                                                headers=headers)
         except httpx.RequestError as exc:
-            raise error_from_transport(exc, call.method, call.path) from exc
+            raise error_from_transport(exc, call.method, call.path, call.idempotent) from exc
         return _result(call, response)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -95,6 +96,11 @@ class Env(Base):
     init_config_hash: Mapped[str | None] = mapped_column(String(64))
     """The ``init_configs`` row holding this env's ``init_config`` (then the column above is
     ``{}``); None for rows written before configs were stored once (:mod:`.configs`)."""
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times the env was resumed (``POST /v1/envs/{id}/attempts``); 0: never."""
+    attempt_token: Mapped[str | None] = mapped_column(String(64))
+    """The current attempt's token: calls carrying another token are 409 ``stale_attempt``
+    (:mod:`sandpit.api.db.attempts`); None: never resumed."""
 
 
 class Episode(Base):
@@ -379,6 +385,35 @@ class HostDrain(Base):
     that resets a dead replica's episodes) or its row is gone, a live replica's janitor
     claims the drain (compare-and-set on this column) and resumes it. None: recorded
     before migration 0008; claimed like a dead owner's."""
+
+
+IDEMPOTENCY_KEY_LENGTH = 255
+"""Longest ``Idempotency-Key`` (characters, printable ASCII)."""
+
+
+class IdempotencyKey(Base):
+    """A request's ``Idempotency-Key`` and, once it finished, its stored response
+    (:mod:`sandpit.api.db.idempotency`). The primary key (tenant, key) is what holds a key
+    to one request across replicas and restarts: a second claim of the same key inserts
+    nothing and finds the first. A step's response is written in the transaction of the step's own row."""
+
+    __tablename__ = "idempotency_keys"
+
+    tenant: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(IDEMPOTENCY_KEY_LENGTH))
+    digest: Mapped[str] = mapped_column(String(64))
+    """SHA-256 (hex) of the request: method, route template, env id, query and body."""
+    claim: Mapped[str] = mapped_column(String(32))
+    """The token of the request that holds the key (a new one when a lapsed claim is taken over)."""
+    status: Mapped[int | None] = mapped_column(Integer)
+    """The stored response's HTTP status; None while the request is in flight."""
+    body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """The stored response's JSON body (bytes as sent)."""
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    """After this the key is forgotten (``idempotency_key_ttl_s`` after the claim)."""
+
+    __table_args__ = (PrimaryKeyConstraint("tenant", "key", name="pk_idempotency_keys"),)
 
 
 def table(model: type[Base]) -> Table:

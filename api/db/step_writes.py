@@ -2,7 +2,12 @@
 
 :func:`write_steps` writes what a batch of steps (:class:`StepWrite`, one per step of any
 env) needs: the union of their new state blobs (identical blobs once), their ``steps``
-rows and their envs' new heads (one ``executemany`` each), then each episode's changes.
+rows and their envs' new heads (one ``executemany`` each), then each episode's changes
+the attempt fences of steps that carry an attempt token
+(:func:`~sandpit.api.db.attempts.fence_core`), and the stored responses of steps that
+carry an ``Idempotency-Key``
+(:func:`~sandpit.api.db.idempotency.store_response_core`: in the same transaction, so a
+step is never committed without its key's response nor a response without its step).
 On SQLite the first three go straight to the driver connection (:class:`_SqliteSteps`),
 on other databases through SQLAlchemy Core (:func:`write_steps_core`, the reference the
 driver path is tested against: ``tests/unit/api/db/test_step_writes.py``). The caller's
@@ -23,6 +28,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ..errors import ServiceUnavailable
+from .attempts import fence_core
+from .idempotency import KeyClaim, store_response_core
 from .models import Env, Episode, Step, table
 from .store import PendingBlobs
 
@@ -43,6 +50,13 @@ class StepWrite:
     now: datetime
     episode_changes: dict[str, Any] = field(default_factory=dict)
     """Columns of the ``episodes`` row to update (user transcript, end of the episode)."""
+    key: KeyClaim | None = None
+    """The request's ``Idempotency-Key`` claim, when it has one: ``response`` is stored on it."""
+    response: bytes = b""
+    """The step's reply (JSON bytes of a 200) stored on ``key``."""
+    attempt: str | None = None
+    """The request's attempt token (``Sandpit-Attempt``), when it has one: the step commits
+    only while it is the env's current one (:func:`~sandpit.api.db.attempts.fence_core`)."""
 
 
 class _CoreSession:
@@ -122,7 +136,9 @@ _SQLITE_WRITERS: weakref.WeakKeyDictionary[Any, _SqliteSteps] = weakref.WeakKeyD
 def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
     """Write a batch of steps into ``conn``'s transaction: their new blobs (one insert of
     the union: identical blobs once), step rows and env heads (one ``executemany``
-    each), episode changes. The group commit commits it. On SQLite the first three go
+    each), episode changes, idempotency keys' responses, attempt fences. The group commit
+    commits it; IdempotencyKeyInFlight (a key whose claim was taken over) and
+    StaleAttempt (the env was resumed since) fail the transaction. On SQLite the first three go
     straight to the driver (:class:`_SqliteSteps`); elsewhere through SQLAlchemy Core."""
     blobs = writes[0].pending
     if len(writes) > 1:
@@ -141,3 +157,8 @@ def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
         if write.episode_changes:
             conn.execute(episodes.update().where(episodes.c.env_id == write.env_id,
                                                  episodes.c.episode == write.episode).values(**write.episode_changes))
+    for write in writes:
+        if write.attempt is not None:
+            fence_core(conn, write.env_id, write.attempt)
+        if write.key is not None:
+            store_response_core(conn, write.key.tenant, write.key.key, write.key.token, 200, write.response)

@@ -7,6 +7,7 @@ Verbs (each takes the caller's :class:`~sandpit.api.services.quotas.TenantContex
     steps.Steps              step
     rewards.Rewards          evaluate (and score: an episode's reward at its end)
     history.EnvHistory       state, trajectory, episodes
+    attempts.Attempts        resume (a new attempt), the fence of a stale attempt's calls
 
 What they share: ``sessions`` (live entries, attach, open with eviction, new episodes),
 ``live`` (the live-session cache, per-env locks, the janitor), ``rulebook`` (what an

@@ -59,6 +59,8 @@ class StepOutcome:
     state_before: dict[str, Any] | None = None
     state_after: dict[str, Any] | None = None
     wanted: frozenset[str] = frozenset()
+    rendered: bytes | None = None
+    """The reply's bytes once rendered (:meth:`json` returns them as they are)."""
 
     @property
     def result(self) -> CallResult:
@@ -97,12 +99,15 @@ class StepOutcome:
     def json(self) -> bytes:
         """:meth:`public` as JSON bytes (orjson, without a model round trip; a value
         orjson refuses, such as an integer beyond 64 bits in a state, goes through the
-        pydantic model instead)."""
+        pydantic model instead). Rendered once: later calls return the same bytes."""
+        if self.rendered is not None:
+            return self.rendered
         document = self.document()
         try:
-            return orjson.dumps(document)
+            self.rendered = orjson.dumps(document)
         except TypeError:
-            return StepResult.model_validate(document).model_dump_json().encode("utf-8")
+            self.rendered = StepResult.model_validate(document).model_dump_json().encode("utf-8")
+        return self.rendered
 
 
 def step_info(run: StepRun) -> dict[str, Any]:

@@ -9,22 +9,26 @@ says so with ``responses=METERED``: the OpenAPI document then lists its 429
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BeforeValidator
 
+from ..envs.attempts import Attempts
 from ..envs.episodes import Episodes
 from ..envs.history import EnvHistory
 from ..envs.lifecycle import EnvLifecycle
 from ..envs.rewards import Rewards
 from ..evaluations.jobs import EvaluationJobs
+from ..schemas.envs import ATTEMPT_PATTERN
 from ..schemas.stats import RECENT_DEFAULT, RECENT_MAX, StatsKind
 from ..services.cluster import ClusterService
 from ..services.environments import EnvironmentService
 from ..services.execution import ExecutionService
 from ..services.health import HealthService
+from ..services.idempotency import KEY_HEADER, KEY_MAX_CHARS, KEY_PATTERN, Idempotency, Replay, request_digest
 from ..services.quotas import QuotaService, TenantContext
 from ..services.scenarios import ScenarioService
 from ..services.stats import StatsQuery, StatsService
@@ -132,6 +136,81 @@ def authorization(request: Request) -> str | None:
     return request.headers.get("authorization")
 
 
+IdempotencyKeyHeader = Annotated[str | None, Header(
+    alias=KEY_HEADER, min_length=1, max_length=KEY_MAX_CHARS, pattern=KEY_PATTERN,
+    description=f"1 to {KEY_MAX_CHARS} printable ASCII characters naming this request: a retry with "
+                "the same key and the same request gets the first response (status and body) "
+                "without running anything again (`Idempotent-Replayed: true`); the same key with "
+                "another request is 409 `idempotency_key_reused`; while the first still runs, 409 "
+                "`idempotency_key_in_flight` with `Retry-After`. Kept `SANDPIT_IDEMPOTENCY_KEY_TTL_S`; "
+                "errors are not stored (a retry runs again).")]
+"""The ``Idempotency-Key`` request header (FastAPI answers 422 naming it when malformed)."""
+ATTEMPT_HEADER = "Sandpit-Attempt"
+"""The request header that carries an env's attempt token."""
+AttemptHeader = Annotated[str | None, Header(
+    alias=ATTEMPT_HEADER, min_length=1, max_length=64, pattern=ATTEMPT_PATTERN,
+    description="The token of the env's attempt this call belongs to (`POST /v1/envs/{env_id}/attempts`): "
+                "a token that is not the env's current attempt's is 409 `stale_attempt` and nothing is "
+                "done. Without it the call is not fenced.")]
+"""The ``Sandpit-Attempt`` request header (FastAPI answers 422 naming it when malformed)."""
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Response header set to ``true`` on a replayed response."""
+
+
+def replay_response(replay: Replay) -> Response:
+    """The stored response of a key's first request, marked ``Idempotent-Replayed: true``."""
+    return Response(replay.body, replay.status, headers={REPLAYED_HEADER: "true"}, media_type="application/json")
+
+
+class Idempotent:
+    """A request's ``Idempotency-Key`` (None: the request has none) and digest, and the
+    service that claims it (:mod:`sandpit.api.services.idempotency`)."""
+
+    def __init__(self, service: Idempotency, key: str | None, digest: str) -> None:
+        self.service = service
+        self.key = key
+        self.digest = digest
+
+    def respond(self, caller: TenantContext, status: int, produce: Callable[[], bytes]) -> Response:
+        """``produce()``'s JSON bytes as a ``status`` response, run at most once per key:
+        without a key it just runs; with one, a replay of the stored response, or the new
+        response stored on the key (an error releases the key and propagates). Raises
+        IdempotencyKeyReused, IdempotencyKeyInFlight (409), what ``produce`` raises."""
+        if self.key is None:
+            return Response(produce(), status, media_type="application/json")
+        begun = self.service.begin(caller.tenant, self.key, self.digest)
+        if isinstance(begun, Replay):
+            return replay_response(begun)
+        try:
+            body = produce()
+        except BaseException:
+            self.service.release(begun)
+            raise
+        self.service.finish(begun, status, body)
+        return Response(body, status, media_type="application/json")
+
+
+async def idempotent(request: Request, key: IdempotencyKeyHeader = None) -> Idempotent:
+    """The request's :class:`Idempotent` (its digest: method, route template, env id, query
+    and body bytes; :func:`~sandpit.api.services.idempotency.request_digest`)."""
+    body = await request.body() if key is not None else b""
+    route = request.scope.get("route")
+    template = getattr(route, "path", request.url.path)
+    digest = request_digest(request.method, template, request.path_params.get("env_id"),
+                            request.scope.get("query_string", b""), body) if key is not None else ""
+    return Idempotent(_state(request, "idempotency"), key, digest)
+
+
+def get_attempts(request: Request) -> Attempts:
+    return cast(Attempts, _state(request, "attempts"))
+
+
+def fence(request: Request, env_id: str, caller: CallerDep, attempt: AttemptHeader = None) -> None:
+    """Refuse the call when its ``Sandpit-Attempt`` token is not the env's current
+    attempt's (409 ``stale_attempt``); no header: no fence."""
+    get_attempts(request).check(caller, env_id, attempt)
+
+
 class Page:
     """``limit`` (1..max_list_limit) and ``offset`` query parameters."""
 
@@ -183,6 +262,9 @@ QuotasDep = Annotated[QuotaService, Depends(get_quotas)]
 ClusterDep = Annotated[ClusterService, Depends(get_cluster)]
 HealthDep = Annotated[HealthService, Depends(get_health)]
 CallerDep = Annotated[TenantContext, Depends(get_caller)]
+IdempotentDep = Annotated[Idempotent, Depends(idempotent)]
+AttemptsDep = Annotated[Attempts, Depends(get_attempts)]
+FencedDep = Annotated[None, Depends(fence)]
 OperatorDep = Annotated[None, Depends(require_operator)]
 AuthorizationDep = Annotated[str | None, Depends(authorization)]
 PageDep = Annotated[Page, Depends(Page)]

@@ -13,9 +13,12 @@ an ``Authorization`` dependency             401 (``WWW-Authenticate``), 403, 503
                                             (``Retry-After``: the key lookup needs the
                                             database)
 path parameters                             404 (unknown id, or another tenant's)
-query parameters or a body                  422
+query or header parameters, or a body       422
 :class:`~.strict_json.StrictJSONRoute`      413; with POST/PUT/PATCH also 408 and 422
 the :data:`~.deps.METERED` marker           429 (``Retry-After``)
+the ``Idempotency-Key`` header              409 (``idempotency_key_reused``,
+                                            ``idempotency_key_in_flight`` with ``Retry-After``)
+the ``Sandpit-Attempt`` header              409 (``stale_attempt``)
 an entry in :data:`EXTRA`                   those (409s, 404s for ids in bodies)
 =========================================  =============================================
 
@@ -47,6 +50,7 @@ from fastapi.routing import APIRoute, APIRouter
 from pydantic import BaseModel
 
 from ..errors import ErrorBody
+from ..services.idempotency import KEY_HEADER
 from ..settings import ApiSettings, Quotas
 from .deps import get_caller, require_operator
 from .strict_json import StrictJSONRoute
@@ -65,7 +69,13 @@ STATUSES: dict[int, tuple[str, dict[str, Any]]] = {
     408: ("The request body did not arrive whole within `SANDPIT_BODY_READ_TIMEOUT_S`; the "
           "connection is closed.", {}),
     409: ("The request contradicts the resource's state (past the head, expired env, in use, "
-          "exists, already finished).", {}),
+          "exists, already finished; `stale_attempt`: the `Sandpit-Attempt` token is not the env's "
+          "current attempt's), or its `Idempotency-Key` was used for another request "
+          "(`idempotency_key_reused`) or belongs to a request still running "
+          "(`idempotency_key_in_flight`, with `Retry-After`); nothing was done.",
+          {"Retry-After": {"description": "`idempotency_key_in_flight` only: seconds before the first "
+                                          "request's response may be ready.",
+                           "schema": {"type": "integer", "minimum": 1}}}),
     413: ("The body (`SANDPIT_MAX_BODY_BYTES`), code, `init_config` or arguments are over the "
           "server's cap.", {}),
     422: ("Invalid input: malformed or non-strict JSON, a value out of range, a refused "
@@ -85,6 +95,7 @@ EXTRA: dict[str, set[int]] = {
     "reset": {409, 404},  # expired env; scenario_id in the body
     "get_state": {409},  # past the head
     "restore": {409},
+    "resume": {409},  # expired env
     "fork": {409},
     "evaluate": {409},  # no scenario and no checks
     "cancel_evaluation": {409},  # already finished
@@ -118,6 +129,12 @@ def _params(dependant: Dependant, kind: str) -> bool:
     return bool(getattr(dependant, kind)) or any(_params(d, kind) for d in dependant.dependencies)
 
 
+def _all_params(dependant: Dependant, kind: str) -> Iterator[Any]:
+    yield from getattr(dependant, kind)
+    for dependency in dependant.dependencies:
+        yield from _all_params(dependency, kind)
+
+
 def error_statuses(route: APIRoute) -> set[int]:
     """The error statuses ``route`` can answer (see the module's table)."""
     calls = set(_calls(route.dependant))
@@ -126,12 +143,15 @@ def error_statuses(route: APIRoute) -> set[int]:
         statuses |= {401, 403, 503}
     if _params(route.dependant, "path_params"):
         statuses.add(404)
-    if _params(route.dependant, "query_params") or route.body_field is not None:
+    if _params(route.dependant, "query_params") or _params(route.dependant, "header_params") \
+            or route.body_field is not None:
         statuses.add(422)
     if isinstance(route, StrictJSONRoute):
         statuses.add(413)
         if (route.methods or set()) & BODY_METHODS:
             statuses |= {408, 422}
+    if any(param.alias in (KEY_HEADER, "Sandpit-Attempt") for param in _all_params(route.dependant, "header_params")):
+        statuses.add(409)  # idempotency_key_reused, idempotency_key_in_flight, stale_attempt
     if 429 in route.responses or "429" in route.responses:  # the METERED marker
         statuses.add(429)
     return statuses

@@ -19,6 +19,14 @@ that path did, with one hop to a worker thread:
    (at most :data:`INCLUDE_MAX_CHARS`; the last one given counts), a 422 naming the
    first field as every route's (:func:`~sandpit.api.errors.invalid_request_body`);
    then the step (:meth:`~sandpit.api.envs.steps.Steps.step`) and its JSON reply.
+4. ``Idempotency-Key`` (:mod:`sandpit.api.services.idempotency`): a malformed key is a
+   422 naming the header (with the request's other shape errors, as FastAPI reports
+   them); after the API key, the key is claimed: a replay of the stored reply
+   (``Idempotent-Replayed: true``) or a 409 runs nothing; otherwise the reply is
+   stored in the step's own transaction, and an error releases the key.
+5. ``Sandpit-Attempt`` (:mod:`sandpit.api.envs.attempts`): a malformed token is a 422
+   naming the header; a token that is not the env's current attempt's is 409
+   ``stale_attempt``, checked before the action runs and in the step's transaction.
 
 Errors are rendered from the one table (:mod:`.handlers`, 429s counted); executor
 errors are translated as the app's handler does; anything else is logged and answered
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import email.message
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,12 +60,21 @@ from ..envs.steps import INCLUDES, Steps
 from ..errors import ApiError, invalid_request_body
 from ..metrics import StepClock
 from ..schemas.common import list_pattern
-from ..schemas.envs import StepRequest, StepResult
+from ..schemas.envs import ATTEMPT_PATTERN, StepRequest, StepResult
+from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest, valid_key
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .access_log import note_route, note_tenant
 from .body_timeout import body_timed_out, log_disconnect, with_connection_close
-from .deps import METERED, CallerDep, json_router
+from .deps import (
+    ATTEMPT_HEADER,
+    METERED,
+    REPLAYED_HEADER,
+    AttemptHeader,
+    CallerDep,
+    IdempotencyKeyHeader,
+    json_router,
+)
 from .handlers import count_rejection, error_response, internal_error_response
 from .strict_json import StrictJSONRoute, declared_too_large, parse_body
 
@@ -71,7 +89,8 @@ Include = Annotated[str | None, Query(max_length=INCLUDE_MAX_CHARS,
 """The ``include`` query parameter as the OpenAPI document states it."""
 _INCLUDE = TypeAdapter(Annotated[str, Field(max_length=INCLUDE_MAX_CHARS)])
 _BODY = TypeAdapter(StepRequest)
-_READ_HEADERS = (b"content-length", b"content-type", b"authorization")
+_READ_HEADERS = (b"content-length", b"content-type", b"authorization", b"idempotency-key", b"sandpit-attempt")
+_ATTEMPT = re.compile(ATTEMPT_PATTERN)
 
 
 class _Invalid(Exception):
@@ -160,12 +179,24 @@ class StepDoor:
         except Exception as exc:  # a bug, not the request's fault: the catch-all's 500
             await internal_error_response(exc)(scope, receive, send)
             return
+        key = _text(headers.get(b"idempotency-key"))
+        if key is not None and not valid_key(key):
+            invalid.insert(_first_body_error(invalid), {
+                "type": "string_pattern_mismatch", "loc": ("header", KEY_HEADER),
+                "msg": f"must be 1 to 255 printable ASCII characters (got {len(key)} character(s))"})
+        attempt = _text(headers.get(b"sandpit-attempt"))
+        if attempt is not None and _ATTEMPT.fullmatch(attempt) is None:
+            invalid.insert(_first_body_error(invalid), {
+                "type": "string_pattern_mismatch", "loc": ("header", ATTEMPT_HEADER),
+                "msg": "must be an attempt token: 1 to 64 of A-Z a-z 0-9 _ -"})
+        digest = request_digest("POST", STEP_TEMPLATE, env_id, scope.get("query_string", b""), body) if key else ""
         parse_cpu = time.thread_time() - started
         authorization = _text(headers.get(b"authorization"))
         tenants: TenantService = state.tenants
         steps: Steps = state.steps
+        keys: Idempotency = state.idempotency
 
-        def work() -> bytes:
+        def work() -> bytes | Replay:
             clock = StepClock()
             clock.cpu["parse"] = parse_cpu
             caller = tenants.authenticate(authorization)
@@ -174,7 +205,17 @@ class StepDoor:
                 raise _Invalid(invalid)
             clock.lap("auth")
             assert request is not None
-            data = steps.step(caller, env_id, request, include, clock).json()
+            if key is None:
+                data = steps.step(caller, env_id, request, include, clock, attempt=attempt).json()
+            else:
+                claim = keys.begin(caller.tenant, key, digest)
+                if isinstance(claim, Replay):
+                    return claim
+                try:
+                    data = steps.step(caller, env_id, request, include, clock, claim, attempt).json()
+                except BaseException:
+                    keys.release(claim)
+                    raise
             clock.lap("serialize")
             clock.flush(steps.metrics)
             return data
@@ -194,9 +235,12 @@ class StepDoor:
                 return
             await self._error(translated, scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 200,
+        status, extra = 200, []
+        if isinstance(data, Replay):
+            status, data, extra = data.status, data.body, [(REPLAYED_HEADER.lower().encode("ascii"), b"true")]
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", str(len(data)).encode("ascii")),
-                                (b"content-type", b"application/json")]})
+                                (b"content-type", b"application/json"), *extra]})
         await send({"type": "http.response.body", "body": data})
 
     @staticmethod
@@ -272,6 +316,11 @@ def _shape(body: bytes, content_type: str | None, query: bytes,
     return request, include, errors
 
 
+def _first_body_error(errors: list[dict[str, Any]]) -> int:
+    """Where a header's error goes in ``errors``: after the query's, before the body's (FastAPI's order)."""
+    return next((i for i, e in enumerate(errors) if e["loc"][:1] == ("body",)), len(errors))
+
+
 def _closing(send: Send) -> Send:
     """``send`` with ``Connection: close`` on the response (the body was not read whole)."""
 
@@ -311,13 +360,16 @@ class StepRoute(StrictJSONRoute):
 router = json_router(prefix="/v1/envs", tags=["envs"])
 
 
-def step(env_id: str, body: StepRequest, caller: CallerDep, include: Include = None) -> Response:
+def step(env_id: str, body: StepRequest, caller: CallerDep, include: Include = None,
+         idempotency_key: IdempotencyKeyHeader = None, sandpit_attempt: AttemptHeader = None) -> Response:
     """One action (``{"name","arguments"}``, an OpenAI tool call, or raw model ``text``):
     EnvScaler ``step()``. Returns the observation, ``reward``, ``terminated`` and
     ``truncated``; committed before the reply. A malformed action is a recorded
     ``rejected`` step (200). 409 ``episode_ended`` after the episode ended; 429 over the
     tenant's ``steps_per_minute``, ``max_concurrent_calls``, ``max_running_calls`` (queue
-    wait) or ``max_arguments_bytes`` (nothing is recorded)."""
+    wait) or ``max_arguments_bytes`` (nothing is recorded). With ``Idempotency-Key``, a
+    retry gets the first reply and runs nothing; with ``Sandpit-Attempt``, 409
+    ``stale_attempt`` once the env was resumed by a newer attempt (nothing is recorded)."""
     raise AssertionError("answered by the step door (StepRoute's app), never called")  # pragma: no cover
 
 

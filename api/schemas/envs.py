@@ -292,6 +292,23 @@ class ForkRequest(_Request):
     """Fork point in the current episode; the head when omitted."""
     count: Annotated[int, Field(ge=1)] = 1
 
+ATTEMPT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""What an attempt token may be: URL-safe base64 characters, at most 64."""
+
+
+class AttemptPublic(BaseModel):
+    """A new attempt of an env (``POST /v1/envs/{id}/attempts``): calls that carry
+    ``token`` in ``Sandpit-Attempt`` run; calls carrying an older attempt's token are
+    409 ``stale_attempt``; calls without one are not fenced."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    env_id: str
+    attempt: Annotated[int, Field(ge=1)]
+    """The attempt's number: 1 for the env's first resume, then 2, 3, ..."""
+    token: Annotated[str, Field(min_length=1, max_length=64, pattern=ATTEMPT_PATTERN)]
+    """The attempt's token: send it as the ``Sandpit-Attempt`` header (32 URL-safe characters)."""
+
 class StateView(BaseModel):
     """EnvScaler's state (``vars(instance)`` without dunder keys) as JSON: JSON-native
     values exactly; sets, tuples, dates, bytes, objects... as explicit ``$`` tags

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Query, Response, status
 
 from ...schemas.envs import (
+    AttemptPublic,
     EnvCreate,
     EnvPublic,
     EnvsPublic,
@@ -22,10 +23,13 @@ from ...schemas.envs import (
 from ...schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..deps import (
     METERED,
+    AttemptsDep,
     CallerDep,
     EnvsDep,
     EpisodesDep,
+    FencedDep,
     HistoryDep,
+    IdempotentDep,
     PageDep,
     RewardsDep,
     json_router,
@@ -35,12 +39,13 @@ router = json_router(prefix="/v1/envs", tags=["envs"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=EnvPublic, responses=METERED)
-def create_env(body: EnvCreate, envs: EnvsDep, caller: CallerDep) -> Response:
+def create_env(body: EnvCreate, envs: EnvsDep, caller: CallerDep, keyed: IdempotentDep) -> Response:
     """Instantiate an environment (registered, inline code, or a scenario's) in a sandbox;
     step 0 is stored. 429 over the tenant's ``max_live_envs``, ``max_concurrent_calls``,
-    ``max_profile`` or size quotas (nothing is created then)."""
+    ``max_profile`` or size quotas (nothing is created then). With ``Idempotency-Key``, a
+    retry gets the first response and creates nothing."""
     # the reply echoes init_config (megabytes): spliced in as the bytes already computed for it
-    return Response(envs.create(caller, body).json(), status.HTTP_201_CREATED, media_type="application/json")
+    return keyed.respond(caller, status.HTTP_201_CREATED, lambda: envs.create(caller, body).json())
 
 
 @router.get("/{env_id}", response_model=EnvPublic)
@@ -56,18 +61,21 @@ def list_envs(page: PageDep, envs: EnvsDep, caller: CallerDep) -> EnvsPublic:
 
 
 @router.delete("/{env_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep) -> Response:
+def delete_env(env_id: str, envs: EnvsDep, caller: CallerDep, _: FencedDep) -> Response:
     """Delete an env: its sandbox session, trajectory and snapshots."""
     envs.delete(caller, env_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{env_id}/reset", response_model=EnvPublic, responses=METERED)
-def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, body: ResetRequest | None = None) -> EnvPublic:
+def reset(env_id: str, episodes: EpisodesDep, caller: CallerDep, keyed: IdempotentDep, _: FencedDep,
+          body: ResetRequest | None = None) -> Response:
     """Begin the next episode (EnvScaler ``reset()``: the response has the initial
     ``observation``, ``tools`` and ``introduction``), optionally with another scenario,
-    ``init_config`` or episode options. The previous episode stays readable."""
-    return episodes.reset(caller, env_id, body)
+    ``init_config`` or episode options. The previous episode stays readable. With
+    ``Idempotency-Key``, a retry gets the first response and starts no episode."""
+    return keyed.respond(caller, status.HTTP_200_OK,
+                         lambda: episodes.reset(caller, env_id, body).model_dump_json().encode("utf-8"))
 
 
 @router.get("/{env_id}/state", response_model=StateView, response_class=Response)
@@ -97,17 +105,27 @@ def episodes(env_id: str, page: PageDep, history: HistoryDep, caller: CallerDep)
 
 
 @router.post("/{env_id}/restore", response_model=EnvPublic)
-def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: CallerDep) -> EnvPublic:
+def restore(env_id: str, body: RestoreRequest, episodes: EpisodesDep, caller: CallerDep, _: FencedDep) -> EnvPublic:
     """Go back to step ``k`` of the episode (later steps are discarded; 409 past the head)."""
     return episodes.restore(caller, env_id, body)
 
 
+@router.post("/{env_id}/attempts", status_code=status.HTTP_201_CREATED, response_model=AttemptPublic)
+def resume(env_id: str, attempts: AttemptsDep, caller: CallerDep) -> AttemptPublic:
+    """Resume the env as a new attempt: its number and token (send it as
+    ``Sandpit-Attempt``). Calls carrying an earlier attempt's token are 409
+    ``stale_attempt`` from now on; the env itself (episode, head, sandbox) is unchanged."""
+    return attempts.resume(caller, env_id)
+
+
 @router.post("/{env_id}/fork", status_code=status.HTTP_201_CREATED, response_model=EnvsPublic,
              responses=METERED)
-def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: CallerDep) -> EnvsPublic:
+def fork(env_id: str, body: ForkRequest, episodes: EpisodesDep, caller: CallerDep, keyed: IdempotentDep) -> Response:
     """``count`` new envs sharing this env's history up to ``step`` (head by default);
-    429 when they would exceed the tenant's ``max_live_envs``."""
-    return episodes.fork(caller, env_id, body)
+    429 when they would exceed the tenant's ``max_live_envs``. With ``Idempotency-Key``,
+    a retry gets the first response and forks nothing."""
+    return keyed.respond(caller, status.HTTP_201_CREATED,
+                         lambda: episodes.fork(caller, env_id, body).model_dump_json().encode("utf-8"))
 
 
 @router.post("/{env_id}/evaluate", response_model=EvaluationPublic, responses=METERED)

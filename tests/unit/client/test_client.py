@@ -43,6 +43,7 @@ from sandpit.client import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    RequestInFlight,
     SandpitConnectionError,
     SandpitError,
     ServerError,
@@ -727,23 +728,54 @@ def test_parse_retry_after() -> None:
     assert 25 < (parse_retry_after(future) or 0) <= 30
 
 
-def test_step_is_not_retried_after_a_read_timeout(server: tuple[str, Double], double: Double) -> None:
+def test_a_step_lost_after_sending_is_retried_with_its_key(server: tuple[str, Double], double: Double) -> None:
     with Client(server[0], timeout=0.3) as c:
         env = c.envs.create(source_code=SOURCE, class_name="Counter")
         double.fault("POST", "/v1/envs/*/step", delay=0.8, passthrough=True)
+        env.step("add")  # the first attempt timed out after sending; the retry answered
+        first, retry = double.calls("POST", "/v1/envs/*/step")
+        assert first.headers["idempotency-key"] == retry.headers["idempotency-key"]
+        env.step("add")
+        assert double.calls("POST", "/v1/envs/*/step")[2].headers["idempotency-key"] != first.headers[
+            "idempotency-key"]  # a new call, a new key
+        create = double.calls("POST", "/v1/envs")[0]
+        assert str(uuid.UUID(create.headers["idempotency-key"])) == create.headers["idempotency-key"]
+
+
+def test_restore_is_not_retried_after_a_read_timeout(server: tuple[str, Double], double: Double) -> None:
+    with Client(server[0], timeout=0.3) as c:
+        env = c.envs.create(source_code=SOURCE, class_name="Counter")
+        env.step("add")
+        double.fault("POST", "/v1/envs/*/restore", delay=0.8, passthrough=True)
         with pytest.raises(SandpitConnectionError) as info:
-            env.step("add")
+            env.restore(0)
         assert info.value.request_sent is True and info.value.retry_safe is False
         assert info.value.status_code is None and isinstance(info.value.__cause__, httpx.ReadTimeout)
-        assert len(double.calls("POST", "/v1/envs/*/step")) == 1
+        assert len(double.calls("POST", "/v1/envs/*/restore")) == 1
+        assert "idempotency-key" not in double.calls("POST", "/v1/envs/*/restore")[0].headers
         # a GET is safe to repeat: the same delay is retried and the second attempt answers
         double.fault("GET", "/v1/envs/*/state", delay=0.8, passthrough=True)
-        deadline = time.monotonic() + 10  # the timed-out step still happens on the server
-        while not double.envs[env.id].steps:
+        deadline = time.monotonic() + 10  # the timed-out restore still happens on the server
+        while double.envs[env.id].steps:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        assert env.state() == {"total": 1, "submitted": False}
+        assert env.state() == {"total": 0, "submitted": False}
         assert len(double.calls("GET", "/v1/envs/*/state")) == 2
+
+
+def test_a_key_in_flight_is_retried_after_retry_after(server: tuple[str, Double], double: Double) -> None:
+    with Client(server[0]) as c:
+        env = c.envs.create(source_code=SOURCE, class_name="Counter")
+        double.fault("POST", "/v1/envs/*/step", status=409, headers={"Retry-After": "0.05"}, times=2,
+                     body=b'{"error": {"code": "idempotency_key_in_flight", "message": "running", "field": null}}')
+        assert env.step("add").step == 1
+        keys = {r.headers["idempotency-key"] for r in double.calls("POST", "/v1/envs/*/step")}
+        assert len(double.calls("POST", "/v1/envs/*/step")) == 3 and len(keys) == 1
+        double.fault("POST", "/v1/envs/*/step", status=409,
+                     body=b'{"error": {"code": "idempotency_key_reused", "message": "other", "field": null}}')
+        with pytest.raises(Conflict) as reused:
+            env.step("add")
+        assert not isinstance(reused.value, RequestInFlight) and reused.value.code == "idempotency_key_reused"
 
 
 def mock_client(handler: Any, **kwargs: Any) -> Client:
@@ -757,7 +789,7 @@ def test_transport_error_retries_by_phase() -> None:
         seen.append(f"{request.method} {request.url.path}")
         if len(seen) == 1:
             raise httpx.ConnectError("refused", request=request)
-        if request.url.path.endswith("/step"):
+        if request.url.path.endswith("/restore"):
             raise httpx.RemoteProtocolError("server hung up", request=request)
         return httpx.Response(200, json={"env_id": "e1", "episode": 1, "step": 0, "state": {}})
 
@@ -766,9 +798,9 @@ def test_transport_error_retries_by_phase() -> None:
                                      created_at=datetime.now(UTC)))
         assert env.state() == {}  # connect error: never sent, retried
         with pytest.raises(SandpitConnectionError) as info:
-            env.step("add")
+            env.restore(0)
     assert info.value.request_sent is True
-    assert seen == ["GET /v1/envs/e1/state", "GET /v1/envs/e1/state", "POST /v1/envs/e1/step"]
+    assert seen == ["GET /v1/envs/e1/state", "GET /v1/envs/e1/state", "POST /v1/envs/e1/restore"]
 
 
 def test_connect_errors_are_retried_three_times_even_for_step() -> None:
@@ -917,23 +949,23 @@ def test_async_client_parity(server: tuple[str, Double], double: Double) -> None
     assert len(steps) == 3 and steps[2].query == {"include": "state"}
 
 
-def test_async_step_not_retried_after_read_timeout() -> None:
-    attempts = 0
+def test_async_step_is_retried_with_its_key_after_read_timeout() -> None:
+    keys: list[str] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        attempts += 1
+        keys.append(request.headers["idempotency-key"])
         raise httpx.ReadTimeout("slow", request=request)
 
     async def scenario() -> None:
         async with AsyncClient("http://127.0.0.1:9", transport=httpx.MockTransport(handler)) as c:
             env = AsyncEnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live",
                                               created_at=datetime.now(UTC)))
-            with pytest.raises(SandpitConnectionError):
+            with pytest.raises(SandpitConnectionError) as info:
                 await env.step("add")
+            assert info.value.retry_safe is True
 
     asyncio.run(scenario())
-    assert attempts == 1
+    assert len(keys) == 3 and len(set(keys)) == 1  # TRANSPORT_ATTEMPTS, one key
 
 
 def test_clients_are_shared_not_copied(server: tuple[str, Double]) -> None:
@@ -943,3 +975,30 @@ def test_clients_are_shared_not_copied(server: tuple[str, Double]) -> None:
     async_client = AsyncClient(server[0])
     assert copy.deepcopy([async_client])[0] is async_client
     asyncio.run(async_client.aclose())
+
+
+def test_a_resumed_handle_fences_its_mutating_calls_only() -> None:
+    seen: list[tuple[str, str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.headers.get("sandpit-attempt")))
+        if request.url.path.endswith("/attempts"):
+            return httpx.Response(201, json={"env_id": "e1", "attempt": 1, "token": "tok_1"})
+        if request.url.path.endswith("/state"):
+            return httpx.Response(200, json={"env_id": "e1", "episode": 1, "step": 0, "state": {}})
+        return httpx.Response(500, json={"error": {"code": "internal", "message": "x", "field": None}})
+
+    with mock_client(handler, max_retry_wait_s=0) as c:
+        env = EnvHandle(c._t, Env(id="e1", step=0, episode=1, status="live", created_at=datetime.now(UTC)))
+        with pytest.raises(ServerError):
+            env.step("add")  # before resume: no token
+        resumed = env.resume()
+        assert (resumed.attempt, resumed.env_id, env.attempt) == (1, "e1", resumed.token)
+        env.state()
+        for call in (lambda: env.step("add"), env.reset, lambda: env.restore(0), env.delete):
+            with pytest.raises(ServerError):
+                call()
+    assert seen == [("POST", "/v1/envs/e1/step", None), ("POST", "/v1/envs/e1/attempts", None),
+                    ("GET", "/v1/envs/e1/state", None), ("POST", "/v1/envs/e1/step", "tok_1"),
+                    ("POST", "/v1/envs/e1/reset", "tok_1"), ("POST", "/v1/envs/e1/restore", "tok_1"),
+                    ("DELETE", "/v1/envs/e1", "tok_1")]

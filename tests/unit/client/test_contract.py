@@ -88,6 +88,7 @@ SAMPLES: list[tuple[str, Callable[[], Call[Any]]]] = [
     ("env_trajectory", lambda: calls.env_trajectory("env_1", 1, 10, 0)),
     ("env_episodes", lambda: calls.env_episodes("env_1", 10, 0)),
     ("env_restore", lambda: calls.env_restore("env_1", 0)),
+    ("env_resume", lambda: calls.env_resume("env_1")),
     ("env_fork", lambda: calls.env_fork("env_1", None, 2)),
     ("env_fork", lambda: calls.env_fork("env_1", 3, 1)),
     ("env_evaluate", lambda: calls.env_evaluate("env_1", None)),

@@ -5,6 +5,7 @@ group-commit batch fails alone, as a 503, and takes nothing else down."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -12,11 +13,13 @@ from typing import Any
 import orjson
 import pytest
 from sandpit.api.db import models
+from sandpit.api.db.attempts import check_attempt, new_attempt
 from sandpit.api.db.database import Database
 from sandpit.api.db.group_commit import GroupCommit
+from sandpit.api.db.idempotency import KeyClaim, StoredKey, claim_key, read_key
 from sandpit.api.db.step_writes import StepWrite, write_steps, write_steps_core
 from sandpit.api.db.store import PendingBlobs
-from sandpit.api.errors import ServiceUnavailable
+from sandpit.api.errors import IdempotencyKeyInFlight, ServiceUnavailable, StaleAttempt
 from sqlalchemy import select, text
 
 NOW = datetime(2026, 11, 25, 23, 30, 1, 123456, tzinfo=UTC)
@@ -152,3 +155,28 @@ def test_a_step_of_an_unknown_env_is_refused(database: Database) -> None:
     with pytest.raises(ServiceUnavailable), database.write_connection() as conn:
         write_steps(conn, [step("env-missing", 1)])
     assert stored(database) == [[], [], []]
+
+
+def test_a_step_commits_its_key_response_and_only_under_the_current_attempt(database: Database) -> None:
+    """The key's response and the attempt fence are part of the step's transaction: a
+    stale attempt or a key taken over fails the step (nothing stored); a fitting one
+    stores step and response together."""
+    make_env(database, "env-1")
+    _, token = new_attempt(database, "env-1")
+    _, newer = new_attempt(database, "env-1")
+    assert claim_key(database, "team-a", "k", "d", "claim-1", NOW, 600, 60) is None
+    claim = KeyClaim("team-a", "k", "claim-1")
+    with pytest.raises(StaleAttempt), database.write_connection() as conn:
+        write_steps(conn, [dataclasses.replace(step("env-1", 1), key=claim, response=b"{}", attempt=token)])
+    with pytest.raises(IdempotencyKeyInFlight), database.write_connection() as conn:
+        write_steps(conn, [dataclasses.replace(step("env-1", 1), key=KeyClaim("team-a", "k", "other"),
+                                               response=b"{}", attempt=newer)])
+    assert stored(database)[0] == [] and read_key(database, "team-a", "k") == StoredKey("d", None, None)
+    with database.write_connection() as conn:
+        write_steps(conn, [dataclasses.replace(step("env-1", 1), key=claim, response=b'{"step": 1}', attempt=newer)])
+    assert [row[2] for row in stored(database)[0]] == [1]
+    assert read_key(database, "team-a", "k") == StoredKey("d", 200, b'{"step": 1}')
+    with pytest.raises(StaleAttempt):
+        check_attempt(database, "team-a", "env-1", token)
+    check_attempt(database, "team-a", "env-1", newer)
+    check_attempt(database, "team-b", "env-1", token)  # not that tenant's env: the call itself answers 404

@@ -51,7 +51,7 @@ def test_error_responses_carry_the_real_error_body(spec: dict[str, Any]) -> None
 
 
 @pytest.mark.parametrize("method, path, statuses", [
-    ("POST", "/v1/envs", {"201", "401", "403", "404", "408", "413", "422", "429", "503"}),
+    ("POST", "/v1/envs", {"201", "401", "403", "404", "408", "409", "413", "422", "429", "503"}),
     ("POST", "/v1/envs/{env_id}/step", {"200", "401", "403", "404", "408", "409", "413", "422", "429", "503"}),
     ("POST", "/v1/execute", {"200", "401", "403", "408", "413", "422", "429", "503"}),
     ("POST", "/v1/execute/batch", {"200", "401", "403", "408", "413", "422", "429", "503"}),
@@ -65,6 +65,41 @@ def test_error_responses_carry_the_real_error_body(spec: dict[str, Any]) -> None
 ])
 def test_statuses_of_operations(spec: dict[str, Any], method: str, path: str, statuses: set[str]) -> None:
     assert set(spec["paths"][path][method.lower()]["responses"]) == statuses
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/v1/envs"), ("POST", "/v1/envs/{env_id}/step"),
+                                          ("POST", "/v1/envs/{env_id}/reset"), ("POST", "/v1/envs/{env_id}/fork")])
+def test_idempotency_key_header_and_its_409s_are_documented(spec: dict[str, Any], method: str, path: str) -> None:
+    op = spec["paths"][path][method.lower()]
+    header = next(p for p in op["parameters"] if p["in"] == "header")
+    assert header["name"] == "Idempotency-Key" and not header.get("required", False)
+    schema = header["schema"]["anyOf"][0]
+    assert (schema["minLength"], schema["maxLength"]) == (1, 255)
+    assert "idempotency_key_reused" in op["responses"]["409"]["description"]
+    assert "Retry-After" in op["responses"]["409"]["headers"]
+
+
+def test_only_the_mutating_env_routes_take_keys_and_attempts(spec: dict[str, Any]) -> None:
+    keyed = {("POST", "/v1/envs"), ("POST", "/v1/envs/{env_id}/reset"), ("POST", "/v1/envs/{env_id}/fork"),
+             ("POST", "/v1/envs/{env_id}/step")}
+    fenced = {("POST", "/v1/envs/{env_id}/step"), ("POST", "/v1/envs/{env_id}/reset"),
+              ("POST", "/v1/envs/{env_id}/restore"), ("DELETE", "/v1/envs/{env_id}")}
+    for method, path, op in _operations(spec):
+        named = {p["name"] for p in op.get("parameters", []) if p["in"] == "header"}
+        expected = ({"Idempotency-Key"} if (method, path) in keyed else set()) | (
+            {"Sandpit-Attempt"} if (method, path) in fenced else set())
+        assert named == expected, (method, path)
+        if "Sandpit-Attempt" in named:
+            assert "stale_attempt" in op["responses"]["409"]["description"]
+        if named:  # a malformed header is a 422
+            assert "422" in op["responses"], (method, path)
+
+
+def test_resume_is_documented(spec: dict[str, Any]) -> None:
+    op = spec["paths"]["/v1/envs/{env_id}/attempts"]["post"]
+    assert op["responses"]["201"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/AttemptPublic"}
+    assert set(op["responses"]) == {"201", "401", "403", "404", "408", "409", "413", "422", "503"}
 
 
 def test_quota_and_capacity_errors_document_retry_after(spec: dict[str, Any]) -> None:

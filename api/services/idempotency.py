@@ -1,0 +1,124 @@
+"""Idempotent requests: the ``Idempotency-Key`` header of step, reset, create and fork.
+
+A request with a key (:func:`parse_key`: 1 to :data:`KEY_MAX_CHARS` printable ASCII
+characters) is identified by its digest (:func:`request_digest`: method, route template,
+env id, query and body bytes). :meth:`Idempotency.begin` claims the key for the caller's
+tenant (keys of different tenants never meet) or finds it taken:
+
+* taken by a finished request with the same digest: its stored response is replayed
+  (:class:`Replay`) and nothing runs;
+* taken by a request with another digest: 409 ``idempotency_key_reused``;
+* taken by a request still in flight on any replica: 409 ``idempotency_key_in_flight``
+  with ``Retry-After`` (the caller is not kept waiting: a worker thread held per retry
+  would let a retrying client fill the server's threads). A claim older than
+  ``idempotency_lease_s`` belongs to a request whose replica died; it is taken over.
+
+A request that succeeds stores its status and body on the key: a step in the
+transaction of its own step row (the group commit), so a committed step always has its
+key and a key never has an uncommitted step; reset, create and fork in a transaction
+right after theirs. A request that ends in an error stores nothing and releases the
+key, so its retry runs again: Sandpit's errors (4xx, 503) commit nothing, and most are
+worth retrying as they are (429 quotas, 503 capacity, a 409 ``episode_ended`` after a
+reset). A malformed action is not an error but a recorded ``rejected`` step (200): it
+is stored and replayed like any step. Keys expire ``idempotency_key_ttl_s`` after the
+first request (:meth:`Idempotency.expire`, run by the janitor).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+
+from ..db.database import Database
+from ..db.idempotency import KeyClaim, claim_key, delete_expired, release_key, store_response
+from ..errors import IdempotencyKeyInFlight, IdempotencyKeyReused
+from ..settings import ApiSettings
+from .common import utcnow
+
+KEY_HEADER = "Idempotency-Key"
+"""The request header that carries the key."""
+KEY_MAX_CHARS = 255
+"""Longest key (characters)."""
+KEY_PATTERN = r"^[\x20-\x7e]{1,255}$"
+"""What a key may be: 1 to 255 printable ASCII characters (space included)."""
+_KEY = re.compile(KEY_PATTERN)
+IN_FLIGHT_RETRY_AFTER_S = 1
+"""``Retry-After`` of a 409 ``idempotency_key_in_flight`` (seconds)."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The stored response of a key's first request: HTTP ``status`` and JSON ``body``."""
+
+    status: int
+    body: bytes
+
+
+def valid_key(value: str) -> bool:
+    """Whether ``value`` is a key :data:`KEY_PATTERN` accepts."""
+    return _KEY.fullmatch(value) is not None
+
+
+def request_digest(method: str, route: str, env_id: str | None, query: bytes, body: bytes) -> str:
+    """SHA-256 (hex) of what makes two requests the same request: the method, the route's
+    template (``/v1/envs/{env_id}/step``), the env id (None: a route without one), the raw
+    query string and the raw body bytes. Two bodies that differ only in spacing or key
+    order are different requests (the client resends the same bytes)."""
+    digest = hashlib.sha256()
+    for part in (method.encode("ascii"), route.encode("utf-8"), (env_id or "").encode("utf-8"), query):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    digest.update(body)
+    return digest.hexdigest()
+
+
+class Idempotency:
+    """Claims, stored responses and expiry of idempotency keys (the module docstring).
+
+    Args:
+        settings: ``idempotency_key_ttl_s``, ``idempotency_lease_s``.
+        db: the control database (table ``idempotency_keys``).
+    """
+
+    def __init__(self, settings: ApiSettings, db: Database) -> None:
+        self.settings = settings
+        self.db = db
+
+    def begin(self, tenant: str, key: str, digest: str) -> KeyClaim | Replay:
+        """Claim ``key`` for ``tenant``'s request of ``digest`` (a :class:`KeyClaim`: run
+        the request, then :meth:`finish` or :meth:`release`), or the stored response of its
+        first request (:class:`Replay`: send it, run nothing). Raises
+        IdempotencyKeyReused (409: the key's request had another digest),
+        IdempotencyKeyInFlight (409 + Retry-After: that request has not finished),
+        ServiceUnavailable (database)."""
+        token = secrets.token_hex(16)
+        found = claim_key(self.db, tenant, key, digest, token, utcnow(), self.settings.idempotency_key_ttl_s,
+                          self.settings.idempotency_lease_s)
+        if found is None:
+            return KeyClaim(tenant, key, token)
+        if found.digest != digest:
+            raise IdempotencyKeyReused(f"{KEY_HEADER} {key!r} was already used for another request (method, "
+                                       "route, env or body); use a new key for a new request", field=KEY_HEADER)
+        if found.status is None or found.body is None:
+            raise IdempotencyKeyInFlight(f"the first request with {KEY_HEADER} {key!r} has not finished; retry "
+                                         "to get its response", field=KEY_HEADER,
+                                         retry_after=IN_FLIGHT_RETRY_AFTER_S)
+        return Replay(found.status, found.body)
+
+    def finish(self, claim: KeyClaim, status: int, body: bytes) -> None:
+        """Store the response of ``claim``'s request (reset, create, fork: after its own
+        transaction committed; a step stores it in its group commit instead). Raises
+        IdempotencyKeyInFlight (the claim lapsed and a retry took it over),
+        ServiceUnavailable (database)."""
+        store_response(self.db, claim.tenant, claim.key, claim.token, status, body)
+
+    def release(self, claim: KeyClaim) -> None:
+        """Forget ``claim`` when its request ended in an error (nothing stored; a retry
+        runs again). Raises ServiceUnavailable (database)."""
+        release_key(self.db, claim.tenant, claim.key, claim.token)
+
+    def expire(self) -> int:
+        """Delete keys past their ``expires_at`` (the janitor's task); returns how many."""
+        return delete_expired(self.db, utcnow())

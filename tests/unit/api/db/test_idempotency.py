@@ -1,0 +1,97 @@
+"""The ``idempotency_keys`` table (``sandpit.api.db.idempotency``) on a real database: a
+key is claimed once across two connections, a lapsed claim is taken over and can no
+longer store its response, expired keys count as absent and are deleted."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from databases import opened
+from sandpit.api.db.database import Database
+from sandpit.api.db.idempotency import (
+    KeyClaim,
+    claim_key,
+    delete_expired,
+    read_key,
+    release_key,
+    store_response,
+)
+from sandpit.api.errors import IdempotencyKeyInFlight
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+def test_first_claim_wins_then_the_row_is_found(database: Database) -> None:
+    assert claim_key(database, "t", "k", "d1", "token1", NOW, 60, 30) is None
+    found = claim_key(database, "t", "k", "d2", "token2", NOW, 60, 30)
+    assert found is not None and (found.digest, found.status, found.body) == ("d1", None, None)
+    store_response(database, "t", "k", "token1", 201, b'{"id": "x"}')
+    found = claim_key(database, "t", "k", "d1", "token3", NOW, 60, 30)
+    assert found is not None and (found.status, found.body) == (201, b'{"id": "x"}')
+
+
+def test_tenants_do_not_share_keys(database: Database) -> None:
+    assert claim_key(database, "a", "k", "d", "t1", NOW, 60, 30) is None
+    assert claim_key(database, "b", "k", "d", "t2", NOW, 60, 30) is None
+
+
+def test_concurrent_claims_of_one_key_give_exactly_one_owner(database: Database) -> None:
+    """Two engines on one database (two replicas): the primary key decides, one claim wins."""
+    owners: list[str] = []
+    barrier = threading.Barrier(8)
+    with opened(database.engine.url.render_as_string(hide_password=False)) as other:
+
+        def claim(n: int) -> None:
+            db = database if n % 2 else other
+            barrier.wait()
+            if claim_key(db, "t", "same", "d", f"token{n}", NOW, 60, 30) is None:
+                owners.append(f"token{n}")
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(owners) == 1
+
+
+def test_a_lapsed_claim_is_taken_over_and_cannot_store_afterwards(database: Database) -> None:
+    assert claim_key(database, "t", "k", "d", "old", NOW, 600, 30) is None
+    assert claim_key(database, "t", "k", "d", "new", NOW + timedelta(seconds=29), 600, 30) is not None
+    assert claim_key(database, "t", "k", "d", "new", NOW + timedelta(seconds=30), 600, 30) is None
+    with pytest.raises(IdempotencyKeyInFlight):
+        store_response(database, "t", "k", "old", 200, b"{}")
+    release_key(database, "t", "k", "old")  # not the holder: nothing happens
+    store_response(database, "t", "k", "new", 200, b'{"step": 1}')
+    stored = read_key(database, "t", "k")
+    assert stored is not None and stored.body == b'{"step": 1}'
+
+
+def test_a_stored_response_is_never_released(database: Database) -> None:
+    assert claim_key(database, "t", "k", "d", "tok", NOW, 600, 30) is None
+    store_response(database, "t", "k", "tok", 200, b"{}")
+    release_key(database, "t", "k", "tok")
+    assert read_key(database, "t", "k") is not None
+
+
+def test_released_key_is_claimed_again(database: Database) -> None:
+    assert claim_key(database, "t", "k", "d", "tok", NOW, 600, 30) is None
+    release_key(database, "t", "k", "tok")
+    assert read_key(database, "t", "k") is None
+    assert claim_key(database, "t", "k", "other digest", "tok2", NOW, 600, 30) is None
+
+
+def test_expired_keys_are_absent_and_collected(database: Database) -> None:
+    assert claim_key(database, "t", "old", "d", "tok", NOW, 10, 30) is None
+    store_response(database, "t", "old", "tok", 200, b"{}")
+    assert claim_key(database, "t", "fresh", "d", "tok", NOW, 1000, 30) is None
+    later = NOW + timedelta(seconds=10)
+    assert claim_key(database, "t", "old", "another", "tok2", later, 10, 30) is None  # expired: a new request
+    assert delete_expired(database, later + timedelta(seconds=10)) == 1
+    assert read_key(database, "t", "old") is None and read_key(database, "t", "fresh") is not None
+
+
+def test_key_claim_is_plain_data() -> None:
+    assert KeyClaim("t", "k", "tok") == KeyClaim("t", "k", "tok")
