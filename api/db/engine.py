@@ -10,6 +10,7 @@ PostgreSQL URLs without a driver (``postgresql://``, ``postgres://``) use psycop
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_random
 
 from ..errors import DatabaseNotMigrated
 from .checkpoint import FOREGROUND_PAGES, WAL_KEEP_BYTES
@@ -34,6 +36,17 @@ def normalize_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix):]
     return url
+
+
+@retry(retry=retry_if_exception(lambda exc: isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)),
+       wait=wait_random(0.005, 0.05), stop=stop_after_delay(30), reraise=True)
+def _use_wal(cursor: Any) -> None:
+    """Put the SQLite file in WAL mode (it stays so once set, so a file already in it is
+    left alone). Switching the mode can answer SQLITE_BUSY at once, without the busy
+    handler, while other connections open the same new file; it is retried for up to 30
+    seconds. Raises sqlite3.OperationalError past that."""
+    if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        cursor.execute("PRAGMA journal_mode=WAL")
 
 
 def make_engine(url: str, background_checkpoints: bool = False) -> Engine:
@@ -55,10 +68,10 @@ def make_engine(url: str, background_checkpoints: bool = False) -> Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:  # a DB-API connection
             cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            _use_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
             if background_checkpoints:
                 cursor.execute(f"PRAGMA wal_autocheckpoint={FOREGROUND_PAGES}")
                 cursor.execute(f"PRAGMA journal_size_limit={WAL_KEEP_BYTES}")
