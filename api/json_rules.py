@@ -12,7 +12,9 @@ what it parses exactly; :func:`has_long_number` sends integers beyond 64 bits to
 parser. :func:`text_size` and :func:`json_size` measure what the size caps
 (``max_code_bytes``, ``max_init_config_bytes``, ``max_arguments_bytes``) count.
 
-Only :mod:`.errors` is imported (an :class:`~.errors.InvalidRequest` names what is wrong).
+Imported: :mod:`.errors` (an :class:`~.errors.InvalidRequest` names what is wrong) and the
+runner's :func:`~sandpit.sandbox_images.runner.wire.depth_exceeds`, the one nesting-depth
+scan the host and the sandbox share.
 """
 
 from __future__ import annotations
@@ -22,15 +24,12 @@ import re
 from typing import Any
 
 import orjson
+from sandpit.sandbox_images.runner.wire import depth_exceeds
 
 from .errors import InvalidRequest
 
-_OPEN = frozenset(b"[{")
-_CLOSE = frozenset(b"]}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 """A ``\\uD800``..``\\uDFFF`` escape: a body without one cannot decode to a surrogate."""
-_PARENS = bytes.maketrans(b"[{]}", b"(())")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x2E for b in range(256))
 _LONG_RUN = b"0" * 19
 
@@ -44,57 +43,6 @@ def has_long_number(data: bytes) -> bool:
     return _LONG_RUN in data.translate(_DIGITS)
 
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-"""A complete JSON string as :func:`_depth_exceeds_scan` reads one (a backslash escapes
-the next byte)."""
-
-
-def json_depth_exceeds(body: bytes, limit: int) -> bool:
-    """True when ``body`` nests arrays/objects deeper than ``limit`` (strings skipped).
-
-    Byte operations in C instead of a Python loop over every byte: every complete string
-    (a quote to the next quote no backslash escapes) is cut out by one regular expression,
-    as the scan skips it; brackets are kept; then each pass of ``replace(b"()", b"")``
-    removes the innermost level, so a body still non-empty after ``limit`` passes is deeper
-    (or unbalanced, or has a string that never ends: then the exact scan decides, so
-    malformed JSON keeps its own error). What is left is the scan's outside bytes, plus
-    at most the tail of a string that never ends, so "not deeper" is exact too."""
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return False
-    outside = _STRING.sub(b"", body) if b'"' in body else body
-    brackets = outside.translate(_PARENS, _NOT_BRACKETS)
-    for _ in range(limit):
-        shorter = brackets.replace(b"()", b"")
-        if len(shorter) == len(brackets):
-            break
-        brackets = shorter
-    return bool(brackets) and _depth_exceeds_scan(body, limit)
-
-
-def _depth_exceeds_scan(body: bytes, limit: int) -> bool:
-    """The exact byte-by-byte scan behind :func:`json_depth_exceeds`."""
-    depth = 0
-    in_string = False
-    escaped = False
-    for byte in body:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in _OPEN:
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in _CLOSE:
-            depth -= 1
-    return False
-
-
 def _refuse_constant(name: str) -> Any:
     raise InvalidRequest(f"{name} is not valid JSON (numbers must be finite)")
 
@@ -102,7 +50,7 @@ def _refuse_constant(name: str) -> Any:
 def strict_loads(body: bytes, max_depth: int) -> Any:
     """Parse ``body`` as strict JSON. Raises :class:`InvalidRequest` on NaN/Infinity,
     malformed JSON or nesting deeper than ``max_depth``."""
-    if json_depth_exceeds(body, max_depth):
+    if depth_exceeds(body, max_depth):
         raise InvalidRequest(f"JSON nested deeper than {max_depth} levels")
     if not has_long_number(body):
         try:  # orjson refuses NaN/Infinity, lone surrogates and bad UTF-8: json below says which

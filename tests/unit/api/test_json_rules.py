@@ -13,7 +13,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sandpit.api.errors import InvalidRequest
-from sandpit.api.json_rules import _depth_exceeds_scan, json_depth_exceeds, lone_surrogate_at, strict_loads
+from sandpit.api.json_rules import lone_surrogate_at, strict_loads
+from sandpit.sandbox_images.runner.wire import _scan_exceeds, depth_exceeds
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
@@ -28,22 +29,22 @@ JSON = st.recursive(
 @example(b'"abc[[[', 1)  # a string that never ends hides its brackets
 @example(b'"a\\"[[" [[', 1)
 def test_depth_check_agrees_with_the_scan_on_any_bytes(body: bytes, limit: int) -> None:
-    assert json_depth_exceeds(body, limit) == _depth_exceeds_scan(body, limit)
+    assert depth_exceeds(body, limit) == _scan_exceeds(body, limit)
 
 
 @settings(max_examples=300, deadline=None)
 @given(JSON, st.integers(1, 12))
 def test_depth_check_agrees_with_the_scan_on_json(value: Any, limit: int) -> None:
     body = json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    assert json_depth_exceeds(body, limit) == _depth_exceeds_scan(body, limit)
+    assert depth_exceeds(body, limit) == _scan_exceeds(body, limit)
 
 
 def test_depth_of_large_bodies() -> None:
     wide = json.dumps({"rows": [{"k": [i, {"s": "[[[[{{{{\\\"" * 3}]} for i in range(20000)]}).encode()
     assert len(wide) > 1_000_000
-    assert not json_depth_exceeds(wide, 5) and json_depth_exceeds(wide, 4)
+    assert not depth_exceeds(wide, 5) and depth_exceeds(wide, 4)
     deep = b'{"a":' + b"[" * 65 + b"]" * 65 + b"}"
-    assert json_depth_exceeds(deep, 64) and not json_depth_exceeds(deep, 66)
+    assert depth_exceeds(deep, 64) and not depth_exceeds(deep, 66)
 
 
 @settings(max_examples=400, deadline=None)
@@ -94,9 +95,9 @@ def test_non_json_numbers_and_malformed_json_are_invalid(body: bytes) -> None:
 
 
 def test_depth_is_counted_outside_strings_only() -> None:
-    assert not json_depth_exceeds(b'{"a": "[[[[[[[[[[{{{{{{"}', 2)
-    assert not json_depth_exceeds(b'{"a": "\\"[[[["}', 2)  # an escaped quote does not end the string
-    assert json_depth_exceeds(b"[[[1]]]", 2) and not json_depth_exceeds(b"[[1]]", 2)
+    assert not depth_exceeds(b'{"a": "[[[[[[[[[[{{{{{{"}', 2)
+    assert not depth_exceeds(b'{"a": "\\"[[[["}', 2)  # an escaped quote does not end the string
+    assert depth_exceeds(b"[[[1]]]", 2) and not depth_exceeds(b"[[1]]", 2)
     with pytest.raises(InvalidRequest, match="nested deeper than 4"):
         strict_loads(b"[" * 5 + b"]" * 5, 4)
     assert strict_loads(b"[" * 4 + b"]" * 4, 4) == [[[[]]]]
