@@ -180,7 +180,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                     setattr(app.state, name, getattr(services, name))
                 app.state.mcp = mcp = McpServer(api_settings, services.tenants, services.envs, services.steps,
                                                 services.history, translate=_translated, version=app.version)
-                app.state.openenv = OpenEnvServer(services.tenants, services.scenarios, services.envs,
+                app.state.openenv = OpenEnvServer(api_settings, services.tenants, services.scenarios, services.envs,
                                                   services.episodes, services.steps, services.history,
                                                   translate=_translated)
                 services.start()

@@ -78,12 +78,13 @@ from ..envs.episodes import Episodes
 from ..envs.history import EnvHistory
 from ..envs.lifecycle import EnvLifecycle
 from ..envs.steps import Steps
-from ..errors import ApiError, InvalidRequest, NotFound, error_reply
+from ..errors import ApiError, InvalidRequest, NotFound, PayloadTooLarge, error_reply
 from ..metrics import StepClock
 from ..schemas.envs import EnvCreate, EnvPublic, ResetRequest, Seed, StateView, StepRequest, StepResult
 from ..services.quotas import TenantContext
 from ..services.scenarios import ScenarioService
 from ..services.tenants import TenantService
+from ..settings import ApiSettings
 from .access_log import note_route, note_tenant
 from .handlers import count_rejection, error_response
 
@@ -211,6 +212,7 @@ class OpenEnvServer:
     HTTP routes of :data:`BASE_TEMPLATE`, over the env verbs.
 
     Args:
+        settings: ``max_body_bytes`` (the largest HTTP request body, bytes).
         tenants: API keys.
         scenarios: the scenario's existence and owner, ``metadata``.
         envs: creation, deletion and ownership of the sessions' envs.
@@ -221,9 +223,10 @@ class OpenEnvServer:
             or None (then it is logged and answered as an internal error).
     """
 
-    def __init__(self, tenants: TenantService, scenarios: ScenarioService, envs: EnvLifecycle, episodes: Episodes,
-                 steps: Steps, history: EnvHistory,
+    def __init__(self, settings: ApiSettings, tenants: TenantService, scenarios: ScenarioService,
+                 envs: EnvLifecycle, episodes: Episodes, steps: Steps, history: EnvHistory,
                  translate: Callable[[Exception], ApiError | None] | None = None) -> None:
+        self.settings = settings
         self.tenants = tenants
         self.scenarios = scenarios
         self.envs = envs
@@ -384,9 +387,12 @@ class OpenEnvServer:
         after an unseeded env was made for ``step``/``state``) starts the next episode."""
         caller, env_id = session.caller, session.env_id
         if env_id is None:
-            env = await self._blocking(lambda: self._create(caller, session.scenario_id, seed))
-            session.env_id, session.fresh = env.id, True
-            return env
+            def create() -> EnvPublic:  # the id is kept in the worker thread: a cancelled wait still deletes it
+                made = self._create(caller, session.scenario_id, seed)
+                session.env_id, session.fresh = made.id, True
+                return made
+
+            return await self._blocking(create)
         if session.fresh and seed is None:
             session.fresh = False
             return await self._blocking(lambda: self.envs.read(caller, env_id))
@@ -397,7 +403,8 @@ class OpenEnvServer:
     async def _http(self, request: Request, template: str,
                     work: Callable[[TenantContext, str], Any], status: int = 200) -> Response:
         """Authenticate, check the scenario, run ``work(caller, scenario_id)`` on a worker
-        thread and answer its JSON; an API error is the API's error response."""
+        thread and answer its JSON; an API error is the API's error response (so a
+        malformed request whose ``work`` raises its error is 401/404 before it is 422)."""
         note_route(request.scope, BASE_TEMPLATE + template)
         scenario_id: str = request.path_params["scenario_id"]
 
@@ -411,18 +418,25 @@ class OpenEnvServer:
             return error_response(exc)
 
     async def _body(self, request: Request, model: type[BaseModel], empty: bool) -> Any:
-        """The request's JSON body as ``model`` (``empty``: no body is ``{}``). Raises
-        InvalidRequest (422) for a body that is not JSON or does not fit."""
-        raw = await request.body()
+        """The request's JSON body as ``model`` (``empty``: no body is ``{}``), or the
+        ApiError it makes: PayloadTooLarge (413) over ``max_body_bytes``, InvalidRequest
+        (422) for a body that is not JSON or does not fit."""
+        limit, chunks, size = self.settings.max_body_bytes, [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return PayloadTooLarge(f"request body over {limit} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
             data = orjson.loads(raw) if raw or not empty else {}
             return model.model_validate(data)
         except orjson.JSONDecodeError as exc:
-            raise InvalidRequest(f"the body is not JSON: {exc}") from exc
+            return InvalidRequest(f"the body is not JSON: {exc}")
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or None
-            raise InvalidRequest(f"{field or 'body'}: {first['msg']}", field=field) from exc
+            return InvalidRequest(f"{field or 'body'}: {first['msg']}", field=field)
 
     async def health(self, request: Request) -> Response:
         """``GET .../health``: ``{"status": "healthy"}`` (OpenEnv's ``HealthResponse``) for
@@ -447,14 +461,13 @@ class OpenEnvServer:
     async def reset(self, request: Request) -> Response:
         """``POST .../reset`` (:class:`OpenEnvReset`, the body optional): a new env of the
         scenario, or with ``episode_id`` the next episode of that env; :func:`reset_reply`.
-        Errors: 422 (malformed body), 404 (an env not of this scenario or tenant), and
+        Errors: 413, 422 (malformed body), 404 (an env not of this scenario or tenant), and
         ``POST /v1/envs``' (429, 503, ...)."""
-        try:
-            body: OpenEnvReset = await self._body(request, OpenEnvReset, empty=True)
-        except ApiError as exc:
-            return error_response(exc)
+        body = await self._body(request, OpenEnvReset, empty=True)
 
         def work(caller: TenantContext, scenario_id: str) -> dict[str, Any]:
+            if isinstance(body, ApiError):
+                raise body
             if body.episode_id is None:
                 return reset_reply(self._create(caller, scenario_id, body.seed))
             env_id = self._env_of(caller, scenario_id, body.episode_id)
@@ -464,17 +477,17 @@ class OpenEnvServer:
 
     async def step(self, request: Request) -> Response:
         """``POST .../step`` (:class:`OpenEnvStep`): one step of the env ``episode_id``;
-        :func:`step_reply`. Errors: 422 (malformed body or action), 404, and
+        :func:`step_reply`. Errors: 413, 422 (malformed body or action), 404, and
         ``POST /v1/envs/{id}/step``'s (409 ``episode_ended``, 429, 503, ...)."""
-        try:
-            body: OpenEnvStep = await self._body(request, OpenEnvStep, empty=False)
-            action = step_action(body.action)
-        except ValidationError as exc:
-            return error_response(InvalidRequest(f"action: {exc.errors()[0]['msg']}", field="action"))
-        except ApiError as exc:
-            return error_response(exc)
+        body = await self._body(request, OpenEnvStep, empty=False)
 
         def work(caller: TenantContext, scenario_id: str) -> dict[str, Any]:
+            if isinstance(body, ApiError):
+                raise body
+            try:
+                action = step_action(body.action)
+            except ValidationError as exc:
+                raise InvalidRequest(f"action: {exc.errors()[0]['msg']}", field="action") from exc
             return step_reply(self._step(caller, self._env_of(caller, scenario_id, body.episode_id), action))
 
         return await self._http(request, "/step", work)
@@ -483,10 +496,10 @@ class OpenEnvServer:
         """``GET .../state?episode_id=<env id>``: :func:`state_reply`. Errors: 422 without
         ``episode_id``, 404."""
         episode_id = request.query_params.get("episode_id")
-        if not episode_id:
-            return error_response(InvalidRequest("episode_id (the env's id) is required", field="episode_id"))
 
         def work(caller: TenantContext, scenario_id: str) -> dict[str, Any]:
+            if not episode_id:
+                raise InvalidRequest("episode_id (the env's id) is required", field="episode_id")
             return self._state(caller, self._env_of(caller, scenario_id, episode_id[:255]))
 
         return await self._http(request, "/state", work)

@@ -236,6 +236,9 @@ def test_http_routes(server: ApiServer, scenario_id: str) -> None:
         assert client.get("/v1/scenarios/scn_nope/openenv/health").status_code == 404
         assert client.get(f"{base}/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get(f"{base}/health", headers={"Authorization": "Basic !!"}).status_code == 401
+        unauthenticated = client.post(f"{base}/step", content=b"{not json", headers={"Authorization": "Bearer no"})
+        assert unauthenticated.status_code == 401  # the key before the body
+        assert client.post(f"{base}/reset", content=b" " * (8 * 1024 * 1024 + 1)).status_code == 413
         assert client.put(f"{base}/step").status_code == 405
     with server.client(other_key) as theirs:
         assert theirs.get(f"{base}/health").status_code == 404  # another tenant's scenario
