@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from openenv.core import GenericEnvClient
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
 from api import SOURCE, Server, pcts
 
@@ -68,10 +68,10 @@ class Plain:
 
 
 class Session:
-    """One OpenEnv WebSocket session (its own env of the scenario)."""
+    """One OpenEnv WebSocket session (its own env of the scenario) on an open connection."""
 
-    def __init__(self, url: str) -> None:
-        self.socket = connect(url, open_timeout=60, max_size=None)
+    def __init__(self, socket: ClientConnection) -> None:
+        self.socket = socket
 
     def _send(self, message: dict) -> dict:
         self.socket.send(json.dumps(message))
@@ -91,9 +91,6 @@ class Session:
         if reply["data"]["observation"]["status"] != "ok":
             raise RuntimeError(reply)
         return elapsed, reply["data"]["observation"]["duration_ms"]
-
-    def close(self) -> None:
-        self.socket.close()
 
 
 def client_steps(base_url: str, count: int, block: int) -> list[float]:
@@ -133,22 +130,21 @@ def main() -> None:
                 env_id = client.post("/v1/envs", json={"scenario_id": scenario_id}).json()["id"]
             base_url = (f"http://bench:{quote(server.api_key, safe='')}@127.0.0.1:{server.port}"
                         f"/v1/scenarios/{scenario_id}/openenv")
-            plain, session = Plain(server, env_id), Session(base_url.replace("http://", "ws://") + "/ws")
-            callers = {"plain": plain, "openenv": session}
-            for caller in callers.values():  # warm-up: connection, caches, the env's sandbox
-                caller.reset()
-                for _ in range(20):
-                    caller.step()
             latency: dict[str, list[float]] = {"plain": [], "openenv": []}
             rtt: dict[str, list[float]] = {"plain": [], "openenv": []}
-            for _ in range(max(1, args.steps // args.block)):
-                for kind, caller in callers.items():
+            with connect(base_url.replace("http://", "ws://") + "/ws", open_timeout=60, max_size=None) as socket:
+                callers: dict[str, Plain | Session] = {"plain": Plain(server, env_id), "openenv": Session(socket)}
+                for caller in callers.values():  # warm-up: connection, caches, the env's sandbox
                     caller.reset()
-                    for _ in range(args.block):
-                        elapsed, duration = caller.step()
-                        latency[kind].append(elapsed)
-                        rtt[kind].append(duration)
-            session.close()
+                    for _ in range(20):
+                        caller.step()
+                for _ in range(max(1, args.steps // args.block)):
+                    for kind, caller in callers.items():
+                        caller.reset()
+                        for _ in range(args.block):
+                            elapsed, duration = caller.step()
+                            latency[kind].append(elapsed)
+                            rtt[kind].append(duration)
             results["latency_ms"] = {kind: pcts(samples) for kind, samples in latency.items()}
             results["sandbox_rtt_ms"] = {kind: pcts(samples) for kind, samples in rtt.items()}
             if args.client_steps:
