@@ -24,8 +24,8 @@
     evaluations/      batch evaluation jobs, their runner (a client of the env verbs),
                       claims across replicas, the rollout agent loop
     http/             the only HTTP code: deps, routes/ (one module per resource), the step
-                      door (step), the MCP servers (mcp), strict JSON bodies, the body
-                      deadline, the OpenAPI document, the access log, exception handlers
+                      door (step), the MCP servers (mcp), the OpenEnv protocol (openenv),
+                      strict JSON bodies, the body deadline, the OpenAPI document, the access log, exception handlers
     app.py            the composition root: builds the executor, the database and every
                       service; the step door in front of FastAPI
 

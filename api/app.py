@@ -65,6 +65,8 @@ from .http.access_log import AccessLog
 from .http.body_timeout import BodyReadTimeout
 from .http.handlers import error_response, register_handlers
 from .http.mcp import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpEndpoint, McpServer
+from .http.openenv import OpenEnvServer
+from .http.openenv import routes as openenv_routes
 from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .http.step import StepDoor
 from .metrics import Metrics
@@ -178,6 +180,9 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                     setattr(app.state, name, getattr(services, name))
                 app.state.mcp = mcp = McpServer(api_settings, services.tenants, services.envs, services.steps,
                                                 services.history, translate=_translated, version=app.version)
+                app.state.openenv = OpenEnvServer(api_settings, services.tenants, services.scenarios, services.envs,
+                                                  services.episodes, services.steps, services.history,
+                                                  translate=_translated)
                 services.start()
                 if api_settings.warm_on_start and pool_settings.pool_size:
                     threading.Thread(target=services.sandboxes.warm, args=(api_settings.tenant,), daemon=True,
@@ -217,6 +222,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
         app.include_router(router)
     # MCP over Streamable HTTP: raw ASGI endpoints (every method; the SDK speaks the protocol)
     app.router.routes += [Route(ENV_TEMPLATE, McpEndpoint("env")), Route(SCENARIO_TEMPLATE, McpEndpoint("scenario"))]
+    # OpenEnv's protocol (openenv-core's EnvClient): a WebSocket session and HTTP routes per scenario
+    app.router.routes += openenv_routes()
     app.state.api_routes = [route for router in ROUTERS for route in router.routes]  # for 405's Allow
     openapi.install(app, ROUTERS, partial(_default_limits, pool_settings))
     return app
