@@ -18,6 +18,7 @@ Exception tree (services raise these; routes never build HTTP errors themselves)
     ├── QuotaExceeded             429     quota_exceeded   names the ``limit``; with ``Retry-After``
     ├── NoCapacity                503     no_capacity      with ``Retry-After``
     └── ServiceUnavailable        503     unavailable      Docker Engine or DB down
+        └── HeadMoved             503     unavailable      the env's head moved under a step (another replica)
     DatabaseNotMigrated           (start-up only: the server refuses to start)
 
 Executor errors are translated at the edge, by the adapter (:mod:`.sandboxes`):
@@ -127,6 +128,13 @@ class NoCapacity(ApiError):
 
 class ServiceUnavailable(ApiError):
     """A dependency (Docker Engine, database) is unreachable."""
+
+
+class HeadMoved(ServiceUnavailable):
+    """A step's write found its env's head no longer where the step started from (another
+    API replica, or a reset, moved it meanwhile); nothing of the step was committed. The
+    step door re-attaches from the committed head and carries the action out once more;
+    only a second move in a row reaches the caller (503, retry)."""
 
 
 TABLE: dict[type[ApiError], tuple[int, str]] = {

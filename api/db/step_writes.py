@@ -2,7 +2,9 @@
 
 :func:`write_steps` writes what a batch of steps (:class:`StepWrite`, one per step of any
 env) needs: the union of their new state blobs (identical blobs once), their ``steps``
-rows and their envs' new heads (one ``executemany`` each), then each episode's changes
+rows and their envs' new heads (one ``executemany`` each; a head is moved only from the
+step before, else :class:`~sandpit.api.errors.HeadMoved` fails the transaction: see
+:func:`check_moved`), then each episode's changes
 the attempt fences of steps that carry an attempt token
 (:func:`~sandpit.api.db.attempts.fence_core`), and the stored responses of steps that
 carry an ``Idempotency-Key``
@@ -27,15 +29,27 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from ..errors import ServiceUnavailable
+from ..errors import HeadMoved, ServiceUnavailable
 from .attempts import fence_core
 from .idempotency import KeyClaim, store_response_core
 from .models import Env, Episode, Step, table
 from .store import PendingBlobs
 
-MOVE_HEAD = table(Env).update().where(table(Env).c.id == bindparam("env")).values(
-    step=bindparam("head"), last_used_at=bindparam("used"))
-"""Move an env's head (one ``executemany`` for a batch of steps)."""
+MOVE_HEAD = table(Env).update().where(
+    table(Env).c.id == bindparam("env"), table(Env).c.episode == bindparam("at_episode"),
+    table(Env).c.step == bindparam("previous")).values(step=bindparam("head"), last_used_at=bindparam("used"))
+"""Move an env's head from the step before (one ``executemany`` for a batch of steps);
+an env whose head is elsewhere is not moved (:func:`check_moved`)."""
+
+
+def check_moved(moved: int, writes: list[StepWrite]) -> None:
+    """Raise HeadMoved unless all ``writes`` moved their env's head (``moved`` rows): a
+    step is only committed on top of the head it started from, so a replica whose live
+    view is stale (another replica or a reset moved the head since) never records a step
+    into an old episode or a step number that exists."""
+    if moved != len(writes):
+        stale = writes[0].env_id if len(writes) == 1 else f"{len(writes) - moved} of {len(writes)} envs"
+        raise HeadMoved(f"the head of {stale} moved since the step started; nothing was committed", retry_after=1)
 
 
 @dataclass
@@ -95,21 +109,24 @@ class _SqliteSteps:
                                 for name in self.step_columns]
         self.used = table(Env).c.last_used_at.type.dialect_impl(dialect).bind_processor(dialect)
         self.insert_blobs = "INSERT INTO blobs (hash, data, size) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING"
-        self.move_head = "UPDATE envs SET step = ?, last_used_at = ? WHERE id = ?"
+        self.move_head = "UPDATE envs SET step = ?, last_used_at = ? WHERE id = ? AND episode = ? AND step = ?"
 
     def write(self, conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
-        """Insert ``blobs`` (those not stored yet) and the steps' rows, move the heads."""
+        """Move the heads (all from the step before, else HeadMoved), insert ``blobs``
+        (those not stored yet) and the steps' rows."""
         driver = conn.connection.driver_connection
         if driver is None:  # pragma: no cover - a connection the pool invalidated
             raise ServiceUnavailable("database connection lost", retry_after=1)
-        statement = self.insert_blobs
+        statement = self.move_head
         try:
+            used = self.used
+            moved = driver.executemany(statement, [(w.row["step"], used(w.now) if used else w.now, w.env_id,
+                                                    w.episode, w.row["step"] - 1) for w in writes]).rowcount
+            check_moved(moved, writes)
+            statement = self.insert_blobs
             driver.executemany(statement, [(h, data, size) for h, (data, size) in blobs.blobs.items()])
             statement = self.insert_steps
             driver.executemany(statement, [self._row(write.row) for write in writes])
-            statement = self.move_head
-            used = self.used
-            driver.executemany(statement, [(w.row["step"], used(w.now) if used else w.now, w.env_id) for w in writes])
         except sqlite3.Error as exc:
             raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
@@ -124,9 +141,11 @@ class _SqliteSteps:
 def write_steps_core(conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
     """:func:`write_steps`'s blobs, step rows and heads through SQLAlchemy Core (any
     database; the reference the SQLite driver path is tested against)."""
+    moved = conn.execute(MOVE_HEAD, [{"env": w.env_id, "at_episode": w.episode, "previous": w.row["step"] - 1,
+                                      "head": w.row["step"], "used": w.now} for w in writes]).rowcount
+    check_moved(moved, writes)
     blobs.write(cast(Session, _CoreSession(conn)))
     conn.execute(table(Step).insert(), [w.row for w in writes])
-    conn.execute(MOVE_HEAD, [{"env": w.env_id, "head": w.row["step"], "used": w.now} for w in writes])
 
 
 _SQLITE_WRITERS: weakref.WeakKeyDictionary[Any, _SqliteSteps] = weakref.WeakKeyDictionary()

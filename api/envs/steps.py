@@ -39,7 +39,7 @@ from ..db.group_commit import GroupCommit
 from ..db.idempotency import KeyClaim
 from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
-from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
+from ..errors import EpisodeEnded, HeadMoved, InvalidRequest, ServiceUnavailable
 from ..metrics import Metrics, StepClock
 from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError, resolved_changes
 from ..schemas.envs import StepRequest
@@ -147,47 +147,17 @@ class Steps:
 
     def _step(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
               clock: StepClock | None, key: KeyClaim | None, attempt: str | None) -> StepOutcome:
-        """The step under the env's lock: act (:meth:`_act_once_more`), score an ending
-        episode, render the reply (when ``key`` needs it stored), commit, move the live
-        head; metrics after the lock."""
+        """The step under the env's lock (:meth:`_step_locked`); metrics after the lock.
+        A write that finds the env's head moved since the live entry was made
+        (:class:`HeadMoved`: another replica stepped or reset the env, also by a step that
+        made no sandbox call) committed nothing and dropped the entry: the step is carried
+        out once more from the committed head; a second move in a row is the 503."""
         started = time.perf_counter()
         with self.live.lock(env_id):
-            entry, restored, before, done_run = self._act_once_more(tenant, env_id, action, clock)
-            if clock is not None:
-                clock.lap("sandbox")
-            run = entry.run
-            result = done_run.result
-            pending = PendingBlobs()
-            after = before
-            if result is not None and result.status in ("ok", "error"):
-                after = self._applied(env_id, before, result, pending)
-            number = entry.step + 1
-            terminated = done_run.terminated
-            truncated = not terminated and run.config.max_steps is not None and number >= run.config.max_steps
-            reward, checks = 0.0, None
-            if terminated and done_run.end_reason != "tool_error" or truncated and run.config.score_truncated:
-                reward, checks = self.rewards.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
-                                                    after)
-            done = "terminated" if terminated else "truncated" if truncated else None
-            recorded = done_run.action if done_run.action is not None else action.record()
-            recovered = restored or bool(result is not None and result.recovered)
-            outcome = StepOutcome(env_id, entry.episode, number, recorded, done_run, recovered, reward,
-                                  terminated, truncated, checks, wanted=wanted)
-            if wanted:
-                outcome.state_after = state_view(after)
-                if "state_diff" in wanted:
-                    outcome.state_before = state_view(before)
-            self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
-                         key, outcome.json() if key is not None else b"", attempt)
-            if clock is not None:
-                clock.lap("persist")
-            entry.cache = after
-            entry.step = number
-            entry.last_used = time.monotonic()
-            if done_run.user_messages is not None:
-                run.user_messages = done_run.user_messages
-            if done is not None:
-                run.status, run.reward = done, reward
+            try:
+                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt)
+            except HeadMoved:
+                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt)
         self.metrics.step_seconds.labels(done_run.status).observe(time.perf_counter() - started)
         self.metrics.snapshot_bytes.inc(pending.stored_bytes)
         if done_run.status in FAILURE_STATUSES:
@@ -195,6 +165,51 @@ class Steps:
         if clock is not None:
             clock.lap("other")
         return outcome
+
+    def _step_locked(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
+                     clock: StepClock | None, key: KeyClaim | None,
+                     attempt: str | None) -> tuple[StepOutcome, StepRun, PendingBlobs]:
+        """Act (:meth:`_act_once_more`), score an ending episode, render the reply (when
+        ``key`` needs it stored), commit, move the live head. Call it holding the env's
+        lock. Returns ``(outcome, what the action did, the blobs written)``. Raises
+        HeadMoved (nothing committed, the live entry dropped) and what :meth:`step` lists."""
+        entry, restored, before, done_run = self._act_once_more(tenant, env_id, action, clock)
+        if clock is not None:
+            clock.lap("sandbox")
+        run = entry.run
+        result = done_run.result
+        pending = PendingBlobs()
+        after = before
+        if result is not None and result.status in ("ok", "error"):
+            after = self._applied(env_id, before, result, pending)
+        number = entry.step + 1
+        terminated = done_run.terminated
+        truncated = not terminated and run.config.max_steps is not None and number >= run.config.max_steps
+        reward, checks = 0.0, None
+        if terminated and done_run.end_reason != "tool_error" or truncated and run.config.score_truncated:
+            reward, checks = self.rewards.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
+                                                after)
+        done = "terminated" if terminated else "truncated" if truncated else None
+        recorded = done_run.action if done_run.action is not None else action.record()
+        recovered = restored or bool(result is not None and result.recovered)
+        outcome = StepOutcome(env_id, entry.episode, number, recorded, done_run, recovered, reward,
+                              terminated, truncated, checks, wanted=wanted)
+        if wanted:
+            outcome.state_after = state_view(after)
+            if "state_diff" in wanted:
+                outcome.state_before = state_view(before)
+        self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
+                     key, outcome.json() if key is not None else b"", attempt)
+        if clock is not None:
+            clock.lap("persist")
+        entry.cache = after
+        entry.step = number
+        entry.last_used = time.monotonic()
+        if done_run.user_messages is not None:
+            run.user_messages = done_run.user_messages
+        if done is not None:
+            run.status, run.reward = done, reward
+        return outcome, done_run, pending
 
     def _act_once_more(self, tenant: str, env_id: str, action: Action,
                        clock: StepClock | None) -> tuple[LiveEnv, bool, StateCache, StepRun]:

@@ -19,7 +19,7 @@ from sandpit.api.db.group_commit import GroupCommit
 from sandpit.api.db.idempotency import KeyClaim, StoredKey, claim_key, read_key
 from sandpit.api.db.step_writes import StepWrite, write_steps, write_steps_core
 from sandpit.api.db.store import PendingBlobs
-from sandpit.api.errors import IdempotencyKeyInFlight, ServiceUnavailable, StaleAttempt
+from sandpit.api.errors import HeadMoved, IdempotencyKeyInFlight, ServiceUnavailable, StaleAttempt
 from sqlalchemy import select, text
 
 NOW = datetime(2026, 11, 25, 23, 30, 1, 123456, tzinfo=UTC)
@@ -117,9 +117,9 @@ def test_batches_of_any_size_store_what_core_stored(database: Database, second_d
 
 
 def test_a_bad_step_fails_alone_in_its_batch(database: Database) -> None:
-    """Concurrent steps share a transaction; one whose row cannot be stored (its step
-    number is taken) gets a 503 (the driver's IntegrityError, translated) and the
-    others of its batch are committed."""
+    """Concurrent steps share a transaction; one that cannot be stored (its step number
+    is taken: the env's head is past the step it started from) gets a 503 (HeadMoved)
+    and the others of its batch are committed."""
     for env_id in ("env-1", "env-2", "env-3"):
         make_env(database, env_id)
     with database.write_connection() as conn:
@@ -143,10 +143,40 @@ def test_a_bad_step_fails_alone_in_its_batch(database: Database) -> None:
     for thread in threads:
         thread.join(30)
     assert results["env-1"] is None and results["env-3"] is None
-    assert isinstance(results["env-2"], ServiceUnavailable)
+    assert isinstance(results["env-2"], HeadMoved)
     steps, _, heads = stored(database)
     assert [(row[0], row[2]) for row in steps] == [("env-1", 1), ("env-2", 1), ("env-3", 1)]
     assert [(row[0], row[1]) for row in heads] == [("env-1", 1), ("env-2", 1), ("env-3", 1)]
+
+
+def write_core(conn: Any, writes: list[StepWrite]) -> None:
+    """``write_steps_core`` given the union of ``writes``' blobs, as ``write_steps`` gives it."""
+    blobs = PendingBlobs()
+    for write in writes:
+        blobs.blobs.update(write.pending.blobs)
+    write_steps_core(conn, blobs, writes)
+
+
+@pytest.mark.parametrize("writer", [write_steps, write_core], ids=["driver", "core"])
+@pytest.mark.parametrize("stale", ["behind", "ahead", "old_episode"])
+def test_a_step_from_a_head_that_moved_stores_nothing(database: Database, writer: Any, stale: str) -> None:
+    """A step is committed only on top of the head it started from: a replica whose live
+    view is behind (the head moved past it), ahead, or of an episode the env left (reset
+    elsewhere) gets HeadMoved, and neither its row, its blobs nor a head move is stored;
+    in a batch it takes nothing else down."""
+    make_env(database, "env-1")
+    make_env(database, "env-2")
+    with database.write_connection() as conn:
+        writer(conn, [step("env-1", 1), step("env-1", 2)])
+    before = stored(database)
+    write = {"behind": step("env-1", 2, observation="stale"), "ahead": step("env-1", 4),
+             "old_episode": dataclasses.replace(step("env-1", 3), episode=0)}[stale]
+    with pytest.raises(HeadMoved), database.write_connection() as conn:
+        writer(conn, [step("env-2", 1), write])
+    assert stored(database) == before
+    with database.write_connection() as conn:
+        writer(conn, [step("env-2", 1), step("env-1", 3)])
+    assert [(row[0], row[1]) for row in stored(database)[2]] == [("env-1", 3), ("env-2", 1)]
 
 
 def test_a_step_of_an_unknown_env_is_refused(database: Database) -> None:
