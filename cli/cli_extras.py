@@ -46,6 +46,7 @@ EXTRA_OF_MODULE: Mapping[str, str] = MappingProxyType({
     # the adapters and backends
     "gem": "gem",
     "gymnasium": "rl",
+    "openenv": "openenv",  # openenv-core's client (cli/rl_doors.py)
     "numpy": "rl",
     "grpc": "ray",
     "ray": "ray",

@@ -3,8 +3,10 @@
 A scripted policy (each scenario's known-good tool calls, then a final reply to the user)
 drives Sandpit envs through the RL adapters: ``RLEnv`` (gymnasium) for every scenario of
 the input, several envs at once on threads, then a few episodes through the GEM env
-(``sandpit:envscaler_non_conv_env``, raw ``<tool_call>`` text as a model writes it). The
-server computes every reward (the scenarios' checks) and ends every episode. Prints
+(``sandpit:envscaler_non_conv_env``, raw ``<tool_call>`` text as a model writes it), and
+the first ``--door-episodes`` scenarios through the MCP and OpenEnv doors with their own
+clients (:mod:`sandpit.rl_doors`; rewards printed beside gymnasium's, exit 1 unless
+equal). The server computes every reward (the scenarios' checks) and ends every episode. Prints
 episodes, mean reward, success rate, steps, step latency (p50/p99, milliseconds) and
 steps/s; exit code 1 when an episode failed with an API error.
 
@@ -36,9 +38,12 @@ from sandpit.output import error, note
 if TYPE_CHECKING:
     from sandpit.importers.envscaler_parity import EpisodeParity, Totals
 
-rl_app = typer.Typer(help="RL episode loops over the API (gymnasium and GEM adapters).", no_args_is_help=True)
+rl_app = typer.Typer(help="RL episode loops over the API (gymnasium and GEM adapters, MCP and OpenEnv doors).",
+                    no_args_is_help=True)
 console = Console(stderr=True)
 FINAL_REPLY = "Task Completed: every requested change is done."
+DEFAULT_MAX_STEPS = 30
+"""A new env's episode length when its request names none (``EpisodeConfig.max_steps``)."""
 
 
 @dataclass
@@ -150,9 +155,17 @@ def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False
          limit: Annotated[int | None, typer.Option(min=1, help="Scenarios to run (default all).")] = None,
          concurrency: Annotated[int, typer.Option(min=1, max=64, help="Envs stepped at once.")] = 4,
          gem_episodes: Annotated[int, typer.Option(min=0, help="Episodes through the GEM env.")] = 10,
+         door_episodes: Annotated[int, typer.Option(min=0, help="Scenarios also run through MCP and OpenEnv.")] = 2,
          max_steps: Annotated[int, typer.Option(min=1, help="Episode step limit.")] = 100) -> None:
-    """Drive scenario-bound envs with a scripted policy through RLEnv and the GEM env."""
+    """Drive scenario-bound envs with a scripted policy through RLEnv and the GEM env,
+    then the first ``door_episodes`` scenarios (that end within the default 30 steps)
+    through MCP and OpenEnv's clients; exit 1 when an episode failed with an API error or
+    a door's reward differs from the gymnasium run's."""
     import sandpit.client.rl  # noqa: F401 - without the rl extra, fail before any output (sandpit.cli.main)
+
+    if door_episodes:
+        import mcp  # noqa: F401 - the doors' clients: without their extras, fail before any output
+        import openenv.core  # noqa: F401
     from sandpit.client import Client
 
     items = _load(replay_file, limit)
@@ -182,8 +195,43 @@ def demo(replay_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False
     failed = [r for r in runs + gem_runs if r.error is not None or not r.ended]
     for run in failed[:10]:
         note(console, (run.scenario_id, "yellow"), f": {run.error or 'did not end'}")
-    if any(r.error is not None for r in failed):
+    doors_agree = True
+    if door_episodes:
+        from sandpit.client.transport import from_environment
+
+        base_url, key = from_environment(url, api_key)
+        doors_agree = _doors(base_url.split(",")[0].strip(), key or "", items, runs, door_episodes)
+    if any(r.error is not None for r in failed) or not doors_agree:
         raise typer.Exit(1)
+
+
+def _doors(url: str, api_key: str, items: list[dict[str, Any]], runs: list[EpisodeRun], count: int) -> bool:
+    """The first ``count`` scenarios whose scripted actions end within the default episode
+    length (the doors open envs with the scenario's defaults) through MCP and OpenEnv
+    (:mod:`sandpit.rl_doors`), their rewards printed beside the gymnasium run's. True when
+    every door ended its episodes with the gymnasium run's reward."""
+    from sandpit.rl_doors import mcp_episode, openenv_episode
+
+    chosen = [(item, run) for item, run in zip(items, runs, strict=True)
+              if run.error is None and run.ended and len(item.get("tool_calls", [])) + 1 < DEFAULT_MAX_STEPS][:count]
+    table = Table(title="The same episodes through MCP (mcp SDK client) and OpenEnv (openenv-core client)")
+    for column in ("scenario", "gymnasium", "MCP", "OpenEnv", "equal"):
+        table.add_column(column, justify="left" if column == "scenario" else "right")
+    agree = True
+    for item, run in chosen:
+        actions = [*item.get("tool_calls", []), {"name": "chat_with_user", "arguments": {"content": FINAL_REPLY}}]
+        doors = [mcp_episode(url, api_key, item["scenario_id"], actions),
+                 openenv_episode(url, api_key, item["scenario_id"], actions)]
+        equal = all(d.error is None and d.ended and d.reward == run.reward for d in doors)
+        agree = agree and equal
+        table.add_row(item["scenario_id"], f"{run.reward:.3f}",
+                      *(f"{d.reward:.3f}" if d.error is None and d.ended else "failed" for d in doors),
+                      "yes" if equal else "NO")
+        for door, name in zip(doors, ("MCP", "OpenEnv"), strict=True):
+            if door.error is not None or not door.ended:
+                note(console, (f"{name} {item['scenario_id']}", "yellow"), f": {door.error or 'did not end'}")
+    Console().print(table)
+    return agree
 
 
 @rl_app.command("envscaler")
