@@ -179,7 +179,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 for name in SERVED:  # what the routes' dependencies (deps.py) read
                     setattr(app.state, name, getattr(services, name))
                 app.state.mcp = mcp = McpServer(api_settings, services.tenants, services.envs, services.steps,
-                                                services.history, translate=_translated, version=app.version)
+                                                services.history, translate=_translated, version=app.version,
+                                                run_blocking=door.run)
                 app.state.openenv = OpenEnvServer(api_settings, services.tenants, services.scenarios, services.envs,
                                                   services.episodes, services.steps, services.history,
                                                   translate=_translated)

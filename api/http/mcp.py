@@ -47,10 +47,10 @@ servers do not offer (``prompts/list``) -32601.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio.to_thread
 import orjson
@@ -73,6 +73,7 @@ from ..schemas.envs import EnvCreate, StepRequest
 from ..services.quotas import TenantContext
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
+from . import mcp_calls
 from .access_log import note_route, note_tenant
 from .handlers import count_rejection, error_response
 
@@ -92,6 +93,12 @@ RESOURCE_NOT_FOUND = -32002
 specification's)."""
 _SCOPE_KEY = "sandpit.mcp"
 _T = TypeVar("_T")
+
+
+class BlockingRunner(Protocol):
+    """``await run(work)``: ``work()``'s value, run on a worker thread."""
+
+    def __call__(self, work: Callable[[], _T], /) -> Awaitable[_T]: ...
 log = logging.getLogger("sandpit.api")
 
 
@@ -160,19 +167,22 @@ class McpServer:
         translate: turns a foreign exception (the executor's) into an :class:`ApiError`,
             or None (then it is logged and answered as an internal error).
         version: the server version ``initialize`` reports.
+        run_blocking: runs blocking work on a worker thread (the step door's threads,
+            :meth:`.step.StepDoor.run`), or None for anyio's ``to_thread``.
 
     :meth:`run` must be entered (the app's lifespan does) before requests are served.
     """
 
     def __init__(self, settings: ApiSettings, tenants: TenantService, envs: EnvLifecycle, steps: Steps,
                  history: EnvHistory, translate: Callable[[Exception], ApiError | None] | None = None,
-                 version: str = "0.1.0") -> None:
+                 version: str = "0.1.0", run_blocking: BlockingRunner | None = None) -> None:
         self.settings = settings
         self.tenants = tenants
         self.envs = envs
         self.steps = steps
         self.history = history
         self.translate = translate
+        self.run_blocking = run_blocking
         self.server: Server[Any, Any] = Server("sandpit", version=version)
         handlers = self.server.request_handlers
         handlers[types.ListToolsRequest] = self._list_tools
@@ -310,10 +320,28 @@ class McpServer:
         return caller
 
     async def _serve(self, call: McpCall, scope: Scope, receive: Receive, send: Send) -> None:
-        """Hand the request to the SDK with ``call`` on its scope."""
+        """Answer a plain ``tools/call`` directly (:mod:`.mcp_calls`: the SDK's models and
+        reply, without its per-request transport); hand anything else to the SDK with
+        ``call`` on its scope."""
         manager = self._manager
         if manager is None:
             raise RuntimeError("McpServer.run() is not entered (the app's lifespan enters it)")
+        if mcp_calls.takes_body(scope, Headers(scope=scope), self.settings.max_body_bytes):
+            try:
+                body = await _read_body(receive, self.settings.max_body_bytes)
+            except PayloadTooLarge as exc:  # more bytes than its Content-Length said
+                await self._error(exc, scope, receive, send)
+                return
+            direct = mcp_calls.direct_call(body)
+            if direct is not None:
+                request_id, request = direct
+                try:
+                    outcome: types.ServerResult | types.ErrorData = await self.step_result(call, request)
+                except McpError as exc:
+                    outcome = exc.error
+                await Response(mcp_calls.reply(request_id, outcome), media_type=mcp_calls.JSON)(scope, receive, send)
+                return
+            receive = _replay(body)
         scope[_SCOPE_KEY] = call
         await manager.handle_request(scope, receive, send)
 
@@ -322,9 +350,11 @@ class McpServer:
         await error_response(exc)(scope, receive, send)
 
     async def _blocking(self, work: Callable[[], _T]) -> _T:
-        """``work()`` on a worker thread; a foreign exception the app translates (the
-        executor's) is raised as its :class:`ApiError`."""
+        """``work()`` on a worker thread (``run_blocking``'s, else anyio's); a foreign
+        exception the app translates (the executor's) is raised as its :class:`ApiError`."""
         try:
+            if self.run_blocking is not None:
+                return await self.run_blocking(work)
             return await anyio.to_thread.run_sync(work)
         except ApiError:
             raise
@@ -362,7 +392,13 @@ class McpServer:
         return types.ServerResult(types.ListToolsResult(tools=[mcp_tool(tool) for tool in env.tools]))
 
     async def _call_tool(self, request: types.CallToolRequest) -> types.ServerResult:
-        call = self._call()
+        return await self.step_result(self._call(), request)
+
+    async def step_result(self, call: McpCall, request: types.CallToolRequest) -> types.ServerResult:
+        """The ``tools/call`` handler's work (module docstring): ``request`` as a recorded
+        step of ``call``'s env, its result as :func:`tool_result`. Raises McpError
+        (-32602 for a tool name the step request refuses; the API's refusals as
+        :func:`rpc_error`; anything else as an internal error)."""
         try:
             action = StepRequest(name=request.params.name, arguments=request.params.arguments or {})
         except ValidationError as exc:  # a name over the step's length cap

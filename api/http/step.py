@@ -46,7 +46,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Query, Response
@@ -82,6 +82,7 @@ STEP_TEMPLATE = "/v1/envs/{env_id}/step"
 """The operation's path template (what the access log names it by)."""
 STEP_PATH = compile_path(STEP_TEMPLATE)[0]
 """The template as Starlette's router matches it (``{env_id}`` is one path segment)."""
+_T = TypeVar("_T")
 INCLUDE_MAX_CHARS = 64
 """Longest ``include`` query value (characters)."""
 Include = Annotated[str | None, Query(max_length=INCLUDE_MAX_CHARS,
@@ -140,6 +141,11 @@ class StepDoor:
         if pool is None:
             pool = self._threads = ThreadPoolExecutor(max_workers=self.max_threads, thread_name_prefix="sandpit-step")
         return pool
+
+    async def run(self, work: Callable[[], _T]) -> _T:
+        """``work()`` on one of the step threads (other doors' blocking work: the MCP
+        endpoints'); its exception propagates."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), work)
 
     def close(self) -> None:
         """Let the step threads end once the steps they run return (the app's lifespan

@@ -117,7 +117,7 @@ def _rpc(server: ApiServer, path: str, message: Any, api_key: str | None = None,
         return client.post(path, json=message, headers={**ACCEPT, **(headers or {})})
 
 
-def _call(name: str, arguments: Any, ident: int = 1) -> dict[str, Any]:
+def _call(name: str, arguments: Any, ident: int | str = 1) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
 
 
@@ -207,6 +207,36 @@ def test_rejected_steps_alternating_between_replicas(replicas: list[ApiServer], 
 
     results = _session(replicas, f"/v1/envs/{env_id}/mcp", body)
     assert [r.meta[META]["step"] for r in results] == [1, 2, 3, 4]
+
+
+def test_direct_tools_calls_answer_as_the_sdk_does(replicas: list[ApiServer], scenario_id: str) -> None:
+    """A plain ``tools/call`` is answered without the SDK's transport (api/http/mcp_calls.py);
+    one with ``_meta`` in its params goes through the SDK. Two envs of the scenario get the
+    same calls, one each way: the replies are equal (status, content type, body) but for
+    the env's id and the durations, for results and for errors alike."""
+    first, second = replicas
+    direct_env, sdk_env = _new_env(first, scenario_id), _new_env(first, scenario_id)
+    calls = [("bump", {"by": 1}, 7), ("no_such_tool", {}, "a-string-id"), ("bump", {"by": "x"}, 8),
+             ("x" * 5000, {}, 9), ("chat_with_user", {"content": "done"}, 10), ("bump", {"by": 1}, 11)]
+
+    def normal(response: httpx.Response, env_id: str) -> tuple[int, str, Any]:
+        text = response.text.replace(env_id, "<env>")
+        body = json.loads(text)
+        meta = body.get("result", {}).get("_meta", {}).get(META)
+        if meta is not None:
+            meta["duration_ms"] = 0
+            for check in meta["checks"] or []:
+                check["duration_ms"] = 0
+        return response.status_code, response.headers["content-type"], body
+
+    for index, (name, arguments, ident) in enumerate(calls):
+        server = replicas[index % 2]
+        plain = _call(name, arguments, ident)
+        with_meta = {**plain, "params": {**plain["params"], "_meta": {}}}
+        direct = normal(_rpc(server, f"/v1/envs/{direct_env}/mcp", plain), direct_env)
+        through_sdk = normal(_rpc(server, f"/v1/envs/{sdk_env}/mcp", with_meta), sdk_env)
+        assert direct == through_sdk, (name, direct, through_sdk)
+    assert "error" in direct[2] and direct[2]["error"]["data"]["error"]["code"] == "episode_ended"
 
 
 def test_rest_steps_on_a_stale_replica_go_on_from_the_committed_head(replicas: list[ApiServer],
