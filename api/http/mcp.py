@@ -34,7 +34,8 @@ request of it. ``DELETE`` with the session id ends the session by deleting the e
 an initialize the SDK refuses deletes the env it made.
 
 Both endpoints are stateless: no MCP session state is kept in the server (each request
-runs on a transport of its own), so any API replica serves any call. Every request
+runs on a transport of its own; a plain ``tools/call`` is answered directly with the SDK's
+models, :mod:`.mcp_calls`), so any API replica serves any call. Every request
 needs the tenant's ``Authorization: Bearer <api key>`` (401/403 as every route); an env
 or session of another tenant, an unknown one, or (scenario endpoint) an env of another
 scenario is 404 ``not_found``, never revealing that it exists. ``GET`` (the optional

@@ -69,22 +69,21 @@ def direct_call(body: bytes) -> tuple[types.RequestId, types.CallToolRequest] | 
         return None
     try:
         rpc = types.JSONRPCRequest.model_validate(message)
-        request = types.ClientRequest.model_validate(rpc.model_dump(by_alias=True, mode="json", exclude_none=True))
+        # what the SDK's session validates, as ClientRequest (a union whose only member of
+        # method "tools/call" is CallToolRequest), validated as that member at once
+        request = types.CallToolRequest.model_validate(rpc.model_dump(by_alias=True, mode="json", exclude_none=True))
     except ValidationError:
         return None
-    if not isinstance(request.root, types.CallToolRequest):
-        return None
-    return rpc.id, request.root
+    return rpc.id, request
 
 
 def reply(request_id: types.RequestId, outcome: types.ServerResult | types.ErrorData) -> bytes:
     """The JSON body the SDK's transport sends for ``outcome`` of request ``request_id``:
     a ``JSONRPCResponse`` whose ``result`` is the result dumped as the SDK's session dumps
     it, or a ``JSONRPCError``."""
-    message: types.JSONRPCResponse | types.JSONRPCError
     if isinstance(outcome, types.ErrorData):
-        message = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=outcome)
-    else:
-        message = types.JSONRPCResponse(jsonrpc="2.0", id=request_id,
-                                        result=outcome.model_dump(by_alias=True, mode="json", exclude_none=True))
-    return types.JSONRPCMessage(message).model_dump_json(by_alias=True, exclude_none=True).encode("utf-8")
+        error = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=outcome)
+        return types.JSONRPCMessage(error).model_dump_json(by_alias=True, exclude_none=True).encode("utf-8")
+    # JSONRPCResponse's fields in its order; the result dumped as the SDK's session dumps it
+    return orjson.dumps({"jsonrpc": "2.0", "id": request_id,
+                         "result": outcome.model_dump(by_alias=True, mode="json", exclude_none=True)})
