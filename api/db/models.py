@@ -136,6 +136,27 @@ class Episode(Base):
     """Scenario statistics (:mod:`sandpit.api.services.stats`) read one scenario's episodes."""
 
 
+class DeletedEnvEpisode(Base):
+    """An episode of a deleted env that scenario statistics count
+    (:mod:`sandpit.api.services.stats`): what of its ``episodes`` row they read, copied when
+    ``DELETE /v1/envs/{id}`` deletes the env (an MCP or OpenEnv scenario session's env
+    goes when its session ends). Nothing else reads it; the trajectory is gone."""
+
+    __tablename__ = "deleted_env_episodes"
+
+    env_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    episode: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(ID_LENGTH))
+    scenario_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When it finished (``terminated`` or ``truncated`` with a reward); None: it had not."""
+    reward: Mapped[float | None] = mapped_column(Float)
+    """Its reward when it finished, else None."""
+
+    __table_args__ = (Index("ix_deleted_env_episodes_scenario_started", "scenario_id", "started_at"),)
+
+
 class Step(Base):
     """One acknowledged step: the tool call, its result, and the state after it."""
 
@@ -334,7 +355,8 @@ class EvaluationEpisode(Base):
     """The :class:`Replica` running it (``running`` only): recovery resets only the episodes
     of replicas that stopped heart-beating, never those of a live one."""
 
-    __table_args__ = (Index("ix_evaluation_episodes_scenario", "scenario_id"),)
+    __table_args__ = (Index("ix_evaluation_episodes_scenario", "scenario_id"),
+                      Index("ix_evaluation_episodes_env", "env_id"))
     """Scenario statistics (:mod:`sandpit.api.services.stats`) read one scenario's runs."""
 
 

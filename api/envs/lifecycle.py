@@ -42,6 +42,7 @@ from ..sandboxes import Sandboxes
 from ..schemas.envs import EnvCreate, EnvPublic, EnvsPublic
 from ..services.common import new_id, owned, utcnow
 from ..services.quotas import QuotaService, TenantContext
+from ..services.stats import keep_deleted_env_episodes
 from ..services.tenants import TenantService, audit_event
 from ..settings import ApiSettings
 from .live import LiveEnv, LiveEnvs
@@ -240,7 +241,8 @@ class EnvLifecycle:
     def delete(self, ctx: TenantContext, env_id: str) -> None:
         """``DELETE /v1/envs/{id}``: the env's session, episodes, steps, host affinity
         (``env_hosts``) and (via collection) its unreferenced state blobs; audited
-        (``env.delete``). Raises NotFound."""
+        (``env.delete``). What scenario statistics count of its episodes is kept
+        (:func:`~sandpit.api.services.stats.keep_deleted_env_episodes`). Raises NotFound."""
         with self.live.lock(env_id):
             with self.db.read() as db:
                 owned(db, models.Env, env_id, ctx.tenant, "env")  # NotFound before touching a session
@@ -248,6 +250,7 @@ class EnvLifecycle:
             self.sandboxes.discard(env_id)  # on its host, even if another replica stepped it last
             with self.db.write() as db:
                 row = owned(db, models.Env, env_id, ctx.tenant, "env")
+                keep_deleted_env_episodes(db, row.id)  # its episodes keep counting in scenario statistics
                 db.execute(delete(models.Step).where(models.Step.env_id == row.id))
                 db.execute(delete(models.Episode).where(models.Episode.env_id == row.id))
                 db.execute(delete(models.EnvHost).where(models.EnvHost.env_id == row.id))  # its host affinity

@@ -8,10 +8,12 @@ from evaluation apart:
 * ``episodes``: every episode of an env driven through ``/v1/envs`` (kind ``training``),
   the tenant being its env's. An episode has finished when its status is ``terminated``
   or ``truncated``; its reward is the ``reward`` column. A fork's copy of an episode that
-  had already ended before the fork is the same episode again and is not counted; an
-  env's deletion deletes its episodes, so deleted envs' episodes no longer count.
-  Episodes of the envs a running batch evaluation drives are left out (the evaluation
-  episode below counts them).
+  had already ended before the fork is the same episode again and is not counted. An
+  env's deletion copies the episodes counted of it to ``deleted_env_episodes``
+  (:func:`keep_deleted_env_episodes`), so they keep counting (an MCP or OpenEnv
+  scenario session deletes its env when it ends).
+  Episodes of the envs a batch evaluation made (running, or kept after it with
+  ``keep_envs``) are left out (the evaluation episode below counts them).
 * ``evaluation_episodes``: every scenario run of a batch evaluation (kind
   ``evaluation``), the tenant being its evaluation's. Started once it is ``running``,
   ``done`` or ``error``; finished with a reward when ``done``.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, String, and_, case, func, literal_column, not_, select, union_all
+from sqlalchemy import Select, String, and_, case, func, insert, literal_column, not_, select, union_all
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -76,24 +78,56 @@ class StatsQuery:
         return StatsQuery(kind=self.kind, since=since, recent=self.recent)
 
 
-def _episodes(tenant: str, query: StatsQuery, scenarios: Any) -> Select[Any]:
-    """Training episodes of ``tenant`` whose scenario is in ``scenarios`` (a subquery of
-    ids): scenario_id, started_at, ended_at, reward (NULL unless finished), kind."""
+def _training(where: list[ColumnElement[bool]], keys: bool = False) -> Select[Any]:
+    """Training episodes (``episodes`` joined to their env) that ``where`` selects and the
+    statistics count (a fork's copy of an episode ended before the fork is not one; an
+    env a batch evaluation made is left out: its evaluation episode counts): scenario_id, started_at, ended_at,
+    reward (NULL unless finished), kind; with ``keys`` also tenant, env_id, episode."""
     episode, env = models.Episode, models.Env
     finished = and_(episode.status.in_(ENDED), episode.reward.is_not(None))
     fork_copy = and_(env.forked_from.is_not(None), episode.episode == 1, episode.ended_at.is_not(None),
                      episode.ended_at < env.created_at)
-    evaluating = select(models.EvaluationEpisode.env_id).where(
-        models.EvaluationEpisode.status == "running", models.EvaluationEpisode.env_id.is_not(None))
-    where: list[ColumnElement[bool]] = [env.tenant == tenant, episode.scenario_id.in_(scenarios), not_(fork_copy),
-                                        episode.env_id.not_in(evaluating)]
+    evaluating = select(models.EvaluationEpisode.env_id).where(models.EvaluationEpisode.env_id.is_not(None))
+    columns: list[Any] = [episode.scenario_id.label("scenario_id"), episode.started_at.label("started_at"),
+                          case((finished, episode.ended_at)).label("ended_at"),
+                          case((finished, episode.reward)).label("reward"),
+                          literal_column("'training'", String).label("kind")]
+    if keys:
+        columns += [env.tenant.label("tenant"), episode.env_id.label("env_id"), episode.episode.label("episode")]
+    return (select(*columns).join(env, env.id == episode.env_id)
+            .where(episode.scenario_id.is_not(None), not_(fork_copy), episode.env_id.not_in(evaluating), *where))
+
+
+def _episodes(tenant: str, query: StatsQuery, scenarios: Any) -> list[Select[Any]]:
+    """Training episodes of ``tenant`` whose scenario is in ``scenarios`` (a subquery of
+    ids): those of live envs and those of deleted ones (``deleted_env_episodes``), as
+    two selects of scenario_id, started_at, ended_at, reward (NULL unless finished), kind."""
+    kept = models.DeletedEnvEpisode
+    where: list[ColumnElement[bool]] = [models.Env.tenant == tenant, models.Episode.scenario_id.in_(scenarios)]
+    kept_where: list[ColumnElement[bool]] = [kept.tenant == tenant, kept.scenario_id.in_(scenarios)]
     if query.since is not None:
-        where.append(episode.started_at >= query.since)
-    return (select(episode.scenario_id.label("scenario_id"), episode.started_at.label("started_at"),
-                   case((finished, episode.ended_at)).label("ended_at"),
-                   case((finished, episode.reward)).label("reward"),
-                   literal_column("'training'", String).label("kind"))
-            .join(env, env.id == episode.env_id).where(*where))
+        where.append(models.Episode.started_at >= query.since)
+        kept_where.append(kept.started_at >= query.since)
+    deleted = select(kept.scenario_id.label("scenario_id"), kept.started_at.label("started_at"),
+                     kept.ended_at.label("ended_at"), kept.reward.label("reward"),
+                     literal_column("'training'", String).label("kind")).where(*kept_where)
+    return [_training(where), deleted]
+
+
+def keep_deleted_env_episodes(db: DbSession, env_id: str) -> None:
+    """Copy the episodes of ``env_id`` that the statistics count into
+    ``deleted_env_episodes``, in ``db``'s transaction; call it before the env's rows are
+    deleted (``DELETE /v1/envs/{id}``), so its episodes keep counting. An env a batch
+    evaluation made is left out: its evaluation episode is what counts."""
+    evaluated = select(models.EvaluationEpisode.index).where(models.EvaluationEpisode.env_id == env_id).limit(1)
+    if db.scalar(evaluated) is not None:
+        return
+    counted = _training([models.Episode.env_id == env_id], keys=True).subquery("counted")
+    kept = models.DeletedEnvEpisode
+    db.execute(insert(kept).from_select(
+        ["env_id", "episode", "tenant", "scenario_id", "started_at", "ended_at", "reward"],
+        select(counted.c.env_id, counted.c.episode, counted.c.tenant, counted.c.scenario_id,
+               counted.c.started_at, counted.c.ended_at, counted.c.reward)))
 
 
 def _evaluation_episodes(tenant: str, query: StatsQuery, scenarios: Any) -> Select[Any]:
@@ -115,10 +149,10 @@ def _union(tenant: str, query: StatsQuery, scenarios: Any) -> Any:
     """The episodes ``query.kind`` selects, as one subquery."""
     parts: list[Select[Any]] = []
     if query.kind in ("all", "training"):
-        parts.append(_episodes(tenant, query, scenarios))
+        parts.extend(_episodes(tenant, query, scenarios))
     if query.kind in ("all", "evaluation"):
         parts.append(_evaluation_episodes(tenant, query, scenarios))
-    return (union_all(*parts) if len(parts) > 1 else parts[0]).subquery("counted")
+    return union_all(*parts).subquery("counted")
 
 
 def _figures(u: Any) -> list[Any]:

@@ -147,3 +147,21 @@ def test_another_tenants_and_unknown_ids_are_404(server: Any, api: httpx.Client,
                  "/v1/scenarios/" + "x" * 5000 + "/stats"):
         response = api.get(path)
         assert response.status_code == 404, response.text
+
+
+def test_a_deleted_envs_episodes_keep_counting(api: httpx.Client, counter_env_id: str) -> None:
+    """Deleting an env (as an MCP or OpenEnv scenario session does when it ends) leaves the
+    scenario's figures as they were."""
+    sid = _ok(api.post("/v1/scenarios", json={
+        "environment_id": counter_env_id, "task": "Bring the counter to 3 in one bump.",
+        "init_config": {"count": 1}, "checklist_with_func": CHECKS}), 201)["id"]
+    env_ids = []
+    for action in (BUMP, HALF):
+        env_ids.append(_ok(api.post("/v1/envs", json={"scenario_id": sid, "episode": {"max_steps": 1}}), 201)["id"])
+        _episode(api, env_ids[-1], action)
+    before = _ok(api.get(f"/v1/scenarios/{sid}/stats"))
+    assert (before["attempts"], before["finished"], before["passed"], before["mean_reward"]) == (2, 2, 1, 0.75)
+    for env_id in env_ids:
+        assert api.delete(f"/v1/envs/{env_id}").status_code == 204
+        assert api.get(f"/v1/envs/{env_id}").status_code == 404
+    assert _ok(api.get(f"/v1/scenarios/{sid}/stats")) == before

@@ -12,7 +12,8 @@ from api_fakes import caller
 from sandpit.api.db import models
 from sandpit.api.db.database import Database
 from sandpit.api.errors import InvalidRequest, NotFound
-from sandpit.api.services.stats import StatsQuery, StatsService
+from sandpit.api.services.stats import StatsQuery, StatsService, keep_deleted_env_episodes
+from sqlalchemy import delete, select
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ME = caller("team-a")
@@ -174,3 +175,30 @@ def test_pass_rates_for_an_evaluation_report(stats: StatsService) -> None:
                                                                                    "scn_2": (0.0, 1)}
     assert stats.pass_rates("team-a", []) == {}
     assert stats.pass_rates("team-b", ["scn_1"]) == {}
+
+
+def test_a_deleted_envs_episodes_keep_counting(stats: StatsService, database: Database) -> None:
+    """``DELETE /v1/envs/{id}`` copies what the statistics count of its episodes
+    (``keep_deleted_env_episodes``, in the deletion's transaction): the figures do not
+    change when the env goes, a fork's copy stays uncounted, ``since`` applies, and an env
+    an evaluation made is left to its evaluation episode."""
+    env(database, "env_fork", "envr_a", minute=60, forked_from="env_1")
+    episode(database, "env_fork", 1, "scn_1", "terminated", 1.0, 25, 30)  # a copy: not counted
+    episode(database, "env_fork", 2, "scn_1", "terminated", 0.0, 61, 62)
+    env(database, "env_eval", "envr_a", minute=80)
+    episode(database, "env_eval", 1, "scn_2", "terminated", 1.0, 80, 81)
+    evaluation(database, "evl_2", [("scn_2", "done", 1.0, 80, 81)])
+    with database.write() as s:
+        s.get(models.EvaluationEpisode, ("evl_2", 0)).env_id = "env_eval"  # type: ignore[union-attr]
+    before = [stats.scenario(ME, sid, StatsQuery(since=since)) for sid in ("scn_1", "scn_2") for since in (None, at(15))]
+    for env_id in ("env_1", "env_fork", "env_eval"):
+        with database.write() as s:
+            keep_deleted_env_episodes(s, env_id)
+            s.execute(delete(models.Episode).where(models.Episode.env_id == env_id))
+    after = [stats.scenario(ME, sid, StatsQuery(since=since)) for sid in ("scn_1", "scn_2") for since in (None, at(15))]
+    assert [(a.attempts, a.finished, a.passed, a.mean_reward, a.recent) for a in after] == [
+        (b.attempts, b.finished, b.passed, b.mean_reward, b.recent) for b in before]
+    assert after[2].attempts == 2  # scn_2: env_1's episode and the evaluation's (not env_eval's again)
+    with database.read() as s:
+        kept = sorted((r.env_id, r.episode) for r in s.scalars(select(models.DeletedEnvEpisode)))
+    assert kept == [("env_1", 1), ("env_1", 2), ("env_1", 3), ("env_1", 4), ("env_1", 5), ("env_fork", 2)]
