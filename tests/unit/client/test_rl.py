@@ -79,6 +79,8 @@ def test_action_body_never_raises() -> None:
     assert body["name"] == NOT_A_TOOL_CALL and "JSON" in str(why)
     body, why = action_body({"name": "bump", "arguments": {"by": object()}})
     assert body["name"] == NOT_A_TOOL_CALL and body["arguments"]["type"] == "dict"
+    body, why = action_body("\ud800<tool_call>")  # a lone surrogate: no UTF-8 for it
+    assert body["name"] == NOT_A_TOOL_CALL and "JSON" in str(why) and "\\ud800" in body["arguments"]["repr"]
 
 
 # --------------------------------------------------------------------------- RLEnv
