@@ -11,6 +11,7 @@ stored): both pass -> 1.0, one -> 0.5, none -> 0.0.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -197,3 +198,19 @@ def test_the_readme_example_runs_as_written(server: ApiServer, key: str, client:
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1] == "reward 1.0 after 3 steps", run.stdout
     wait_until(lambda: _live_envs(client) == before, "the example's env deleted", timeout_s=30)
+
+
+def test_the_documented_loop_runs_as_written(server: ApiServer, key: str, client: Client, scenario_id: str,
+                                             tmp_path: Path) -> None:
+    """docs/rl.md's SkyRL loop (four trajectories on four threads), run as written beside the
+    `scenarios.json` the page's first example writes."""
+    blocks = [b for b in section_blocks((ROOT / "docs" / "rl.md").read_text(), "4. SkyRL") if b.language == "python"]
+    assert len(blocks) == 1 and blocks[0].code.startswith("# skyrl_loop.py")
+    (tmp_path / "skyrl_loop.py").write_text(blocks[0].code)
+    (tmp_path / "scenarios.json").write_text(json.dumps([scenario_id, scenario_id]))
+    before = _live_envs(client)
+    run = subprocess.run([sys.executable, "skyrl_loop.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SANDPIT_URL": server.url, "SANDPIT_API_KEY": key})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "[1.0, 1.0, 1.0, 1.0]", run.stdout
+    wait_until(lambda: _live_envs(client) == before, "the loop's envs deleted", timeout_s=30)
