@@ -24,7 +24,7 @@ import pytest
 import skyrl_gym
 from api_server import ApiServer
 from markdown_docs import section_blocks
-from sandpit.client import Client, NotFound, Unauthorized
+from sandpit.client import Client, InvalidRequest, NotFound, Unauthorized
 from sandpit.client.skyrl_env import SKYRL_ID
 from waiting import wait_until
 
@@ -170,6 +170,11 @@ def test_hostile_outputs_settings_and_keys(server: ApiServer, key: str, client: 
             unknown.init([])
         finally:
             unknown.close()
+    for episode in ({"max_steps": 0}, {"mode": "sideways"}, {"no_such_option": 1}):  # the server's 422
+        refused = skyrl_gym.make(SKYRL_ID, env_config=config, extras={"scenario_id": scenario_id, "episode": episode})
+        with pytest.raises(InvalidRequest):
+            refused.init([])
+        refused.close()
     with pytest.raises(ValueError, match="dataset row"):
         skyrl_gym.make(SKYRL_ID, env_config={"base_url": server.url},
                        extras={"scenario_id": scenario_id, "api_key": key})
