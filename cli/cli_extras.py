@@ -47,6 +47,7 @@ EXTRA_OF_MODULE: Mapping[str, str] = MappingProxyType({
     "gem": "gem",
     "gymnasium": "rl",
     "numpy": "rl",
+    "skyrl_gym": "skyrl",
     "grpc": "ray",
     "ray": "ray",
     "psycopg": "postgres",
