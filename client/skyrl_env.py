@@ -195,7 +195,8 @@ class SandpitTextEnv(BaseTextEnv):
     Raises:
         ValueError: no ``scenario_id``; an ``api_key`` or ``base_url`` in ``extras``; an
             unknown ``env_config`` key; ``max_turns`` or ``seed`` not a whole number in
-            range; ``observations`` not ``"roles"``/``"user"``; a client beside connection settings.
+            range; ``timeout`` not a positive number; ``observations`` not ``"roles"``/``"user"``;
+            a client beside connection settings.
         TypeError: ``env_config``/``extras`` (or their ``episode``, ``init_config``) not mappings.
     """
 
@@ -225,6 +226,9 @@ class SandpitTextEnv(BaseTextEnv):
         self.seed = _whole(row, "seed", "extras", 0)
         init_config = _optional_mapping(row, "init_config", "extras") if "init_config" in row else None
         connection = {k: config[k] for k in ("base_url", "api_key", "timeout") if k in config}
+        timeout = connection.get("timeout", 60.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+            raise ValueError(f"env_config['timeout'] must be a positive number of seconds, not {timeout!r}")
         if client is not None and connection:
             raise ValueError(f"give a client or env_config {sorted(connection)}, not both")
         self.scenario_id: str = scenario_id
@@ -232,9 +236,10 @@ class SandpitTextEnv(BaseTextEnv):
         self.init_config = init_config
         self._owns_client = client is None
         self.client = client if client is not None else Client(
-            connection.get("base_url"), connection.get("api_key"), timeout=float(connection.get("timeout", 60.0)))
+            connection.get("base_url"), connection.get("api_key"), timeout=float(timeout))
         self._rl: RLEnv | None = RLEnv(self.client, scenario_id, init_config=init_config, episode=episode)
         self._episode: int | None = None
+        self._done = False
         self._rejected = 0
         self._truncated = False
         self._reward = 0.0
@@ -252,7 +257,8 @@ class SandpitTextEnv(BaseTextEnv):
             raise RuntimeError("this env is closed: make a new one")
         chat_prompt(prompt, "", "")  # a malformed prompt fails before the server is asked
         observation, info = self._rl.reset(seed=self.seed)
-        self._episode, self.turns, self._rejected, self._truncated, self._reward = info["episode"], 0, 0, False, 0.0
+        self._episode, self._done, self.turns = info["episode"], False, 0
+        self._rejected, self._truncated, self._reward = 0, False, 0.0
         return chat_prompt(prompt, system_text(info["introduction"], info["tools"]), observation), info
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
@@ -265,11 +271,13 @@ class SandpitTextEnv(BaseTextEnv):
             raise RuntimeError("this env is closed: make a new one")
         if self._episode is None:
             raise RuntimeError("no episode is running: call init(prompt) first")
+        if self._done:
+            raise RuntimeError("the episode has ended: init(prompt) starts the next one")
         observation, reward, terminated, truncated, info = self._rl.step(action)
         self.turns += 1
         self._rejected += info["status"] == "rejected"
         self._truncated, self._reward = truncated, float(reward)
-        done = terminated or truncated
+        done = self._done = terminated or truncated
         role = info["observation_role"] if self.observations == "roles" else "user"
         return BaseTextEnvStepOutput(
             observations=[] if done else [{"role": role, "content": observation}], reward=float(reward), done=done,

@@ -58,8 +58,10 @@ def test_an_episode_through_skyrl_gym_make(client: Client, double: EpisodeDouble
     assert (last["observations"], last["reward"], last["done"]) == ([], 1.0, True)
     assert last["metadata"]["observation"] == "Task finished" and last["metadata"]["terminated"]
     assert env.get_metrics() == {"steps": 3, "rejected_steps": 1, "truncated": 0, "reward": 1.0}
-    with pytest.raises(RuntimeError, match="no episode is running"):
+    with pytest.raises(RuntimeError, match="has ended: init"):
         env.step(BUMP)
+    messages, info = env.init([])  # the next episode, on the same server-side env
+    assert info["episode"] == 2 and env.step(BUMP)["metadata"]["episode"] == 2
     env.close()
     env.close()
     assert double.envs == {}
@@ -131,6 +133,9 @@ def test_env_config_forms() -> None:
     (None, {"scenario_id": "scn_a", "base_url": "http://x"}, ValueError, "dataset row"),
     ({"api_kye": "k"}, {"scenario_id": "scn_a"}, ValueError, "unknown env_config keys"),
     ({"observations": "tool"}, {"scenario_id": "scn_a"}, ValueError, "observations"),
+    ({"timeout": 0}, {"scenario_id": "scn_a"}, ValueError, "timeout"),
+    ({"timeout": "60"}, {"scenario_id": "scn_a"}, ValueError, "timeout"),
+    ({"timeout": float("nan")}, {"scenario_id": "scn_a"}, ValueError, "timeout"),
     (None, {"scenario_id": "scn_a", "max_turns": 0}, ValueError, "max_turns"),
     (None, {"scenario_id": "scn_a", "max_turns": True}, ValueError, "max_turns"),
     (None, {"scenario_id": "scn_a", "seed": -1}, ValueError, "seed"),
