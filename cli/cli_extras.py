@@ -48,6 +48,7 @@ EXTRA_OF_MODULE: Mapping[str, str] = MappingProxyType({
     "gymnasium": "rl",
     "openenv": "openenv",  # openenv-core's client (cli/rl_doors.py)
     "numpy": "rl",
+    "skyrl_gym": "skyrl",
     "grpc": "ray",
     "ray": "ray",
     "psycopg": "postgres",

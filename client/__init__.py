@@ -22,8 +22,9 @@ Modules, one concept each:
   `transport`: the sync and async transports and what they retry;
 * `llm`: the OpenAI-compatible model client (synthesis, rollouts, simulated users;
   `pip install 'sandpit[llm]'`: the default install is this package without openai);
-* `rl` (gymnasium `RLEnv`, `AsyncRLEnv`, `SandpitVectorEnv`; `pip install 'sandpit[rl]'`)
-  and `gem_env` (GEM environments; `sandpit[gem]`): imported on their own, never here.
+* `rl` (gymnasium `RLEnv`, `AsyncRLEnv`, `SandpitVectorEnv`; `pip install 'sandpit[rl]'`),
+  `gem_env` (GEM environments; `sandpit[gem]`) and `skyrl_env` (the SkyRL text env;
+  `sandpit[skyrl]`): imported on their own, never here.
 """
 
 from .attempts import Attempt

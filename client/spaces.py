@@ -110,16 +110,22 @@ def action_body(action: object) -> tuple[dict[str, Any], str | None]:
     """The step request body for `action`, and why it is a stand-in (None when it is not).
 
     A tool call (dict, OpenAI tool call, SDK object) or text is sent as it is: the server
-    judges it. Anything else (None, a number, a dict without a name...) and a call whose
-    arguments JSON cannot encode become a stand-in call named `NOT_A_TOOL_CALL`, which the
-    server records as a `rejected` step. Never raises.
+    judges it. Anything else (None, a number, a dict without a name...), text over
+    `MAX_ACTION_CHARS` (which the server's request schema refuses outright) and an action
+    that cannot be sent as UTF-8 JSON (arguments JSON cannot encode, NaN, a lone surrogate
+    in the text) become a stand-in call named `NOT_A_TOOL_CALL`, which the server records
+    as a `rejected` step. Never raises.
     """
     try:
         _, body = tool_call_body(action)
     except TypeError as exc:
         return stand_in_body(action, f"the action is not a tool call or text: {exc}")
-    try:
-        json.dumps(body, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    text = body.get("text")
+    if isinstance(text, str) and len(text) > MAX_ACTION_CHARS:
+        return stand_in_body(action, f"the action is over the server's size limit: {len(text)} characters, "
+                                     f"at most {MAX_ACTION_CHARS}")
+    try:  # as the transport encodes a body (httpx: ensure_ascii=False, then UTF-8)
+        json.dumps(body, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         return stand_in_body(action, f"the action cannot be sent as JSON: {exc}")
     return body, None

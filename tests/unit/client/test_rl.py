@@ -29,7 +29,7 @@ from sandpit.client.rl import (
     UnicodeText,
     action_body,
 )
-from sandpit.client.spaces import NOT_A_TOOL_CALL
+from sandpit.client.spaces import MAX_ACTION_CHARS, NOT_A_TOOL_CALL
 
 BUMP = {"name": "bump", "arguments": {"by": 1}}
 
@@ -79,6 +79,11 @@ def test_action_body_never_raises() -> None:
     assert body["name"] == NOT_A_TOOL_CALL and "JSON" in str(why)
     body, why = action_body({"name": "bump", "arguments": {"by": object()}})
     assert body["name"] == NOT_A_TOOL_CALL and body["arguments"]["type"] == "dict"
+    body, why = action_body("\ud800<tool_call>")  # a lone surrogate: no UTF-8 for it
+    assert body["name"] == NOT_A_TOOL_CALL and "JSON" in str(why) and "\\ud800" in body["arguments"]["repr"]
+    body, why = action_body("y" * (MAX_ACTION_CHARS + 1))  # the server's schema would answer 422
+    assert body["name"] == NOT_A_TOOL_CALL and "size limit" in str(why) and len(body["arguments"]["repr"]) < 300
+    assert action_body("y" * MAX_ACTION_CHARS)[1] is None
 
 
 # --------------------------------------------------------------------------- RLEnv
