@@ -67,7 +67,7 @@ OVERSIZED = "<action over the server's size limit>"
 no tool has it, so the server records a `rejected` step and the episode goes on."""
 
 
-class SandpitRolloutError(vf.InfraError):  # type: ignore[misc]
+class SandpitRolloutError(vf.InfraError):
     """A failure of Sandpit inside a rollout (its `__cause__` is the `SandpitError`);
     verifiers records it in `state["error"]` and stops the rollout."""
 
@@ -99,16 +99,16 @@ def scenario_dataset(client: Client, scenario_ids: str | Sequence[str]) -> Datas
     `{"question": <task>, "answer": "", "info": {"scenario_id": <id>}}` (verifiers makes
     the question the user message of the prompt). Raises `ValueError` for no ids or an id
     that is not a non-empty string; `NotFound` for an unknown (or another tenant's)
-    scenario, `Unauthorized` for a wrong key, other `SandpitError`s from the server."""
+    scenario, `Unauthorized` for a wrong key, other `SandpitError`s from the server. Every id
+    is checked before the first call."""
     ids = [scenario_ids] if isinstance(scenario_ids, str) else list(scenario_ids)
     if not ids:
         raise ValueError("give at least one scenario id")
-    rows = []
     for sid in ids:
         if not isinstance(sid, str) or not sid:
             raise ValueError(f"scenario ids must be non-empty strings, not {sid!r}")
-        rows.append({"question": client.scenarios.get(sid).task, "answer": "", "info": {"scenario_id": sid}})
-    return Dataset.from_list(rows)
+    return Dataset.from_list([{"question": client.scenarios.get(sid).task, "answer": "", "info": {"scenario_id": sid}}
+                              for sid in ids])
 
 
 async def sandpit_reward(state: Mapping[str, Any]) -> float:
@@ -117,7 +117,7 @@ async def sandpit_reward(state: Mapping[str, Any]) -> float:
     return float(record.get("reward", 0.0))
 
 
-class SandpitRubric(vf.Rubric):  # type: ignore[misc]
+class SandpitRubric(vf.Rubric):
     """A `vf.Rubric` whose one reward function (weight 1.0) is `sandpit_reward`: the
     scenario's reward as the server computed it. Keyword arguments go to `vf.Rubric`."""
 
@@ -133,7 +133,7 @@ class _Rollout:
     handle: AsyncEnvHandle | None = None
 
 
-class SandpitToolEnv(vf.ToolEnv):  # type: ignore[misc]
+class SandpitToolEnv(vf.ToolEnv):
     """A `vf.ToolEnv` over Sandpit scenarios (module docstring).
 
     Args:
@@ -235,7 +235,7 @@ class SandpitToolEnv(vf.ToolEnv):  # type: ignore[misc]
                           checks=[c.model_dump() for c in result.checks] if result.checks is not None else None)
         return result
 
-    @vf.cleanup  # type: ignore[misc]
+    @vf.cleanup
     async def delete_sandpit_env(self, state: Any) -> None:
         """Delete the rollout's env and close its client; runs after every rollout, also
         one that failed. A failure to delete is logged and kept in
