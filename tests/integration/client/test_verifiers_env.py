@@ -13,17 +13,24 @@ stored): both -> 1.0, one -> 0.5, none -> 0.0.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import verifiers as vf
 from fake_openai import Rule, ScriptedLLM, ToolCallScript
+from markdown_docs import section_blocks
 from openai import AsyncOpenAI
 from sandpit.client import AsyncClient, Client, NotFound, Unauthorized
 from sandpit.client.verifiers_env import NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
 
 CHECKS = [
     {"check_item": "count is 5", "check_func": "def check_func(final_state):\n    return final_state['count'] == 5\n"},
@@ -196,4 +203,25 @@ def test_wrong_key_and_unknown_scenarios_fail_clearly_and_start_nothing(server: 
         assert llm.chat_requests() == []
     assert output["stop_condition"] == "has_error" and output["reward"] == 0.0
     assert "could not start an env" in str(output["error"])
+    assert set(_envs_left(client)) == before
+
+
+def test_the_readme_example_runs_as_written(server: Any, client: Client, counter_source: str, tmp_path: Path) -> None:
+    """The README's verifiers block, saved under its file name and run with this test run's
+    Python beside a `counter.py` (the quickstart leaves one there), the model scripted."""
+    blocks = [b for b in section_blocks((ROOT / "README.md").read_text(), "RL frameworks")
+              if b.language == "python" and b.code.startswith("# verifiers_eval.py")]
+    assert len(blocks) == 1
+    script = tmp_path / "verifiers_eval.py"
+    script.write_text(blocks[0].code)
+    (tmp_path / "counter.py").write_text(counter_source)
+    before = set(_envs_left(client))
+    rules = [Rule(contains=["Make the counter 5, then say so."], turn=0, tool_calls=[BUMP5]),
+             Rule(contains=["Make the counter 5, then say so."], turn=1, content="The counter is 5.")]
+    with ScriptedLLM(rules) as llm:
+        run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                             env={**os.environ, "SANDPIT_URL": server.url, "SANDPIT_API_KEY": server.api_key,
+                                  "OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "sk-test", "MODEL": "scripted"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "reward 1.0 after 2 steps", run.stdout
     assert set(_envs_left(client)) == before
