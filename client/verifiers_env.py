@@ -50,7 +50,7 @@ from datasets import Dataset
 
 from .clients import AsyncClient, Client
 from .envs import AsyncEnvHandle
-from .errors import NotFound, PayloadTooLarge, SandpitError
+from .errors import InvalidRequest, NotFound, PayloadTooLarge, SandpitError
 from .models import StepResult
 
 __all__ = ["STATE_KEY", "SandpitRolloutError", "SandpitRubric", "SandpitToolEnv", "sandpit_reward",
@@ -63,7 +63,7 @@ STATE_KEY = "sandpit"
 NOT_RUN = "Error: not run: the episode ended at an earlier tool call of this turn"
 """Tool message of a tool call that follows the one that ended the episode."""
 OVERSIZED = "<action over the server's size limit>"
-"""Name of the stand-in call sent for a tool call the server refused as too large (413):
+"""Name of the stand-in call sent for an action the server refused as too large:
 no tool has it, so the server records a `rejected` step and the episode goes on."""
 
 
@@ -217,11 +217,14 @@ class SandpitToolEnv(vf.ToolEnv):
 
     async def _step(self, handle: AsyncEnvHandle, body: Mapping[str, Any], state: Any) -> StepResult:
         """One recorded step, and its record in `state`. An action over the server's size
-        limit is sent as the stand-in call `OVERSIZED` (a `rejected` step)."""
+        limits (413; text over its request limit, 422 on `text`) is sent as the stand-in
+        call `OVERSIZED` instead (a `rejected` step)."""
         try:
             try:
                 result = await handle.step_call(body)
-            except PayloadTooLarge:
+            except (PayloadTooLarge, InvalidRequest) as exc:
+                if isinstance(exc, InvalidRequest) and exc.field != "text":
+                    raise
                 result = await handle.step_call({"name": OVERSIZED, "arguments": {}})
         except SandpitError as exc:
             raise SandpitRolloutError(f"step of env {handle.id} failed: {exc}") from exc

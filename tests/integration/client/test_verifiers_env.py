@@ -109,21 +109,24 @@ def test_hostile_tool_calls_are_rejected_steps_and_the_episode_goes_on(server: A
                ToolCallScript(name="bump", arguments="[1]"), ToolCallScript(name="__class__", arguments={}),
                ToolCallScript(name="bump", arguments='"' + "x" * 300_000 + '"'),
                ToolCallScript(name="", arguments="\x00\ud7ff")]
+    # the 300 kB arguments are over the server's 256 KiB (413) and the 4.2 M characters of text over
+    # its request limit (422): both are sent as a stand-in call, a rejected step
     rules = [Rule(contains=["VF-HOSTILE"], turn=0, tool_calls=garbage),
              Rule(contains=["VF-HOSTILE"], turn=1, content="   "),
-             Rule(contains=["VF-HOSTILE"], turn=2, tool_calls=[BUMP5, ToolCallScript(
+             Rule(contains=["VF-HOSTILE"], turn=2, content="x" * 4_200_000),
+             Rule(contains=["VF-HOSTILE"], turn=3, tool_calls=[BUMP5, ToolCallScript(
                  name="chat_with_user", arguments={"content": "done"}), STORE_A])]
     with ScriptedLLM(rules) as llm:
         env = SandpitToolEnv(sid, base_url=server.url, api_key=server.api_key)
         [output] = _evaluate(env, llm)
     record = output[STATE_KEY]
     statuses = [s["status"] for s in record["steps"]]
-    assert statuses == ["rejected"] * 7 + ["ok", "ok"], record["steps"]
+    assert statuses == ["rejected"] * 8 + ["ok", "ok"], record["steps"]
     replies = [m for m in output["completion"] if m["role"] in ("tool", "user")]
-    assert all(m["content"].startswith("Error: ") for m in replies[:7]), replies[:7]
+    assert all(m["content"].startswith("Error: ") for m in replies[:8]), replies[:8]
     # the termination action ends the episode; the call after it in the same turn is not run
     assert replies[-1]["content"] == NOT_RUN and record["ended"] and output["reward"] == 0.5
-    assert output["error"] is None and len(llm.chat_requests()) == 3
+    assert output["error"] is None and len(llm.chat_requests()) == 4
 
 
 def test_a_model_endpoint_failing_mid_rollout_stops_it_and_deletes_the_env(server: Any, client: Client,
