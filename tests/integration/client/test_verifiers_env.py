@@ -228,3 +228,31 @@ def test_the_readme_example_runs_as_written(server: Any, client: Client, counter
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1] == "reward 1.0 after 2 steps", run.stdout
     assert set(_envs_left(client)) == before
+
+
+def test_a_conversational_episode_starts_from_the_simulated_users_message(server: Any, client: Client,
+                                                                          counter_env_id: str) -> None:
+    sid = client.scenarios.create({"environment_id": counter_env_id, "task": "VF-CONV: bump the counter by 5",
+                                   "init_config": {"count": 0}, "checklist_with_func": CHECKS}).id
+    rules = [  # the simulated user (called by the server) and the agent (called by verifiers), one server
+        Rule(model="user-sim", contains=["VF-CONV"], turn=0, content="# Thought:\nstart\n# Reply:\nPlease bump it by 5."),
+        Rule(model="user-sim", contains=["VF-CONV"], last_contains=["done"], content="###STOP###"),
+        Rule(model="agent", contains=["Please bump it by 5."], turn=0, tool_calls=[BUMP5]),
+        Rule(model="agent", contains=["Please bump it by 5."], turn=1, content="It is done: the counter is 5.")]
+    with ScriptedLLM(rules) as llm:
+        episode = {"mode": "conversational", "user": {"model": "user-sim", "base_url": llm.base_url, "api_key": "sk-u"}}
+        env = SandpitToolEnv(sid, base_url=server.url, api_key=server.api_key, episode=episode)
+
+        async def run() -> Any:
+            openai = AsyncOpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0)
+            try:
+                return await env.evaluate(client=vf.OpenAIChatCompletionsClient(openai), model="agent",
+                                          state_columns=[STATE_KEY], on_progress=[])
+            finally:
+                await openai.close()
+        [output] = asyncio.run(run())["outputs"]
+        agent = [r for r in llm.chat_requests() if r["model"] == "agent"]
+    assert agent[0]["messages"] == [{"role": "user", "content": "Please bump it by 5."}]  # not the task
+    assert not any("VF-CONV" in str(r["messages"]) for r in agent)
+    assert output["completion"][-1] == {"role": "user", "content": "###STOP###"}
+    assert output["reward"] == 0.5 and output[STATE_KEY]["ended"] and output["error"] is None
