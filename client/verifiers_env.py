@@ -183,7 +183,10 @@ class SandpitToolEnv(vf.ToolEnv):
             raise SandpitRolloutError(f"could not start an env of scenario {scenario_id}: {exc}") from exc
         env = rollout.handle.env
         record.update(env_id=env.id, episode=env.episode)
-        state["tool_defs"] = tool_defs(env.tools)
+        try:
+            state["tool_defs"] = tool_defs(env.tools)
+        except ValueError as exc:
+            raise SandpitRolloutError(f"env {env.id} has a tool schema verifiers cannot take: {exc}") from exc
         if env.observation and env.observation != env.task and state["prompt"]:
             state["prompt"] = [*state["prompt"][:-1], vf.UserMessage(content=env.observation)]
         return state
