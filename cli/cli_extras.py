@@ -52,6 +52,8 @@ EXTRA_OF_MODULE: Mapping[str, str] = MappingProxyType({
     "grpc": "ray",
     "ray": "ray",
     "psycopg": "postgres",
+    "verifiers": "verifiers",  # client/verifiers_env.py
+    "datasets": "verifiers",  # client/verifiers_env.py: the dataset of scenarios (verifiers requires it)
 })
 """Top-level import name -> the extra (``pyproject.toml``) whose install provides it.
 ``tests/unit/cli/test_cli_extras.py`` holds it to the extras' requirements."""
