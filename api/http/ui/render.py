@@ -1,0 +1,215 @@
+"""HTML for the values the viewer shows: state values in their JSON view (``$``-tagged
+values made readable), state diffs, actions. Everything here is LLM-written data, so every
+piece of text goes through :func:`markupsafe.escape`; the result is ``Markup`` the
+templates insert as is (templates never mark data ``|safe``).
+
+A rendering has a *budget* (characters of HTML): past it a value is cut with a note
+pointing at the raw JSON, so a 3 MB state gives a page of bounded size. Containers show
+at most :data:`MAX_ITEMS` items. Containers render as ``<details>`` (expandable without
+JavaScript); small ones start open.
+
+The ``$`` tags (``sandbox_images/runner/child_render.py``) read as::
+
+    {"$set": [1, 2]}                    set {1, 2}          ($frozenset, $tuple alike)
+    {"$date": "2024-05-01"}             date 2024-05-01     ($datetime, $time, $decimal,
+                                                             $uuid, $fraction, $float alike)
+    {"$timedelta": 90.0}                timedelta 90.0 s
+    {"$bytes": "<base64>"}              bytes (n base64 characters)
+    {"$enum": {"type", "name"}}         Color.RED
+    {"$object": {"type", "attrs"}}      module.Class with its attributes
+    {"$dict": [[k, v], ...]}            a dict whose keys are renderings
+    {"$repr": {"type", "repr"}}         the repr text
+    {"$truncated": {...}}               what the sandbox cut, and why
+    {"$cycle": "path"}                  a reference back to ``path``
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup, escape
+
+MAX_ITEMS = 200
+"""Most items of one list or dict shown; the rest are counted."""
+MAX_TEXT = 4000
+"""Most characters of one string shown."""
+OPEN_BELOW = 8
+"""Containers with fewer items than this start expanded."""
+DEFAULT_BUDGET = 400_000
+"""Characters of HTML one rendering may produce before it is cut."""
+
+SCALAR_TAGS = ("$date", "$datetime", "$time", "$decimal", "$uuid", "$fraction", "$float")
+SEQUENCE_TAGS = {"$set": "set", "$frozenset": "frozenset", "$tuple": "tuple"}
+
+
+class Budget:
+    """The characters of HTML a rendering may still produce."""
+
+    def __init__(self, chars: int = DEFAULT_BUDGET) -> None:
+        self.left = chars
+
+    def spend(self, text: str) -> str:
+        self.left -= len(text)
+        return text
+
+    @property
+    def spent(self) -> bool:
+        return self.left <= 0
+
+
+def tag_of(value: Any) -> str | None:
+    """The ``$`` tag of a one-key dict such as ``{"$set": [...]}``, else None."""
+    if type(value) is dict and len(value) == 1:
+        (key,) = value
+        if type(key) is str and key.startswith("$"):
+            return key
+    return None
+
+
+def _scalar(value: Any) -> str:
+    if value is None or type(value) is bool:
+        return f'<span class="v-lit">{escape(json.dumps(value))}</span>'
+    if type(value) in (int, float):
+        return f'<span class="v-num">{escape(repr(value))}</span>'
+    text = str(value)
+    cut = ""
+    if len(text) > MAX_TEXT:
+        cut = f'<span class="v-note"> … {len(text) - MAX_TEXT} more characters</span>'
+        text = text[:MAX_TEXT]
+    return f'<span class="v-str">"{escape(text)}"</span>{cut}'
+
+
+CUT = '<span class="v-note">… cut here (open the raw JSON for the rest)</span>'
+
+
+def _container(label: str, items: list[str], count: int) -> str:
+    more = f'<li class="v-note">… {count - len(items)} more</li>' if count > len(items) else ""
+    opened = " open" if count < OPEN_BELOW else ""
+    return (f'<details class="v"{opened}><summary>{escape(label)}</summary>'
+            f'<ul class="v-items">{"".join(items)}{more}</ul></details>')
+
+
+def _items(entries: list[Any], show: Any, budget: Budget) -> list[str]:
+    """``<li>`` of each entry (``show(entry)`` gives its inner HTML) until the budget is spent."""
+    out = []
+    for entry in entries[:MAX_ITEMS]:
+        if budget.spent:
+            out.append(f"<li>{CUT}</li>")
+            break
+        out.append(f"<li>{show(entry)}</li>")
+    return out
+
+
+def _render(value: Any, budget: Budget, depth: int) -> str:
+    if budget.spent:
+        return CUT
+    if type(value) is list:
+        shown = _items(value, lambda item: _render(item, budget, depth + 1), budget)
+        return _container(f"list · {len(value)} items", shown, len(value))
+    if type(value) is dict:
+        tag = tag_of(value)
+        if tag is not None:
+            return _tagged(tag, value[tag], budget, depth)
+        shown = _items(list(value.items()), lambda pair: _pair(pair, budget, depth), budget)
+        return _container(f"dict · {len(value)} keys", shown, len(value))
+    return budget.spend(_scalar(value))
+
+
+def _pair(pair: tuple[Any, Any], budget: Budget, depth: int) -> str:
+    return f'<span class="v-key">{escape(str(pair[0]))}</span>: {_render(pair[1], budget, depth + 1)}'
+
+
+def _tagged(tag: str, body: Any, budget: Budget, depth: int) -> str:
+    kind = f'<span class="v-tag">{escape(tag[1:])}</span> '
+    if tag in SCALAR_TAGS:
+        return budget.spend(kind + f'<span class="v-num">{escape(str(body))}</span>')
+    if tag == "$timedelta":
+        return budget.spend(kind + f'<span class="v-num">{escape(str(body))}</span> s')
+    if tag in ("$bytes", "$bytearray"):
+        return budget.spend(kind + f'<span class="v-note">({len(str(body))} base64 characters)</span>')
+    if tag in SEQUENCE_TAGS and type(body) is list:
+        shown = _items(body, lambda item: _render(item, budget, depth + 1), budget)
+        return _container(f"{SEQUENCE_TAGS[tag]} · {len(body)} items", shown, len(body))
+    if tag == "$enum" and type(body) is dict:
+        return budget.spend(kind + f'<span class="v-num">{escape(str(body.get("type")))}.'
+                                   f'{escape(str(body.get("name")))}</span>')
+    if tag == "$object" and type(body) is dict:
+        found = body.get("attrs")
+        attrs: dict[str, Any] = found if type(found) is dict else {}
+        shown = _items(list(attrs.items()), lambda pair: _pair(pair, budget, depth), budget)
+        return _container(f"object {body.get('type')} · {len(attrs)} attributes", shown, len(attrs))
+    if tag == "$dict" and type(body) is list:
+        def show(pair: Any) -> str:
+            if type(pair) is list and len(pair) == 2:
+                return f"{_render(pair[0], budget, depth + 1)} → {_render(pair[1], budget, depth + 1)}"
+            return _render(pair, budget, depth + 1)
+        return _container(f"dict · {len(body)} keys", _items(body, show, budget), len(body))
+    if tag == "$repr" and type(body) is dict:
+        return budget.spend(kind + f'<span class="v-str">{escape(str(body.get("repr", ""))[:MAX_TEXT])}</span>')
+    if tag == "$cycle":
+        return budget.spend(kind + f'<span class="v-note">back to {escape(str(body))}</span>')
+    if tag == "$truncated" and type(body) is dict:
+        reason = escape(str(body.get("reason")))
+        return budget.spend(kind + f'<span class="v-note">{escape(str(body.get("type")))} cut by the sandbox '
+                                   f'({reason})</span>')
+    return kind + _render(body, budget, depth + 1)  # an unknown tag: its body as plain data
+
+
+def value_html(value: Any, budget: Budget | None = None) -> Markup:
+    """``value`` (a state's JSON view, or any part of it) as escaped HTML; ``budget``
+    shared by the calls of one page (a fresh :data:`DEFAULT_BUDGET` when None)."""
+    # every piece of text in the rendering went through escape()
+    return Markup(_render(value, budget if budget is not None else Budget(), 0))  # noqa: S704
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    """One leaf of a state diff: ``kind`` is ``added``, ``removed`` or ``changed``;
+    ``path`` the keys from the state's top (``records`` › ``a``)."""
+
+    path: tuple[str, ...]
+    kind: str
+    old: Any = None
+    new: Any = None
+
+
+def diff_rows(diff: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[DiffRow]:
+    """The leaves of an EnvScaler-shaped diff (:func:`sandpit.api.services.diff.state_diff`),
+    nested diffs flattened into paths, in the diff's order."""
+    rows: list[DiffRow] = []
+    for key, entry in diff.items():
+        path = (*prefix, str(key))
+        if type(entry) is dict and set(entry) == {"added"}:
+            rows.append(DiffRow(path, "added", new=entry["added"]))
+        elif type(entry) is dict and set(entry) == {"removed"}:
+            rows.append(DiffRow(path, "removed", old=entry["removed"]))
+        elif type(entry) is dict and set(entry) == {"changed"} and type(entry["changed"]) is dict:
+            rows.append(DiffRow(path, "changed", old=entry["changed"].get("old"), new=entry["changed"].get("new")))
+        elif type(entry) is dict:
+            rows.extend(diff_rows(entry, path))
+    return rows
+
+
+def action_text(action: dict[str, Any] | None) -> tuple[str, str]:
+    """``(tool, arguments)`` of a stored step action for display: the tool name and the
+    arguments as indented JSON; a raw-text action (``{"text": ...}``) gives
+    ``("text", <the text>)``; none (step 0) gives ``("", "")``."""
+    if not action:
+        return "", ""
+    if "name" in action:
+        arguments = action.get("arguments")
+        text = arguments if type(arguments) is str else json.dumps(arguments, indent=2, ensure_ascii=False,
+                                                                     sort_keys=True)
+        return str(action["name"]), text
+    if "text" in action:
+        return "text", str(action["text"])
+    return "action", json.dumps(action, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def milliseconds(value: Any) -> str:
+    """A stored duration (milliseconds) as ``12.3 ms``; ``""`` for anything not a number."""
+    if type(value) not in (int, float):
+        return ""
+    return f"{value:.1f} ms"
