@@ -92,7 +92,7 @@ def diff(request: Request, env_id: str, number: int, step: int, ctx: TenantDep, 
         raise InvalidRequest("step 0 is the initial state: it has no diff", field="step")
     before = state_at(viewer, ctx, env_id, number, step - 1)
     after = state_at(viewer, ctx, env_id, number, step)
-    rows = diff_rows(state_diff(before["state"], after["state"]))
+    rows = diff_rows(state_diff(before["state"], after["state"]), before["state"], after["state"])
     return page(request, "diff_fragment.html" if fragment else "diff.html", env_id=env_id, number=number, step=step,
                 rows=rows, budget=Budget())
 
@@ -126,8 +126,9 @@ def compare(request: Request, ctx: TenantDep, viewer: ViewerDep, a: Id, b: Id, e
                              field="b")
     steps_a = viewer.history.trajectory(ctx, a, ea, STEPS_PER_PAGE, offset)
     steps_b = viewer.history.trajectory(ctx, b, eb, STEPS_PER_PAGE, offset)
-    final = diff_rows(state_diff(state_at(viewer, ctx, a, ea, left.steps)["state"],
-                                 state_at(viewer, ctx, b, eb, right.steps)["state"]))
+    first = state_at(viewer, ctx, a, ea, left.steps)["state"]
+    second = state_at(viewer, ctx, b, eb, right.steps)["state"]
+    final = diff_rows(state_diff(first, second), first, second)
     rows = [(steps_a.steps[i] if i < len(steps_a.steps) else None,
              steps_b.steps[i] if i < len(steps_b.steps) else None)
             for i in range(max(len(steps_a.steps), len(steps_b.steps)))]

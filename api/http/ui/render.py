@@ -175,20 +175,41 @@ class DiffRow:
     new: Any = None
 
 
-def diff_rows(diff: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[DiffRow]:
-    """The leaves of an EnvScaler-shaped diff (:func:`sandpit.api.services.diff.state_diff`),
-    nested diffs flattened into paths, in the diff's order."""
+def _mapping(value: Any) -> dict[str, Any] | None:
+    """``value`` as :func:`~sandpit.api.services.diff.state_diff` recurses into it: a plain
+    dict, or a ``$dict`` tag keyed by the JSON text of its keys; None otherwise."""
+    if type(value) is not dict:
+        return None
+    if tag_of(value) is None:
+        return value
+    pairs = value.get("$dict")
+    if type(pairs) is not list or not all(type(p) is list and len(p) == 2 for p in pairs):
+        return None
+    return {json.dumps(key, sort_keys=True, ensure_ascii=False): item for key, item in pairs}
+
+
+def diff_rows(diff: dict[str, Any], old: dict[str, Any], new: dict[str, Any],
+              prefix: tuple[str, ...] = ()) -> list[DiffRow]:
+    """The leaves of ``diff`` = ``state_diff(old, new)``
+    (:func:`sandpit.api.services.diff.state_diff`), nested diffs flattened into paths, in
+    the diff's order. The two states say which entries are leaves: EnvScaler's shape alone
+    is ambiguous (``{"box": {"added": x}}`` is either ``box`` added, or the key ``added``
+    inside ``box`` changed)."""
     rows: list[DiffRow] = []
     for key, entry in diff.items():
         path = (*prefix, str(key))
-        if type(entry) is dict and set(entry) == {"added"}:
-            rows.append(DiffRow(path, "added", new=entry["added"]))
-        elif type(entry) is dict and set(entry) == {"removed"}:
-            rows.append(DiffRow(path, "removed", old=entry["removed"]))
-        elif type(entry) is dict and set(entry) == {"changed"} and type(entry["changed"]) is dict:
-            rows.append(DiffRow(path, "changed", old=entry["changed"].get("old"), new=entry["changed"].get("new")))
-        elif type(entry) is dict:
-            rows.extend(diff_rows(entry, path))
+        if type(entry) is not dict:
+            continue
+        if key not in old:
+            rows.append(DiffRow(path, "added", new=entry.get("added")))
+        elif key not in new:
+            rows.append(DiffRow(path, "removed", old=entry.get("removed")))
+        else:
+            left, right = _mapping(old[key]), _mapping(new[key])
+            if left is not None and right is not None:
+                rows.extend(diff_rows(entry, left, right, path))
+            else:
+                rows.append(DiffRow(path, "changed", old=old[key], new=new[key]))
     return rows
 
 
