@@ -31,6 +31,8 @@ STEPS_PER_PAGE = 50
 """Steps of a timeline (or a comparison) per page."""
 ROWS_PER_PAGE = 50
 """Rows of a listing per page."""
+MAX_DIFF_ROWS = 500
+"""Rows of a diff shown; the rest are counted (the states' pages and raw JSON have them)."""
 Offset = Annotated[int, Query(ge=0, le=10**9)]
 Number = Annotated[int, Query(ge=1, le=10**9)]
 Id = Annotated[str, Query(max_length=64)]
@@ -94,7 +96,7 @@ def diff(request: Request, env_id: str, number: int, step: int, ctx: TenantDep, 
     after = state_at(viewer, ctx, env_id, number, step)
     rows = diff_rows(state_diff(before["state"], after["state"]), before["state"], after["state"])
     return page(request, "diff_fragment.html" if fragment else "diff.html", env_id=env_id, number=number, step=step,
-                rows=rows, budget=Budget())
+                rows=rows[:MAX_DIFF_ROWS], more=max(0, len(rows) - MAX_DIFF_ROWS), budget=Budget())
 
 
 @router.get("/envs/{env_id}/episodes/{number}/steps/{step}/state", response_class=HTMLResponse)
@@ -132,5 +134,6 @@ def compare(request: Request, ctx: TenantDep, viewer: ViewerDep, a: Id, b: Id, e
     rows = [(steps_a.steps[i] if i < len(steps_a.steps) else None,
              steps_b.steps[i] if i < len(steps_b.steps) else None)
             for i in range(max(len(steps_a.steps), len(steps_b.steps)))]
-    return page(request, "compare.html", a=a, b=b, ea=ea, eb=eb, left=left, right=right, rows=rows, final=final,
+    return page(request, "compare.html", a=a, b=b, ea=ea, eb=eb, left=left, right=right, rows=rows,
+                final=final[:MAX_DIFF_ROWS], more=max(0, len(final) - MAX_DIFF_ROWS),
                 offset=offset, per_page=STEPS_PER_PAGE, longest=max(steps_a.count, steps_b.count), budget=Budget())

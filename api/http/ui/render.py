@@ -84,11 +84,12 @@ def _scalar(value: Any) -> str:
 CUT = '<span class="v-note">… cut here (open the raw JSON for the rest)</span>'
 
 
-def _container(label: str, items: list[str], count: int) -> str:
+def _container(label: str, items: list[str], count: int, budget: Budget) -> str:
     more = f'<li class="v-note">… {count - len(items)} more</li>' if count > len(items) else ""
     opened = " open" if count < OPEN_BELOW else ""
-    return (f'<details class="v"{opened}><summary>{escape(label)}</summary>'
-            f'<ul class="v-items">{"".join(items)}{more}</ul></details>')
+    head = f'<details class="v"{opened}><summary>{escape(label)}</summary><ul class="v-items">'
+    budget.spend(head + more + "</ul></details>")  # the items spent their own share
+    return f'{head}{"".join(items)}{more}</ul></details>'
 
 
 def _items(entries: list[Any], show: Any, budget: Budget) -> list[str]:
@@ -99,6 +100,7 @@ def _items(entries: list[Any], show: Any, budget: Budget) -> list[str]:
             out.append(f"<li>{CUT}</li>")
             break
         out.append(f"<li>{show(entry)}</li>")
+        budget.left -= 9  # <li></li>
     return out
 
 
@@ -107,18 +109,19 @@ def _render(value: Any, budget: Budget, depth: int) -> str:
         return CUT
     if type(value) is list:
         shown = _items(value, lambda item: _render(item, budget, depth + 1), budget)
-        return _container(f"list · {len(value)} items", shown, len(value))
+        return _container(f"list · {len(value)} items", shown, len(value), budget)
     if type(value) is dict:
         tag = tag_of(value)
         if tag is not None:
             return _tagged(tag, value[tag], budget, depth)
         shown = _items(list(value.items()), lambda pair: _pair(pair, budget, depth), budget)
-        return _container(f"dict · {len(value)} keys", shown, len(value))
+        return _container(f"dict · {len(value)} keys", shown, len(value), budget)
     return budget.spend(_scalar(value))
 
 
 def _pair(pair: tuple[Any, Any], budget: Budget, depth: int) -> str:
-    return f'<span class="v-key">{escape(str(pair[0]))}</span>: {_render(pair[1], budget, depth + 1)}'
+    key = budget.spend(f'<span class="v-key">{escape(str(pair[0]))}</span>: ')
+    return key + _render(pair[1], budget, depth + 1)
 
 
 def _tagged(tag: str, body: Any, budget: Budget, depth: int) -> str:
@@ -131,7 +134,7 @@ def _tagged(tag: str, body: Any, budget: Budget, depth: int) -> str:
         return budget.spend(kind + f'<span class="v-note">({len(str(body))} base64 characters)</span>')
     if tag in SEQUENCE_TAGS and type(body) is list:
         shown = _items(body, lambda item: _render(item, budget, depth + 1), budget)
-        return _container(f"{SEQUENCE_TAGS[tag]} · {len(body)} items", shown, len(body))
+        return _container(f"{SEQUENCE_TAGS[tag]} · {len(body)} items", shown, len(body), budget)
     if tag == "$enum" and type(body) is dict:
         return budget.spend(kind + f'<span class="v-num">{escape(str(body.get("type")))}.'
                                    f'{escape(str(body.get("name")))}</span>')
@@ -139,13 +142,13 @@ def _tagged(tag: str, body: Any, budget: Budget, depth: int) -> str:
         found = body.get("attrs")
         attrs: dict[str, Any] = found if type(found) is dict else {}
         shown = _items(list(attrs.items()), lambda pair: _pair(pair, budget, depth), budget)
-        return _container(f"object {body.get('type')} · {len(attrs)} attributes", shown, len(attrs))
+        return _container(f"object {body.get('type')} · {len(attrs)} attributes", shown, len(attrs), budget)
     if tag == "$dict" and type(body) is list:
         def show(pair: Any) -> str:
             if type(pair) is list and len(pair) == 2:
                 return f"{_render(pair[0], budget, depth + 1)} → {_render(pair[1], budget, depth + 1)}"
             return _render(pair, budget, depth + 1)
-        return _container(f"dict · {len(body)} keys", _items(body, show, budget), len(body))
+        return _container(f"dict · {len(body)} keys", _items(body, show, budget), len(body), budget)
     if tag == "$repr" and type(body) is dict:
         return budget.spend(kind + f'<span class="v-str">{escape(str(body.get("repr", ""))[:MAX_TEXT])}</span>')
     if tag == "$cycle":
