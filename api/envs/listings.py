@@ -84,8 +84,9 @@ class Listings:
             heads = {(env_id, number): int(head) for env_id, number, head in db.execute(
                 select(models.Step.env_id, models.Step.episode, func.max(models.Step.step))
                 .where(models.Step.env_id.in_(env_ids)).group_by(models.Step.env_id, models.Step.episode))}
-            names = dict(db.execute(select(models.Environment.id, models.Environment.name).where(
-                models.Environment.id.in_({episode.environment_id for episode, _ in pairs}))).tuples().all())
+            names: dict[str, str | None] = {environment_id: name for environment_id, name in db.execute(
+                select(models.Environment.id, models.Environment.name).where(
+                    models.Environment.id.in_({episode.environment_id for episode, _ in pairs})))}
         return [EpisodeRow(env_id=env.id, episode=episode.episode, environment_id=episode.environment_id,
                            environment_name=names.get(episode.environment_id), scenario_id=episode.scenario_id,
                            status=episode.status, reward=episode.reward,

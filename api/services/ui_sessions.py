@@ -9,7 +9,8 @@ every API replica serves the same session.
   (:meth:`UiSessions.lookup`). A session is dead when it expired, when the key that
   opened it was revoked or expired, when its tenant is gone, or (operator sessions) when
   the server no longer has an operator key: its row is then deleted.
-* Signing out deletes the row.
+* Signing out deletes the row; each sign-in also deletes the rows that expired
+  (:meth:`UiSessions.expire`, an indexed delete), so abandoned sessions do not pile up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
 from ..db import models
 from ..db.database import Database
@@ -81,6 +82,7 @@ class UiSessions:
         with self.db.write() as db:
             db.add(models.UiSession(token_hash=token_hash(token), tenant=tenant, actor=actor, csrf=csrf,
                                     created_at=now, expires_at=now + timedelta(seconds=self.ttl_s)))
+        self.expire()
         return token, UiSession(tenant=tenant, actor=actor, csrf=csrf, context=context)
 
     def lookup(self, token: str | None) -> UiSession | None:
@@ -114,10 +116,7 @@ class UiSessions:
             db.execute(delete(models.UiSession).where(models.UiSession.token_hash == token_hash(token)))
 
     def expire(self) -> int:
-        """Delete every expired session row; returns how many (the janitor may call it)."""
+        """Delete every expired session row (each sign-in calls it); returns how many."""
         with self.db.write() as db:
-            stale = db.scalars(select(models.UiSession.token_hash)
-                               .where(models.UiSession.expires_at <= utcnow())).all()
-            if stale:
-                db.execute(delete(models.UiSession).where(models.UiSession.token_hash.in_(stale)))
-        return len(stale)
+            result = db.execute(delete(models.UiSession).where(models.UiSession.expires_at <= utcnow()))
+        return int(getattr(result, "rowcount", 0) or 0)

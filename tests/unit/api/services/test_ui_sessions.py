@@ -109,6 +109,13 @@ def test_sign_out_and_expire(sessions: UiSessions, tenants: TenantService, datab
         row.expires_at = utcnow() - timedelta(seconds=1)
     assert sessions.expire() == 1
     assert sessions.lookup(kept) is not None
+    with database.write() as db:
+        row = db.get(models.UiSession, token_hash(kept))
+        assert row is not None
+        row.expires_at = utcnow() - timedelta(seconds=1)
+    sessions.sign_in(key)  # a sign-in sweeps the expired rows
+    with database.read() as db:
+        assert db.get(models.UiSession, token_hash(kept)) is None
 
 
 def test_an_operator_session_dies_when_the_operator_key_is_removed(database: Database, tmp_path: Path) -> None:
