@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
 from ...envs.listings import EPISODE_STATUSES, EpisodeFilter
@@ -36,6 +36,8 @@ MAX_DIFF_ROWS = 500
 Offset = Annotated[int, Query(ge=0, le=10**9)]
 Number = Annotated[int, Query(ge=1, le=10**9)]
 Id = Annotated[str, Query(max_length=64)]
+EpisodeNumber = Annotated[int, Path(ge=1, le=10**9)]
+StepNumber = Annotated[int, Path(ge=0, le=10**9)]
 
 
 def episode_record(viewer: Viewer, ctx: TenantContext, env_id: str, number: int) -> EpisodePublic:
@@ -73,7 +75,7 @@ def episodes(request: Request, ctx: TenantDep, viewer: ViewerDep, environment: I
 
 
 @router.get("/envs/{env_id}/episodes/{number}", response_class=HTMLResponse)
-def episode(request: Request, env_id: str, number: int, ctx: TenantDep, viewer: ViewerDep,
+def episode(request: Request, env_id: str, number: EpisodeNumber, ctx: TenantDep, viewer: ViewerDep,
             offset: Offset = 0) -> Response:
     """One episode as a timeline: :data:`STEPS_PER_PAGE` steps from ``offset`` (action,
     status, observation, duration, reward, a lazily loaded diff, a link to the state),
@@ -86,8 +88,8 @@ def episode(request: Request, env_id: str, number: int, ctx: TenantDep, viewer: 
 
 
 @router.get("/envs/{env_id}/episodes/{number}/steps/{step}/diff", response_class=HTMLResponse)
-def diff(request: Request, env_id: str, number: int, step: int, ctx: TenantDep, viewer: ViewerDep,
-         fragment: bool = False) -> Response:
+def diff(request: Request, env_id: str, number: EpisodeNumber, step: StepNumber, ctx: TenantDep,
+         viewer: ViewerDep, fragment: bool = False) -> Response:
     """What step ``step`` changed in the state (added / removed / changed, each value
     expandable): a page, or with ``fragment=true`` the bare table the timeline inserts."""
     if step < 1:
@@ -100,7 +102,8 @@ def diff(request: Request, env_id: str, number: int, step: int, ctx: TenantDep, 
 
 
 @router.get("/envs/{env_id}/episodes/{number}/steps/{step}/state", response_class=HTMLResponse)
-def state(request: Request, env_id: str, number: int, step: int, ctx: TenantDep, viewer: ViewerDep) -> Response:
+def state(request: Request, env_id: str, number: EpisodeNumber, step: StepNumber, ctx: TenantDep,
+          viewer: ViewerDep) -> Response:
     """The full state at ``step``, each top-level attribute expandable; rendering stops at
     :data:`~.render.DEFAULT_BUDGET` characters (the raw JSON link has everything)."""
     view = state_at(viewer, ctx, env_id, number, step)
@@ -108,7 +111,7 @@ def state(request: Request, env_id: str, number: int, step: int, ctx: TenantDep,
 
 
 @router.get("/envs/{env_id}/episodes/{number}/steps/{step}/state.json")
-def state_json(env_id: str, number: int, step: int, ctx: TenantDep, viewer: ViewerDep) -> Response:
+def state_json(env_id: str, number: EpisodeNumber, step: StepNumber, ctx: TenantDep, viewer: ViewerDep) -> Response:
     """The API's ``StateView`` JSON of that step (``GET /v1/envs/{id}/state``'s bytes),
     served as a download (``attachment``) so no browser renders it as a page."""
     body = viewer.history.state(ctx, env_id, step, number)

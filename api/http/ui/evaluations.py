@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
 from ...errors import InvalidRequest
@@ -55,8 +55,8 @@ def progress(evaluation_id: str, ctx: TenantDep, viewer: ViewerDep) -> Response:
 
 
 @router.get("/evaluations/{evaluation_id}/episodes/{index}", response_class=HTMLResponse)
-def evaluation_episode(request: Request, evaluation_id: str, index: int, ctx: TenantDep,
-                       viewer: ViewerDep) -> Response:
+def evaluation_episode(request: Request, evaluation_id: str, index: Annotated[int, Path(ge=0, le=10**9)],
+                       ctx: TenantDep, viewer: ViewerDep) -> Response:
     """One episode's stored result: status, reward, each check (item, verdict, error),
     its trajectory and, for rollouts, the transcript."""
     row = viewer.evaluation_listings.episode(ctx, evaluation_id, index)

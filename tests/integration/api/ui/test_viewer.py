@@ -315,10 +315,31 @@ def test_the_operator_sees_tenants_read_only(browser: Any, server: ApiServer, ar
 def test_malformed_queries_get_an_error_page_not_a_500(tab: Tab) -> None:
     for path, status in (("/ui/episodes?status=nope", 422), ("/ui/episodes?offset=-1", 422),
                          ("/ui/episodes?reward_min=abc", 422), ("/ui/envs/nope/episodes/1", 404),
-                         ("/ui/evaluations/nope", 404), ("/ui/environments/" + "x" * 300, 404)):
+                         ("/ui/evaluations/nope", 404), ("/ui/environments/" + "x" * 300, 404),
+                         ("/ui/envs/nope/episodes/99999999999999999999999", 422),
+                         ("/ui/envs/nope/episodes/1/steps/-1/state", 422), ("/ui/envs/nope/episodes/1/steps/0/diff", 422),
+                         ("/ui/evaluations/nope/episodes/99999999999999999999", 422),
+                         ("/ui/compare?a=x", 422), ("/ui/static/../templates/base.html", 404)):
         response = tab.goto(path)
         assert response.status == status, path
     started = time.monotonic()
     assert tab.goto("/ui/signin?next=//evil.example/").status == 200
     assert time.monotonic() - started < 10
     assert 'value="/ui"' in tab.page.content()  # no open redirect through ``next``
+
+
+def test_the_sign_in_form_needs_its_token_and_a_small_body(server: ApiServer) -> None:
+    with httpx.Client(base_url=server.url, follow_redirects=False) as client:
+        no_token = client.post("/ui/signin", data={"key": server.api_key})
+        assert no_token.status_code == 403 and "sandpit_ui" not in no_token.cookies
+        form = client.get("/ui/signin")
+        token = re.search(r'name="csrf" value="([0-9a-f]+)"', form.text)
+        assert token is not None
+        huge = client.post("/ui/signin", data={"csrf": token.group(1), "key": "k" * 20_000})
+        assert huge.status_code == 413
+        static = client.get("/ui/static/viewer.js")
+        assert static.status_code == 200 and "javascript" in static.headers["content-type"]
+        assert static.headers["x-content-type-options"] == "nosniff"
+        signed = client.post("/ui/signin", data={"csrf": token.group(1), "key": server.api_key,
+                                                 "next": "/ui/environments"})
+        assert signed.status_code == 303 and signed.headers["location"] == "/ui/environments"
