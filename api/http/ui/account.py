@@ -74,7 +74,7 @@ async def sign_in(request: Request, viewer: ViewerDep) -> Response:
 async def sign_out(request: Request, session: SessionDep, viewer: ViewerDep) -> Response:
     """End the session (the form's token required) and go back to the sign-in form."""
     await form_of(request, session.csrf)
-    viewer.sessions.end(request.cookies.get(COOKIE, ""))
+    await to_thread.run_sync(viewer.sessions.end, request.cookies.get(COOKIE, ""))
     response = RedirectResponse("/ui/signin", status_code=303)
     response.delete_cookie(COOKIE, path="/ui")
     return response

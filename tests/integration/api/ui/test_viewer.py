@@ -319,7 +319,7 @@ def test_malformed_queries_get_an_error_page_not_a_500(tab: Tab) -> None:
                          ("/ui/envs/nope/episodes/99999999999999999999999", 422),
                          ("/ui/envs/nope/episodes/1/steps/-1/state", 422), ("/ui/envs/nope/episodes/1/steps/0/diff", 422),
                          ("/ui/evaluations/nope/episodes/99999999999999999999", 422),
-                         ("/ui/compare?a=x", 422), ("/ui/static/../templates/base.html", 404)):
+                         ("/ui/compare?a=x", 422), ("/ui/static/../web.py", 404)):
         response = tab.goto(path)
         assert response.status == status, path
     started = time.monotonic()
