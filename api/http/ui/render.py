@@ -45,17 +45,20 @@ SEQUENCE_TAGS = {"$set": "set", "$frozenset": "frozenset", "$tuple": "tuple"}
 
 
 class Budget:
-    """The characters of HTML a rendering may still produce."""
+    """The characters of HTML a rendering may still produce (``chars``, default
+    :data:`DEFAULT_BUDGET`); one budget is shared by every value of a page."""
 
     def __init__(self, chars: int = DEFAULT_BUDGET) -> None:
         self.left = chars
 
     def spend(self, text: str) -> str:
+        """Count ``text`` (characters) against the budget; returns it unchanged."""
         self.left -= len(text)
         return text
 
     @property
     def spent(self) -> bool:
+        """True once the budget is used up: what follows is replaced by a cut note."""
         return self.left <= 0
 
 

@@ -190,6 +190,8 @@ class UiRoute(APIRoute):
     """A viewer route: errors become HTML pages (see the module docstring)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """FastAPI's handler of the route, wrapped: sign-in redirect, refusals, API
+        errors and malformed parameters answered as HTML pages."""
         handler = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
