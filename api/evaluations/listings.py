@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Integer, cast, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import defer
 
 from ..db import models
@@ -59,9 +59,12 @@ class EvaluationListings:
 
     def histogram(self, ctx: TenantContext, evaluation_id: str) -> Histogram:
         """Rewards of the evaluation's ``done`` episodes in :data:`HISTOGRAM_BINS` bins
-        (one grouped query). Raises NotFound."""
+        (one grouped query; the bin is a ``CASE`` on the reward, which SQLite and
+        PostgreSQL compute alike, where a cast of ``reward * 10`` would truncate on one and
+        round on the other). Raises NotFound."""
         row = models.EvaluationEpisode
-        bin_of = cast(row.reward * HISTOGRAM_BINS, Integer)
+        bins = [(row.reward < (index + 1) / HISTOGRAM_BINS, index) for index in range(HISTOGRAM_BINS - 1)]
+        bin_of = case((row.reward < 0, -1), (row.reward > 1, -1), *bins, else_=HISTOGRAM_BINS - 1)
         with self.db.read() as db:
             owned(db, models.EvaluationJob, evaluation_id, ctx.tenant, "evaluation")
             found = db.execute(select(bin_of, func.count()).where(
@@ -69,12 +72,10 @@ class EvaluationListings:
                 .group_by(bin_of)).all()
         counts, outside = [0] * HISTOGRAM_BINS, 0
         for index, count in found:
-            if index == HISTOGRAM_BINS:  # a reward of exactly 1.0 belongs to the last bin
-                index -= 1
-            if index is None or not 0 <= index < HISTOGRAM_BINS:
-                outside += int(count)
-            else:
+            if 0 <= index < HISTOGRAM_BINS:
                 counts[index] += int(count)
+            else:
+                outside += int(count)
         return Histogram(counts=counts, outside=outside)
 
     def episode(self, ctx: TenantContext, evaluation_id: str, index: int) -> models.EvaluationEpisode:

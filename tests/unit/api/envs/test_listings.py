@@ -109,7 +109,7 @@ def test_relatives_are_the_fork_family_of_the_tenant(database: Database, listing
 
 @pytest.fixture
 def evaluations(database: Database) -> EvaluationListings:
-    rewards = [0.0, 0.05, 0.1, 0.5, 0.99, 1.0, 1.0, None, 1.5]
+    rewards = [0.0, 0.05, 0.1, 0.15, 0.5, 0.99, 1.0, 1.0, None, 1.5, -0.05]
     with database.write() as db:
         for job, tenant in (("evj_a", "team-a"), ("evj_b", "team-b")):
             db.add(models.EvaluationJob(id=job, tenant=tenant, mode="replay", status="completed", config={},
@@ -123,7 +123,7 @@ def evaluations(database: Database) -> EvaluationListings:
 
 def test_the_histogram_bins_rewards_and_counts_the_rest(evaluations: EvaluationListings) -> None:
     histogram = evaluations.histogram(A, "evj_a")
-    assert histogram.counts == [2, 1, 0, 0, 0, 1, 0, 0, 0, 3] and histogram.outside == 1 and histogram.peak == 3
+    assert histogram.counts == [2, 2, 0, 0, 0, 1, 0, 0, 0, 3] and histogram.outside == 2 and histogram.peak == 3
 
 
 def test_evaluation_reads_are_the_tenants_only(evaluations: EvaluationListings) -> None:
@@ -133,7 +133,7 @@ def test_evaluation_reads_are_the_tenants_only(evaluations: EvaluationListings) 
         with pytest.raises(NotFound):
             read()
     rows, total = evaluations.episodes(A, "evj_a", "error", 10, 0)
-    assert [r.index for r in rows] == [7] and total == 1
+    assert [r.index for r in rows] == [8] and total == 1
 
 
 def test_a_ten_thousand_episode_evaluation_pages(database: Database) -> None:
