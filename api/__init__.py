@@ -14,18 +14,22 @@
                       (slots of the fair scheduler, executor errors translated)
     services/         registries: environments, scenarios, tenants, quotas, execution
                       (validate, execute), checks, model endpoints, health, cluster,
-                      stats (per-scenario statistics), idempotency (Idempotency-Key)
+                      stats (per-scenario statistics), idempotency (Idempotency-Key),
+                      ui_sessions (the web viewer's sign-in sessions)
     envs/             an env's lifecycle, one concept a module, one method per verb taking
                       the caller's ``TenantContext``: lifecycle (create, read, list, delete,
                       expire, collect), episodes (reset, restore, fork), steps, rewards
                       (score, evaluate), history, attempts (resume, the attempt fence);
                       and sessions, live, rulebook, users,
-                      actions, envscaler, outcomes, configs, views, state
+                      actions, envscaler, outcomes, configs, views, state; listings (the
+                      web viewer's episode and environment listings)
     evaluations/      batch evaluation jobs, their runner (a client of the env verbs),
-                      claims across replicas, the rollout agent loop
+                      claims across replicas, the rollout agent loop, listings (an
+                      evaluation's episodes paged and its reward histogram, for the viewer)
     http/             the only HTTP code: deps, routes/ (one module per resource), the step
                       door (step), the MCP servers (mcp), the OpenEnv protocol (openenv),
-                      strict JSON bodies, the body deadline, the OpenAPI document, the access log, exception handlers
+                      strict JSON bodies, the body deadline, the OpenAPI document, the access log, exception handlers,
+                      the web viewer (ui/: server-rendered pages under /ui over the services above)
     app.py            the composition root: builds the executor, the database and every
                       service; the step door in front of FastAPI
 

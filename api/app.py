@@ -51,6 +51,7 @@ from .envs.configs import EnvConfigs
 from .envs.episodes import Episodes
 from .envs.history import EnvHistory
 from .envs.lifecycle import Collector, EnvLifecycle, count_open_envs
+from .envs.listings import Listings
 from .envs.live import Janitor, LiveEnvs
 from .envs.rewards import Rewards
 from .envs.rulebook import EpisodeService
@@ -59,6 +60,7 @@ from .envs.steps import Steps
 from .envs.views import EnvViews
 from .errors import ApiError
 from .evaluations.jobs import EvaluationJobs
+from .evaluations.listings import EvaluationListings
 from .evaluations.runner import EvaluationRunner
 from .http import openapi, step
 from .http.access_log import AccessLog
@@ -69,6 +71,8 @@ from .http.openenv import OpenEnvServer
 from .http.openenv import routes as openenv_routes
 from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .http.step import StepDoor
+from .http.ui import Viewer
+from .http.ui import install as install_viewer
 from .metrics import Metrics
 from .sandboxes import Sandboxes, translate
 from .services.checks import Checks
@@ -81,6 +85,7 @@ from .services.quotas import QuotaService
 from .services.scenarios import ScenarioService
 from .services.stats import StatsService
 from .services.tenants import TenantService
+from .services.ui_sessions import UiSessions
 from .settings import ApiSettings, get_api_settings
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
@@ -178,6 +183,11 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                                  backend=backend.type)
                 for name in SERVED:  # what the routes' dependencies (deps.py) read
                     setattr(app.state, name, getattr(services, name))
+                app.state.viewer = Viewer(  # the web viewer's pages (http/ui)
+                    sessions=UiSessions(db, services.tenants), listings=Listings(db),
+                    evaluation_listings=EvaluationListings(db), tenants=services.tenants, history=services.history,
+                    envs=services.envs, environments=services.environments, scenarios=services.scenarios,
+                    jobs=services.evaluations)
                 app.state.mcp = mcp = McpServer(api_settings, services.tenants, services.envs, services.steps,
                                                 services.history, translate=_translated, version=app.version,
                                                 run_blocking=door.run)
@@ -225,6 +235,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     app.router.routes += [Route(ENV_TEMPLATE, McpEndpoint("env")), Route(SCENARIO_TEMPLATE, McpEndpoint("scenario"))]
     # OpenEnv's protocol (openenv-core's EnvClient): a WebSocket session and HTTP routes per scenario
     app.router.routes += openenv_routes()
+    install_viewer(app)  # the web viewer under /ui (its own routes: not in the OpenAPI document)
     app.state.api_routes = [route for router in ROUTERS for route in router.routes]  # for 405's Allow
     openapi.install(app, ROUTERS, partial(_default_limits, pool_settings))
     return app

@@ -32,7 +32,9 @@ EXTRA_OF_MODULE: Mapping[str, str] = MappingProxyType({
     "docker": "server",
     "fastapi": "server",
     "ijson": "importers",
+    "jinja2": "server",  # api/http/ui/: the web viewer's templates
     "jsonschema": "server",
+    "markupsafe": "server",  # api/http/ui/: escaped HTML of the viewer's values
     "mcp": "server",  # api/http/mcp.py: the MCP servers
     "openai": "server",  # synthesis (`sandpit synth`) and the API; sandpit.client.llm alone: `llm`
     "orjson": "server",

@@ -438,6 +438,26 @@ class IdempotencyKey(Base):
     __table_args__ = (PrimaryKeyConstraint("tenant", "key", name="pk_idempotency_keys"),)
 
 
+class UiSession(Base):
+    """A signed-in session of the web viewer (:mod:`sandpit.api.services.ui_sessions`): the
+    browser holds a random token in a cookie, this row holds only the token's SHA-256 and
+    whose key signed in. The key itself is never stored; a revoked or expired key ends
+    every session it opened."""
+
+    __tablename__ = "ui_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """Hex SHA-256 of the session token (the cookie's value)."""
+    tenant: Mapped[str | None] = mapped_column(String(64), index=True)
+    """The tenant signed in; None for the operator."""
+    actor: Mapped[str] = mapped_column(String(ID_LENGTH))
+    """The :class:`ApiKey` id that signed in, or ``operator``."""
+    csrf: Mapped[str] = mapped_column(String(64))
+    """The token every form of this session posts back (``csrf`` field)."""
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 def table(model: type[Base]) -> Table:
     """The Core table of an ORM class (``Step`` -> ``steps``): what statements that write
     many rows at once use (``table(Step).insert()`` with a list of rows is one
