@@ -47,6 +47,7 @@ from .db.database import Database
 from .db.engine import make_engine, make_sessionmaker, require_current
 from .envs.actions import ToolSets
 from .envs.attempts import Attempts
+from .envs.batch import BatchSteps
 from .envs.configs import EnvConfigs
 from .envs.episodes import Episodes
 from .envs.history import EnvHistory
@@ -90,7 +91,7 @@ from .settings import ApiSettings, get_api_settings
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
           "scenarios", "stats", "execution", "evaluations", "health", "idempotency",
-          "attempts")
+          "attempts", "batch")
 """Services the routes reach through ``app.state`` (``metrics`` for the 429 counter)."""
 ROUTERS = [health.router, environments.router, envs.router, step.router, scenarios.router, validation.router,
            evaluations.router, admin.router, admin.tenant_router]
@@ -271,6 +272,7 @@ class Services:
     cluster: ClusterService
     idempotency: Idempotency
     attempts: Attempts
+    batch: BatchSteps
 
     def start(self) -> None:
         """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
@@ -281,6 +283,7 @@ class Services:
         """Stop the runner and the janitor; close every live session (state stays stored)."""
         self.evaluations.close()
         self.janitor.close()
+        self.batch.close()
         self.envs.close()
 
 
@@ -322,4 +325,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
         janitor=Janitor(settings.janitor_interval_s,
                         envs.janitor_tasks() + [cluster.take_over_drains, idempotency.expire]),
-        cluster=cluster, idempotency=idempotency, attempts=attempts)
+        cluster=cluster, idempotency=idempotency, attempts=attempts,
+        batch=BatchSteps(steps, idempotency, settings.http_threads,
+                         translate=lambda exc: translate(exc, settings.capacity_retry_after_s)
+                         if isinstance(exc, ExecutorError) else None))

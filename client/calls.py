@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
@@ -22,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from .attempts import Attempt
+from .batch import MAX_BATCH_STEPS, BatchStepReply
 from .errors import invalid_response
 from .models import (
     ApiKey,
@@ -78,12 +79,16 @@ class Call(Generic[T]):
     idempotency_key: str | None = None
     """Sent as ``Idempotency-Key`` (step, reset, create, fork: a new uuid4 per call,
     the same on its retries): the server runs the call at most once."""
+    keyed_body: bool = False
+    """Every action in the body carries its own idempotency key (the batched step): the
+    server runs each at most once, so the call may be sent again."""
 
     @property
     def idempotent(self) -> bool:
         """Whether sending the call again cannot do anything twice (a GET, or a call with
-        an idempotency key): the transport then retries it after a lost connection."""
-        return self.method == "GET" or self.idempotency_key is not None
+        an idempotency key or keyed actions): the transport then retries it after a lost
+        connection."""
+        return self.method == "GET" or self.idempotency_key is not None or self.keyed_body
 
 
 def _new_key() -> str:
@@ -381,6 +386,40 @@ def env_step(env_id: str, call: object, include: Iterable[Include] | None) -> Ca
     _, body = tool_call_body(call)
     return _read("POST", f"/v1/envs/{_seg(env_id)}/step", StepResult, json=body, params=_include_params(include),
                  idempotency_key=_new_key())
+
+
+def envs_step(steps: Sequence[tuple[str, object]], include: Iterable[Include] | None = None,
+              attempts: Sequence[str | None] | None = None) -> Call[BatchStepReply]:
+    """`POST /v1/envs:step` for `steps` (`(env id, action)`: an action as `env_step`
+    takes it; each gets its own idempotency key), `attempts[i]` the i-th env's attempt
+    token (None: unfenced).
+
+    Raises:
+        ValueError: no steps, more than `MAX_BATCH_STEPS`, an env twice, an unknown
+            `include`, `attempts` of another length; TypeError: an action that is no
+            tool call (before anything is sent).
+    """
+    if not steps:
+        raise ValueError("a batch needs at least one step")
+    if len(steps) > MAX_BATCH_STEPS:
+        raise ValueError(f"a batch holds at most {MAX_BATCH_STEPS} steps, not {len(steps)}")
+    if attempts is not None and len(attempts) != len(steps):
+        raise ValueError(f"attempts has {len(attempts)} tokens for {len(steps)} steps")
+    seen: set[str] = set()
+    items: list[dict[str, Any]] = []
+    for index, (env_id, action) in enumerate(steps):
+        if env_id in seen:
+            raise ValueError(f"env {env_id!r} is in the batch twice: one step per env")
+        seen.add(env_id)
+        item: dict[str, Any] = {"env_id": env_id, "action": tool_call_body(action)[1], "idempotency_key": _new_key()}
+        if attempts is not None and attempts[index] is not None:
+            item["attempt"] = attempts[index]
+        items.append(item)
+    body: dict[str, Any] = {"steps": items}
+    params = _include_params(include)
+    if params is not None:
+        body["include"] = params["include"]
+    return _read("POST", "/v1/envs:step", BatchStepReply, json=body, keyed_body=True)
 
 
 def env_reset(env_id: str, init_config: Mapping[str, Any] | None, scenario_id: str | None = None,

@@ -9,13 +9,15 @@ another process's handle with `client.envs.get(env_id, attempt=token)`."""
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from . import calls
 from .attempts import Attempt
+from .batch import BatchStepOutcome
 from .errors import NotFound
 from .models import Env, Episode, Evaluation, Include, Page, Profile, StateView, StepResult, Trajectory
 from .transport import AsyncTransport, SyncTransport
@@ -227,6 +229,26 @@ class Envs:
     def delete(self, env_id: str) -> None:
         """Close and delete an env. Raises `NotFound`."""
         self._t.run(calls.env_delete(env_id))
+
+    def step_many(self, steps: Sequence[tuple[str | EnvHandle, object]], *,
+                  include: Iterable[Include] | None = None) -> builtins.list[BatchStepOutcome]:
+        """One step for each of several envs in one request (`POST /v1/envs:step`, at most
+        256, each env once): `steps` is `(env id or handle, action)` with an action as
+        `EnvHandle.step_call` takes it; a handle's attempt token goes with its step. The
+        envs step concurrently on the server. Returns one `BatchStepOutcome` per step, in
+        order: `.ok` and `.result`, or the step's refusal (`.exception()`, `.unwrap()`
+        raises it); a refused step never fails the others. Each action carries its own
+        idempotency key, so a batch resent after a lost connection runs every step once.
+
+        Raises:
+            ValueError, TypeError: a malformed batch (before sending); InvalidRequest: the
+            server refused the batch as a whole (nothing ran); Unavailable, ... as any call.
+        """
+        ids = [target.id if isinstance(target, _HandleBase) else target for target, _ in steps]
+        attempts = [target.attempt if isinstance(target, _HandleBase) else None for target, _ in steps]
+        call = calls.envs_step([(env_id, action) for env_id, (_, action) in zip(ids, steps, strict=True)], include,
+                               attempts if any(a is not None for a in attempts) else None)
+        return self._t.run(call).results
 
 
 class AsyncEnvHandle(_HandleBase):

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BeforeValidator
 
 from ..envs.attempts import Attempts
+from ..envs.batch import BatchSteps
 from ..envs.episodes import Episodes
 from ..envs.history import EnvHistory
 from ..envs.lifecycle import EnvLifecycle
@@ -70,6 +71,11 @@ def get_episodes(request: Request) -> Episodes:
 def get_rewards(request: Request) -> Rewards:
     """The app's :class:`Rewards` (evaluate)."""
     return cast(Rewards, _state(request, "rewards"))
+
+
+def get_batch(request: Request) -> BatchSteps:
+    """The app's :class:`BatchSteps` (``POST /v1/envs:step``)."""
+    return cast(BatchSteps, _state(request, "batch"))
 
 
 def get_history(request: Request) -> EnvHistory:
@@ -253,6 +259,7 @@ EnvsDep = Annotated[EnvLifecycle, Depends(get_envs)]
 EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
 RewardsDep = Annotated[Rewards, Depends(get_rewards)]
 HistoryDep = Annotated[EnvHistory, Depends(get_history)]
+BatchDep = Annotated[BatchSteps, Depends(get_batch)]
 ScenariosDep = Annotated[ScenarioService, Depends(get_scenarios)]
 StatsDep = Annotated[StatsService, Depends(get_stats)]
 ExecutionDep = Annotated[ExecutionService, Depends(get_execution)]

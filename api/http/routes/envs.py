@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import Query, Response, status
 
+from ...schemas.batch import BatchStepRequest, BatchStepResponse
 from ...schemas.envs import (
     AttemptPublic,
     EnvCreate,
@@ -24,6 +25,7 @@ from ...schemas.evaluations import EvaluateRequest, EvaluationPublic
 from ..deps import (
     METERED,
     AttemptsDep,
+    BatchDep,
     CallerDep,
     EnvsDep,
     EpisodesDep,
@@ -46,6 +48,17 @@ def create_env(body: EnvCreate, envs: EnvsDep, caller: CallerDep, keyed: Idempot
     retry gets the first response and creates nothing."""
     # the reply echoes init_config (megabytes): spliced in as the bytes already computed for it
     return keyed.respond(caller, status.HTTP_201_CREATED, lambda: envs.create(caller, body).json())
+
+
+@router.post(":step", response_model=BatchStepResponse, responses=METERED)
+def step_envs(body: BatchStepRequest, batch: BatchDep, caller: CallerDep) -> Response:
+    """One action for each of several envs (at most 256, each env once), carried out as
+    ``POST /v1/envs/{id}/step`` carries each out, the envs concurrently. ``results[i]``
+    is the outcome of ``steps[i]``: ``status`` 200 with the step's ``result``, or the
+    status and ``error`` the step alone would have got (a refused step never fails the
+    batch). A step's ``idempotency_key`` works as the step route's ``Idempotency-Key``.
+    422 for a malformed batch or an env named twice (nothing runs)."""
+    return Response(batch.step_many(caller, body), media_type="application/json")
 
 
 @router.get("/{env_id}", response_model=EnvPublic)

@@ -106,6 +106,8 @@ SEMANTIC_422 = (
             "2020-12 meta-schema)"),
     Refusal(r"POST /v1/environments", r"tools", r"is declared twice",
             "a tool name is declared once (JSON Schema's uniqueItems compares whole items, not one field of them)"),
+    Refusal(r"POST /v1/envs:step", r"steps\.\d+\.env_id", r"is in the batch twice",
+            "a batch steps each env once (JSON Schema's uniqueItems compares whole items, not one field of them)"),
     Refusal(r"POST /v1/(environments|scenarios|execute|execute/batch)",
             rf"{CHECK_FIELDS}|tools\.\d+\.function\.parameters|files",
             r"bytes of UTF-8, over|component over \d+ bytes|over \d+ bytes",

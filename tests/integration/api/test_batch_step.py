@@ -1,0 +1,149 @@
+"""The batched step (``POST /v1/envs:step``) on a real server with real sandboxes: each
+env's step is exactly what its own step route gives (the same results and state), in the
+request's order; a refused step (unknown or another tenant's env, an ended episode, a
+stale attempt, a reused key) is that step's outcome and never stops the others; a
+malformed batch or an env named twice is a 422 with nothing run; each step's
+``idempotency_key`` replays; a tenant whose ``max_concurrent_calls`` is 1 still gets a
+whole batch run. The client's ``step_many`` reads the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from api_server import COUNTER_SOURCE, ApiServer
+from sandpit.client import Client, Conflict, NotFound
+
+pytestmark = pytest.mark.docker
+
+
+def _envs(api: httpx.Client, environment_id: str, count: int, **body: Any) -> list[str]:
+    ids = []
+    for _ in range(count):
+        response = api.post("/v1/envs", json={"environment_id": environment_id, **body})
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
+def _batch(api: httpx.Client, steps: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    return api.post("/v1/envs:step", json={"steps": steps, **extra})
+
+
+def _bump(env_id: str, by: int, **extra: Any) -> dict[str, Any]:
+    return {"env_id": env_id, "action": {"name": "bump", "arguments": {"by": by}}, **extra}
+
+
+def test_each_step_is_its_own_step_route_step(api: httpx.Client, counter_env_id: str) -> None:
+    batched, alone = _envs(api, counter_env_id, 3), _envs(api, counter_env_id, 3)
+    actions = [{"name": "bump", "arguments": {"by": 2}}, {"text": '<tool_call>{"name": "bump", "arguments": {}}'
+                                                          '</tool_call>'}, {"name": "no_such_tool"}]
+    reply = _batch(api, [{"env_id": e, "action": a} for e, a in zip(batched, actions, strict=True)],
+                   include="state,state_diff")
+    assert reply.status_code == 200, reply.text
+    results = reply.json()["results"]
+    assert [r["env_id"] for r in results] == batched and [r["status"] for r in results] == [200, 200, 200]
+    for result, env_id, action in zip(results, alone, actions, strict=True):
+        single = api.post(f"/v1/envs/{env_id}/step", json=action, params={"include": "state,state_diff"}).json()
+        mine = result["result"]
+        for field in ("duration_ms", "env_id"):
+            mine.pop(field), single.pop(field)
+        assert mine == single
+    assert [r["result"]["status"] for r in results] == ["ok", "ok", "rejected"]
+    assert api.get(f"/v1/envs/{batched[0]}/state").json()["state"]["count"] == 2
+
+
+def test_a_refused_step_is_its_own_outcome(server: ApiServer, api: httpx.Client, counter_env_id: str) -> None:
+    ok, ended, fenced = _envs(api, counter_env_id, 3, episode={"max_steps": 1})[:2] + _envs(api, counter_env_id, 1)
+    assert api.post(f"/v1/envs/{ended}/step", json={"name": "bump"}).status_code == 200  # max_steps 1: it ended
+    old = api.post(f"/v1/envs/{fenced}/attempts").json()["token"]
+    api.post(f"/v1/envs/{fenced}/attempts")
+    other_key = server.new_tenant("batch-other")
+    with server.client(other_key) as other:
+        theirs = _envs(other, other.post("/v1/environments", json={
+            "source_code": COUNTER_SOURCE, "class_name": "Counter"}).json()["id"], 1)[0]
+    reply = _batch(api, [_bump(ok, 1), _bump(ended, 1), _bump("env_does_not_exist", 1), _bump(theirs, 1),
+                         _bump(fenced, 1, attempt=old)])
+    assert reply.status_code == 200, reply.text
+    results = reply.json()["results"]
+    assert [(r["status"], (r.get("error") or {}).get("code")) for r in results] == [
+        (200, None), (409, "episode_ended"), (404, "not_found"), (404, "not_found"), (409, "stale_attempt")]
+    assert results[0]["result"]["observation"] == "1" and "result" not in results[1]
+    with server.client(other_key) as other:
+        assert other.get(f"/v1/envs/{theirs}").json()["step"] == 0  # nothing ran in the other tenant's env
+    assert api.get(f"/v1/envs/{fenced}").json()["step"] == 0
+
+
+@pytest.mark.parametrize("body", [
+    {"steps": []},
+    {"steps": [_bump(f"env_{i}", 1) for i in range(257)]},
+    {"steps": [{"env_id": "env_1"}]},
+    {"steps": [{"env_id": "env_1", "action": {"name": "bump"}, "extra": 1}]},
+    {"steps": [{"env_id": "", "action": {"name": "bump"}}]},
+    {"steps": [{"env_id": "env_1", "action": {"name": "bump", "function": {"name": "x", "arguments": "{}"}}}]},
+    {"steps": [_bump("env_1", 1, attempt="not a token!")]},
+    {"steps": [_bump("env_1", 1, idempotency_key="")]},
+    {"steps": [_bump("env_1", 1)], "include": "secrets"},
+    {"steps": "all of them"},
+    [],
+])
+def test_a_malformed_batch_is_422(api: httpx.Client, body: Any) -> None:
+    reply = api.post("/v1/envs:step", json=body)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"]["code"] == "invalid_request"
+
+
+def test_an_env_twice_is_422_and_nothing_runs(api: httpx.Client, counter_env_id: str) -> None:
+    first, second = _envs(api, counter_env_id, 2)
+    reply = _batch(api, [_bump(first, 1), _bump(second, 1), _bump(first, 2)])
+    assert reply.status_code == 422 and reply.json()["error"]["field"] == "steps.2.env_id", reply.text
+    assert [api.get(f"/v1/envs/{e}").json()["step"] for e in (first, second)] == [0, 0]
+
+
+def test_a_steps_key_replays_and_a_reused_key_is_409(api: httpx.Client, counter_env_id: str) -> None:
+    first, second = _envs(api, counter_env_id, 2)
+    steps = [_bump(first, 1, idempotency_key="k-first"), _bump(second, 5, idempotency_key="k-second")]
+    once = _batch(api, steps).json()["results"]
+    again = _batch(api, steps).json()["results"]
+    assert [r.get("replayed", False) for r in once] == [False, False]
+    assert [r["replayed"] for r in again] == [True, True]
+    assert [r["result"] for r in again] == [r["result"] for r in once]
+    assert [api.get(f"/v1/envs/{e}").json()["step"] for e in (first, second)] == [1, 1]
+    reused = _batch(api, [_bump(first, 2, idempotency_key="k-first"), _bump(second, 1)]).json()["results"]
+    assert (reused[0]["status"], reused[0]["error"]["code"], reused[1]["status"]) == (409, "idempotency_key_reused",
+                                                                                     200)
+
+
+def test_a_tenant_with_one_concurrent_call_gets_its_batch_run(server: ApiServer) -> None:
+    key = server.new_tenant("batch-one", {"max_concurrent_calls": 1})
+    with server.client(key) as api:
+        environment = api.post("/v1/environments", json={"source_code": COUNTER_SOURCE,
+                                                         "class_name": "Counter"}).json()["id"]
+        envs = _envs(api, environment, 4)
+        results = _batch(api, [_bump(e, i) for i, e in enumerate(envs, 1)]).json()["results"]
+    assert [(r["status"], r["result"]["observation"]) for r in results] == [(200, "1"), (200, "2"), (200, "3"),
+                                                                            (200, "4")]
+
+
+def test_the_client_steps_many(server: ApiServer, counter_env_id: str) -> None:
+    with Client(server.url, api_key=server.api_key) as client:
+        handles = [client.envs.create(counter_env_id) for _ in range(2)]
+        outcomes = client.envs.step_many([(handles[0], {"name": "bump", "arguments": {"by": 3}}),
+                                          (handles[1].id, {"text": "done"})], include=["state"])
+        assert [o.ok for o in outcomes] == [True, True]
+        assert outcomes[0].unwrap().state == {"count": 3, "records": {}, "log": ["bump 3"]}
+        assert outcomes[1].result is not None and outcomes[1].result.action == {
+            "name": "chat_with_user", "arguments": {"content": "done"}}
+        handles[0].resume()
+        stale = handles[0].attempt
+        handles[0].resume()
+        fenced = client.envs.get(handles[0].id, attempt=stale)
+        missing = client.envs.step_many([(fenced, {"name": "bump"}), ("env_does_not_exist", {"name": "bump"})])
+        assert isinstance(missing[0].exception(), Conflict) and missing[0].exception().code == "stale_attempt"
+        with pytest.raises(NotFound):
+            missing[1].unwrap()
+        with pytest.raises(ValueError, match="twice"):
+            client.envs.step_many([(handles[0], {"name": "bump"}), (handles[0].id, {"name": "bump"})])
+        for handle in handles:
+            handle.delete()
