@@ -22,11 +22,11 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from .attempts import Attempt
+from .cluster_models import ClusterStatus, HostDrain, HostUndrain
 from .errors import invalid_response
 from .models import (
     ApiKey,
     AuditEvent,
-    ClusterStatus,
     Env,
     Environment,
     EnvironmentStats,
@@ -35,8 +35,6 @@ from .models import (
     Evaluation,
     EvaluationJob,
     ExecResult,
-    HostDrain,
-    HostUndrain,
     Include,
     Page,
     Profile,
