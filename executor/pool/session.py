@@ -52,6 +52,7 @@ from ..results import (
     check_encoded,
     check_tool_schemas,
     render_state,
+    starved,
 )
 from .placement import Placement, SandboxSlot, SessionSpec
 
@@ -215,7 +216,7 @@ class Session:
             except SandboxLost as exc:
                 self._lose(exc.status)
                 return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
-                                  duration_ms=_ms(started))
+                                  duration_ms=_ms(started), sandbox_lost=True)
             reply = cast("CallReply", raw)
             status = reply.get("status")
             delta = StateDelta()
@@ -226,7 +227,10 @@ class Session:
                 delta = StateDelta(set=checked["set"], deleted=checked["del"])
             if self._sandbox is not None:
                 self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
-            return CallResult(
+            cpu_ms, wait_ms = _measure(reply.get("cpu_ms")), _measure(reply.get("wait_ms"))
+            return CallResult(cpu_ms=cpu_ms, wait_ms=wait_ms,
+                starved=status == "timeout" and starved(cpu_ms, wait_ms, self.profile.call_timeout_s,
+                                                        self.profile.cpus),
                 status=cast(Status, status), observation=str(reply.get("observation", "")), duration_ms=_ms(started),
                 tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
                 stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
@@ -329,6 +333,14 @@ class Session:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
+
+
+def _measure(value: object) -> float | None:
+    """A runner's measurement in milliseconds (``cpu_ms``, ``wait_ms``): a finite,
+    non-negative number below a day, else None (nothing the sandbox sends is trusted)."""
+    if type(value) not in (int, float) or not 0 <= value < 86_400_000:  # type: ignore[operator]
+        return None
+    return float(value)  # type: ignore[arg-type]
 
 
 def _rejected(message: str, started: float) -> CallResult:

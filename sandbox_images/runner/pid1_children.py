@@ -125,6 +125,19 @@ def private_bytes(pid: int) -> int | None:
         return None
 
 
+def sched_times(pid: int) -> tuple[int, int] | None:
+    """``(nanoseconds on a CPU, nanoseconds runnable but waiting for one)`` of ``pid`` so
+    far: the first two fields of /proc/<pid>/schedstat (the kernel's, so the process
+    cannot forge them). None when the file is missing (a kernel or runtime without it) or
+    unreadable."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as handle:
+            fields = handle.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def memory_over(fraction: float) -> int:
     """Bytes by which the sandbox's cgroup uses more than ``fraction`` of its memory limit
     (<= 0: under it; 0 when it cannot be read or has no limit: the host's admission still

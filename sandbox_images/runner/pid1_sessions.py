@@ -38,7 +38,7 @@ from .limits import (
     SESSION_ID_MAX_CHARS,
     SESSION_STARTUP_S,
 )
-from .pid1_children import Child, Output, drain, oom_kills, read_once
+from .pid1_children import Child, Output, drain, oom_kills, read_once, sched_times
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_templates import Configs, Template, template_key
 from .wire import call_failure_observation
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .pid1_host import Host
     from .pid1_loop import Loop
     from .pid1_templates import Templates
-    from .protocol import OpenReply, OpenRequest
+    from .protocol import CallReply, OpenReply, OpenRequest
 
 QUEUED_OPS = ("call", "state", "snapshot", "restore", "describe")
 """Host requests that queue behind a session's in-flight request."""
@@ -294,6 +294,8 @@ class Sessions:
                 if session.child.booted:
                     item.pop("hello", None)  # a re-queued item is timed afresh
                     item["deadline"] = time.monotonic() + self.timeout_s
+                    if request["op"] == "call":  # what a timeout is measured against
+                        item["sched"] = sched_times(session.child.pid)
                 else:  # a new process: its start is not the request's time (``hello``)
                     item["hello"] = secrets.token_hex(16)
                     item["deadline"] = time.monotonic() + self.startup_s
@@ -529,6 +531,7 @@ class Sessions:
         if status == "crashed" and oom_now > self.oom_seen:
             status = "oom"
         self.oom_seen = oom_now
+        usage = self._usage(session, item) if status == "timeout" else None
         if session.child is not None:
             self._drain(session)
         self._detach(session)
@@ -544,12 +547,26 @@ class Sessions:
             if kind == "init" and rid is None:
                 session.broken = observation
             elif rid is not None:
-                self.host.reply({"id": rid, "status": status, "observation": observation,
-                                 "stdout": session.out.take(), "stderr": session.err.take(),
-                                 "delta": {"set": {}, "del": []}})
+                reply: CallReply = {"id": rid, "status": status, "observation": observation,
+                                    "stdout": session.out.take(), "stderr": session.err.take(),
+                                    "delta": {"set": {}, "del": []}}
+                if usage is not None:
+                    reply["cpu_ms"], reply["wait_ms"] = usage
+                self.host.reply(reply)
         if session.sid in self.by_sid and not session.broken:
             session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
             self.pump(session)
+
+    @staticmethod
+    def _usage(session: Session, item: dict[str, Any] | None) -> tuple[float, float] | None:
+        """``(cpu_ms, wait_ms)`` of the session's process since ``item`` (a call) was
+        sent: its CPU time and its run-queue wait in milliseconds (:func:`sched_times`),
+        read before the process is killed; None when either reading is missing."""
+        start = item.get("sched") if item is not None else None
+        now = sched_times(session.child.pid) if session.child is not None and start is not None else None
+        if start is None or now is None:
+            return None
+        return max(0, now[0] - start[0]) / 1e6, max(0, now[1] - start[1]) / 1e6
 
     def check_deadlines(self, now: float) -> float | None:
         """Fail in-flight requests past their deadline (a process that never answered

@@ -185,6 +185,10 @@ if TYPE_CHECKING:
         delta: NotRequired[Delta]
         traceback: NotRequired[str]
         observation_truncated: NotRequired[bool]
+        cpu_ms: NotRequired[float]
+        """On a ``timeout``: the process's CPU time during the call (``schedstat``), ms."""
+        wait_ms: NotRequired[float]
+        """On a ``timeout``: the process's run-queue wait during the call, ms."""
 
     class DescribeReply(Reply):
         """``ok``: ``tools`` (encoded in at most MAX_SCHEMAS_BYTES; the host checks each

@@ -68,3 +68,13 @@ def test_signal_and_exit_descriptions() -> None:
     assert pid1_children.describe_exit(9) == "killed by signal SIGKILL"
     assert pid1_children.describe_exit(3 << 8) == "exited with status 3"
     assert pid1_children.signal_name(200) == "200"
+
+
+def test_sched_times_of_a_live_process_and_of_none() -> None:
+    sched_times = pid1_children.sched_times
+    first = sched_times(os.getpid())
+    assert first is not None and first[0] >= 0 and first[1] >= 0
+    sum(range(200_000))  # some CPU time
+    second = sched_times(os.getpid())
+    assert second is not None and second[0] >= first[0] and second[1] >= first[1]
+    assert sched_times(2**22 + 12345) is None  # no such process
