@@ -49,6 +49,7 @@ from ..services.quotas import QuotaService, TenantContext
 from ..settings import ApiSettings
 from . import envscaler
 from .actions import INVALID_ACTION, Action, parse_step, valid_text
+from .failures import Failure, episode_failure, step_failure
 from .live import LiveEnv
 from .outcomes import StepOutcome, StepRun, step_info
 from .rewards import Rewards
@@ -152,7 +153,7 @@ class Steps:
         head; metrics after the lock."""
         started = time.perf_counter()
         with self.live.lock(env_id):
-            entry, restored, before, done_run = self._act_once_more(tenant, env_id, action, clock)
+            entry, restored, after_loss, before, done_run = self._act_once_more(tenant, env_id, action, clock)
             if clock is not None:
                 clock.lap("sandbox")
             run = entry.run
@@ -171,14 +172,21 @@ class Steps:
             done = "terminated" if terminated else "truncated" if truncated else None
             recorded = done_run.action if done_run.action is not None else action.record()
             recovered = restored or bool(result is not None and result.recovered)
+            failure = step_failure(done_run.status, sandbox_lost=result is not None and result.sandbox_lost,
+                                   starved=result is not None and result.starved,
+                                   recovered=after_loss or bool(result is not None and result.recovered))
+            episode_failed = episode_failure([run.failure, failure],
+                                             [c.status for c in checks] if checks is not None else ())
             outcome = StepOutcome(env_id, entry.episode, number, recorded, done_run, recovered, reward,
-                                  terminated, truncated, checks, wanted=wanted)
+                                  terminated, truncated, checks, wanted=wanted, failure=failure,
+                                  episode_failure=episode_failed)
             if wanted:
                 outcome.state_after = state_view(after)
                 if "state_diff" in wanted:
                     outcome.state_before = state_view(before)
             self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
-                         key, outcome.json() if key is not None else b"", attempt)
+                         key, outcome.json() if key is not None else b"", attempt, failure,
+                         episode_failed if episode_failed != run.failure else None)
             if clock is not None:
                 clock.lap("persist")
             entry.cache = after
@@ -188,6 +196,7 @@ class Steps:
                 run.user_messages = done_run.user_messages
             if done is not None:
                 run.status, run.reward = done, reward
+            run.failure = episode_failed
         self.metrics.step_seconds.labels(done_run.status).observe(time.perf_counter() - started)
         self.metrics.snapshot_bytes.inc(pending.stored_bytes)
         if done_run.status in FAILURE_STATUSES:
@@ -197,13 +206,19 @@ class Steps:
         return outcome
 
     def _act_once_more(self, tenant: str, env_id: str, action: Action,
-                       clock: StepClock | None) -> tuple[LiveEnv, bool, StateCache, StepRun]:
+                       clock: StepClock | None) -> tuple[LiveEnv, bool, bool, StateCache, StepRun]:
         """Find the env's live entry and carry out ``action``; a session that moved or
         closed under the call is re-attached and the action carried out once more.
-        Returns ``(entry, re-attached now, head before the step, what the action did)``.
-        Raises EpisodeEnded, ServiceUnavailable (refused twice), and what the live entry
-        and the action raise."""
+        Returns ``(entry, re-attached now, re-attached after a loss, head before the step,
+        what the action did)``: a re-attach is after a loss when this process's entry
+        held a session that had closed (its sandbox lost, or a lost call closed it) or
+        closed under this call; an env this process had no entry for (a fork's first
+        step, an evicted env, after an API restart) is re-opened by design, not after a
+        loss. Raises EpisodeEnded, ServiceUnavailable (refused twice), and what the live
+        entry and the action raise."""
         for attempt in range(2):
+            prior = self.live.get(env_id)
+            after_loss = attempt == 1 or (prior is not None and prior.session.closed)
             entry, restored = self.sessions.live_entry(tenant, env_id)
             run = entry.run
             if run.ended:
@@ -213,7 +228,7 @@ class Steps:
             if clock is not None:
                 clock.lap("other")
             try:
-                return entry, restored, before, self._act(tenant, env_id, entry, action)
+                return entry, restored, restored and after_loss, before, self._act(tenant, env_id, entry, action)
             except _SessionMoved:
                 if attempt:
                     raise ServiceUnavailable("the env's session closed during the call twice; retry",
@@ -239,14 +254,15 @@ class Steps:
     def _commit(self, env_id: str, entry: LiveEnv, number: int, recorded: dict[str, Any], done_run: StepRun,
                 after: StateCache, pending: PendingBlobs, reward: float, done: str | None,
                 checks: list[CheckOutcome] | None, key: KeyClaim | None, response: bytes,
-                attempt: str | None) -> None:
-        """Commit step ``number`` through the group commit: its row, its new blobs, the
-        env's head, the episode's changes (user transcript, its end) and, with ``key``,
+                attempt: str | None, failure: Failure = "none", episode_failed: Failure | None = None) -> None:
+        """Commit step ``number`` through the group commit: its row (``failure`` in its
+        info), its new blobs, the env's head, the episode's changes (user transcript, its
+        end, its new failure ``episode_failed`` when the step changed it) and, with ``key``,
         the reply's bytes ``response`` stored on the request's idempotency key, and the
         fence of the request's ``attempt`` token. A failed write
         drops the env's session (the sandbox is ahead of the database: the next request
         resumes from the committed head). Raises ServiceUnavailable."""
-        info = step_info(done_run)
+        info = step_info(done_run, failure)
         if done_run.user_messages is not None:
             info["user_turns"] = len(done_run.user_messages)
         now = utcnow()
@@ -258,6 +274,8 @@ class Steps:
             attempt=attempt)
         if done_run.user_messages is not None:
             write.episode_changes["user_messages"] = done_run.user_messages
+        if episode_failed is not None:
+            write.episode_changes["failure"] = episode_failed
         if done is not None:
             write.episode_changes.update(status=done, reward=reward, ended_at=now,
                                          checks=[c.model_dump() for c in checks] if checks is not None else None)

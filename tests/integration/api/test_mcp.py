@@ -197,6 +197,10 @@ def test_failing_unknown_and_mistyped_calls_are_error_results(replicas: list[Api
     assert mistyped.isError and mistyped.meta[META]["status"] == "error"
     assert not bumped.isError and bumped.content[0].text == "3"  # nothing above changed the count
     assert [r.meta[META]["step"] for r in (failed, unknown, private, mistyped, bumped)] == [1, 2, 3, 4, 5]
+    assert [(r.meta[META]["failure"], r.meta[META]["mask"]) for r in (failed, unknown, private, mistyped, bumped)] == [
+        ("environment", False), ("agent", False), ("agent", False), ("environment", False), ("none", False)]
+    assert {r.meta[META]["episode_failure"] for r in (failed, bumped)} == {"environment"}
+    assert not bumped.meta[META]["episode_mask"]
 
 
 @pytest.mark.xfail(strict=True, reason="Steps.step: a rejected step (no sandbox call) on a replica whose live "
