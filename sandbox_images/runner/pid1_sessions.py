@@ -38,7 +38,7 @@ from .limits import (
     SESSION_ID_MAX_CHARS,
     SESSION_STARTUP_S,
 )
-from .pid1_children import Child, Output, drain, oom_kills, read_once, sched_times
+from .pid1_children import Child, Output, drain, oom_kills, read_once
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_templates import Configs, Template, template_key
 from .wire import call_failure_observation
@@ -295,7 +295,7 @@ class Sessions:
                     item.pop("hello", None)  # a re-queued item is timed afresh
                     item["deadline"] = time.monotonic() + self.timeout_s
                     if request["op"] == "call":  # what a timeout is measured against
-                        item["sched"] = sched_times(session.child.pid)
+                        item["sched"] = session.child.sched_times()
                 else:  # a new process: its start is not the request's time (``hello``)
                     item["hello"] = secrets.token_hex(16)
                     item["deadline"] = time.monotonic() + self.startup_s
@@ -510,9 +510,12 @@ class Sessions:
         return True
 
     # -- failures ------------------------------------------------------------------------------
-    def child_failed(self, session: Session, status: str, item: dict[str, Any] | None = None, note: str = "") -> None:
+    def child_failed(self, session: Session, status: str, item: dict[str, Any] | None = None, note: str = "",
+                     not_started: bool = False) -> None:
         """The process timed out, ran out of memory or died: kill it, answer the in-flight
-        request with ``status``, and schedule re-creation from the last good snapshot."""
+        request with ``status``, and schedule re-creation from the last good snapshot.
+        ``not_started``: it never answered ``hello`` (its start, the runner's work, took
+        too long); the reply says so (``not_started``)."""
         item = item or session.current
         session.current = None
         template, session.forked_from = session.forked_from, None
@@ -552,6 +555,8 @@ class Sessions:
                                     "delta": {"set": {}, "del": []}}
                 if usage is not None:
                     reply["cpu_ms"], reply["wait_ms"] = usage
+                if not_started:
+                    reply["not_started"] = True
                 self.host.reply(reply)
         if session.sid in self.by_sid and not session.broken:
             session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
@@ -560,10 +565,10 @@ class Sessions:
     @staticmethod
     def _usage(session: Session, item: dict[str, Any] | None) -> tuple[float, float] | None:
         """``(cpu_ms, wait_ms)`` of the session's process since ``item`` (a call) was
-        sent: its CPU time and its run-queue wait in milliseconds (:func:`sched_times`),
+        sent: its CPU time and its run-queue wait in milliseconds (``Child.sched_times``),
         read before the process is killed; None when either reading is missing."""
         start = item.get("sched") if item is not None else None
-        now = sched_times(session.child.pid) if session.child is not None and start is not None else None
+        now = session.child.sched_times() if session.child is not None and start is not None else None
         if start is None or now is None:
             return None
         return max(0, now[0] - start[0]) / 1e6, max(0, now[1] - start[1]) / 1e6
@@ -579,7 +584,8 @@ class Sessions:
             remaining = item["deadline"] - now
             if remaining <= 0 and "hello" in item:
                 self.child_failed(session, "crashed",
-                                  note=f"the new session process did not start within {self.startup_s:g} s")
+                                  note=f"the new session process did not start within {self.startup_s:g} s",
+                                  not_started=True)
             elif remaining <= 0:
                 self.child_failed(session, "timeout")
             else:
