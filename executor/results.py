@@ -307,8 +307,10 @@ class CallResult(BaseModel):
     waiting for a CPU during the call (``schedstat``'s run-queue delay, which includes
     time throttled by the sandbox's own CPU quota), milliseconds; None as ``cpu_ms``."""
     starved: bool = False
-    """A ``timeout`` the platform caused: :func:`starved` of ``cpu_ms``/``wait_ms``, the
-    call's time limit and the profile's ``cpus`` (decided by the executor's session)."""
+    """The platform held the call up, not the environment's code (decided by the executor's
+    session): a ``timeout`` that :func:`starved` of ``cpu_ms``/``wait_ms``, the call's time
+    limit and the profile's ``cpus`` calls starved, or a ``crashed`` call whose new session
+    process did not start within ``session_startup_s`` (the runner's ``not_started``)."""
 
 
 STARVED_WAIT_SHARE = 0.25

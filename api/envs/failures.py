@@ -69,6 +69,8 @@ def step_failure(status: str, *, sandbox_lost: bool = False, starved: bool = Fal
     ``oom``           the session's memory limit (or the container's)              environment
     ``crashed``       ``sandbox_lost``: the container died or was killed from       infrastructure
                       outside, the engine restarted
+    ``crashed``       ``starved``: a new session process did not start within      infrastructure
+                      ``session_startup_s`` (before any environment code ran)
     ``crashed``       otherwise: the session's process died (``os._exit``, a        environment
                       signal, a broken protocol, a state that cannot be restored)
     anything else     an unknown status                                            infrastructure
@@ -85,7 +87,7 @@ def step_failure(status: str, *, sandbox_lost: bool = False, starved: bool = Fal
     if status in ("error", "oom"):
         return "environment"
     if status in ("timeout", "crashed"):
-        return "infrastructure" if sandbox_lost or (starved and status == "timeout") else "environment"
+        return "infrastructure" if sandbox_lost or starved else "environment"
     return "infrastructure"
 
 

@@ -41,7 +41,14 @@ from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
 from ..errors import EpisodeEnded, InvalidRequest, ServiceUnavailable
 from ..metrics import Metrics, StepClock
-from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError, resolved_changes
+from ..sandboxes import (
+    CallResult,
+    CallRules,
+    SandboxError,
+    SessionClosedError,
+    SessionLostError,
+    resolved_changes,
+)
 from ..schemas.envs import StepRequest
 from ..schemas.scenarios import CheckOutcome
 from ..services.common import clean_text, utcnow
@@ -66,7 +73,12 @@ INCLUDES = frozenset({"state_diff", "state"})
 class _SessionMoved(Exception):
     """The env's session refused or lost a call before its result was known (another API
     replica attached to it since, or it closed): the step is not recorded and may be
-    carried out again after re-attaching from the committed head."""
+    carried out again after re-attaching from the committed head. ``lost``: it closed
+    because its sandbox was lost (``SessionLostError``)."""
+
+    def __init__(self, lost: bool) -> None:
+        super().__init__()
+        self.lost = lost
 
 
 def wanted_parts(include: str | None) -> frozenset[str]:
@@ -211,14 +223,16 @@ class Steps:
         closed under the call is re-attached and the action carried out once more.
         Returns ``(entry, re-attached now, re-attached after a loss, head before the step,
         what the action did)``: a re-attach is after a loss when this process's entry
-        held a session that had closed (its sandbox lost, or a lost call closed it) or
-        closed under this call; an env this process had no entry for (a fork's first
-        step, an evicted env, after an API restart) is re-opened by design, not after a
-        loss. Raises EpisodeEnded, ServiceUnavailable (refused twice), and what the live
+        held a session that had closed (a call that lost its sandbox closed it) or whose
+        sandbox was found lost under this call (``SessionLostError``); a session another
+        replica attached to since, and an env this process had no entry for (a fork's
+        first step, an evicted env, after an API restart), are re-opened by design, not
+        after a loss. Raises EpisodeEnded, ServiceUnavailable (refused twice), and what the live
         entry and the action raise."""
+        lost_under_call = False
         for attempt in range(2):
             prior = self.live.get(env_id)
-            after_loss = attempt == 1 or (prior is not None and prior.session.closed)
+            after_loss = lost_under_call if attempt else prior is not None and prior.session.closed
             entry, restored = self.sessions.live_entry(tenant, env_id)
             run = entry.run
             if run.ended:
@@ -229,7 +243,8 @@ class Steps:
                 clock.lap("other")
             try:
                 return entry, restored, restored and after_loss, before, self._act(tenant, env_id, entry, action)
-            except _SessionMoved:
+            except _SessionMoved as moved:
+                lost_under_call = moved.lost
                 if attempt:
                     raise ServiceUnavailable("the env's session closed during the call twice; retry",
                                              retry_after=1) from None
@@ -325,9 +340,9 @@ class Steps:
         request re-attaches from the committed head (:meth:`.sessions.Sessions.attach`)."""
         try:
             return entry.session.call(name, arguments, rules)
-        except SessionClosedError:
+        except SessionClosedError as exc:
             entry.session.close()
-            raise _SessionMoved from None
+            raise _SessionMoved(isinstance(exc, SessionLostError)) from None
         except SandboxError:
             self.live.drop(env_id)
             raise

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sandpit.sandbox_images.runner import limits, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
-from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, ToolSchemaError
+from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, SessionLost, ToolSchemaError
 from ..results import (
     ENVSCALER_INVALID_ACTION,
     CallResult,
@@ -124,15 +124,17 @@ class Session:
     # -- the sandbox (called with self._lock held) -------------------------------------
     def _slot(self) -> SandboxSlot:
         """The live sandbox holding the session: a retiring one is left for another, the
-        state read from it first. Raises SessionClosed (closed, or its sandbox lost),
+        state read from it first. Raises SessionClosed (closed; SessionLost: its sandbox lost),
         SandboxLost (lost while moving: the session closes), what :meth:`Placement.place`
         raises."""
         if self.closed or self._sandbox is None:
+            if self.lost is not None:
+                raise SessionLost(f"session {self.id} is closed: its sandbox was lost ({self.lost})")
             raise SessionClosed(f"session {self.id} is closed")
         sandbox = self._sandbox
         if not sandbox.alive:
             self._lose("crashed")
-            raise SessionClosed(f"session {self.id} is closed: its sandbox was lost")
+            raise SessionLost(f"session {self.id} is closed: its sandbox was lost")
         if not sandbox.retiring:
             return sandbox
         try:
@@ -229,8 +231,9 @@ class Session:
                 self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
             cpu_ms, wait_ms = _measure(reply.get("cpu_ms")), _measure(reply.get("wait_ms"))
             return CallResult(cpu_ms=cpu_ms, wait_ms=wait_ms,
-                starved=status == "timeout" and starved(cpu_ms, wait_ms, self.profile.call_timeout_s,
-                                                        self.profile.cpus),
+                starved=(status == "timeout" and starved(cpu_ms, wait_ms, self.profile.call_timeout_s,
+                                                         self.profile.cpus))
+                or (status == "crashed" and reply.get("not_started") is True),
                 status=cast(Status, status), observation=str(reply.get("observation", "")), duration_ms=_ms(started),
                 tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
                 stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
@@ -247,7 +250,7 @@ class Session:
                 return self._read(sandbox)
             except SandboxLost as exc:
                 self._lose(exc.status)
-                raise SessionClosed(f"session {self.id} is closed: its sandbox was lost ({exc.status})") from exc
+                raise SessionLost(f"session {self.id} is closed: its sandbox was lost ({exc.status})") from exc
 
     def state(self) -> dict[str, Any]:
         """The current state's JSON view (:func:`~sandpit.executor.results.render_state`

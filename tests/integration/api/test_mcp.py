@@ -161,7 +161,7 @@ def test_tool_calls_are_recorded_steps_on_either_replica(replicas: list[ApiServe
     assert second.meta[META] | {"duration_ms": 0} == {
         "env_id": env_id, "episode": 1, "step": 2, "status": "ok", "reward": 0.0, "terminated": False,
         "truncated": False, "duration_ms": 0, "recovered": second.meta[META]["recovered"], "error": None,
-        "checks": None}
+        "checks": None, "failure": "none", "mask": False, "episode_failure": "none", "episode_mask": False}
     state = json.loads(seen["state"].contents[0].text)
     assert state["state"]["count"] == 3 and state["step"] == 2
     assert seen["state"].contents[0].mimeType == "application/json"

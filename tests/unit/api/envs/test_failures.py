@@ -35,6 +35,8 @@ EXPECTED = {
     ("oom", True, False): "environment",
     ("crashed", False, False): "environment",
     ("crashed", True, False): "infrastructure",
+    ("crashed", False, True): "infrastructure",
+    ("crashed", True, True): "infrastructure",
 }
 
 
@@ -44,8 +46,6 @@ def test_every_status_under_every_case(status: str, lost: bool, starved: bool) -
     key = (status, lost, starved)
     if key in EXPECTED:
         assert got == EXPECTED[key]
-    elif status == "crashed":  # starved only speaks of timeouts
-        assert got == EXPECTED[(status, lost, False)]
     elif status in ("ok", "rejected", "error", "oom"):  # a lost sandbox or starvation cannot change them
         assert got == EXPECTED[(status, False, False)]
     assert step_failure(status, sandbox_lost=lost, starved=starved, recovered=True) == "infrastructure"
