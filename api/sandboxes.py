@@ -19,6 +19,7 @@ otherwise repeat:
       executor error                      API error (HTTP status)
       CapacityError                       SandboxCapacity (NoCapacity, 503 + Retry-After)
       ProfileError                        SandboxRefused (InvalidRequest, 422, field profile)
+      SessionLost                         SessionLostError (a SessionClosedError)
       SessionClosed                       SessionClosedError (ServiceUnavailable, 503)
       DockerUnavailable, SandboxLost,     SandboxUnavailable (ServiceUnavailable, 503)
       SessionError, other ExecutorError
@@ -60,6 +61,7 @@ from sandpit.executor import (
     SandboxLost,
     SessionClosed,
     SessionError,
+    SessionLost,
     SessionOpenError,
     SharedConfig,
     Snapshot,
@@ -88,7 +90,7 @@ __all__ = [
     "ArgumentError", "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
     "ExecResult", "OpenedState", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "SharedConfig", "Snapshot", "StateDelta", "encode_json_state", "is_truncated",
+    "SessionClosedError", "SessionLostError", "SharedConfig", "Snapshot", "StateDelta", "encode_json_state", "is_truncated",
     "render_entry", "resolved_changes", "translate",
 ]
 
@@ -113,6 +115,10 @@ class SessionClosedError(SandboxUnavailable):
     """The session was closed under the call (evicted, or its sandbox retired)."""
 
 
+class SessionLostError(SessionClosedError):
+    """The session was closed because its sandbox was lost (``SessionLost``): nothing ran."""
+
+
 class CodeFailed(Exception):
     """Environment code failed to load or instantiate in the sandbox (``SessionOpenError``):
     ``status`` (``error``, ``timeout``, ``oom``, ``crashed``, ``rejected``) and
@@ -130,6 +136,8 @@ def translate(exc: ExecutorError, retry_after: int) -> ApiError:
         return SandboxCapacity(f"no sandbox capacity: {exc}", retry_after=retry_after)
     if isinstance(exc, ProfileError):
         return SandboxRefused(str(exc), field="profile")
+    if isinstance(exc, SessionLost):
+        return SessionLostError(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
     if isinstance(exc, SessionClosed):
         return SessionClosedError(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
     if isinstance(exc, DockerUnavailable | SandboxLost):

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from sandpit.client import Client, SandpitConnectionError, SandpitError
-from sandpit.client.models import HostDrain, HostUndrain
+from sandpit.client.cluster_models import HostDrain, HostUndrain
 from sandpit.output import error, id_column, note, show
 
 __all__ = ["cluster_app"]

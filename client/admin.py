@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import calls
+from .cluster_models import ClusterHost, ClusterStatus, HostDrain, HostUndrain
 from .errors import NotFound, SandpitError
-from .models import ApiKey, AuditEvent, ClusterHost, ClusterStatus, HostDrain, HostUndrain, Page, Tenant
+from .models import ApiKey, AuditEvent, Page, Tenant
 from .transport import AsyncTransport, SyncTransport
 
 __all__ = ["Admin", "AsyncAdmin"]

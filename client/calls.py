@@ -23,11 +23,11 @@ from pydantic import BaseModel, ValidationError
 
 from .attempts import Attempt
 from .batch import MAX_BATCH_STEPS, BatchStepReply
+from .cluster_models import ClusterStatus, HostDrain, HostUndrain
 from .errors import invalid_response
 from .models import (
     ApiKey,
     AuditEvent,
-    ClusterStatus,
     Env,
     Environment,
     EnvironmentStats,
@@ -36,8 +36,6 @@ from .models import (
     Evaluation,
     EvaluationJob,
     ExecResult,
-    HostDrain,
-    HostUndrain,
     Include,
     Page,
     Profile,

@@ -16,6 +16,11 @@ Exception tree (every error the client raises on purpose is a `SandpitError`)::
     ├── Unavailable             503; retry_after (seconds)
     └── ServerError             any other 5xx
 
+Errors that are the platform's, not the caller's (`SandpitConnectionError`, `RateLimited`,
+`Unavailable`, `ServerError`) have `failure = "infrastructure"` (the failure taxonomy of
+step results, docs/failures.md): a rollout that ends on one should be dropped from
+training, not scored 0.0. The others have `failure = None` (a bug in the request).
+
 `error_from_response` maps a non-2xx response (whatever its body) and
 `error_from_transport` an `httpx.RequestError` onto it; `invalid_response` describes a
 2xx body that does not parse. Nothing else in the client inspects statuses or httpx errors.
@@ -64,7 +69,11 @@ class SandpitError(Exception):
             `http_<status>` when the body did not have one.
         message: human-readable text from the server (capped at 2000 characters).
         field: the request field the error is about (422), else None.
+        failure: `"infrastructure"` for the platform's errors (no connection, 429, 503,
+            other 5xx), else None (a class attribute).
     """
+
+    failure: str | None = None
 
     def __init__(self, message: str, *, status_code: int | None = None, code: str = "error",
                  field: str | None = None) -> None:
@@ -99,6 +108,8 @@ class SandpitConnectionError(SandpitError):
         retry_safe: True when repeating the request cannot do anything twice (it was never
             sent, or it is a GET).
     """
+
+    failure = "infrastructure"
 
     def __init__(self, message: str, *, request_sent: bool, retry_safe: bool) -> None:
         super().__init__(message, code="connection_error")
@@ -142,9 +153,13 @@ class _RetryAfterError(SandpitError):
 class RateLimited(_RetryAfterError):
     """429: a tenant quota was hit; nothing was done. `retry_after`: seconds, or None."""
 
+    failure = "infrastructure"
+
 
 class Unavailable(_RetryAfterError):
     """503: no capacity right now; nothing was done. `retry_after`: seconds, or None."""
+
+    failure = "infrastructure"
 
 
 class RequestInFlight(Conflict, _RetryAfterError):
@@ -155,6 +170,8 @@ class RequestInFlight(Conflict, _RetryAfterError):
 
 class ServerError(SandpitError):
     """Any 5xx other than 503: a failure of Sandpit itself."""
+
+    failure = "infrastructure"
 
 
 STATUS_ERRORS: dict[int, type[SandpitError]] = {

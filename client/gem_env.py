@@ -24,7 +24,8 @@ The interface is EnvScaler's GEM env's: ``reset(seed=None, task_index=None)`` re
 "init_config"}``), plus ``env_id``, ``scenario_id``, ``episode``; ``step(action)`` takes the
 raw model text (or a structured tool call) and returns ``({"type": "tool"|"user",
 "content": ...}, reward, terminated, truncated, info)`` with ``info["action"]`` the action as
-parsed, and Sandpit's step record (``status``, ``error``, ``checks``, ...). With
+parsed, and Sandpit's step record (``status``, ``error``, ``checks``, ...) with its failure
+verdict (``failure``, ``mask``, ``episode_failure``, ``episode_mask``: docs/failures.md). With
 ``observation_format="text"`` observations are the plain strings instead (what GEM's own
 observation wrappers take).
 

@@ -19,9 +19,6 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "CheckOutcome",
-    "ClusterHost",
-    "ClusterReplica",
-    "ClusterStatus",
     "Env",
     "EnvStatus",
     "Environment",
@@ -32,10 +29,9 @@ __all__ = [
     "EvaluationJob",
     "EvaluationProgress",
     "EvaluationSummary",
+    "Failure",
     "EnvironmentStats",
     "ExecResult",
-    "HostDrain",
-    "HostUndrain",
     "Include",
     "Page",
     "Profile",
@@ -54,6 +50,11 @@ __all__ = [
 ]
 
 StepStatus = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
+Failure = Literal["none", "agent", "environment", "infrastructure", "verifier"]
+"""Who an outcome is to blame on (docs/failures.md): `none`; `agent` (a rejected action);
+`environment` (the environment's code raised, looped, ran out of memory or died);
+`infrastructure` (sandbox lost, CPU-starved, quota, capacity: not the policy's doing);
+`verifier` (a check function errored or timed out). Decided by the server."""
 EnvStatus = Literal["live", "evicted", "closed"]
 Include = Literal["state_diff", "state"]
 """What a step may also return: the state diff, the state after the step."""
@@ -234,6 +235,11 @@ class Env(_ResponseModel):
     introduction: str | None = None
     reward: float | None = None
     """The episode's reward once it ended."""
+    failure: Failure = "none"
+    """The current episode's failure so far (the worst of its steps' and checks')."""
+    mask: bool = False
+    """True when the episode's reward does not reflect the policy (infrastructure or
+    verifier failure): leave it out of training."""
     episode_config: dict[str, Any] = Field(default_factory=dict)
     argument_checking: Literal["off", "warn", "strict"] = "off"
 
@@ -272,6 +278,14 @@ class StepResult(_ResponseModel):
     """At the end of a scenario's episode: each check's outcome."""
     recovered: bool = False
     """The env was restored from its last snapshot into a new sandbox before this action."""
+    failure: Failure = "none"
+    """This step's failure (the server's verdict, never the environment code's)."""
+    mask: bool = False
+    """True when this step's outcome does not reflect the policy (`infrastructure`)."""
+    episode_failure: Failure = "none"
+    """The episode's failure so far, this step (and on its last step, the checks) included."""
+    episode_mask: bool = False
+    """True when the episode's reward does not reflect the policy: drop the episode."""
     state_diff: dict[str, Any] | None = None
     """EnvScaler `get_state_diff` (`{key: {"added"|"removed"|"changed"...}}`), if asked with include."""
     state: dict[str, Any] | None = None
@@ -314,6 +328,8 @@ class TrajectoryStep(_ResponseModel):
     info: dict[str, Any] | None = None
     """`observation_role`, `error`, `argument_findings`, `traceback` when present."""
     created_at: datetime
+    failure: Failure = "none"
+    mask: bool = False
 
 
 class Trajectory(_ResponseModel):
@@ -325,6 +341,9 @@ class Trajectory(_ResponseModel):
     count: int = 0
     status: EpisodeStatus = "running"
     reward: float | None = None
+    failure: Failure = "none"
+    """The episode's failure."""
+    mask: bool = False
 
 
 class Episode(_ResponseModel):
@@ -342,6 +361,8 @@ class Episode(_ResponseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     started_at: datetime
     ended_at: datetime | None = None
+    failure: Failure = "none"
+    mask: bool = False
 
 
 class Page(_ResponseModel, Generic[T]):
@@ -394,6 +415,9 @@ class EvaluationSummary(_ResponseModel):
     """`{scenario_id: {episodes, mean_reward, success_rate, overall_pass_rate,
     overall_finished}}`: this evaluation's figures and the scenario's over all episodes."""
     errors_by_status: dict[str, int] = Field(default_factory=dict)
+    by_failure: dict[str, int] = Field(default_factory=dict)
+    """Finished episodes per failure (`none`, `agent`, `environment`, `infrastructure`,
+    `verifier`); those with a masked failure are not evidence about the model."""
     cancelled: int = 0
     usage: dict[str, int] = Field(default_factory=dict)
 
@@ -441,6 +465,9 @@ class EpisodeResult(_ResponseModel):
     error_status: str | None = None
     """`model_error`, `model_unavailable`, `no_capacity`, `env_error`, ... when `status == "error"`."""
     error: str | None = None
+    failure: Failure = "none"
+    """The episode's failure: from `error_status` when it errored, else from its steps and checks."""
+    mask: bool = False
     env_id: str | None = None
     attempt: int = 1
     trajectory: list[dict[str, Any]] | None = None
@@ -514,82 +541,3 @@ class AuditEvent(_ResponseModel):
     action: str
     resource_id: str | None = None
     detail: dict[str, Any] | None = None
-
-
-class ClusterHost(_ResponseModel):
-    """One sandbox host of `ClusterStatus` (the local pool, or one Ray node's host actor)."""
-
-    host: str
-    node_id: str | None = None
-    hostname: str | None = None
-    pid: int | None = None
-    uptime_s: float | None = None
-    sessions: int
-    """Env sessions placed on the host now."""
-    sandboxes: int
-    idle: int
-    active: int
-    starting: int
-    capacity_sandboxes: int | None = None
-    capacity_sessions: int | None = None
-    """Live sessions the host can hold (`max_sandboxes x sessions_per_sandbox`)."""
-    envs_placed: int = 0
-    """Envs whose recorded affinity is this host."""
-    calls_in_flight: int | None = None
-    """Tool calls running on the host now (None: not reported)."""
-    drain: str | None = None
-    """None (takes new envs), `draining` (taking nothing new, its envs moving away) or
-    `drained` (empty, its pool shut down)."""
-
-
-class ClusterReplica(_ResponseModel):
-    """An API process heart-beating on the shared database."""
-
-    id: str
-    started_at: datetime
-    heartbeat_at: datetime
-
-
-class HostDrain(_ResponseModel):
-    """`POST /v1/admin/cluster/hosts/{host}/drain`: the drain of one sandbox host."""
-
-    host: str
-    status: str
-    """`draining`, then `drained` once the host is empty and its pool shut down."""
-    started_at: datetime
-    finished_at: datetime | None = None
-    sessions: int
-    """Sessions still on the host."""
-    envs_placed: int
-    """Envs still recorded on the host."""
-    envs_moved: int = 0
-    """Envs the drain moved to other hosts (counted when it finishes)."""
-    owner: str | None = None
-    """The API replica running the drain (taken over by another when it dies)."""
-
-
-class HostUndrain(_ResponseModel):
-    """`POST /v1/admin/cluster/hosts/{host}/undrain`: a sandbox host taking work again."""
-
-    host: str
-    previous: str | None = None
-    """`draining` (its drain stopped where it was), `drained` (re-created on its node with
-    a new pool) or None (it was not drained: a no-op)."""
-    status: str = "active"
-    """`active`: the host takes new envs again."""
-
-
-class ClusterStatus(_ResponseModel):
-    """`GET /v1/admin/cluster`: nodes, hosts, sandboxes, sessions and capacity, as the
-    answering replica (`replica`) sees them."""
-
-    backend: str
-    """`local` or `ray`."""
-    replica: str
-    nodes: int
-    hosts: list[ClusterHost]
-    replicas: list[ClusterReplica]
-    live_envs: int
-    sandboxes: int
-    sessions: int
-    capacity_sessions: int | None = None

@@ -122,7 +122,8 @@ def _step_return(result: StepResult, note: str | None) -> tuple[str, float, bool
             "error": note if note is not None else result.error,
             "checks": [c.model_dump() for c in result.checks] if result.checks is not None else None,
             "action": copy.deepcopy(result.action), "argument_findings": copy.copy(result.argument_findings),
-            "traceback": result.traceback, "recovered": result.recovered}
+            "traceback": result.traceback, "recovered": result.recovered, "failure": result.failure,
+            "mask": result.mask, "episode_failure": result.episode_failure, "episode_mask": result.episode_mask}
     return result.observation, float(result.reward), bool(result.terminated), bool(result.truncated), info
 
 
@@ -210,7 +211,10 @@ class RLEnv(_Episodes, gym.Env[str, Any]):
     truncated, info)`; `info`: `env_id`, `step`, `status` (`ok`, `error`, `timeout`, `oom`,
     `crashed`, `rejected`), `observation_role` (`tool`/`user`), `duration_ms`, `error`,
     `checks` (at the end of a scenario's episode), `action` (as recorded),
-    `argument_findings`, `traceback`, `recovered`. There is no `info["episode"]` on steps:
+    `argument_findings`, `traceback`, `recovered`, and the server's failure verdict:
+    `failure` / `mask` of the step, `episode_failure` / `episode_mask` of the episode so
+    far (on the last step, with its checks: `episode_mask` True means drop the episode
+    from training; docs/failures.md). There is no `info["episode"]` on steps:
     gymnasium's `RecordEpisodeStatistics` writes that key.
 
     Raises (reset, step): `SandpitError` subclasses for failures of Sandpit (e.g.

@@ -41,6 +41,7 @@ from .errors import (
     SandboxStartError,
     SessionClosed,
     SessionError,
+    SessionLost,
     SessionOpenError,
     ToolSchemaError,
 )
@@ -76,7 +77,7 @@ __all__ = [
     "ExecutorError", "ExecutorSession", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
     "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "ProfileError", "ProfileOverrides",
     "RayConfig", "RecoveringSession", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
-    "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state",
+    "SessionLost", "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state",
     "get_backend_settings", "get_executor", "get_image_settings", "get_settings", "is_truncated", "render_entry",
     "resolve_profile",
 ]

@@ -18,8 +18,10 @@ exception. Everything below is a failure to provide the sandbox at all::
     │                            leaves the backend
     └── SessionError             request the session cannot serve (closed, open failed)
         ├── SessionClosed
-        │   └── HostDraining     (Ray backend) the host is being drained: the request goes to
-        │                        another host; one that reaches the caller is a SessionClosed
+        │   ├── HostDraining     (Ray backend) the host is being drained: the request goes to
+        │   │                    another host; one that reaches the caller is a SessionClosed
+        │   └── SessionLost      closed because its sandbox was lost (found dead before the
+        │                        request ran: nothing ran)
         └── SessionOpenError     the environment's code failed to load or instantiate
             └── ToolSchemaError  its tool schemas could not be derived
 
@@ -97,6 +99,14 @@ class HostDraining(SessionClosed):
     """The sandbox host is being drained: it takes no new session nor pool work (the Ray
     executor then places the request on another host). A ``SessionClosed``, so one that
     reaches the API is a retryable 503."""
+
+
+class SessionLost(SessionClosed):
+    """The session is closed because its sandbox was lost (the container or its runner is
+    gone): found so before this request ran, so nothing ran. A caller that re-opens the
+    session from its own copy of the state re-opens it after a loss (the failure taxonomy
+    counts that as the platform's), where a plain :class:`SessionClosed` may also mean
+    the session was closed on purpose or, on the Ray backend, used by another replica."""
 
 
 class LinkRefused(ExecutorError):

@@ -293,6 +293,49 @@ class CallResult(BaseModel):
     (its sandbox had been lost). An executor's own session never sets it (its handle
     closes with the sandbox); :class:`~sandpit.executor.recovering.RecoveringSession`
     does."""
+    sandbox_lost: bool = False
+    """True when the sandbox itself was lost during the call (the container died or was
+    killed, the engine restarted, or the host's watchdog gave up on a runner that stopped
+    answering: :class:`~sandpit.executor.errors.SandboxLost`), as opposed to the session's
+    own process timing out, running out of memory or dying (the runner's verdicts)."""
+    cpu_ms: float | None = None
+    """On a ``timeout`` the runner gave: CPU time (user + system) the session's process
+    used during the call, milliseconds (PID 1 reads ``/proc/<pid>/schedstat`` when it
+    sends the call and when it stops it); None otherwise or where the kernel gives none."""
+    wait_ms: float | None = None
+    """On a ``timeout`` the runner gave: time the session's process was runnable but
+    waiting for a CPU during the call (``schedstat``'s run-queue delay, which includes
+    time throttled by the sandbox's own CPU quota), milliseconds; None as ``cpu_ms``."""
+    starved: bool = False
+    """The platform held the call up, not the environment's code (decided by the executor's
+    session): a ``timeout`` that :func:`starved` of ``cpu_ms``/``wait_ms``, the call's time
+    limit and the profile's ``cpus`` calls starved, or a ``crashed`` call whose new session
+    process did not start within ``session_startup_s`` (the runner's ``not_started``)."""
+
+
+STARVED_WAIT_SHARE = 0.25
+"""A timed-out call whose process waited this share of its time limit for a CPU beyond
+what its own quota explains, while using less than half the CPU the quota allowed, was
+starved (:func:`starved`)."""
+
+
+def starved(cpu_ms: float | None, wait_ms: float | None, limit_s: float, cpus: float) -> bool:
+    """Whether a call stopped at its time limit (``limit_s`` seconds) was starved of CPU
+    by the platform rather than held up by its own code. ``cpu_ms`` and ``wait_ms`` are
+    the runner's measurements of the call (:attr:`CallResult.cpu_ms`, ``wait_ms``);
+    ``cpus`` is the sandbox's CPU quota (the profile's). A single-threaded process under a
+    quota of ``q`` CPUs is throttled for up to ``limit * (1 - q)`` of the limit by its own
+    quota; run-queue wait beyond that is the host's or the sandbox's neighbours'. Starved:
+    it used less than half the CPU its quota allowed (``cpu < limit * min(q, 1) / 2``) and
+    waited beyond its own quota for at least :data:`STARVED_WAIT_SHARE` of the limit.
+    A process that computed (a loop) or slept/blocked (little wait) is not starved. False
+    when either measurement is missing (an unknown cause is the environment's limit)."""
+    if cpu_ms is None or wait_ms is None or limit_s <= 0:
+        return False
+    limit_ms = limit_s * 1000.0
+    share = min(max(cpus, 0.0), 1.0)
+    own_throttle_ms = limit_ms * (1.0 - share)
+    return cpu_ms < limit_ms * share / 2 and wait_ms - own_throttle_ms >= limit_ms * STARVED_WAIT_SHARE
 
 
 class CheckResult(BaseModel):

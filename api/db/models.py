@@ -131,6 +131,9 @@ class Episode(Base):
     """Conversational episodes: the simulated user's chat (system, user=agent, assistant=user)."""
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    failure: Mapped[str | None] = mapped_column(String(16), default="none")
+    """The episode's failure so far (:mod:`sandpit.api.envs.failures`), updated by the step
+    that changes it; None on rows written before it was recorded (derived from ``checks``)."""
 
     __table_args__ = (Index("ix_episodes_scenario_started", "scenario_id", "started_at"),)
     """Scenario statistics (:mod:`sandpit.api.services.stats`) read one scenario's episodes."""

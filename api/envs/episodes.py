@@ -33,6 +33,8 @@ from ..services.common import new_id, owned, utcnow
 from ..services.quotas import QuotaService, TenantContext
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
+from .failures import episode_failure
+from .history import stored_step_failure
 from .lifecycle import Collector
 from .live import LiveEnv
 from .rulebook import EpisodeRun, EpisodeService, episode_row, step_zero
@@ -42,16 +44,24 @@ from .views import EnvViews
 
 def rewound(db: DbSession, env_id: str, episode: int, step: int, record: models.Episode | None) -> dict[str, Any]:
     """The episode row's values after going back to ``step``: running again unless
-    ``step`` itself ended it; the simulated user's chat cut to what it was then. ``{}``
-    when the env has no episode row."""
+    ``step`` itself ended it; its failure that of the steps kept (and of its checks when
+    ``step`` ended it); the simulated user's chat cut to what it was then. ``{}`` when the
+    env has no episode row."""
     if record is None:
         return {}
     ending = db.get(models.Step, (env_id, episode, step))
     values: dict[str, Any] = {}
+    kept = db.execute(select(models.Step.status, models.Step.info).where(
+        models.Step.env_id == env_id, models.Step.episode == episode, models.Step.step <= step,
+        models.Step.step > 0)).all()
+    failures = [stored_step_failure(status, info) for status, info in kept]
     if ending is not None and ending.done:
         values.update(status=ending.done, reward=ending.reward)
+        checks = record.checks if isinstance(record.checks, list) else []
+        values["failure"] = episode_failure(failures, [str(c.get("status", "ok")) for c in checks
+                                                       if isinstance(c, dict)])
     else:
-        values.update(status="running", reward=None, checks=None, ended_at=None)
+        values.update(status="running", reward=None, checks=None, ended_at=None, failure=episode_failure(failures))
     if record.user_messages is not None:
         turns = db.scalars(select(models.Step.info).where(
             models.Step.env_id == env_id, models.Step.episode == episode, models.Step.step <= step,
@@ -171,6 +181,7 @@ class Episodes:
                 if rewind:
                     entry.run.status = rewind["status"]
                     entry.run.reward = rewind.get("reward")
+                    entry.run.failure = rewind["failure"]
                     if "user_messages" in rewind:
                         entry.run.user_messages = rewind["user_messages"]
             self.collector.want()
@@ -225,7 +236,7 @@ class Episodes:
                      "checks": record.checks if ended else None,
                      "user_messages": rewind.get("user_messages", record.user_messages),
                      "started_at": record.started_at,
-                     "ended_at": record.ended_at if ended else None}
+                     "ended_at": record.ended_at if ended else None, "failure": rewind.get("failure", "none")}
                     for fork in forks])
         self.tenants.audit(ctx.tenant, ctx.actor, "env.fork", env_id, {"forks": [r.id for r in forks]})
         return EnvsPublic(data=[self.views.public(r, tools=False) for r in forks], count=len(forks))

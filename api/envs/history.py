@@ -17,8 +17,26 @@ from ..errors import Conflict, NotFound
 from ..schemas.envs import EpisodePublic, EpisodesPublic, EpisodeStatus, Trajectory, TrajectoryStep
 from ..services.common import owned
 from ..services.quotas import TenantContext
+from .failures import Failure, masked, step_failure, worst
 from .live import LiveEnvs
+from .rulebook import stored_failure
 from .state import RenderedStates, state_response
+
+
+def stored_step_failure(status: str, info: object) -> Failure:
+    """A stored step's failure: the one recorded in its ``info`` (the host's verdict when it
+    ran), else (a step recorded before failures were) :func:`~.failures.step_failure` of
+    its status alone."""
+    stored = info.get("failure") if isinstance(info, dict) else None
+    return worst([stored]) if isinstance(stored, str) else step_failure(status)
+
+
+def trajectory_step(row: models.Step) -> TrajectoryStep:
+    """A stored step as the trajectory shows it, with its failure and mask."""
+    step = TrajectoryStep.model_validate(row, from_attributes=True)
+    step.failure = stored_step_failure(row.status, row.info)
+    step.mask = masked(step.failure)
+    return step
 
 
 class EnvHistory:
@@ -79,10 +97,11 @@ class EnvHistory:
                 query = query.limit(limit)
             steps = db.scalars(query).all()
             record = db.get(models.Episode, (env_id, number))
+        failure = stored_failure(record) if record is not None else "none"
         return Trajectory(env_id=row.id, episode=number, count=head,
                           status=cast(EpisodeStatus, record.status) if record is not None else "running",
-                          reward=record.reward if record is not None else None,
-                          steps=[TrajectoryStep.model_validate(s, from_attributes=True) for s in steps])
+                          reward=record.reward if record is not None else None, failure=failure,
+                          mask=masked(failure), steps=[trajectory_step(s) for s in steps])
 
     def episodes(self, ctx: TenantContext, env_id: str, limit: int, offset: int) -> EpisodesPublic:
         """``GET /v1/envs/{id}/episodes``: the env's episodes, oldest first, a page at a
@@ -100,7 +119,8 @@ class EnvHistory:
             EpisodePublic(episode=r.episode, environment_id=r.environment_id, scenario_id=r.scenario_id,
                           status=cast(EpisodeStatus, r.status), steps=int(heads.get(r.episode, 0)),
                           observation=r.observation, task=r.task, reward=r.reward, checks=r.checks, config=r.config,
-                          started_at=r.started_at, ended_at=r.ended_at)
+                          started_at=r.started_at, ended_at=r.ended_at, failure=stored_failure(r),
+                          mask=masked(stored_failure(r)))
             for r in records])
 
     @staticmethod

@@ -17,6 +17,7 @@ from ..schemas.envs import StepResult
 from ..schemas.scenarios import CheckOutcome
 from ..services.common import clean_text
 from ..services.diff import state_diff
+from .failures import Failure, masked
 
 
 @dataclass
@@ -59,6 +60,10 @@ class StepOutcome:
     state_before: dict[str, Any] | None = None
     state_after: dict[str, Any] | None = None
     wanted: frozenset[str] = frozenset()
+    failure: Failure = "none"
+    """The step's failure (:func:`~.failures.step_failure`)."""
+    episode_failure: Failure = "none"
+    """The episode's failure with this step (:func:`~.failures.episode_failure`)."""
     rendered: bytes | None = None
     """The reply's bytes once rendered (:meth:`json` returns them as they are)."""
 
@@ -88,7 +93,8 @@ class StepOutcome:
                 "traceback": clean_text(r.traceback) if r.traceback else None, "error": run.error,
                 "argument_findings": run.findings,
                 "checks": [c.model_dump() for c in self.checks] if self.checks is not None else None,
-                "recovered": self.recovered,
+                "recovered": self.recovered, "failure": self.failure, "mask": masked(self.failure),
+                "episode_failure": self.episode_failure, "episode_mask": masked(self.episode_failure),
                 "state_diff": self.diff() if "state_diff" in wanted else None,
                 "state": self.state_after if "state" in wanted else None}
 
@@ -110,9 +116,13 @@ class StepOutcome:
         return self.rendered
 
 
-def step_info(run: StepRun) -> dict[str, Any]:
-    """The ``info`` stored with a step: its observation role and what explains it."""
+def step_info(run: StepRun, failure: Failure = "none") -> dict[str, Any]:
+    """The ``info`` stored with a step: its observation role, what explains it, its
+    ``failure`` when it is not ``none``, and what that verdict rests on (``cpu_ms`` and
+    ``wait_ms`` of a timed-out call, ``sandbox_lost``)."""
     info: dict[str, Any] = {"observation_role": run.role}
+    if failure != "none":
+        info["failure"] = failure
     if run.error:
         info["error"] = run.error[:2000]
     if run.findings:
@@ -123,6 +133,10 @@ def step_info(run: StepRun) -> dict[str, Any]:
             info["traceback"] = clean_text(result.traceback)
         if result.observation_truncated:
             info["observation_truncated"] = True
+        if result.cpu_ms is not None and result.wait_ms is not None:  # what a timeout's verdict rests on
+            info["cpu_ms"], info["wait_ms"] = round(result.cpu_ms, 3), round(result.wait_ms, 3)
+        if result.sandbox_lost:
+            info["sandbox_lost"] = True
     if run.end_reason:
         info["end_reason"] = run.end_reason
     return info

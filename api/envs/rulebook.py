@@ -48,6 +48,7 @@ from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .actions import ToolSets
 from .configs import EnvConfigs
+from .failures import Failure, episode_failure, worst
 from .users import UserModel, UserSimulator
 
 TASK_FINISHED = "Task finished"
@@ -169,6 +170,8 @@ class EpisodeRun:
     user_key_enc: bytes | None = None
     initial_root: str | None = None
     """State root of the episode's step 0 (the checks' initial state)."""
+    failure: Failure = "none"
+    """The episode's failure so far (:func:`stored_failure` of its row)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -186,7 +189,7 @@ class EpisodeRun:
         return EpisodeRun(config=EpisodeConfig.from_stored(episode.config), scenario_id=episode.scenario_id,
                           status=episode.status, reward=episode.reward, observation=episode.observation,
                           task=episode.task, user_messages=episode.user_messages, user_key_enc=episode.user_key_enc,
-                          initial_root=first.state_root if first else None)
+                          initial_root=first.state_root if first else None, failure=stored_failure(episode))
 
 
 @dataclass
@@ -208,13 +211,23 @@ def step_zero(env_id: str, episode: int, root: str, now: datetime) -> models.Ste
                        duration_ms=0.0, state_root=root, created_at=now)
 
 
+def stored_failure(episode: models.Episode) -> Failure:
+    """An ``episodes`` row's failure: its ``failure`` column, or for a row written before
+    failures were recorded (NULL) the one its checks give (:func:`~.failures.episode_failure`
+    with no steps: ``verifier`` when a check did not run cleanly, else ``none``)."""
+    if episode.failure is not None:
+        return worst([episode.failure])
+    checks = episode.checks if isinstance(episode.checks, list) else []
+    return episode_failure([], [str(c.get("status", "ok")) for c in checks if isinstance(c, dict)])
+
+
 def episode_row(env_id: str, episode: int, start: EpisodeStart, run: EpisodeRun, now: datetime) -> models.Episode:
     """The ``episodes`` row of a new episode of ``env_id`` (running; ``run``'s first
     observation, task and user transcript)."""
     return models.Episode(env_id=env_id, episode=episode, environment_id=start.environment.id,
                           scenario_id=run.scenario_id, config=run.config.public(), user_key_enc=run.user_key_enc,
                           status="running", observation=run.observation, task=run.task,
-                          user_messages=run.user_messages, started_at=now)
+                          user_messages=run.user_messages, started_at=now, failure="none")
 
 
 class EpisodeService:

@@ -41,7 +41,14 @@ from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
 from ..errors import EpisodeEnded, HeadMoved, InvalidRequest, ServiceUnavailable
 from ..metrics import Metrics, StepClock
-from ..sandboxes import CallResult, CallRules, SandboxError, SessionClosedError, resolved_changes
+from ..sandboxes import (
+    CallResult,
+    CallRules,
+    SandboxError,
+    SessionClosedError,
+    SessionLostError,
+    resolved_changes,
+)
 from ..schemas.envs import StepRequest
 from ..schemas.scenarios import CheckOutcome
 from ..services.common import clean_text, utcnow
@@ -49,6 +56,7 @@ from ..services.quotas import QuotaService, TenantContext
 from ..settings import ApiSettings
 from . import envscaler
 from .actions import INVALID_ACTION, Action, parse_step, valid_text
+from .failures import Failure, episode_failure, step_failure
 from .live import LiveEnv
 from .outcomes import StepOutcome, StepRun, step_info
 from .rewards import Rewards
@@ -65,7 +73,12 @@ INCLUDES = frozenset({"state_diff", "state"})
 class _SessionMoved(Exception):
     """The env's session refused or lost a call before its result was known (another API
     replica attached to it since, or it closed): the step is not recorded and may be
-    carried out again after re-attaching from the committed head."""
+    carried out again after re-attaching from the committed head. ``lost``: it closed
+    because its sandbox was lost (``SessionLostError``)."""
+
+    def __init__(self, lost: bool) -> None:
+        super().__init__()
+        self.lost = lost
 
 
 def wanted_parts(include: str | None) -> frozenset[str]:
@@ -173,7 +186,7 @@ class Steps:
         ``key`` needs it stored), commit, move the live head. Call it holding the env's
         lock. Returns ``(outcome, what the action did, the blobs written)``. Raises
         HeadMoved (nothing committed, the live entry dropped) and what :meth:`step` lists."""
-        entry, restored, before, done_run = self._act_once_more(tenant, env_id, action, clock)
+        entry, restored, after_loss, before, done_run = self._act_once_more(tenant, env_id, action, clock)
         if clock is not None:
             clock.lap("sandbox")
         run = entry.run
@@ -192,14 +205,21 @@ class Steps:
         done = "terminated" if terminated else "truncated" if truncated else None
         recorded = done_run.action if done_run.action is not None else action.record()
         recovered = restored or bool(result is not None and result.recovered)
+        failure = step_failure(done_run.status, sandbox_lost=result is not None and result.sandbox_lost,
+                               starved=result is not None and result.starved,
+                               recovered=after_loss or bool(result is not None and result.recovered))
+        episode_failed = episode_failure([run.failure, failure],
+                                         [c.status for c in checks] if checks is not None else ())
         outcome = StepOutcome(env_id, entry.episode, number, recorded, done_run, recovered, reward,
-                              terminated, truncated, checks, wanted=wanted)
+                              terminated, truncated, checks, wanted=wanted, failure=failure,
+                              episode_failure=episode_failed)
         if wanted:
             outcome.state_after = state_view(after)
             if "state_diff" in wanted:
                 outcome.state_before = state_view(before)
         self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
-                     key, outcome.json() if key is not None else b"", attempt)
+                     key, outcome.json() if key is not None else b"", attempt, failure,
+                     episode_failed if episode_failed != run.failure else None)
         if clock is not None:
             clock.lap("persist")
         entry.cache = after
@@ -209,16 +229,25 @@ class Steps:
             run.user_messages = done_run.user_messages
         if done is not None:
             run.status, run.reward = done, reward
+        run.failure = episode_failed
         return outcome, done_run, pending
 
     def _act_once_more(self, tenant: str, env_id: str, action: Action,
-                       clock: StepClock | None) -> tuple[LiveEnv, bool, StateCache, StepRun]:
+                       clock: StepClock | None) -> tuple[LiveEnv, bool, bool, StateCache, StepRun]:
         """Find the env's live entry and carry out ``action``; a session that moved or
         closed under the call is re-attached and the action carried out once more.
-        Returns ``(entry, re-attached now, head before the step, what the action did)``.
-        Raises EpisodeEnded, ServiceUnavailable (refused twice), and what the live entry
-        and the action raise."""
+        Returns ``(entry, re-attached now, re-attached after a loss, head before the step,
+        what the action did)``: a re-attach is after a loss when this process's entry
+        held a session that had closed (a call that lost its sandbox closed it) or whose
+        sandbox was found lost under this call (``SessionLostError``); a session another
+        replica attached to since, and an env this process had no entry for (a fork's
+        first step, an evicted env, after an API restart), are re-opened by design, not
+        after a loss. Raises EpisodeEnded, ServiceUnavailable (refused twice), and what the live
+        entry and the action raise."""
+        lost_under_call = False
         for attempt in range(2):
+            prior = self.live.get(env_id)
+            after_loss = lost_under_call if attempt else prior is not None and prior.session.closed
             entry, restored = self.sessions.live_entry(tenant, env_id)
             run = entry.run
             if run.ended:
@@ -228,8 +257,9 @@ class Steps:
             if clock is not None:
                 clock.lap("other")
             try:
-                return entry, restored, before, self._act(tenant, env_id, entry, action)
-            except _SessionMoved:
+                return entry, restored, restored and after_loss, before, self._act(tenant, env_id, entry, action)
+            except _SessionMoved as moved:
+                lost_under_call = moved.lost
                 if attempt:
                     raise ServiceUnavailable("the env's session closed during the call twice; retry",
                                              retry_after=1) from None
@@ -254,14 +284,15 @@ class Steps:
     def _commit(self, env_id: str, entry: LiveEnv, number: int, recorded: dict[str, Any], done_run: StepRun,
                 after: StateCache, pending: PendingBlobs, reward: float, done: str | None,
                 checks: list[CheckOutcome] | None, key: KeyClaim | None, response: bytes,
-                attempt: str | None) -> None:
-        """Commit step ``number`` through the group commit: its row, its new blobs, the
-        env's head, the episode's changes (user transcript, its end) and, with ``key``,
+                attempt: str | None, failure: Failure = "none", episode_failed: Failure | None = None) -> None:
+        """Commit step ``number`` through the group commit: its row (``failure`` in its
+        info), its new blobs, the env's head, the episode's changes (user transcript, its
+        end, its new failure ``episode_failed`` when the step changed it) and, with ``key``,
         the reply's bytes ``response`` stored on the request's idempotency key, and the
         fence of the request's ``attempt`` token. A failed write
         drops the env's session (the sandbox is ahead of the database: the next request
         resumes from the committed head). Raises ServiceUnavailable."""
-        info = step_info(done_run)
+        info = step_info(done_run, failure)
         if done_run.user_messages is not None:
             info["user_turns"] = len(done_run.user_messages)
         now = utcnow()
@@ -273,6 +304,8 @@ class Steps:
             attempt=attempt)
         if done_run.user_messages is not None:
             write.episode_changes["user_messages"] = done_run.user_messages
+        if episode_failed is not None:
+            write.episode_changes["failure"] = episode_failed
         if done is not None:
             write.episode_changes.update(status=done, reward=reward, ended_at=now,
                                          checks=[c.model_dump() for c in checks] if checks is not None else None)
@@ -322,9 +355,9 @@ class Steps:
         request re-attaches from the committed head (:meth:`.sessions.Sessions.attach`)."""
         try:
             return entry.session.call(name, arguments, rules)
-        except SessionClosedError:
+        except SessionClosedError as exc:
             entry.session.close()
-            raise _SessionMoved from None
+            raise _SessionMoved(isinstance(exc, SessionLostError)) from None
         except SandboxError:
             self.live.drop(env_id)
             raise

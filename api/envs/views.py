@@ -18,8 +18,9 @@ from ..services.common import aware, utcnow
 from ..services.declared_tools import agent_tools
 from . import envscaler
 from .configs import EnvConfigs
+from .failures import masked
 from .live import LiveEnvs
-from .rulebook import EpisodeConfig, episode_tools, introduction_text
+from .rulebook import EpisodeConfig, episode_tools, introduction_text, stored_failure
 
 
 class EnvViews:
@@ -71,6 +72,7 @@ class EnvViews:
                 tools = agent_tools(environment)
                 view["tools"] = list(tools) if config.envscaler else episode_tools(tools, config)
         if episode is not None:
+            failure = stored_failure(episode)
             view.update(episode_status=episode.status, observation=episode.observation, task=episode.task,
-                        reward=episode.reward)
+                        reward=episode.reward, failure=failure, mask=masked(failure))
         return view

@@ -35,6 +35,7 @@ from sqlalchemy.orm import defer
 from ..db import models
 from ..db.database import Database
 from ..db.models import EvaluationEpisode, EvaluationJob, table
+from ..envs.failures import FAILURES, evaluation_failure, masked
 from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 from ..sandboxes import Sandboxes
 from ..schemas.evaluations import (
@@ -277,13 +278,14 @@ class EvaluationJobs:
 
     def summary(self, evaluation_id: str, tenant: str) -> EvaluationSummary:
         """Mean reward, success rate, per-environment and per-scenario breakdowns, errors
-        by status and token usage over the job's finished episodes (errored ones count
+        by status, episodes by failure (:func:`~sandpit.api.envs.failures.evaluation_failure`)
+        and token usage over the job's finished episodes (errored ones count
         reward 0.0); beside each scenario, its pass rate over all of ``tenant``'s
         episodes of it (:meth:`StatsService.pass_rates`)."""
         with self.db.read() as db:
             finished = (select(EvaluationEpisode.environment_id, EvaluationEpisode.status,
                                EvaluationEpisode.reward, EvaluationEpisode.error_status, EvaluationEpisode.usage,
-                               EvaluationEpisode.scenario_id)
+                               EvaluationEpisode.scenario_id, EvaluationEpisode.trajectory, EvaluationEpisode.checks)
                         .where(EvaluationEpisode.evaluation_id == evaluation_id))
             rows = db.execute(finished).all()
             names = dict(db.execute(select(models.Environment.id, models.Environment.name).where(
@@ -294,7 +296,8 @@ class EvaluationJobs:
         usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0, "retries": 0}
         rewards: list[float] = []
         cancelled = scored = 0
-        for environment_id, status, reward, error_status, used, scenario_id in rows:
+        by_failure: dict[str, int] = dict.fromkeys(FAILURES, 0)
+        for environment_id, status, reward, error_status, used, scenario_id, trajectory, checks in rows:
             for name, value in (used or {}).items():
                 if isinstance(value, int) and name in usage:
                     usage[name] += value
@@ -306,6 +309,7 @@ class EvaluationJobs:
             scored += status == "done"
             if status == "error":
                 errors[error_status or "error"] = errors.get(error_status or "error", 0) + 1
+            by_failure[evaluation_failure(status, error_status, trajectory, checks)] += 1
             rewards.append(value)
             per_env.setdefault(environment_id or "", []).append(value)
             per_scenario.setdefault(scenario_id, []).append(value)
@@ -326,7 +330,7 @@ class EvaluationJobs:
                                                 overall_pass_rate=overall.get(sid, (None, 0))[0],
                                                 overall_finished=overall.get(sid, (None, 0))[1])
                          for sid, v in sorted(per_scenario.items())},
-            errors_by_status=dict(sorted(errors.items())), cancelled=cancelled, usage=usage)
+            errors_by_status=dict(sorted(errors.items())), by_failure=by_failure, cancelled=cancelled, usage=usage)
 
     # -- cancel --------------------------------------------------------------------------
     def cancel(self, tenant: str, evaluation_id: str) -> EvaluationJobPublic:
@@ -379,10 +383,12 @@ class EvaluationJobs:
 
     @staticmethod
     def _result(row: models.EvaluationEpisode, include_transcript: bool) -> bytes:
+        failure = evaluation_failure(row.status, row.error_status, row.trajectory, row.checks)
         result = EpisodeResult(index=row.index, scenario_id=row.scenario_id, environment_id=row.environment_id,
                                status=cast(EpisodeStatus, row.status), reward=row.reward, passed=row.passed,
                                checks_total=row.checks_total, checks=row.checks, steps=row.steps,
-                               error_status=row.error_status, error=row.error, env_id=row.env_id,
+                               error_status=row.error_status, error=row.error, failure=failure,
+                               mask=masked(failure), env_id=row.env_id,
                                attempt=row.attempt, trajectory=row.trajectory, usage=row.usage,
                                transcript=row.transcript if include_transcript else None,
                                started_at=row.started_at, finished_at=row.finished_at)

@@ -49,10 +49,12 @@ class StepRecord:
     observation: str
     status: str
     duration_ms: float = 0.0
+    failure: str = "none"
+    """The step's failure (the step result's; ``agent`` for a call refused before it ran)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"step": self.step, "action": self.action, "observation": self.observation,
-                "status": self.status, "duration_ms": self.duration_ms}
+                "status": self.status, "duration_ms": self.duration_ms, "failure": self.failure}
 
 
 @dataclass

@@ -400,7 +400,7 @@ class EvaluationRunner:
             except ValidationError as exc:  # stored before a schema change: recorded, not run
                 name, arguments = _raw_action(raw)
                 episode.trajectory.append(StepRecord(number, {"name": name, "arguments": arguments},
-                                                     f"Error: {str(exc)[:300]}", "rejected"))
+                                                     f"Error: {str(exc)[:300]}", "rejected", failure="agent"))
                 continue
             episode.trajectory.append(self._step(episode, number, request))
 
@@ -461,12 +461,12 @@ class EvaluationRunner:
         except (PayloadTooLarge, QuotaExceeded) as exc:  # over a size cap (fixed: _transient retries the others)
             name, arguments = _raw_action(request.model_dump(exclude_none=True))
             return StepRecord(number, {"name": name, "arguments": "<over the size cap>"}, f"Error: {exc.message}",
-                              "rejected")
+                              "rejected", failure="agent")
         except (NotFound, Conflict) as exc:
             raise EpisodeFailed("env_lost", f"the episode's env is gone: {exc.message}") from None
         run = outcome.run
         observation = run.observation if run.error is None else f"{run.observation}: {run.error}"
-        return StepRecord(number, outcome.action, observation, run.status, run.duration_ms)
+        return StepRecord(number, outcome.action, observation, run.status, run.duration_ms, outcome.failure)
 
     # -- helpers ---------------------------------------------------------------------------
     def _stop_reason(self, job: _Job) -> str | None:

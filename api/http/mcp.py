@@ -15,7 +15,8 @@ low-level :class:`~mcp.server.lowlevel.Server` and its
   content is the observation as text; ``isError`` is true for every status but ``ok``;
   ``_meta["sandpit/step"]`` (:data:`META_KEY`) holds ``env_id``, ``episode``, ``step``,
   ``status``, ``reward``, ``terminated``, ``truncated``, ``duration_ms``, ``recovered``,
-  ``error`` and ``checks``. A step that is refused and not recorded (409
+  ``error``, ``checks`` and the failure verdict (``failure``, ``mask``,
+  ``episode_failure``, ``episode_mask``: docs/failures.md). A step that is refused and not recorded (409
   ``episode_ended``, 429, 503, 413, 422) is a JSON-RPC error whose ``data`` is
   ``{"status": <HTTP status>, "error": <the API's error object>}`` (:func:`rpc_error`).
 - resources: ``sandpit://envs/{id}/state`` (``GET /v1/envs/{id}/state``'s JSON) and
@@ -139,7 +140,8 @@ def tool_result(document: dict[str, Any]) -> types.CallToolResult:
     """A step (``StepResult``'s document) as a ``tools/call`` result: the observation as
     text, ``isError`` unless its status is ``ok``, its record under :data:`META_KEY`."""
     record = {name: document[name] for name in ("env_id", "episode", "step", "status", "reward", "terminated",
-                                                 "truncated", "duration_ms", "recovered", "error", "checks")}
+                                                 "truncated", "duration_ms", "recovered", "error", "checks",
+                                                 "failure", "mask", "episode_failure", "episode_mask")}
     return types.CallToolResult(content=[types.TextContent(type="text", text=document["observation"])],
                                 isError=document["status"] != "ok", **{"_meta": {META_KEY: record}})
 

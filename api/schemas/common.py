@@ -13,6 +13,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Status = Literal["ok", "error", "timeout", "oom", "crashed", "rejected"]
+Failure = Literal["none", "agent", "environment", "infrastructure", "verifier"]
+"""Who an outcome is to blame on (the failure taxonomy: :mod:`sandpit.api.envs.failures`,
+docs/failures.md)."""
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 ArgumentChecking = Literal["off", "warn", "strict"]
 PolicyName = Literal["strict", "standard", "audit"]

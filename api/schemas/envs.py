@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from .common import NAME_PATTERN, ArgumentChecking, BaseURL, Status, Timestamp, _Request
+from .common import NAME_PATTERN, ArgumentChecking, BaseURL, Failure, Status, Timestamp, _Request
 from .profile_limits import profile_value
 from .scenarios import CheckOutcome, EpisodeProfile
 
@@ -169,6 +169,12 @@ class EnvPublic(BaseModel):
     """EnvScaler's environment introduction: the environment's introduction and its rules."""
     reward: float | None = None
     """The episode's reward once it has ended (None while running)."""
+    failure: Failure = "none"
+    """The current episode's failure so far (docs/failures.md): the worst of its steps'
+    and, once it ended, its checks'."""
+    mask: bool = False
+    """True when the episode's reward does not reflect the policy (``failure`` is
+    ``infrastructure`` or ``verifier``): drop it from the gradient."""
     episode_config: dict[str, Any] = Field(default_factory=dict)
     """The episode's options (:class:`EpisodeOptions`, without the user model's key)."""
     argument_checking: ArgumentChecking = "off"
@@ -264,6 +270,21 @@ class StepResult(BaseModel):
     recovered: bool = False
     """The env was re-opened in a (new) sandbox from its last committed step before this
     call (its sandbox was lost or evicted, the API restarted, or another replica had it)."""
+    failure: Failure = "none"
+    """Who this step's outcome is to blame on (docs/failures.md): ``none``; ``agent``
+    (a rejected action); ``environment`` (the tool raised, looped past its time limit, ran
+    out of memory, its process died); ``infrastructure`` (the sandbox was lost, the call
+    was starved of CPU, the env was re-opened after a loss); decided by the platform from
+    the status and its own measurements, never from what the environment code returns."""
+    mask: bool = False
+    """Advice for trainers: True when this step's outcome does not reflect the policy
+    (``failure`` is ``infrastructure``)."""
+    episode_failure: Failure = "none"
+    """The episode's failure so far, this step included (the worst of its steps' and, on
+    the step that ends it, its checks': a check that errored or timed out is ``verifier``)."""
+    episode_mask: bool = False
+    """True when the episode's reward does not reflect the policy (``episode_failure`` is
+    ``infrastructure`` or ``verifier``): drop the episode from the gradient."""
     state_diff: dict[str, Any] | None = None
     """With ``?include=state_diff``: EnvScaler ``get_state_diff`` of the step, ``{key:
     {"added": v} | {"removed": v} | {"changed": {"old", "new"}} | <nested diff>}``."""
@@ -332,8 +353,16 @@ class TrajectoryStep(BaseModel):
     done: EpisodeStatus | None = None
     """``terminated`` or ``truncated`` on the step that ended the episode."""
     info: dict[str, Any] | None = None
-    """``observation_role``, ``error``, ``argument_findings``, ``traceback`` when present."""
+    """``observation_role``, ``error``, ``argument_findings``, ``traceback``, ``failure``,
+    and for a timed-out call ``cpu_ms`` / ``wait_ms`` (its process's CPU time and run-queue
+    wait, milliseconds: what decides whether the platform starved it), ``sandbox_lost``,
+    when present."""
     created_at: Timestamp
+    failure: Failure = "none"
+    """The step's failure (:attr:`StepResult.failure`); for steps recorded before failures
+    were, derived from ``status`` alone."""
+    mask: bool = False
+    """:attr:`StepResult.mask`."""
 
 class EpisodePublic(BaseModel):
     """One episode of an env: its scenario, options, outcome and size."""
@@ -351,6 +380,10 @@ class EpisodePublic(BaseModel):
     config: dict[str, Any]
     started_at: Timestamp
     ended_at: Timestamp | None = None
+    failure: Failure = "none"
+    """The episode's failure (:attr:`EnvPublic.failure`)."""
+    mask: bool = False
+    """:attr:`EnvPublic.mask`."""
 
 class EpisodesPublic(BaseModel):
     data: list[EpisodePublic]
@@ -366,3 +399,7 @@ class Trajectory(BaseModel):
     """Steps in the episode (all pages)."""
     status: EpisodeStatus = "running"
     reward: float | None = None
+    failure: Failure = "none"
+    """The episode's failure (:attr:`EnvPublic.failure`)."""
+    mask: bool = False
+    """:attr:`EnvPublic.mask`."""

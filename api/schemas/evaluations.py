@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .common import BaseURL, Timestamp, _Request
+from .common import BaseURL, Failure, Timestamp, _Request
 from .envs import StepRequest
 from .scenarios import MAX_CHECKS, CheckObjects, CheckOutcome, CheckSpec
 
@@ -226,6 +226,10 @@ class EvaluationSummary(BaseModel):
     """Per scenario: this evaluation's figures and the scenario's overall pass rate."""
     errors_by_status: dict[str, int]
     """``error_status`` -> episodes (``model_error``, ``model_unavailable``, ``no_capacity``, ...)."""
+    by_failure: dict[str, int] = Field(default_factory=dict)
+    """Failure -> finished episodes (:attr:`EpisodeResult.failure`; every failure named,
+    0 included): episodes whose failure is masked (``infrastructure``, ``verifier``) say
+    nothing about the model."""
     cancelled: int
     usage: dict[str, int]
     """Token totals over the episodes (``prompt_tokens``, ``completion_tokens``, ``requests``, ``retries``)."""
@@ -273,6 +277,13 @@ class EpisodeResult(BaseModel):
     """Tool calls attempted (rejected ones included)."""
     error_status: str | None
     error: str | None
+    failure: Failure = "none"
+    """Who the episode's outcome is to blame on (docs/failures.md): from ``error_status``
+    when it errored (``model_error`` agent; ``model_unavailable``, ``no_capacity``,
+    ``unavailable``, ``env_lost`` infrastructure; ``env_error`` environment;
+    ``check_error`` verifier), else the worst of its steps' and checks'."""
+    mask: bool = False
+    """True when its reward does not reflect the model (``infrastructure``, ``verifier``)."""
     env_id: str | None
     """The episode's env (deleted at the end unless ``keep_envs``)."""
     attempt: int

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sandpit.sandbox_images.runner import limits, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
-from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, ToolSchemaError
+from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, SessionLost, ToolSchemaError
 from ..results import (
     ENVSCALER_INVALID_ACTION,
     CallResult,
@@ -52,6 +52,7 @@ from ..results import (
     check_encoded,
     check_tool_schemas,
     render_state,
+    starved,
 )
 from .placement import Placement, SandboxSlot, SessionSpec
 
@@ -123,15 +124,17 @@ class Session:
     # -- the sandbox (called with self._lock held) -------------------------------------
     def _slot(self) -> SandboxSlot:
         """The live sandbox holding the session: a retiring one is left for another, the
-        state read from it first. Raises SessionClosed (closed, or its sandbox lost),
+        state read from it first. Raises SessionClosed (closed; SessionLost: its sandbox lost),
         SandboxLost (lost while moving: the session closes), what :meth:`Placement.place`
         raises."""
         if self.closed or self._sandbox is None:
+            if self.lost is not None:
+                raise SessionLost(f"session {self.id} is closed: its sandbox was lost ({self.lost})")
             raise SessionClosed(f"session {self.id} is closed")
         sandbox = self._sandbox
         if not sandbox.alive:
             self._lose("crashed")
-            raise SessionClosed(f"session {self.id} is closed: its sandbox was lost")
+            raise SessionLost(f"session {self.id} is closed: its sandbox was lost")
         if not sandbox.retiring:
             return sandbox
         try:
@@ -215,7 +218,7 @@ class Session:
             except SandboxLost as exc:
                 self._lose(exc.status)
                 return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
-                                  duration_ms=_ms(started))
+                                  duration_ms=_ms(started), sandbox_lost=True)
             reply = cast("CallReply", raw)
             status = reply.get("status")
             delta = StateDelta()
@@ -226,7 +229,11 @@ class Session:
                 delta = StateDelta(set=checked["set"], deleted=checked["del"])
             if self._sandbox is not None:
                 self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
-            return CallResult(
+            cpu_ms, wait_ms = _measure(reply.get("cpu_ms")), _measure(reply.get("wait_ms"))
+            return CallResult(cpu_ms=cpu_ms, wait_ms=wait_ms,
+                starved=(status == "timeout" and starved(cpu_ms, wait_ms, self.profile.call_timeout_s,
+                                                         self.profile.cpus))
+                or (status == "crashed" and reply.get("not_started") is True),
                 status=cast(Status, status), observation=str(reply.get("observation", "")), duration_ms=_ms(started),
                 tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
                 stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
@@ -243,7 +250,7 @@ class Session:
                 return self._read(sandbox)
             except SandboxLost as exc:
                 self._lose(exc.status)
-                raise SessionClosed(f"session {self.id} is closed: its sandbox was lost ({exc.status})") from exc
+                raise SessionLost(f"session {self.id} is closed: its sandbox was lost ({exc.status})") from exc
 
     def state(self) -> dict[str, Any]:
         """The current state's JSON view (:func:`~sandpit.executor.results.render_state`
@@ -329,6 +336,14 @@ class Session:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
+
+
+def _measure(value: object) -> float | None:
+    """A runner's measurement in milliseconds (``cpu_ms``, ``wait_ms``): a finite,
+    non-negative number below a day, else None (nothing the sandbox sends is trusted)."""
+    if type(value) not in (int, float) or not 0 <= value < 86_400_000:  # type: ignore[operator]
+        return None
+    return float(value)  # type: ignore[arg-type]
 
 
 def _rejected(message: str, started: float) -> CallResult:

@@ -22,6 +22,7 @@ from ..errors import (
     SandboxStartError,
     SessionClosed,
     SessionError,
+    SessionLost,
     SessionOpenError,
     ToolSchemaError,
 )
@@ -53,7 +54,8 @@ def raise_error(data: dict[str, Any]) -> None:
     if kind == "SandboxStartError":
         raise SandboxStartError(message, data.get("sandbox_id", ""), data.get("logs", ""))
     simple: dict[str, type[Exception]] = {
-        "ProfileError": ProfileError, "SessionClosed": SessionClosed, "SessionError": SessionError,
+        "ProfileError": ProfileError, "SessionClosed": SessionClosed, "SessionLost": SessionLost,
+        "SessionError": SessionError,
         "DockerUnavailable": DockerUnavailable, "ImageError": ImageError, "ArgumentError": ArgumentError,
         "ValueError": ArgumentError}
     raise simple.get(kind, ExecutorError)(message if kind in simple else f"{kind}: {message}")

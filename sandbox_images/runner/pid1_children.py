@@ -125,6 +125,29 @@ def private_bytes(pid: int) -> int | None:
         return None
 
 
+def open_sched(pid: int) -> int:
+    """A read-only descriptor of /proc/<pid>/schedstat (the kernel's accounting of ``pid``:
+    the process cannot forge it), or -1 where there is none (gVisor has no schedstat)."""
+    try:
+        return os.open(f"/proc/{pid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def read_sched(fd: int) -> tuple[int, int] | None:
+    """``(nanoseconds on a CPU, nanoseconds runnable but waiting for one)`` so far, read
+    through ``fd`` (:func:`open_sched`) with ``pread`` from offset 0: about 8 us in a
+    loaded runc sandbox, where opening the file again each time cost over 100 us. None
+    for ``fd`` -1, a process that is gone, or a malformed line."""
+    if fd < 0:
+        return None
+    try:
+        fields = os.pread(fd, 128, 0).split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def memory_over(fraction: float) -> int:
     """Bytes by which the sandbox's cgroup uses more than ``fraction`` of its memory limit
     (<= 0: under it; 0 when it cannot be read or has no limit: the host's admission still
@@ -264,6 +287,8 @@ class Child:
         self.alive = True
         self.booted = False
         """Whether the process has answered anything yet (``hello``, ``pid1_sessions``)."""
+        self.sched_fd: int | None = None
+        """Its /proc/<pid>/schedstat, opened on first use (:meth:`sched_times`)."""
 
     @classmethod
     def adopt(cls, pid: int, sock: socket.socket, out_r: int, err_r: int) -> Child:
@@ -279,7 +304,16 @@ class Child:
         child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         child.alive = True
         child.booted = True  # forked from a running process: nothing left to start
+        child.sched_fd = None
         return child
+
+    def sched_times(self) -> tuple[int, int] | None:
+        """Its CPU time and run-queue wait so far in nanoseconds (:func:`read_sched`), the
+        schedstat descriptor opened once and kept until :meth:`kill`; None where the
+        kernel gives none."""
+        if self.sched_fd is None:
+            self.sched_fd = open_sched(self.pid)
+        return read_sched(self.sched_fd)
 
     def send(self, message: dict[str, Any]) -> None:
         """One frame to the process (blocking, at most CHILD_SEND_TIMEOUT_S). Raises
@@ -302,7 +336,11 @@ class Child:
                 os.killpg(self.pid, signal.SIGKILL)
             except OSError:
                 pass
-        for fd in (self.out_r, self.err_r):
+        fds = [self.out_r, self.err_r]
+        if self.sched_fd is not None and self.sched_fd >= 0:
+            fds.append(self.sched_fd)
+        self.sched_fd = None
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:

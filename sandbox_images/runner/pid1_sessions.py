@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .pid1_host import Host
     from .pid1_loop import Loop
     from .pid1_templates import Templates
-    from .protocol import OpenReply, OpenRequest
+    from .protocol import CallReply, OpenReply, OpenRequest
 
 QUEUED_OPS = ("call", "state", "snapshot", "restore", "describe")
 """Host requests that queue behind a session's in-flight request."""
@@ -294,6 +294,8 @@ class Sessions:
                 if session.child.booted:
                     item.pop("hello", None)  # a re-queued item is timed afresh
                     item["deadline"] = time.monotonic() + self.timeout_s
+                    if request["op"] == "call":  # what a timeout is measured against
+                        item["sched"] = session.child.sched_times()
                 else:  # a new process: its start is not the request's time (``hello``)
                     item["hello"] = secrets.token_hex(16)
                     item["deadline"] = time.monotonic() + self.startup_s
@@ -508,9 +510,12 @@ class Sessions:
         return True
 
     # -- failures ------------------------------------------------------------------------------
-    def child_failed(self, session: Session, status: str, item: dict[str, Any] | None = None, note: str = "") -> None:
+    def child_failed(self, session: Session, status: str, item: dict[str, Any] | None = None, note: str = "",
+                     not_started: bool = False) -> None:
         """The process timed out, ran out of memory or died: kill it, answer the in-flight
-        request with ``status``, and schedule re-creation from the last good snapshot."""
+        request with ``status``, and schedule re-creation from the last good snapshot.
+        ``not_started``: it never answered ``hello`` (its start, the runner's work, took
+        too long); the reply says so (``not_started``)."""
         item = item or session.current
         session.current = None
         template, session.forked_from = session.forked_from, None
@@ -529,6 +534,7 @@ class Sessions:
         if status == "crashed" and oom_now > self.oom_seen:
             status = "oom"
         self.oom_seen = oom_now
+        usage = self._usage(session, item) if status == "timeout" else None
         if session.child is not None:
             self._drain(session)
         self._detach(session)
@@ -544,12 +550,28 @@ class Sessions:
             if kind == "init" and rid is None:
                 session.broken = observation
             elif rid is not None:
-                self.host.reply({"id": rid, "status": status, "observation": observation,
-                                 "stdout": session.out.take(), "stderr": session.err.take(),
-                                 "delta": {"set": {}, "del": []}})
+                reply: CallReply = {"id": rid, "status": status, "observation": observation,
+                                    "stdout": session.out.take(), "stderr": session.err.take(),
+                                    "delta": {"set": {}, "del": []}}
+                if usage is not None:
+                    reply["cpu_ms"], reply["wait_ms"] = usage
+                if not_started:
+                    reply["not_started"] = True
+                self.host.reply(reply)
         if session.sid in self.by_sid and not session.broken:
             session.queue.appendleft({"internal": "init", "snapshot": session.snapshot})
             self.pump(session)
+
+    @staticmethod
+    def _usage(session: Session, item: dict[str, Any] | None) -> tuple[float, float] | None:
+        """``(cpu_ms, wait_ms)`` of the session's process since ``item`` (a call) was
+        sent: its CPU time and its run-queue wait in milliseconds (``Child.sched_times``),
+        read before the process is killed; None when either reading is missing."""
+        start = item.get("sched") if item is not None else None
+        now = session.child.sched_times() if session.child is not None and start is not None else None
+        if start is None or now is None:
+            return None
+        return max(0, now[0] - start[0]) / 1e6, max(0, now[1] - start[1]) / 1e6
 
     def check_deadlines(self, now: float) -> float | None:
         """Fail in-flight requests past their deadline (a process that never answered
@@ -562,7 +584,8 @@ class Sessions:
             remaining = item["deadline"] - now
             if remaining <= 0 and "hello" in item:
                 self.child_failed(session, "crashed",
-                                  note=f"the new session process did not start within {self.startup_s:g} s")
+                                  note=f"the new session process did not start within {self.startup_s:g} s",
+                                  not_started=True)
             elif remaining <= 0:
                 self.child_failed(session, "timeout")
             else:

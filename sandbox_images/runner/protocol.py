@@ -185,6 +185,12 @@ if TYPE_CHECKING:
         delta: NotRequired[Delta]
         traceback: NotRequired[str]
         observation_truncated: NotRequired[bool]
+        cpu_ms: NotRequired[float]
+        """On a ``timeout``: the process's CPU time during the call (``schedstat``), ms."""
+        wait_ms: NotRequired[float]
+        """On a ``timeout``: the process's run-queue wait during the call, ms."""
+        not_started: NotRequired[bool]
+        """On a ``crashed``: a new session process did not answer ``hello`` in time."""
 
     class DescribeReply(Reply):
         """``ok``: ``tools`` (encoded in at most MAX_SCHEMAS_BYTES; the host checks each

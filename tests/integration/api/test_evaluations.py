@@ -92,10 +92,15 @@ def test_replay_gives_the_known_rewards(api: httpx.Client, counter_env_id: str) 
     assert summary["by_environment"] == {counter_env_id: {"name": "counter", "episodes": 3, "mean_reward": pytest.approx(0.5),
                                                           "success_rate": pytest.approx(1 / 3)}}
     assert summary["errors_by_status"] == {}
+    # a rejected step is the agent's, a raising tool the environment's: the worse one counts
+    assert summary["by_failure"] == {"none": 2, "agent": 0, "environment": 1, "infrastructure": 0, "verifier": 0}
 
     lines = results(api, job["id"])
     assert [line["index"] for line in lines] == [0, 1, 2]
     assert [line["reward"] for line in lines] == [1.0, 0.5, 0.0]
+    assert [(line["failure"], line["mask"]) for line in lines] == [("none", False), ("environment", False),
+                                                                    ("none", False)]
+    assert [s["failure"] for s in lines[1]["trajectory"]] == ["none", "agent", "agent", "environment"]
     assert [line["status"] for line in lines] == ["done"] * 3
     assert "transcript" not in lines[0]
     steps = lines[1]["trajectory"]
@@ -169,8 +174,12 @@ def test_rollout_reaches_expected_rewards(server: Any, api: httpx.Client, counte
     assert {t["function"]["name"] for t in request["tools"]} >= {"bump", "set_record", "get_record"}
     assert request["temperature"] == 0.0
 
+    # a refused model request is the agent's; a model endpoint still failing after the retries is not
+    assert [(by_index[i]["failure"], by_index[i]["mask"]) for i in (1, 3, 4)] == [
+        ("agent", False), ("agent", False), ("infrastructure", True)]
     summary = job["summary"]
     assert summary["errors_by_status"] == {"model_error": 1, "model_unavailable": 1}
+    assert sum(summary["by_failure"].values()) == 6 and summary["by_failure"]["infrastructure"] == 1
     assert summary["mean_reward"] == pytest.approx(1.5 / 6) and summary["success_rate"] == pytest.approx(1 / 6)
     assert summary["usage"]["requests"] == sum(line["usage"]["requests"] for line in lines)
 

@@ -161,7 +161,7 @@ def test_tool_calls_are_recorded_steps_on_either_replica(replicas: list[ApiServe
     assert second.meta[META] | {"duration_ms": 0} == {
         "env_id": env_id, "episode": 1, "step": 2, "status": "ok", "reward": 0.0, "terminated": False,
         "truncated": False, "duration_ms": 0, "recovered": second.meta[META]["recovered"], "error": None,
-        "checks": None}
+        "checks": None, "failure": "none", "mask": False, "episode_failure": "none", "episode_mask": False}
     state = json.loads(seen["state"].contents[0].text)
     assert state["state"]["count"] == 3 and state["step"] == 2
     assert seen["state"].contents[0].mimeType == "application/json"
@@ -197,6 +197,10 @@ def test_failing_unknown_and_mistyped_calls_are_error_results(replicas: list[Api
     assert mistyped.isError and mistyped.meta[META]["status"] == "error"
     assert not bumped.isError and bumped.content[0].text == "3"  # nothing above changed the count
     assert [r.meta[META]["step"] for r in (failed, unknown, private, mistyped, bumped)] == [1, 2, 3, 4, 5]
+    assert [(r.meta[META]["failure"], r.meta[META]["mask"]) for r in (failed, unknown, private, mistyped, bumped)] == [
+        ("environment", False), ("agent", False), ("agent", False), ("environment", False), ("none", False)]
+    assert {r.meta[META]["episode_failure"] for r in (failed, bumped)} == {"environment"}
+    assert not bumped.meta[META]["episode_mask"]
 
 
 def test_rejected_steps_alternating_between_replicas(replicas: list[ApiServer], scenario_id: str) -> None:

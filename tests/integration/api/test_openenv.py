@@ -219,6 +219,7 @@ def test_http_routes(server: ApiServer, scenario_id: str) -> None:
                                                  "episode_id": env_id})
         assert step.status_code == 200, step.text
         assert (step.json()["observation"]["observation"], step.json()["done"]) == ("3", False)
+        assert (step.json()["observation"]["failure"], step.json()["observation"]["mask"]) == ("none", False)
         assert client.get(f"{base}/state", params={"episode_id": env_id}).json()["state"]["count"] == 3
         again = client.post(f"{base}/reset", json={"episode_id": env_id})
         assert again.json()["observation"]["episode"] == 2

@@ -223,3 +223,13 @@ def test_bad_arguments_pass_through_untranslated_for_the_caller_to_name(
         sandboxes.run_checks(tenant="t", checks=checks, initial_state={}, final_state={})  # type: ignore[arg-type]
     assert isinstance(refused.value, ValueError) and not isinstance(refused.value, SandboxError)
     assert "check" in str(refused.value)
+
+
+def test_a_session_lost_with_its_sandbox_is_told_from_one_closed_otherwise() -> None:
+    from sandpit.api.sandboxes import SessionLostError, translate
+    from sandpit.executor.errors import SessionClosed, SessionLost
+
+    lost = translate(SessionLost("its sandbox was lost"), retry_after=1)
+    closed = translate(SessionClosed("another replica attached"), retry_after=1)
+    assert isinstance(lost, SessionLostError) and isinstance(lost, SessionClosedError)
+    assert isinstance(closed, SessionClosedError) and not isinstance(closed, SessionLostError)

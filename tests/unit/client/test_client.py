@@ -54,7 +54,7 @@ from sandpit.client import (
     Unavailable,
     tool_call_body,
 )
-from sandpit.client.errors import parse_retry_after
+from sandpit.client.errors import error_from_response, error_from_transport, parse_retry_after
 
 SOURCE = "class Counter:\n    def __init__(self, init_config):\n        self.total = 0\n"
 MAX_SOURCE = 10_000
@@ -1002,3 +1002,22 @@ def test_a_resumed_handle_fences_its_mutating_calls_only() -> None:
                     ("GET", "/v1/envs/e1/state", None), ("POST", "/v1/envs/e1/step", "tok_1"),
                     ("POST", "/v1/envs/e1/reset", "tok_1"), ("POST", "/v1/envs/e1/restore", "tok_1"),
                     ("DELETE", "/v1/envs/e1", "tok_1")]
+
+
+@pytest.mark.parametrize(("status", "cls", "failure"), [
+    (429, RateLimited, "infrastructure"), (503, Unavailable, "infrastructure"), (500, ServerError, "infrastructure"),
+    (502, ServerError, "infrastructure"), (404, NotFound, None), (409, Conflict, None), (422, InvalidRequest, None),
+    (413, PayloadTooLarge, None), (401, Unauthorized, None)])
+def test_the_platforms_errors_say_infrastructure(status: int, cls: type[SandpitError], failure: str | None) -> None:
+    # a body that claims another verdict changes nothing: the class decides
+    response = httpx.Response(status, json={"error": {"code": "x", "message": "m", "failure": "none"}},
+                              request=httpx.Request("POST", "http://sandpit/v1/envs/e1/step"))
+    error = error_from_response(response)
+    assert type(error) is cls and error.failure == failure
+    assert pickle.loads(pickle.dumps(error)).failure == failure  # noqa: S301 - our own bytes
+
+
+def test_a_lost_connection_is_infrastructure() -> None:
+    error = error_from_transport(httpx.ReadTimeout("slow"), "POST", "/v1/envs/e1/step")
+    assert isinstance(error, SandpitConnectionError) and error.failure == "infrastructure"
+    assert SandpitError("bad").failure is None

@@ -139,7 +139,8 @@ def test_step_shapes_and_the_scored_end(client: Client, double: EpisodeDouble) -
     assert (observation, reward, terminated, truncated) == ("1", 0.0, False, False)
     assert info == {"env_id": env.handle.id, "step": 1, "status": "ok", "observation_role": "tool",
                     "duration_ms": 1.25, "error": None, "checks": None, "action": BUMP,
-                    "argument_findings": None, "traceback": None, "recovered": False}
+                    "argument_findings": None, "traceback": None, "recovered": False, "failure": "none",
+                    "mask": False, "episode_failure": "none", "episode_mask": False}
     sdk = ChatCompletionMessageToolCall(id="c1", type="function", function={"name": "bump", "arguments": '{"by": 1}'})
     assert env.step(sdk)[0] == "2"  # the openai SDK's own object
     assert env.step('<think>hm</think><tool_call>{"name": "bump", "arguments": {"by": 0}}</tool_call>')[0] == "2"

@@ -68,3 +68,19 @@ def test_signal_and_exit_descriptions() -> None:
     assert pid1_children.describe_exit(9) == "killed by signal SIGKILL"
     assert pid1_children.describe_exit(3 << 8) == "exited with status 3"
     assert pid1_children.signal_name(200) == "200"
+
+
+def test_schedstat_of_a_live_process_and_of_none() -> None:
+    fd = pid1_children.open_sched(os.getpid())
+    assert fd >= 0
+    try:
+        first = pid1_children.read_sched(fd)
+        assert first is not None and first[0] >= 0 and first[1] >= 0
+        sum(range(200_000))  # some CPU time
+        second = pid1_children.read_sched(fd)  # the same descriptor, read again from offset 0
+        assert second is not None and second[0] > first[0] and second[1] >= first[1]
+    finally:
+        os.close(fd)
+    assert pid1_children.read_sched(fd) is None  # closed
+    assert pid1_children.open_sched(2**22 + 12345) == -1  # no such process
+    assert pid1_children.read_sched(-1) is None

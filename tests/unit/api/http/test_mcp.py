@@ -25,8 +25,8 @@ def _document(status: str = "ok", **changes: object) -> dict[str, object]:
     return {"env_id": "env_1", "episode": 1, "step": 2, "action": {"name": "bump", "arguments": {}},
             "observation": "3", "status": status, "observation_role": "tool", "reward": 0.0, "terminated": False,
             "truncated": False, "duration_ms": 1.5, "stdout": "", "stderr": "", "traceback": None, "error": None,
-            "argument_findings": None, "checks": None, "recovered": False, "state_diff": None, "state": None,
-            **changes}
+            "argument_findings": None, "checks": None, "recovered": False, "failure": "none", "mask": False,
+            "episode_failure": "none", "episode_mask": False, "state_diff": None, "state": None, **changes}
 
 
 def test_openai_schema_becomes_mcp_tool() -> None:
@@ -50,11 +50,13 @@ def test_tool_result_is_error_unless_ok(status: str, is_error: bool) -> None:
 
 def test_tool_result_meta_carries_the_step_record() -> None:
     checks = [{"check_item": "x", "passed": True}]
-    result = tool_result(_document(reward=1.0, terminated=True, checks=checks))
+    result = tool_result(_document(reward=1.0, terminated=True, checks=checks, episode_failure="verifier",
+                                   episode_mask=True))
     wire = json.loads(types.ServerResult(result).model_dump_json(by_alias=True, exclude_none=True))
     assert wire["_meta"][META_KEY] == {"env_id": "env_1", "episode": 1, "step": 2, "status": "ok", "reward": 1.0,
                                        "terminated": True, "truncated": False, "duration_ms": 1.5,
-                                       "recovered": False, "error": None, "checks": checks}
+                                       "recovered": False, "error": None, "checks": checks, "failure": "none",
+                                       "mask": False, "episode_failure": "verifier", "episode_mask": True}
     assert "stdout" not in wire["_meta"][META_KEY]
 
 

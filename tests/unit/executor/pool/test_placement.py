@@ -204,3 +204,53 @@ def test_the_session_module_does_not_know_the_pool() -> None:
 def test_the_pool_refuses_to_release_a_sandbox_it_does_not_own() -> None:
     with pytest.raises(TypeError, match="not a sandbox"):
         SandboxPool(MemoryDriver()).release(ScriptedSandbox("foreign"), "abc")
+
+
+def _answer(placement: ScriptedPlacement, reply: dict[str, Any]) -> None:
+    placement.sandboxes[0].request = lambda op, timeout_s=None, **fields: dict(reply)  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(("reply", "starved", "cpu_ms"), [
+    ({"status": "timeout", "cpu_ms": 40.0, "wait_ms": 9_000.0}, True, 40.0),  # runnable, no CPU given
+    ({"status": "timeout", "cpu_ms": 9_000.0, "wait_ms": 10.0}, False, 9_000.0),  # a loop with its CPU
+    ({"status": "timeout"}, False, None),  # a runner that measured nothing: the environment's limit
+    ({"status": "timeout", "cpu_ms": "40", "wait_ms": 9e9}, False, None),  # malformed: dropped
+    ({"status": "timeout", "cpu_ms": float("nan"), "wait_ms": True}, False, None),
+    ({"status": "crashed", "not_started": True}, True, None),  # the process never started
+    ({"status": "crashed", "not_started": "yes"}, False, None),
+    ({"status": "error", "cpu_ms": 1.0, "wait_ms": 9_000.0, "not_started": True}, False, 1.0),
+])
+def test_what_the_runner_measured_becomes_the_starved_verdict(reply: dict[str, Any], starved: bool,
+                                                             cpu_ms: float | None) -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    _answer(placement, {"observation": "x", **reply})
+    limit_s, cpus = ResourceProfile().call_timeout_s, ResourceProfile().cpus
+    assert (limit_s, cpus) == (10.0, 0.5)  # what the measurements above are scaled to
+    result = session.call("bump")
+    assert (result.starved, result.cpu_ms, result.sandbox_lost) == (starved, cpu_ms, False)
+
+
+def test_a_lost_sandbox_is_reported_as_lost() -> None:
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    placement.sandboxes[0].lose_next = "timeout"  # the watchdog gave up on the runner
+    result = session.call("bump")
+    assert (result.status, result.sandbox_lost, result.starved) == ("timeout", True, False)
+
+
+def test_a_session_closed_by_a_loss_says_so_and_one_closed_on_purpose_does_not() -> None:
+    from sandpit.executor.errors import SessionLost
+
+    placement = ScriptedPlacement()
+    session = _open(placement)
+    placement.sandboxes[0].alive = False  # found dead before the request ran
+    with pytest.raises(SessionLost, match="lost"):
+        session.call("bump")
+    with pytest.raises(SessionLost):  # and every later request
+        session.read_state()
+    closed = _open(ScriptedPlacement())
+    closed.close()
+    with pytest.raises(SessionClosed) as info:
+        closed.call("bump")
+    assert not isinstance(info.value, SessionLost)

@@ -13,6 +13,7 @@ from sandpit.executor.errors import (
     ProfileError,
     SandboxLost,
     SessionClosed,
+    SessionLost,
     SessionOpenError,
     ToolSchemaError,
 )
@@ -26,6 +27,7 @@ from sandpit.executor.ray.wire import error_data, guard, raise_error
     ToolSchemaError("rejected", "Error: too many tools"),
     ProfileError("above max"),
     SessionClosed("closed"),
+    SessionLost("its sandbox was lost"),
     DockerUnavailable("down"),
     ArgumentError("checks[0].check_func has 70000 bytes"),
 ])
