@@ -10,8 +10,11 @@
   process (or by a dead one) may remain.
 * ``server``, ``make_server``, ``make_module_server``: real ``sandpit serve`` processes
   (``api_server.ApiServer`` in tests/support) for the API's tests and its clients' (the
-  Python client, importers, CLI, synthesis); ``api`` an httpx client of tenant ``default``,
-  ``counter_env_id`` / ``counter_source`` the Counter test environment.
+  Python client, importers, CLI, synthesis); ``server`` is one per module, or one for the
+  whole session (``shared_server``) in modules that set ``SHARED_SERVER = True`` because
+  nothing they assert depends on a fresh server (a server start costs seconds); ``api``
+  an httpx client of tenant ``default``, ``counter_env_id`` / ``counter_source`` the
+  Counter test environment.
 """
 
 from __future__ import annotations
@@ -287,9 +290,27 @@ def probe() -> Probe:
 
 
 # -- API servers (sandpit serve subprocesses) -------------------------------------------------
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator[ApiServer]:
+    """One API server (default settings) for every module that sets ``SHARED_SERVER = True``."""
+    instance = ApiServer(tmp_path_factory.mktemp("api-shared")).start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, leak_check, sandbox_image) -> Iterator[ApiServer]:
-    """One API server per test module."""
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, leak_check,
+           sandbox_image) -> Iterator[ApiServer]:
+    """The API server of a test module: a server of its own, or the session's
+    ``shared_server`` when the module sets ``SHARED_SERVER = True``. A module shares only
+    if its tests hold whatever other modules leave on the server: tenant ``default``'s
+    environments, scenarios and envs, other tenants (each module names its own), live
+    sandboxes, audit records and metrics."""
+    if getattr(request.module, "SHARED_SERVER", False):
+        yield request.getfixturevalue("shared_server")
+        return
     instance = ApiServer(tmp_path_factory.mktemp("api")).start()
     try:
         yield instance

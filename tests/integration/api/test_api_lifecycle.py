@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 def _step(api: httpx.Client, env_id: str, name: str, include: str | None = None, **arguments) -> dict:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 ORDERS_SOURCE = '''
 class Shop:

@@ -15,6 +15,7 @@ import pytest
 from envscaler_release import CLINIC, CLINIC_TOOLS, PANTRY, PANTRY_TOOLS, PATIENTS, tool
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 SAMPLE = {"patients": PATIENTS}
 

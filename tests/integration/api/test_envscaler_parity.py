@@ -24,6 +24,7 @@ from sandpit.importers.envscaler_parity import reference_files, reference_run
 from sandpit.sandbox_images import DEFINITION_DIR
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 HOTEL = '''

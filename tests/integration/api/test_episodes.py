@@ -17,6 +17,7 @@ import pytest
 from fake_openai import Rule, ScriptedLLM
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 LEDGER = '''
 import dataclasses

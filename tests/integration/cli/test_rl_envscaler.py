@@ -24,6 +24,7 @@ from sandpit.sandbox_images import DEFINITION_DIR
 from typer.testing import CliRunner
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 RELEASE = DEFINITION_DIR / "envscaler" / "release"
 REWARDS = {

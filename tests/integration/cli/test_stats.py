@@ -13,6 +13,7 @@ from cli_runs import run
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 CHECKS = [{"check_item": "count is 3", "check_func": "def check_func(final_state):\n    return final_state['count'] == 3\n"}]
 

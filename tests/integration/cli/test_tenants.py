@@ -11,6 +11,7 @@ from sandpit.client import Client, Unauthorized
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 @pytest.fixture

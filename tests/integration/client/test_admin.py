@@ -7,6 +7,7 @@ import pytest
 from sandpit.client import Client, Conflict, InvalidRequest, NotFound, Unauthorized
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 def test_tenants_keys_and_audit(server) -> None:

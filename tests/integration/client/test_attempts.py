@@ -9,6 +9,7 @@ from api_server import COUNTER_SOURCE
 from sandpit.client import Client, Conflict
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 def test_resume_fences_the_previous_attempts_handle(server) -> None:

@@ -9,6 +9,7 @@ from sandpit.client import AsyncClient, Client, NotFound
 from sandpit.client.rl import RLEnv
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 def test_sync_client_and_rl_adapter(server, counter_env_id: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 from sandpit.client import Client
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 SLOW_SOURCE = '''
 import time

@@ -23,6 +23,7 @@ from sandpit.client import Client, NotFound
 from sandpit.client.rl import GYMNASIUM_ID, RLEnv, SandpitVectorEnv
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 CHECKS = [
     {"check_item": "count is 5", "check_func": "def check_func(final_state):\n    return final_state['count'] == 5\n"},

@@ -29,6 +29,7 @@ import pytest
 from api_server import ApiServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVER_PACKAGES = ("docker", "fastapi", "sqlalchemy", "alembic", "RestrictedPython", "uvicorn", "cryptography",

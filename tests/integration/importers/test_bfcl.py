@@ -16,6 +16,7 @@ from sandpit.importers import bfcl
 from sandpit.importers.bfcl.replay import register_environments, replay_episode
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 
 @pytest.fixture(scope="module")

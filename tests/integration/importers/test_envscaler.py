@@ -30,6 +30,7 @@ from envscaler_release import (
 )
 
 pytestmark = pytest.mark.docker
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 CLI = [sys.executable, "-c", "from sandpit.cli import app; app()", "import", "envscaler"]
 

@@ -27,6 +27,7 @@ from sandpit.synth_cli import synth_app
 from typer.testing import CliRunner
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+SHARED_SERVER = True  # the session's server (conftest's ``server``): nothing here needs a fresh one
 
 P = "# sandpit-prompt "
 
