@@ -75,8 +75,13 @@ class SandpitRolloutError(vf.InfraError):
 def step_info(result: StepResult) -> dict[str, Any]:
     """What a rollout records of one Sandpit step: `env_id`, `episode` (the server's episode
     number), `step` (1-based within the episode), `status` (`ok`, `error`, `timeout`,
-    `oom`, `crashed`, `rejected`). The one place that builds it."""
-    return {"env_id": result.env_id, "episode": result.episode, "step": result.step, "status": result.status}
+    `oom`, `crashed`, `rejected`), and the server's failure verdict: `failure` / `mask` of
+    the step, `episode_failure` / `episode_mask` of the episode so far (an episode whose
+    `episode_mask` is true should be left out of training; docs/failures.md). The one
+    place that builds it."""
+    return {"env_id": result.env_id, "episode": result.episode, "step": result.step, "status": result.status,
+            "failure": result.failure, "mask": result.mask, "episode_failure": result.episode_failure,
+            "episode_mask": result.episode_mask}
 
 
 def tool_defs(tools: Sequence[Mapping[str, Any]]) -> list[Any]:

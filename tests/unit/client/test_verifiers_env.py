@@ -27,10 +27,12 @@ BUMP = {"type": "function", "function": {"name": "bump", "description": "Add `by
                                          "parameters": {"type": "object", "properties": {"by": {"type": "integer"}}}}}
 
 
-def test_step_info_is_env_episode_step_and_status() -> None:
+def test_step_info_is_env_episode_step_status_and_failure() -> None:
     result = StepResult(env_id="env_1", episode=3, step=7, observation="5", status="rejected", duration_ms=1.5,
-                        reward=1.0, terminated=True)
-    assert step_info(result) == {"env_id": "env_1", "episode": 3, "step": 7, "status": "rejected"}
+                        reward=1.0, terminated=True, failure="agent", episode_failure="verifier", episode_mask=True)
+    assert step_info(result) == {"env_id": "env_1", "episode": 3, "step": 7, "status": "rejected",
+                                 "failure": "agent", "mask": False, "episode_failure": "verifier",
+                                 "episode_mask": True}
 
 
 def test_tool_defs_are_the_envs_own_schemas() -> None:

@@ -172,6 +172,9 @@ def test_episode_timeline_escapes_and_expands_a_diff(tab: Tab, episode: dict[str
     tab.goto(f"/ui/envs/{episode['env_id']}/episodes/1")
     assert tab.page.locator("#episode-status").inner_text() == "terminated"
     assert tab.page.locator("#episode-reward").inner_text() == "1"
+    assert tab.page.locator("#episode-failure").inner_text() == "environment"  # step 2's tool raised
+    assert tab.page.locator("#step-2 .badge.failure").inner_text() == "environment"
+    assert tab.page.locator("#step-1 .badge.failure").count() == 0  # no failure, no badge
     checks = tab.page.locator("table.checks tbody tr")
     assert checks.count() == 2 and "count is 5 <i>exactly</i>" in checks.nth(0).inner_text()
     observation = tab.page.locator("#step-2 pre.observation").inner_text()
