@@ -346,3 +346,33 @@ def test_the_sign_in_form_needs_its_token_and_a_small_body(server: ApiServer) ->
         signed = client.post("/ui/signin", data={"csrf": token.group(1), "key": server.api_key,
                                                  "next": "/ui/environments"})
         assert signed.status_code == 303 and signed.headers["location"] == "/ui/environments"
+
+
+def test_a_bfcl_demo_episode_reads_as_a_timeline(tab: Tab, server: ApiServer) -> None:
+    """One episode of the demo's BFCL suite (registered as ``sandpit import bfcl`` registers
+    it, its ground truth replayed): every call on the timeline in order, and a step's diff
+    of the real environment's state expands."""
+    from sandpit.client import Client
+    from sandpit.importers import bfcl
+    from sandpit.importers.bfcl.replay import replay_episode
+
+    wheel = bfcl.cached_wheel()
+    assert wheel is not None, "bfcl-eval wheel not cached: run scripts/setup"
+    suite = bfcl.load_suite(wheel)
+    episode = next(e for e in suite.episodes if sum(len(turn) for turn in e.turns) >= 2)
+    environment = suite.environments[episode.environment_name]
+    with Client(server.url, api_key=server.api_key, timeout=120) as client:
+        created = client.environments.create(environment.source_code, environment.class_name,
+                                             name=episode.environment_name, policy="audit")
+        replay = replay_episode(client, episode, created.id, keep=True)
+    assert replay.error is None and replay.env_id is not None and replay.steps >= 2, replay
+    calls = [call.name for turn in episode.turns for call in turn]
+    tab.goto(f"/ui/envs/{replay.env_id}/episodes/1")
+    steps = tab.page.locator("ol.timeline li.step")
+    shown = min(len(calls), steps.count())
+    assert shown >= 2 and [steps.nth(i).locator(".tool").inner_text() for i in range(shown)] == calls[:shown]
+    diff = tab.page.locator("#step-1 details.lazy-diff")
+    diff.locator("summary").click()
+    tab.page.wait_for_selector("#step-1 details.lazy-diff.loaded")
+    assert diff.inner_text().strip() != ""
+    tab.shot("bfcl-episode")
