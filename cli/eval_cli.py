@@ -137,6 +137,10 @@ def print_summary(job: EvaluationJob) -> None:
         table.add_row("cancelled", str(summary.cancelled))
     for status, count in summary.errors_by_status.items():
         table.add_row(f"errors: {status}", str(count))
+    for failure, count in summary.by_failure.items():  # docs/failures.md: infrastructure and verifier are masked
+        if failure != "none" and count:
+            table.add_row(f"failure: {failure}" + (" (masked)" if failure in ("infrastructure", "verifier") else ""),
+                          str(count))
     for name in ("prompt_tokens", "completion_tokens", "requests", "retries"):
         if summary.usage.get(name):
             table.add_row(name.replace("_", " "), str(summary.usage[name]))

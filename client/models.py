@@ -193,6 +193,10 @@ class Evaluation(_ResponseModel):
     total: int
     results: list[CheckOutcome]
     created_at: datetime | None = None
+    failure: Failure = "none"
+    """`verifier` when a check errored or timed out (docs/failures.md), else `none`."""
+    mask: bool = False
+    """True when `failure` is `verifier`: leave this reward out of training."""
 
 
 class ExecResult(_ResponseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from typing import Literal
 
 from cachetools import LRUCache
 
@@ -27,6 +28,7 @@ from ..services.common import new_id, owned, utcnow
 from ..services.quotas import QuotaService, TenantContext
 from ..services.scenarios import check_policy, checks_size
 from ..services.tenants import audit_event
+from .failures import episode_failure, masked
 from .live import LiveEnvs
 
 POLICY_MEMO = 4096
@@ -125,8 +127,11 @@ class Rewards:
             db.add(evaluation)
             db.add(audit_event(ctx.tenant, ctx.actor, "env.evaluate", env_id,
                                {"reward": reward, "evaluation": evaluation.id}))
+        failure: Literal["none", "verifier"] = (
+            "verifier" if episode_failure((), [r.status for r in results]) == "verifier" else "none")
         return EvaluationPublic(id=evaluation.id, env_id=env_id, episode=episode, step=step, reward=reward,
-                                passed=passed, total=len(results), results=results, created_at=evaluation.created_at)
+                                passed=passed, total=len(results), results=results, created_at=evaluation.created_at,
+                                failure=failure, mask=masked(failure))
 
     def _check_policy(self, checks: list[CheckSpec]) -> None:
         """:func:`~sandpit.api.services.scenarios.check_policy` (the ``standard`` static

@@ -52,6 +52,11 @@ class EvaluationPublic(BaseModel):
     total: int
     results: list[CheckOutcome]
     created_at: Timestamp
+    failure: Literal["none", "verifier"] = "none"
+    """``verifier`` when a check errored or timed out (its ``status`` is not ``ok``), so the
+    reward does not reflect the state (docs/failures.md), else ``none``."""
+    mask: bool = False
+    """True when ``failure`` is ``verifier``: leave this reward out of training."""
 
 
 class ReplayEpisode(_Request):

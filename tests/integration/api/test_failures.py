@@ -167,6 +167,11 @@ def test_a_check_that_raises_is_the_verifiers_and_masks_the_episode(api: httpx.C
     assert (view["episode_status"], view["failure"], view["mask"]) == ("terminated", "verifier", True)
     trajectory = api.get(f"/v1/envs/{env_id}/trajectory").json()
     assert (trajectory["failure"], trajectory["mask"]) == ("verifier", True)
+    evaluated = api.post(f"/v1/envs/{env_id}/evaluate", json={})  # the same checks, asked for
+    assert evaluated.status_code == 200, evaluated.text
+    assert (evaluated.json()["reward"], evaluated.json()["failure"], evaluated.json()["mask"]) == (0.5, "verifier", True)
+    passing = api.post(f"/v1/envs/{env_id}/evaluate", json={"checks": [PASSING_CHECK]}).json()
+    assert (passing["reward"], passing["failure"], passing["mask"]) == (1.0, "none", False)
     api.delete(f"/v1/envs/{env_id}")
 
 
