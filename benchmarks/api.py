@@ -87,6 +87,22 @@ def pcts(samples: list[float]) -> dict[str, float]:
             "mean": round(statistics.fmean(ordered), 3)}
 
 
+def machine() -> dict:
+    """What a result file says of the machine: cores, platform and the load average when
+    the run starts (:func:`save` adds the one at its end)."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}
+
+
+def save(results: dict, output: Path) -> None:
+    """Stamp ``results["machine"]`` with the load average at the end, print the results
+    as JSON and write them to ``output`` (its directory made if needed)."""
+    results["machine"]["loadavg_at_end"] = os.getloadavg()
+    print(json.dumps(results, indent=2))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2))
+    print(f"saved {output}")
+
+
 class Server:
     """``sandpit serve`` on a free loopback port with a random operator key; tenant
     ``default`` (``api_key``/``headers``) gets generous quotas so that one benchmark
@@ -425,8 +441,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.access_log:
         output = args.output or Path(__file__).parent / "results" / "api_access_log.json"
-        overhead = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                "loadavg_at_start": os.getloadavg()},
+        overhead = {"machine": machine(),
                     **access_log_overhead(args.steps, args.rounds)}
         print(json.dumps(overhead, indent=2))
         print(access_log_table(overhead))
@@ -435,8 +450,7 @@ def main() -> None:
         print(f"saved {output}")
         return
     args.output = args.output or Path(__file__).parent / "results" / "api.json"
-    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                 "loadavg_at_start": os.getloadavg()}}
+    results: dict = {"machine": machine()}
     if args.anchor_calls:
         results["anchor_call_rtt_ms"] = anchor_call_rtt(args.anchor_calls)
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:

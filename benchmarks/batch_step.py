@@ -18,16 +18,13 @@ Usage: ``python benchmarks/batch_step.py [--envs 32] [--rounds 6] [--rounds-step
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from api import SOURCE, RawClient, Server, create, pcts
+from api import SOURCE, RawClient, Server, create, machine, pcts, save
 
 
 def batched(raw: RawClient, env_ids: list[str], steps: int) -> tuple[float, list[float]]:
@@ -73,8 +70,7 @@ def main() -> None:
     parser.add_argument("--rounds-steps", type=int, default=20, help="steps of every env per round")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "batch_step.json")
     args = parser.parse_args()
-    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                 "loadavg_at_start": os.getloadavg()}, "envs": args.envs}
+    results: dict = {"machine": machine(), "envs": args.envs}
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp), SANDPIT_EXECUTOR_POOL_SIZE="4", SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX="8",
                         SANDPIT_EXECUTOR_MAX_SANDBOXES="48")
@@ -103,11 +99,7 @@ def main() -> None:
             results["targets"] = {"batched_env_steps_per_s": 3000, "batched_vs_single": 3.0}
         finally:
             server.stop()
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2))
-    print(f"saved {args.output}")
+    save(results, args.output)
 
 
 if __name__ == "__main__":

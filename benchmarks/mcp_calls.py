@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import http.client
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ import httpx
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from api import SOURCE, Server, pcts
+from api import SOURCE, Server, machine, pcts, save
 
 ACCEPT = "application/json, text/event-stream"
 
@@ -100,8 +98,7 @@ def main() -> None:
     parser.add_argument("--sdk-steps", type=int, default=300, help="SDK client tools/calls (0: skip)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "mcp.json")
     args = parser.parse_args()
-    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                 "loadavg_at_start": os.getloadavg()}}
+    results: dict = {"machine": machine()}
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp), SANDPIT_EXECUTOR_POOL_SIZE="1")
         try:
@@ -132,11 +129,7 @@ def main() -> None:
                                        "p99": round(mcp["p99"] - plain["p99"], 3), "target_p50": 0.5}
         finally:
             server.stop()
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2))
-    print(f"saved {args.output}")
+    save(results, args.output)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +31,7 @@ from urllib.parse import quote
 from openenv.core import GenericEnvClient
 from websockets.sync.client import ClientConnection, connect
 
-from api import SOURCE, Server, pcts
+from api import SOURCE, Server, machine, pcts, save
 
 ACTION = {"name": "bump", "arguments": {"by": 1}}
 
@@ -115,8 +113,7 @@ def main() -> None:
     parser.add_argument("--client-steps", type=int, default=300, help="steps through OpenEnv's client (0: skip)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "openenv.json")
     args = parser.parse_args()
-    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                 "loadavg_at_start": os.getloadavg()}}
+    results: dict = {"machine": machine()}
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp), SANDPIT_EXECUTOR_POOL_SIZE="2")
         try:
@@ -154,11 +151,7 @@ def main() -> None:
                                            "p99": round(door_ms["p99"] - plain_ms["p99"], 3), "target_p50": 0.5}
         finally:
             server.stop()
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2))
-    print(f"saved {args.output}")
+    save(results, args.output)
 
 
 if __name__ == "__main__":
