@@ -25,7 +25,6 @@ import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sandpit.output import error, note
+from sandpit.rl_doors import EpisodeRun, mcp_episode, openenv_episode
 
 if TYPE_CHECKING:
     from sandpit.importers.envscaler_parity import EpisodeParity, Totals
@@ -44,25 +44,6 @@ console = Console(stderr=True)
 FINAL_REPLY = "Task Completed: every requested change is done."
 DEFAULT_MAX_STEPS = 30
 """A new env's episode length when its request names none (``EpisodeConfig.max_steps``)."""
-
-
-@dataclass
-class EpisodeRun:
-    """One scripted episode: its reward, steps, whether it ended, each step's latency (ms)."""
-
-    scenario_id: str
-    reward: float = 0.0
-    steps: int = 0
-    ended: bool = False
-    latencies_ms: list[float] = field(default_factory=list)
-    statuses: dict[str, int] = field(default_factory=dict)
-    error: str | None = None
-
-    def record(self, started: float, info: dict[str, Any]) -> None:
-        self.latencies_ms.append((time.perf_counter() - started) * 1000.0)
-        self.steps += 1
-        status = str(info.get("status", "?"))
-        self.statuses[status] = self.statuses.get(status, 0) + 1
 
 
 def _load(path: Path, limit: int | None) -> list[dict[str, Any]]:
@@ -210,8 +191,6 @@ def _doors(url: str, api_key: str, items: list[dict[str, Any]], runs: list[Episo
     length (the doors open envs with the scenario's defaults) through MCP and OpenEnv
     (:mod:`sandpit.rl_doors`), their rewards printed beside the gymnasium run's. True when
     every door ended its episodes with the gymnasium run's reward."""
-    from sandpit.rl_doors import mcp_episode, openenv_episode
-
     chosen = [(item, run) for item, run in zip(items, runs, strict=True)
               if run.error is None and run.ended and len(item.get("tool_calls", [])) + 1 < DEFAULT_MAX_STEPS][:count]
     table = Table(title="The same episodes through MCP (mcp SDK client) and OpenEnv (openenv-core client)")

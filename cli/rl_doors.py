@@ -6,8 +6,9 @@ is a recorded step with the same episode rules, so the rewards must be equal.
 
 Each function opens one fresh env of the scenario through its door (an MCP session, an
 OpenEnv WebSocket session), carries out ``actions`` in order until the episode ends, and
-returns a :class:`DoorRun`; the env is deleted when the session ends. Errors of the door (a refused handshake, a JSON-RPC error, an OpenEnv error
-message) are recorded on the run, not raised.
+returns an :class:`EpisodeRun`; the env is deleted when the session ends. Errors of the
+door (a refused handshake, a JSON-RPC error, an OpenEnv error message) are recorded on
+the run, not raised.
 """
 
 from __future__ import annotations
@@ -23,20 +24,28 @@ MCP_STEP_META = "sandpit/step"
 
 
 @dataclass
-class DoorRun:
-    """One episode through a door: its reward, steps, whether it ended, each step's
-    latency (milliseconds), an error that stopped it (None when none did)."""
+class EpisodeRun:
+    """One scripted episode (through an adapter or a door): its reward, steps, whether it
+    ended, each step's latency (milliseconds), steps by status, an error that stopped it
+    (None when none did)."""
 
     scenario_id: str
     reward: float = 0.0
     steps: int = 0
     ended: bool = False
     latencies_ms: list[float] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+
+    def record(self, started: float, info: dict[str, Any]) -> None:
+        self.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        self.steps += 1
+        status = str(info.get("status", "?"))
+        self.statuses[status] = self.statuses.get(status, 0) + 1
 
 
 def mcp_episode(url: str, api_key: str, scenario_id: str, actions: list[dict[str, Any]],
-                timeout_s: float = 300.0) -> DoorRun:
+                timeout_s: float = 300.0) -> EpisodeRun:
     """``actions`` (``{"name", "arguments"}``) as MCP ``tools/call`` requests in one MCP
     session of ``/v1/scenarios/{scenario_id}/mcp`` (a fresh env; bearer ``api_key``); the
     reward is the ending call's ``_meta["sandpit/step"]["reward"]``. Needs the ``mcp``
@@ -46,7 +55,7 @@ def mcp_episode(url: str, api_key: str, scenario_id: str, actions: list[dict[str
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
-    run = DoorRun(scenario_id)
+    run = EpisodeRun(scenario_id)
 
     async def episode() -> None:
         headers = {"Authorization": f"Bearer {api_key}"}
@@ -58,9 +67,8 @@ def mcp_episode(url: str, api_key: str, scenario_id: str, actions: list[dict[str
                 for action in actions:
                     started = time.perf_counter()
                     result = await session.call_tool(action["name"], action.get("arguments") or {})
-                    run.latencies_ms.append((time.perf_counter() - started) * 1000.0)
-                    run.steps += 1
                     step = (result.meta or {}).get(MCP_STEP_META, {})
+                    run.record(started, step)
                     if step.get("terminated") or step.get("truncated"):
                         run.reward, run.ended = float(step["reward"]), True
                         return
@@ -72,7 +80,7 @@ def mcp_episode(url: str, api_key: str, scenario_id: str, actions: list[dict[str
     return run
 
 
-def openenv_episode(url: str, api_key: str, scenario_id: str, actions: list[dict[str, Any]]) -> DoorRun:
+def openenv_episode(url: str, api_key: str, scenario_id: str, actions: list[dict[str, Any]]) -> EpisodeRun:
     """``actions`` as OpenEnv ``step`` messages through ``openenv-core``'s
     ``GenericEnvClient`` on ``/v1/scenarios/{scenario_id}/openenv`` (one WebSocket
     session: a fresh env; ``api_key`` as the URL's Basic credentials, docs/openenv.md);
@@ -81,7 +89,7 @@ def openenv_episode(url: str, api_key: str, scenario_id: str, actions: list[dict
     ``error``."""
     from openenv.core import GenericEnvClient
 
-    run = DoorRun(scenario_id)
+    run = EpisodeRun(scenario_id)
     parts = urlsplit(url)
     base_url = (f"{parts.scheme}://sandpit:{quote(api_key, safe='')}@{parts.netloc}{parts.path.rstrip('/')}"
                 f"/v1/scenarios/{scenario_id}/openenv")
@@ -91,8 +99,7 @@ def openenv_episode(url: str, api_key: str, scenario_id: str, actions: list[dict
             for action in actions:
                 started = time.perf_counter()
                 result = env.step(action)
-                run.latencies_ms.append((time.perf_counter() - started) * 1000.0)
-                run.steps += 1
+                run.record(started, result.observation if isinstance(result.observation, dict) else {})
                 if result.done:
                     run.reward, run.ended = float(result.reward or 0.0), True
                     break
