@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from ..errors import ApiError, InvalidRequest, error_reply
+from ..errors import ApiError, InvalidRequest, error_reply, internal_error_body
 from ..schemas.batch import BatchStep, BatchStepRequest
 from ..services.idempotency import Idempotency, Replay, request_digest
 from ..services.quotas import TenantContext
@@ -34,8 +34,6 @@ ITEM_ROUTE = "/v1/envs:step"
 same key is another request)."""
 
 log = logging.getLogger("sandpit.api")
-INTERNAL = {"code": "internal", "message": "internal server error", "field": None}
-"""The error object of a step that failed with a bug (logged with its traceback)."""
 
 
 class BatchSteps:
@@ -109,7 +107,7 @@ class BatchSteps:
             if translated is not None:
                 return self._refused(env, translated)
             log.error("unhandled error in a batched step of env %s", item.env_id[:64], exc_info=exc)
-            return b'{"env_id":' + env + b',"status":500,"error":' + orjson.dumps(INTERNAL) + b"}"
+            return b'{"env_id":' + env + b',"status":500,"error":' + orjson.dumps(internal_error_body()["error"]) + b"}"
 
     @staticmethod
     def _refused(env: bytes, exc: ApiError) -> bytes:
