@@ -54,7 +54,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
-import anyio.to_thread
+import anyio
 import orjson
 from mcp import types
 from mcp.server.lowlevel import Server
@@ -171,14 +171,14 @@ class McpServer:
             or None (then it is logged and answered as an internal error).
         version: the server version ``initialize`` reports.
         run_blocking: runs blocking work on a worker thread (the step door's threads,
-            :meth:`.step.StepDoor.run`), or None for anyio's ``to_thread``.
+            :meth:`.step.StepDoor.run`).
 
     :meth:`run` must be entered (the app's lifespan does) before requests are served.
     """
 
     def __init__(self, settings: ApiSettings, tenants: TenantService, envs: EnvLifecycle, steps: Steps,
-                 history: EnvHistory, translate: Callable[[Exception], ApiError | None] | None = None,
-                 version: str = "0.1.0", run_blocking: BlockingRunner | None = None) -> None:
+                 history: EnvHistory, run_blocking: BlockingRunner,
+                 translate: Callable[[Exception], ApiError | None] | None = None, version: str = "0.1.0") -> None:
         self.settings = settings
         self.tenants = tenants
         self.envs = envs
@@ -353,12 +353,10 @@ class McpServer:
         await error_response(exc)(scope, receive, send)
 
     async def _blocking(self, work: Callable[[], _T]) -> _T:
-        """``work()`` on a worker thread (``run_blocking``'s, else anyio's); a foreign
-        exception the app translates (the executor's) is raised as its :class:`ApiError`."""
+        """``work()`` on a worker thread (``run_blocking``'s); a foreign exception the app
+        translates (the executor's) is raised as its :class:`ApiError`."""
         try:
-            if self.run_blocking is not None:
-                return await self.run_blocking(work)
-            return await anyio.to_thread.run_sync(work)
+            return await self.run_blocking(work)
         except ApiError:
             raise
         except Exception as exc:
