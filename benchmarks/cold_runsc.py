@@ -25,7 +25,7 @@ JSON (``benchmarks/results/cold_runsc.json``)::
 
 Every figure is milliseconds of wall clock, p50/p99/mean over ``--runs`` samples after a
 few unrecorded ones. The runsc servers are skipped (and say why) when Docker has no
-``runsc`` runtime. Usage: ``python benchmarks/cold_runsc.py [--runs 30]
+``runsc`` runtime. Usage: ``python benchmarks/cold_runsc.py [--runs 25]
 [--runtimes runc,runsc] [--settings shared,default]``.
 """
 
@@ -100,7 +100,7 @@ def table(results: dict[str, Any]) -> str:
 def main() -> None:
     """Run the measures (module docstring), print the table and save the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=30, help="samples per measure")
+    parser.add_argument("--runs", type=int, default=25, help="samples per measure")
     parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="comma-separated, of runc,runsc")
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, of shared,default")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "cold_runsc.json")
