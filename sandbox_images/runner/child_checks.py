@@ -21,8 +21,12 @@ reach only its states and harmless builtins) runs in the zygote itself, on the s
 states, when both states are plain data (no ``"p"`` entry, whose objects' classes could
 run code). Such a check cannot change what another check sees, so the guarantee above
 holds for it too; a read-only check that never returns is killed with the zygote, like
-a forked one, and the next checks go on in a fresh zygote. One frame per check, in
-order: ``{"id", "index", "status", "passed", "result", "error", "traceback",
+a forked one, and the next checks go on in a fresh zygote. For the same reason a zygote
+in which only such checks ran (every check of its batch in place, none ``oom``, on
+states restored without the environment's code) serves the runner's next batch instead
+of exiting (``"stays": true`` in its last frame; ``child_oneshot.run_job``): the states
+it restored are dropped, and the next batch's are restored afresh. One frame per check,
+in order: ``{"id", "index", "status", "passed", "result", "error", "traceback",
 "duration_ms"}`` (plus ``"signal"`` when the check process was
 killed); after each, the zygote waits for the runner's go-ahead ``{"op": "next",
 "index"}`` (so the runner attributes output to the right check, sweeps leftovers, and
@@ -171,13 +175,18 @@ def register_source(filename: str, source: str) -> None:
         pass
 
 
-def run_checks(msg: dict[str, Any], send: Send, wait: Wait) -> None:
+def run_checks(msg: dict[str, Any], send: Send, wait: Wait, stay: bool = False) -> bool:
     """Serve one ``checks`` request as the zygote (module docstring): restore both states
     once, then one forked process per check (a read-only check on plain states runs
     here instead), each after the runner's go-ahead naming it
     (``{"op": "next", "index"}``), so what a check prints is all in the pipes before the
     next one starts. Returns when all are sent or the channel closes; exits after a
-    ``MemoryError`` while restoring the states."""
+    ``MemoryError`` while restoring the states.
+
+    Returns True, and says so in the last result's frame (``"stays": true``), when
+    ``stay`` is given and every check ran in place and returned a result other than
+    ``oom`` on states restored without the environment's code: no code but read-only
+    checks ran in this process, so it may serve the next batch (``child_oneshot.run_job``)."""
     token = msg.get("id")
     sys.argv = ["check_func"]
     checks = {item["index"]: item["check_func"] for item in msg["checks"]}
@@ -211,6 +220,7 @@ def run_checks(msg: dict[str, Any], send: Send, wait: Wait) -> None:
     del msg
     modules = set(sys.modules)  # what the forked checks inherit (see _check_in_place)
     send({"id": token, "ready": True})  # the checks' own time limits start now
+    stays = stay and plain and objects == "standins" and state_error is None
     while True:
         if state_error is not None:
             out = {"status": "error", "passed": False, "result": None, "error": state_error, "traceback": None,
@@ -224,16 +234,19 @@ def run_checks(msg: dict[str, Any], send: Send, wait: Wait) -> None:
                     _forget_new_modules(modules)
                 else:
                     out = _forked_check(checks[index], initial, final)
+                stays = stays and read_only and out["status"] != "oom"
             except OSError as exc:  # no pid for the check's process, even after retries
+                stays = False
                 out = {"status": "crashed", "passed": False, "result": None, "traceback": None, "duration_ms": 0.0,
                        "error": f"the check process could not be started: {exc}"[:ERROR_CHARS]}
         flush_std()
-        send({"id": token, "index": index, **out})
         if index == max(checks):
-            return
+            send({"id": token, "index": index, **out, **({"stays": True} if stays else {})})
+            return stays
+        send({"id": token, "index": index, **out})
         index = wait()
         if index not in checks:
-            return
+            return False
 
 
 def _plain_data(encoded: object) -> bool:

@@ -3,8 +3,10 @@
 Stdlib only. Runs inside a sandbox, in a process PID 1 took from its pre-started spares
 (``child_spare.become`` hands its first request over to :func:`run_job` when that request
 is ``exec`` or ``checks``), or forked for it from the jobs template: such a process never
-served an environment and serves this one job only, then exits. Its caps are in
-``limits.py``.
+served an environment and serves this one job only, then exits; the one exception is a
+check batch's zygote whose checks all ran in place (read-only checks on plain states,
+``child_checks``), which serves the runner's next check batch instead (:func:`run_job`).
+Its caps are in ``limits.py``.
 
 ``exec`` (``{workdir, code, stdin, files}``): ``code`` runs as a script, like ``python3 -I
 main.py``: ``__name__ == "__main__"`` in a fresh ``__main__`` module, ``sys.argv ==
@@ -34,7 +36,7 @@ from .child_checks import register_source
 from .child_codec import dumps as _json_text
 from .child_codec import loads as _json_value
 from .child_instance import flush_std
-from .limits import check_files
+from .limits import MAX_FRAME_BYTES, ZYGOTE_MAX_BATCHES, check_files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,6 +80,31 @@ class _Channel:
                 return None
             data = data[end:]
         return index if type(index) is int else None
+
+    def request(self) -> dict[str, Any] | None:
+        """Block until the runner's next request arrives and return it (a kept zygote's
+        next ``checks`` batch); None when the channel closes or the frame is not a JSON
+        object of at most MAX_FRAME_BYTES."""
+        header = self._read_exact(HEADER_SIZE)
+        length = int.from_bytes(header, "big") if header is not None else MAX_FRAME_BYTES + 1
+        body = self._read_exact(length) if length <= MAX_FRAME_BYTES else None
+        if body is None:
+            return None
+        try:
+            message = _json_value(body.decode("utf-8"))
+        except (ValueError, RecursionError):
+            return None
+        return message if type(message) is dict else None
+
+    def _read_exact(self, size: int) -> bytes | None:
+        chunks, left = [], size
+        while left:
+            chunk = self._read(self.fd, min(left, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def send(self, message: dict[str, Any]) -> None:
         data = self._dumps(message).encode("utf-8", "replace")
@@ -213,7 +240,11 @@ def _print_uncaught(exc: BaseException) -> None:
 def run_job(msg: dict[str, Any], ctrl_fd: int) -> None:
     """Entry point (``child_spare.become``) for a process whose first request is ``exec``
     or ``checks``, run in the request's work directory. Never returns: ``exec`` ends
-    through ``SystemExit`` (normal interpreter shutdown), ``checks`` through ``os._exit``."""
+    through ``SystemExit`` (normal interpreter shutdown), ``checks`` through ``os._exit``:
+    after a batch whose every check ran in this process (``child_checks.run_checks``
+    returns True, which it tells the runner), the zygote waits for the runner's next
+    ``checks`` request, in that request's work directory, at most ZYGOTE_MAX_BATCHES
+    batches in all; it exits on anything else or when the runner closes the channel."""
     channel = _Channel(ctrl_fd)
     try:
         os.set_inheritable(ctrl_fd, False)  # processes the job starts never get the channel
@@ -223,9 +254,16 @@ def run_job(msg: dict[str, Any], ctrl_fd: int) -> None:
     if msg.get("op") == "exec":
         status = run_script(msg, channel)
         raise SystemExit(status)
-    try:
-        child_checks.run_checks(msg, channel.send, channel.wait)
-    except BaseException:  # noqa: BLE001 - a broken channel: the runner sees the exit
-        pass
-    flush_std()
+    for batch in range(1, ZYGOTE_MAX_BATCHES + 1):
+        try:
+            kept = child_checks.run_checks(msg, channel.send, channel.wait, stay=batch < ZYGOTE_MAX_BATCHES)
+        except BaseException:  # noqa: BLE001 - a broken channel: the runner sees the exit
+            kept = False
+        flush_std()
+        del msg
+        following = channel.request() if kept else None
+        if following is None or following.get("op") != "checks" or type(following.get("workdir")) is not str:
+            break
+        msg = following
+        _enter_workdir(msg["workdir"])
     os._exit(0)

@@ -188,6 +188,10 @@ own time limit starts (it says ``ready``); included in the batch's budget."""
 BATCH_SLACK_S = 5.0
 """A check batch may take ``timeout_s`` per check plus this (and STARTUP_S) in all
 (process starts after timeouts and crashes); checks not started by then are not run."""
+ZYGOTE_MAX_BATCHES = 32
+"""Most check batches one zygote serves: a zygote whose batch ran every check in place
+(read-only checks on plain states, ``child_checks``) waits for the next batch instead of
+exiting, up to this many batches; then it exits and the next batch gets a fresh one."""
 FORK_RETRY_S = 2.0
 """How long the zygote retries a fork that fails for want of a pid."""
 READ_ONLY_CHECK_MAX_NODES = 20_000

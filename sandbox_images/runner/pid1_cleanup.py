@@ -368,6 +368,15 @@ def reset(work_root: str, workdirs: list[str], baseline: Baseline) -> list[str]:
     when no session and no job is left and the spare is forgotten. Returns the problems
     found; an empty list means the sandbox is proven empty and may be reused."""
     problems = [] if kill_all() else ["processes survived kill(-1)"]
+    return problems + empty_places(work_root, workdirs, baseline)
+
+
+def empty_places(work_root: str, workdirs: list[str], baseline: Baseline) -> list[str]:
+    """The part of :func:`reset` after its ``kill(-1)``: remove ``workdirs``, empty the
+    writable places and prove them empty, check the runner's own settings. Returns the
+    problems found (none: proven empty). For a sandbox whose live processes wrote
+    nothing (the runner's light recycle)."""
+    problems: list[str] = []
     for workdir in workdirs:
         try:
             remove(workdir)

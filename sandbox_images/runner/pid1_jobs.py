@@ -24,8 +24,13 @@ one that dies or runs out of memory is reported by the zygote (``crashed``; ``oo
 the cgroup's OOM-kill counter rose meanwhile); a process that dies before it has
 restored the states (no check ran in it) is replaced once by a newly spawned one,
 charging no check. The whole batch is bounded by ``time_limit_s * len(checks) +
-BATCH_SLACK_S``; checks not started by then are ``timeout`` ("not run"). Requests that
-are malformed (types, caps of ``limits.py``) get ``status: "fault"``.
+BATCH_SLACK_S``; checks not started by then are ``timeout`` ("not run"). A zygote whose
+last result says ``"stays": true`` (every check of the batch ran in it, read-only, on
+plain states: ``child_checks.run_checks``) and that needed no restart is kept, alive and
+alone in its process session, as the next batch's process instead of being killed, so a
+batch of such checks costs no fork (under gVisor a fork is most of a small batch); it
+serves at most ``limits.ZYGOTE_MAX_BATCHES`` batches. Requests that are malformed
+(types, caps of ``limits.py``: ``pid1_job_requests``) get ``status: "fault"``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import secrets
 import signal
 import time
 
+from . import pid1_job_requests as requests
 from . import protocol
 from .limits import (
     BATCH_SLACK_S,
@@ -43,16 +49,10 @@ from .limits import (
     JOB_EXIT_WAIT_S,
     JOB_MAX_FRAME_BYTES,
     JOBS_PER_SLOT,
-    MAX_CHECK_SOURCE_BYTES,
-    MAX_CHECKS,
-    MAX_CODE_BYTES,
-    MAX_STDIN_BYTES,
     STARTUP_S,
-    check_files,
 )
 from .pid1_children import Output, await_exit, describe_exit, drain, oom_kills, read_once, signal_name
 from .pid1_templates import JOBS_KEY
-from .wire import check_result, is_encoded_entry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,7 +63,6 @@ if TYPE_CHECKING:
     from .pid1_loop import Loop
     from .pid1_templates import Templates
     from .protocol import CheckResult, ChecksRequest, ExecRequest
-    from .wire import CheckFields
 
 
 class Job:
@@ -107,9 +106,13 @@ class Jobs:
         self.limits = limits
         self.by_pid: dict[int, Job] = {}
         self.active: list[Job] = []
+        self.kept_only = True
+        """Whether every job since the runner last reset this (at recycle) was a check batch
+        whose zygote was kept (:meth:`_keep`): no code but read-only checks ran in them."""
         self.job_spare: Child | None = None
-        """A process forked ahead from the ready jobs template, waiting for the next check
-        batch (:meth:`_ensure_job_spare`): the batch's zygote then costs no fork on its path."""
+        """A process waiting for the next check batch: forked ahead from the ready jobs
+        template (:meth:`_ensure_job_spare`), or the kept zygote of a batch whose checks
+        all ran in place (:meth:`_keep`): the batch's zygote then costs no fork on its path."""
         children.follow(self.pids, self._claim_exit)
         loop.add_deadlines(self.check_deadlines)
         loop.add_busy(lambda: bool(self.active))
@@ -138,7 +141,7 @@ class Jobs:
             return
         try:
             timeout_s = self._timeout(msg)
-            request = _exec_request(msg) if msg["op"] == "exec" else _checks_request(msg)  # (narrows the type)
+            request = requests.exec_request(msg) if msg["op"] == "exec" else requests.checks_request(msg)  # (narrows the type)
         except ValueError as exc:
             self.host.fault(rid, str(exc))
             return
@@ -187,7 +190,7 @@ class Jobs:
             self._cleanup(job)
         else:
             for index in range(job.next, len(job.results)):
-                job.results[index] = _failed("crashed", message, 0.0)
+                job.results[index] = requests.failed("crashed", message, 0.0)
             job.next = len(job.results)
             self._finish_checks(job)
 
@@ -263,7 +266,7 @@ class Jobs:
         index = msg.get("index")
         if type(index) is int and index < job.next:
             return  # a check that forked: its copy answers checks already answered
-        result = _check_result(msg, job.next)
+        result = requests.check_result_at(msg, job.next)
         if result is None:
             self._process_failed(job, "crashed", "the check process sent a malformed result")
             return
@@ -280,7 +283,7 @@ class Jobs:
             job.restarts += 1
             self._next_checks(job)
         elif job.next >= len(job.results):
-            self._finish_checks(job)
+            self._finish_checks(job, keep=msg.get("stays") is True and job.restarts == 0)
         else:  # the process waits for this go-ahead: its pipes now hold nothing of the next check
             self.children.sweep()  # nothing a check left behind meets the next one
             now = time.monotonic()
@@ -363,7 +366,7 @@ class Jobs:
         if now >= job.budget_deadline:
             budget = job.budget_deadline - job.started
             for index in range(job.next, count):
-                job.results[index] = _failed("timeout", f"not run: the batch's time budget of {budget:g} s ran out",
+                job.results[index] = requests.failed("timeout", f"not run: the batch's time budget of {budget:g} s ran out",
                                              0.0)
             job.next = count
             self._finish_checks(job)
@@ -391,7 +394,7 @@ class Jobs:
         self._drain(job)
         if job.next < len(job.results):
             elapsed = (time.monotonic() - job.check_started) * 1000.0
-            job.results[job.next] = _failed(status, message, elapsed, job.out.text(True), job.err.text(True))
+            job.results[job.next] = requests.failed(status, message, elapsed, job.out.text(True), job.err.text(True))
             job.next += 1
         job.out.reset()
         job.err.reset()
@@ -399,7 +402,12 @@ class Jobs:
         job.restarts += 1
         self._next_checks(job)
 
-    def _finish_checks(self, job: Job) -> None:
+    def _finish_checks(self, job: Job, keep: bool = False) -> None:
+        """Reply with the batch's results and end it; with ``keep`` (its zygote ran every
+        check in place and waits for another batch: ``child_checks.run_checks``), the
+        zygote becomes the next batch's process (:meth:`_keep`) instead of being killed."""
+        kept = job.child is not None and keep and self._keep(job)
+        self.kept_only = self.kept_only and kept
         if job.child is not None:
             self._kill(job)
             self._end_process(job)
@@ -435,6 +443,7 @@ class Jobs:
         self._cleanup(job)
 
     def _reply_exec(self, job: Job, status: str, exit_code: int | None, error: str | None) -> None:
+        self.kept_only = False
         if job not in self.active:
             return
         self.host.reply({
@@ -473,6 +482,25 @@ class Jobs:
                 return
             self._feed(job, child, data)
 
+    def _keep(self, job: Job) -> bool:
+        """Make ``job``'s zygote the process of the next check batch (``job_spare``) when
+        none is kept yet: forgotten by the job like an ended process, but alive, its
+        channels open, and everything else in its process session killed. False (nothing
+        done) when a process is already kept or the zygote is dead."""
+        child = job.child
+        if child is None or not child.alive or (self.job_spare is not None and self.job_spare.alive):
+            return False
+        job.child = None
+        for obj in (child.sock, child.out_r, child.err_r):
+            self.loop.unwatch(obj)
+        if self.by_pid.get(child.pid) is job:
+            del self.by_pid[child.pid]
+        if self.job_spare is not None:
+            self.job_spare.kill()
+        self.job_spare = child
+        self.children.sweep(own=child.pid)  # it forked nothing; nothing else of its session lives on
+        return True
+
     def _end_process(self, job: Job) -> None:
         """Forget the job's current process: selector, fds, pid map; kill leftovers."""
         child = job.child
@@ -503,10 +531,10 @@ class Jobs:
 
     # -- processes for jobs ------------------------------------------------------------
     def _job_child(self, kind: str) -> Child:
-        """A fresh process for a one-shot job: for a check batch, the process forked ahead
-        from the jobs template, else one forked from the ready jobs template now, else
-        (and for ``exec``) the spare or a new one. Raises OSError when none can be
-        started (pids limit)."""
+        """A process for a one-shot job: for a check batch, the waiting ``job_spare``
+        (forked ahead from the jobs template, or a kept zygote), else one forked from the
+        ready jobs template now, else (and for ``exec``) the spare or a new one. Raises
+        OSError when none can be started (pids limit)."""
         if kind == "checks":
             child = self.job_spare
             self.job_spare = None
@@ -549,49 +577,3 @@ class Jobs:
             self.job_spare.kill()
         self.job_spare = None
 
-
-def _exec_request(msg: ExecRequest) -> dict[str, Any]:
-    """The fields of an ``exec`` request forwarded to the job process, validated."""
-    code, stdin, files = msg.get("code"), msg.get("stdin"), msg.get("files")
-    if not isinstance(code, str) or len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
-        raise ValueError(f"field 'code' must be a string of at most {MAX_CODE_BYTES} bytes")
-    if stdin is not None and (not isinstance(stdin, str)
-                              or len(stdin.encode("utf-8", "replace")) > MAX_STDIN_BYTES):
-        raise ValueError(f"field 'stdin' must be a string of at most {MAX_STDIN_BYTES} bytes")
-    files = check_files({} if files is None else files)
-    return {"code": code, "stdin": stdin or "", "files": files}
-
-
-def _checks_request(msg: ChecksRequest) -> dict[str, Any]:
-    """The fields of a ``checks`` request forwarded to the job process, validated (the
-    states' sizes were bounded by the host frame cap)."""
-    checks = msg.get("checks")
-    if not isinstance(checks, list) or not 1 <= len(checks) <= MAX_CHECKS:
-        raise ValueError(f"field 'checks' must be a list of 1 to {MAX_CHECKS} checks")
-    sources = []
-    for index, check in enumerate(checks):
-        source = check.get("check_func") if isinstance(check, dict) else None
-        if not isinstance(source, str) or len(source.encode("utf-8", "replace")) > MAX_CHECK_SOURCE_BYTES:
-            raise ValueError(f"checks[{index}].check_func must be a string of at most "
-                             f"{MAX_CHECK_SOURCE_BYTES} bytes")
-        sources.append(source)
-    initial, final, env_source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
-    for name, state in (("initial_state", initial), ("final_state", final)):
-        if not isinstance(state, dict) or not all(is_encoded_entry(entry) for entry in state.values()):
-            raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
-    if env_source is not None and (not isinstance(env_source, str)
-                                   or len(env_source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
-        raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
-    return {"checks": sources, "initial_state": initial, "final_state": final, "source": env_source}
-
-
-def _check_result(msg: dict[str, Any], index: int) -> CheckFields | None:
-    """The result of check ``index`` in a frame from the job process (``wire.check_result``);
-    None when it is another check's or malformed (the process is then treated as crashed)."""
-    return check_result(msg) if msg.get("index") == index else None
-
-
-def _failed(status: str, error: str, duration_ms: float, stdout: str = "", stderr: str = "") -> CheckResult:
-    """The result of a check that PID 1 reports itself (it timed out, its process died)."""
-    return {"status": status, "passed": False, "result": None, "error": error, "traceback": None,
-            "duration_ms": duration_ms, "stdout": stdout, "stderr": stderr}

@@ -73,6 +73,10 @@ class Runner:
         self.sessions = Sessions(self.loop, self.host, self.children, self.templates, limits)
         self.jobs = Jobs(self.loop, self.host, self.children, self.templates, limits)
         self.baseline = pid1_cleanup.Baseline(work_root)
+        self.untouched = True
+        """No request but ``ping``, ``recycle`` and ``checks`` came since the start or the
+        last recycle (no session was opened, no script run): with ``Jobs.kept_only`` the
+        condition of a light recycle (:meth:`recycle`)."""
 
     def on_host_message(self, msg: Any) -> None:
         """One host request: ``ping`` and ``recycle`` here, ``exec``/``checks`` to the
@@ -85,8 +89,10 @@ class Runner:
         elif op == "recycle":
             self.recycle(rid)
         elif op in ("exec", "checks"):
+            self.untouched = self.untouched and op == "checks"
             self.jobs.start(rid, msg)
         else:
+            self.untouched = False
             self.sessions.handle(rid, op, msg)
 
     def recycle(self, rid: object) -> None:
@@ -98,11 +104,29 @@ class Runner:
         ``clean`` is False (with at most RECYCLE_MAX_PROBLEMS ``problems`` saying why) when
         anything could not be emptied or proven empty, when a session or job is still open,
         or when an earlier sweep failed: the host then destroys the sandbox instead of
-        reusing it."""
+        reusing it.
+
+        A light recycle keeps the processes instead, when the sandbox only served check
+        batches since its start or last recycle and every one of them ran all its checks
+        in place, in a zygote it kept (``Jobs.kept_only``): no code but read-only checks
+        ran, which start no process and write nothing (``child_readonly``), so the spare,
+        the jobs template and the kept zygote are as they were. It sweeps (anything
+        untracked is killed) and proves the writable places empty as above
+        (``pid1_cleanup.empty_places``); any problem there makes it a full recycle."""
         if self.sessions.by_sid or self.jobs.active:
             busy = f"{len(self.sessions.by_sid)} sessions and {len(self.jobs.active)} jobs are still open"
             self.host.reply({"id": rid, "status": "ok", "clean": False, "problems": [busy]})
             return
+        light = self.untouched and self.jobs.kept_only and not self.children.tainted
+        self.untouched, self.jobs.kept_only = True, True
+        if light:
+            self.children.sweep()
+            workdirs, self.children.leftovers = self.children.leftovers, []
+            problems = list(self.children.tainted) + pid1_cleanup.empty_places(self.work_root, workdirs, self.baseline)
+            if not problems:
+                self.sessions.recycle()
+                self.host.reply({"id": rid, "status": "ok", "clean": True, "problems": []})
+                return
         self.children.kill_spare()
         self.jobs.kill_spare()
         self.loop.cancel_deferred()  # what was wanted before is not wanted now

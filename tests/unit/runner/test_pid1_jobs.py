@@ -1,26 +1,27 @@
-"""PID 1's side of one-shot jobs (``pid1_jobs``): validation of job requests
+"""PID 1's side of one-shot jobs (``pid1_job_requests``): validation of job requests
 and of check-result frames, descriptions of a process's end."""
 
 from __future__ import annotations
 
 import pytest
-from sandpit.sandbox_images.runner import limits, pid1_jobs
+from sandpit.sandbox_images.runner import limits
+from sandpit.sandbox_images.runner import pid1_job_requests as requests
 
 
 def test_exec_requests_are_validated() -> None:
-    assert pid1_jobs._exec_request({"code": "print(1)"}) == {"code": "print(1)", "stdin": "", "files": {}}
+    assert requests.exec_request({"code": "print(1)"}) == {"code": "print(1)", "stdin": "", "files": {}}
     for bad, message in [
         ({"code": 5}, "'code'"), ({"code": "x" * (limits.MAX_CODE_BYTES + 1)}, "'code'"),
         ({"code": "", "stdin": 5}, "'stdin'"), ({"code": "", "files": {"../x": ""}}, "'..'"),
         ({"code": "", "files": []}, "must be an object"),
     ]:
         with pytest.raises(ValueError, match=message):
-            pid1_jobs._exec_request(bad)
+            requests.exec_request(bad)
 
 
 def test_check_requests_are_validated() -> None:
     good = {"checks": [{"check_func": "def check_func(s): return True"}], "initial_state": {}, "final_state": {}}
-    assert pid1_jobs._checks_request(good)["checks"] == ["def check_func(s): return True"]
+    assert requests.checks_request(good)["checks"] == ["def check_func(s): return True"]
     for change, message in [
         ({"checks": []}, "1 to 256"), ({"checks": [{}] * 257}, "1 to 256"), ({"checks": "x"}, "1 to 256"),
         ({"checks": [{"check_func": 1}]}, r"checks\[0\]"), ({"checks": [5]}, r"checks\[0\]"),
@@ -30,7 +31,7 @@ def test_check_requests_are_validated() -> None:
         ({"source": 5}, "'source'"),
     ]:
         with pytest.raises(ValueError, match=message):
-            pid1_jobs._checks_request({**good, **change})
+            requests.checks_request({**good, **change})
 
 
 def frame(**changes: object) -> dict:
@@ -39,12 +40,12 @@ def frame(**changes: object) -> dict:
 
 
 def test_check_result_frames_are_validated_and_capped() -> None:
-    assert pid1_jobs._check_result(frame(), 2) == {"status": "ok", "passed": True, "result": "True", "error": None,
+    assert requests.check_result_at(frame(), 2) == {"status": "ok", "passed": True, "result": "True", "error": None,
                                               "traceback": None, "duration_ms": 0.5}
-    assert pid1_jobs._check_result(frame(status="error", passed=True), 2)["passed"] is False  # only ok passes
-    long = pid1_jobs._check_result(frame(error="e" * 100000, traceback="t" * 100000, result="r" * 100000), 2)
+    assert requests.check_result_at(frame(status="error", passed=True), 2)["passed"] is False  # only ok passes
+    long = requests.check_result_at(frame(error="e" * 100000, traceback="t" * 100000, result="r" * 100000), 2)
     assert len(long["error"]) == limits.ERROR_CHARS and len(long["result"]) <= limits.RESULT_REPR_CHARS + 8
     for bad in [frame(index=3), frame(index="2"), frame(status="fault"), frame(status="timeout"),
                 frame(passed=1), frame(duration_ms=-1), frame(duration_ms=float("inf")), frame(duration_ms="1"),
                 frame(result=5), frame(error=["x"]), frame(traceback={})]:
-        assert pid1_jobs._check_result(bad, 2) is None, bad
+        assert requests.check_result_at(bad, 2) is None, bad
