@@ -185,7 +185,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                 for name in SERVED:  # what the routes' dependencies (deps.py) read
                     setattr(app.state, name, getattr(services, name))
                 app.state.viewer = Viewer(  # the web viewer's pages (http/ui)
-                    sessions=UiSessions(db, services.tenants), listings=Listings(db),
+                    sessions=services.ui_sessions, listings=Listings(db),
                     evaluation_listings=EvaluationListings(db), tenants=services.tenants, history=services.history,
                     envs=services.envs, environments=services.environments, scenarios=services.scenarios,
                     jobs=services.evaluations)
@@ -273,6 +273,7 @@ class Services:
     idempotency: Idempotency
     attempts: Attempts
     batch: BatchSteps
+    ui_sessions: UiSessions
 
     def start(self) -> None:
         """Start the janitor and the evaluation runner (which resumes unfinished evaluations)."""
@@ -315,6 +316,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
     cluster = ClusterService(settings, db, sandboxes, live.__len__, runner.replicas.id, backend)
     idempotency = Idempotency(settings, db)
     attempts = Attempts(db, sessions)
+    ui_sessions = UiSessions(db, tenants)
     return Services(
         db=db, metrics=metrics, sandboxes=sandboxes, tenants=tenants, quotas=quotas, live=live, checks=checks,
         environments=environments, sessions=sessions, rulebook=rulebook, envs=envs, episodes=episodes, steps=steps,
@@ -324,8 +326,8 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
         evaluations=EvaluationJobs(settings, db, runner, sandboxes, quotas, tenants, stats),
         health=HealthService(settings, db, sandboxes, metrics, tenants, warm_target if settings.warm_on_start else 0),
         janitor=Janitor(settings.janitor_interval_s,
-                        envs.janitor_tasks() + [cluster.take_over_drains, idempotency.expire]),
-        cluster=cluster, idempotency=idempotency, attempts=attempts,
+                        envs.janitor_tasks() + [cluster.take_over_drains, idempotency.expire, ui_sessions.expire]),
+        cluster=cluster, idempotency=idempotency, attempts=attempts, ui_sessions=ui_sessions,
         batch=BatchSteps(steps, idempotency, settings.http_threads,
                          translate=lambda exc: translate(exc, settings.capacity_retry_after_s)
                          if isinstance(exc, ExecutorError) else None))

@@ -203,15 +203,9 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                                              "false), debug, trace.")) -> None:
     """Run the HTTP API (uvicorn). Refuses to start on an unmigrated database or with a
     placeholder operator key."""
-    import uvicorn
     from pydantic import ValidationError
-    from sandpit.api.app import create_app, tune_gc
-    from sandpit.api.db.engine import make_engine, require_current
-    from sandpit.api.errors import DatabaseNotMigrated
     from sandpit.api.settings import get_api_settings
     from sandpit.executor.config import configured
-    from sandpit.executor.docker.images import sandbox_tag
-    from sandpit.executor.settings import get_image_settings, get_settings
 
     try:
         log_config = serve_log_config(log_level)
@@ -224,6 +218,15 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     except ValidationError as exc:  # e.g. a placeholder SANDPIT_OPERATOR_KEY: refuse to start
         _fail(RuntimeError("invalid settings: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+    # the application and the server only once the settings are known to be good: a refusal
+    # answers without importing them (seconds of imports)
+    import uvicorn
+    from sandpit.api.app import create_app, tune_gc
+    from sandpit.api.db.engine import make_engine, require_current
+    from sandpit.api.errors import DatabaseNotMigrated
+    from sandpit.executor.docker.images import sandbox_tag
+    from sandpit.executor.settings import get_image_settings, get_settings
+
     executor_settings = get_settings()
     image = executor_settings.image or sandbox_tag(get_image_settings())
     bind_host, bind_port = host or settings.host, port or settings.port

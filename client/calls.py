@@ -11,6 +11,7 @@ server judges the rest.
 from __future__ import annotations
 
 import json
+import reprlib
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,6 +165,20 @@ def _include_params(include: Iterable[Include] | Include | None) -> dict[str, st
     if unknown:
         raise ValueError(f"include accepts {sorted(INCLUDE_VALUES)}, not {unknown}")
     return {"include": ",".join(dict.fromkeys(values))}
+
+
+NOT_A_TOOL_CALL = "<not a tool call>"
+"""Name of the stand-in call sent for an action that cannot be sent as given (not a tool
+name, so the server records it as a `rejected` step with `Error: Invalid action`)."""
+
+
+def stand_in_body(action: object, why: str) -> tuple[dict[str, Any], str]:
+    """The stand-in call for `action` that cannot be sent as given: `(body, why)` with
+    `body` = `{"name": NOT_A_TOOL_CALL, "arguments": {"type", "repr"}}` (the repr cut to
+    200 characters), which the server records as a `rejected` step. Never raises."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 200
+    return {"name": NOT_A_TOOL_CALL, "arguments": {"type": type(action).__name__, "repr": short.repr(action)}}, why
 
 
 def tool_call_body(call: object) -> tuple[str, dict[str, Any]]:

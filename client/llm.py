@@ -53,24 +53,35 @@ Install: ``openai`` comes with the ``llm`` extra (``pip install 'sandpit[llm]'``
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import httpx
 import tenacity
 
-try:
+if TYPE_CHECKING:
     import openai
-except ModuleNotFoundError as exc:  # the default install is the HTTP client alone
-    raise ModuleNotFoundError("sandpit.client.llm needs the openai SDK: pip install 'sandpit[llm]'",
-                              name=exc.name) from exc
+
+if importlib.util.find_spec("openai") is None:  # the default install is the HTTP client alone
+    raise ModuleNotFoundError("sandpit.client.llm needs the openai SDK: pip install 'sandpit[llm]'", name="openai")
+
+
+def _openai() -> Any:
+    """The ``openai`` module, imported on first use: it takes about a second to import, and
+    the processes that import this module (``sandpit serve``, every CLI command) mostly
+    never call a model. Its presence is checked when this module is imported."""
+    import openai
+
+    return openai
 
 __all__ = [
     "CACHE_FORMAT",
@@ -152,9 +163,12 @@ class ModelRefused(ModelError):
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth retrying: connection failures and timeouts, and answers
     with HTTP 408, 409, 429 or 5xx."""
-    if isinstance(exc, openai.APIConnectionError):  # APITimeoutError is one
+    sdk = sys.modules.get("openai")
+    if sdk is None:  # not imported yet: no exception of it exists
+        return False
+    if isinstance(exc, sdk.APIConnectionError):  # APITimeoutError is one
         return True
-    if isinstance(exc, openai.APIStatusError):
+    if isinstance(exc, sdk.APIStatusError):
         return exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500
     return False
 
@@ -379,7 +393,7 @@ class ModelClient:
         self.cache = ResponseCache(cache_dir) if cache_dir is not None else None
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_concurrency) if max_concurrency else None
-        self._client = client or openai.OpenAI(base_url=settings.base_url, api_key=api_key or "EMPTY",
+        self._client = client or _openai().OpenAI(base_url=settings.base_url, api_key=api_key or "EMPTY",
                                                timeout=settings.request_timeout_s, max_retries=0,
                                                http_client=http_client)
 
@@ -522,7 +536,7 @@ class ModelClient:
                 return retrying(fn, **kwargs)
             with self._slots:
                 return retrying(fn, **kwargs)
-        except openai.OpenAIError as exc:
+        except _openai().OpenAIError as exc:
             self._count(usage, failed=1)
             if is_transient(exc):
                 raise ModelUnavailable(f"model endpoint unavailable after {self.settings.retries} retries: "

@@ -13,14 +13,13 @@ records as a `rejected` step.
 from __future__ import annotations
 
 import json
-import reprlib
 import string
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from .calls import tool_call_body
+from .calls import NOT_A_TOOL_CALL, stand_in_body, tool_call_body
 
 __all__ = ["MAX_ACTION_CHARS", "MAX_OBSERVATION_CHARS", "NOT_A_TOOL_CALL", "ToolCallSpace", "UnicodeText",
            "action_body", "stand_in_body"]
@@ -31,9 +30,6 @@ MAX_ACTION_CHARS = 4 * 1024 * 1024
 """Upper length bound of text actions: the server's request limit (its default byte limit
 per action, 256 KiB, is lower; longer actions become stand-in rejected steps)."""
 SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " "
-NOT_A_TOOL_CALL = "<not a tool call>"
-"""Name of the stand-in call sent for an action that cannot be sent as given (not a tool
-name, so the server records it as a `rejected` step with `Error: Invalid action`)."""
 
 # --------------------------------------------------------------------------- spaces
 
@@ -95,15 +91,6 @@ class ToolCallSpace(UnicodeText):
 
 
 # --------------------------------------------------------------------------- actions
-
-
-def stand_in_body(action: object, why: str) -> tuple[dict[str, Any], str]:
-    """The stand-in call for `action` that cannot be sent as given: `(body, why)` with
-    `body` = `{"name": NOT_A_TOOL_CALL, "arguments": {"type", "repr"}}` (the repr cut to
-    200 characters), which the server records as a `rejected` step. Never raises."""
-    short = reprlib.Repr()
-    short.maxstring = short.maxother = 200
-    return {"name": NOT_A_TOOL_CALL, "arguments": {"type": type(action).__name__, "repr": short.repr(action)}}, why
 
 
 def action_body(action: object) -> tuple[dict[str, Any], str | None]:

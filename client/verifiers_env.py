@@ -48,6 +48,7 @@ from typing import Any
 import verifiers as vf
 from datasets import Dataset
 
+from .calls import stand_in_body
 from .clients import AsyncClient, Client
 from .envs import AsyncEnvHandle
 from .errors import InvalidRequest, NotFound, PayloadTooLarge, SandpitError
@@ -62,9 +63,6 @@ STATE_KEY = "sandpit"
 """Key of the rollout's Sandpit record in verifiers' `state` (module docstring)."""
 NOT_RUN = "Error: not run: the episode ended at an earlier tool call of this turn"
 """Tool message of a tool call that follows the one that ended the episode."""
-OVERSIZED = "<action over the server's size limit>"
-"""Name of the stand-in call sent for an action the server refused as too large:
-no tool has it, so the server records a `rejected` step and the episode goes on."""
 
 
 class SandpitRolloutError(vf.InfraError):
@@ -226,14 +224,16 @@ class SandpitToolEnv(vf.ToolEnv):
     async def _step(self, handle: AsyncEnvHandle, body: Mapping[str, Any], state: Any) -> StepResult:
         """One recorded step, and its record in `state`. An action over the server's size
         limits (413; text over its request limit, 422 on `text`) is sent as the stand-in
-        call `OVERSIZED` instead (a `rejected` step)."""
+        call of every adapter instead (`calls.stand_in_body`: `NOT_A_TOOL_CALL` with the
+        action's type and a short repr; a `rejected` step)."""
         try:
             try:
                 result = await handle.step_call(body)
             except (PayloadTooLarge, InvalidRequest) as exc:
                 if isinstance(exc, InvalidRequest) and exc.field != "text":
                     raise
-                result = await handle.step_call({"name": OVERSIZED, "arguments": {}})
+                stand_in, _ = stand_in_body(body, f"the action is over the server's size limit: {exc.message}")
+                result = await handle.step_call(stand_in)
         except SandpitError as exc:
             raise SandpitRolloutError(f"step of env {handle.id} failed: {exc}") from exc
         record = state[STATE_KEY]

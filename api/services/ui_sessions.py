@@ -9,8 +9,9 @@ every API replica serves the same session.
   (:meth:`UiSessions.lookup`). A session is dead when it expired, when the key that
   opened it was revoked or expired, when its tenant is gone, or (operator sessions) when
   the server no longer has an operator key: its row is then deleted.
-* Signing out deletes the row; each sign-in also deletes the rows that expired
-  (:meth:`UiSessions.expire`, an indexed delete), so abandoned sessions do not pile up.
+* Signing out deletes the row; each sign-in and the API's janitor (every
+  ``janitor_interval_s``) delete the rows that expired (:meth:`UiSessions.expire`, an
+  indexed delete), so abandoned sessions do not pile up.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class UiSessions:
             db.execute(delete(models.UiSession).where(models.UiSession.token_hash == token_hash(token)))
 
     def expire(self) -> int:
-        """Delete every expired session row (each sign-in calls it); returns how many."""
+        """Delete every expired session row (each sign-in and the janitor call it); returns how many."""
         with self.db.write() as db:
             result = db.execute(delete(models.UiSession).where(models.UiSession.expires_at <= utcnow()))
         return int(getattr(result, "rowcount", 0) or 0)

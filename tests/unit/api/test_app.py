@@ -115,3 +115,43 @@ def test_tune_gc_sets_the_young_threshold_and_freezes_what_exists() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_the_janitor_deletes_expired_viewer_sessions(db_path: Path, tmp_path: Path) -> None:
+    """A viewer session that expired and is never used again (no sign-in after it) is
+    deleted by the janitor; a live one stays."""
+    from datetime import timedelta
+
+    from sandpit.api.db import models
+    from sandpit.api.services.common import utcnow
+    from sandpit.api.services.ui_sessions import token_hash
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.orm import Session
+
+    settings = ApiSettings(data_dir=tmp_path, database_url=f"sqlite:///{db_path}", operator_key=SecretStr(OPERATOR),
+                           warm_on_start=False, janitor_interval_s=0.05)
+    app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+    engine = create_engine(f"sqlite:///{db_path}")
+
+    def hashes() -> set[str]:
+        with Session(engine) as db:
+            return set(db.scalars(select(models.UiSession.token_hash)))
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            now = utcnow()
+            with Session(engine) as db:
+                for token, expires in (("old", now - timedelta(seconds=1)), ("live", now + timedelta(hours=1))):
+                    db.add(models.UiSession(token_hash=token_hash(token), tenant=None, actor="operator", csrf="x",
+                                            created_at=now - timedelta(hours=2), expires_at=expires))
+                db.commit()
+            for _ in range(200):
+                if token_hash("old") not in hashes():
+                    break
+                await asyncio.sleep(0.05)
+            assert hashes() == {token_hash("live")}
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.dispose()

@@ -325,6 +325,15 @@ def test_malformed_queries_get_an_error_page_not_a_500(tab: Tab) -> None:
                          ("/ui/compare?a=x", 422), ("/ui/static/../web.py", 404)):
         response = tab.goto(path)
         assert response.status == status, path
+    for path in ("/ui/nowhere", "/ui/envs", "/ui/" + "%3Cscript%3Ealert(1)%3C%2Fscript%3E", "/ui/a/b/c/d?x=<y>"):
+        response = tab.goto(path)  # a path no page has: the viewer's own 404 page, not the API's JSON
+        assert response.status == 404, path
+        assert response.headers["content-type"].startswith("text/html"), path
+        assert response.headers["content-security-policy"].startswith("default-src 'none'"), path
+        assert tab.page.locator("#error-message").inner_text() == "There is no such page.", path
+    assert tab.goto("/ui").status == 200
+    home = tab.page.url
+    assert tab.goto("/ui/").status == 200 and tab.page.url == home  # the home page, as before
     started = time.monotonic()
     assert tab.goto("/ui/signin?next=//evil.example/").status == 200
     assert time.monotonic() - started < 10
