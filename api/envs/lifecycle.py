@@ -281,13 +281,15 @@ class EnvLifecycle:
 
     def evict_idle(self) -> int:
         """Idle eviction: envs without a request for ``env_idle_evict_s`` leave their
-        sandboxes (their state stays in the database), while the sandboxes are at least
-        ``env_idle_evict_fullness`` full (:meth:`Sandboxes.fullness`; always when it is
-        0). Returns how many left."""
+        sandboxes (their state stays in the database), least recently used first, while
+        the sandboxes are at least ``env_idle_evict_fullness`` full
+        (:meth:`Sandboxes.fullness`, asked again before each one; every idle env when it
+        is 0). Returns how many left."""
         threshold = self.settings.env_idle_evict_fullness
-        if threshold > 0 and self.sandboxes.fullness() < threshold:
-            return 0
-        return self.live.evict_idle(self.settings.env_idle_evict_s)
+        if threshold <= 0:
+            return self.live.evict_idle(self.settings.env_idle_evict_s)
+        return self.live.evict_idle(self.settings.env_idle_evict_s,
+                                    keep_going=lambda: self.sandboxes.fullness() >= threshold)
 
     def close(self) -> None:
         """Close every live session (state stays in the database)."""

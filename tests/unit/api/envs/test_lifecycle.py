@@ -102,3 +102,15 @@ def test_a_busy_env_is_never_evicted_for_idleness(services: Services, environmen
     with services.live.lock(env_id):  # a request in progress
         assert lifecycle.evict_idle() == 0
     assert lifecycle.evict_idle() == 1
+
+
+def test_idle_eviction_stops_once_the_sandboxes_are_below_the_threshold(services: Services, fake: FakeExecutor,
+                                                                       environment_id: str) -> None:
+    older, newer = create(services, environment_id), create(services, environment_id)
+    step(services, newer, "bump")  # used last
+    lifecycle = services.envs
+    lifecycle.settings = lifecycle.settings.model_copy(update={"env_idle_evict_s": 1e-6,
+                                                               "env_idle_evict_fullness": 0.75})
+    fake.settings = fake.settings.model_copy(update={"max_sandboxes": 2})  # 2 of 2: full
+    assert lifecycle.evict_idle() == 1  # then 1 of 2: below 0.75, the rest stay
+    assert older not in services.live and newer in services.live
