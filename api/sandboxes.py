@@ -86,6 +86,10 @@ CHECKS_PER_JOB = _runner_limits.MAX_CHECKS
 CHECK_SOURCE_MAX_BYTES = _runner_limits.MAX_CHECK_SOURCE_BYTES
 """Most UTF-8 bytes of one ``check_func`` source a sandbox job takes."""
 
+FULLNESS_RATIOS = (("memory_projected_mib", "memory_budget_mib"), ("sandboxes", "max_sandboxes"))
+"""The executor's stats whose ratio (used, capacity) says how full its sandboxes are
+(:meth:`Sandboxes.fullness`)."""
+
 __all__ = [
     "ArgumentError", "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
     "ExecResult", "OpenedState", "ProfileOverrides", "ResourceProfile",
@@ -347,6 +351,18 @@ class Sandboxes:
         if self.cluster is not None:
             stats = {**stats, "hosts": self.hosts()}
         return stats
+
+    def fullness(self) -> float:
+        """How full the sandboxes are, from the executor's :meth:`stats`: the larger of
+        ``memory_projected_mib / memory_budget_mib`` and ``sandboxes / max_sandboxes``
+        (each where the executor reports both, summed over hosts for a cluster); 1.0 when
+        it reports neither pair (what idle eviction then assumes:
+        ``ApiSettings.env_idle_evict_fullness``)."""
+        stats = self.executor.stats()
+        ratios = [float(stats[used]) / float(stats[cap]) for used, cap in FULLNESS_RATIOS
+                  if isinstance(stats.get(used), int | float) and isinstance(stats.get(cap), int | float)
+                  and stats[cap] > 0]
+        return max(ratios) if ratios else 1.0
 
     def ping(self) -> None:
         """Raise when the backend cannot take work (``/readyz`` reports the error's type)."""

@@ -184,6 +184,13 @@ class ApiSettings(BaseSettings):
     env_idle_evict_s: Annotated[float, Field(gt=0)] = 300.0
     """An env without a request for this long leaves its sandbox; its state stays in the
     database and the next request restores it (so live envs may exceed sandbox capacity)."""
+    env_idle_evict_fullness: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Idle eviction (``env_idle_evict_s``) runs only while the sandboxes are at least this
+    full, 0 to 1 (:meth:`sandpit.api.sandboxes.Sandboxes.fullness`: the larger of their
+    projected memory over the executor's memory budget and the live sandboxes over
+    ``max_sandboxes``). 0: always, whatever the load. Above 0, idle envs stay in their
+    sandboxes (no restore on their next step) until their room is wanted; an open that
+    finds no room still evicts the least recently used idle env."""
     env_max_lifetime_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
     """An env older than this is closed and answers 409; deleting it frees its storage."""
     janitor_interval_s: Annotated[float, Field(gt=0)] = 5.0

@@ -1,4 +1,4 @@
-"""Density benchmark (issue 14, fourth target): memory per session and 1,000 resident envs.
+"""Density benchmark: memory per session, and thousands of resident envs with some stepping.
 
 Two parts, one JSON (``benchmarks/results/density.json``):
 
@@ -11,8 +11,12 @@ the way they started before (a fresh interpreter executing the source:
 ``session_templates=False``). Also the idle sandbox (runner + spare) and the template.
 
 ``api`` (``--envs``, 0 to skip): ``sandpit serve`` on loopback with a temporary SQLite
-file, memory-admitted shared sandboxes (``SANDPIT_EXECUTOR_*`` below); creates ``--envs``
-live envs of one environment over HTTP, then ``--stepping`` of them step for
+file, memory-admitted shared sandboxes (``SANDPIT_EXECUTOR_*`` below: ``--per-sandbox``
+sessions each at most, a profile with room for that many processes, ``--nofile`` files per
+process when given) and idle eviction only while the sandboxes are ``--evict-fullness``
+full (``SANDPIT_ENV_IDLE_EVICT_FULLNESS``); creates ``--envs`` live envs of one
+environment over HTTP from ``--create-threads`` clients (``create_all_s``,
+``creates_per_s``), then ``--stepping`` of them step for
 ``--seconds``: each stepping env is one client that sends a step, waits for the answer,
 then waits ``--think-s`` (an agent waiting for its model) before the next; ``--think-s 0``
 is a closed loop (every client saturating). The clients start spread evenly over one
@@ -20,17 +24,23 @@ think time (client i after ``i * think_s / stepping`` s), so the load is steady,
 steps at once every second. Then the same clients step once all at the same instant
 (``burst``: what a trainer starting a batch of rollouts together meets), and one client
 steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``).
-Reports step p50/p99, steps/s, resident envs (``GET /v1/envs/{id}`` says ``live``) before
-and after, restores during the run (steps
-answered with ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS and
-the containers' total memory (cgroups) and PSS.
+Reports step p50/p99 (``step_ms``), steps/s, resident envs (``resident_before``,
+``resident_after``: envs the list ``GET /v1/envs`` says are ``live``), restores during the
+run (``restores_during_run``: steps answered with ``recovered``), sandboxes and sessions
+(``/metrics``), the server's RSS, the containers' total memory (cgroups) and PSS, the
+host's available memory at the end (``host_mem_available_mib_at_end``) and how long the
+server took to stop (``server_stop_s``: it closes every session).
 
 ``executor`` (``--executor``): the same envs and stepping straight through the pool (no
 HTTP, no database): the sandbox side's share of a step.
 
 Usage: ``python benchmarks/density.py [--sessions 16] [--envs 1000] [--stepping 200]
-[--seconds 60] [--think-s 1.0] [--executor] [--skip-api] [--skip-memory]``. Numbers on a loaded machine are noisy: re-run on a
-quiet one.
+[--seconds 60] [--think-s 1.0] [--per-sandbox 64] [--create-threads 8] [--executor]
+[--skip-api] [--skip-memory]`` (the defaults take about 3 minutes). Ten thousand resident
+envs: ``--skip-memory --envs 10000 --stepping 1000 --per-sandbox 256 --think-s 2.0
+--create-threads 16 --running-calls 64 --seconds 60`` (about 15 GiB of sandboxes; 10 to 15
+minutes, most of it creating the envs and stopping the server).
+Numbers on a loaded machine are noisy: re-run on a quiet one.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ import http.client
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -119,6 +131,15 @@ def bench_memory(templates: bool, extra: int) -> dict:
             "runner_templates": ping.get("templates")}
 
 
+def profile(args: argparse.Namespace) -> dict:
+    """The sandboxes' resource profile: ``--cpus``, room for ``--per-sandbox`` session
+    processes plus the spare and templates (``pids``), and ``--nofile`` when given."""
+    out: dict = {"pids": min(1024, 2 * args.per_sandbox + 32), "cpus": args.cpus}
+    if args.nofile:
+        out["nofile"] = args.nofile
+    return out
+
+
 def bench_executor(args: argparse.Namespace) -> dict:
     """The sandbox side alone (no HTTP, no database): ``--envs`` sessions opened through the
     pool with the API part's settings (each a ``RecoveringSession``: it keeps its state, as
@@ -127,7 +148,7 @@ def bench_executor(args: argparse.Namespace) -> dict:
     settings = ExecutorSettings(
         pool_size=2, sessions_per_sandbox=args.per_sandbox, max_sandboxes=args.max_sandboxes,
         sandbox_memory_mib=args.sandbox_memory_mib, session_templates=args.templates,
-        profiles={"default": {"pids": 4 * args.per_sandbox + 32, "cpus": args.cpus}})
+        profiles={"default": profile(args)})
     out: dict = {"envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
     with docker_pool(settings) as pool:
         started = time.perf_counter()
@@ -172,6 +193,15 @@ def bench_executor(args: argparse.Namespace) -> dict:
         for session in sessions:
             session.close()
     return out
+
+
+def mem_available() -> int:
+    """The host's MemAvailable, bytes (``/proc/meminfo``)."""
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def metric(text: str, name: str) -> float:
@@ -261,8 +291,9 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
         "SANDPIT_EXECUTOR_MAX_SANDBOXES": str(args.max_sandboxes),
         "SANDPIT_EXECUTOR_SANDBOX_MEMORY_MIB": str(args.sandbox_memory_mib),
         "SANDPIT_EXECUTOR_SESSION_TEMPLATES": "true" if args.templates else "false",
-        "SANDPIT_EXECUTOR_PROFILES": json.dumps({"default": {"pids": 4 * args.per_sandbox + 32, "cpus": args.cpus}}),
+        "SANDPIT_EXECUTOR_PROFILES": json.dumps({"default": profile(args)}),
         "SANDPIT_CALL_SLOTS": str(args.call_slots),
+        "SANDPIT_ENV_IDLE_EVICT_FULLNESS": str(args.evict_fullness),
     }
     server = Server(data_dir, **env)
     out: dict = {"server_env": env, "envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
@@ -287,12 +318,22 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 raise RuntimeError(response.text)
 
             started = time.perf_counter()
-            with ThreadPoolExecutor(8) as pool:
+            with ThreadPoolExecutor(args.create_threads) as pool:
                 ids = list(pool.map(create, range(args.envs)))
             out["create_all_s"] = round(time.perf_counter() - started, 1)
+            out["creates_per_s"] = round(args.envs / max(out["create_all_s"], 0.1), 1)
+            out["create_threads"] = args.create_threads
+            wanted = set(ids)
 
             def live_count() -> int:
-                return sum(client.get(f"/v1/envs/{i}").json().get("status") == "live" for i in ids)
+                """Envs of ``ids`` whose status is ``live``, read from the list (1,000 a page)."""
+                live, offset = 0, 0
+                while True:
+                    page = client.get("/v1/envs", params={"limit": 1000, "offset": offset}).json()["data"]
+                    live += sum(env["id"] in wanted and env["status"] == "live" for env in page)
+                    if len(page) < 1000:
+                        return live
+                    offset += 1000
 
             out["resident_before"] = live_count()
             metrics_before = client.get("/metrics").text
@@ -399,13 +440,28 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 "live_envs_metric": [metric(metrics_before, "sandpit_live_envs"),
                                      metric(metrics_after, "sandpit_live_envs")],
                 "server_rss_mib": round(server.rss_mib(), 1),
+                "host_mem_available_mib_at_end": round(mem_available() / MiB),
                 "sandbox_memory": containers_memory(server.process.pid),
                 "sandbox_memory_peak_cgroup_mib": round(peak["cgroup_mib"], 1),
             })
             out["evictions_during_run"] = max(0, out["resident_before"] - out["resident_after"]) + restores
     finally:
-        server.stop()
+        out["server_stop_s"] = stop(server)
     return out
+
+
+def stop(server: Server, timeout_s: float = 900.0) -> float:
+    """SIGTERM the server and wait for it (it closes every live session and destroys its
+    sandboxes, which takes a while with thousands of envs); killed after ``timeout_s``.
+    Returns the seconds it took."""
+    started = time.perf_counter()
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+    return round(time.perf_counter() - started, 1)
 
 
 def main() -> None:
@@ -419,9 +475,13 @@ def main() -> None:
     parser.add_argument("--max-sandboxes", type=int, default=64)
     parser.add_argument("--sandbox-memory-mib", type=int, default=1024)
     parser.add_argument("--cpus", type=float, default=1.0, help="CPU quota of each sandbox")
+    parser.add_argument("--nofile", type=int, default=0, help="the profile's nofile (0: the default profile's)")
     parser.add_argument("--call-slots", type=int, default=64, help="SANDPIT_CALL_SLOTS of the server")
     parser.add_argument("--running-calls", type=int, default=16,
                         help="max_running_calls of the stepping tenant (the default quota is half the cores)")
+    parser.add_argument("--create-threads", type=int, default=8, help="clients creating the envs at once")
+    parser.add_argument("--evict-fullness", type=float, default=0.9,
+                        help="SANDPIT_ENV_IDLE_EVICT_FULLNESS of the server (0: idle envs leave whatever the load)")
     parser.add_argument("--no-templates", dest="templates", action="store_false")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--executor", action="store_true",

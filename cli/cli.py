@@ -194,6 +194,29 @@ def serve_log_config(level: str) -> dict[str, Any]:
     return config
 
 
+NOFILE_CEILING = 1 << 20
+"""Highest soft RLIMIT_NOFILE ``sandpit serve`` asks for when its hard limit is unlimited
+(Linux's default ``fs.nr_open``)."""
+
+
+def raise_open_files() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (at most
+    :data:`NOFILE_CEILING`) and return the soft limit it has then. The server holds a
+    descriptor per client connection and per sandbox channel: a thousand stepping clients
+    would exhaust the common soft limit of 1,024, whose hard limit allows far more. A
+    limit that cannot be raised is left as it is (never lowered)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = NOFILE_CEILING if hard == resource.RLIM_INFINITY else min(hard, NOFILE_CEILING)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 @app.command("serve")
 def serve(host: str | None = typer.Option(None, help="Bind address (default SANDPIT_HOST)."),
           port: int | None = typer.Option(None, help="Port (default SANDPIT_PORT)."),
@@ -201,7 +224,8 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                                         help="Log level of uvicorn and Sandpit: critical, error, warning, info "
                                              "(adds one access log line per request, unless SANDPIT_ACCESS_LOG="
                                              "false), debug, trace.")) -> None:
-    """Run the HTTP API (uvicorn). Refuses to start on an unmigrated database or with a
+    """Run the HTTP API (uvicorn), its soft limit of open files raised to the hard one
+    (:func:`raise_open_files`). Refuses to start on an unmigrated database or with a
     placeholder operator key."""
     from pydantic import ValidationError
     from sandpit.api.settings import get_api_settings
@@ -239,6 +263,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
         _fail(exc)
     finally:
         engine.dispose()
+    note(console, (f"{'open files':<11}", "bold"), str(raise_open_files()))
     app = create_app(settings)
     tune_gc(settings.gc_young_threshold)
     uvicorn.run(app, host=bind_host, port=bind_port, log_config=log_config,

@@ -466,12 +466,13 @@ class FakeExecutor:
         return want
 
     def stats(self) -> dict[str, Any]:
-        """The pool's keys: open sessions count as active sandboxes, warmed ones as idle."""
+        """The pool's keys: open sessions count as active sandboxes (of the settings'
+        ``max_sandboxes``), warmed ones as idle."""
         with self._lock:
-            live = sum(1 for s in self.sessions.values() if not s.closed)
-            idle = sum(self.warmed.values())
+            live, idle = sum(1 for s in self.sessions.values() if not s.closed), sum(self.warmed.values())
             return {"sandboxes": live + idle, "idle": idle, "active": live, "starting": 0, "sessions": live,
-                    "failures": dict(self.failures), "check_restarts": 0}
+                    "failures": dict(self.failures), "check_restarts": 0,
+                    "max_sandboxes": self.settings.max_sandboxes}
 
     def ping(self) -> None:
         """Returns, unless a failure was injected with ``fail("ping", ...)``."""

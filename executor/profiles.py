@@ -19,6 +19,16 @@ from .errors import ProfileError
 MiB = limits.MiB
 
 
+RUNNER_FDS_PER_SESSION = 4
+"""Descriptors PID 1 holds per session process: its control socket, its stdout and
+stderr streams and its ``/proc/<pid>/schedstat`` (``runner/pid1_children.py`` ``Child``)."""
+RUNNER_BASE_FDS = 64
+"""Descriptors PID 1 holds besides its sessions': the host channel, the selector, the
+wake-up pair, the spare's and the templates' channels (at most
+``TEMPLATE_MAX_PER_SANDBOX + CONFIG_TEMPLATE_MAX_PER_SANDBOX`` templates, 4 each), the
+cgroup files it keeps open, and room for the files it opens for a moment."""
+
+
 class ResourceProfile(BaseModel):
     """Limits for a sandbox (container cgroup) and for each session (child process)."""
 
@@ -44,9 +54,22 @@ class ResourceProfile(BaseModel):
     observation_cap_bytes: Annotated[int, Field(ge=1024, le=64 * MiB)] = limits.DEFAULT_OBSERVATION_CAP_BYTES
     """Max characters of one observation; longer ones are truncated with a marker."""
     nofile: Annotated[int, Field(ge=16, le=65536)] = limits.DEFAULT_SESSION_NOFILE
-    """RLIMIT_NOFILE of every process in the sandbox."""
+    """RLIMIT_NOFILE of every process that runs untrusted code (sessions, templates,
+    one-shot jobs); the runner itself gets what its sessions need
+    (:meth:`runner_nofile`)."""
     fsize_mib: Annotated[int, Field(ge=1, le=65536)] = 64
     """RLIMIT_FSIZE (largest file a process may write), MiB."""
+
+    def runner_nofile(self, sessions_per_sandbox: int) -> int:
+        """RLIMIT_NOFILE of a sandbox's runner (PID 1; the container's ``nofile`` ulimit)
+        for a sandbox holding up to ``sessions_per_sandbox`` sessions: the profile's
+        ``nofile``, raised to what the runner holds for that many sessions
+        (:data:`RUNNER_FDS_PER_SESSION` each) plus its own channels, spare and templates
+        (:data:`RUNNER_BASE_FDS`). Untrusted code never gets more than ``nofile``: every
+        process the runner starts lowers its own soft and hard limit to ``nofile``
+        before any such code exists (``sandbox_images/runner/child_spare.py`` ``harden``),
+        and cannot raise it again."""
+        return max(self.nofile, RUNNER_BASE_FDS + RUNNER_FDS_PER_SESSION * max(1, sessions_per_sandbox))
 
     def sandbox_memory_bytes(self, sessions_per_sandbox: int) -> int:
         """Container memory limit in bytes for a sandbox holding up to that many sessions."""

@@ -10,7 +10,8 @@ verb of :mod:`sandpit.api.envs` keeps:
 * An env without a live session (new fork, evicted, after an API restart) is re-created
   from its head state in the database on its next request, transparently (:mod:`.sessions`).
 * Requests on one env are serialized (a lock per env); different envs run concurrently.
-* Idle envs leave their sandbox after ``env_idle_evict_s``; envs past their lifetime are
+* Idle envs leave their sandbox after ``env_idle_evict_s`` (only while the sandboxes are
+  ``env_idle_evict_fullness`` full, when that is set); envs past their lifetime are
   closed (409 on use). When no sandbox is free, the least recently used idle env is
   evicted to make room, else the request gets 503 with ``Retry-After``.
 * ``reset`` starts the next episode (the previous one stays readable: :mod:`.history`),
@@ -276,8 +277,19 @@ class EnvLifecycle:
     def janitor_tasks(self) -> list[Callable[[], object]]:
         """What the janitor runs each pass: idle eviction (``env_idle_evict_s``), expiry,
         storage collection."""
-        return [lambda: self.live.evict_idle(self.settings.env_idle_evict_s), self.close_expired,
-                self.collector.collect_if_wanted]
+        return [self.evict_idle, self.close_expired, self.collector.collect_if_wanted]
+
+    def evict_idle(self) -> int:
+        """Idle eviction: envs without a request for ``env_idle_evict_s`` leave their
+        sandboxes (their state stays in the database), least recently used first, while
+        the sandboxes are at least ``env_idle_evict_fullness`` full
+        (:meth:`Sandboxes.fullness`, asked again before each one; every idle env when it
+        is 0). Returns how many left."""
+        threshold = self.settings.env_idle_evict_fullness
+        if threshold <= 0:
+            return self.live.evict_idle(self.settings.env_idle_evict_s)
+        return self.live.evict_idle(self.settings.env_idle_evict_s,
+                                    keep_going=lambda: self.sandboxes.fullness() >= threshold)
 
     def close(self) -> None:
         """Close every live session (state stays in the database)."""

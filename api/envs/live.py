@@ -118,14 +118,18 @@ class LiveEnvs:
                 lock.release()
         return False
 
-    def evict_idle(self, idle_s: float) -> int:
-        """Close the sessions of envs idle for ``idle_s`` seconds (not busy ones).
-        Returns how many were evicted."""
+    def evict_idle(self, idle_s: float, keep_going: Callable[[], bool] | None = None) -> int:
+        """Close the sessions of envs idle for ``idle_s`` seconds (not busy ones), least
+        recently used first; ``keep_going()``, when given, is asked before each one and
+        the eviction stops at its first False. Returns how many were evicted."""
         cutoff = time.monotonic() - idle_s
         with self._registry:
-            idle = [env_id for env_id, e in self._live.items() if e.last_used <= cutoff]
+            idle = [env_id for _, env_id in sorted((e.last_used, env_id) for env_id, e in self._live.items()
+                                                   if e.last_used <= cutoff)]
         evicted = 0
         for env_id in idle:
+            if keep_going is not None and not keep_going():
+                break
             lock = self._lock_of(env_id)
             if not lock.acquire(blocking=False):
                 continue

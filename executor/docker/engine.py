@@ -131,7 +131,9 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
     overridden; under runsc gVisor's kernel answers and applies ``seccomp.runsc_profile``,
     Docker's refusals in gVisor's names, loaded because runsc is registered with
     ``--oci-seccomp``, :func:`check_runtime`; see docs/isolation.md), memory with swap
-    equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits, and the protocol
+    equal to memory, CPU quota, pids limit, nofile/nproc/fsize ulimits (``nofile`` the
+    runner's, :meth:`ResourceProfile.runner_nofile`: its session processes lower theirs to
+    the profile's before any untrusted code runs), and the protocol
     socket directory as the only host path (read-only). Neither the runner's token nor
     where it is is in the environment (only ``SANDPIT_LIMITS``, the profile's limits): the
     host writes it to ``protocol.TOKEN_NAME`` in the socket directory (``sandbox.py``),
@@ -143,6 +145,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
     stay bounded by ``pids`` through RLIMIT_NPROC, which gVisor enforces.
     """
     memory = sandbox_memory_limit(settings, profile)
+    nofile = profile.runner_nofile(settings.sessions_per_sandbox)
     tmpfs_opts = f"rw,nosuid,nodev,noexec,size={profile.tmpfs_mib}m"
     spec: dict[str, Any] = {
         "image": image,
@@ -168,7 +171,7 @@ def container_spec(*, settings: ExecutorSettings, profile: ResourceProfile, imag
         "pids_limit": (profile.pids * settings.runsc_pids_per_process + settings.runsc_pids_headroom
                        if settings.runtime == "runsc" else profile.pids),
         "ulimits": [
-            Ulimit(name="nofile", soft=profile.nofile, hard=profile.nofile),
+            Ulimit(name="nofile", soft=nofile, hard=nofile),
             Ulimit(name="nproc", soft=profile.pids, hard=profile.pids),
             Ulimit(name="fsize", soft=profile.fsize_mib * MiB, hard=profile.fsize_mib * MiB),
             Ulimit(name="core", soft=0, hard=0),

@@ -2,9 +2,10 @@
 pool may grow (:class:`Admission`).
 
 With ``sessions_per_sandbox > 1`` a sandbox has room while it holds fewer than its hard cap
-of sessions (:meth:`Admission.session_cap`: ``sessions_per_sandbox``, lowered so that the
-runner's descriptors, 4 per session, fit the profile's ``nofile`` and its processes the
-profile's ``pids``) *and* its measured memory, plus the expected cost of the sessions
+of sessions (:meth:`Admission.session_cap`: ``sessions_per_sandbox``, lowered so that its
+processes fit the profile's ``pids``; the runner's descriptors always fit, its
+``nofile`` is sized for ``sessions_per_sandbox``:
+:meth:`~sandpit.executor.profiles.ResourceProfile.runner_nofile`) *and* its measured memory, plus the expected cost of the sessions
 placed since that sample and of one more, plus the headroom
 (``sandbox_memory_headroom_mib``, default the profile's ``memory_mib``), stays within its
 memory limit (:meth:`Admission.fits_locked`). The expected cost of a session is learnt from
@@ -50,13 +51,14 @@ class Admission:
 
     def session_cap(self, profile: ResourceProfile) -> int:
         """Hard cap of sessions in one sandbox of ``profile``: ``sessions_per_sandbox``,
-        lowered so the runner's descriptors (4 per session: control socket, two output
-        streams, selector) fit the profile's ``nofile`` and processes (a session, the spare,
-        templates) its ``pids``; at least 1."""
+        lowered so its processes (one per session, the spare, templates) fit the
+        profile's ``pids``; at least 1. The runner's descriptors are not a bound: its
+        ``nofile`` is sized for ``sessions_per_sandbox``
+        (:meth:`~sandpit.executor.profiles.ResourceProfile.runner_nofile`)."""
         per = self.settings.sessions_per_sandbox
         if per == 1:
             return 1
-        return max(1, min(per, (profile.nofile - 32) // 4, profile.pids - 16))
+        return max(1, min(per, profile.pids - 16))
 
     def budget(self) -> int:
         """Bytes all sandboxes may use together: ``memory_budget_mib``, else 80 % of the

@@ -370,8 +370,9 @@ class SandboxPool:
     def stats(self) -> dict[str, Any]:
         """Counts for metrics: sandboxes by state (``sandboxes``, ``idle``, ``active``,
         ``starting``, ``recycling``), ``sessions``, ``failures`` by kind,
-        ``check_restarts``, memory (``memory_projected_mib``, ``memory_budget_mib``,
-        ``session_estimate_mib``, ``memory_rejections``) and the driver's counters."""
+        ``check_restarts``, ``max_sandboxes``, memory (``memory_projected_mib``,
+        ``memory_budget_mib``, ``session_estimate_mib``, ``memory_rejections``) and the
+        driver's counters."""
         sets, admission = self.sets, self.admission
         with sets.lock:
             counts = sets.counts_locked()
@@ -379,6 +380,7 @@ class SandboxPool:
                 **counts,
                 "failures": dict(self.failures),
                 "check_restarts": self.check_restarts,
+                "max_sandboxes": self.settings.max_sandboxes,
                 "memory_projected_mib": round(admission.projected_total_locked(sets.all.values(), counts["starting"]) / MiB, 1),
                 "memory_budget_mib": round(admission.budget() / MiB, 1),
                 "session_estimate_mib": round(admission.session_bytes / MiB, 3),

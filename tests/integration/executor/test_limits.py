@@ -367,3 +367,37 @@ def test_observation_is_capped(open_env, probe, fast_profile) -> None:
     result = probe.run(session, f"result = 'o' * {limit + 5000}")
     assert result.status == "ok" and result.observation_truncated
     assert result.observation == "o" * limit + "\n...[truncated 5000 characters]"
+
+
+def test_a_shared_sandbox_holds_more_sessions_than_a_session_may_open_files(leak_check, pool_settings,
+                                                                           probe) -> None:
+    """The runner (PID 1) holds 4 descriptors per session, so its own limit is sized for
+    ``sessions_per_sandbox`` (64 + 4 x 24 = 160 here), while every session process keeps
+    the profile's ``nofile``: 24 sessions share one sandbox whose profile lets a process
+    open 64 files, and none of them can open more than 64 (nor raise its limit)."""
+    settings = pool_settings("nofile", sessions_per_sandbox=24, pool_size=0, sandbox_memory_mib=1024,
+                             profiles={"default": {"nofile": 64, "pids": 64}})
+    with docker_pool(settings) as shared:
+        sessions = []
+        try:
+            for counter in range(24):
+                sessions.append(shared.open_session(tenant=TENANT, source=PROBE_SOURCE, class_name="Probe",
+                                                    init_config={"counter": counter}))
+            assert len({id(s._sandbox) for s in sessions}) == 1, shared.stats()
+            assert all(s.call("bump", {"by": 1}).status == "ok" for s in sessions)
+            for session in (sessions[0], sessions[-1]):
+                assert probe.ok(session, "import resource\n"
+                                         "result = list(resource.getrlimit(resource.RLIMIT_NOFILE))") == "[64, 64]"
+                raised = probe.run(session, "import resource\n"
+                                            "resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))\nresult = 1")
+                assert raised.status == "error" and "ValueError" in raised.observation, raised
+                opened = probe.ok(session, "import os\nfds = []\n"
+                                           "try:\n    while True:\n        fds.append(os.open('/dev/null', os.O_RDONLY))\n"
+                                           "except OSError as exc:\n    result = exc.errno\n"
+                                           "finally:\n    [os.close(fd) for fd in fds]")
+                assert opened == str(errno.EMFILE)
+            runner = probe.ok(sessions[0], "result = [l for l in open('/proc/1/limits') if 'open files' in l][0]")
+            assert runner.split()[3:5] == ["160", "160"], runner
+        finally:
+            for session in sessions:
+                session.close()

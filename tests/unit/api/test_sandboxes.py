@@ -233,3 +233,29 @@ def test_a_session_lost_with_its_sandbox_is_told_from_one_closed_otherwise() -> 
     closed = translate(SessionClosed("another replica attached"), retry_after=1)
     assert isinstance(lost, SessionLostError) and isinstance(lost, SessionClosedError)
     assert isinstance(closed, SessionClosedError) and not isinstance(closed, SessionLostError)
+
+
+class ReportingExecutor(FakeExecutor):
+    """A fake whose stats are given (what another backend might report)."""
+
+    def __init__(self, stats: dict[str, object]) -> None:
+        super().__init__()
+        self.reported = stats
+
+    def stats(self) -> dict[str, object]:
+        return dict(self.reported)
+
+
+@pytest.mark.parametrize(("stats", "expected"), [
+    ({"memory_projected_mib": 900.0, "memory_budget_mib": 1000.0, "sandboxes": 8, "max_sandboxes": 64}, 0.9),
+    ({"memory_projected_mib": 100.0, "memory_budget_mib": 1000.0, "sandboxes": 48, "max_sandboxes": 64}, 0.75),
+    ({"sandboxes": 8, "max_sandboxes": 64}, 0.125),
+    ({"sandboxes": 8}, 1.0),  # no capacity reported: as if full
+    ({}, 1.0),
+    ({"memory_projected_mib": 5.0, "memory_budget_mib": 0, "sandboxes": 0, "max_sandboxes": 0}, 1.0),  # no capacity
+    ({"memory_projected_mib": "lots", "memory_budget_mib": None, "sandboxes": 1, "max_sandboxes": 4}, 0.25),
+])
+def test_fullness_is_the_fuller_of_memory_and_sandboxes(tmp_path: Path, stats: dict[str, object],
+                                                        expected: float) -> None:
+    sandboxes = Sandboxes(ReportingExecutor(stats), ApiSettings(data_dir=tmp_path))
+    assert sandboxes.fullness() == pytest.approx(expected)

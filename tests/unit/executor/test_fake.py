@@ -259,7 +259,7 @@ def test_ping_warm_stats_and_close(fake: FakeExecutor) -> None:
     assert fake.warm("t", count=3) == 3
     session = fake.open_session(tenant="t", source="", class_name="Counter")
     assert fake.stats() | {"failures": {}} == {"sandboxes": 4, "idle": 3, "active": 1, "starting": 0, "sessions": 1,
-                                               "failures": {}, "check_restarts": 0}
+                                               "failures": {}, "check_restarts": 0, "max_sandboxes": 64}
     fake.close()
     assert session.closed
     with pytest.raises(SessionClosed):

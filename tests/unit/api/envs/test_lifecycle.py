@@ -69,3 +69,48 @@ def test_instantiation_failures_name_init_config(services: Services, environment
     with pytest.raises(InvalidRequest) as raised:
         create(services, environment_id, init_config={"explode": True})
     assert raised.value.field == "init_config" and "init refused" in raised.value.message
+
+
+def test_idle_envs_stay_while_the_sandboxes_are_less_full_than_the_threshold(services: Services, fake: FakeExecutor,
+                                                                            environment_id: str) -> None:
+    env_id = create(services, environment_id)
+    lifecycle = services.envs
+    lifecycle.settings = lifecycle.settings.model_copy(update={"env_idle_evict_s": 1e-6,
+                                                               "env_idle_evict_fullness": 0.5})
+    assert services.sandboxes.fullness() == pytest.approx(1 / fake.settings.max_sandboxes)
+    assert lifecycle.evict_idle() == 0 and env_id in services.live
+    fake.settings = fake.settings.model_copy(update={"max_sandboxes": 2})  # 1 of 2: half full
+    assert lifecycle.evict_idle() == 1 and env_id not in services.live
+    assert step(services, env_id, "bump").recovered  # back from its committed state
+
+
+def test_without_a_fullness_threshold_idle_envs_leave_whatever_the_load(services: Services,
+                                                                        environment_id: str) -> None:
+    env_id = create(services, environment_id)
+    lifecycle = services.envs
+    lifecycle.settings = lifecycle.settings.model_copy(update={"env_idle_evict_s": 1e-6})
+    assert lifecycle.settings.env_idle_evict_fullness == 0.0  # the default
+    assert services.sandboxes.fullness() < 0.1
+    assert lifecycle.evict_idle() == 1 and env_id not in services.live
+
+
+def test_a_busy_env_is_never_evicted_for_idleness(services: Services, environment_id: str) -> None:
+    env_id = create(services, environment_id)
+    lifecycle = services.envs
+    lifecycle.settings = lifecycle.settings.model_copy(update={"env_idle_evict_s": 1e-6,
+                                                               "env_idle_evict_fullness": 0.01})
+    with services.live.lock(env_id):  # a request in progress
+        assert lifecycle.evict_idle() == 0
+    assert lifecycle.evict_idle() == 1
+
+
+def test_idle_eviction_stops_once_the_sandboxes_are_below_the_threshold(services: Services, fake: FakeExecutor,
+                                                                       environment_id: str) -> None:
+    older, newer = create(services, environment_id), create(services, environment_id)
+    step(services, newer, "bump")  # used last
+    lifecycle = services.envs
+    lifecycle.settings = lifecycle.settings.model_copy(update={"env_idle_evict_s": 1e-6,
+                                                               "env_idle_evict_fullness": 0.75})
+    fake.settings = fake.settings.model_copy(update={"max_sandboxes": 2})  # 2 of 2: full
+    assert lifecycle.evict_idle() == 1  # then 1 of 2: below 0.75, the rest stay
+    assert older not in services.live and newer in services.live

@@ -60,6 +60,24 @@ def test_memory_cpu_and_process_limits() -> None:
     assert ulimits == {"nofile": (100, 100), "nproc": (32, 32), "fsize": (8 * MiB, 8 * MiB), "core": (0, 0)}
 
 
+def test_the_runners_nofile_holds_every_session_of_a_shared_sandbox() -> None:
+    # 256 sessions need 4 descriptors each in PID 1: the container's nofile (the runner's)
+    # is raised for them, while the processes that run untrusted code keep the profile's
+    profile = ResourceProfile(nofile=256)
+    spec = make_spec(ExecutorSettings(sessions_per_sandbox=256), profile)
+    ulimits = {u.name: (u.soft, u.hard) for u in spec["ulimits"]}
+    assert ulimits["nofile"] == (64 + 4 * 256, 64 + 4 * 256)
+    runner = json.loads(spec["environment"]["SANDPIT_LIMITS"])
+    assert runner["session_nofile"] == 256
+
+
+def test_the_runners_nofile_is_never_below_the_profiles() -> None:
+    profile = ResourceProfile(nofile=4096)
+    for per in (1, 2, 256):
+        ulimits = {u.name: u.soft for u in make_spec(ExecutorSettings(sessions_per_sandbox=per), profile)["ulimits"]}
+        assert ulimits["nofile"] == 4096
+
+
 def test_only_the_socket_directory_is_mounted_read_only() -> None:
     spec = make_spec()
     assert spec["volumes"] == {"/run/sandpit/abc123": {"bind": "/run/sandpit", "mode": "ro"}}
