@@ -8,8 +8,11 @@ Starts its own ``sandpit serve`` (loopback, temporary SQLite file; ``benchmarks/
 ``--rounds-steps`` times: ``batched``, one client thread sending a batch of N ``bump``s
 and waiting for it; ``single``, N client threads each stepping its env (the lean
 keep-alive ``http.client`` load generator of ``benchmarks/api.py`` for both, so the
-difference is the server's). Reports env-steps/s of each, the ratio, the batch's latency
-p50/p99 (ms) and a single step's. The target: >= 3,000 env-steps/s batched with N = 32,
+difference is the server's). Reports env-steps/s of each (``env_steps_per_s``:
+``batched``, ``single``), the ratio (``batched_vs_single``), the batch's latency p50/p99
+(ms) and a single step's (``latency_ms``), and the CPU each kind spends per env-step
+(``cpu_ms_per_env_step``: ``server``, the API process; ``sandboxes``, this server's
+sandbox containers; ms). The target: >= 3,000 env-steps/s batched with N = 32,
 and >= 3x the single requests. Prints JSON and saves it to
 ``benchmarks/results/batch_step.json``.
 Usage: ``python benchmarks/batch_step.py [--envs 32] [--rounds 6] [--rounds-steps 20]``.
@@ -24,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from api import SOURCE, RawClient, Server, create, machine, pcts, save
+from api import SOURCE, RawClient, Server, create, machine, pcts, process_cpu_s, sandboxes_cpu_s, save
 
 
 def batched(raw: RawClient, env_ids: list[str], steps: int) -> tuple[float, list[float]]:
@@ -85,16 +88,22 @@ def main() -> None:
             batched(raw, env_ids, 5)  # warm-up: connections, sessions, caches
             single(raw, env_ids, 5)
             walls = {"batched": 0.0, "single": 0.0}
+            cpu = {kind: {"server": 0.0, "sandboxes": 0.0} for kind in walls}
             samples: dict[str, list[float]] = {"batched": [], "single": []}
             for _ in range(args.rounds):
                 for kind, run in (("batched", batched), ("single", single)):
+                    server_cpu, sandbox_cpu = process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid)
                     wall, latencies = run(raw, env_ids, args.rounds_steps)
+                    cpu[kind]["server"] += process_cpu_s(server.process.pid) - server_cpu
+                    cpu[kind]["sandboxes"] += sandboxes_cpu_s(server.process.pid) - sandbox_cpu
                     walls[kind] += wall
                     samples[kind] += latencies
             env_steps = args.rounds * args.rounds_steps * args.envs
             rates = {kind: round(env_steps / wall, 1) for kind, wall in walls.items()}
             results["env_steps_per_s"] = rates
             results["batched_vs_single"] = round(rates["batched"] / rates["single"], 2)
+            results["cpu_ms_per_env_step"] = {kind: {part: round(seconds * 1000 / env_steps, 3)
+                                                     for part, seconds in parts.items()} for kind, parts in cpu.items()}
             results["latency_ms"] = {"batch_of_n": pcts(samples["batched"]), "single_step": pcts(samples["single"])}
             results["targets"] = {"batched_env_steps_per_s": 3000, "batched_vs_single": 3.0}
         finally:

@@ -17,7 +17,7 @@ from typing import Any, Self, TypeVar
 
 from . import calls
 from .attempts import Attempt
-from .batch import BatchStepOutcome
+from .batch import BatchStepOutcome, BatchStepReply
 from .errors import NotFound
 from .models import Env, Episode, Evaluation, Include, Page, Profile, StateView, StepResult, Trajectory
 from .transport import AsyncTransport, SyncTransport
@@ -244,11 +244,17 @@ class Envs:
             ValueError, TypeError: a malformed batch (before sending); InvalidRequest: the
             server refused the batch as a whole (nothing ran); Unavailable, ... as any call.
         """
-        ids = [target.id if isinstance(target, _HandleBase) else target for target, _ in steps]
-        attempts = [target.attempt if isinstance(target, _HandleBase) else None for target, _ in steps]
-        call = calls.envs_step([(env_id, action) for env_id, (_, action) in zip(ids, steps, strict=True)], include,
-                               attempts if any(a is not None for a in attempts) else None)
-        return self._t.run(call).results
+        return self._t.run(_batch_call(steps, include)).results
+
+
+def _batch_call(steps: Sequence[tuple[str | _HandleBase, object]],
+                include: Iterable[Include] | None) -> calls.Call[BatchStepReply]:
+    """`calls.envs_step` of `(env id or handle, action)` pairs, each handle's attempt token
+    going with its step."""
+    ids = [target.id if isinstance(target, _HandleBase) else target for target, _ in steps]
+    attempts = [target.attempt if isinstance(target, _HandleBase) else None for target, _ in steps]
+    return calls.envs_step([(env_id, action) for env_id, (_, action) in zip(ids, steps, strict=True)], include,
+                           attempts if any(a is not None for a in attempts) else None)
 
 
 class AsyncEnvHandle(_HandleBase):
@@ -357,3 +363,8 @@ class AsyncEnvs:
     async def delete(self, env_id: str) -> None:
         """See `Client.envs.delete`."""
         await self._t.run(calls.env_delete(env_id))
+
+    async def step_many(self, steps: Sequence[tuple[str | AsyncEnvHandle, object]], *,
+                        include: Iterable[Include] | None = None) -> builtins.list[BatchStepOutcome]:
+        """See `Client.envs.step_many`: one request for every step, the same outcomes and errors."""
+        return (await self._t.run(_batch_call(steps, include))).results

@@ -40,6 +40,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, SupportsFloat, TypeVar, cast
 
 import gymnasium as gym
@@ -62,6 +63,7 @@ from .spaces import (
     action_body,
     stand_in_body,
 )
+from .step_batch import StepBatch
 
 __all__ = [
     "GYMNASIUM_ID",
@@ -391,13 +393,14 @@ class AsyncRLEnv(_Episodes):
         except SandpitError:
             pass
 
-    async def step(self, action: Any) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        """See `RLEnv.step`."""
+    async def step(self, action: Any, batch: StepBatch | None = None) -> tuple[
+            str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """See `RLEnv.step`; `batch` (a vector step's `StepBatch`) sends it in that batch's request."""
         if self._handle is None or not self._running:
             raise RuntimeError("no episode is running: call reset() first (after the episode ended too)")
         body, note = action_body(action)
         try:
-            result = await self._handle.step_call(body)
+            result = await (self._handle.step_call(body) if batch is None else batch.step(self._handle, body))
         except PayloadTooLarge as exc:
             body, note = stand_in_body(action, f"the action is over the server's size limit: {exc.message}")
             result = await self._handle.step_call(body)
@@ -455,7 +458,8 @@ _Result = tuple[str, float, bool, bool, dict[str, Any], tuple[str, dict[str, Any
 
 class SandpitVectorEnv(VectorEnv[tuple[str, ...], tuple[Any, ...], np.ndarray]):
     """`num_envs` `AsyncRLEnv`s stepped concurrently (one `AsyncClient`, an event loop in a
-    background thread), behind gymnasium's vector API.
+    background thread), behind gymnasium's vector API. A vector step sends its steps in one request
+    (`POST /v1/envs:step`, `StepBatch`; results and infos as each env's own step's), resets one per env.
 
     Observations are a tuple of `num_envs` strings, actions a sequence of as many actions
     (each as `RLEnv.step` takes them); rewards, terminations and truncations are numpy
@@ -526,7 +530,7 @@ class SandpitVectorEnv(VectorEnv[tuple[str, ...], tuple[Any, ...], np.ndarray]):
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
         chosen = range(self.num_envs) if mask is None else [i for i in range(self.num_envs) if mask[i]]
-        results, error = self._gather({i: _bind(self.envs[i].reset, seed=seeds[i], options=options)
+        results, error = self._gather({i: partial(self.envs[i].reset, seed=seeds[i], options=options)
                                        for i in chosen})
         infos: dict[str, Any] = {}
         for i, (observation, info) in sorted(results.items()):
@@ -545,7 +549,8 @@ class SandpitVectorEnv(VectorEnv[tuple[str, ...], tuple[Any, ...], np.ndarray]):
         if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset.any():
             ended = [i for i in range(self.num_envs) if self._autoreset[i]]
             raise RuntimeError(f"envs {ended} have ended: reset them (options={{'reset_mask': ...}}) first")
-        results, error = self._gather({i: _bind(self._one, i, actions[i]) for i in range(self.num_envs)})
+        batch = StepBatch(self.client)  # the steps of this vector step: one request
+        results, error = self._gather({i: partial(self._one, i, actions[i], batch) for i in range(self.num_envs)})
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminations = np.zeros(self.num_envs, dtype=np.bool_)
         truncations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -561,12 +566,12 @@ class SandpitVectorEnv(VectorEnv[tuple[str, ...], tuple[Any, ...], np.ndarray]):
             raise error  # the envs that answered are up to date; the failed one is as it was
         return tuple(self._observations), rewards, terminations, truncations, infos
 
-    async def _one(self, i: int, action: Any) -> _Result:
+    async def _one(self, i: int, action: Any, batch: StepBatch) -> _Result:
         env = self.envs[i]
         if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._autoreset[i]:
             observation, info = await env.reset()
             return observation, 0.0, False, False, info, None
-        observation, reward, terminated, truncated, info = await env.step(action)
+        observation, reward, terminated, truncated, info = await env.step(action, batch)
         if self.autoreset_mode is AutoresetMode.SAME_STEP and (terminated or truncated):
             final = (observation, info)
             observation, info = await env.reset()
@@ -586,10 +591,6 @@ class SandpitVectorEnv(VectorEnv[tuple[str, ...], tuple[Any, ...], np.ndarray]):
                     self._loop.run(self.client.aclose())
             finally:
                 self._loop.stop()
-
-
-def _bind(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> Callable[[], Coroutine[Any, Any, T]]:
-    return lambda: fn(*args, **kwargs)
 
 
 if GYMNASIUM_ID not in gym.registry:

@@ -3,10 +3,13 @@
 it out (:meth:`.steps.Steps.step`: the env's episode rules, quotas, attempt fence, group
 commit), the envs concurrently.
 
-What a batch adds is only the fan-out: the steps of different envs run at once on the
-batch's threads (as many at once as the tenant's ``max_concurrent_calls`` allows, so a
-batch does not refuse its own steps with 429s), their commits meet in the group commit,
-and the reply is each step's own reply (or error) in the request's order, spliced as the
+What a batch adds is the fan-out and one transaction: the steps of different envs run at
+once on the batch's threads (as many at once as the tenant's ``max_concurrent_calls``
+allows, so a batch does not refuse its own steps with 429s), and their writes are
+committed together (:class:`~sandpit.api.db.group_commit.BatchCommit`: once every step
+still running has its write ready, all of them go to the group commit as one
+transaction; a write that fails there is retried alone, so one step's failure never
+undoes another's, and a step is acknowledged only once its own write committed). The reply is each step's own reply (or error) in the request's order, spliced as the
 bytes each step rendered. A step's ``idempotency_key`` is claimed and its result stored
 in that step's own transaction, exactly as the step route's ``Idempotency-Key`` (a retried
 batch replays the steps that committed and runs the others). One env appears at most once in a batch (its steps are ordered
@@ -23,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from ..db.group_commit import BatchCommit
+from ..db.step_writes import StepWrite
 from ..errors import ApiError, InvalidRequest, error_reply, internal_error_body
 from ..schemas.batch import BatchStep, BatchStepRequest
 from ..services.idempotency import Idempotency, Replay, request_digest
@@ -69,10 +74,11 @@ class BatchSteps:
             seen[item.env_id] = index
         wanted_parts(request.include)
         at_once = threading.BoundedSemaphore(max(1, min(ctx.quotas.max_concurrent_calls, self.threads)))
+        commits = BatchCommit(self.steps.commits)
 
         def one(item: BatchStep) -> bytes:
             with at_once:
-                return self._one(ctx, item, request.include)
+                return self._one(ctx, item, request.include, commits)
 
         items = request.steps
         if len(items) == 1:
@@ -81,12 +87,14 @@ class BatchSteps:
             parts = list(self._threads().map(one, items))
         return b'{"results":[' + b",".join(parts) + b"]}"
 
-    def _one(self, ctx: TenantContext, item: BatchStep, include: str | None) -> bytes:
-        """One step's outcome as the bytes of a :class:`~..schemas.batch.BatchStepOutcome`."""
+    def _one(self, ctx: TenantContext, item: BatchStep, include: str | None, commits: BatchCommit[StepWrite]) -> bytes:
+        """One step's outcome as the bytes of a :class:`~..schemas.batch.BatchStepOutcome`
+        (its write committed through ``commits``, with the batch's other steps)."""
         env = orjson.dumps(item.env_id)
         try:
             if item.idempotency_key is None:
-                outcome = self.steps.step(ctx, item.env_id, item.action, include, attempt=item.attempt)
+                outcome = self.steps.step(ctx, item.env_id, item.action, include, attempt=item.attempt,
+                                          batch=commits)
                 return b'{"env_id":' + env + b',"status":200,"result":' + outcome.json() + b"}"
             body = orjson.dumps(item.model_dump(mode="json", exclude={"idempotency_key"}),
                                 option=orjson.OPT_SORT_KEYS)
@@ -95,7 +103,8 @@ class BatchSteps:
             if isinstance(claim, Replay):
                 return b'{"env_id":' + env + b',"status":200,"result":' + claim.body + b',"replayed":true}'
             try:
-                data = self.steps.step(ctx, item.env_id, item.action, include, None, claim, item.attempt).json()
+                data = self.steps.step(ctx, item.env_id, item.action, include, None, claim, item.attempt,
+                                       commits).json()
             except BaseException:
                 self.keys.release(claim)
                 raise

@@ -29,13 +29,14 @@ gives one, is charged each phase of the step.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any, Literal
 
 from sandpit.client.llm import ModelError
 
 from ..db.attempts import check_attempt
 from ..db.database import Database
-from ..db.group_commit import GroupCommit
+from ..db.group_commit import BatchCommit, GroupCommit
 from ..db.idempotency import KeyClaim
 from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
@@ -119,7 +120,7 @@ class Steps:
 
     def step(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
              clock: StepClock | None = None, key: KeyClaim | None = None,
-             attempt: str | None = None) -> StepOutcome:
+             attempt: str | None = None, batch: BatchCommit[StepWrite] | None = None) -> StepOutcome:
         """``POST /v1/envs/{id}/step``: run one action and commit it (EnvScaler ``step()``,
         the module docstring). First the action is parsed (arguments within the server's
         and the tenant's ``max_arguments_bytes``), then one token of the tenant's
@@ -130,6 +131,9 @@ class Steps:
         gets the reply's bytes stored in the step's own transaction. ``attempt`` (the
         request's ``Sandpit-Attempt`` token) must be the env's current attempt, checked
         before the action runs and again in the step's transaction (:mod:`..db.attempts`).
+        ``batch`` (a batched step's, :mod:`.batch`) gathers the step's write with the
+        other steps of its batch into one transaction; without it the write goes to the
+        group commit alone.
 
         A session that refuses the call before running it (another API replica stepped the
         env since this one's handle was made: any replica answers any request) is
@@ -155,22 +159,25 @@ class Steps:
             self.quotas.take_step(ctx)
             if clock is not None:
                 clock.lap("auth")
-            outcome = self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt)
+            outcome = self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt, batch)
         return outcome
 
     def _step(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-              clock: StepClock | None, key: KeyClaim | None, attempt: str | None) -> StepOutcome:
+              clock: StepClock | None, key: KeyClaim | None, attempt: str | None,
+              batch: BatchCommit[StepWrite] | None = None) -> StepOutcome:
         """The step under the env's lock (:meth:`_step_locked`); metrics after the lock.
         A write that finds the env's head moved since the live entry was made
         (:class:`HeadMoved`: another replica stepped or reset the env, also by a step that
         made no sandbox call) committed nothing and dropped the entry: the step is carried
         out once more from the committed head; a second move in a row is the 503."""
         started = time.perf_counter()
-        with self.live.lock(env_id):
+        with self.live.lock(env_id), batch.running() if batch is not None else nullcontext():
             try:
-                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt)
+                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt,
+                                                               batch)
             except HeadMoved:
-                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt)
+                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt,
+                                                               batch)
         self.metrics.step_seconds.labels(done_run.status).observe(time.perf_counter() - started)
         self.metrics.snapshot_bytes.inc(pending.stored_bytes)
         if done_run.status in FAILURE_STATUSES:
@@ -180,8 +187,8 @@ class Steps:
         return outcome
 
     def _step_locked(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-                     clock: StepClock | None, key: KeyClaim | None,
-                     attempt: str | None) -> tuple[StepOutcome, StepRun, PendingBlobs]:
+                     clock: StepClock | None, key: KeyClaim | None, attempt: str | None,
+                     batch: BatchCommit[StepWrite] | None = None) -> tuple[StepOutcome, StepRun, PendingBlobs]:
         """Act (:meth:`_act_once_more`), score an ending episode, render the reply (when
         ``key`` needs it stored), commit, move the live head. Call it holding the env's
         lock. Returns ``(outcome, what the action did, the blobs written)``. Raises
@@ -219,7 +226,7 @@ class Steps:
                 outcome.state_before = state_view(before)
         self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
                      key, outcome.json() if key is not None else b"", attempt, failure,
-                     episode_failed if episode_failed != run.failure else None)
+                     episode_failed if episode_failed != run.failure else None, batch)
         if clock is not None:
             clock.lap("persist")
         entry.cache = after
@@ -284,12 +291,14 @@ class Steps:
     def _commit(self, env_id: str, entry: LiveEnv, number: int, recorded: dict[str, Any], done_run: StepRun,
                 after: StateCache, pending: PendingBlobs, reward: float, done: str | None,
                 checks: list[CheckOutcome] | None, key: KeyClaim | None, response: bytes,
-                attempt: str | None, failure: Failure = "none", episode_failed: Failure | None = None) -> None:
+                attempt: str | None, failure: Failure = "none", episode_failed: Failure | None = None,
+                batch: BatchCommit[StepWrite] | None = None) -> None:
         """Commit step ``number`` through the group commit: its row (``failure`` in its
         info), its new blobs, the env's head, the episode's changes (user transcript, its
         end, its new failure ``episode_failed`` when the step changed it) and, with ``key``,
         the reply's bytes ``response`` stored on the request's idempotency key, and the
-        fence of the request's ``attempt`` token. A failed write
+        fence of the request's ``attempt`` token (through ``batch`` when the step is one of
+        a batched step's). A failed write
         drops the env's session (the sandbox is ahead of the database: the next request
         resumes from the committed head). Raises ServiceUnavailable."""
         info = step_info(done_run, failure)
@@ -310,7 +319,7 @@ class Steps:
             write.episode_changes.update(status=done, reward=reward, ended_at=now,
                                          checks=[c.model_dump() for c in checks] if checks is not None else None)
         try:
-            self.commits.submit(write)
+            (batch if batch is not None else self.commits).submit(write)
         except BaseException:
             self.live.drop(env_id)  # the sandbox is ahead of the database: resync on next use
             raise

@@ -4,8 +4,9 @@ adapters (never a real sandbox: the "environment" is a counter kept in a dict).
 ``EpisodeDouble().client()`` / ``.async_client()`` give real ``sandpit.client``
 clients over an ``httpx.MockTransport`` whose handler imitates the HTTP contract: ``POST
 /v1/envs`` (from a scenario or an environment, with ``episode`` options), ``/reset``,
-``/step`` (``{"name","arguments"}``, an OpenAI tool call or ``{"text"}``), ``GET``/``DELETE
-/v1/envs/{id}`` and ``GET /v1/scenarios``. Episode semantics follow the server
+``/step`` (``{"name","arguments"}``, an OpenAI tool call or ``{"text"}``), the batched
+step ``POST /v1/envs:step`` (each step's outcome as the step route would answer it),
+``GET``/``DELETE /v1/envs/{id}`` and ``GET /v1/scenarios``. Episode semantics follow the server
 (``api/envs/episodes.py``): a malformed action is a recorded ``rejected`` step, ``chat_with_user``
 ends a non-conversational episode with ``Task finished``, ``max_steps`` truncates, a step
 after the end is 409 ``episode_ended``, and the reward is the mean of two checks on the
@@ -117,6 +118,8 @@ class EpisodeDouble:
             return 200, {"data": data, "count": len(data)}
         if parts == ["envs"] and method == "POST":
             return 201, self._public(self._create(body))
+        if parts == ["envs:step"] and method == "POST":
+            return 200, {"results": [self._batched(item) for item in body["steps"]]}
         env = self.envs.get(parts[1]) if len(parts) > 1 else None
         if env is None:
             raise ApiError(404, "not_found", "no such env")
@@ -210,6 +213,17 @@ class EpisodeDouble:
             except ValueError:
                 return name, body["function"]["arguments"], "function.arguments is not valid JSON"
         return body["name"], body.get("arguments") or {}, None
+
+    def _batched(self, item: dict[str, Any]) -> dict[str, Any]:
+        """One step of a batch: the step route's reply, or its status and error object."""
+        try:
+            env = self.envs.get(item["env_id"])
+            if env is None:
+                raise ApiError(404, "not_found", "no such env")
+            return {"env_id": item["env_id"], "status": 200, "result": self._step(env, item["action"])}
+        except ApiError as exc:
+            return {"env_id": item["env_id"], "status": exc.status,
+                    "error": {"code": exc.code, "message": exc.message, "field": None}}
 
     def _step(self, env: FakeEnv, body: dict[str, Any]) -> dict[str, Any]:
         if env.status != "running":

@@ -4,10 +4,16 @@ request's order; a refused step (unknown or another tenant's env, an ended episo
 stale attempt, a reused key) is that step's outcome and never stops the others; a
 malformed batch or an env named twice is a 422 with nothing run; each step's
 ``idempotency_key`` replays; a tenant whose ``max_concurrent_calls`` is 1 still gets a
-whole batch run. The client's ``step_many`` reads the same."""
+whole batch run. The client's ``step_many`` reads the same. The batch's steps share one
+transaction: a step whose write fails there (its attempt fenced while its tool ran) is
+that step's refusal and the others commit alone; batches stepping the same envs at once
+run every step once; a batch resent after a lost reply (also across a server crash)
+replays what committed and runs the rest."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -147,3 +153,135 @@ def test_the_client_steps_many(server: ApiServer, counter_env_id: str) -> None:
             client.envs.step_many([(handles[0], {"name": "bump"}), (handles[0].id, {"name": "bump"})])
         for handle in handles:
             handle.delete()
+
+
+SLOW_SOURCE = '''
+import time
+
+
+class Slow:
+    """A counter whose bump takes a while."""
+
+    def __init__(self, init_config):
+        self.count = 0
+
+    def bump(self, seconds: float = 0.0) -> int:
+        """Add one after sleeping `seconds`."""
+        time.sleep(seconds)
+        self.count += 1
+        return self.count
+'''
+
+
+def _slow_env(api: httpx.Client) -> str:
+    created = api.post("/v1/envs", json={"source_code": SLOW_SOURCE, "class_name": "Slow"})
+    assert created.status_code == 201, created.text
+    return str(created.json()["id"])
+
+
+def _steps(api: httpx.Client, env_id: str) -> list[int]:
+    return [s["step"] for s in api.get(f"/v1/envs/{env_id}/trajectory").json()["steps"]]
+
+
+def test_a_step_whose_write_fails_in_the_batchs_transaction_takes_no_other_down(
+        server: ApiServer, api: httpx.Client, counter_env_id: str) -> None:
+    slow = _slow_env(api)
+    others = _envs(api, counter_env_id, 3)
+    old = api.post(f"/v1/envs/{slow}/attempts").json()["token"]
+    replies: list[httpx.Response] = []
+    with server.client() as worker:  # the batch's writes wait for the slow step: they share its transaction
+        thread = threading.Thread(target=lambda: replies.append(_batch(worker, [
+            {"env_id": slow, "action": {"name": "bump", "arguments": {"seconds": 1.5}}, "attempt": old},
+            *[_bump(e, 2) for e in others]])))
+        thread.start()
+        time.sleep(0.5)  # the slow tool is running: a new attempt fences its write
+        assert api.post(f"/v1/envs/{slow}/attempts").status_code == 201
+        thread.join(timeout=60)
+    results = replies[0].json()["results"]
+    assert [(r["status"], (r.get("error") or {}).get("code")) for r in results] == [
+        (409, "stale_attempt"), (200, None), (200, None), (200, None)]
+    assert api.get(f"/v1/envs/{slow}").json()["step"] == 0 and _steps(api, slow) == []
+    for env_id in others:  # committed alone after the shared transaction failed
+        assert _steps(api, env_id) == [1] and api.get(f"/v1/envs/{env_id}/state").json()["state"]["count"] == 2
+    fresh = api.post(f"/v1/envs/{slow}/attempts").json()["token"]  # the sandbox re-syncs to the committed head
+    stepped = _batch(api, [{"env_id": slow, "action": {"name": "bump"}, "attempt": fresh}]).json()["results"][0]
+    assert stepped["result"]["observation"] == "1"
+
+
+def test_two_batches_stepping_the_same_envs_at_once(server: ApiServer, api: httpx.Client,
+                                                    counter_env_id: str) -> None:
+    envs = _envs(api, counter_env_id, 4)
+    rounds = 6
+    failures: list[Any] = []
+
+    def drive(order: list[str]) -> None:
+        with server.client(timeout=60) as client:
+            for _ in range(rounds):
+                reply = _batch(client, [_bump(e, 1) for e in order])
+                if reply.status_code != 200 or any(r["status"] != 200 for r in reply.json()["results"]):
+                    failures.append(reply.text)
+
+    threads = [threading.Thread(target=drive, args=(order,)) for order in (envs, envs[::-1], envs[1:] + envs[:1])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and not failures, failures[:2]
+    for env_id in envs:  # every step ran once, in one order per env
+        assert _steps(api, env_id) == list(range(1, 3 * rounds + 1))
+        assert api.get(f"/v1/envs/{env_id}/state").json()["state"]["count"] == 3 * rounds
+
+
+def test_a_resent_batch_replays_what_committed_and_runs_the_rest(api: httpx.Client, counter_env_id: str) -> None:
+    running, ended = _envs(api, counter_env_id, 1)[0], _envs(api, counter_env_id, 1, episode={"max_steps": 1})[0]
+    assert api.post(f"/v1/envs/{ended}/step", json={"name": "bump"}).status_code == 200
+    batch = [_bump(running, 3, idempotency_key="resend-a"), _bump(ended, 3, idempotency_key="resend-b")]
+    first = _batch(api, batch).json()["results"]
+    assert [(r["status"], r.get("replayed", False)) for r in first] == [(200, False), (409, False)]
+    assert api.post(f"/v1/envs/{ended}/reset", json={}).status_code == 200
+    again = _batch(api, batch).json()["results"]  # the same batch, as a client resends it after a lost reply
+    assert [(r["status"], r.get("replayed", False)) for r in again] == [(200, True), (200, False)]
+    assert again[0]["result"] == first[0]["result"] and _steps(api, running) == [1]
+    assert api.get(f"/v1/envs/{running}/state").json()["state"]["count"] == 3
+
+
+def test_a_crash_during_a_batch_then_its_resend(make_server, counter_source: str) -> None:
+    server = make_server(SANDPIT_IDEMPOTENCY_LEASE_S="3")
+    with server.client() as api:
+        environment_id = api.post("/v1/environments", json={"source_code": counter_source,
+                                                            "class_name": "Counter"}).json()["id"]
+        counters = _envs(api, environment_id, 3)
+        slow = _slow_env(api)
+    batch = [{"env_id": slow, "action": {"name": "bump", "arguments": {"seconds": 3}}, "idempotency_key": "crash-s"},
+             *[_bump(e, 1, idempotency_key=f"crash-{i}") for i, e in enumerate(counters)]]
+    lost: list[BaseException] = []
+    with server.client(timeout=60) as worker:
+        thread = threading.Thread(target=lambda: _send_expecting_loss(worker, batch, lost))
+        thread.start()
+        time.sleep(1.5)  # the counters' steps are done, the slow one runs: nothing is acknowledged yet
+        server.kill()
+        thread.join(timeout=60)
+    assert lost, "the batch's reply should have been lost with the server"
+    server.start()
+    with server.client(timeout=60) as api:
+        for env_id in [slow, *counters]:  # whatever committed is whole: trajectory, head and state agree
+            steps = _steps(api, env_id)
+            assert steps in ([], [1]) and api.get(f"/v1/envs/{env_id}").json()["step"] == len(steps)
+        deadline = time.monotonic() + 60
+        while True:  # the client's resend after the lost reply; the dead server's claims lapse after the lease
+            results = _batch(api, batch).json()["results"]
+            codes = {(r.get("error") or {}).get("code") for r in results}
+            if codes != {"idempotency_key_in_flight"} or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert [r["status"] for r in results] == [200] * 4, results
+        for env_id in [slow, *counters]:
+            assert _steps(api, env_id) == [1]  # every step ran exactly once
+        assert [api.get(f"/v1/envs/{e}/state").json()["state"]["count"] for e in counters] == [1, 1, 1]
+
+
+def _send_expecting_loss(client: httpx.Client, batch: list[dict[str, Any]], lost: list[BaseException]) -> None:
+    try:
+        _batch(client, batch)
+    except httpx.TransportError as exc:
+        lost.append(exc)

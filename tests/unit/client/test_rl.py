@@ -341,6 +341,57 @@ def test_vector_failure_is_raised_after_the_others_finished(double: EpisodeDoubl
     envs.close()
 
 
+def test_a_vector_step_is_one_batched_request_equal_to_each_envs_own_steps(double: EpisodeDouble) -> None:
+    actions: list[list[Any]] = [[BUMP, "x" * 1000, 42, {"name": "fail"}],
+                                [{"name": "bump", "arguments": {"by": 2}}, BUMP, "done", "<tool_call>{oops"],
+                                ["done", BUMP, BUMP, BUMP]]
+    double.max_text_bytes = 100  # "x" * 1000: the batch's 413 for that step, then its stand-in alone
+    envs = vector(double, AutoresetMode.NEXT_STEP, n=4)
+    envs.reset(seed=0)
+    batched = [envs.step(row) for row in actions]
+    assert len(double.calls("POST", "/v1/envs:step")) == 3  # one request per vector step...
+    assert len(double.calls("POST", "/step")) == 1  # ...and the over-size action's stand-in alone
+    envs.close()
+
+    alone = EpisodeDouble(max_text_bytes=100)
+
+    async def each_alone() -> list[list[tuple[Any, ...]]]:
+        async with alone.async_client() as client:
+            singles = [AsyncRLEnv(client, "scn_c") for _ in range(4)]
+            for env in singles:
+                await env.reset()
+            rows = []
+            for row in actions:
+                rows.append([await env.step(action) if env._running else await env.reset()  # noqa: SLF001
+                             for env, action in zip(singles, row, strict=True)])
+            for env in singles:
+                await env.close()
+            return rows
+
+    def comparable(info: dict[str, Any]) -> dict[str, Any]:  # gymnasium nests dict values: compare the rest
+        return {k: v for k, v in info.items() if k != "env_id" and not isinstance(v, dict)}
+
+    for (observations, rewards, terminated, truncated, infos), row in zip(batched, asyncio.run(each_alone()),
+                                                                          strict=True):
+        for i, single in enumerate(row):
+            if len(single) == 2:  # an autoreset
+                assert observations[i] == single[0] and infos["episode"][i] == single[1]["episode"]
+                continue
+            assert (observations[i], rewards[i], terminated[i], truncated[i]) == single[:4]
+            assert comparable({k: infos[k][i] for k in comparable(single[4])}) == comparable(single[4])
+            assert infos["action"]["name"][i] == single[4]["action"]["name"]
+    assert not alone.calls("POST", "/v1/envs:step")
+
+
+def test_a_vector_step_over_the_batch_limit_is_several_requests(double: EpisodeDouble) -> None:
+    envs = vector(double, AutoresetMode.NEXT_STEP, n=300)
+    envs.reset()
+    observations, *_ = envs.step([BUMP] * 300)
+    assert observations == ("1",) * 300
+    assert sorted(len(body["steps"]) for body in double.calls("POST", "/v1/envs:step")) == [44, 256]
+    envs.close()
+
+
 def test_gymnasium_make_vec_uses_the_vector_entry_point(double: EpisodeDouble) -> None:
     envs = gym.make_vec(GYMNASIUM_ID, num_envs=2, vectorization_mode="vector_entry_point",
                         client=double.async_client(), scenario_ids=["scn_a"])
