@@ -207,6 +207,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                     services.close()
             finally:
                 executor.close()
+                db.close()
         finally:
             if checkpointer is not None:
                 checkpointer.close()

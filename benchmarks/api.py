@@ -12,7 +12,9 @@ measures, over real HTTP:
   the step; "http+loop" is the server's CPU outside the request thread's phases: HTTP
   parsing, the event loop, the channel threads), this server's sandbox containers
   (cgroup CPU), and the load generator; plus the server-measured sandbox round trip
-  (``duration_ms`` of the replies) and, as the anchor, the executor's own call round trip
+  (``duration_ms`` of the replies), each step's latency less that round trip
+  (``latency_less_sandbox_ms``: HTTP, the API's own work and the commit, the part of a
+  step the API decides) and, as the anchor, the executor's own call round trip
   measured in this process before the server starts (``benchmarks/sandbox.py``'s
   ``call_rtt_ms``);
 * env create latency (warm pool);
@@ -299,6 +301,7 @@ def step_run(server: Server, client: httpx.Client | RawClient, env_ids: list[str
     server_ms = (server1 - server0) / n * 1000
     return {"latency_ms": pcts(samples), "steps_per_s": round(n / wall, 1),
             "server_sandbox_rtt_ms": pcts(rtts),
+            "latency_less_sandbox_ms": pcts([ms - rtt for ms, rtt in zip(samples, rtts, strict=True)]),
             "cpu_ms_per_step": {"server": round(server_ms, 3),
                                 "server_phases": cpu_phases,
                                 "server_http_loop_other": round(server_ms - sum(cpu_phases.values()), 3),

@@ -8,7 +8,12 @@ for hot paths that only run prepared Core statements (no ORM session: about half
 CPU of a small write on SQLite). SQLite has
 one writer at a time and its busy handler sleeps in growing steps (up to 100 ms) when
 writers collide, so on SQLite writers queue on an in-process lock instead (FIFO-ish, no
-sleeping); other databases go straight in. A database failure (``SQLAlchemyError``) is
+sleeping); other databases go straight in. On SQLite, ``write_connection`` transactions
+run on one Core connection the instance keeps between them (the writer's own, used only
+under that lock): checking a connection out of the pool and back in cost as much CPU as
+a step's whole write. A transaction that fails returns that connection to the pool
+(reset there) and the next one takes a fresh one; :meth:`Database.close` returns it at
+shutdown. A database failure (``SQLAlchemyError``) is
 :class:`~sandpit.api.errors.ServiceUnavailable` (503, ``Retry-After: 1``).
 """
 
@@ -36,6 +41,9 @@ class Database:
         """``sqlite``, ``postgresql``, ..."""
         self._write_lock = threading.Lock()
         self._serialize_writes = self.dialect == "sqlite"
+        self._writer: Connection | None = None
+        """SQLite: the Core connection ``write_connection`` keeps between transactions
+        (used only under ``_write_lock``; None until the first, and after a failure)."""
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -64,11 +72,29 @@ class Database:
         :meth:`write`), committed at the end of the block. Raises ServiceUnavailable
         when the database fails."""
         if self._serialize_writes:
-            with self._write_lock, self._translated(), self.engine.begin() as conn:
-                yield conn
+            with self._write_lock, self._translated():
+                conn = self._writer
+                if conn is None:
+                    conn = self._writer = self.engine.connect()
+                try:
+                    with conn.begin():
+                        yield conn
+                except BaseException:
+                    self._writer = None  # back to the pool, whose reset rolls back what is left
+                    conn.close()
+                    raise
         else:
             with self._translated(), self.engine.begin() as conn:
                 yield conn
+
+    def close(self) -> None:
+        """Return the connection ``write_connection`` keeps (SQLite) to the pool; the next
+        write takes a new one. Call it before disposing of the engine (the app's lifespan
+        does); safe to call twice."""
+        with self._write_lock:
+            conn, self._writer = self._writer, None
+        if conn is not None:
+            conn.close()
 
     @contextmanager
     def _translated(self) -> Iterator[None]:

@@ -45,7 +45,6 @@ import email.message
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -76,6 +75,7 @@ from .deps import (
     json_router,
 )
 from .handlers import count_rejection, error_response, internal_error_response
+from .handoff import WorkerThreads
 from .strict_json import StrictJSONRoute, declared_too_large, parse_body
 
 STEP_TEMPLATE = "/v1/envs/{env_id}/step"
@@ -123,7 +123,7 @@ class StepDoor:
         self.body_timeout_s = body_timeout_s
         self.max_threads = threads
         self.translate = translate
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads = WorkerThreads(threads, "sandpit-step")
 
     def env_id(self, scope: Scope) -> str | None:
         """The env id of an HTTP ``POST`` to the step path (matched as the router matches
@@ -133,26 +133,18 @@ class StepDoor:
         match = STEP_PATH.match(_route_path(scope))
         return match.group("env_id") if match is not None else None
 
-    def _pool(self) -> ThreadPoolExecutor:
-        """The step threads (made on first use, again after :meth:`close`). A pool of its
-        own through ``run_in_executor``: anyio's ``to_thread`` (backend look-up, capacity
-        limiter, cancel scope per call) costs about as much again as the hop itself."""
-        pool = self._threads
-        if pool is None:
-            pool = self._threads = ThreadPoolExecutor(max_workers=self.max_threads, thread_name_prefix="sandpit-step")
-        return pool
-
     async def run(self, work: Callable[[], _T]) -> _T:
         """``work()`` on one of the step threads (other doors' blocking work: the MCP
-        endpoints'); its exception propagates."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool(), work)
+        endpoints'); its exception propagates. The threads are a
+        :class:`~.handoff.WorkerThreads` of their own: anyio's ``to_thread`` (backend
+        look-up, capacity limiter, cancel scope per call) costs about as much again as
+        the hop itself, and ``run_in_executor`` wakes the loop with the GIL held."""
+        return await self._threads.run(work)
 
     def close(self) -> None:
         """Let the step threads end once the steps they run return (the app's lifespan
         calls it at shutdown; a later request makes new ones)."""
-        pool, self._threads = self._threads, None
-        if pool is not None:
-            pool.shutdown(wait=False)
+        self._threads.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, env_id: str) -> None:
         """Answer the step request of ``scope`` for ``env_id`` (module docstring)."""
@@ -227,7 +219,7 @@ class StepDoor:
             return data
 
         try:
-            data = await asyncio.get_running_loop().run_in_executor(self._pool(), work)
+            data = await self._threads.run(work)
         except ApiError as exc:
             await self._error(exc, scope, receive, send)
             return

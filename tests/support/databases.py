@@ -14,7 +14,9 @@ from sandpit.api.db.engine import make_engine, make_sessionmaker
 def opened(url: str) -> Iterator[Database]:
     """The :class:`Database` of a migrated ``url``, its engine disposed at the end."""
     engine = make_engine(url)
+    db = Database(make_sessionmaker(engine))
     try:
-        yield Database(make_sessionmaker(engine))
+        yield db
     finally:
+        db.close()
         engine.dispose()
