@@ -116,7 +116,8 @@ class Episodes:
             run = EpisodeRun(config=start.config, scenario_id=scenario, user_key_enc=start.user_key_enc)
             environment = start.environment
             with self.sessions.new_episode(env_id, ctx.tenant, environment, start.init_config, row.profile,
-                                           body.seed if body is not None else None) as (session, cache, pending):
+                                           body.seed if body is not None else None) as (session, cache, pending,
+                                                                                         construction):
                 self.rulebook.first_observation(ctx.tenant, start.scenario.task if start.scenario else None, run)
                 run.initial_root = cache.root
                 now = utcnow()
@@ -137,7 +138,9 @@ class Episodes:
                 argument_checking=row.argument_checking or environment.argument_checking))
             with self.db.read() as db:
                 fresh = owned(db, models.Env, env_id, ctx.tenant, "env")
-        return self.views.public(fresh)
+        public = self.views.public(fresh)
+        public.construction = construction
+        return public
 
     def restore(self, ctx: TenantContext, env_id: str, body: RestoreRequest) -> EnvPublic:
         """``POST /v1/envs/{id}/restore``: put the env back to ``body.step`` of its episode;
