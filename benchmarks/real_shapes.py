@@ -27,7 +27,9 @@ Per shape: ``create_first_ms`` (the first create of the config), ``create_same_c
 the first of them may be constructed while the config's template is being built:
 ``constructed_before_first_template`` counts those, ``template_creates`` the creates that
 took the fast path, ``create_from_template_ms`` their p50/p99/mean),
-``step_ms`` and ``evaluate_ms`` (p50/p99/mean), ``construction`` (the ``construction``
+``step_ms`` and ``evaluate_ms`` (p50/p99/mean), ``reset_same_config_ms`` (p50/p99/mean of
+``POST /v1/envs/{id}/reset`` of one env, the config kept: a trainer's episode loop) with
+``reset_template_count`` (how many took the fast path), ``construction`` (the ``construction``
 field of the last create's response: ``path`` ``template``/``constructed`` and ``reason``),
 ``deterministic`` (whether the shape is expected to take the fast path) and ``target_met``
 (p50 <= ``target_ms`` for a deterministic shape; None otherwise). The JSON also holds
@@ -271,6 +273,13 @@ def bench_shape(client: httpx.Client, name: str, config: dict[str, Any], runs: i
         evaluations.append(elapsed)
     out["step_ms"] = pcts(steps)
     out["evaluate_ms"] = pcts(evaluations)
+    resets, reset_paths = [], []
+    for _ in range(max(3, runs // 2)):
+        elapsed, reply = timed(lambda: client.post(f"/v1/envs/{env['id']}/reset", json={}), 200)
+        resets.append(elapsed)
+        reset_paths.append((reply.json().get("construction") or {}).get("path"))
+    out["reset_same_config_ms"] = pcts(resets)
+    out["reset_template_count"] = reset_paths.count("template")
     client.delete(f"/v1/envs/{env['id']}")
     out["target_met"] = out["create_same_config_ms"]["p50"] <= TARGET_MS if shape["deterministic"] else None
     return out
@@ -287,14 +296,15 @@ def construction_metrics(text: str) -> dict[str, float]:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{'shape':18s} {'MB':>4s} {'first':>7s} {'same p50':>9s} {'p99':>7s} {'step':>6s} {'eval':>6s}  "
+    lines = [f"{'shape':18s} {'MB':>4s} {'first':>7s} {'same p50':>9s} {'p99':>7s} {'reset':>6s} {'step':>6s} "
+             f"{'eval':>6s}  "
              f"{'verdict':12s} reason"]
     for name, r in results["shapes"].items():
         c = r.get("construction") or {}
         met = {True: "  ok", False: "  MISSED", None: ""}[r["target_met"]]
         lines.append(f"{name:18s} {r['config_bytes'] / 1e6:4.1f} {r['create_first_ms']:7.0f} "
                      f"{r['create_same_config_ms']['p50']:9.1f} {r['create_same_config_ms']['p99']:7.1f} "
-                     f"{r['step_ms']['p50']:6.1f} {r['evaluate_ms']['p50']:6.1f}  {str(c.get('path')):12s} "
+                     f"{r['reset_same_config_ms']['p50']:6.1f} {r['step_ms']['p50']:6.1f} {r['evaluate_ms']['p50']:6.1f}  {str(c.get('path')):12s} "
                      f"{c.get('reason') or ''}{met} (constructed before the fast path: "
                      f"{r['constructed_before_first_template']})")
     lines.append(f"target: repeated same-config create p50 <= {TARGET_MS:g} ms for every deterministic shape "

@@ -275,3 +275,30 @@ def test_a_refused_template_falls_back_to_exact_construction_with_its_reason(
         assert detail not in metrics  # free text never becomes a label
     finally:
         _drop(api, kept)
+
+
+def test_a_reset_of_the_same_config_takes_the_template_and_starts_pristine(api: httpx.Client) -> None:
+    """A trainer's episode loop on one env (no other env of the environment open): the
+    previous episode's session keeps the sandbox (and its templates) until the next one is
+    placed, so resets fork from the config's template; each starts from the config as given
+    whatever the previous episode changed in place."""
+    environment_id = _register(api, KEEPS_CONFIG, "KeepsConfig")
+    config = _config()
+    env = _create(api, environment_id, config)
+    try:
+        pristine = _state(api, env["id"])
+        paths = []
+        for i in range(12):
+            _step(api, env["id"], "add_note", {"order_id": "o0003", "note": f"episode {i}"})
+            _step(api, env["id"], "rewrite_kept", {"user_id": "u0001", "city": f"c{i}"})
+            response = api.post(f"/v1/envs/{env['id']}/reset", json={})
+            assert response.status_code == 200, response.text
+            assert response.json()["episode"] == i + 2
+            paths.append(response.json()["construction"])
+            assert _state(api, env["id"]) == pristine
+            if [c["path"] for c in paths[-2:]] == ["template", "template"]:
+                break
+            time.sleep(0.3)
+        assert [c["path"] for c in paths[-2:]] == ["template", "template"], paths
+    finally:
+        api.delete(f"/v1/envs/{env['id']}")
