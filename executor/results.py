@@ -256,7 +256,6 @@ ConstructionReason = Literal[
 (``sandbox_images/runner/pid1_verdicts.py`` documents each; ``other``: a reason this host
 does not know). A bounded set: a metric may use it as a label."""
 CONSTRUCTION_REASONS: tuple[str, ...] = ConstructionReason.__args__  # type: ignore[attr-defined]
-CONSTRUCTION_DETAIL_MAX_CHARS = 200
 
 
 class Construction(BaseModel):
@@ -285,7 +284,7 @@ def check_construction(value: object) -> Construction | None:
     reason = value.get("reason")
     detail = value.get("detail")
     return Construction(path="constructed", reason=reason if reason in CONSTRUCTION_REASONS else "other",
-                        detail=detail[:CONSTRUCTION_DETAIL_MAX_CHARS] if isinstance(detail, str) and detail else None)
+                        detail=detail[:limits.CONSTRUCTION_DETAIL_MAX_CHARS] if isinstance(detail, str) and detail else None)
 
 
 class OpenedState(BaseModel):

@@ -5,7 +5,7 @@
 no construction. ``{"path": "constructed", "reason": <class>, "detail": <text>}``: the
 instance was made by executing the source and calling the constructor; ``reason`` is one
 of REASONS (a bounded set: fit for a metric label), ``detail`` the runner's text behind it
-(at most DETAIL_MAX_CHARS; it may quote the template's own report, which environment code
+(at most ``limits.CONSTRUCTION_DETAIL_MAX_CHARS``; it may quote the template's own report, which environment code
 can write: it is shown to the tenant, never used as a label or a decision).
 
 The classes, in the order :func:`verdict` tests them:
@@ -32,6 +32,7 @@ The classes, in the order :func:`verdict` tests them:
 
 from __future__ import annotations
 
+from .limits import CONSTRUCTION_DETAIL_MAX_CHARS
 from .pid1_templates import config_template_key
 
 TYPE_CHECKING = False
@@ -44,7 +45,6 @@ REASONS = ("restored", "templates_off", "seeded", "no_config", "source_unsuitabl
            "nondeterministic", "module_state", "construction_failed", "no_verdict", "leaves_process",
            "template_failed", "first_open", "building", "no_room")
 """Every ``reason`` a ``constructed`` verdict may carry (the host maps anything else to ``other``)."""
-DETAIL_MAX_CHARS = 200
 
 _SOURCE_RULES = ("unsuitable: imports", "unsuitable: names", "unsuitable: rebinds", "unsuitable: decorator",
                  "unsuitable: calls", "unsuitable: a metaclass", "unsuitable: a class hook",
@@ -73,10 +73,10 @@ def classify(failure: str, config: bool) -> str:
 
 
 def constructed(reason: str, detail: str = "") -> dict[str, Any]:
-    """A ``constructed`` verdict (``detail`` capped at DETAIL_MAX_CHARS)."""
+    """A ``constructed`` verdict (``detail`` capped at CONSTRUCTION_DETAIL_MAX_CHARS)."""
     verdict: dict[str, Any] = {"path": "constructed", "reason": reason}
     if detail:
-        verdict["detail"] = detail[:DETAIL_MAX_CHARS]
+        verdict["detail"] = detail[:CONSTRUCTION_DETAIL_MAX_CHARS]
     return verdict
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sandpit.executor.results import CONSTRUCTION_REASONS
 from sandpit.sandbox_images.runner import pid1_verdicts
+from sandpit.sandbox_images.runner.limits import CONSTRUCTION_DETAIL_MAX_CHARS
 from sandpit.sandbox_images.runner.pid1_templates import config_template_key
 from sandpit.sandbox_images.runner.pid1_verdicts import REASONS, classify, verdict
 
@@ -56,7 +57,7 @@ def test_every_failure_the_runner_writes_has_its_class(failure: str, config: boo
 def test_a_forged_reason_of_a_config_template_still_lands_in_the_bounded_set(forged: str) -> None:
     """A config template's report is written by a process that ran environment code."""
     assert classify(forged, config=True) in REASONS
-    assert len(pid1_verdicts.constructed("building", forged).get("detail", "")) <= pid1_verdicts.DETAIL_MAX_CHARS
+    assert len(pid1_verdicts.constructed("building", forged).get("detail", "")) <= CONSTRUCTION_DETAIL_MAX_CHARS
 
 
 def test_the_runners_reasons_are_the_hosts_but_other() -> None:
