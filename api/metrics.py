@@ -9,7 +9,10 @@ Ray backend's host links, ``sandpit_host_link_calls`` (calls being dispatched no
 ``sandpit_host_link_refused_total`` (calls refused for a missing or wrong token) by host · ``sandpit_sandbox_failures_total``
 by status (timeout/oom/crashed) · ``sandpit_snapshot_bytes_total`` compressed state bytes
 offered for storage · ``sandpit_call_queue_seconds`` fair-scheduler wait ·
-``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_evaluation_episodes_total`` ·
+``sandpit_quota_rejections_total`` 429s by limit · ``sandpit_env_construction_total`` env
+instances made at create and reset by ``path`` (``template``/``constructed``) and ``reason``
+(``EnvConstruction``'s bounded classes, ``none`` for a template; never text from
+environment code) · ``sandpit_evaluation_episodes_total`` ·
 ``sandpit_step_phase_cpu_seconds_total`` / ``sandpit_step_phase_wall_seconds_total`` by
 phase (``parse``, ``auth``, ``sandbox``, ``persist``, ``serialize``, ``other``: where the
 request thread of ``POST /step`` spent its CPU and wall time) with
@@ -93,6 +96,10 @@ class Metrics:
                                        buckets=STEP_BUCKETS, registry=self.registry)
         self.quota_rejections = Counter("sandpit_quota_rejections_total", "Requests answered 429, by limit",
                                         ["limit"], registry=self.registry)
+        self.constructions = Counter("sandpit_env_construction_total",
+                                     "Env instances made at create and reset, by path (template: forked from a "
+                                     "config template; constructed) and reason (why constructed; none for template)",
+                                     ["path", "reason"], registry=self.registry)
         self.evaluation_episodes = Counter("sandpit_evaluation_episodes_total",
                                            "Evaluation episodes finished, by mode and status",
                                            ["mode", "status"], registry=self.registry)

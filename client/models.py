@@ -20,6 +20,7 @@ __all__ = [
     "AuditEvent",
     "CheckOutcome",
     "Env",
+    "EnvConstruction",
     "EnvStatus",
     "Environment",
     "Episode",
@@ -212,6 +213,22 @@ class ExecResult(_ResponseModel):
 
 
 EpisodeStatus = Literal["running", "terminated", "truncated"]
+ConstructionReason = Literal[
+    "restored", "templates_off", "seeded", "no_config", "source_unsuitable", "import_effects", "nondeterministic",
+    "module_state", "construction_failed", "no_verdict", "leaves_process", "template_failed", "first_open",
+    "building", "no_room", "other"]
+
+
+class EnvConstruction(_ResponseModel):
+    """How an env's instance was made at create: `template` (forked from a sandbox process
+    that constructed it from the same environment and config: the fast path) or
+    `constructed` with `reason` (`nondeterministic`, `module_state`, `source_unsuitable`:
+    refused; `first_open`, `building`: not yet; the server's docs list every one) and the
+    sandbox's `detail` text."""
+
+    path: Literal["template", "constructed"]
+    reason: ConstructionReason | None = None
+    detail: str | None = None
 
 
 class Env(_ResponseModel):
@@ -246,6 +263,8 @@ class Env(_ResponseModel):
     verifier failure): leave it out of training."""
     episode_config: dict[str, Any] = Field(default_factory=dict)
     argument_checking: Literal["off", "warn", "strict"] = "off"
+    construction: EnvConstruction | None = None
+    """How the instance was made (in the answer of create only)."""
 
 
 class StepResult(_ResponseModel):

@@ -54,6 +54,7 @@ from .results import (
     CallResult,
     CallRules,
     CheckResult,
+    Construction,
     ExecResult,
     OpenedState,
     Snapshot,
@@ -73,7 +74,7 @@ from .settings import (
 
 __all__ = [
     "EXECUTOR_CONFIG", "Affinity", "ArgumentError", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
-    "CapacityError", "CheckResult", "Cluster", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
+    "CapacityError", "CheckResult", "Cluster", "Construction", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
     "ExecutorError", "ExecutorSession", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
     "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "ProfileError", "ProfileOverrides",
     "RayConfig", "RecoveringSession", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",

@@ -248,6 +248,45 @@ class Snapshot(BaseModel):
     attributes: dict[str, EncodedValue]
 
 
+ConstructionReason = Literal[
+    "restored", "templates_off", "seeded", "no_config", "source_unsuitable", "import_effects", "nondeterministic",
+    "module_state", "construction_failed", "no_verdict", "leaves_process", "template_failed", "first_open",
+    "building", "no_room", "other"]
+"""Why a session's instance was constructed rather than forked from its config's template
+(``sandbox_images/runner/pid1_verdicts.py`` documents each; ``other``: a reason this host
+does not know). A bounded set: a metric may use it as a label."""
+CONSTRUCTION_REASONS: tuple[str, ...] = ConstructionReason.__args__  # type: ignore[attr-defined]
+
+
+class Construction(BaseModel):
+    """How a session's instance was made: ``template`` (forked copy-on-write from a
+    process that constructed it from the same config: no parse, no construction) or
+    ``constructed`` (the source executed and the constructor called in the session's own
+    process) with ``reason`` and the sandbox's ``detail`` text (at most 200 characters;
+    it may quote what the environment's own code made a template report)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Literal["template", "constructed"]
+    reason: ConstructionReason | None = None
+    """Set when ``path`` is ``constructed``."""
+    detail: str | None = None
+
+
+def check_construction(value: object) -> Construction | None:
+    """The ``construction`` of an ``open`` reply as a :class:`Construction` (None when the
+    sandbox gave none or it is malformed: nothing the sandbox sends is trusted; an
+    unknown reason becomes ``other``, a detail is cut to 200 characters). Never raises."""
+    if not isinstance(value, dict) or value.get("path") not in ("template", "constructed"):
+        return None
+    if value["path"] == "template":
+        return Construction(path="template")
+    reason = value.get("reason")
+    detail = value.get("detail")
+    return Construction(path="constructed", reason=reason if reason in CONSTRUCTION_REASONS else "other",
+                        detail=detail[:limits.CONSTRUCTION_DETAIL_MAX_CHARS] if isinstance(detail, str) and detail else None)
+
+
 class OpenedState(BaseModel):
     """The state a session opened with, as its executor reports it once
     (:meth:`~sandpit.executor.interface.ExecutorSession.take_opened`).
@@ -258,12 +297,15 @@ class OpenedState(BaseModel):
     otherwise it asks the sandbox once with ``read_state``). ``digest`` is the runner's
     SHA-256 (hex) of the state's JSON text, None when the session opened with a snapshot
     restored on top or the backend gives none; equal digests of one tenant are equal
-    states (digests come from that tenant's own sandboxes)."""
+    states (digests come from that tenant's own sandboxes). ``construction``: whether
+    the instance came from a config template, and if not, why."""
 
     model_config = ConfigDict(extra="forbid")
 
     attributes: dict[str, EncodedValue] | None = None
     digest: str | None = None
+    construction: Construction | None = None
+    """How the instance was made (None: the backend does not say)."""
 class CallResult(BaseModel):
     """Outcome of one tool call (EnvScaler step semantics).
 

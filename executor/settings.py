@@ -34,6 +34,10 @@ def _default_run_dir() -> Path:
     return Path(base) / "sandpit"
 
 
+SHARED_SESSIONS_DEFAULT = 8
+"""``sessions_per_sandbox`` when it is not set and the runtime is ``runc``."""
+
+
 class ExecutorSettings(BaseSettings):
     """Where sandboxes run and how many; every field documents its unit."""
 
@@ -52,11 +56,16 @@ class ExecutorSettings(BaseSettings):
     """Warm (started, idle) sandboxes kept ready per (tenant, profile, runtime, image)."""
     pool_refill_concurrency: Annotated[int, Field(ge=1, le=64)] = 2
     """Containers started in parallel by the background refill."""
-    sessions_per_sandbox: Annotated[int, Field(ge=1, le=256)] = 1
+    sessions_per_sandbox: Annotated[int, Field(ge=1, le=256)] = SHARED_SESSIONS_DEFAULT
     """Placement: hard upper cap on sessions of one tenant hosted by one sandbox (1 =
     container per session). Below it, admission is by measured memory: a session joins a
     sandbox only while the sandbox's measured memory plus the expected cost of one more
-    session stays under its memory limit, and the pool's total under ``memory_budget_mib``."""
+    session stays under its memory limit, and the pool's total under ``memory_budget_mib``.
+    Default: SHARED_SESSIONS_DEFAULT (8) under ``runc`` (sessions of one tenant share a
+    sandbox, so an environment's sessions fork from its templates and repeated configs
+    skip construction: ``session_templates``); 1 when it is not set and the runtime is
+    ``runsc`` (where sessions of one sandbox could read each other's ``/proc``:
+    docs/isolation.md)."""
     session_templates: bool = True
     """With ``sessions_per_sandbox > 1``: each sandbox keeps one warm template process per
     environment (source and class) and forks new sessions of it copy-on-write instead of
@@ -177,6 +186,12 @@ class ExecutorSettings(BaseSettings):
     def resolved_lease_dir(self) -> Path:
         """``owner_lease_dir``, or ``<run_dir>.leases`` beside the socket directories."""
         return self.owner_lease_dir or self.run_dir.with_name(self.run_dir.name + ".leases")
+
+    @model_validator(mode="after")
+    def _default_sessions_per_sandbox(self) -> ExecutorSettings:
+        if "sessions_per_sandbox" not in self.model_fields_set:
+            self.sessions_per_sandbox = 1 if self.runtime == "runsc" else SHARED_SESSIONS_DEFAULT
+        return self
 
     @model_validator(mode="after")
     def _profiles_within_ceiling(self) -> ExecutorSettings:

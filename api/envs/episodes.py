@@ -4,7 +4,9 @@ current one, ``fork`` copies its history into new envs.
 ``reset`` re-instantiates the environment (EnvScaler ``reset()``) with the given
 ``init_config`` (else the scenario's, else the current one), bound to the given scenario
 (else the current one) and options (else the current ones), and commits its step 0; the
-previous episode stays readable (``?episode=``). ``restore`` deletes the steps after the
+previous episode stays readable (``?episode=``). The previous episode's session is closed
+once the next one's is placed, so the sandbox it leaves is not emptied (and recycled)
+under it: the next episode of a repeated config is forked from the config's template there. ``restore`` deletes the steps after the
 target and puts the live session (if any) into the target's state; an ended episode runs
 again when the target is before its end, and a conversational episode's transcript is cut
 to what it was then. ``fork`` writes new envs whose episode 1 is this env's current
@@ -15,6 +17,7 @@ and their sessions start on first use.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
 
@@ -111,12 +114,18 @@ class Episodes:
                                         source_code=None, class_name=None, scenario_id=scenario, init_config=config,
                                         options=body.episode if body is not None else None, current=row,
                                         current_run=current_run)
-            self.live.drop(env_id)
+            previous = self.live.detach(env_id)  # closed once the next episode's session is placed
             number = row.episode + 1
             run = EpisodeRun(config=start.config, scenario_id=scenario, user_key_enc=start.user_key_enc)
             environment = start.environment
-            with self.sessions.new_episode(env_id, ctx.tenant, environment, start.init_config, row.profile,
-                                           body.seed if body is not None else None) as (session, cache, pending):
+            with ExitStack() as opened:
+                try:
+                    session, cache, pending, construction = opened.enter_context(self.sessions.new_episode(
+                        env_id, ctx.tenant, environment, start.init_config, row.profile,
+                        body.seed if body is not None else None))
+                finally:
+                    if previous is not None:
+                        previous.session.close()
                 self.rulebook.first_observation(ctx.tenant, start.scenario.task if start.scenario else None, run)
                 run.initial_root = cache.root
                 now = utcnow()
@@ -137,7 +146,9 @@ class Episodes:
                 argument_checking=row.argument_checking or environment.argument_checking))
             with self.db.read() as db:
                 fresh = owned(db, models.Env, env_id, ctx.tenant, "env")
-        return self.views.public(fresh)
+        public = self.views.public(fresh)
+        public.construction = construction
+        return public
 
     def restore(self, ctx: TenantContext, env_id: str, body: RestoreRequest) -> EnvPublic:
         """``POST /v1/envs/{id}/restore``: put the env back to ``body.step`` of its episode;

@@ -178,7 +178,7 @@ class EnvLifecycle:
             environment = start.environment
             run = EpisodeRun(config=start.config, scenario_id=body.scenario_id, user_key_enc=start.user_key_enc)
             with self.sessions.new_episode(env_id, ctx.tenant, environment, start.init_config, profile,
-                                           body.seed) as (session, cache, pending):
+                                           body.seed) as (session, cache, pending, construction):
                 self.rulebook.first_observation(ctx.tenant, start.scenario.task if start.scenario else None, run)
                 run.initial_root = cache.root
                 now = utcnow()
@@ -204,6 +204,7 @@ class EnvLifecycle:
                 argument_checking=body.argument_checking or environment.argument_checking))
         # the rows just committed (objects stay usable): no second read for the reply
         public = self.views.of_rows(row, environment, first)
+        public.construction = construction
         return CreatedEnv(public, config if config is not None and row.init_config_hash == config.hash else None)
 
     def read(self, ctx: TenantContext, env_id: str) -> EnvPublic:

@@ -91,6 +91,15 @@ class LiveEnvs:
             self._live[env_id] = entry
             self._count()
 
+    def detach(self, env_id: str) -> LiveEnv | None:
+        """Forget the env's live entry without closing its session, and return it (None:
+        it had none): the caller closes the session (``reset`` opens the next episode's
+        first, so the sandbox it leaves still holds the environment's templates)."""
+        with self._registry:
+            entry = self._live.pop(env_id, None)
+            self._count()
+        return entry
+
     def drop(self, env_id: str) -> None:
         """Close the env's session and forget it (its state stays in the database)."""
         with self._registry:

@@ -36,6 +36,7 @@ from ..db.database import Database
 from ..db.store import PendingBlobs, StateCache, encode_state, load_state
 from ..errors import Conflict, InvalidRequest, ServiceUnavailable
 from ..sandboxes import CodeFailed, SandboxCapacity, Sandboxes, SandboxSession, SharedConfig
+from ..schemas.envs import EnvConstruction
 from ..services.common import aware, clean_text, owned, utcnow
 from ..settings import ApiSettings
 from .actions import ToolSets
@@ -128,12 +129,14 @@ class Sessions:
     @contextmanager
     def new_episode(self, env_id: str, tenant: str, environment: models.Environment, init_config: CanonicalConfig,
                     profile: dict[str, Any] | None,
-                    seed: int | None = None) -> Iterator[tuple[SandboxSession, StateCache, PendingBlobs]]:
+                    seed: int | None = None,
+                    ) -> Iterator[tuple[SandboxSession, StateCache, PendingBlobs, EnvConstruction | None]]:
         """Instantiate ``environment`` for ``env_id`` with ``init_config`` (``seed``:
         EnvScaler's reset seed) and encode its initial state; yields ``(session, state,
-        blobs to write)``. The session is closed if the block raises. Raises
-        InvalidRequest (field ``init_config``) when the environment code fails, and what
-        :meth:`open` raises."""
+        blobs to write, how the instance was made)`` (the last None when the executor does
+        not say) and counts it in ``sandpit_env_construction_total``. The session is closed
+        if the block raises. Raises InvalidRequest (field ``init_config``) when the
+        environment code fails, and what :meth:`open` raises."""
         cached = self.configs.parsed.cached(init_config.hash)  # one object per config: its wire bytes are computed once
         value = cached if isinstance(cached, SharedConfig) else SharedConfig(init_config.value)
         self.configs.parsed.put(replace(init_config, value=value), replace=value is not cached)
@@ -144,17 +147,21 @@ class Sessions:
                                  f"{clean_text(exc.observation)[:2000]}", field="init_config") from None
         try:
             opened = session.take_opened()
+            construction = None if opened.construction is None else EnvConstruction.model_validate(
+                opened.construction.model_dump())
+            if construction is not None and self.live.metrics is not None:
+                self.live.metrics.constructions.labels(construction.path, construction.reason or "none").inc()
             digest = opened.digest
             known = self.initial_states.get(tenant, digest) if digest is not None else None
             if known is not None:
-                yield session, known[0], known[1]
+                yield session, known[0], known[1], construction
             else:  # a template-forked state of an unknown digest is asked of the sandbox once
                 attributes = opened.attributes if opened.attributes is not None else session.read_state()
                 pending = PendingBlobs()
                 cache = encode_state(attributes, pending)
                 if digest is not None:
                     self.initial_states.put(tenant, digest, cache, pending)
-                yield session, cache, pending
+                yield session, cache, pending, construction
         except BaseException:
             session.close()
             raise

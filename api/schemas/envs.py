@@ -138,6 +138,43 @@ class EnvCreate(_Request):
             raise ValueError("class_name is only for inline source_code")
         return self
 
+ConstructionReason = Literal[
+    "restored", "templates_off", "seeded", "no_config", "source_unsuitable", "import_effects", "nondeterministic",
+    "module_state", "construction_failed", "no_verdict", "leaves_process", "template_failed", "first_open",
+    "building", "no_room", "other"]
+
+
+class EnvConstruction(BaseModel):
+    """How the env's instance was made when it was created (docs/executor.md, "Repeated
+    configs"): ``template``, forked copy-on-write from a process of its sandbox that had
+    constructed it from the same environment and exact ``init_config`` (no source executed,
+    no construction, no state encoded: the fast path), or ``constructed``, the source
+    executed and the constructor called for this env, with ``reason``:
+
+    ``nondeterministic`` (two constructions from the config differ: the clock, random
+    numbers, ids), ``module_state`` (construction changes module-level state: instance
+    counters, registries), ``source_unsuitable`` (the source breaks a template rule:
+    imports outside the pure modules, import-time calls, ``open``/``exec``/``global``...),
+    ``import_effects`` (the module left threads or descriptors, or raised), ``leaves_process``,
+    ``construction_failed``, ``no_verdict`` (the check construction died or ran out of
+    time), ``template_failed``: refused or failed, the env's later creates are constructed
+    too; ``first_open`` (the config's first create in this sandbox), ``building`` (its
+    template is being built: the next create may take it), ``no_room`` (no room for
+    another config template in the sandbox): not yet; ``seeded`` (a ``seed`` was given),
+    ``no_config`` (empty or not exact-JSON config), ``templates_off`` (one env per sandbox:
+    ``SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX=1``), ``restored``: the fast path does not
+    apply; ``other``: a reason this server does not know."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Literal["template", "constructed"]
+    reason: ConstructionReason | None = None
+    """Why the instance was constructed (None for ``template``)."""
+    detail: str | None = None
+    """The sandbox's words behind ``reason`` (at most 200 characters), e.g. ``unsuitable:
+    two constructions differ``; may quote what the environment's own code reported."""
+
+
 class EnvPublic(BaseModel):
     """An env and its current episode. For a fresh episode (create, reset) this is
     EnvScaler's ``reset()`` result: ``observation`` (the task, or the simulated user's
@@ -178,6 +215,9 @@ class EnvPublic(BaseModel):
     episode_config: dict[str, Any] = Field(default_factory=dict)
     """The episode's options (:class:`EpisodeOptions`, without the user model's key)."""
     argument_checking: ArgumentChecking = "off"
+    construction: EnvConstruction | None = None
+    """How the instance was made: in the response of ``POST /v1/envs`` only (None elsewhere,
+    and when the executor does not say)."""
 
 class EnvsPublic(BaseModel):
     data: list[EnvPublic]

@@ -26,7 +26,14 @@ import orjson
 from cachetools import LRUCache
 
 from ..errors import SessionError
-from ..results import EncodedValue, OpenedState, check_encoded, check_retyped
+from ..results import (
+    Construction,
+    EncodedValue,
+    OpenedState,
+    check_construction,
+    check_encoded,
+    check_retyped,
+)
 from .placement import SessionSpec
 
 if TYPE_CHECKING:
@@ -153,10 +160,14 @@ def opened_state(spec: SessionSpec, sandbox: PooledSandbox, reply: dict[str, Any
     if key is not None:
         sandbox.config_keys.add(key)
     retyped = check_retyped(reply.get("retyped"))
+    construction = check_construction(reply.get("construction"))
     if reply.get("template") is True:
         if digest is None:
             raise SessionError("sandbox opened a session from a template without naming its state")
-        return OpenedState(digest=digest), retyped
+        return OpenedState(digest=digest, construction=Construction(path="template")), retyped
+    if construction is not None and construction.path == "template":  # a template's state comes by digest only
+        construction = Construction(path="constructed", reason="other")
     if restored:  # the caller gave the state; the reply's copy of it is not needed
-        return OpenedState(), retyped
-    return OpenedState(attributes=check_encoded(reply.get("snapshot") or {}, "snapshot"), digest=digest), retyped
+        return OpenedState(construction=construction), retyped
+    return OpenedState(attributes=check_encoded(reply.get("snapshot") or {}, "snapshot"), digest=digest,
+                       construction=construction), retyped

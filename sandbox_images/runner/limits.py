@@ -90,6 +90,9 @@ INIT_RETYPED_MAX = 32
 value of another type are reported by an ``init`` (``child_instance.retyped_attributes``)."""
 INIT_RETYPED_NAME_CHARS = 200
 """A reported key or type name is cut to this many characters."""
+CONSTRUCTION_DETAIL_MAX_CHARS = 200
+"""The ``detail`` of an open's ``construction`` verdict (``pid1_verdicts``: a template's
+failure text; the host cuts it again to this)."""
 JSON_NATIVE_MAX_DEPTH = 100
 """JSON values nested deeper than this are pickled (and rendered with a depth marker)
 rather than sent as ``"j"``: frames may nest at most MAX_FRAME_DEPTH levels."""

@@ -41,6 +41,7 @@ from .limits import (
 from .pid1_children import Child, Output, drain, oom_kills, read_once
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_templates import Configs, Template, template_key
+from .pid1_verdicts import verdict
 from .wire import call_failure_observation
 
 TYPE_CHECKING = False
@@ -79,6 +80,8 @@ class Session:
         self.config_hash: str | None = None
         self.forked_from: Template | None = None
         """The config template the current child was forked from, until its init answers."""
+        self.construction: dict[str, Any] = {}
+        """How its current process got its instance (``pid1_verdicts``), for the open's reply."""
 
 
 class Sessions:
@@ -215,8 +218,9 @@ class Sessions:
             if template is not None:
                 child = self.templates.fork(template.key)
                 if child is not None:
-                    session.forked_from = template
+                    session.forked_from, session.construction = template, {"path": "template"}
                     return child
+        session.construction = verdict(self.templates, session.key, session.config_hash, session.spec, fresh)
         if not session.spec.get("describe_only") and not seeded:
             child = self.templates.fork(session.key)
             if child is not None:
@@ -471,7 +475,7 @@ class Sessions:
             return False
         session.forked_from = None
         session.opened = True
-        reply: OpenReply = {"id": rid, "status": "ok"}
+        reply: OpenReply = {"id": rid, "status": "ok", "construction": session.construction}
         if isinstance(msg.get("retyped"), list):
             reply["retyped"] = msg["retyped"]
         if template is not None and template.snapshot is not None:

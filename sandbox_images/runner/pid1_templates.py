@@ -204,6 +204,8 @@ class Templates:
         """When each config template key was last opened (monotonic seconds; the last
         CONFIG_OPENS_REMEMBERED keys): a template is built for a config opened twice, not
         for one-off configs, and only evicts templates used less recently than that."""
+        self.no_room: set[str] = set()
+        """Config template keys not built for want of room at their last try (``pid1_verdicts``)."""
         children.follow(self.pids, self._claim_exit, settled=self.ready_pids)
         loop.add_deadlines(self.check_deadlines)
 
@@ -382,6 +384,7 @@ class Templates:
         self.failed.clear()
         self.pending.clear()
         self.config_opens.clear()
+        self.no_room.clear()
         self.forked = self.fallbacks = self.config_builds = self.config_evictions = 0
         return had_jobs
 
@@ -416,6 +419,9 @@ class Templates:
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
         older = sorted((t for t in configs if t.ready and t.used < previous), key=lambda t: t.used)
         victims: list[Template] = []
+        if len(self.no_room) >= CONFIG_OPENS_REMEMBERED:
+            self.no_room.clear()
+        self.no_room.add(ckey)
         if len(configs) >= CONFIG_TEMPLATE_MAX_PER_SANDBOX:
             if not older:
                 return
@@ -426,6 +432,7 @@ class Templates:
             if more is None:
                 return  # nothing killed: it would not make room
             victims += more
+        self.no_room.discard(ckey)
         for victim in victims:
             self.evict(victim)
         child = self.fork(key)

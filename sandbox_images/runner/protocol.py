@@ -158,7 +158,8 @@ if TYPE_CHECKING:
     class OpenReply(Reply):
         """``ok``: the state as ``snapshot`` with its ``snapshot_digest`` (SHA-256 of
         ``snapshot_text``), or, for a session forked from a config template, ``template:
-        true`` and the digest alone; ``retyped`` config keys (``child_instance``).
+        true`` and the digest alone; ``retyped`` config keys (``child_instance``);
+        ``construction``: how the instance was made (``pid1_verdicts``).
         ``error``/``timeout``/``oom``/``crashed``: the ``observation`` (and ``traceback``)
         of a failed construction. A fault with ``missing_config: true``: PID 1 does not
         hold the config of ``config_hash`` (send ``config_b64``)."""
@@ -168,6 +169,7 @@ if TYPE_CHECKING:
         snapshot: NotRequired[Encoded]
         snapshot_digest: NotRequired[str]
         template: NotRequired[bool]
+        construction: NotRequired[dict[str, Any]]
         retyped: NotRequired[list[Any]]
         missing_config: NotRequired[bool]
 

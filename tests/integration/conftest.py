@@ -158,7 +158,7 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_settings(run_root: Path, name: str, **changes: Any) -> ExecutorSettings:
-    fields: dict[str, Any] = {"pool_size": 1, "run_dir": run_root / name, "idle_timeout_s": 20.0,
+    fields: dict[str, Any] = {"pool_size": 1, "sessions_per_sandbox": 1, "run_dir": run_root / name, "idle_timeout_s": 20.0,
                               "startup_timeout_s": 30.0, "watchdog_grace_s": 5.0, "reap_on_start": True}
     fields.update(changes)
     return ExecutorSettings(**fields)

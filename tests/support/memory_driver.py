@@ -16,8 +16,10 @@ admission reads).
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +47,8 @@ class MemorySandbox:
         self.dying = False
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.sessions: dict[str, dict[str, Any]] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+        """Configs sent by hash (``config_b64``), kept until the test sandbox is gone."""
         self._lock = threading.Lock()
 
     @property
@@ -86,9 +90,16 @@ class MemorySandbox:
 
     # -- the runner double's answers ----------------------------------------------------
     def _op_open(self, session: str, source: str, class_name: str, snapshot: dict[str, Any] | None = None,
-                 init_config: dict[str, Any] | None = None, describe_only: bool = False, **_: object) -> dict[str, Any]:
+                 init_config: dict[str, Any] | None = None, describe_only: bool = False,
+                 config_hash: str | None = None, config_b64: str | None = None, **_: object) -> dict[str, Any]:
         if session in self.sessions:
             return {"status": "fault", "message": f"session {session!r} exists"}
+        if config_hash is not None:  # a config by hash, its bytes sent once per sandbox (as the runner keeps them)
+            if config_b64 is not None:
+                self.configs[config_hash] = json.loads(base64.b64decode(config_b64))
+            if config_hash not in self.configs:
+                return {"status": "fault", "message": "unknown config", "missing_config": True}
+            init_config = self.configs[config_hash]
         state = {"count": 0, **copy.deepcopy(init_config or {})}
         state.update({key: entry[1] for key, entry in (snapshot or {}).items()})
         self.sessions[session] = state
@@ -128,6 +139,7 @@ class MemorySandbox:
 
     def _op_recycle(self, **_: object) -> dict[str, Any]:
         clean = not self.dirty and not self.sessions
+        self.configs.clear()
         return {"status": "ok", "clean": clean, "problems": [] if clean else ["left over"]}
 
     def _op_exec(self, code: str, **_: object) -> dict[str, Any]:

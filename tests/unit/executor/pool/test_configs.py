@@ -93,3 +93,30 @@ def test_sent_configs_take_concurrent_sessions() -> None:
     for thread in threads:
         thread.join()
     assert len(sent) <= 64
+
+@pytest.mark.parametrize(("construction", "expected"), [
+    ({"path": "constructed", "reason": "nondeterministic", "detail": "unsuitable: two constructions differ"},
+     {"path": "constructed", "reason": "nondeterministic", "detail": "unsuitable: two constructions differ"}),
+    ({"path": "constructed", "reason": "first_open"}, {"path": "constructed", "reason": "first_open", "detail": None}),
+    ({"path": "constructed", "reason": "<script>", "detail": "d" * 5000},  # hostile: unknown reason, long detail
+     {"path": "constructed", "reason": "other", "detail": "d" * 200}),
+    ({"path": "constructed", "reason": ["first_open"], "detail": 7}, {"path": "constructed", "reason": "other",
+                                                                      "detail": None}),
+    ({"path": "template"}, {"path": "constructed", "reason": "other", "detail": None}),  # but no digest-only state
+    ({"path": "elsewhere"}, None),
+    ("constructed", None),
+    (None, None),
+])
+def test_an_open_reply_says_how_the_instance_was_made_within_the_bounded_set(construction: object,
+                                                                              expected: dict | None) -> None:
+    reply = {"status": "ok", "snapshot": {"x": ["j", 1]}, "snapshot_digest": "e" * 64, "construction": construction}
+    opened, _ = opened_state(_spec(), SimpleNamespace(config_keys=set()), reply, restored=False)  # type: ignore[arg-type]
+    assert (opened.construction.model_dump() if opened.construction else None) == expected
+
+
+def test_a_state_named_by_digest_only_is_a_templates_whatever_the_reply_says() -> None:
+    reply = {"status": "ok", "template": True, "snapshot_digest": "d" * 64,
+             "construction": {"path": "constructed", "reason": "seeded"}}
+    opened, _ = opened_state(_spec(), SimpleNamespace(config_keys=set()), reply, restored=False)  # type: ignore[arg-type]
+    assert opened.construction is not None and opened.construction.model_dump() == {
+        "path": "template", "reason": None, "detail": None}

@@ -120,7 +120,7 @@ def test_an_unclean_sandbox_is_destroyed_not_reused(pool: SandboxPool, driver: M
 
 
 def test_capacity_is_bounded_by_max_sandboxes(driver: MemoryDriver) -> None:
-    with SandboxPool(driver, settings(max_sandboxes=2)) as pool:
+    with SandboxPool(driver, settings(max_sandboxes=2, sessions_per_sandbox=1)) as pool:  # a sandbox per session
         pool.open_session(tenant="t1", source="", class_name="Counter")
         pool.open_session(tenant="t1", source="", class_name="Counter")
         with pytest.raises(CapacityError) as refused:
