@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 from sandpit.sandbox_images.runner import pid1_children
 
@@ -76,7 +77,10 @@ def test_schedstat_of_a_live_process_and_of_none() -> None:
     try:
         first = pid1_children.read_sched(fd)
         assert first is not None and first[0] >= 0 and first[1] >= 0
-        sum(range(200_000))  # some CPU time
+        started = time.thread_time()
+        while time.thread_time() - started < 0.02:  # 20 ms of CPU: longer than a scheduler tick
+            sum(range(10_000))
+        time.sleep(0.001)  # the kernel folds a running task's time into schedstat when it switches out
         second = pid1_children.read_sched(fd)  # the same descriptor, read again from offset 0
         assert second is not None and second[0] > first[0] and second[1] >= first[1]
     finally:
