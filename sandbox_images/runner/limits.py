@@ -295,7 +295,15 @@ def check_files(files: object) -> dict[str, str]:
 TEMPLATE_FORK_TIMEOUT_S = 2.0
 """Longest wait of PID 1 for a template's answer to ``fork`` (the template forks twice and
 reports the new session's pid); past it the template is killed and the environment's
-sessions start the normal way for the rest of the sandbox's use."""
+sessions start the normal way until it is rebuilt (TEMPLATE_REBUILDS)."""
+TEMPLATE_REBUILDS = 3
+"""How often a template that failed for a reason that may not recur (it loaded or forked
+too late, died, closed its channel, answered a pid PID 1 could not verify: what a machine
+too loaded for the deadlines causes) is built again until the sandbox is recycled; a
+verdict (``unsuitable``) or a protocol violation is never retried."""
+TEMPLATE_REBUILD_BACKOFF_S = 5.0
+"""Wait before the first rebuild of a failed template (seconds); each later one waits four
+times the one before (5, 20, 80 s)."""
 TEMPLATE_REPARENT_S = 1.0
 """Longest wait of a forked session for its intermediate parent to exit (it is then a
 child of PID 1)."""

@@ -557,3 +557,20 @@ class Children:
             pid1_cleanup.remove(path)
         except OSError:
             self.leftovers.append(path)
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...),
+    or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (/proc), or None when it is gone."""
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields else None

@@ -18,8 +18,13 @@ and a template serves only the sandbox's tenant (sandboxes are per tenant).
         reaped by PID 1, its own work directory, and the same ``init`` request (the child
         skips executing the source it already has).
     anything else (``unsuitable``, a malformed or late answer, the template's death, a
-    bad pid)  -> the template is killed and K is marked: its sessions start the normal way
-    until the sandbox is recycled (a failing template is never retried).
+    bad pid)  -> the template is killed and K is marked: its sessions start the normal way.
+    A verdict (``unsuitable``) or a protocol violation stands until the sandbox is
+    recycled; a failure a loaded machine causes (late, died, closed, a fork that failed or
+    gave a pid PID 1 could not verify) is retried: the next session of K after
+    TEMPLATE_REBUILD_BACKOFF_S (x4 each time) builds it again, at most TEMPLATE_REBUILDS
+    times per recycle (a template that keeps failing costs a few spare processes, never a
+    loop).
 
 A template is not a session: its pid is known to the sweeps (it is not a stray), but every
 other process in its process session is (it must fork nothing outside a ``fork`` request).
@@ -86,8 +91,10 @@ from .limits import (
     TEMPLATE_FORK_TIMEOUT_S,
     TEMPLATE_FRAME_MAX_BYTES,
     TEMPLATE_MAX_PER_SANDBOX,
+    TEMPLATE_REBUILD_BACKOFF_S,
+    TEMPLATE_REBUILDS,
 )
-from .pid1_children import Child, memory_over, private_bytes, read_once, stream
+from .pid1_children import Child, memory_over, parent_of, private_bytes, proc_stat, read_once, stream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -190,7 +197,12 @@ class Templates:
         self.timeout_s = float(limits["call_timeout_s"])
         self.by_key: dict[str, Template] = {}
         self.failed: dict[str, str] = {}
-        """Keys whose template failed (key -> reason): no new template until recycle."""
+        """Keys whose template failed (key -> reason): no new template until recycle, or
+        until ``rebuild_at`` says (a failure that may not recur)."""
+        self.rebuild_at: dict[str, float] = {}
+        """Failed keys that may be built again, and from when (monotonic seconds)."""
+        self.rebuilds: dict[str, int] = {}
+        """Keys -> failures that may not recur since the last recycle (TEMPLATE_REBUILDS)."""
         self.forked = 0
         self.fallbacks = 0
         self.pending: dict[str, tuple[str, bytes, float]] = {}
@@ -255,7 +267,7 @@ class Templates:
     def want(self, key: str, spec: dict[str, Any]) -> None:
         """A session of ``key`` was opened: start its template unless one exists, failed,
         or the sandbox holds TEMPLATE_MAX_PER_SANDBOX already. Never raises."""
-        if not self.enabled() or key in self.by_key or key in self.failed or spec.get("describe_only"):
+        if not self.enabled() or key in self.by_key or self.still_failed(key) or spec.get("describe_only"):
             return
         if sum(t.config_hash is None and k != JOBS_KEY for k, t in self.by_key.items()) >= TEMPLATE_MAX_PER_SANDBOX:
             return
@@ -264,7 +276,7 @@ class Templates:
     def want_jobs(self) -> None:
         """Start the jobs template unless it exists or failed since the last recycle (or
         templates are off). Never raises."""
-        if self.jobs_enabled() and JOBS_KEY not in self.by_key and JOBS_KEY not in self.failed:
+        if self.jobs_enabled() and JOBS_KEY not in self.by_key and not self.still_failed(JOBS_KEY):
             self._start(JOBS_KEY, {"jobs": True})
 
     def _start(self, key: str, fields: dict[str, Any]) -> None:
@@ -312,26 +324,26 @@ class Templates:
         try:
             messages = template.child.frames.feed(data)
         except protocol.ProtocolViolation:
-            self.fail(template, "broke the protocol")
+            self.fail(template, "broke the protocol", final=True)
             return
         for msg in messages:
             if template.ready or msg.get("id") != template.token:
-                self.fail(template, "unsolicited message")
+                self.fail(template, "unsolicited message", final=True)
                 return
             if msg.get("status") != "ok":
-                self.fail(template, f"unsuitable: {str(msg.get('reason'))[:200]}")
+                self.fail(template, f"unsuitable: {str(msg.get('reason'))[:200]}", final=True)
                 return
             if template.config_hash is not None:
                 delta = msg.get("delta")
                 snapshot = delta.get("set") if isinstance(delta, dict) else None
                 if not isinstance(snapshot, dict):
-                    self.fail(template, "malformed state")
+                    self.fail(template, "malformed state", final=True)
                     return
                 template.snapshot = snapshot
                 try:
                     template.digest = hashlib.sha256(protocol.snapshot_text(snapshot)).hexdigest()
                 except (TypeError, ValueError):
-                    self.fail(template, "state not encodable")
+                    self.fail(template, "state not encodable", final=True)
                     return
             template.ready = True
             template.deadline = None
@@ -352,15 +364,33 @@ class Templates:
                 wait = template.deadline - now if wait is None else min(wait, template.deadline - now)
         return wait
 
-    def fail(self, template: Template, reason: str) -> None:
-        """Kill ``template`` and mark its key (no new template until recycle)."""
+    def fail(self, template: Template, reason: str, *, final: bool = False) -> None:
+        """Kill ``template`` and mark its key: no new template until recycle when ``final``
+        (a verdict or a protocol violation) or the key used up TEMPLATE_REBUILDS, else
+        until its backoff has passed (module docstring)."""
         if self.by_key.get(template.key) is template:
             del self.by_key[template.key]
         self.failed[template.key] = reason
+        self.rebuild_at.pop(template.key, None)
+        count = self.rebuilds.get(template.key, 0)
+        if not final and count < TEMPLATE_REBUILDS:
+            self.rebuilds[template.key] = count + 1
+            self.rebuild_at[template.key] = time.monotonic() + TEMPLATE_REBUILD_BACKOFF_S * 4 ** count
         child = template.child
         for obj in (child.sock, child.out_r, child.err_r):
             self.loop.unwatch(obj)
         child.kill()
+
+    def still_failed(self, key: str) -> bool:
+        """Whether ``key``'s template failed and may not be built yet; a key whose rebuild
+        time has come is forgotten as failed (its next want builds it). Never raises."""
+        if key not in self.failed:
+            return False
+        due = self.rebuild_at.get(key)
+        if due is None or time.monotonic() < due:
+            return True
+        del self.failed[key], self.rebuild_at[key]
+        return False
 
     def _claim_exit(self, pid: int, wait_status: int) -> bool:
         """A reaped pid: a template's exit (its sessions live on; new ones fall back).
@@ -382,6 +412,8 @@ class Templates:
             self.fail(template, "recycled")
         self.by_key.clear()
         self.failed.clear()
+        self.rebuild_at.clear()
+        self.rebuilds.clear()
         self.pending.clear()
         self.config_opens.clear()
         self.no_room.clear()
@@ -401,7 +433,7 @@ class Templates:
         self.config_opens[ckey] = time.monotonic()
         while len(self.config_opens) > CONFIG_OPENS_REMEMBERED:
             self.config_opens.popitem(last=False)
-        if previous is None or ckey in self.by_key or ckey in self.failed or key in self.failed:
+        if previous is None or ckey in self.by_key or self.still_failed(ckey) or key in self.failed:
             return
         module = self.by_key.get(key)
         if module is None or not module.ready:
@@ -414,7 +446,7 @@ class Templates:
         template, after making room among the templates used before ``previous`` (the
         config's previous open, monotonic seconds). Never raises."""
         ckey = config_template_key(key, config_hash)
-        if ckey in self.by_key or ckey in self.failed:
+        if ckey in self.by_key or self.still_failed(ckey):
             return
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
         older = sorted((t for t in configs if t.ready and t.used < previous), key=lambda t: t.used)
@@ -454,6 +486,8 @@ class Templates:
         """Kill a ready config template to make room (its key may be built again)."""
         self.fail(template, "evicted")
         self.failed.pop(template.key, None)
+        self.rebuild_at.pop(template.key, None)
+        self.rebuilds.pop(template.key, None)
         self.config_evictions += 1
 
     def config_template(self, key: str, config_hash: str) -> Template | None:
@@ -521,12 +555,12 @@ class Templates:
                 pass
         pid = reply.get("pid")
         if reply.get("status") != "ok" or type(pid) is not int or not self._verified(pid):
-            if type(pid) is int and pid > 1 and _parent(pid) == os.getpid():
+            if type(pid) is int and pid > 1 and parent_of(pid) == os.getpid():
                 try:  # our child, but not a session we can use
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            fields = _stat(pid) if type(pid) is int and pid > 1 else None
+            fields = proc_stat(pid) if type(pid) is int and pid > 1 else None
             detail = fields[:4] if fields else None
             self.fail(template, f"fork answered a bad pid ({str(reply.get('status'))[:20]}, {pid!r:.20}, {detail})")
             return 0
@@ -539,26 +573,11 @@ class Templates:
         process the runner tracks already (read from /proc: nothing the template says)."""
         if pid <= 1 or pid in self.children.tracked_pids():
             return False
-        fields = _stat(pid)
+        fields = proc_stat(pid)
         if fields is None or fields[0] in ("Z", "X", "x"):
             return False
         ppid, pgrp, sid = int(fields[1]), int(fields[2]), int(fields[3])
         return ppid == os.getpid() and pgrp == pid and sid == pid
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
-
-
-def _parent(pid: int) -> int | None:
-    fields = _stat(pid)
-    return int(fields[1]) if fields else None
 
 
 def make_room(candidates: list[Template], over: int,
