@@ -43,6 +43,9 @@ SUITE: dict[str, list[str]] = {
 }
 """The benchmarks ``--run`` runs, in this order, by the name of the JSON each saves, with
 the arguments the table's figures come from."""
+DENSITY_ENVS, DENSITY_STEPPING = 10_000, 1_000
+"""The density target: this many live envs resident with this many stepping (step p99
+<= 50 ms, no restores); a smaller run's rows say so and are not met."""
 
 
 def _steal_detail(steal: dict) -> str:
@@ -194,12 +197,14 @@ def collect() -> list[dict[str, Any]]:
                  forked <= 2, f"spawned session {spawned:.1f} MiB" if spawned is not None else "")
         run = density.get("api")
         if run and "step_ms" in run:
-            _row(rows, "density", f"resident envs of {run['envs']} ({run.get('restores_during_run', 0)} restores)",
-                 f"{run['envs']}", run["resident_after"], "envs", run["resident_after"] >= run["envs"]
+            full = run["envs"] >= DENSITY_ENVS and run["stepping"] >= DENSITY_STEPPING
+            scale = "" if full else f" (a {run['envs']}-env run: the target's {DENSITY_ENVS} was not run)"
+            _row(rows, "density", f"resident envs of {run['envs']} ({run.get('restores_during_run', 0)} restores)"
+                 + scale, f"{DENSITY_ENVS}", run["resident_after"], "envs", full and run["resident_after"] >= run["envs"]
                  and run.get("restores_during_run", 0) == 0)
             burst = run.get("burst") or {}
             _row(rows, "density", f"step p99, {run['stepping']} of them stepping", "<= 50 ms",
-                 run["step_ms"]["p99"], "ms", run["step_ms"]["p99"] <= 50,
+                 run["step_ms"]["p99"], "ms", full and run["step_ms"]["p99"] <= 50,
                  f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
                     f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else "")
