@@ -8,7 +8,7 @@ real-shaped ones, single steps beside batched ones, runc beside runsc). Writes
 (what ``docs/performance.md`` holds).
 
 With ``--run`` it first runs the benchmarks of :data:`SUITE` one after the other (each
-starts its own server; about 15 minutes on a quiet 2-core machine), then prints the
+starts its own server; about 8 minutes on a quiet 2-core machine), then prints the
 table from what they saved; ``--run real_shapes,batch_step`` runs some of them. Run it on
 a quiet machine: every figure is wall-clock time.
 
