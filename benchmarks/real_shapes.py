@@ -48,15 +48,14 @@ import argparse
 import json
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from taubench_shaped import RETAIL_SOURCE, json_size, retail_data  # noqa: E402
+from cold import scaled_config, timed  # noqa: E402 - the cold-path benchmark's config and timer
+from taubench_shaped import RETAIL_SOURCE, json_size  # noqa: E402
 
 from api import Server, machine, pcts, save  # noqa: E402 - benchmarks/ is not a package
 
@@ -203,31 +202,6 @@ CHECKS = [{"check_item": "has data", "check_func": "def check_func(final_state):
                                                      "    return set(initial_state) == set(final_state)\n"}]
 
 
-def config_of(size_mb: float) -> dict[str, Any]:
-    """``{"data": retail tables}`` grown until its compact JSON is ~``size_mb`` MB."""
-    target = int(size_mb * 1_000_000)
-    n = 600
-    data = retail_data(orders=n)
-    for _ in range(6):
-        size = json_size(data)
-        if abs(size - target) < target * 0.02:
-            break
-        base = json_size(retail_data(orders=0))
-        n = max(1, int(n * (target - base) / max(size - base, 1)))
-        data = retail_data(orders=n)
-    return {"data": data}
-
-
-def timed(call: Callable[[], httpx.Response], expect: int) -> tuple[float, httpx.Response]:
-    """(milliseconds, response) of one call; raises RuntimeError on another status."""
-    started = time.perf_counter()
-    response = call()
-    elapsed = (time.perf_counter() - started) * 1000
-    if response.status_code != expect:
-        raise RuntimeError(f"{response.status_code}: {response.text[:500]}")
-    return elapsed, response
-
-
 def bench_shape(client: httpx.Client, name: str, config: dict[str, Any], runs: int) -> dict[str, Any]:
     """Every figure of one shape (see the module docstring)."""
     shape = SHAPES[name]
@@ -322,7 +296,7 @@ def main() -> None:
     names = [n for n in args.only.split(",") if n]
     if not names or any(n not in SHAPES for n in names):
         parser.error(f"--only takes shapes of {', '.join(SHAPES)}")
-    config = config_of(args.size_mb)
+    config = scaled_config("retail", args.size_mb)
     results: dict[str, Any] = {"machine": machine(), "settings": "defaults", "target_ms": TARGET_MS, "shapes": {}}
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp))
