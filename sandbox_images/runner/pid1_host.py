@@ -110,11 +110,10 @@ class Host:
         self.reply({"id": request_id, "status": "fault", "message": message})
 
     def _readable(self, sock: socket.socket) -> None:
-        try:
-            data = sock.recv(protocol.READ_CHUNK)
-        except BlockingIOError:
+        data = protocol.recv_ready(sock)
+        if data is None:
             return
-        if not data:
+        if not data:  # end of stream, or the connection failed: the host is gone
             self.loop.stop()
             return
         try:

@@ -292,17 +292,31 @@ TOKEN_NAME = "token"  # noqa: S105 - a file name, not a secret
 
 READ_CHUNK = 1 << 20
 """Most bytes one non-blocking read takes from a socket."""
+FIRST_READ = 1 << 16
+"""Bytes the first ``recv`` of a read asks for. A ``recv`` allocates the whole size it
+asks for before the kernel copies anything: a megabyte is an ``mmap``, page faults and
+an ``munmap`` for every frame of a few hundred bytes (tens of microseconds, several
+times the system call itself); 64 KiB comes from the allocator's heap."""
 
 
 def recv_ready(sock: socket.socket) -> bytes | None:
-    """What ``sock`` holds now, without waiting: the bytes, ``b""`` at end of stream or on
-    a socket error (the peer is gone), ``None`` when nothing has arrived yet."""
+    """What ``sock`` holds now, without waiting, at most READ_CHUNK bytes: the bytes,
+    ``b""`` at end of stream or on a socket error (the peer is gone), ``None`` when
+    nothing has arrived yet. A first read of FIRST_READ bytes; only when it came back
+    full, one more of the rest (a large frame arriving)."""
     try:
-        return sock.recv(READ_CHUNK, socket.MSG_DONTWAIT)
+        data = sock.recv(FIRST_READ, socket.MSG_DONTWAIT)
     except (BlockingIOError, InterruptedError):
         return None
     except OSError:
         return b""
+    if len(data) < FIRST_READ:
+        return data
+    try:
+        more = sock.recv(READ_CHUNK - FIRST_READ, socket.MSG_DONTWAIT)
+    except OSError:  # nothing more now (or the peer went: the next read says so)
+        return data
+    return data + more
 
 
 class ProtocolViolation(Exception):

@@ -128,3 +128,62 @@ def test_frames_before_a_bad_one_are_kept() -> None:
     with pytest.raises(protocol.ProtocolViolation) as info:
         protocol.FrameBuffer(8).feed(b"\xff\xff\xff\xff")
     assert info.value.messages == []
+
+
+class TestRecvReady:
+    """``recv_ready``: what a socket holds now, in one or two reads, never waiting."""
+
+    def test_nothing_there_is_none_and_end_of_stream_is_empty(self) -> None:
+        a, b = socket.socketpair()
+        with a, b:
+            assert protocol.recv_ready(b) is None
+            a.close()
+            assert protocol.recv_ready(b) == b""
+
+    def test_a_small_frame_comes_whole(self) -> None:
+        a, b = socket.socketpair()
+        with a, b:
+            frame = protocol.encode({"id": 1, "op": "call", "name": "bump"})
+            a.sendall(frame)
+            assert protocol.recv_ready(b) == frame
+
+    @pytest.mark.parametrize("size", [protocol.FIRST_READ, protocol.FIRST_READ + 1, 3 * protocol.FIRST_READ])
+    def test_more_than_the_first_read_comes_in_the_same_call(self, size: int) -> None:
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        with a, b:
+            data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+            a.sendall(data)
+            got = protocol.recv_ready(b) or b""
+            while len(got) < size:  # the kernel may hand a large write over in pieces
+                more = protocol.recv_ready(b)
+                assert more, "bytes were lost"
+                got += more
+            assert got == data
+
+    def test_never_more_than_read_chunk(self) -> None:
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        with a, b:
+            a.setblocking(False)
+            sent = 0
+            try:
+                while sent < 2 * protocol.READ_CHUNK:
+                    sent += a.send(b"y" * 65536)
+            except BlockingIOError:
+                pass
+            total = 0
+            while (got := protocol.recv_ready(b)):
+                assert len(got) <= protocol.READ_CHUNK
+                total += len(got)
+            assert total == sent
+
+    def test_end_of_stream_after_a_full_first_read_keeps_the_bytes(self) -> None:
+        a, b = socket.socketpair()
+        with a, b:
+            a.sendall(b"z" * protocol.FIRST_READ)
+            a.close()
+            assert protocol.recv_ready(b) == b"z" * protocol.FIRST_READ
+            assert protocol.recv_ready(b) == b""
