@@ -14,6 +14,8 @@ import itertools
 import logging
 import socket
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -58,6 +60,13 @@ class RunnerChannel:
                 ``timeout_s`` seconds (``timeout``).
             ValueError / TypeError: ``fields`` are not JSON-encodable (NaN, objects).
         """
+        return self.submit(op, timeout_s, **fields)()
+
+    def submit(self, op: str, timeout_s: float, **fields: object) -> Callable[[], dict[str, Any]]:
+        """Send one request now; the returned function waits for its reply (what
+        :meth:`request` returns or raises; ``timeout_s`` counts from now), so a caller can
+        send to several sandboxes before it waits for any. Raises ValueError / TypeError
+        (``fields`` not JSON-encodable) and SandboxLost (the connection is dead) at once."""
         request_id = next(self._ids)
         frame = protocol.encode({"id": request_id, "op": op, **fields})
         future: Future[dict[str, Any]] = Future()
@@ -70,13 +79,18 @@ class RunnerChannel:
                 self._sock.sendall(frame)
         except OSError as exc:
             self._fail(f"send failed: {exc}")
-        try:
-            return future.result(timeout=timeout_s)
-        except FutureTimeout:
-            with self._state_lock:
-                self._pending.pop(request_id, None)
-            raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
-                              self.sandbox_id, status="timeout") from None
+        deadline = time.monotonic() + timeout_s
+
+        def reply() -> dict[str, Any]:
+            try:
+                return future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                with self._state_lock:
+                    self._pending.pop(request_id, None)
+                raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
+                                  self.sandbox_id, status="timeout") from None
+
+        return reply
 
     def _fail(self, reason: str) -> None:
         with self._state_lock:
