@@ -9,7 +9,8 @@ sandbox's request is sent before any reply is awaited. Each call's result is the
 checks before the sandbox (``rejected``), the same reply checks, a lost sandbox closing
 every handle it held and giving each of its calls the loss's status. A group the runner
 refuses as a whole (``fault``) or answers malformed is a :class:`SessionError` for each
-of its calls; a group whose frame cannot be encoded (a call's arguments are not JSON) is
+of its calls (a group whose replies are large comes in parts, put back in order by their
+positions); a group whose frame cannot be encoded (a call's arguments are not JSON) is
 sent call by call. Sessions of other executors (the Ray backend's) are called through
 their own ``call``, concurrently on threads.
 """
@@ -128,9 +129,8 @@ def _grouped(calls: list[tuple[Session, str, dict[str, Any] | None, CallRules]])
                 for i in members:
                     finish(i, _raise(exc))
                 continue
-            parts = reply.get("results") if reply.get("status") == "ok" else None
-            if not isinstance(parts, list) or len(parts) != len(members) or \
-                    not all(isinstance(part, dict) for part in parts):
+            parts = _results(reply, len(members))
+            if parts is None:
                 error = SessionError(f"sandbox refused 'calls': {str(reply.get('message'))[:500]}"
                                      if reply.get("status") == "fault" else "sandbox sent a malformed 'calls' reply")
                 for i in members:
@@ -139,6 +139,34 @@ def _grouped(calls: list[tuple[Session, str, dict[str, Any] | None, CallRules]])
             for i, part in zip(members, parts, strict=True):
                 finish(i, lambda part=part: part)  # type: ignore[misc]
     return [outcome if outcome is not None else SessionError("call_many: no outcome") for outcome in outcomes]
+
+
+def _results(reply: dict[str, Any], size: int) -> list[dict[str, Any]] | None:
+    """The ``size`` call replies of a ``calls`` reply in the request's order, its parts
+    (``parts``, gathered by the channel) put in place by their ``indices``; None when the
+    group was refused or anything is malformed (a position missing, twice, out of range)."""
+    if reply.get("status") != "ok":
+        return None
+    parts = reply.get("parts")
+    if parts is None and "indices" not in reply:
+        results = reply.get("results")
+        if isinstance(results, list) and len(results) == size and all(isinstance(r, dict) for r in results):
+            return results
+        return None
+    placed: list[dict[str, Any] | None] = [None] * size
+    for frame in [*(parts if isinstance(parts, list) else [None]), reply]:
+        indices = frame.get("indices") if isinstance(frame, dict) else None
+        results = frame.get("results") if isinstance(frame, dict) else None
+        if not isinstance(indices, list) or not isinstance(results, list) or len(indices) != len(results):
+            return None
+        for index, result in zip(indices, results, strict=True):
+            if type(index) is not int or not 0 <= index < size or placed[index] is not None \
+                    or not isinstance(result, dict):
+                return None
+            placed[index] = result
+    if any(result is None for result in placed):
+        return None
+    return [result for result in placed if result is not None]
 
 
 def _send(slot: SandboxSlot, members: list[int], calls: list[tuple[Session, str, dict[str, Any] | None, CallRules]],

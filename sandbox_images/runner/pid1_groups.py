@@ -10,14 +10,20 @@ reads any reply, so every session's process is written to first. The sessions an
 through :class:`GroupingHost`: a reply whose id is a :class:`Member` is kept in its
 group instead of being sent, and when the last call of a group has its reply, the group
 is answered with one frame, ``{"id", "status": "ok", "results": [reply, ...]}`` (each
-reply without its ``id``, in the request's order). A call that loops past its deadline,
+reply without its ``id``, in the request's order). So that no frame of a group is larger
+than its largest reply would be alone, the replies gathered are sent ahead as a *part*
+once they pass GROUP_PART_BYTES while calls are still running: ``{"id", "status": "ok",
+"part": true, "indices": [i, ...], "results": [...]}``; the last frame of such a group
+carries ``indices`` too (the host's channel gathers the parts, ``executor/pool/channel.py``). A call that loops past its deadline,
 runs out of memory or kills its process is that call's reply (``timeout``/``oom``/
 ``crashed``); it fails only its own session.
 """
 
 from __future__ import annotations
 
-from .limits import MAX_GROUP_CALLS, SESSION_ID_MAX_CHARS
+import json
+
+from .limits import GROUP_PART_BYTES, MAX_GROUP_CALLS, SESSION_ID_MAX_CHARS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,17 +31,24 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .pid1_host import Host
-    from .protocol import AnyReply
+    from .protocol import AnyReply, CallsReply
 
 
 class Group:
     """The calls of one ``calls`` request still waiting for their replies."""
 
-    __slots__ = ("rid", "results", "waiting")
+    __slots__ = ("rid", "answered", "indices", "results", "size", "parted", "waiting")
 
     def __init__(self, rid: object, size: int) -> None:
         self.rid = rid
-        self.results: list[Any] = [None] * size
+        self.answered: list[bool] = [False] * size
+        self.indices: list[int] = []
+        """Positions of the replies in :attr:`results` (the JSON text of each, not yet sent)."""
+        self.results: list[bytes] = []
+        self.size = 0
+        """Bytes of :attr:`results`."""
+        self.parted = False
+        """A part was sent ahead: every frame of the group names its ``indices``."""
         self.waiting = size
 
 
@@ -64,13 +77,35 @@ class GroupingHost:
             self.host.reply(message)
             return
         group = member.group
+        if group.answered[member.index]:
+            return
         result = dict(message)
         result.pop("id", None)
-        if group.results[member.index] is None:
-            group.results[member.index] = result
-            group.waiting -= 1
-        if group.waiting == 0:
-            self.host.reply({"id": group.rid, "status": "ok", "results": group.results})
+        try:
+            text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (ValueError, TypeError) as exc:  # what Host.reply would refuse: that call's fault
+            text = json.dumps({"status": "fault", "message": f"reply could not be encoded: {exc}"[:500]})
+        group.answered[member.index] = True
+        group.waiting -= 1
+        group.indices.append(member.index)
+        group.results.append(text.encode("utf-8", "replace"))
+        group.size += len(group.results[-1])
+        if group.waiting == 0 or group.size > GROUP_PART_BYTES:
+            self._send(group, last=group.waiting == 0)
+
+    def _send(self, group: Group, last: bool) -> None:
+        """Send the replies gathered in ``group``: the whole group in order, or a part."""
+        head: CallsReply = {"id": group.rid, "status": "ok"}
+        if not last or group.parted:
+            head["indices"] = group.indices
+            group.parted = True
+        if not last:
+            head["part"] = True
+        elif not group.parted:  # every reply in one frame: put them in the request's order
+            order = sorted(range(len(group.indices)), key=group.indices.__getitem__)
+            group.results = [group.results[i] for i in order]
+        self.host.reply_raw(head, {"results": b"[" + b",".join(group.results) + b"]"})
+        group.indices, group.results, group.size = [], [], 0
 
     def reply_raw(self, message: AnyReply, raw: dict[str, bytes]) -> None:
         """An ``open``'s reply with JSON text members (never a group's: groups carry calls only)."""

@@ -216,9 +216,13 @@ if TYPE_CHECKING:
     class CallsReply(Reply):
         """``ok`` with ``results``: the reply each call would have had alone
         (:class:`CallReply`, or a ``fault`` for an unknown session), without ``id``, in
-        the request's order; a ``fault`` when the request itself was unusable."""
+        the request's order; a ``fault`` when the request itself was unusable. A group
+        whose replies are large comes in parts (``part: true``, then the last frame), each
+        naming the positions of its ``results`` (``indices``; ``pid1_groups``)."""
 
         results: NotRequired[list[CallReply]]
+        indices: NotRequired[list[int]]
+        part: NotRequired[bool]
 
     class DescribeReply(Reply):
         """``ok``: ``tools`` (encoded in at most MAX_SCHEMAS_BYTES; the host checks each

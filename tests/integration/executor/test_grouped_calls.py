@@ -143,3 +143,12 @@ def test_pid1_answers_a_session_twice_whole_and_an_unknown_one_alone(sessions: l
     assert "unknown session" in results[1]["message"] and all("id" not in r for r in results)
     with pytest.raises(SessionError):  # what the host makes of a grouped call's fault
         sessions[0].finish_call(lambda: results[1], 0.0)
+
+
+def test_a_group_of_large_replies_comes_in_parts(sessions: list[Session]) -> None:
+    code = "self.blob = str(self.counter) * (3 << 20)\nresult = len(self.blob)"
+    outcomes = call_many([(s, "run", {"code": code}, "sandpit") for s in sessions[1:4]])
+    assert [o.observation for o in outcomes if isinstance(o, CallResult)] == [str(3 << 20)] * 3
+    for session, outcome, counter in zip(sessions[1:4], outcomes, (1, 2, 3), strict=True):
+        assert isinstance(outcome, CallResult) and outcome.delta.set["blob"] == ["j", str(counter) * (3 << 20)]
+        assert session.call("bump").observation == str(counter + 1)
