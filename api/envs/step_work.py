@@ -9,8 +9,7 @@ episode rules, the state delta, rewards, the reply) runs inside the generator, t
 code for every driver:
 
 * :func:`run_alone` drives one step: the call through its session, the write through the
-  group commit (or a batched step's :class:`~..db.group_commit.BatchCommit`); this is
-  ``POST /v1/envs/{id}/step``.
+  group commit; this is ``POST /v1/envs/{id}/step``.
 * :mod:`.batch`'s vectorised driver advances the steps of a batch together: every step's
   call is sent in one :meth:`~..sandboxes.SandboxSession.call_many` (one frame per
   sandbox each way), and once no step waits for a call, the writes of the steps waiting
@@ -26,7 +25,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..db.group_commit import BatchCommit, GroupCommit
+from ..db.group_commit import GroupCommit
 from ..db.step_writes import StepWrite
 from ..sandboxes import CallRules, SandboxSession
 
@@ -56,10 +55,9 @@ Work = Generator[Need, Any, T]
 """A step's work: yields what it needs, returns its outcome."""
 
 
-def run_alone(work: Work[T], commits: GroupCommit[StepWrite], batch: BatchCommit[StepWrite] | None = None) -> T:
+def run_alone(work: Work[T], commits: GroupCommit[StepWrite]) -> T:
     """Drive ``work`` to its end on this thread: each call through its session, each
-    write through ``batch`` when given, else ``commits``. Returns the work's value;
-    raises what it raises."""
+    write through ``commits``. Returns the work's value; raises what it raises."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -72,6 +70,6 @@ def run_alone(work: Work[T], commits: GroupCommit[StepWrite], batch: BatchCommit
             if isinstance(need, CallNeed):
                 value = need.session.call(need.name, need.arguments, need.rules)
             else:
-                (batch if batch is not None else commits).submit(need.write)
+                commits.submit(need.write)
         except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
             error = exc

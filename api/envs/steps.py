@@ -29,14 +29,13 @@ gives one, is charged each phase of the step.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from typing import Any, Literal
 
 from sandpit.client.llm import ModelError
 
 from ..db.attempts import check_attempt
 from ..db.database import Database
-from ..db.group_commit import BatchCommit, GroupCommit
+from ..db.group_commit import GroupCommit
 from ..db.idempotency import KeyClaim
 from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
@@ -121,7 +120,7 @@ class Steps:
 
     def step(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
              clock: StepClock | None = None, key: KeyClaim | None = None,
-             attempt: str | None = None, batch: BatchCommit[StepWrite] | None = None) -> StepOutcome:
+             attempt: str | None = None) -> StepOutcome:
         """``POST /v1/envs/{id}/step``: run one action and commit it (EnvScaler ``step()``,
         the module docstring). First the action is parsed (arguments within the server's
         and the tenant's ``max_arguments_bytes``), then one token of the tenant's
@@ -132,9 +131,8 @@ class Steps:
         gets the reply's bytes stored in the step's own transaction. ``attempt`` (the
         request's ``Sandpit-Attempt`` token) must be the env's current attempt, checked
         before the action runs and again in the step's transaction (:mod:`..db.attempts`).
-        ``batch`` (a batched step's, :mod:`.batch`) gathers the step's write with the
-        other steps of its batch into one transaction; without it the write goes to the
-        group commit alone.
+        The step is :meth:`work` driven alone (:func:`.step_work.run_alone`: its write goes
+        to the group commit); a batched step drives several together (:mod:`.batch`).
 
         A session that refuses the call before running it (another API replica stepped the
         env since this one's handle was made: any replica answers any request) is
@@ -149,11 +147,11 @@ class Steps:
         taken over; nothing committed), NoCapacity (503 + Retry-After),
         ServiceUnavailable (database, Docker Engine or the simulated user's model failed;
         the step is not acknowledged and the env resumes from its last committed state)."""
-        return run_alone(self.work(ctx, env_id, request, include, clock, key, attempt, batch), self.commits, batch)
+        return run_alone(self.work(ctx, env_id, request, include, clock, key, attempt), self.commits)
 
     def work(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
-             clock: StepClock | None = None, key: KeyClaim | None = None, attempt: str | None = None,
-             batch: BatchCommit[StepWrite] | None = None) -> Work[StepOutcome]:
+             clock: StepClock | None = None, key: KeyClaim | None = None,
+             attempt: str | None = None) -> Work[StepOutcome]:
         """:meth:`step` as resumable work (:mod:`.step_work`): it yields its tool call and
         its write for a driver to carry out, and returns the outcome (or raises what
         :meth:`step` lists). Nothing runs before the driver's first ``send``."""
@@ -168,19 +166,18 @@ class Steps:
             self.quotas.take_step(ctx)
             if clock is not None:
                 clock.lap("auth")
-            outcome = yield from self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt, batch)
+            outcome = yield from self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt)
         return outcome
 
     def _step(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-              clock: StepClock | None, key: KeyClaim | None, attempt: str | None,
-              batch: BatchCommit[StepWrite] | None = None) -> Work[StepOutcome]:
+              clock: StepClock | None, key: KeyClaim | None, attempt: str | None) -> Work[StepOutcome]:
         """The step under the env's lock (:meth:`_step_locked`); metrics after the lock.
         A write that finds the env's head moved since the live entry was made
         (:class:`HeadMoved`: another replica stepped or reset the env, also by a step that
         made no sandbox call) committed nothing and dropped the entry: the step is carried
         out once more from the committed head; a second move in a row is the 503."""
         started = time.perf_counter()
-        with self.live.lock(env_id), batch.running() if batch is not None else nullcontext():
+        with self.live.lock(env_id):
             try:
                 outcome, done_run, pending = yield from self._step_locked(tenant, env_id, action, wanted, clock,
                                                                           key, attempt)
