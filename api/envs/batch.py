@@ -9,8 +9,9 @@ code as a single step's, and the batch advances all of them together, in waves o
 most the tenant's ``max_concurrent_calls`` (so a batch does not refuse its own steps
 with 429s): whenever steps wait for their tool calls, all those calls are sent at once
 (:meth:`~sandpit.api.sandboxes.SandboxSession.call_many`: one frame per sandbox each
-way, each call in its own session with its own deadline and failure); once no step waits
-for a call, the writes of the steps waiting to commit go to the group commit together
+way, each call in its own session with its own deadline and failure); blocking work of
+several steps (re-attaching a session, scoring an ending episode, a simulated user's
+reply) runs on the batch's threads at once; once no step waits for a call, the writes of the steps waiting to commit go to the group commit together
 (:meth:`~sandpit.api.db.group_commit.GroupCommit.submit_many`: one transaction; a write
 that fails there is retried alone, so one step's failure never undoes another's, and a
 step is acknowledged only once its own write committed). A wave's steps start in the
@@ -26,7 +27,9 @@ error object), never the batch's: the other steps run and commit as they would a
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -37,7 +40,7 @@ from ..schemas.batch import BatchStep, BatchStepRequest
 from ..services.idempotency import Idempotency, Replay, request_digest
 from ..services.quotas import TenantContext
 from .outcomes import StepOutcome
-from .step_work import CallNeed, CommitNeed, Work
+from .step_work import BlockingNeed, CallNeed, CommitNeed, Need, Work
 from .steps import Steps, wanted_parts
 
 ITEM_ROUTE = "/v1/envs:step"
@@ -53,7 +56,8 @@ class BatchSteps:
     Args:
         steps: the one step implementation.
         keys: idempotency keys (a step's ``idempotency_key``).
-        threads: the most steps of all batches running at once in this process.
+        threads: the most steps of one wave; the threads of blocking work (re-attaching
+            sessions, scoring ending episodes, simulated users' replies) of all batches.
         translate: turns a foreign exception a step raised (the executor's) into an
             :class:`ApiError`, or None (then it is logged and that step is a 500).
     """
@@ -64,6 +68,8 @@ class BatchSteps:
         self.keys = keys
         self.threads = threads
         self.translate = translate
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def step_many(self, ctx: TenantContext, request: BatchStepRequest) -> bytes:
         """``POST /v1/envs:step``: every step of ``request`` for ``ctx``'s tenant, the
@@ -108,6 +114,11 @@ class BatchSteps:
                     if step.ready and not step.advance():
                         del running[index]
                         parts[index] = step.reply if step.error is None else self._failed(step.item, step.error)
+                blocking = [step for step in running.values() if isinstance(step.need, BlockingNeed)]
+                if blocking:
+                    for step, outcome in zip(blocking, self._run_blocking([s.need for s in blocking]), strict=True):
+                        step.resume(outcome)
+                    continue
                 calls = [step for step in running.values() if isinstance(step.need, CallNeed)]
                 if calls:
                     outcomes = calls[0].call().session.call_many(
@@ -128,6 +139,23 @@ class BatchSteps:
                 if step.claim is not None:
                     self.keys.release(step.claim)
         return [part if part is not None else b"" for part in parts]
+
+    def _run_blocking(self, needs: list[Any]) -> list[object]:
+        """Each :class:`BlockingNeed`'s value or error, on the batch's threads when several."""
+
+        def run(need: BlockingNeed) -> object:
+            try:
+                return need.run()
+            except Exception as exc:  # noqa: BLE001 - thrown into that step's work
+                return exc
+
+        if len(needs) == 1:
+            return [run(needs[0])]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sandpit-batch")
+            pool = self._pool
+        return list(pool.map(run, needs))
 
     def _start(self, ctx: TenantContext, item: BatchStep, include: str | None) -> _Running | bytes:
         """The step of ``item`` ready to advance, or its reply when its idempotency key
@@ -166,7 +194,11 @@ class BatchSteps:
             orjson.dumps(reply.body["error"]) + b"}"
 
     def close(self) -> None:
-        """Nothing to release: a batch runs on its request's thread (kept for the app's shutdown)."""
+        """Let the threads of blocking work end once their work returns (a later batch makes new ones)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 class _Running:
@@ -178,7 +210,7 @@ class _Running:
         self.work = work
         self.claim = claim
         self.keys = keys
-        self.need: CallNeed | CommitNeed | None = None
+        self.need: Need | None = None
         self.ready = True
         """It may advance: not started yet, or what it waited for came (:meth:`resume`)."""
         self._value: Any = None

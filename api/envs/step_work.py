@@ -1,10 +1,12 @@
 """A step as resumable work: what it needs from outside, and the driver of one step alone.
 
-:meth:`.steps.Steps.work` is a generator that carries out one step and stops at the two
-points where it waits for something other steps could share: its tool call in the env's
-sandbox (it yields a :class:`CallNeed` and is resumed with the call's result, or has the
-call's error thrown in) and its write (a :class:`CommitNeed`, resumed once the write
-committed, or with the write's error thrown in). Everything else (parsing, quotas,
+:meth:`.steps.Steps.work` is a generator that carries out one step and stops where it
+waits for something other steps could share or wait for at the same time: its tool call
+in the env's sandbox (it yields a :class:`CallNeed` and is resumed with the call's
+result, or has the call's error thrown in), its write (a :class:`CommitNeed`, resumed
+once the write committed, or with the write's error thrown in), and blocking work that is
+not on every step's path (a :class:`BlockingNeed`: re-attaching the env's session,
+scoring an ending episode, the simulated user's reply; resumed with its value or error). Everything else (parsing, quotas,
 episode rules, the state delta, rewards, the reply) runs inside the generator, the same
 code for every driver:
 
@@ -13,7 +15,8 @@ code for every driver:
 * :mod:`.batch`'s vectorised driver advances the steps of a batch together: every step's
   call is sent in one :meth:`~..sandboxes.SandboxSession.call_many` (one frame per
   sandbox each way), and once no step waits for a call, the writes of the steps waiting
-  to commit go to the group commit together.
+  to commit go to the group commit together; blocking work of several steps runs on
+  threads at once.
 
 A generator left unfinished (its driver failed) is closed, which runs its ``finally`` and
 ``with`` exits (locks, quota tokens) as an exception would.
@@ -21,7 +24,7 @@ A generator left unfinished (its driver failed) is closed, which runs its ``fina
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,7 +53,14 @@ class CommitNeed:
     write: StepWrite
 
 
-Need = CallNeed | CommitNeed
+@dataclass(frozen=True, slots=True)
+class BlockingNeed:
+    """Blocking work of the step: resume with ``run()``'s value or throw in what it raised."""
+
+    run: Callable[[], Any]
+
+
+Need = CallNeed | CommitNeed | BlockingNeed
 Work = Generator[Need, Any, T]
 """A step's work: yields what it needs, returns its outcome."""
 
@@ -69,6 +79,8 @@ def run_alone(work: Work[T], commits: GroupCommit[StepWrite]) -> T:
         try:
             if isinstance(need, CallNeed):
                 value = need.session.call(need.name, need.arguments, need.rules)
+            elif isinstance(need, BlockingNeed):
+                value = need.run()
             else:
                 commits.submit(need.write)
         except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it

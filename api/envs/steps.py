@@ -29,6 +29,7 @@ gives one, is charged each phase of the step.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Literal
 
 from sandpit.client.llm import ModelError
@@ -63,7 +64,7 @@ from .rewards import Rewards
 from .rulebook import CHAT_ACTION, TASK_FINISHED, EpisodeService
 from .sessions import Sessions
 from .state import state_view
-from .step_work import CallNeed, CommitNeed, Work, run_alone
+from .step_work import BlockingNeed, CallNeed, CommitNeed, Work, run_alone
 from .users import STOP_TOKEN
 
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
@@ -213,8 +214,8 @@ class Steps:
         truncated = not terminated and run.config.max_steps is not None and number >= run.config.max_steps
         reward, checks = 0.0, None
         if terminated and done_run.end_reason != "tool_error" or truncated and run.config.score_truncated:
-            reward, checks = self.rewards.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
-                                                after)
+            score = partial(self.rewards.score, tenant, run.scenario_id, entry.environment_id, run.initial_root, after)
+            reward, checks = score() if run.scenario_id is None else (yield BlockingNeed(score))
         done = "terminated" if terminated else "truncated" if truncated else None
         recorded = done_run.action if done_run.action is not None else action.record()
         recovered = restored or bool(result is not None and result.recovered)
@@ -261,7 +262,11 @@ class Steps:
         for attempt in range(2):
             prior = self.live.get(env_id)
             after_loss = lost_under_call if attempt else prior is not None and prior.session.closed
-            entry, restored = self.sessions.live_entry(tenant, env_id)
+            live = self.sessions.live_now(tenant, env_id)
+            if live is not None:
+                entry, restored = live, False
+            else:  # re-attaching reads the database and opens a session: blocking work
+                entry, restored = yield BlockingNeed(partial(self.sessions.live_entry, tenant, env_id))
             run = entry.run
             if run.ended:
                 raise EpisodeEnded(f"episode {entry.episode} of env {env_id!r} has {run.status} "
@@ -348,7 +353,7 @@ class Steps:
         if not config.conversational and config.termination_action is not None and name == config.termination_action:
             return StepRun("ok", TASK_FINISHED, "user", terminated=True, end_reason="action")
         if config.conversational and name == CHAT_ACTION:
-            return self._chat(tenant, entry, arguments["content"])
+            return (yield from self._chat(tenant, entry, arguments["content"]))
         if name not in toolset:
             return StepRun("rejected", INVALID_ACTION, "user", error=toolset.unknown(name))
         call = action.call
@@ -400,7 +405,7 @@ class Steps:
         config = entry.run.config
         if name == envscaler.CHAT_ACTION:
             if config.conversational:
-                chat = self._chat(tenant, entry, envscaler.chat_content(arguments))
+                chat = yield from self._chat(tenant, entry, envscaler.chat_content(arguments))
                 chat.action = record
                 return chat
             return StepRun("ok", envscaler.TASK_FINISHED, "user", terminated=True, end_reason="action", action=record)
@@ -413,12 +418,13 @@ class Steps:
                        result.duration_ms, result, terminated=terminated,
                        end_reason="tool_error" if terminated else None, action=record)
 
-    def _chat(self, tenant: str, entry: LiveEnv, content: str) -> StepRun:
-        """``chat_with_user`` in a conversational episode: the simulated user's reply."""
+    def _chat(self, tenant: str, entry: LiveEnv, content: str) -> Work[StepRun]:
+        """``chat_with_user`` in a conversational episode: the simulated user's reply (a
+        :class:`~.step_work.BlockingNeed`)."""
         started = time.perf_counter()
         simulator = self.rulebook.simulator(tenant, entry.run)
         try:
-            reply = simulator.reply(content)
+            reply: str = yield BlockingNeed(partial(simulator.reply, content))
         except ModelError as exc:
             raise ServiceUnavailable(f"the simulated user's model failed ({exc.status}): {exc.message}; "
                                      "the step was not recorded, retry it", retry_after=5) from None

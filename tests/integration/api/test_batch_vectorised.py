@@ -3,7 +3,8 @@ sandboxes (their calls grouped, one frame per sandbox) give exactly what each en
 step route gives (observations, deltas, state, rewards, errors, episode ends), also under
 the ``envscaler`` profile; a step whose tool loops past its deadline or kills its
 session process is that step's ``timeout``/``crashed`` outcome while the others of its
-group commit, and its env goes on from its last committed state."""
+group commit, and its env goes on from its last committed state; episodes that end
+together are scored (their checks run at once) as they are alone."""
 
 from __future__ import annotations
 
@@ -118,3 +119,32 @@ def test_a_step_that_loops_or_dies_fails_alone_in_its_group(api: httpx.Client) -
     assert [r["result"]["observation"] for r in again.json()["results"]] == ["2", "2", "3", "3"]
     for env_id, steps in zip(envs, (3, 3, 3, 3), strict=True):
         assert api.get(f"/v1/envs/{env_id}").json()["step"] == steps
+
+
+def test_episodes_ending_together_are_scored_as_alone(api: httpx.Client) -> None:
+    environment_id = _environment(api, COUNTER_SOURCE, "Counter")
+    checks = [{"check_item": "count is 2", "check_func": "def check_func(final_state):\n"
+                                                        "    return final_state['count'] == 2\n"},
+              {"check_item": "bumped", "check_func": "def check_func(final_state):\n"
+                                                     "    return len(final_state['log']) > 0\n"}]
+    scenario = api.post("/v1/scenarios", json={"environment_id": environment_id, "task": "Bump to two.",
+                                               "init_config": {}, "checklist": [c["check_item"] for c in checks],
+                                               "checklist_with_func": checks})
+    assert scenario.status_code == 201, scenario.text
+    body = {"scenario_id": scenario.json()["id"], "episode": {"max_steps": 1}}
+    batched: list[str] = []
+    alone: list[str] = []
+    for ids in (batched, alone):
+        for _ in range(4):
+            created = api.post("/v1/envs", json=body)
+            assert created.status_code == 201, created.text
+            ids.append(created.json()["id"])
+    amounts = [2, 1, 2, "x"]
+    reply = api.post("/v1/envs:step", json={"steps": [{"env_id": e, "action": {"name": "bump", "arguments": {"by": a}}}
+                                                      for e, a in zip(batched, amounts, strict=True)]})
+    results = [r["result"] for r in reply.json()["results"]]
+    assert [(r["truncated"], r["reward"]) for r in results] == [(True, 1.0), (True, 0.5), (True, 1.0), (True, 0.0)]
+    for mine, env_id, amount in zip(results, alone, amounts, strict=True):
+        theirs = api.post(f"/v1/envs/{env_id}/step", json={"name": "bump", "arguments": {"by": amount}}).json()
+        timeless = [[{k: v for k, v in c.items() if k != "duration_ms"} for c in r["checks"]] for r in (mine, theirs)]
+        assert (mine["reward"], mine["status"], timeless[0]) == (theirs["reward"], theirs["status"], timeless[1])
