@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sandpit.executor import (
@@ -66,6 +66,7 @@ from sandpit.executor import (
     SharedConfig,
     Snapshot,
     StateDelta,
+    call_many,
     encode_json_state,
     is_truncated,
     render_entry,
@@ -164,6 +165,11 @@ class SandboxSession:
         return self._session.id
 
     @property
+    def handle(self) -> ExecutorSession:
+        """The executor's handle of the session (:meth:`Sandboxes.call_many` sends calls through it)."""
+        return self._session
+
+    @property
     def closed(self) -> bool:
         """True once closed, or once its sandbox was lost (every request then raises
         SessionClosedError)."""
@@ -182,6 +188,15 @@ class SandboxSession:
         does. Raises QuotaExceeded (no slot), a SandboxError."""
         with self._owner.slot(self._session.tenant), self._owner.translated():
             return self._session.call(name, arguments, rules)
+
+    def call_many(self, calls: list[tuple[SandboxSession, str, dict[str, Any], CallRules]]) -> list[CallResult | Exception]:
+        """:meth:`call` for each ``(session, name, arguments, rules)`` of ``calls`` (this
+        session is only the door: any sessions of the same owner), sent together
+        (:func:`sandpit.executor.call_many`: one frame per sandbox each way) in waves of
+        at most the tenant's ``max_running_calls``, each call in a slot of its session's
+        tenant. The outcomes in order: a result, or the error :meth:`call` would have
+        raised for it (QuotaExceeded, a SandboxError, ArgumentError)."""
+        return self._owner.call_many(calls)
 
     def take_opened(self) -> OpenedState:
         """The state the session opened with, handed over once
@@ -249,18 +264,57 @@ class Sandboxes:
 
     # -- the two disciplines ---------------------------------------------------------------
     @contextmanager
-    def slot(self, tenant: str) -> Iterator[None]:
+    def slot(self, tenant: str, wait: bool = True) -> Iterator[None]:
         """Hold one execution slot for ``tenant``. Raises QuotaExceeded
-        (``max_running_calls``) when none frees within ``call_queue_timeout_s``."""
+        (``max_running_calls``) when none frees within ``call_queue_timeout_s`` (at once
+        when ``wait`` is False and none is free now)."""
         limit = self._running_limit(tenant)
         try:
-            with self.scheduler.slot(tenant, limit, self.settings.call_queue_timeout_s) as waited:
+            with self.scheduler.slot(tenant, limit, self.settings.call_queue_timeout_s if wait else 0.0) as waited:
                 if waited > 0.001 and self.metrics is not None:
                     self.metrics.queue_seconds.observe(waited)
                 yield
         except SchedulerBusy as exc:
             raise QuotaExceeded(f"{exc}; tenant {tenant!r} may run max_running_calls={limit} at once",
                                 limit="max_running_calls", retry_after=5) from None
+
+    def call_many(self, calls: list[tuple[SandboxSession, str, dict[str, Any], CallRules]]) -> list[CallResult | Exception]:
+        """:meth:`SandboxSession.call_many`: the calls of ``calls`` in waves, each call
+        holding a slot of its tenant: a wave's first call waits for its slot as
+        :meth:`call` does (QuotaExceeded after ``call_queue_timeout_s``), the next ones
+        join the wave only while a slot is free at once (a thread that waited for more
+        slots than the scheduler can give it would wait on itself); the rest go in the
+        next wave. Translated outcomes in order."""
+        done: dict[int, CallResult | Exception] = {}
+        waiting = list(range(len(calls)))
+        while waiting:
+            with ExitStack() as slots:
+                ready: list[int] = []
+                for i in waiting:
+                    tenant = calls[i][0].handle.tenant
+                    try:
+                        slots.enter_context(self.slot(tenant, wait=not ready))
+                    except QuotaExceeded as exc:
+                        if not ready:
+                            done[i] = exc
+                            continue
+                        break
+                    ready.append(i)
+                sent = call_many([(calls[i][0].handle, calls[i][1], calls[i][2], calls[i][3]) for i in ready])
+                for i, outcome in zip(ready, sent, strict=True):
+                    done[i] = self._translate_outcome(outcome)
+            waiting = [i for i in waiting if i not in done]
+        return [done[i] for i in range(len(calls))]
+
+    def _translate_outcome(self, outcome: CallResult | Exception) -> CallResult | Exception:
+        """An executor error as :meth:`translated` turns it into an API error."""
+        if isinstance(outcome, CallResult):
+            return outcome
+        try:
+            with self.translated():
+                raise outcome
+        except Exception as exc:  # noqa: BLE001 - the translated outcome
+            return exc
 
     @contextmanager
     def translated(self) -> Iterator[None]:

@@ -197,14 +197,22 @@ class Sessions:
         self.live.put(row.id, entry)
         return entry, True
 
+    def live_now(self, tenant: str, env_id: str) -> LiveEnv | None:
+        """The live entry of ``env_id`` when :meth:`live_entry` would use it as it is (this
+        tenant's, its session open, not expired), else None; never reads the database."""
+        entry = self.live.get(env_id)
+        if (entry is not None and not entry.session.closed and entry.tenant == tenant
+                and aware(entry.expires_at) > utcnow()):
+            return entry
+        return None
+
     def live_entry(self, tenant: str, env_id: str) -> tuple[LiveEnv, bool]:
         """The live entry of ``env_id`` (re-attached when needed) and whether it was
         attached now; call it holding the env's lock. A live env of this tenant that has
         not expired is used without a database read. Raises NotFound, Conflict (expired),
         ServiceUnavailable (restoring failed), NoCapacity."""
-        entry = self.live.get(env_id)
-        if (entry is not None and not entry.session.closed and entry.tenant == tenant
-                and aware(entry.expires_at) > utcnow()):
+        entry = self.live_now(tenant, env_id)
+        if entry is not None:
             return entry, False
         with self.db.read() as db:
             row = self.usable(db, tenant, env_id)

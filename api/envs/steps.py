@@ -29,14 +29,14 @@ gives one, is charged each phase of the step.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from functools import partial
 from typing import Any, Literal
 
 from sandpit.client.llm import ModelError
 
 from ..db.attempts import check_attempt
 from ..db.database import Database
-from ..db.group_commit import BatchCommit, GroupCommit
+from ..db.group_commit import GroupCommit
 from ..db.idempotency import KeyClaim
 from ..db.step_writes import StepWrite, write_steps
 from ..db.store import PendingBlobs, StateCache, apply_delta
@@ -64,6 +64,7 @@ from .rewards import Rewards
 from .rulebook import CHAT_ACTION, TASK_FINISHED, EpisodeService
 from .sessions import Sessions
 from .state import state_view
+from .step_work import BlockingNeed, CallNeed, CommitNeed, Work, run_alone
 from .users import STOP_TOKEN
 
 FAILURE_STATUSES = ("timeout", "oom", "crashed")
@@ -120,7 +121,7 @@ class Steps:
 
     def step(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
              clock: StepClock | None = None, key: KeyClaim | None = None,
-             attempt: str | None = None, batch: BatchCommit[StepWrite] | None = None) -> StepOutcome:
+             attempt: str | None = None) -> StepOutcome:
         """``POST /v1/envs/{id}/step``: run one action and commit it (EnvScaler ``step()``,
         the module docstring). First the action is parsed (arguments within the server's
         and the tenant's ``max_arguments_bytes``), then one token of the tenant's
@@ -131,9 +132,8 @@ class Steps:
         gets the reply's bytes stored in the step's own transaction. ``attempt`` (the
         request's ``Sandpit-Attempt`` token) must be the env's current attempt, checked
         before the action runs and again in the step's transaction (:mod:`..db.attempts`).
-        ``batch`` (a batched step's, :mod:`.batch`) gathers the step's write with the
-        other steps of its batch into one transaction; without it the write goes to the
-        group commit alone.
+        The step is :meth:`work` driven alone (:func:`.step_work.run_alone`: its write goes
+        to the group commit); a batched step drives several together (:mod:`.batch`).
 
         A session that refuses the call before running it (another API replica stepped the
         env since this one's handle was made: any replica answers any request) is
@@ -148,6 +148,14 @@ class Steps:
         taken over; nothing committed), NoCapacity (503 + Retry-After),
         ServiceUnavailable (database, Docker Engine or the simulated user's model failed;
         the step is not acknowledged and the env resumes from its last committed state)."""
+        return run_alone(self.work(ctx, env_id, request, include, clock, key, attempt), self.commits)
+
+    def work(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
+             clock: StepClock | None = None, key: KeyClaim | None = None,
+             attempt: str | None = None) -> Work[StepOutcome]:
+        """:meth:`step` as resumable work (:mod:`.step_work`): it yields its tool call and
+        its write for a driver to carry out, and returns the outcome (or raises what
+        :meth:`step` lists). Nothing runs before the driver's first ``send``."""
         wanted = wanted_parts(include)
         if attempt is not None:
             check_attempt(self.db, ctx.tenant, env_id, attempt)
@@ -159,25 +167,24 @@ class Steps:
             self.quotas.take_step(ctx)
             if clock is not None:
                 clock.lap("auth")
-            outcome = self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt, batch)
+            outcome = yield from self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt)
         return outcome
 
     def _step(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-              clock: StepClock | None, key: KeyClaim | None, attempt: str | None,
-              batch: BatchCommit[StepWrite] | None = None) -> StepOutcome:
+              clock: StepClock | None, key: KeyClaim | None, attempt: str | None) -> Work[StepOutcome]:
         """The step under the env's lock (:meth:`_step_locked`); metrics after the lock.
         A write that finds the env's head moved since the live entry was made
         (:class:`HeadMoved`: another replica stepped or reset the env, also by a step that
         made no sandbox call) committed nothing and dropped the entry: the step is carried
         out once more from the committed head; a second move in a row is the 503."""
         started = time.perf_counter()
-        with self.live.lock(env_id), batch.running() if batch is not None else nullcontext():
+        with self.live.lock(env_id):
             try:
-                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt,
-                                                               batch)
+                outcome, done_run, pending = yield from self._step_locked(tenant, env_id, action, wanted, clock,
+                                                                          key, attempt)
             except HeadMoved:
-                outcome, done_run, pending = self._step_locked(tenant, env_id, action, wanted, clock, key, attempt,
-                                                               batch)
+                outcome, done_run, pending = yield from self._step_locked(tenant, env_id, action, wanted, clock,
+                                                                          key, attempt)
         self.metrics.step_seconds.labels(done_run.status).observe(time.perf_counter() - started)
         self.metrics.snapshot_bytes.inc(pending.stored_bytes)
         if done_run.status in FAILURE_STATUSES:
@@ -187,13 +194,13 @@ class Steps:
         return outcome
 
     def _step_locked(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-                     clock: StepClock | None, key: KeyClaim | None, attempt: str | None,
-                     batch: BatchCommit[StepWrite] | None = None) -> tuple[StepOutcome, StepRun, PendingBlobs]:
+                     clock: StepClock | None, key: KeyClaim | None,
+                     attempt: str | None) -> Work[tuple[StepOutcome, StepRun, PendingBlobs]]:
         """Act (:meth:`_act_once_more`), score an ending episode, render the reply (when
         ``key`` needs it stored), commit, move the live head. Call it holding the env's
         lock. Returns ``(outcome, what the action did, the blobs written)``. Raises
         HeadMoved (nothing committed, the live entry dropped) and what :meth:`step` lists."""
-        entry, restored, after_loss, before, done_run = self._act_once_more(tenant, env_id, action, clock)
+        entry, restored, after_loss, before, done_run = yield from self._act_once_more(tenant, env_id, action, clock)
         if clock is not None:
             clock.lap("sandbox")
         run = entry.run
@@ -207,8 +214,8 @@ class Steps:
         truncated = not terminated and run.config.max_steps is not None and number >= run.config.max_steps
         reward, checks = 0.0, None
         if terminated and done_run.end_reason != "tool_error" or truncated and run.config.score_truncated:
-            reward, checks = self.rewards.score(tenant, run.scenario_id, entry.environment_id, run.initial_root,
-                                                after)
+            score = partial(self.rewards.score, tenant, run.scenario_id, entry.environment_id, run.initial_root, after)
+            reward, checks = score() if run.scenario_id is None else (yield BlockingNeed(score))
         done = "terminated" if terminated else "truncated" if truncated else None
         recorded = done_run.action if done_run.action is not None else action.record()
         recovered = restored or bool(result is not None and result.recovered)
@@ -224,9 +231,9 @@ class Steps:
             outcome.state_after = state_view(after)
             if "state_diff" in wanted:
                 outcome.state_before = state_view(before)
-        self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
-                     key, outcome.json() if key is not None else b"", attempt, failure,
-                     episode_failed if episode_failed != run.failure else None, batch)
+        yield from self._commit(env_id, entry, number, recorded, done_run, after, pending, reward, done, checks,
+                                key, outcome.json() if key is not None else b"", attempt, failure,
+                                episode_failed if episode_failed != run.failure else None)
         if clock is not None:
             clock.lap("persist")
         entry.cache = after
@@ -240,7 +247,7 @@ class Steps:
         return outcome, done_run, pending
 
     def _act_once_more(self, tenant: str, env_id: str, action: Action,
-                       clock: StepClock | None) -> tuple[LiveEnv, bool, bool, StateCache, StepRun]:
+                       clock: StepClock | None) -> Work[tuple[LiveEnv, bool, bool, StateCache, StepRun]]:
         """Find the env's live entry and carry out ``action``; a session that moved or
         closed under the call is re-attached and the action carried out once more.
         Returns ``(entry, re-attached now, re-attached after a loss, head before the step,
@@ -255,7 +262,11 @@ class Steps:
         for attempt in range(2):
             prior = self.live.get(env_id)
             after_loss = lost_under_call if attempt else prior is not None and prior.session.closed
-            entry, restored = self.sessions.live_entry(tenant, env_id)
+            live = self.sessions.live_now(tenant, env_id)
+            if live is not None:
+                entry, restored = live, False
+            else:  # re-attaching reads the database and opens a session: blocking work
+                entry, restored = yield BlockingNeed(partial(self.sessions.live_entry, tenant, env_id))
             run = entry.run
             if run.ended:
                 raise EpisodeEnded(f"episode {entry.episode} of env {env_id!r} has {run.status} "
@@ -264,7 +275,8 @@ class Steps:
             if clock is not None:
                 clock.lap("other")
             try:
-                return entry, restored, restored and after_loss, before, self._act(tenant, env_id, entry, action)
+                done_run = yield from self._act(tenant, env_id, entry, action)
+                return entry, restored, restored and after_loss, before, done_run
             except _SessionMoved as moved:
                 lost_under_call = moved.lost
                 if attempt:
@@ -291,14 +303,14 @@ class Steps:
     def _commit(self, env_id: str, entry: LiveEnv, number: int, recorded: dict[str, Any], done_run: StepRun,
                 after: StateCache, pending: PendingBlobs, reward: float, done: str | None,
                 checks: list[CheckOutcome] | None, key: KeyClaim | None, response: bytes,
-                attempt: str | None, failure: Failure = "none", episode_failed: Failure | None = None,
-                batch: BatchCommit[StepWrite] | None = None) -> None:
+                attempt: str | None, failure: Failure = "none",
+                episode_failed: Failure | None = None) -> Work[None]:
         """Commit step ``number`` through the group commit: its row (``failure`` in its
         info), its new blobs, the env's head, the episode's changes (user transcript, its
         end, its new failure ``episode_failed`` when the step changed it) and, with ``key``,
         the reply's bytes ``response`` stored on the request's idempotency key, and the
-        fence of the request's ``attempt`` token (through ``batch`` when the step is one of
-        a batched step's). A failed write
+        fence of the request's ``attempt`` token (a :class:`~.step_work.CommitNeed` for the
+        driver: the group commit, a batched step's shared transaction). A failed write
         drops the env's session (the sandbox is ahead of the database: the next request
         resumes from the committed head). Raises ServiceUnavailable."""
         info = step_info(done_run, failure)
@@ -319,17 +331,18 @@ class Steps:
             write.episode_changes.update(status=done, reward=reward, ended_at=now,
                                          checks=[c.model_dump() for c in checks] if checks is not None else None)
         try:
-            (batch if batch is not None else self.commits).submit(write)
+            yield CommitNeed(write)
         except BaseException:
             self.live.drop(env_id)  # the sandbox is ahead of the database: resync on next use
             raise
 
-    def _act(self, tenant: str, env_id: str, entry: LiveEnv, action: Action) -> StepRun:
+    def _act(self, tenant: str, env_id: str, entry: LiveEnv, action: Action) -> Work[StepRun]:
         """Carry out one action of the episode (the module docstring; :mod:`.rulebook`)."""
         run = entry.run
         config = run.config
         if config.envscaler and action.request is not None:
-            return self._act_envscaler(tenant, env_id, entry, envscaler.parse_action(action.request), action)
+            return (yield from self._act_envscaler(tenant, env_id, entry, envscaler.parse_action(action.request),
+                                                   action))
         if action.problem is not None:
             return StepRun("rejected", action.problem, "user", error=action.error)
         name, arguments = action.name, action.arguments
@@ -340,7 +353,7 @@ class Steps:
         if not config.conversational and config.termination_action is not None and name == config.termination_action:
             return StepRun("ok", TASK_FINISHED, "user", terminated=True, end_reason="action")
         if config.conversational and name == CHAT_ACTION:
-            return self._chat(tenant, entry, arguments["content"])
+            return (yield from self._chat(tenant, entry, arguments["content"]))
         if name not in toolset:
             return StepRun("rejected", INVALID_ACTION, "user", error=toolset.unknown(name))
         call = action.call
@@ -348,22 +361,25 @@ class Steps:
         if findings and entry.argument_checking == "strict":
             return StepRun("rejected", INVALID_ACTION, "user", findings=findings,
                            error="the arguments do not fit the tool's schema (argument_checking: strict)")
-        result = self._call(env_id, entry, call.name, call.arguments, "sandpit")
+        result = yield from self._call(env_id, entry, call.name, call.arguments, "sandpit")
         terminated = result.status == "error" and config.on_tool_error == "terminate"
         role: Literal["tool", "user"] = "user" if terminated else "tool"  # EnvScaler reports a tool's exception as a user message
         return StepRun(result.status, clean_text(result.observation), role, result.duration_ms, result,
                        findings=findings or None, terminated=terminated,
                        end_reason="tool_error" if terminated else None)
 
-    def _call(self, env_id: str, entry: LiveEnv, name: str, arguments: dict[str, Any], rules: CallRules) -> CallResult:
+    def _call(self, env_id: str, entry: LiveEnv, name: str, arguments: dict[str, Any],
+              rules: CallRules) -> Work[CallResult]:
         """The tool call in the env's session. A session that closed or moved (another
         replica) raises :class:`_SessionMoved` (its handle is closed; the entry stays, and
         re-attaching uses its head when that is still the committed one); another
         SandboxError drops the env's live entry and propagates. A call whose sandbox was
         lost is a result with the loss's status, and its handle is closed: the next
-        request re-attaches from the committed head (:meth:`.sessions.Sessions.attach`)."""
+        request re-attaches from the committed head (:meth:`.sessions.Sessions.attach`).
+        The call is a :class:`~.step_work.CallNeed` its driver carries out."""
         try:
-            return entry.session.call(name, arguments, rules)
+            result: CallResult = yield CallNeed(entry.session, name, arguments, rules)
+            return result
         except SessionClosedError as exc:
             entry.session.close()
             raise _SessionMoved(isinstance(exc, SessionLostError)) from None
@@ -372,7 +388,7 @@ class Steps:
             raise
 
     def _act_envscaler(self, tenant: str, env_id: str, entry: LiveEnv, action: envscaler.EnvScalerAction,
-                       parsed: Action) -> StepRun:
+                       parsed: Action) -> Work[StepRun]:
         """One action under the ``envscaler`` profile (:mod:`.envscaler`): EnvScaler's
         parse messages, ``hasattr`` validity in the sandbox, ``chat_with_user`` as the end
         (non-conversational) or a message to the simulated user, and a raising tool that
@@ -389,11 +405,11 @@ class Steps:
         config = entry.run.config
         if name == envscaler.CHAT_ACTION:
             if config.conversational:
-                chat = self._chat(tenant, entry, envscaler.chat_content(arguments))
+                chat = yield from self._chat(tenant, entry, envscaler.chat_content(arguments))
                 chat.action = record
                 return chat
             return StepRun("ok", envscaler.TASK_FINISHED, "user", terminated=True, end_reason="action", action=record)
-        result = self._call(env_id, entry, name, arguments, "envscaler")
+        result = yield from self._call(env_id, entry, name, arguments, "envscaler")
         if result.status == "rejected":  # hasattr found nothing (or the name is no attribute name at all)
             return StepRun("rejected", envscaler.INVALID_ACTION, "user", result.duration_ms, result,
                            error="the environment has no attribute of that name (hasattr)", action=record)
@@ -402,12 +418,13 @@ class Steps:
                        result.duration_ms, result, terminated=terminated,
                        end_reason="tool_error" if terminated else None, action=record)
 
-    def _chat(self, tenant: str, entry: LiveEnv, content: str) -> StepRun:
-        """``chat_with_user`` in a conversational episode: the simulated user's reply."""
+    def _chat(self, tenant: str, entry: LiveEnv, content: str) -> Work[StepRun]:
+        """``chat_with_user`` in a conversational episode: the simulated user's reply (a
+        :class:`~.step_work.BlockingNeed`)."""
         started = time.perf_counter()
         simulator = self.rulebook.simulator(tenant, entry.run)
         try:
-            reply = simulator.reply(content)
+            reply: str = yield BlockingNeed(partial(simulator.reply, content))
         except ModelError as exc:
             raise ServiceUnavailable(f"the simulated user's model failed ({exc.status}): {exc.message}; "
                                      "the step was not recorded, retry it", retry_after=5) from None

@@ -18,6 +18,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,17 +151,36 @@ class Sandbox:
             SandboxLost: the runner died or exceeded the timeout; ``status`` tells which
                 (an OOM-killed container reports ``oom``). The sandbox is destroyed.
         """
+        return self.submit(op, timeout_s, **fields)()
+
+    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> Callable[[], dict[str, Any]]:
+        """:meth:`request` in two halves: the request is sent now, the returned function
+        waits for the reply (the timeout counts from now) and raises what :meth:`request`
+        raises; a caller sends to several sandboxes before it waits for any."""
         if timeout_s is None:
             timeout_s = 2 * self.profile.call_timeout_s + self.watchdog_grace_s
         try:
-            return self.channel.request(op, timeout_s, **fields)
+            wait = self.channel.submit(op, timeout_s, **fields)
         except SandboxLost as exc:
-            status = exc.status
-            if status != "timeout":
-                _, oom_killed = engine.container_outcome(self.client, self.container_id)
-                status = "oom" if oom_killed else "crashed"
-            self.destroy()
-            raise SandboxLost(str(exc), self.id, status=status) from exc
+            raise self._lost(exc) from exc
+
+        def reply() -> dict[str, Any]:
+            try:
+                return wait()
+            except SandboxLost as exc:
+                raise self._lost(exc) from exc
+
+        return reply
+
+    def _lost(self, exc: SandboxLost) -> SandboxLost:
+        """The loss ``exc`` with its status as the container tells it (``oom`` when the
+        engine OOM-killed it); the sandbox is destroyed."""
+        status = exc.status
+        if status != "timeout":
+            _, oom_killed = engine.container_outcome(self.client, self.container_id)
+            status = "oom" if oom_killed else "crashed"
+        self.destroy()
+        return SandboxLost(str(exc), self.id, status=status)
 
     def memory(self) -> int | None:
         """The bytes its memory cgroup is charged now (``engine.host_memory``: one read of a

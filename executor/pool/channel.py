@@ -6,6 +6,10 @@ depth limits (``protocol``). If the runner closes the connection or sends anythi
 malformed, the channel is dead and every waiter gets :class:`SandboxLost`; if a reply
 does not come within the caller's timeout (the host-side watchdog), the caller gets
 ``SandboxLost(status="timeout")`` and must kill the sandbox.
+
+A reply may come in parts (the runner's ``calls``, ``pid1_groups``): frames with ``part:
+true`` are kept, and the last frame (without it) is handed to the caller with the
+parts' frames under ``parts``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import itertools
 import logging
 import socket
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -40,6 +46,7 @@ class RunnerChannel:
         self._max_depth = max_depth
         self._ids = itertools.count(1)
         self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._parts: dict[int, list[dict[str, Any]]] = {}
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._dead: str | None = None
@@ -58,6 +65,13 @@ class RunnerChannel:
                 ``timeout_s`` seconds (``timeout``).
             ValueError / TypeError: ``fields`` are not JSON-encodable (NaN, objects).
         """
+        return self.submit(op, timeout_s, **fields)()
+
+    def submit(self, op: str, timeout_s: float, **fields: object) -> Callable[[], dict[str, Any]]:
+        """Send one request now; the returned function waits for its reply (what
+        :meth:`request` returns or raises; ``timeout_s`` counts from now), so a caller can
+        send to several sandboxes before it waits for any. Raises ValueError / TypeError
+        (``fields`` not JSON-encodable) and SandboxLost (the connection is dead) at once."""
         request_id = next(self._ids)
         frame = protocol.encode({"id": request_id, "op": op, **fields})
         future: Future[dict[str, Any]] = Future()
@@ -70,19 +84,26 @@ class RunnerChannel:
                 self._sock.sendall(frame)
         except OSError as exc:
             self._fail(f"send failed: {exc}")
-        try:
-            return future.result(timeout=timeout_s)
-        except FutureTimeout:
-            with self._state_lock:
-                self._pending.pop(request_id, None)
-            raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
-                              self.sandbox_id, status="timeout") from None
+        deadline = time.monotonic() + timeout_s
+
+        def reply() -> dict[str, Any]:
+            try:
+                return future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                with self._state_lock:
+                    self._pending.pop(request_id, None)
+                    self._parts.pop(request_id, None)
+                raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
+                                  self.sandbox_id, status="timeout") from None
+
+        return reply
 
     def _fail(self, reason: str) -> None:
         with self._state_lock:
             if self._dead is None:
                 self._dead = reason
             pending, self._pending = self._pending, {}
+            self._parts = {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(SandboxLost(f"sandbox {self.sandbox_id} lost: {reason}", self.sandbox_id))
@@ -92,8 +113,17 @@ class RunnerChannel:
         try:
             while True:
                 message = protocol.recv_frame(self._sock, self._max_frame, self._max_depth)
+                request_id = message.get("id")
                 with self._state_lock:
-                    future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+                    if type(request_id) is not int or request_id not in self._pending:
+                        continue  # unsolicited, or its caller gave up (timeout)
+                    if message.get("part") is True:
+                        self._parts.setdefault(request_id, []).append(message)
+                        continue
+                    future = self._pending.pop(request_id, None)
+                    parts = self._parts.pop(request_id, None)
+                if parts is not None:
+                    message["parts"] = parts
                 if future is not None and not future.done():
                     future.set_result(message)
         except EOFError:

@@ -20,6 +20,7 @@ placements in flight; different sessions are placed concurrently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +53,12 @@ class SandboxSlot(Protocol):
             SandboxLost: the sandbox died or did not answer in time (``status`` says how).
             ValueError / TypeError: ``fields`` are not JSON-encodable.
         """
+        ...
+
+    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> Callable[[], dict[str, Any]]:
+        """:meth:`request` in two halves: sent now, the returned function waits for the
+        reply (raising what :meth:`request` raises). Raises ValueError / TypeError and
+        SandboxLost at once when the request cannot be sent."""
         ...
 
     def check_churn(self) -> bool:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from sandpit.sandbox_images.runner import limits, wire
@@ -198,6 +199,18 @@ class Session:
             CapacityError: the session had to leave a retiring sandbox and none is free.
         """
         started = time.perf_counter()
+        fields = self.call_fields(name, arguments, rules, started)
+        if isinstance(fields, CallResult):
+            return fields
+        with self._lock:
+            return self.finish_call(lambda: self._request("call", **fields), started)
+
+    def call_fields(self, name: str, arguments: dict[str, Any] | None, rules: CallRules,
+                    started: float) -> CallResult | dict[str, Any]:
+        """The fields of the runner's ``call`` request for :meth:`call` (``name``,
+        ``arguments``, ``rules``), or the ``rejected`` result of a call that never reaches
+        the sandbox (the checks :meth:`call` lists), timed from ``started``
+        (``time.perf_counter()``)."""
         arguments = {} if arguments is None else arguments
         longest = limits.TOOL_CALL_NAME_MAX_CHARS
         if rules == "envscaler":
@@ -209,35 +222,55 @@ class Session:
             return _rejected("Error: arguments must be an object with string keys", started)
         if self.describe_only:
             return _rejected("Error: this session only describes the environment; it has no instance", started)
-        extra = {"rules": "envscaler"} if rules == "envscaler" else {}
-        with self._lock:
-            try:
-                raw = self._request("call", name=name, arguments=arguments, **extra)
-            except (ValueError, TypeError) as exc:
-                return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
-            except SandboxLost as exc:
-                self._lose(exc.status)
-                return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
-                                  duration_ms=_ms(started), sandbox_lost=True)
-            reply = cast("CallReply", raw)
-            status = reply.get("status")
-            delta = StateDelta()
-            if status in ("ok", "error"):
-                checked = wire.check_delta(reply.get("delta") or {})
-                if checked is None:
-                    raise SessionError("sandbox sent a malformed delta: not {set: {name: entry}, del: [name]}")
-                delta = StateDelta(set=checked["set"], deleted=checked["del"])
-            if self._sandbox is not None:
-                self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
-            cpu_ms, wait_ms = _measure(reply.get("cpu_ms")), _measure(reply.get("wait_ms"))
-            return CallResult(cpu_ms=cpu_ms, wait_ms=wait_ms,
-                starved=(status == "timeout" and starved(cpu_ms, wait_ms, self.profile.call_timeout_s,
-                                                         self.profile.cpus))
-                or (status == "crashed" and reply.get("not_started") is True),
-                status=cast(Status, status), observation=str(reply.get("observation", "")), duration_ms=_ms(started),
-                tool_ms=reply.get("duration_ms"), stdout=str(reply.get("stdout", "")),
-                stderr=str(reply.get("stderr", "")), traceback=reply.get("traceback"),
-                observation_truncated=bool(reply.get("observation_truncated")), delta=delta)
+        return {"name": name, "arguments": arguments, **({"rules": "envscaler"} if rules == "envscaler" else {})}
+
+    def finish_call(self, reply: Callable[[], dict[str, Any]], started: float) -> CallResult:
+        """The :class:`CallResult` of the call whose runner reply ``reply()`` returns (or
+        raises), as :meth:`call` returns it: a lost sandbox closes the handle and is a
+        result with the loss's status. Call it holding the session's lock (:meth:`locked`).
+        Raises SessionError (a ``fault`` reply or a malformed delta) and what ``reply`` raises
+        but SandboxLost."""
+        try:
+            raw = reply()
+            if raw.get("status") == "fault":
+                raise SessionError(f"sandbox refused 'call': {raw.get('message')}")
+        except (ValueError, TypeError) as exc:
+            return _rejected(f"Error: arguments are not JSON-encodable: {exc}", started)
+        except SandboxLost as exc:
+            self._lose(exc.status)
+            return CallResult(status=exc.status, observation=lost_message(exc.status),  # type: ignore[arg-type]
+                              duration_ms=_ms(started), sandbox_lost=True)
+        reply_ = cast("CallReply", raw)
+        status = reply_.get("status")
+        delta = StateDelta()
+        if status in ("ok", "error"):
+            checked = wire.check_delta(reply_.get("delta") or {})
+            if checked is None:
+                raise SessionError("sandbox sent a malformed delta: not {set: {name: entry}, del: [name]}")
+            delta = StateDelta(set=checked["set"], deleted=checked["del"])
+        if self._sandbox is not None:
+            self._sandbox.check_churn()  # runsc: gVisor keeps host pids of exited processes
+        cpu_ms, wait_ms = _measure(reply_.get("cpu_ms")), _measure(reply_.get("wait_ms"))
+        return CallResult(cpu_ms=cpu_ms, wait_ms=wait_ms,
+            starved=(status == "timeout" and starved(cpu_ms, wait_ms, self.profile.call_timeout_s,
+                                                     self.profile.cpus))
+            or (status == "crashed" and reply_.get("not_started") is True),
+            status=cast(Status, status), observation=str(reply_.get("observation", "")), duration_ms=_ms(started),
+            tool_ms=reply_.get("duration_ms"), stdout=str(reply_.get("stdout", "")),
+            stderr=str(reply_.get("stderr", "")), traceback=reply_.get("traceback"),
+            observation_truncated=bool(reply_.get("observation_truncated")), delta=delta)
+
+    @property
+    def locked(self) -> threading.Lock:
+        """The lock that serializes the session's requests (held around :meth:`slot` and
+        :meth:`finish_call` by a caller that sends the call itself, :mod:`.grouped`)."""
+        return self._lock
+
+    def slot(self) -> SandboxSlot:
+        """The live sandbox holding the session, moved off a retiring one first; call it
+        holding :attr:`locked`. Raises SessionClosed (SessionLost once its sandbox was
+        lost), SandboxLost (lost while moving: the handle closes), CapacityError."""
+        return self._slot()
 
     def read_state(self) -> dict[str, EncodedValue]:
         """The session's current encoded state, read from the sandbox (PID 1 answers from

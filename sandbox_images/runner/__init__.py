@@ -8,7 +8,8 @@ A file's name says which process its code runs in:
   deadlines, deferred actions), ``pid1_host`` (the host channel), ``pid1_children`` (the
   process table: spare, spawn, reap, sweep), ``pid1_templates`` (processes forked from
   warm templates), ``pid1_replies`` (what PID 1 takes from a session process's replies),
-  ``pid1_sessions`` (one environment instance per session) and
+  ``pid1_groups`` (several sessions' calls in one frame each way), ``pid1_sessions``
+  (one environment instance per session) and
   ``pid1_jobs`` (one-shot jobs: scripts and check batches), then ``pid1_runner`` (start-up,
   host dispatch, recycle).
 * ``child_*``: the processes where untrusted code runs (so everything they hold is within

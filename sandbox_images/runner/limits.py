@@ -30,6 +30,10 @@ JOB_MAX_FRAME_BYTES = 1 * MiB
 """Largest frame a job process may send to PID 1 (one check's result is a few KiB)."""
 CHECK_RESULT_MAX_BYTES = 64 * KiB
 """Largest result frame a check process may send to its zygote."""
+MAX_GROUP_CALLS = 256
+"""Most tool calls one ``calls`` request may carry (``pid1_groups``)."""
+GROUP_PART_BYTES = 4 * MiB
+"""Replies of a group PID 1 gathers before it sends them ahead as a part (``pid1_groups``)."""
 
 # -- defaults of the per-sandbox limits (SANDPIT_LIMITS; ResourceProfile's defaults) -------
 DEFAULT_CALL_TIMEOUT_S = 10.0

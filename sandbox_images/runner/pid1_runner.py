@@ -48,6 +48,7 @@ from .limits import (
     RECYCLE_MAX_PROBLEMS,
 )
 from .pid1_children import WORK_ROOT, Children
+from .pid1_groups import GroupingHost, handle_calls
 from .pid1_host import Host
 from .pid1_jobs import Jobs
 from .pid1_loop import Loop
@@ -70,7 +71,8 @@ class Runner:
         self.host = Host(sock, self.loop, int(limits.get("max_request_bytes", MAX_FRAME_BYTES)), self.on_host_message)
         self.children = Children(self.loop, limits, work_root)
         self.templates = Templates(self.loop, self.children, limits)
-        self.sessions = Sessions(self.loop, self.host, self.children, self.templates, limits)
+        self.grouping = GroupingHost(self.host)
+        self.sessions = Sessions(self.loop, self.grouping, self.children, self.templates, limits)
         self.jobs = Jobs(self.loop, self.host, self.children, self.templates, limits)
         self.baseline = pid1_cleanup.Baseline(work_root)
         self.untouched = True
@@ -80,7 +82,7 @@ class Runner:
 
     def on_host_message(self, msg: Any) -> None:
         """One host request: ``ping`` and ``recycle`` here, ``exec``/``checks`` to the
-        jobs, everything else to the sessions (which answer an unknown op ``fault``)."""
+        jobs, ``calls`` to the sessions as a group (``pid1_groups``), everything else to the sessions (which answer an unknown op ``fault``)."""
         rid = msg.get("id")
         op = msg.get("op")
         if op == "ping":
@@ -88,6 +90,9 @@ class Runner:
                              "templates": self.templates.stats()})
         elif op == "recycle":
             self.recycle(rid)
+        elif op == "calls":
+            self.untouched = False
+            handle_calls(self.grouping, self.sessions.handle, rid, msg)
         elif op in ("exec", "checks"):
             self.untouched = self.untouched and op == "checks"
             self.jobs.start(rid, msg)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from typing import Any  # annotations only: never evaluated in the sandbox
 
     from .pid1_children import Children
-    from .pid1_host import Host
+    from .pid1_groups import GroupingHost
     from .pid1_loop import Loop
     from .pid1_templates import Templates
     from .protocol import CallReply, OpenReply, OpenRequest
@@ -87,7 +87,7 @@ class Session:
 class Sessions:
     """The sandbox's sessions (module docstring). ``limits`` are the sandbox's."""
 
-    def __init__(self, loop: Loop, host: Host, children: Children, templates: Templates,
+    def __init__(self, loop: Loop, host: GroupingHost, children: Children, templates: Templates,
                  limits: dict[str, Any]) -> None:
         self.loop = loop
         self.host = host

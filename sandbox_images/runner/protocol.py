@@ -17,6 +17,7 @@ integer ``id``, and its reply echoes it::
 
     OpenRequest     -> OpenReply        a session: its process, class and instance
     CallRequest     -> CallReply        one tool call
+    CallsRequest    -> CallsReply       tool calls of several sessions, one frame each way
     DescribeRequest -> DescribeReply    the class's OpenAI tool schemas
     StateRequest    -> StateReply       the state's rendering
     SnapshotRequest -> SnapshotReply    the last good snapshot (PID 1's copy)
@@ -103,6 +104,24 @@ if TYPE_CHECKING:
         name: str
         arguments: dict[str, Any]
         rules: NotRequired[Literal["envscaler"]]
+
+    class GroupedCall(TypedDict):
+        """One call of a :class:`CallsRequest`: a :class:`CallRequest` without ``id``/``op``."""
+
+        session: str
+        name: str
+        arguments: dict[str, Any]
+        rules: NotRequired[Literal["envscaler"]]
+
+    class CallsRequest(Request):
+        """One tool call in each of several sessions (``pid1_groups``): at most
+        MAX_GROUP_CALLS, no session named twice (else the whole request is a ``fault``).
+        Each call runs exactly as a :class:`CallRequest` of its own (its queue, deadline
+        and failure handling), every session's process is written to before any reply is
+        read, and one :class:`CallsReply` answers once every call has its reply."""
+
+        op: Literal["calls"]
+        calls: list[GroupedCall]
 
     class RestoreRequest(SessionRequest):
         """Set every restorable attribute from ``snapshot``, drop those it does not name."""
@@ -194,6 +213,17 @@ if TYPE_CHECKING:
         not_started: NotRequired[bool]
         """On a ``crashed``: a new session process did not answer ``hello`` in time."""
 
+    class CallsReply(Reply):
+        """``ok`` with ``results``: the reply each call would have had alone
+        (:class:`CallReply`, or a ``fault`` for an unknown session), without ``id``, in
+        the request's order; a ``fault`` when the request itself was unusable. A group
+        whose replies are large comes in parts (``part: true``, then the last frame), each
+        naming the positions of its ``results`` (``indices``; ``pid1_groups``)."""
+
+        results: NotRequired[list[CallReply]]
+        indices: NotRequired[list[int]]
+        part: NotRequired[bool]
+
     class DescribeReply(Reply):
         """``ok``: ``tools`` (encoded in at most MAX_SCHEMAS_BYTES; the host checks each
         schema) and ``notes``; otherwise ``observation`` and ``traceback``, capped."""
@@ -272,7 +302,7 @@ if TYPE_CHECKING:
         results: NotRequired[list[CheckResult]]
         restarts: NotRequired[int]
 
-    AnyReply = (OpenReply | CallReply | DescribeReply | StateReply | SnapshotReply | PingReply | RecycleReply
+    AnyReply = (OpenReply | CallReply | CallsReply | DescribeReply | StateReply | SnapshotReply | PingReply | RecycleReply
                 | ExecReply | ChecksReply | Reply)
     """Any frame PID 1 sends the host after :class:`Hello`."""
 

@@ -75,6 +75,11 @@ class MemorySandbox:
         reply = self.request("recycle")
         return reply.get("status") == "ok" and reply.get("clean") is True
 
+    def submit(self, op: str, timeout_s: float | None = None,
+               **fields: object) -> Callable[[], dict[str, Any]]:
+        reply = self.request(op, timeout_s, **fields)
+        return lambda: reply
+
     def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         if self.dying:
             self.lost = True

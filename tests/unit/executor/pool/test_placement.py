@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,6 +33,11 @@ class ScriptedSandbox:
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.state: dict[str, EncodedValue] = {}
         """What PID 1 would answer ``snapshot`` with."""
+
+    def submit(self, op: str, timeout_s: float | None = None,
+               **fields: object) -> Callable[[], dict[str, Any]]:
+        reply = self.request(op, timeout_s, **fields)
+        return lambda: reply
 
     def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         self.requests.append((op, dict(fields)))
