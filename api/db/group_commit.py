@@ -27,21 +27,13 @@ Guarantees (what :meth:`GroupCommit.submit` promises its caller):
   item of the same env only after ``submit`` returned is always later).
 
 :meth:`GroupCommit.submit_many` queues several items of one caller at once (each with
-the guarantees above). :class:`BatchCommit` gathers the items of one request's
-concurrent workers (the steps of a batched step) and hands them to the group commit
-together once every worker that is still running has submitted, so a batch's steps share
-one transaction however their sandbox calls interleave::
-
-    worker 1 ─running()─ ... submit(a) ─┐ waits
-    worker 2 ─running()─ ... submit(b) ─┤ waits
-    worker 3 ─running()─ ... (raises) ──┘ leaves: nobody running ─► submit_many([a, b])
+the guarantees above): the writes of a batched step's steps, one transaction.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -174,77 +166,3 @@ class GroupCommit(Generic[Item]):
             self.batches += 1
             self.items += len(items)
 
-
-class BatchCommit(Generic[Item]):
-    """The items of one request's concurrent workers handed to ``commits`` together (the
-    module docstring): a worker wraps its work in :meth:`running` and calls :meth:`submit`
-    inside it; the items queued so far are written (one
-    :meth:`GroupCommit.submit_many`) as soon as no worker inside :meth:`running` is still
-    short of its ``submit`` (every one submitted, left, or failed).
-
-    A worker must not wait, between entering :meth:`running` and calling :meth:`submit`,
-    for anything another worker of the same batch holds while it waits in ``submit``
-    (the batched step: a step enters after taking its env's lock, and a batch names an
-    env once). What ``submit`` promises is :meth:`GroupCommit.submit`'s: it returns once
-    the item is committed, or raises what writing it alone raised.
-    """
-
-    def __init__(self, commits: GroupCommit[Item]) -> None:
-        self.commits = commits
-        self._lock = threading.Lock()
-        self._short = 0
-        """Workers inside :meth:`running` that have not submitted (or whose item is done)."""
-        self._queued: list[_Waiter[Item]] = []
-        self._flushing = False
-        self.flushes = 0
-        """Calls of :meth:`GroupCommit.submit_many` so far."""
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """The block of one worker: until it leaves, the items queued wait for its own."""
-        with self._lock:
-            self._short += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._short -= 1
-            self._flush()
-
-    def submit(self, item: Item) -> None:
-        """Queue ``item`` and return once it is committed (call it inside
-        :meth:`running`). Raises what writing it alone raised."""
-        waiter = _Waiter(item)
-        with self._lock:
-            self._queued.append(waiter)
-            self._short -= 1
-        try:
-            self._flush()
-            waiter.done.wait()
-        finally:
-            with self._lock:
-                self._short += 1
-        if waiter.error is not None:
-            raise waiter.error
-
-    def _flush(self) -> None:
-        """Write what is queued when no worker is short of its item (one flush at a time;
-        the flushing thread writes again what queued meanwhile)."""
-        while True:
-            with self._lock:
-                if self._flushing or self._short > 0 or not self._queued:
-                    return
-                batch, self._queued = self._queued, []
-                self._flushing = True
-            errors: list[BaseException | None] = []
-            try:
-                errors = self.commits.submit_many([waiter.item for waiter in batch])
-            except BaseException as exc:  # noqa: BLE001 - every item of the flush fails with it
-                errors = [exc] * len(batch)
-            finally:
-                with self._lock:
-                    self._flushing = False
-                    self.flushes += 1
-                for waiter, error in zip(batch, errors or [None] * len(batch), strict=True):
-                    waiter.error = error
-                    waiter.done.set()

@@ -1,8 +1,7 @@
 """Group commit (``sandpit.api.db.group_commit``) on a real SQLite file: concurrent items
 are all durable once ``submit`` returns, in submission order per caller; a failing batch
 loses nothing it acknowledged and one bad item does not fail the others of its batch;
-``submit_many`` reports each item's own outcome; a ``BatchCommit`` writes its workers'
-items together once none of them is still short of its item."""
+``submit_many`` reports each item's own outcome."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 
 import pytest
 from sandpit.api.db.database import Database
-from sandpit.api.db.group_commit import BatchCommit, GroupCommit
+from sandpit.api.db.group_commit import GroupCommit
 from sandpit.api.errors import ServiceUnavailable
 from sqlalchemy import Connection, text
 
@@ -205,81 +204,3 @@ def test_submit_many_shares_the_lead_with_concurrent_callers(database: Database)
         seqs = [seq for _, w, seq in rows if w == writer]
         assert seqs == sorted(seqs)
 
-
-def test_batch_commit_writes_its_workers_items_in_one_flush(database: Database) -> None:
-    make_table(database)
-    sizes: list[int] = []
-
-    def write(conn: Connection, rows: list[Row]) -> None:
-        sizes.append(len(rows))
-        insert(conn, rows)
-
-    batch = BatchCommit(GroupCommit(database, write))
-    workers = 6
-    slow = threading.Event()
-    outcome: dict[int, BaseException | None] = {}
-
-    def worker(i: int) -> None:
-        with batch.running():
-            if i == 0:
-                slow.wait(30)  # the last to submit: the others wait for it
-            if i == 3:
-                outcome[i] = RuntimeError("this worker failed before its write")
-                return
-            item = ("taken", i, i) if i == 4 else (f"k{i}", i, i)
-            try:
-                batch.submit(item)
-                outcome[i] = None
-            except BaseException as exc:  # noqa: BLE001 - the outcome under test
-                outcome[i] = exc
-            # acknowledged means committed: another connection sees it
-            if outcome[i] is None:
-                with database.read() as session:
-                    assert session.execute(text("SELECT 1 FROM gc WHERE k = :k"), {"k": item[0]}).first()
-
-    with database.write_connection() as conn:
-        insert(conn, [("taken", 9, 9)])
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
-    for thread in threads:
-        thread.start()
-    while True:  # every worker but the slow one has submitted or left
-        with batch._lock:  # noqa: SLF001 - the test waits for the state it built
-            if batch._short == 1 and len(batch._queued) == 4:  # noqa: SLF001
-                break
-        threading.Event().wait(0.01)
-    assert sizes == []  # nothing written while a worker is short of its item
-    slow.set()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert batch.flushes == 1 and sizes[0] == 5  # one transaction for the five items...
-    assert isinstance(outcome[4], ServiceUnavailable)  # ...the duplicate retried alone and failed
-    assert all(outcome[i] is None for i in (0, 1, 2, 5)) and isinstance(outcome[3], RuntimeError)
-    assert sorted(k for k, _, _ in stored(database)) == ["k0", "k1", "k2", "k5", "taken"]
-
-
-def test_batch_commit_flushes_when_the_last_short_worker_leaves(database: Database) -> None:
-    make_table(database)
-    batch = BatchCommit(GroupCommit(database, insert))
-    submitted = threading.Event()
-    leave = threading.Event()
-
-    def writer() -> None:
-        with batch.running():
-            submitted.set()
-            batch.submit(("a", 1, 1))
-
-    def leaver() -> None:
-        with batch.running():
-            leave.wait(30)
-
-    with batch.running():  # a third worker inside while the others start: nothing flushes yet
-        first, second = threading.Thread(target=leaver), threading.Thread(target=writer)
-        first.start()
-        second.start()
-        submitted.wait(30)
-    threading.Event().wait(0.05)
-    assert stored(database) == []  # the leaver is still short of its item
-    leave.set()
-    first.join(timeout=30)
-    second.join(timeout=30)
-    assert stored(database) == [("a", 1, 1)] and not second.is_alive()
