@@ -232,11 +232,13 @@ if TYPE_CHECKING:
         config_reasons: list[str]
 
     class PingReply(Reply):
-        """Open sessions, PID 1's pid (1 in a sandbox), template counters."""
+        """Open sessions, PID 1's pid (1 in a sandbox), template counters, and how many
+        sweeps ended on the pids cgroup's count (``counted``) or listed /proc (``listed``)."""
 
         sessions: NotRequired[int]
         pid: NotRequired[int]
         templates: NotRequired[TemplateStats]
+        sweeps: NotRequired[dict[str, int]]
 
     class RecycleReply(Reply):
         """``clean`` False (with ``problems``, at most RECYCLE_MAX_PROBLEMS) when the
