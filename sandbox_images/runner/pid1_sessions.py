@@ -583,7 +583,8 @@ class Sessions:
         """Fail in-flight requests past their deadline (a process that never answered
         ``hello`` is ``crashed``, a request ``timeout``); seconds to the next deadline
         (``pid1_deadlines``: only due entries are read, not every session)."""
-        for session, item in self.deadlines.due(now):
+        for owner, item in self.deadlines.due(now):
+            session: Session = owner
             if self.by_sid.get(session.sid) is not session:
                 continue  # closed (its id may be a later session's after a recycle)
             if "hello" in item:

@@ -5,7 +5,7 @@ open."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -33,7 +33,7 @@ class ClosingSession:
 def entry(session: ClosingSession) -> LiveEnv:
     return LiveEnv(session=cast(Any, session), cache=encode_state({}, PendingBlobs()), episode=1, step=0,
                    toolset=cast(Any, None), tenant="t", environment_id="e",
-                   expires_at=datetime(2100, 1, 1, tzinfo=timezone.utc))
+                   expires_at=datetime(2100, 1, 1, tzinfo=UTC))
 
 
 def test_close_closes_every_session_several_at_once() -> None:
