@@ -1,6 +1,6 @@
 """Density benchmark: memory per session, and thousands of resident envs with some stepping.
 
-Two parts, one JSON (``benchmarks/results/density.json``):
+Up to four parts, one JSON (``benchmarks/results/density.json``):
 
 ``memory`` (straight through the executor, no API): one sandbox, one session of a small
 environment, then ``--sessions`` more; the added PSS and RSS of the container's processes
@@ -21,7 +21,11 @@ environment over HTTP from ``--create-threads`` clients (``create_all_s``,
 then waits ``--think-s`` (an agent waiting for its model) before the next; ``--think-s 0``
 is a closed loop (every client saturating). The clients start spread evenly over one
 think time (client i after ``i * think_s / stepping`` s), so the load is steady, not 200
-steps at once every second. Then the same clients step once all at the same instant
+steps at once every second. The clients (``--client``) are coroutines of one thread, each
+with its own keep-alive connection (``asyncio``, ``loadgen.py``: the default), or a thread
+each over ``http.client`` (``threads``); ``cpu_ms_per_step`` is the CPU per answered step
+of the server process, of its sandboxes (cgroups) and of this process (the clients), over
+the spread run. Then the same clients step once all at the same instant
 (``burst``: what a trainer starting a batch of rollouts together meets), and one client
 steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``).
 Reports step p50/p99 (``step_ms``), steps/s, resident envs (``resident_before``,
@@ -34,9 +38,13 @@ server took to stop (``server_stop_s``: it closes every session).
 ``executor`` (``--executor``): the same envs and stepping straight through the pool (no
 HTTP, no database): the sandbox side's share of a step.
 
+``runner`` (``--runner-sessions 1,128,256``): the sandbox side's CPU per call against
+sessions per sandbox (``density_runner.py``).
+
 Usage: ``python benchmarks/density.py [--sessions 16] [--envs 1000] [--stepping 200]
 [--seconds 60] [--think-s 1.0] [--per-sandbox 64] [--create-threads 8] [--executor]
-[--skip-api] [--skip-memory]`` (the defaults take about 3 minutes). Ten thousand resident
+[--skip-api] [--skip-memory] [--client asyncio|threads] [--runner-sessions 1,128,256]`` (the
+defaults take about 3 minutes). Ten thousand resident
 envs: ``--skip-memory --envs 10000 --stepping 1000 --per-sandbox 256 --think-s 2.0
 --create-threads 16 --running-calls 64 --seconds 60`` (about 15 GiB of sandboxes; 10 to 15
 minutes, most of it creating the envs and stopping the server).
@@ -66,10 +74,21 @@ from sandpit.executor.recovering import RecoveringSession
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from density_runner import bench_runner  # noqa: E402 - the runner's per-call cost against sessions
 from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the run
+from loadgen import Stepper, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
-from api import SOURCE, RawClient, Server, pcts, phase_counters  # noqa: E402 - the API benchmark's parts
+from api import (  # noqa: E402 - the API benchmark's parts
+    SOURCE,
+    RawClient,
+    Server,
+    own_cpu_s,
+    pcts,
+    phase_counters,
+    process_cpu_s,
+    sandboxes_cpu_s,
+)
 
 MiB = 1024 * 1024
 SMALL = '''
@@ -303,6 +322,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
         trainer_key = server.new_tenant("trainer", {"max_live_envs": 1_000_000, "max_concurrent_calls": 1024,
                                                     "max_running_calls": args.running_calls})
         out["tenant_max_running_calls"] = args.running_calls
+        out["client"] = args.client
         with server.client(trainer_key, limits=httpx.Limits(max_connections=args.stepping + 16,
                                                max_keepalive_connections=args.stepping + 16)) as client:
             environment_id = client.post("/v1/environments", json={"source_code": SOURCE,
@@ -351,6 +371,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 nonlocal restores, errors
                 local: list[tuple[float, float]] = []
                 recovered = failed = 0
+                cpu = time.thread_time()
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
                     begun = time.perf_counter()
@@ -368,7 +389,9 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                     timed_steps.extend(local)
                     restores += recovered
                     errors += failed
+                    clients_cpu[0] += time.thread_time() - cpu
 
+            clients_cpu = [0.0]  # CPU seconds of the stepping clients' own threads
             sampler_stop = threading.Event()
             peak = {"cgroup_mib": 0.0}
 
@@ -380,14 +403,37 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             sampler.start()
             phases0 = phase_counters(server.url)
             steal = StealSampler().start()
+            cpu0 = (process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid), own_cpu_s())
             started = time.perf_counter()
             stepping = ids[:: max(1, len(ids) // args.stepping)][: args.stepping]
             offsets = [index * args.think_s / len(stepping) for index in range(len(stepping))]
-            with ThreadPoolExecutor(len(stepping)) as pool:
-                list(pool.map(drive, stepping, offsets))
+            if args.client == "asyncio":  # one thread, one keep-alive connection per client
+                cpu = time.thread_time()
+                spread = run_spread(Stepper(server.url, trainer_key), stepping, offsets, args.think_s,
+                                    max(0.0, stop_at - time.perf_counter()))
+                clients_cpu[0] = time.thread_time() - cpu
+                for begun, ms, body, error in spread:
+                    if ms is None:
+                        errors += 1
+                        if len(error_samples) < 5:
+                            error_samples.append(error)
+                    else:
+                        timed_steps.append((begun, ms))
+                        restores += bool(body.get("recovered"))
+            else:
+                with ThreadPoolExecutor(len(stepping)) as pool:
+                    list(pool.map(drive, stepping, offsets))
             wall = time.perf_counter() - started
+            cpu1 = (process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid), own_cpu_s())
             steal.stop()
             latencies = [ms for _, ms in timed_steps]
+            # CPU per answered step (ms) over the spread run: the server process, its
+            # sandboxes (cgroups), this process, and of that the stepping clients' threads
+            per_step = 1000 / max(1, len(timed_steps))
+            out["cpu_ms_per_step"] = {part: round((after - before) * per_step, 3)
+                                      for part, before, after in zip(("server", "sandboxes", "this_process"), cpu0,
+                                                                     cpu1, strict=True)}
+            out["cpu_ms_per_step"]["client"] = round(clients_cpu[0] * per_step, 3)
             phases1 = phase_counters(server.url)
             # the same steps without those that ran while the VM's host took a quarter or
             # more of the machine (a diagnosis beside the target, never instead of it)
@@ -413,8 +459,11 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 barrier.wait()
                 return _raw_step(raw, env_id)[0]
 
-            with ThreadPoolExecutor(len(stepping)) as pool:
-                burst = list(pool.map(burst_step, stepping))
+            if args.client == "asyncio":
+                burst = [ms for _, ms, _, _ in run_burst(Stepper(server.url, trainer_key), stepping)]
+            else:
+                with ThreadPoolExecutor(len(stepping)) as pool:
+                    burst = list(pool.map(burst_step, stepping))
             answered = [ms for ms in burst if ms is not None]
             out["burst"] = {"clients": len(stepping), "errors": len(burst) - len(answered),
                             "step_ms": pcts(answered) if answered else None,
@@ -482,11 +531,16 @@ def main() -> None:
     parser.add_argument("--create-threads", type=int, default=8, help="clients creating the envs at once")
     parser.add_argument("--evict-fullness", type=float, default=0.9,
                         help="SANDPIT_ENV_IDLE_EVICT_FULLNESS of the server (0: idle envs leave whatever the load)")
+    parser.add_argument("--client", choices=("asyncio", "threads"), default="asyncio",
+                        help="the stepping clients: coroutines of one thread (loadgen.py) or a thread each")
     parser.add_argument("--no-templates", dest="templates", action="store_false")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--executor", action="store_true",
                         help="also run the envs through the executor alone (no HTTP, no database)")
     parser.add_argument("--skip-api", action="store_true")
+    parser.add_argument("--runner-sessions", type=lambda text: [int(n) for n in text.split(",")], default=[],
+                        help="comma-separated sessions per sandbox for the runner part (e.g. 1,64,256; empty: skip)")
+    parser.add_argument("--runner-calls", type=int, default=2000, help="calls per count of the runner part")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "density.json")
     args = parser.parse_args()
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -495,6 +549,8 @@ def main() -> None:
         results["memory"] = {"forked_from_template": bench_memory(True, args.sessions),
                              "spawned_as_before": bench_memory(False, args.sessions)}
         print(json.dumps(results["memory"], indent=2), flush=True)
+    if args.runner_sessions:
+        results["runner"] = bench_runner(args)
     if args.executor and args.envs:
         results["executor"] = bench_executor(args)
         print(json.dumps(results["executor"], indent=2), flush=True)

@@ -87,7 +87,10 @@ class ResourceProfile(BaseModel):
         ``templates``: fork sessions from per-environment template processes
         (``pid1_templates.py``; only with more than one session per sandbox).
         ``session_startup_s``: seconds a new session process has to start before the
-        request waiting for it fails; that request's ``call_timeout_s`` starts after."""
+        request waiting for it fails; that request's ``call_timeout_s`` starts after.
+        ``cgroup_task_count``: the container's pids cgroup counts exactly the sandbox's
+        tasks (runc), so a sweep that finds no more tasks than the runner follows skips
+        listing /proc (``pid1_children.Children.sweep``); off under runsc."""
         return {
             "call_timeout_s": self.call_timeout_s,
             "session_memory_bytes": self.memory_mib * MiB,
@@ -100,6 +103,7 @@ class ResourceProfile(BaseModel):
             "poll_interval_s": poll_interval_s,
             "templates": templates,
             "session_startup_s": session_startup_s,
+            "cgroup_task_count": runtime == "runc",
         }
 
 

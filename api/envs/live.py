@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,6 +28,10 @@ from .actions import ToolSet
 from .rulebook import EpisodeRun
 
 log = logging.getLogger("sandpit.api")
+
+CLOSE_CONCURRENCY = 16
+"""Sessions :meth:`LiveEnvs.close` closes at once (each is a round trip to its sandbox;
+sessions of different sandboxes close in parallel)."""
 
 
 @dataclass(kw_only=True)
@@ -151,14 +156,27 @@ class LiveEnvs:
                 lock.release()
         return evicted
 
-    def close(self) -> None:
-        """Close every live session (their state stays in the database)."""
+    def close(self, concurrency: int = CLOSE_CONCURRENCY) -> None:
+        """Close every live session (their state stays in the database), ``concurrency``
+        at a time (at least 1). A session whose close raises is logged and the others
+        are still closed; the executor removes every sandbox when it closes after this."""
         with self._registry:
             live = list(self._live.values())
             self._live.clear()
             self._count()
-        for entry in live:
-            entry.session.close()
+
+        def close_one(entry: LiveEnv) -> None:
+            try:
+                entry.session.close()
+            except Exception:  # noqa: BLE001 - the other sessions must still close; logged
+                log.exception("closing a live session at shutdown failed")
+
+        if len(live) <= 1 or concurrency <= 1:
+            for entry in live:
+                close_one(entry)
+            return
+        with ThreadPoolExecutor(min(concurrency, len(live)), thread_name_prefix="sandpit-close") as closer:
+            list(closer.map(close_one, live))
 
 
 class Janitor:

@@ -405,6 +405,10 @@ class Children:
         """Work directories that could not be removed when their session or job ended."""
         self.tainted: list[str] = []
         """Why this sandbox must not be reused (a sweep that could not kill everything)."""
+        on = limits.get("cgroup_task_count") is True and os.getpid() == 1  # before any child exists
+        self.task_count_fd = pid1_cleanup.task_counter() if on else -1
+        self.sweeps = {"counted": 0, "listed": 0}
+        """Sweeps that ended on the task count and sweeps that listed /proc (``ping``)."""
         loop.after_round(self.reap)
 
     def follow(self, pids: Callable[[], set[int]], on_exit: Callable[[int, int], bool],
@@ -510,13 +514,20 @@ class Children:
         (a session's process), and every process outside all followed ones' sessions
         (escaped with setsid). Returns once none of them is alive; if some still live
         after ``limits.SWEEP_DEADLINE_S`` the sandbox is marked tainted and ``recycle``
-        will refuse it.
+        will refuse it. When the pids cgroup counts exactly PID 1 and the followed processes
+        (``pid1_cleanup.task_counter``; they are PID 1's children, forgotten before or as
+        they are reaped, which the listing trusts too) there is no other task and /proc is
+        not listed; any other task, a thread included, makes the count larger.
 
         Only when PID 1 is PID 1 of its own pid namespace (always, in a sandbox): elsewhere
         /proc would show processes that are not ours."""
         if os.getpid() != 1:
             return
         known = self.tracked_pids()
+        if pid1_cleanup.read_task_count(self.task_count_fd) == len(known) + 1:
+            self.sweeps["counted"] += 1
+            return
+        self.sweeps["listed"] += 1
         settled: set[int] = set()
         for ready in self._settled:
             settled |= ready()

@@ -104,6 +104,43 @@ def _scan() -> dict[int, tuple[str, int, int] | None]:
     return out
 
 
+TASK_COUNT_FILES = ("/sys/fs/cgroup/pids/pids.current", "/sys/fs/cgroup/pids.current")
+"""The sandbox's pids cgroup task count (cgroup v1, v2), as the container sees it."""
+
+
+def read_task_count(fd: int) -> int | None:
+    """The tasks (processes and threads; exited ones not yet reaped and forks under way
+    included) the pids cgroup behind ``fd`` counts now, read with ``pread`` from offset 0;
+    None for ``fd`` -1 or anything but a decimal count."""
+    if fd < 0:
+        return None
+    try:
+        raw = os.pread(fd, 64, 0).strip()
+    except OSError:
+        return None
+    return int(raw) if raw.isdigit() and len(raw) < 20 else None
+
+
+def task_counter(paths: tuple[str, ...] = TASK_COUNT_FILES) -> int:
+    """A read-only descriptor of the first of ``paths`` (the pids cgroup's
+    ``pids.current``) that counts exactly one task now, or -1. Called by PID 1 of the
+    sandbox before it starts any child, when the host says the cgroup holds exactly the
+    sandbox's tasks (``cgroup_task_count``: runc): PID 1 alone counted as one proves that
+    the file counts the cgroup PID 1 is in, which every process of the sandbox inherits
+    and none can leave (the cgroup file system is read-only in the container). A sweep
+    then lists /proc only when the count exceeds what PID 1 follows
+    (``pid1_children.Children.sweep``)."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if read_task_count(fd) == 1:
+            return fd
+        os.close(fd)
+    return -1
+
+
 def _dead(state: str) -> bool:
     return state in ("Z", "X", "x")
 

@@ -33,12 +33,9 @@ import secrets
 import time
 
 from . import protocol
-from .limits import (
-    BROKEN_MAX_CHARS,
-    SESSION_ID_MAX_CHARS,
-    SESSION_STARTUP_S,
-)
-from .pid1_children import Child, Output, drain, oom_kills, read_once
+from .limits import BROKEN_MAX_CHARS, JOB_EXIT_WAIT_S, SESSION_ID_MAX_CHARS, SESSION_STARTUP_S
+from .pid1_children import Child, Output, await_exit, drain, oom_kills, read_once
+from .pid1_deadlines import Deadlines
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_templates import Configs, Template, template_key
 from .pid1_verdicts import verdict
@@ -104,6 +101,7 @@ class Sessions:
         self.startup_s = float(limits.get("session_startup_s", SESSION_STARTUP_S))
         """Seconds a new session process has to answer ``hello`` (see :meth:`pump`)."""
         self.max_sessions = int(limits.get("max_sessions", 1))
+        self.deadlines = Deadlines(lambda session, item: session.current is item)
         children.follow(lambda: set(self.by_pid), self._claim_exit)
         children.sessions_open = lambda: len(self.by_sid)
         loop.add_deadlines(self.check_deadlines)
@@ -186,8 +184,12 @@ class Sessions:
 
     def close(self, session: Session) -> None:
         """End ``session``: its process killed, its queued requests answered ``fault``,
-        leftovers swept, its work directory removed; its id cannot be opened again."""
+        leftovers swept (its process reaped first, so the sweep need not list /proc), its
+        work directory removed; its id cannot be opened again."""
+        child = session.child if session.child is not None and session.child.alive else None
         self._detach(session)
+        if child is not None:  # not reaped yet: its pid is still its own
+            await_exit(child.pid, JOB_EXIT_WAIT_S)
         self.by_sid.pop(session.sid, None)
         self.closed.add(session.sid)
         for item in session.queue:
@@ -297,12 +299,12 @@ class Sessions:
                 frame = protocol.encode_raw(request, raw) if raw else protocol.encode(request)
                 if session.child.booted:
                     item.pop("hello", None)  # a re-queued item is timed afresh
-                    item["deadline"] = time.monotonic() + self.timeout_s
+                    self.deadlines.arm(session, item, time.monotonic() + self.timeout_s)
                     if request["op"] == "call":  # what a timeout is measured against
                         item["sched"] = session.child.sched_times()
                 else:  # a new process: its start is not the request's time (``hello``)
                     item["hello"] = secrets.token_hex(16)
-                    item["deadline"] = time.monotonic() + self.startup_s
+                    self.deadlines.arm(session, item, time.monotonic() + self.startup_s)
                     frame = protocol.encode({"op": "hello", "id": item["hello"]}) + frame
                 session.child.sock.sendall(frame)
             except (OSError, ValueError, TypeError):
@@ -418,7 +420,7 @@ class Sessions:
             del item["hello"]
             if session.child is not None:
                 session.child.booted = True
-            item["deadline"] = time.monotonic() + self.timeout_s
+            self.deadlines.arm(session, item, time.monotonic() + self.timeout_s)
             return
         if item is None or msg.get("id") != item["token"]:
             return  # unsolicited or stale frame
@@ -579,19 +581,16 @@ class Sessions:
 
     def check_deadlines(self, now: float) -> float | None:
         """Fail in-flight requests past their deadline (a process that never answered
-        ``hello`` is ``crashed``, a request ``timeout``); seconds to the next deadline."""
-        wait = None
-        for session in list(self.by_sid.values()):
-            item = session.current
-            if item is None:
-                continue
-            remaining = item["deadline"] - now
-            if remaining <= 0 and "hello" in item:
+        ``hello`` is ``crashed``, a request ``timeout``); seconds to the next deadline
+        (``pid1_deadlines``: only due entries are read, not every session)."""
+        for owner, item in self.deadlines.due(now):
+            session: Session = owner
+            if self.by_sid.get(session.sid) is not session:
+                continue  # closed (its id may be a later session's after a recycle)
+            if "hello" in item:
                 self.child_failed(session, "crashed",
                                   note=f"the new session process did not start within {self.startup_s:g} s",
                                   not_started=True)
-            elif remaining <= 0:
-                self.child_failed(session, "timeout")
             else:
-                wait = remaining if wait is None else min(wait, remaining)
-        return wait
+                self.child_failed(session, "timeout")
+        return self.deadlines.next_in(now)

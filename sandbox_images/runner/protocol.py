@@ -262,11 +262,13 @@ if TYPE_CHECKING:
         config_reasons: list[str]
 
     class PingReply(Reply):
-        """Open sessions, PID 1's pid (1 in a sandbox), template counters."""
+        """Open sessions, PID 1's pid (1 in a sandbox), template counters, and how many
+        sweeps ended on the pids cgroup's count (``counted``) or listed /proc (``listed``)."""
 
         sessions: NotRequired[int]
         pid: NotRequired[int]
         templates: NotRequired[TemplateStats]
+        sweeps: NotRequired[dict[str, int]]
 
     class RecycleReply(Reply):
         """``clean`` False (with ``problems``, at most RECYCLE_MAX_PROBLEMS) when the
@@ -323,17 +325,14 @@ TOKEN_NAME = "token"  # noqa: S105 - a file name, not a secret
 READ_CHUNK = 1 << 20
 """Most bytes one non-blocking read takes from a socket."""
 FIRST_READ = 1 << 16
-"""Bytes the first ``recv`` of a read asks for. A ``recv`` allocates the whole size it
-asks for before the kernel copies anything: a megabyte is an ``mmap``, page faults and
-an ``munmap`` for every frame of a few hundred bytes (tens of microseconds, several
-times the system call itself); 64 KiB comes from the allocator's heap."""
+"""Bytes the first ``recv`` of a read asks for: ``recv`` allocates all it asks for first,
+and a megabyte (an ``mmap``, page faults, an ``munmap``) costs tens of microseconds."""
 
 
 def recv_ready(sock: socket.socket) -> bytes | None:
-    """What ``sock`` holds now, without waiting, at most READ_CHUNK bytes: the bytes,
-    ``b""`` at end of stream or on a socket error (the peer is gone), ``None`` when
-    nothing has arrived yet. A first read of FIRST_READ bytes; only when it came back
-    full, one more of the rest (a large frame arriving)."""
+    """What ``sock`` holds now, without waiting, at most READ_CHUNK bytes (a second read
+    only when the first, of FIRST_READ, came back full): the bytes, ``b""`` at end of
+    stream or on a socket error (the peer is gone), ``None`` when nothing has arrived."""
     try:
         data = sock.recv(FIRST_READ, socket.MSG_DONTWAIT)
     except (BlockingIOError, InterruptedError):

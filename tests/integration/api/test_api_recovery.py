@@ -143,3 +143,21 @@ def test_large_state_is_stored_incrementally(api: httpx.Client, server, counter_
     assert state["records"]["r00014"]["value"] == "new2" and state["records"]["r00021"]["value"] == "v21"
     assert list(state["records"])[:3] == ["r00000", "r00001", "r00002"]  # insertion order kept
     assert api.delete(f"/v1/envs/{env_id}").status_code == 204
+
+
+def test_a_graceful_stop_closes_the_sessions_of_many_sandboxes_and_leaves_no_container(
+        make_server, counter_source: str, docker_client: docker.DockerClient) -> None:
+    server = make_server(SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX="3", SANDPIT_EXECUTOR_MAX_SANDBOXES="8")
+    owner = engine.owner_id(server.process.pid)
+    with server.client(timeout=60) as api:
+        environment_id = api.post("/v1/environments", json={"source_code": counter_source,
+                                                            "class_name": "Counter"}).json()["id"]
+        env_ids = [_create(api, environment_id, count=n) for n in range(10)]
+        for env_id in env_ids:
+            _bump(api, env_id, 1)
+    assert len(docker_client.containers.list(filters={"label": f"sandpit.owner={owner}"})) >= 4  # 10 envs, 3 a sandbox
+    server.stop()  # SIGTERM: every live session closed (several at once), every sandbox removed
+    assert docker_client.containers.list(all=True, filters={"label": f"sandpit.owner={owner}"}) == []
+    with sqlite3.connect(server.db_path) as db:
+        counts = dict(db.execute("SELECT env_id, MAX(step) FROM steps GROUP BY env_id").fetchall())
+    assert counts == {env_id: 1 for env_id in env_ids}  # every acknowledged step was kept

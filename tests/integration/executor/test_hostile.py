@@ -353,3 +353,24 @@ def test_a_forged_keyed_delta_crashes_only_that_call(open_env, probe) -> None:
     after = session.call("bump", {"by": 1})
     assert (after.status, after.observation) == ("ok", "3"), after
     assert session.state()["counter"] == 3
+
+
+def test_sweeps_skip_listing_proc_only_while_the_cgroup_counts_no_stray(open_env, probe, pool) -> None:
+    session = open_env(init_config={"counter": 0})
+    probe.settled_processes(session)  # the spare (or a template) has started
+    sandbox = session._sandbox
+    before = sandbox.request("ping")["sweeps"]
+    for _ in range(5):
+        assert probe.run(session, "self.counter += 1\nresult = 1").status == "ok"
+    quiet = sandbox.request("ping")["sweeps"]
+    if pool.settings.runtime == "runc":  # the pids cgroup counts the sandbox's tasks exactly
+        assert quiet["counted"] >= before["counted"] + 5, (before, quiet)
+    else:
+        assert quiet["counted"] == before["counted"] == 0, quiet
+    stray = probe.run(session, STRAYS["setsid"])
+    assert stray.status == "ok", stray
+    after = sandbox.request("ping")["sweeps"]
+    assert after["listed"] > quiet["listed"], (quiet, after)  # a stray is counted: /proc is listed
+    later = probe.run(session, CHECK_STRAY)
+    assert later.status == "ok" and later.observation == "0" and "STRAY" not in later.stdout, later
+    assert session.state()["counter"] == 6

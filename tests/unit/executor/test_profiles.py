@@ -106,3 +106,11 @@ def test_session_memory_is_rlimit_as_under_gvisor_only() -> None:
     assert profile.runner_limits(1, True)["memory_rlimit"] == "data"
     assert profile.runner_limits(1, True, 0.05, "runsc")["memory_rlimit"] == "as"
     assert profile.runner_limits(1, True, 0.05, "runsc")["session_memory_bytes"] == 100 * 1024 * 1024
+
+
+def test_sweeps_count_tasks_in_the_pids_cgroup_under_runc_only() -> None:
+    from sandpit.executor.profiles import ResourceProfile
+
+    profile = ResourceProfile()
+    assert profile.runner_limits(4, True)["cgroup_task_count"] is True
+    assert profile.runner_limits(4, True, 0.05, "runsc")["cgroup_task_count"] is False

@@ -112,3 +112,32 @@ def test_sweep_catches_fork_hoppers_as_pid_1_of_a_pid_namespace() -> None:
                           FORK_HOPPERS, str(rounds)], capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "[]", f"rounds where a hopper survived the sweep: {run.stdout}"
+
+
+@pytest.mark.parametrize(("content", "count"), [
+    (b"1\n", 1), (b"259\n", 259), (b"0", 0), (b"max\n", None), (b"", None), (b"-1\n", None),
+    (b"12abc\n", None), (b"9" * 40, None), (b"\xff\xfe", None), (b"1 2\n", None),
+])
+def test_a_task_count_is_a_decimal_count_or_nothing(tmp_path, content: bytes, count: int | None) -> None:
+    path = tmp_path / "pids.current"
+    path.write_bytes(content)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert pid1_cleanup.read_task_count(fd) == count
+        assert pid1_cleanup.read_task_count(fd) == count  # re-read from offset 0
+    finally:
+        os.close(fd)
+    assert pid1_cleanup.read_task_count(-1) is None
+
+
+def test_the_task_counter_is_the_first_file_that_counts_pid_1_alone(tmp_path) -> None:
+    missing, two, one = tmp_path / "missing", tmp_path / "two", tmp_path / "one"
+    two.write_text("2\n")  # not only PID 1: not a count of its cgroup alone, refused
+    one.write_text("1\n")
+    fd = pid1_cleanup.task_counter((str(missing), str(two), str(one)))
+    try:
+        assert fd >= 0 and os.readlink(f"/proc/self/fd/{fd}") == str(one)
+    finally:
+        os.close(fd)
+    assert pid1_cleanup.task_counter((str(missing), str(two))) == -1
+    assert pid1_cleanup.task_counter(()) == -1

@@ -176,3 +176,28 @@ def test_admission_reads_the_handles_memory(driver: MemoryDriver) -> None:
         time.sleep(0.01)
         pool.open_session(tenant="t1", source="", class_name="Counter")
         assert len(driver.started) == 2 and first.call("bump").status == "ok"
+
+
+def test_close_tries_every_sandbox_when_a_removal_fails(driver: MemoryDriver) -> None:
+    pool = SandboxPool(driver, settings(sessions_per_sandbox=1, max_sandboxes=8))
+    pool.start()
+    for _ in range(6):
+        pool.open_session(tenant="t1", source="", class_name="Counter")
+    assert len(driver.started) == 6
+    failing = driver.started[len(driver.started) // 2]
+
+    def broken() -> None:
+        raise SandboxStartError("the engine did not answer", failing.id)
+
+    failing.destroy = broken  # type: ignore[method-assign]
+    destroyed_by_the_pool: list[str] = []
+    close_driver = driver.close
+
+    def close() -> None:
+        destroyed_by_the_pool.extend(s.id for s in driver.started if s.destroyed)
+        close_driver()
+
+    driver.close = close  # type: ignore[method-assign]
+    with pytest.raises(SandboxStartError):
+        pool.close()
+    assert sorted(destroyed_by_the_pool) == sorted(s.id for s in driver.started if s is not failing)

@@ -1,0 +1,135 @@
+"""An asyncio load generator for many stepping clients: one keep-alive HTTP/1.1 connection
+per client, all in one thread of the benchmark's process.
+
+A thread per client (``http.client`` under ``RawClient``) costs this process a thread
+switch, a GIL hand-over and a Python-level HTTP parser per request, and a thousand such
+threads on the machine's cores compete with the server they measure. Here each client is a
+coroutine: a step is one ``write`` of a request built from prepared bytes and one read of
+the reply (status line, headers, a ``Content-Length`` or chunked body). The clients of a
+real deployment are other machines; this keeps what they cost this one small.
+
+:func:`run_spread` drives clients that step, wait ``think_s``, and step again until a
+deadline (client ``i`` starts at ``offsets[i]``); :func:`run_burst` has every client step
+once at the same instant. Both return, per step, ``(start, ms, reply, error)``: ``ms`` and
+``reply`` (the parsed JSON) for a ``200`` answered ``ok``, else ``ms`` None and ``error``
+saying what went wrong (a broken connection is re-opened at the client's next step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+Step = tuple[float, float | None, dict[str, Any], str]
+"""``(perf_counter at the start, ms or None, reply JSON or {}, error or "")``."""
+
+
+class Stepper:
+    """Prepared request bytes for ``bump`` steps on the server at ``url`` (``http://host:port``)
+    as the tenant of ``api_key``."""
+
+    def __init__(self, url: str, api_key: str, body: dict[str, Any] | None = None) -> None:
+        self.host, port = url.removeprefix("http://").split(":")
+        self.port = int(port)
+        payload = json.dumps(body or {"name": "bump", "arguments": {}}).encode()
+        self._tail = (f"HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAuthorization: Bearer {api_key}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+    def request(self, env_id: str) -> bytes:
+        """The bytes of one step request on ``env_id``."""
+        return b"POST /v1/envs/" + env_id.encode() + b"/step " + self._tail
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new keep-alive connection."""
+        return await asyncio.open_connection(self.host, self.port, limit=1 << 22)
+
+    async def step(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], env_id: str) -> tuple[int, bytes]:
+        """One step over ``conn``: ``(status code, body bytes)``. Raises OSError,
+        asyncio.IncompleteReadError, ValueError (a malformed reply)."""
+        reader, writer = conn
+        writer.write(self.request(env_id))
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        code = int(lines[0].split(" ", 2)[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        if "content-length" in headers:
+            return code, await reader.readexactly(int(headers["content-length"]))
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = bytearray()
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                chunk = await reader.readexactly(size + 2)
+                if size == 0:
+                    return code, bytes(body)
+                body += chunk[:-2]
+        raise ValueError(f"reply without a length: {lines[0]}")
+
+
+async def _timed(stepper: Stepper, state: dict[str, Any], env_id: str) -> Step:
+    """One step of a client whose connection is ``state["conn"]`` (opened when None)."""
+    begun = time.perf_counter()
+    try:
+        if state.get("conn") is None:
+            state["conn"] = await stepper.connect()
+        code, raw = await stepper.step(state["conn"], env_id)
+        reply = json.loads(raw)
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+        conn, state["conn"] = state.get("conn"), None
+        if conn is not None:
+            conn[1].close()
+        return begun, None, {}, repr(exc)[:200]
+    if code != 200 or reply.get("status") != "ok":
+        return begun, None, reply if isinstance(reply, dict) else {}, f"{code}: {str(reply)[:200]}"
+    return begun, (time.perf_counter() - begun) * 1000, reply, ""
+
+
+def _close(states: list[dict[str, Any]]) -> None:
+    for state in states:
+        if state.get("conn") is not None:
+            state["conn"][1].close()
+            state["conn"] = None
+
+
+def run_spread(stepper: Stepper, env_ids: list[str], offsets: list[float], think_s: float,
+               seconds: float) -> list[Step]:
+    """Each of ``env_ids`` is a client: it waits its offset (seconds), then steps, waits
+    ``think_s`` and steps again until ``seconds`` have passed since the call. Returns every
+    step (module docstring), in no particular order."""
+    async def main() -> list[Step]:
+        stop_at = time.perf_counter() + seconds
+        states: list[dict[str, Any]] = [{} for _ in env_ids]
+
+        async def client(index: int) -> list[Step]:
+            steps: list[Step] = []
+            await asyncio.sleep(offsets[index])
+            while time.perf_counter() < stop_at:
+                steps.append(await _timed(stepper, states[index], env_ids[index]))
+                if think_s:
+                    await asyncio.sleep(think_s)
+            return steps
+
+        try:
+            done = await asyncio.gather(*(client(index) for index in range(len(env_ids))))
+        finally:
+            _close(states)
+        return [step for steps in done for step in steps]
+
+    return asyncio.run(main())
+
+
+def run_burst(stepper: Stepper, env_ids: list[str]) -> list[Step]:
+    """Every one of ``env_ids`` steps once, all sent at the same instant (connections
+    opened first). Returns the steps (module docstring), in the order of ``env_ids``."""
+    async def main() -> list[Step]:
+        states: list[dict[str, Any]] = [{} for _ in env_ids]
+        try:
+            for state in states:
+                state["conn"] = await stepper.connect()
+            return list(await asyncio.gather(*(_timed(stepper, state, env_id)
+                                               for state, env_id in zip(states, env_ids, strict=True))))
+        finally:
+            _close(states)
+
+    return asyncio.run(main())
