@@ -18,19 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import COUNTER_SOURCE, ApiServer
+from api_server import COUNTER_SOURCE, ApiServer, create_envs
 from sandpit.client import Client, Conflict, NotFound
 
 pytestmark = pytest.mark.docker
-
-
-def _envs(api: httpx.Client, environment_id: str, count: int, **body: Any) -> list[str]:
-    ids = []
-    for _ in range(count):
-        response = api.post("/v1/envs", json={"environment_id": environment_id, **body})
-        assert response.status_code == 201, response.text
-        ids.append(response.json()["id"])
-    return ids
 
 
 def _batch(api: httpx.Client, steps: list[dict[str, Any]], **extra: Any) -> httpx.Response:
@@ -42,7 +33,7 @@ def _bump(env_id: str, by: int, **extra: Any) -> dict[str, Any]:
 
 
 def test_each_step_is_its_own_step_route_step(api: httpx.Client, counter_env_id: str) -> None:
-    batched, alone = _envs(api, counter_env_id, 3), _envs(api, counter_env_id, 3)
+    batched, alone = create_envs(api, counter_env_id, 3), create_envs(api, counter_env_id, 3)
     actions = [{"name": "bump", "arguments": {"by": 2}}, {"text": '<tool_call>{"name": "bump", "arguments": {}}'
                                                           '</tool_call>'}, {"name": "no_such_tool"}]
     reply = _batch(api, [{"env_id": e, "action": a} for e, a in zip(batched, actions, strict=True)],
@@ -61,13 +52,13 @@ def test_each_step_is_its_own_step_route_step(api: httpx.Client, counter_env_id:
 
 
 def test_a_refused_step_is_its_own_outcome(server: ApiServer, api: httpx.Client, counter_env_id: str) -> None:
-    ok, ended, fenced = _envs(api, counter_env_id, 3, episode={"max_steps": 1})[:2] + _envs(api, counter_env_id, 1)
+    ok, ended, fenced = create_envs(api, counter_env_id, 3, episode={"max_steps": 1})[:2] + create_envs(api, counter_env_id, 1)
     assert api.post(f"/v1/envs/{ended}/step", json={"name": "bump"}).status_code == 200  # max_steps 1: it ended
     old = api.post(f"/v1/envs/{fenced}/attempts").json()["token"]
     api.post(f"/v1/envs/{fenced}/attempts")
     other_key = server.new_tenant("batch-other")
     with server.client(other_key) as other:
-        theirs = _envs(other, other.post("/v1/environments", json={
+        theirs = create_envs(other, other.post("/v1/environments", json={
             "source_code": COUNTER_SOURCE, "class_name": "Counter"}).json()["id"], 1)[0]
     reply = _batch(api, [_bump(ok, 1), _bump(ended, 1), _bump("env_does_not_exist", 1), _bump(theirs, 1),
                          _bump(fenced, 1, attempt=old)])
@@ -101,14 +92,14 @@ def test_a_malformed_batch_is_422(api: httpx.Client, body: Any) -> None:
 
 
 def test_an_env_twice_is_422_and_nothing_runs(api: httpx.Client, counter_env_id: str) -> None:
-    first, second = _envs(api, counter_env_id, 2)
+    first, second = create_envs(api, counter_env_id, 2)
     reply = _batch(api, [_bump(first, 1), _bump(second, 1), _bump(first, 2)])
     assert reply.status_code == 422 and reply.json()["error"]["field"] == "steps.2.env_id", reply.text
     assert [api.get(f"/v1/envs/{e}").json()["step"] for e in (first, second)] == [0, 0]
 
 
 def test_a_steps_key_replays_and_a_reused_key_is_409(api: httpx.Client, counter_env_id: str) -> None:
-    first, second = _envs(api, counter_env_id, 2)
+    first, second = create_envs(api, counter_env_id, 2)
     steps = [_bump(first, 1, idempotency_key="k-first"), _bump(second, 5, idempotency_key="k-second")]
     once = _batch(api, steps).json()["results"]
     again = _batch(api, steps).json()["results"]
@@ -126,7 +117,7 @@ def test_a_tenant_with_one_concurrent_call_gets_its_batch_run(server: ApiServer)
     with server.client(key) as api:
         environment = api.post("/v1/environments", json={"source_code": COUNTER_SOURCE,
                                                          "class_name": "Counter"}).json()["id"]
-        envs = _envs(api, environment, 4)
+        envs = create_envs(api, environment, 4)
         results = _batch(api, [_bump(e, i) for i, e in enumerate(envs, 1)]).json()["results"]
     assert [(r["status"], r["result"]["observation"]) for r in results] == [(200, "1"), (200, "2"), (200, "3"),
                                                                             (200, "4")]
@@ -186,7 +177,7 @@ def _steps(api: httpx.Client, env_id: str) -> list[int]:
 def test_a_step_whose_write_fails_in_the_batchs_transaction_takes_no_other_down(
         server: ApiServer, api: httpx.Client, counter_env_id: str) -> None:
     slow = _slow_env(api)
-    others = _envs(api, counter_env_id, 3)
+    others = create_envs(api, counter_env_id, 3)
     old = api.post(f"/v1/envs/{slow}/attempts").json()["token"]
     replies: list[httpx.Response] = []
     with server.client() as worker:  # the batch's writes wait for the slow step: they share its transaction
@@ -210,7 +201,7 @@ def test_a_step_whose_write_fails_in_the_batchs_transaction_takes_no_other_down(
 
 def test_two_batches_stepping_the_same_envs_at_once(server: ApiServer, api: httpx.Client,
                                                     counter_env_id: str) -> None:
-    envs = _envs(api, counter_env_id, 4)
+    envs = create_envs(api, counter_env_id, 4)
     rounds = 6
     failures: list[Any] = []
 
@@ -233,7 +224,7 @@ def test_two_batches_stepping_the_same_envs_at_once(server: ApiServer, api: http
 
 
 def test_a_resent_batch_replays_what_committed_and_runs_the_rest(api: httpx.Client, counter_env_id: str) -> None:
-    running, ended = _envs(api, counter_env_id, 1)[0], _envs(api, counter_env_id, 1, episode={"max_steps": 1})[0]
+    running, ended = create_envs(api, counter_env_id, 1)[0], create_envs(api, counter_env_id, 1, episode={"max_steps": 1})[0]
     assert api.post(f"/v1/envs/{ended}/step", json={"name": "bump"}).status_code == 200
     batch = [_bump(running, 3, idempotency_key="resend-a"), _bump(ended, 3, idempotency_key="resend-b")]
     first = _batch(api, batch).json()["results"]
@@ -250,7 +241,7 @@ def test_a_crash_during_a_batch_then_its_resend(make_server, counter_source: str
     with server.client() as api:
         environment_id = api.post("/v1/environments", json={"source_code": counter_source,
                                                             "class_name": "Counter"}).json()["id"]
-        counters = _envs(api, environment_id, 3)
+        counters = create_envs(api, environment_id, 3)
         slow = _slow_env(api)
     batch = [{"env_id": slow, "action": {"name": "bump", "arguments": {"seconds": 3}}, "idempotency_key": "crash-s"},
              *[_bump(e, 1, idempotency_key=f"crash-{i}") for i, e in enumerate(counters)]]

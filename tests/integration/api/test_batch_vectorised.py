@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_server import COUNTER_SOURCE
+from api_server import COUNTER_SOURCE, create_envs
 
 pytestmark = pytest.mark.docker
 
@@ -44,15 +44,6 @@ class Failing:
 '''
 
 
-def _envs(api: httpx.Client, environment_id: str, count: int, **body: Any) -> list[str]:
-    ids = []
-    for _ in range(count):
-        response = api.post("/v1/envs", json={"environment_id": environment_id, **body})
-        assert response.status_code == 201, response.text
-        ids.append(response.json()["id"])
-    return ids
-
-
 def _environment(api: httpx.Client, source: str, class_name: str) -> str:
     response = api.post("/v1/environments", json={"source_code": source, "class_name": class_name})
     assert response.status_code == 201, response.text
@@ -75,8 +66,8 @@ ACTIONS: list[dict[str, Any]] = [
 def test_a_wide_batch_equals_each_envs_own_steps(api: httpx.Client, profile: str) -> None:
     environment_id = _environment(api, COUNTER_SOURCE, "Counter")
     episode = {"max_steps": 2, "profile": profile}
-    batched = _envs(api, environment_id, len(ACTIONS), episode=episode)
-    alone = _envs(api, environment_id, len(ACTIONS), episode=episode)
+    batched = create_envs(api, environment_id, len(ACTIONS), episode=episode)
+    alone = create_envs(api, environment_id, len(ACTIONS), episode=episode)
     for round_ in range(2):  # the second round ends every episode (max_steps 2: truncated)
         reply = api.post("/v1/envs:step", json={"include": "state,state_diff", "steps": [
             {"env_id": e, "action": a} for e, a in zip(batched, ACTIONS, strict=True)]})
@@ -104,7 +95,7 @@ def test_a_wide_batch_equals_each_envs_own_steps(api: httpx.Client, profile: str
 
 def test_a_step_that_loops_or_dies_fails_alone_in_its_group(api: httpx.Client) -> None:
     environment_id = _environment(api, FAILING_SOURCE, "Failing")
-    envs = _envs(api, environment_id, 4, profile={"call_timeout_s": 1.0})
+    envs = create_envs(api, environment_id, 4, profile={"call_timeout_s": 1.0})
     assert api.post("/v1/envs:step", json={"steps": [{"env_id": e, "action": {"name": "bump"}}
                                                      for e in envs]}).status_code == 200
     actions = ["spin", "die", "bump", "bump"]
