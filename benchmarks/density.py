@@ -76,7 +76,7 @@ from sandpit.executor.settings import ExecutorSettings
 sys.path.insert(0, str(Path(__file__).parent))
 from density_runner import bench_runner  # noqa: E402 - the runner's per-call cost against sessions
 from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the run
-from loadgen import Stepper, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
+from loadgen import Step, Stepper, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
 from api import (  # noqa: E402 - the API benchmark's parts
@@ -367,29 +367,20 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             # this process, on the same 2 cores, than the server did
             raw = RawClient(server.url, trainer_key)
 
-            def drive(env_id: str, offset_s: float) -> None:
-                nonlocal restores, errors
-                local: list[tuple[float, float]] = []
-                recovered = failed = 0
+            def drive(env_id: str, offset_s: float) -> list[Step]:
+                """One thread's client: its steps, as ``loadgen.run_spread`` gives them."""
+                local: list[Step] = []
                 cpu = time.thread_time()
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
                     begun = time.perf_counter()
                     ms, body, error = _raw_step(raw, env_id)
-                    if ms is None:
-                        failed += 1
-                        if len(error_samples) < 5:
-                            error_samples.append(error)
-                    else:
-                        local.append((begun, ms))
-                        recovered += bool(body.get("recovered"))
+                    local.append((begun, ms, body, error))
                     if args.think_s:
                         time.sleep(args.think_s)
                 with lock:
-                    timed_steps.extend(local)
-                    restores += recovered
-                    errors += failed
                     clients_cpu[0] += time.thread_time() - cpu
+                return local
 
             clients_cpu = [0.0]  # CPU seconds of the stepping clients' own threads
             sampler_stop = threading.Event()
@@ -412,17 +403,17 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 spread = run_spread(Stepper(server.url, trainer_key), stepping, offsets, args.think_s,
                                     max(0.0, stop_at - time.perf_counter()))
                 clients_cpu[0] = time.thread_time() - cpu
-                for begun, ms, body, error in spread:
-                    if ms is None:
-                        errors += 1
-                        if len(error_samples) < 5:
-                            error_samples.append(error)
-                    else:
-                        timed_steps.append((begun, ms))
-                        restores += bool(body.get("recovered"))
             else:
                 with ThreadPoolExecutor(len(stepping)) as pool:
-                    list(pool.map(drive, stepping, offsets))
+                    spread = [step for steps in pool.map(drive, stepping, offsets) for step in steps]
+            for begun, ms, body, error in spread:
+                if ms is None:
+                    errors += 1
+                    if len(error_samples) < 5:
+                        error_samples.append(error)
+                else:
+                    timed_steps.append((begun, ms))
+                    restores += bool(body.get("recovered"))
             wall = time.perf_counter() - started
             cpu1 = (process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid), own_cpu_s())
             steal.stop()
