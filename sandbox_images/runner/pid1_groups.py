@@ -21,8 +21,7 @@ runs out of memory or kills its process is that call's reply (``timeout``/``oom`
 
 from __future__ import annotations
 
-import json
-
+from . import protocol
 from .limits import GROUP_PART_BYTES, MAX_GROUP_CALLS, SESSION_ID_MAX_CHARS
 
 TYPE_CHECKING = False
@@ -81,14 +80,15 @@ class GroupingHost:
             return
         result = dict(message)
         result.pop("id", None)
-        try:
-            text = json.dumps(result, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        try:  # the JSON of Host.reply's frame, without its length header
+            text = protocol.encode(result, errors="replace")[protocol.HEADER.size:]
         except (ValueError, TypeError) as exc:  # what Host.reply would refuse: that call's fault
-            text = json.dumps({"status": "fault", "message": f"reply could not be encoded: {exc}"[:500]})
+            text = protocol.encode({"status": "fault", "message": f"reply could not be encoded: {exc}"[:500]},
+                                   errors="replace")[protocol.HEADER.size:]
         group.answered[member.index] = True
         group.waiting -= 1
         group.indices.append(member.index)
-        group.results.append(text.encode("utf-8", "replace"))
+        group.results.append(text)
         group.size += len(group.results[-1])
         if group.waiting == 0 or group.size > GROUP_PART_BYTES:
             self._send(group, last=group.waiting == 0)
