@@ -121,8 +121,8 @@ class BatchSteps:
                     continue
                 calls = [step for step in running.values() if isinstance(step.need, CallNeed)]
                 if calls:
-                    outcomes = calls[0].call().session.call_many(
-                        [(s.call().session, s.call().name, s.call().arguments, s.call().rules) for s in calls])
+                    needs = [step.call() for step in calls]
+                    outcomes = needs[0].session.call_many([(n.session, n.name, n.arguments, n.rules) for n in needs])
                     for step, outcome in zip(calls, outcomes, strict=True):
                         step.resume(outcome)
                     continue
