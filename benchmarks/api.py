@@ -64,6 +64,9 @@ from sandpit.api.db.engine import upgrade
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 
+sys.path.insert(0, str(Path(__file__).parent))
+from loadgen import parse_head  # noqa: E402 - benchmarks/ is not a package
+
 SOURCE = '''
 class Bench:
     """Small state plus a record store."""
@@ -236,16 +239,9 @@ class SocketClient:
                 raise EOFError("server closed the connection")
             buf += more
         head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        length, close = 0, False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection" and value.strip().lower() == b"close":
-                close = True
+        status, headers = parse_head(head)
+        length = int(headers.get("content-length", 0))
+        close = headers.get("connection", "").lower() == "close"
         while len(buf) < length:
             more = sock.recv(65536)
             if not more:

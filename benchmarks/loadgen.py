@@ -26,6 +26,15 @@ Step = tuple[float, float | None, dict[str, Any], str]
 """``(perf_counter at the start, ms or None, reply JSON or {}, error or "")``."""
 
 
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status code and the headers (names lower-cased, the last of a repeated one) of
+    an HTTP/1.1 reply's head, without its blank line. Raises ValueError (IndexError) on a
+    malformed status line."""
+    lines = head.decode("latin-1").split("\r\n")
+    code = int(lines[0].split(" ", 2)[1])
+    return code, {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+
+
 class Stepper:
     """Prepared request bytes for ``bump`` steps on the server at ``url`` (``http://host:port``)
     as the tenant of ``api_key``."""
@@ -51,9 +60,7 @@ class Stepper:
         reader, writer = conn
         writer.write(self.request(env_id))
         head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        code = int(lines[0].split(" ", 2)[1])
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        code, headers = parse_head(head[:-4])
         if "content-length" in headers:
             return code, await reader.readexactly(int(headers["content-length"]))
         if headers.get("transfer-encoding", "").lower() == "chunked":
@@ -64,7 +71,7 @@ class Stepper:
                 if size == 0:
                     return code, bytes(body)
                 body += chunk[:-2]
-        raise ValueError(f"reply without a length: {lines[0]}")
+        raise ValueError(f"reply {code} without a length")
 
 
 async def _timed(stepper: Stepper, state: dict[str, Any], env_id: str) -> Step:
