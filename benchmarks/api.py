@@ -326,15 +326,29 @@ def sandboxes_cpu_s(server_pid: int) -> float:
     total = 0.0
     for line in listing.splitlines():
         container, _, owner = line.partition(" ")
-        if owner.split(":")[1:2] != [str(server_pid)]:
-            continue
-        for path in glob.glob(f"/sys/fs/cgroup/cpuacct/docker/{container}/cpuacct.usage"):
-            total += int(open(path).read()) / 1e9
-        for path in glob.glob(f"/sys/fs/cgroup/**/docker-{container}.scope/cpu.stat", recursive=True):
-            for stat in open(path):
-                if stat.startswith("usage_usec"):
-                    total += int(stat.split()[1]) / 1e6
+        if owner.split(":")[1:2] == [str(server_pid)]:
+            total += container_cpu_s(container)
     return total
+
+
+def container_cpu_s(container_id: str) -> float:
+    """CPU seconds the container's cgroup has used (v1 ``cpuacct.usage`` or v2
+    ``cpu.stat``), 0 when unreadable."""
+    for path in (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage",
+                 f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage"):
+        try:
+            return int(Path(path).read_text()) / 1e9
+        except OSError:
+            continue
+    for path in (*glob.glob(f"/sys/fs/cgroup/**/docker-{container_id}.scope/cpu.stat", recursive=True),
+                 f"/sys/fs/cgroup/docker/{container_id}/cpu.stat"):
+        try:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1]) / 1e6
+        except OSError:
+            continue
+    return 0.0
 
 
 def own_cpu_s() -> float:

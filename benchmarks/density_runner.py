@@ -15,40 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
-from pathlib import Path
 
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 
-from api import SOURCE, pcts
-
-
-def container_cpu_s(container_id: str) -> float:
-    """CPU seconds the container's cgroup has used (v1 ``cpuacct.usage`` or v2
-    ``cpu.stat``), 0 when unreadable."""
-    for path in (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage",
-                 f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage"):
-        try:
-            return int(Path(path).read_text()) / 1e9
-        except OSError:
-            continue
-    for path in (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat",
-                 f"/sys/fs/cgroup/docker/{container_id}/cpu.stat"):
-        try:
-            for line in Path(path).read_text().splitlines():
-                if line.startswith("usage_usec"):
-                    return int(line.split()[1]) / 1e6
-        except OSError:
-            continue
-    return 0.0
-
-
-def pid_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of host process ``pid``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from api import SOURCE, container_cpu_s, pcts, process_cpu_s
 
 
 def bench_runner(args: argparse.Namespace) -> dict:
@@ -72,12 +44,12 @@ def bench_runner(args: argparse.Namespace) -> dict:
                 session.call("bump", {"by": 1})
             time.sleep(1.0)  # the spare (and the templates) settle
             latencies = []
-            box0, pid0 = container_cpu_s(sandbox.container_id), pid_cpu_s(pid1)
+            box0, pid0 = container_cpu_s(sandbox.container_id), process_cpu_s(pid1)
             for i in range(args.runner_calls):
                 started = time.perf_counter()
                 assert sessions[i % count].call("bump", {"by": 1}).status == "ok"
                 latencies.append((time.perf_counter() - started) * 1000)
-            box1, pid1_after = container_cpu_s(sandbox.container_id), pid_cpu_s(pid1)
+            box1, pid1_after = container_cpu_s(sandbox.container_id), process_cpu_s(pid1)
             out["by_sessions"][str(count)] = {
                 "call_ms": pcts(latencies),
                 "sandbox_cpu_ms_per_call": round((box1 - box0) * 1000 / args.runner_calls, 3),
