@@ -8,82 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from api_fakes import SOURCE, fake_executor
-from pydantic import SecretStr
-from sandpit.api.app import create_app
-from sandpit.api.db.engine import upgrade
+from api_fakes import OPERATOR, Stepper, fake_app, with_app
 from sandpit.api.envs.steps import Steps
 from sandpit.api.http import step as door
-from sandpit.api.settings import ApiSettings
 from sandpit.executor.errors import CapacityError
 
-OPERATOR = secrets.token_urlsafe(32)
 SURROGATE = "a lone UTF-16 surrogate (\\ud800-\\udfff) is not valid Unicode"
 NOT_AN_OBJECT = "Input should be a valid dictionary or object to extract fields from"
 ONE_FORM = "Value error, give exactly one of name (+ arguments), function (an OpenAI tool call) or text"
-
-
-def fake_app(tmp_path: Path, **settings: Any) -> Any:
-    """The app on a migrated SQLite file in ``tmp_path`` and the executor's fake."""
-    api_settings = ApiSettings(data_dir=tmp_path, operator_key=SecretStr(OPERATOR), warm_on_start=False,
-                               janitor_interval_s=60, **settings)
-    upgrade(api_settings.resolved_database_url())
-    return create_app(api_settings, executor_factory=lambda _settings: fake_executor())
-
-
-class Stepper:
-    """A running app with tenants ``team-a`` and ``team-b`` and an env of ``team-a``."""
-
-    def __init__(self, app: Any, client: httpx.AsyncClient, keys: dict[str, dict[str, str]], env_id: str) -> None:
-        self.app, self.client, self.keys, self.env_id = app, client, keys, env_id
-
-    async def post(self, body: str | bytes, query: str = "", headers: dict[str, str] | None = None,
-                   env_id: str | None = None, who: str = "team-a") -> httpx.Response:
-        """A step request with ``body`` sent as given (JSON content type and ``who``'s key
-        unless ``headers`` says otherwise)."""
-        sent = {"content-type": "application/json", **self.keys[who], **(headers or {})}
-        return await self.client.post(f"/v1/envs/{env_id or self.env_id}/step{query}", headers=sent,
-                                      content=body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body)
-
-    async def fresh_env(self, **episode: Any) -> str:
-        made = await self.client.post("/v1/envs", headers=self.keys["team-a"], json={
-            "environment_id": self.environment_id, "episode": {"max_steps": 1000, "termination_action": "finish",
-                                                               **episode}})
-        return str(made.json()["id"])
-
-    environment_id = ""
-
-
-def with_app(tmp_path: Path, test: Callable[[Stepper], Awaitable[None]], raise_app_exceptions: bool = True,
-             **settings: Any) -> Any:
-    """Run ``test`` against a fresh app (lifespan started, two tenants, one env); the app."""
-    app = fake_app(tmp_path, **settings)
-
-    async def main() -> None:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
-            async with httpx.AsyncClient(transport=transport, base_url="http://sandpit") as client:
-                keys = {}
-                for tenant in ("team-a", "team-b"):
-                    made = await client.post("/v1/admin/tenants", json={"id": tenant},
-                                             headers={"Authorization": f"Bearer {OPERATOR}"})
-                    keys[tenant] = {"authorization": f"Bearer {made.json()['api_key']['key']}"}
-                environment = await client.post("/v1/environments", headers=keys["team-a"],
-                                                json={"source_code": SOURCE, "class_name": "Counter"})
-                stepper = Stepper(app, client, keys, "")
-                stepper.environment_id = environment.json()["id"]
-                stepper.env_id = await stepper.fresh_env()
-                await test(stepper)
-
-    asyncio.run(main())
-    return app
 
 
 DEEP = '{"name": "bump", "arguments": {"a": ' + "[" * 70 + "]" * 70 + "}}"
