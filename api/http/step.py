@@ -94,7 +94,7 @@ _READ_HEADERS = (b"content-length", b"content-type", b"authorization", b"idempot
 _ATTEMPT = re.compile(ATTEMPT_PATTERN)
 
 
-class _Invalid(Exception):
+class Invalid(Exception):
     """The request's shape is invalid: pydantic's ``errors`` (``loc``, ``msg``), located
     as FastAPI locates them (``("body", ...)``, ``("query", "include")``)."""
 
@@ -130,7 +130,7 @@ class StepDoor:
         it), else None."""
         if scope["type"] != "http" or scope["method"] != "POST":
             return None
-        match = STEP_PATH.match(_route_path(scope))
+        match = STEP_PATH.match(route_path(scope))
         return match.group("env_id") if match is not None else None
 
     async def run(self, work: Callable[[], _T]) -> _T:
@@ -151,25 +151,13 @@ class StepDoor:
         note_route(scope, STEP_TEMPLATE)
         state = scope["app"].state
         settings: ApiSettings = state.settings
-        headers = _first_headers(scope)
-        too_large = declared_too_large(_text(headers.get(b"content-length")), settings)
-        if too_large is not None:  # the body is not read: the connection closes after the answer
-            await self._error(too_large, scope, receive, _closing(send))
-            return
-        chunks: list[bytes] = []
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                body = await _read(receive, chunks)
-        except TimeoutError:
-            await self._error(body_timed_out(scope, sum(map(len, chunks)), self.body_timeout_s), scope, receive,
-                              _closing(send))
-            return
-        except ClientDisconnect:
-            log_disconnect(scope, sum(map(len, chunks)))
+        headers = first_headers(scope)
+        body = await self.read_body(scope, receive, send, headers)
+        if body is None:
             return
         started = time.thread_time()
         try:
-            request, include, invalid = _shape(body, _text(headers.get(b"content-type")),
+            request, include, invalid = _shape(body, text(headers.get(b"content-type")),
                                                scope.get("query_string", b""), settings)
         except ApiError as exc:
             await self._error(exc, scope, receive, send)
@@ -177,19 +165,19 @@ class StepDoor:
         except Exception as exc:  # a bug, not the request's fault: the catch-all's 500
             await internal_error_response(exc)(scope, receive, send)
             return
-        key = _text(headers.get(b"idempotency-key"))
+        key = text(headers.get(b"idempotency-key"))
         if key is not None and not valid_key(key):
             invalid.insert(_first_body_error(invalid), {
                 "type": "string_pattern_mismatch", "loc": ("header", KEY_HEADER),
                 "msg": f"must be 1 to 255 printable ASCII characters (got {len(key)} character(s))"})
-        attempt = _text(headers.get(b"sandpit-attempt"))
+        attempt = text(headers.get(b"sandpit-attempt"))
         if attempt is not None and _ATTEMPT.fullmatch(attempt) is None:
             invalid.insert(_first_body_error(invalid), {
                 "type": "string_pattern_mismatch", "loc": ("header", ATTEMPT_HEADER),
                 "msg": "must be an attempt token: 1 to 64 of A-Z a-z 0-9 _ -"})
         digest = request_digest("POST", STEP_TEMPLATE, env_id, scope.get("query_string", b""), body) if key else ""
         parse_cpu = time.thread_time() - started
-        authorization = _text(headers.get(b"authorization"))
+        authorization = text(headers.get(b"authorization"))
         tenants: TenantService = state.tenants
         steps: Steps = state.steps
         keys: Idempotency = state.idempotency
@@ -200,7 +188,7 @@ class StepDoor:
             caller = tenants.authenticate(authorization)
             note_tenant(scope, caller.tenant)
             if invalid:
-                raise _Invalid(invalid)
+                raise Invalid(invalid)
             clock.lap("auth")
             assert request is not None
             if key is None:
@@ -218,12 +206,40 @@ class StepDoor:
             clock.flush(steps.metrics)
             return data
 
+        await self.answer(work, scope, receive, send)
+
+    async def read_body(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]) -> bytes | None:
+        """The request's whole body (``headers`` as :func:`first_headers` gives them), or
+        None once the request is answered: 413 for a ``Content-Length`` over
+        ``max_body_bytes`` (the body is not read), 408 when it is not whole within
+        ``body_timeout_s`` (both with ``Connection: close``), nothing when the client left
+        while sending (one log line)."""
+        too_large = declared_too_large(text(headers.get(b"content-length")), scope["app"].state.settings)
+        if too_large is not None:  # the body is not read: the connection closes after the answer
+            await self._error(too_large, scope, receive, _closing(send))
+            return None
+        chunks: list[bytes] = []
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                return await _read(receive, chunks)
+        except TimeoutError:
+            await self._error(body_timed_out(scope, sum(map(len, chunks)), self.body_timeout_s), scope, receive,
+                              _closing(send))
+        except ClientDisconnect:
+            log_disconnect(scope, sum(map(len, chunks)))
+        return None
+
+    async def answer(self, work: Callable[[], bytes | Replay], scope: Scope, receive: Receive, send: Send) -> None:
+        """Run ``work`` on a step thread and send its JSON bytes (200, or a
+        :class:`Replay`'s stored status with ``Idempotent-Replayed: true``); what it
+        raises is the answer instead: an ApiError's response, 422 for :class:`Invalid`,
+        a foreign error translated (:attr:`translate`) or the catch-all 500."""
         try:
             data = await self._threads.run(work)
         except ApiError as exc:
             await self._error(exc, scope, receive, send)
             return
-        except _Invalid as exc:
+        except Invalid as exc:
             await JSONResponse(invalid_request_body(exc.errors), status_code=422)(scope, receive, send)
             return
         except Exception as exc:
@@ -248,7 +264,7 @@ class StepDoor:
         await error_response(exc)(scope, receive, send)
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     """The request's path without the app's ``root_path``, as Starlette's router reads it."""
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
@@ -259,8 +275,8 @@ def _route_path(scope: Scope) -> str:
     return path[len(root):] if path[len(root)] == "/" else path
 
 
-def _first_headers(scope: Scope) -> dict[bytes, bytes]:
-    """The first value of each header the door reads (as ``request.headers.get`` gives it)."""
+def first_headers(scope: Scope) -> dict[bytes, bytes]:
+    """The first value of each header a door reads (as ``request.headers.get`` gives it)."""
     found: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
         if name in _READ_HEADERS and name not in found:
@@ -268,7 +284,7 @@ def _first_headers(scope: Scope) -> dict[bytes, bytes]:
     return found
 
 
-def _text(value: bytes | None) -> str | None:
+def text(value: bytes | None) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
@@ -302,16 +318,24 @@ def _shape(body: bytes, content_type: str | None, query: bytes,
                 include = _INCLUDE.validate_python(values[-1])
             except ValidationError as exc:
                 errors += [{**e, "loc": ("query", "include", *e["loc"])} for e in exc.errors(include_url=False)]
-    request = None
+    parsed = parse_body(body, settings) if body else None
+    validated = validated_body(_BODY, body, parsed, content_type)
+    return validated[0], include, errors + validated[1]
+
+
+def validated_body(adapter: TypeAdapter[_T], body: bytes, parsed: Any,
+                   content_type: str | None) -> tuple[_T | None, list[dict[str, Any]]]:
+    """``(value, errors)`` of a request ``body`` read as FastAPI reads a body model's: a
+    non-empty body, already ``parsed`` by the JSON rules (:func:`~.strict_json.parse_body`,
+    whatever its content type), is validated by ``adapter`` (the parsed value when the
+    content type is JSON, else the raw bytes); ``errors`` located as FastAPI locates them
+    (``("body", ...)``), empty when the body is valid."""
     if not body:
-        errors.append({"type": "missing", "loc": ("body",), "msg": "Field required"})
-    else:
-        parsed = parse_body(body, settings)
-        try:
-            request = _BODY.validate_python(parsed if _is_json(content_type) else body, from_attributes=True)
-        except ValidationError as exc:
-            errors += [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-    return request, include, errors
+        return None, [{"type": "missing", "loc": ("body",), "msg": "Field required"}]
+    try:
+        return adapter.validate_python(parsed if _is_json(content_type) else body, from_attributes=True), []
+    except ValidationError as exc:
+        return None, [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
 
 
 def _first_body_error(errors: list[dict[str, Any]]) -> int:
