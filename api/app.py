@@ -65,6 +65,7 @@ from .evaluations.listings import EvaluationListings
 from .evaluations.runner import EvaluationRunner
 from .http import openapi, step
 from .http.access_log import AccessLog
+from .http.batch_step import BatchStepDoor
 from .http.body_timeout import BodyReadTimeout
 from .http.handlers import error_response, register_handlers
 from .http.mcp import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpEndpoint, McpServer
@@ -119,11 +120,13 @@ class SandpitApp(FastAPI):
     ``access`` (:class:`~.http.access_log.AccessLog`, set by :func:`create_app` unless
     ``ApiSettings.access_log`` is false) sees every HTTP request first and writes its
     line once it is answered, whichever path answered it. ``door``
-    (:class:`~.http.step.StepDoor`) answers every ``POST /v1/envs/{env_id}/step``; every
-    other request goes to ``FastAPI.__call__`` (routing, middleware, handlers). The
+    (:class:`~.http.step.StepDoor`) answers every ``POST /v1/envs/{env_id}/step`` and
+    ``batch_door`` (:class:`~.http.batch_step.BatchStepDoor`) every ``POST
+    /v1/envs:step``; every other request goes to ``FastAPI.__call__`` (routing, middleware, handlers). The
     lifespan goes straight to FastAPI."""
 
     door: StepDoor | None = None
+    batch_door: BatchStepDoor | None = None
     access: AccessLog | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,12 +137,17 @@ class SandpitApp(FastAPI):
         await self.dispatch(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The step door for a step request, else FastAPI."""
+        """The step door for a step request, the batched step's door for a batch, else FastAPI."""
         door = self.door
         env_id = door.env_id(scope) if door is not None else None
         if door is not None and env_id is not None:
             scope["app"] = self  # what Starlette sets; the door reads the services on it
             await door(scope, receive, send, env_id)
+            return
+        batch_door = self.batch_door
+        if batch_door is not None and batch_door.matches(scope):
+            scope["app"] = self
+            await batch_door(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -228,6 +236,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
 
     door = app.door = app.state.step_door = StepDoor(api_settings.body_read_timeout_s, api_settings.http_threads,
                                                      translate=_translated)
+    app.batch_door = BatchStepDoor(door)
     if api_settings.access_log:
         app.access = AccessLog(app.dispatch)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
