@@ -14,11 +14,12 @@ difference is the server's). Reports env-steps/s of each (``env_steps_per_s``:
 (``cpu_ms_per_env_step``: ``server``, the API process; ``sandboxes``, this server's
 sandbox containers; ms). The target: >= 3,000 env-steps/s batched with N = 32,
 and >= 3x the single requests. ``call_slots`` records the server's ``SANDPIT_CALL_SLOTS``
-(``--call-slots``; 0, the default, is the server's own default of 2 x CPU cores, at least
-4): the tool calls running at once across the server, for both kinds, so a batch of N
-runs its calls in waves of at most that many. Prints JSON and saves it to
+(``--call-slots``): the tool calls running at once across the server, for both kinds, so a
+batch of N runs its calls in waves of at most that many. By default it is N, as a server
+that serves vector envs of width N is configured (docs/settings.md); ``--call-slots 0``
+measures the server's own default (2 x CPU cores, at least 4). Prints JSON and saves it to
 ``benchmarks/results/batch_step.json``.
-Usage: ``python benchmarks/batch_step.py [--envs 32] [--rounds 6] [--rounds-steps 20] [--call-slots 0]``.
+Usage: ``python benchmarks/batch_step.py [--envs 32] [--rounds 6] [--rounds-steps 20] [--call-slots N]``.
 """
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=32, help="envs per batch (N)")
     parser.add_argument("--rounds", type=int, default=6, help="alternating rounds of each kind")
     parser.add_argument("--rounds-steps", type=int, default=20, help="steps of every env per round")
-    parser.add_argument("--call-slots", type=int, default=0, help="SANDPIT_CALL_SLOTS (0: the server's default)")
+    parser.add_argument("--call-slots", type=int, default=None,
+                        help="SANDPIT_CALL_SLOTS (default: --envs; 0: the server's default)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "batch_step.json")
     args = parser.parse_args()
+    if args.call_slots is None:
+        args.call_slots = args.envs
     results: dict = {"machine": machine(), "envs": args.envs, "call_slots": args.call_slots}
     with tempfile.TemporaryDirectory(prefix="sandpit-bench-") as tmp:
         server = Server(Path(tmp), SANDPIT_EXECUTOR_POOL_SIZE="4", SANDPIT_EXECUTOR_SESSIONS_PER_SANDBOX="8",

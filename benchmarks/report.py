@@ -104,8 +104,11 @@ def _batch_rows(rows: list[dict[str, Any]]) -> None:
     if (data := _load("batch_step")) is None:
         return
     rates, n = data["env_steps_per_s"], data.get("envs", 32)
+    slots = data.get("call_slots")
+    server = f"; server with SANDPIT_CALL_SLOTS={slots}" if slots else "; server's default call slots"
     _row(rows, "batched step", f"batched step, N={n}: env-steps/s", ">= 3000", rates["batched"], "env-steps/s",
-         rates["batched"] >= 3000, f"{n} concurrent single requests, same run: {rates['single']:.0f} env-steps/s")
+         rates["batched"] >= 3000,
+         f"{n} concurrent single requests, same run: {rates['single']:.0f} env-steps/s{server}")
     ratio = data["batched_vs_single"]
     latency = data.get("latency_ms", {})
     detail = (f"batch of {n} p50 {latency['batch_of_n']['p50']:.1f} ms, single step under {n} clients p50 "
