@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, Stepper, fake_app, with_app
+from api_fakes import OPERATOR, Stepper, with_app
 from sandpit.api.http import batch_step
 
 DEEP = "[" * 70 + "]" * 70
