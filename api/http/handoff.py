@@ -81,45 +81,71 @@ class _Wake(Generic[_T]):
         self.writer.close()
 
 
-class _Crew:
-    """One generation of worker threads: the queue of tasks, the socket pair they wait on
-    (one byte per task), how many were started and how many wait idle. The last thread
-    to leave closes the pair."""
+class _Worker:
+    """One worker thread's side: its own socket pair (the thread waits in ``recv`` on
+    ``wait``; one byte on ``ring`` hands it :attr:`task`)."""
+
+    __slots__ = ("ring", "task", "wait")
 
     def __init__(self) -> None:
-        self.tasks: collections.deque[Callable[[], None] | None] = collections.deque()
         self.wait, self.ring = socket.socketpair()
+        self.task: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        self.wait.close()
+        self.ring.close()
+
+
+class _Crew:
+    """One generation of worker threads: the idle ones (the most recently idle last), the
+    tasks waiting for a thread while all are busy, how many were started, and whether the
+    crew is dismissed. Each thread waits on its own socket pair, so a task wakes exactly
+    the thread it is handed to: threads waiting together on one pair would all wake for
+    every byte (the kernel wakes every reader of a socket), which with hundreds of idle
+    threads costs a millisecond of CPU per task."""
+
+    def __init__(self) -> None:
+        self.tasks: collections.deque[Callable[[], None]] = collections.deque()
+        self.idle: list[_Worker] = []
         self.started = 0
-        self.live = 0
-        self.idle = 0
+        self.dismissed = False
         self.lock = threading.Lock()
 
-    def serve(self) -> None:
-        """A thread's loop: one byte, one task (None: the crew is dismissed)."""
+    def serve(self, worker: _Worker, task: Callable[[], None] | None) -> None:
+        """A thread's loop: run ``task``, then the tasks queued meanwhile, then wait idle
+        for the next one handed over (None: the crew is dismissed)."""
         try:
-            while True:
-                self.wait.recv(1)
-                task = self.tasks.popleft()  # a byte is rung only after its task is queued
-                if task is None:
-                    return
+            while task is not None:
                 task()
                 with self.lock:
-                    self.idle += 1
+                    if self.tasks:
+                        task = self.tasks.popleft()
+                        continue
+                    if self.dismissed:
+                        return
+                    worker.task = None
+                    self.idle.append(worker)
+                worker.wait.recv(1)  # the byte comes after the task was set
+                task = worker.task
         finally:
-            with self.lock:
-                self.live -= 1
-                last = self.live == 0
-            if last:
-                self.wait.close()
-                self.ring.close()
+            worker.close()
+
+    def dismiss(self) -> None:
+        """End the threads once the work queued and running is done (idle ones at once)."""
+        with self.lock:
+            self.dismissed = True
+            idle, self.idle = self.idle, []
+        for worker in idle:
+            worker.ring.send(b"\0")  # its task is None
 
 
 class WorkerThreads:
     """Runs blocking callables on up to ``threads`` threads named ``<name>_N`` (started as
     work arrives and no thread is idle, again after :meth:`close`; see the module
-    docstring). A thread waits for work in ``recv`` on a socket pair (the GIL released),
-    and the loop wakes one with ``send`` (the GIL released too), where a
-    ``ThreadPoolExecutor``'s queue wakes it with the GIL held."""
+    docstring). An idle thread waits for work in ``recv`` on its own socket pair (the GIL
+    released), and the loop hands a task to the most recently idle one with ``send`` (the
+    GIL released too), where a ``ThreadPoolExecutor``'s queue wakes it with the GIL held.
+    With every thread busy, tasks queue (in order) for the first thread that finishes."""
 
     def __init__(self, threads: int, name: str) -> None:
         if threads < 1:
@@ -141,22 +167,26 @@ class WorkerThreads:
         return wake
 
     def _submit(self, task: Callable[[], None]) -> None:
-        """Queue ``task`` and ring for a thread (starting one when none is idle)."""
+        """Hand ``task`` to the most recently idle thread, else to a new thread (below
+        ``threads``), else queue it for the first thread that finishes its work."""
         with self._lock:
             crew = self._crew
             if crew is None:
                 crew = self._crew = _Crew()
             with crew.lock:
-                crew.tasks.append(task)
-                start = crew.idle == 0 and crew.started < self.threads
-                if start:
+                worker = crew.idle.pop() if crew.idle else None
+                start = worker is None and crew.started < self.threads
+                if worker is not None:
+                    worker.task = task
+                elif start:
                     crew.started += 1
-                    crew.live += 1
-                elif crew.idle:
-                    crew.idle -= 1
+                else:
+                    crew.tasks.append(task)
             if start:
-                threading.Thread(target=crew.serve, daemon=True, name=f"{self.name}_{crew.started - 1}").start()
-            crew.ring.send(b"\0")
+                threading.Thread(target=crew.serve, args=(_Worker(), task), daemon=True,
+                                 name=f"{self.name}_{crew.started - 1}").start()
+        if worker is not None:
+            worker.ring.send(b"\0")
 
     async def run(self, work: Callable[[], _T]) -> _T:
         """``work()`` on a worker thread; its value, or its exception raised here."""
@@ -181,10 +211,7 @@ class WorkerThreads:
         with self._lock:
             crew, self._crew = self._crew, None
             wakes, self._wakes = list(self._wakes.values()), {}
-            if crew is not None:
-                with crew.lock:
-                    crew.tasks.extend([None] * crew.started)
-                for _ in range(crew.started):
-                    crew.ring.send(b"\0")
+        if crew is not None:
+            crew.dismiss()
         for wake in wakes:
             wake.close()

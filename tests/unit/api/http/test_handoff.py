@@ -1,7 +1,8 @@
 """Worker threads with a GIL-free hand-back (``sandpit.api.http.handoff``): values and
 exceptions reach the caller's task, at most ``threads`` works run at once and the rest
-wait their turn, a cancelled caller leaves its work to finish, and ``close`` ends the
-threads and lets a later run start new ones, on any event loop."""
+wait their turn, a task wakes only the thread it is handed to (the most recently idle),
+a cancelled caller leaves its work to finish, and ``close`` ends the threads and lets a
+later run start new ones, on any event loop."""
 
 from __future__ import annotations
 
@@ -105,6 +106,36 @@ def test_close_ends_the_threads_and_a_later_run_on_another_loop_starts_new_ones(
     assert asyncio.run(main()).startswith("t-close_")  # a new loop and new threads
     threads.close()
     threads.close()
+
+
+def _switches(native_id: int) -> int:
+    """The voluntary context switches of this process's thread ``native_id`` so far."""
+    with open(f"/proc/self/task/{native_id}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_a_task_wakes_only_the_thread_it_is_handed_to() -> None:
+    """With 64 idle threads, works run one after another go to the most recently idle
+    threads (a few: the one that just finished may not be back in time), and no thread
+    that runs none of them is woken (threads waiting together on one socket would all
+    wake for every task)."""
+    threads = WorkerThreads(64, "t-idle")
+
+    async def main() -> tuple[set[int], list[int]]:
+        gate = threading.Barrier(64)  # 64 works at once: 64 threads started
+        ids = await asyncio.gather(*[threads.run(lambda: (gate.wait(10), threading.get_native_id())[1])
+                                     for _ in range(64)])
+        await asyncio.sleep(0.2)  # every thread back to waiting
+        before = {native_id: _switches(native_id) for native_id in ids}
+        ran = {await threads.run(threading.get_native_id) for _ in range(200)}
+        return ran, [native_id for native_id in ids if _switches(native_id) != before[native_id]]
+
+    try:
+        ran, woken = asyncio.run(main())
+    finally:
+        threads.close()
+    assert len(ran) <= 16, f"200 tasks one at a time went to {len(ran)} of 64 threads"
+    assert set(woken) <= ran, f"{len(set(woken) - ran)} threads woke without a task"
 
 
 def test_a_pool_needs_a_thread() -> None:
