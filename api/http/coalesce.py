@@ -1,21 +1,21 @@
-"""One socket write per response: uvicorn's HTTP protocol over a transport that gathers
-the writes of one event-loop pass (:class:`CoalescingTransport`).
+"""One socket write per response: uvicorn's HTTP protocol over a transport that joins a
+held write with the next one (:class:`CoalescingTransport`).
 
 uvicorn writes a response's status line and headers as soon as the app sends
 ``http.response.start`` and its body at ``http.response.body``: two ``send`` system calls
 for every small response, and on loopback two wake-ups of the client, the first for a head
 it cannot use without the body. :class:`CoalescingHttpProtocol` is uvicorn's
-``httptools`` protocol with its transport wrapped: the first write of a pass is held and
-the rest of the pass's writes are appended to it, and one ``write`` of the joined bytes
-goes to the socket's transport at the start of the loop's next pass (``call_soon``),
-before the loop waits for I/O again.
+``httptools`` protocol with its transport wrapped: a write is held, and the next write of
+the same event-loop pass goes to the socket's transport joined to it (the head and body
+of a response, one ``send``); a write no other follows in its pass goes out alone at the
+start of the loop's next pass (``call_soon``), before the loop waits for I/O again.
 
 Contract: the bytes reach the underlying transport in the order written, nothing is
-dropped except by :meth:`~CoalescingTransport.abort`; ``close`` and ``write_eof``
-first hand over what is held; once :data:`FLUSH_BYTES` are held they are handed over
-at once (a response written without yielding never piles up); write-buffer sizes and
-flow control are the underlying transport's (it pauses the protocol as it always did).
-Held bytes of a transport already closing are dropped, as that transport would drop them.
+dropped except by :meth:`~CoalescingTransport.abort`; ``close`` and ``write_eof`` first
+hand over what is held; a write of :data:`FLUSH_BYTES` or more is not held; write-buffer
+sizes count the held bytes, and flow control is the underlying transport's (it pauses
+the protocol as it always did). Held bytes of a transport already closing are dropped,
+as that transport would drop them.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 FLUSH_BYTES = 64 * 1024
-"""Bytes held at most before they are handed over within the pass."""
+"""Writes this large (bytes) go to the underlying transport at once, never held."""
 
 
 class CoalescingTransport(asyncio.Transport):
-    """``transport`` with the writes of one event-loop pass joined into one (module
-    docstring). Every other method is the underlying transport's."""
+    """``transport`` with a write held until the next write of the same event-loop pass
+    (sent joined) or the loop's next pass (module docstring). Every other method is the
+    underlying transport's."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
