@@ -248,6 +248,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     from sandpit.api.app import create_app, tune_gc
     from sandpit.api.db.engine import make_engine, require_current
     from sandpit.api.errors import DatabaseNotMigrated
+    from sandpit.api.http.coalesce import CoalescingHttpProtocol
     from sandpit.executor.docker.images import sandbox_tag
     from sandpit.executor.settings import get_image_settings, get_settings
 
@@ -267,7 +268,8 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     app = create_app(settings)
     tune_gc(settings.gc_young_threshold)
     uvicorn.run(app, host=bind_host, port=bind_port, log_config=log_config,
-                log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=15)  # ours: sandpit.access
+                log_level=log_level.lower(), access_log=False,  # ours: sandpit.access
+                timeout_graceful_shutdown=15, http=CoalescingHttpProtocol)  # one socket write per response
 
 
 def _unavailable(name: str, exc: ModuleNotFoundError) -> None:

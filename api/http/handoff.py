@@ -52,11 +52,10 @@ class _Wake(Generic[_T]):
             pass
 
     def _settle(self) -> None:
-        """On the loop: drain the wake-up bytes, then settle every queued future (those
+        """On the loop: read the wake-up bytes, then settle every queued future (those
         whose caller was cancelled are skipped)."""
-        try:
-            while self.reader.recv(4096):
-                pass
+        try:  # one read: bytes left over (over 4096 wake-ups) keep the pair readable, so the loop comes back
+            self.reader.recv(4096)
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:  # closed under us: nothing left to settle

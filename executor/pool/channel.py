@@ -20,8 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from sandpit.sandbox_images.runner import protocol
@@ -30,6 +28,35 @@ from sandpit.sandbox_images.runner.limits import MAX_FRAME_DEPTH
 from ..errors import SandboxLost
 
 log = logging.getLogger(__name__)
+
+
+class _Reply:
+    """One request's reply, handed from the reader thread to the caller: a lock held
+    from creation and released once, when the reply (or the channel's failure) is set.
+    A bare lock is one futex wake for the hand-over where a ``Future`` takes its
+    condition's lock and a waiter lock of its own."""
+
+    __slots__ = ("_ready", "message", "error")
+
+    def __init__(self) -> None:
+        self._ready = threading.Lock()
+        self._ready.acquire()
+        self.message: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+    def set(self, message: dict[str, Any] | None, error: BaseException | None = None) -> None:
+        """Give the caller ``message`` (or ``error``); called at most once per reply
+        (whoever pops it from the channel's pending table, under its state lock)."""
+        self.message, self.error = message, error
+        self._ready.release()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the reply was set within ``timeout_s`` seconds (again true at once for
+        a reply already set: the lock is given back)."""
+        if not self._ready.acquire(timeout=timeout_s):
+            return False
+        self._ready.release()
+        return True
 
 
 class RunnerChannel:
@@ -45,7 +72,7 @@ class RunnerChannel:
         self._max_frame = max_frame
         self._max_depth = max_depth
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._pending: dict[int, _Reply] = {}
         self._parts: dict[int, list[dict[str, Any]]] = {}
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
@@ -74,11 +101,11 @@ class RunnerChannel:
         (``fields`` not JSON-encodable) and SandboxLost (the connection is dead) at once."""
         request_id = next(self._ids)
         frame = protocol.encode({"id": request_id, "op": op, **fields})
-        future: Future[dict[str, Any]] = Future()
+        waiting = _Reply()
         with self._state_lock:
             if self._dead is not None:
                 raise SandboxLost(f"sandbox {self.sandbox_id} is gone: {self._dead}", self.sandbox_id)
-            self._pending[request_id] = future
+            self._pending[request_id] = waiting
         try:
             with self._send_lock:
                 self._sock.sendall(frame)
@@ -87,14 +114,16 @@ class RunnerChannel:
         deadline = time.monotonic() + timeout_s
 
         def reply() -> dict[str, Any]:
-            try:
-                return future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
+            if not waiting.wait(max(0.0, deadline - time.monotonic())):
                 with self._state_lock:
                     self._pending.pop(request_id, None)
                     self._parts.pop(request_id, None)
                 raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
-                                  self.sandbox_id, status="timeout") from None
+                                  self.sandbox_id, status="timeout")
+            if waiting.error is not None:
+                raise waiting.error
+            assert waiting.message is not None
+            return waiting.message
 
         return reply
 
@@ -104,9 +133,8 @@ class RunnerChannel:
                 self._dead = reason
             pending, self._pending = self._pending, {}
             self._parts = {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(SandboxLost(f"sandbox {self.sandbox_id} lost: {reason}", self.sandbox_id))
+        for waiting in pending.values():
+            waiting.set(None, SandboxLost(f"sandbox {self.sandbox_id} lost: {reason}", self.sandbox_id))
 
     def _read_loop(self) -> None:
         reason = "connection closed"
@@ -120,12 +148,11 @@ class RunnerChannel:
                     if message.get("part") is True:
                         self._parts.setdefault(request_id, []).append(message)
                         continue
-                    future = self._pending.pop(request_id, None)
+                    waiting = self._pending.pop(request_id)
                     parts = self._parts.pop(request_id, None)
                 if parts is not None:
                     message["parts"] = parts
-                if future is not None and not future.done():
-                    future.set_result(message)
+                waiting.set(message)
         except EOFError:
             reason = "runner closed the connection"
         except protocol.ProtocolViolation as exc:

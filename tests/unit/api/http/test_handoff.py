@@ -138,6 +138,21 @@ def test_a_task_wakes_only_the_thread_it_is_handed_to() -> None:
     assert set(woken) <= ran, f"{len(set(woken) - ran)} threads woke without a task"
 
 
+def test_outcomes_that_pile_up_while_the_loop_is_blocked_all_reach_their_callers() -> None:
+    threads = WorkerThreads(4, "t-many")
+
+    async def main() -> None:
+        tasks = [asyncio.ensure_future(threads.run(lambda i=i: i)) for i in range(3000)]
+        await asyncio.sleep(0)  # every task hands its work over
+        time.sleep(1.0)  # the loop is blocked while the works finish: their wake-up bytes pile up (or the pair fills)
+        assert await asyncio.wait_for(asyncio.gather(*tasks), 60) == list(range(3000))
+
+    try:
+        asyncio.run(main())
+    finally:
+        threads.close()
+
+
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         WorkerThreads(0, "t-none")
