@@ -97,11 +97,12 @@ class Stepper:
         self.app, self.client, self.keys, self.env_id = app, client, keys, env_id
 
     async def post(self, body: str | bytes, query: str = "", headers: dict[str, str] | None = None,
-                   env_id: str | None = None, who: str = "team-a") -> httpx.Response:
+                   env_id: str | None = None, who: str = "team-a", path: str | None = None) -> httpx.Response:
         """A step request with ``body`` sent as given (JSON content type and ``who``'s key
-        unless ``headers`` says otherwise)."""
+        unless ``headers`` says otherwise) to ``path`` (default: the step path of
+        ``env_id``, else of :attr:`env_id`)."""
         sent = {"content-type": "application/json", **self.keys[who], **(headers or {})}
-        return await self.client.post(f"/v1/envs/{env_id or self.env_id}/step{query}", headers=sent,
+        return await self.client.post(f"{path or f'/v1/envs/{env_id or self.env_id}/step'}{query}", headers=sent,
                                       content=body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body)
 
     async def fresh_env(self, **episode: Any) -> str:

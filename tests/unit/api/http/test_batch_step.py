@@ -15,6 +15,7 @@ import pytest
 from api_fakes import OPERATOR, Stepper, with_app
 from sandpit.api.http import batch_step
 
+BATCH = batch_step.BATCH_TEMPLATE
 DEEP = "[" * 70 + "]" * 70
 STEP = '{"env_id": "<a>", "action": {"name": "bump", "arguments": {"by": 2}}}'
 TWO = '{"steps": [' + STEP + ', {"env_id": "<b>", "action": {"name": "bump"}}]}'
@@ -62,11 +63,10 @@ async def _send(stepper: Stepper, query: str, body: str | bytes, headers: dict[s
     and no durations)."""
     a, b = await stepper.fresh_env(), await stepper.fresh_env()
     if isinstance(body, str):
-        body = body.replace("<a>", a).replace("<b>", b).encode("utf-8", "surrogatepass")
+        body = body.replace("<a>", a).replace("<b>", b)
     headers = dict(headers)
     who = headers.pop("who", "team-a")
-    sent = {"content-type": "application/json", **stepper.keys[who], **headers}
-    reply = await stepper.client.post(f"/v1/envs:step{query}", headers=sent, content=body)
+    reply = await stepper.post(body, query, headers, who=who, path=BATCH)
     return reply.status_code, _timeless(json.loads(reply.text.replace(a, "<a>").replace(b, "<b>")))
 
 
@@ -143,7 +143,7 @@ def test_the_door_answers_also_behind_a_root_path(tmp_path: Path) -> None:
         spy = stepper.app.batch_door = _Spy(stepper.app.batch_door)
         body = TWO.replace("<a>", stepper.env_id).replace("<b>", await stepper.fresh_env())
         headers = {"content-type": "application/json", **stepper.keys["team-a"]}
-        seen["plain"] = await stepper.client.post("/v1/envs:step", headers=headers, content=body)
+        seen["plain"] = await stepper.post(body, path=BATCH)
         prefixed = httpx.ASGITransport(app=stepper.app, root_path="/prefix")
         async with httpx.AsyncClient(transport=prefixed, base_url="http://sandpit") as client:
             seen["root path"] = await client.post("/prefix/v1/envs:step", headers=headers, content=body)
@@ -164,13 +164,13 @@ def test_bodies_over_the_cap_are_413(tmp_path: Path) -> None:
     async def test(stepper: Stepper) -> None:
         big = '{"steps": [{"env_id": "' + stepper.env_id + '", "action": {"name": "bump", "arguments": {"p": "' + \
             "x" * 3000 + '"}}}]}'
-        headers = {"content-type": "application/json", **stepper.keys["team-a"]}
-        seen.append(await stepper.client.post("/v1/envs:step", headers=headers, content=big))
+        seen.append(await stepper.post(big, path=BATCH))
 
         async def chunks() -> Any:  # no Content-Length: read, then refused
             yield big.encode()
 
-        seen.append(await stepper.client.post("/v1/envs:step", headers=headers, content=chunks()))
+        seen.append(await stepper.client.post(BATCH, content=chunks(),
+                                              headers={"content-type": "application/json", **stepper.keys["team-a"]}))
 
     with_app(tmp_path, test, max_body_bytes=2048)
     assert [r.status_code for r in seen] == [413, 413]
@@ -184,9 +184,8 @@ def test_idempotency_keys_replay_through_the_door(tmp_path: Path) -> None:
 
     async def test(stepper: Stepper) -> None:
         body = '{"steps": [{"env_id": "' + stepper.env_id + '", "idempotency_key": "k-1", "action": {"name": "bump"}}]}'
-        headers = {"content-type": "application/json", **stepper.keys["team-a"]}
         for _ in range(2):
-            seen.append((await stepper.client.post("/v1/envs:step", headers=headers, content=body)).json())
+            seen.append((await stepper.post(body, path=BATCH)).json())
 
     with_app(tmp_path, test)
     first, again = (reply["results"][0] for reply in seen)
