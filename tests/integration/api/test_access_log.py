@@ -35,6 +35,19 @@ def wait_for(server: ApiServer, after: int, count: int, timeout_s: float = 10.0)
     return lines
 
 
+def end_after(server: ApiServer, method: str, path: str, status: str, timeout_s: float = 10.0) -> int:
+    """The log's size in bytes once the line of a ``method path status`` request is in it:
+    a line follows its response, so a client can hold the response before the line exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        data = server.log_path.read_bytes()
+        for line in data.decode(errors="replace").splitlines():
+            if (match := LINE.match(line)) and (match["method"], match["path"], match["status"]) == (method, path, status):
+                return len(data)
+        time.sleep(0.05)
+    raise AssertionError(f"no access line for {method} {path} {status} within {timeout_s} s")
+
+
 def test_one_line_per_request_with_template_status_duration_and_tenant(make_server) -> None:
     server = make_server(SANDPIT_LOG_LEVEL="info")
     with server.client() as api:
@@ -43,7 +56,7 @@ def test_one_line_per_request_with_template_status_duration_and_tenant(make_serv
         env = api.post("/v1/envs", json={"environment_id": environment.json()["id"]})
         assert env.status_code == 201, env.text
         env_id = env.json()["id"]
-        start = server.log_path.stat().st_size
+        start = end_after(server, "POST", "/v1/envs", "201")
         sent = [
             ("GET", "/healthz", None, {}, 200),
             ("GET", "/v1/envs/env_doesnotexist", None, {}, 404),
