@@ -7,6 +7,7 @@ taken away, each sent the same requests in the same order."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, SOURCE, Stepper, with_app
+from api_fakes import OPERATOR, SOURCE, Stepper, fake_app, with_app
 from sandpit.api.http import create_env
 from sandpit.api.services.idempotency import request_digest
 from sandpit.executor.errors import CapacityError
@@ -161,6 +162,9 @@ async def _run_cases(stepper: Stepper, log: _Access) -> dict[str, tuple[int, lis
         assert ("content-length", str(len(reply.content))) in raw, (name, raw)
         headers_seen = [(k, "<n>" if k == "content-length" else ids(v)) for k, v in raw]
         out[name] = (reply.status_code, headers_seen, ids(reply.text), log.lines[:])
+    rejections = stepper.app.state.metrics.registry.get_sample_value
+    out["429s counted"] = tuple(rejections("sandpit_quota_rejections_total", {"limit": limit})
+                                for limit in ("max_live_envs", "max_init_config_bytes", "max_code_bytes"))
     return out
 
 
@@ -194,10 +198,17 @@ def test_the_door_answers_as_the_route(answers: dict[str, dict[str, Any]], name:
     assert answers["door"][name][0] == status, answers["door"][name]
 
 
+def test_429s_are_counted(answers: dict[str, dict[str, Any]]) -> None:
+    """Each 429 on ``sandpit_quota_rejections_total`` by its limit, as the route's handler counts it."""
+    assert answers["door"]["429s counted"] == answers["route"]["429s counted"] == (1.0, 1.0, 1.0)
+
+
 def test_what_the_answers_say(answers: dict[str, dict[str, Any]]) -> None:
     """Spot checks that the compared answers are the ones the API documents."""
-    door = {name: (status, dict(headers), json.loads(body), lines) for name, (status, headers, body, lines)
-            in answers["door"].items()}
+    door = {}
+    for name, *_ in CASES:
+        status, headers, body, lines = answers["door"][name]
+        door[name] = (status, dict(headers), json.loads(body), lines)
     created = door["registered"][2]
     assert created["id"].startswith("<id") and created["environment_id"].startswith("<id") and created["step"] == 0
     assert door["scenario"][2]["init_config"] == {"count": 5}
@@ -316,3 +327,42 @@ def test_failures_of_the_create(tmp_path: Path, failure: str) -> None:
     assert [r.status_code for r in seen["door"]] == [status, status]
     assert [(r.status_code, r.headers.raw, r.content) for r in seen["door"]] == \
         [(r.status_code, r.headers.raw, r.content) for r in seen["route"]]
+
+
+def _stalled(app: Any) -> tuple[int, dict[bytes, bytes], bytes]:
+    """A create whose body stops arriving halfway, sent raw to ``app``: the response."""
+    sent: list[dict[str, Any]] = []
+    chunks = [{"type": "http.request", "body": b'{"environment_id": "en', "more_body": True}]
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            async def receive() -> dict[str, Any]:
+                if chunks:
+                    return chunks.pop(0)
+                await asyncio.sleep(30)
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            await asyncio.wait_for(app({
+                "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                "scheme": "http", "path": "/v1/envs", "raw_path": b"/v1/envs", "root_path": "", "query_string": b"",
+                "server": ("sandpit", 80), "client": ("127.0.0.1", 1), "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", b"100"),
+                    (b"authorization", b"Bearer x")]}, receive, send), timeout=10)
+
+    asyncio.run(main())
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_a_stalled_body_is_408_and_the_connection_closes(tmp_path: Path) -> None:
+    """A body not whole within ``body_read_timeout_s``: 408 with ``Connection: close``,
+    through the door as through the route."""
+    app = fake_app(tmp_path, body_read_timeout_s=0.3)
+    door = _stalled(app)
+    app.create_door = None
+    route = _stalled(app)
+    assert door[0] == 408 and door[1][b"connection"] == b"close" and b'"code":"request_timeout"' in door[2]
+    assert door == route
