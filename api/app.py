@@ -67,6 +67,7 @@ from .http import openapi, step
 from .http.access_log import AccessLog
 from .http.batch_step import BatchStepDoor
 from .http.body_timeout import BodyReadTimeout
+from .http.create_env import CreateDoor
 from .http.handlers import error_response, register_handlers
 from .http.mcp import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpEndpoint, McpServer
 from .http.openenv import OpenEnvServer
@@ -122,11 +123,13 @@ class SandpitApp(FastAPI):
     line once it is answered, whichever path answered it. ``door``
     (:class:`~.http.step.StepDoor`) answers every ``POST /v1/envs/{env_id}/step`` and
     ``batch_door`` (:class:`~.http.batch_step.BatchStepDoor`) every ``POST
-    /v1/envs:step``; every other request goes to ``FastAPI.__call__`` (routing, middleware, handlers). The
-    lifespan goes straight to FastAPI."""
+    /v1/envs:step``, ``create_door`` (:class:`~.http.create_env.CreateDoor`) every ``POST
+    /v1/envs``; every other request goes to ``FastAPI.__call__`` (routing, middleware,
+    handlers). The lifespan goes straight to FastAPI."""
 
     door: StepDoor | None = None
     batch_door: BatchStepDoor | None = None
+    create_door: CreateDoor | None = None
     access: AccessLog | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -137,7 +140,8 @@ class SandpitApp(FastAPI):
         await self.dispatch(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The step door for a step request, the batched step's door for a batch, else FastAPI."""
+        """The step door for a step request, the batched step's door for a batch, the create's
+        door for a create, else FastAPI."""
         door = self.door
         env_id = door.env_id(scope) if door is not None else None
         if door is not None and env_id is not None:
@@ -148,6 +152,11 @@ class SandpitApp(FastAPI):
         if batch_door is not None and batch_door.matches(scope):
             scope["app"] = self
             await batch_door(scope, receive, send)
+            return
+        create_door = self.create_door
+        if create_door is not None and create_door.matches(scope):
+            scope["app"] = self
+            await create_door(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -237,6 +246,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     door = app.door = app.state.step_door = StepDoor(api_settings.body_read_timeout_s, api_settings.http_threads,
                                                      translate=_translated)
     app.batch_door = BatchStepDoor(door)
+    app.create_door = CreateDoor(door)
     if api_settings.access_log:
         app.access = AccessLog(app.dispatch)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)

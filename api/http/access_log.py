@@ -7,10 +7,10 @@ milliseconds from the request's arrival at the app to the end of its response, a
 tenant whose API key authenticated it (``-`` for none: health, metrics, admin, a refused
 key). Never the query string, a header or a key.
 
-:class:`AccessLog` wraps the whole application, the step door (:mod:`.step`) included,
-so every request gets its line whichever door answered it.
+:class:`AccessLog` wraps the whole application, the doors (:mod:`.step`, :mod:`.batch_step`,
+:mod:`.create_env`) included, so every request gets its line whichever door answered it.
 Who authenticated is noted in the request's ASGI scope by :func:`note_tenant`, called
-where a key is checked (``deps.get_caller``, the step door); the step door, which has no
+where a key is checked (``deps.get_caller``, the doors); a door, which has no
 router, names its route with :func:`note_route`. When the logger does not
 emit INFO (``sandpit serve --log-level warning``, the default) a request costs one level
 check; ``ApiSettings.access_log`` false removes the wrapper altogether. The line is
@@ -60,7 +60,7 @@ def note_tenant(scope: Scope, tenant: str) -> None:
 
 
 def note_route(scope: Scope, path_template: str) -> None:
-    """Record the path template of a request answered without the router (the step door)."""
+    """Record the path template of a request answered without the router (by a door)."""
     scope[ROUTE_KEY] = path_template
 
 
@@ -79,7 +79,7 @@ class AccessLog:
     """ASGI middleware writing one :data:`log` line per HTTP request (module docstring).
 
     Args:
-        app: the application it wraps (for Sandpit: the step door and FastAPI behind it).
+        app: the application it wraps (for Sandpit: the doors and FastAPI behind them).
     """
 
     def __init__(self, app: ASGIApp) -> None:

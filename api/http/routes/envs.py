@@ -1,6 +1,8 @@
 """``/v1/envs``: create, read, list, delete envs; reset, state, trajectory, episodes,
 restore, fork and evaluate. The step (``POST /v1/envs/{env_id}/step``) has a door of its
-own: :mod:`..step`."""
+own: :mod:`..step`; the batched step and the create are answered by doors in front of the
+router (:mod:`..batch_step`, :mod:`..create_env`), which answer as these routes do (their
+tests compare the two)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,182 @@
+"""The env create's door: every ``POST /v1/envs`` is answered by :class:`CreateDoor`, in
+front of FastAPI's stack, as :class:`~.step.StepDoor` answers a step.
+
+Why: a create from the warm pool is a few milliseconds of work (the sandbox's ``open``,
+one write transaction), and FastAPI's generic path (route matching over every route,
+each dependency on the thread pool, the body model validated on the event loop, the
+middleware stack) costs about as much again. The door does exactly what the route
+``create_env`` (``api/http/routes/envs.py``) and its dependencies do, with one hop to a
+worker thread:
+
+1. The body as the step door reads it (:meth:`.step.StepDoor.read_body`): 413 over
+   ``max_body_bytes``, 408 when it is not whole within ``body_read_timeout_s``.
+2. On the thread, in FastAPI's order: the JSON rules (:func:`~.strict_json.parse_body`:
+   413, 422 for a body that is not strict JSON), then the API key (401/403, the tenant
+   noted for the access log), then the request's shape: ``Idempotency-Key`` validated as
+   the route's header parameter (:data:`~.deps.IdempotencyKeyHeader`) and the body as
+   :class:`~sandpit.api.schemas.envs.EnvCreate` (:func:`~.step.validated_body`), a 422
+   naming the first field (the header's before the body's, as FastAPI orders them).
+3. :meth:`~sandpit.api.envs.lifecycle.EnvLifecycle.create` and its JSON reply, 201,
+   under the ``Idempotency-Key`` semantics of :meth:`.deps.Idempotent.respond`: with a
+   key, claimed first (the digest of :func:`.deps.idempotent`: method, the template
+   ``/v1/envs``, query and body bytes): a replay of the stored reply (its status,
+   ``Idempotent-Replayed: true``) or a 409 creates nothing; an error releases the key;
+   the reply is stored on the key after the create committed.
+
+The work runs on AnyIO's worker threads, where the route's handler ran: creates share
+its capacity (``http_threads``) with FastAPI's other routes as before, and never hold
+the step door's threads (a create from an empty pool waits seconds for a sandbox).
+
+Errors are rendered from the one table (:mod:`.handlers`, 429s counted); executor
+errors are translated as the app's handler does; anything else is logged and answered
+500 ``internal``. The access log names the request by the route's template. The router
+keeps the operation: it is what the OpenAPI document describes and what answers other
+methods (``GET /v1/envs`` lists envs) and paths (``/v1/envs/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio.to_thread
+from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from ..envs.lifecycle import EnvLifecycle
+from ..errors import ApiError, invalid_request_body
+from ..schemas.envs import EnvCreate
+from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest
+from ..services.tenants import TenantService
+from ..settings import ApiSettings
+from .access_log import note_route, note_tenant
+from .deps import REPLAYED_HEADER, IdempotencyKeyHeader
+from .handlers import count_rejection, error_response, internal_error_response
+from .step import Invalid, StepDoor, first_headers, route_path, text, validated_body
+from .strict_json import parse_body
+
+CREATE_TEMPLATE = "/v1/envs"
+"""The operation's path (no parameters: the router matches it literally)."""
+CREATED = 201
+"""The status of a new env (the route's ``status_code``)."""
+_T = TypeVar("_T")
+_BODY = TypeAdapter(EnvCreate)
+_KEY = TypeAdapter(IdempotencyKeyHeader)  # the route's header parameter: FastAPI's errors, word for word
+_REPLAYED = (REPLAYED_HEADER.lower().encode("ascii"), b"true")
+
+
+async def _anyio_thread(work: Callable[[], _T]) -> _T:
+    return await anyio.to_thread.run_sync(work)
+
+
+class CreateDoor:
+    """The ASGI handler of ``POST /v1/envs`` (see the module docstring).
+
+    Args:
+        door: the step door, whose body reading and executor-error translation this
+            door shares (not its threads).
+        run: runs a blocking ``work()`` on a worker thread and gives its value or raises
+            its exception (default: AnyIO's worker threads, as FastAPI's route ran it).
+
+    It reads the services from the app in the scope (``app.state``: ``settings``,
+    ``tenants``, ``envs``, ``idempotency``, ``metrics``), as the route's dependencies do.
+    """
+
+    def __init__(self, door: StepDoor,
+                 run: Callable[[Callable[[], bytes | Replay]], Awaitable[bytes | Replay]] = _anyio_thread) -> None:
+        self.door = door
+        self.run = run
+
+    @staticmethod
+    def matches(scope: Scope) -> bool:
+        """Whether ``scope`` is an HTTP ``POST`` to exactly ``/v1/envs`` (as the router
+        matches it: after the app's ``root_path``)."""
+        return scope["type"] == "http" and scope["method"] == "POST" and route_path(scope) == CREATE_TEMPLATE
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer the create request of ``scope`` (module docstring)."""
+        note_route(scope, CREATE_TEMPLATE)
+        state = scope["app"].state
+        headers = first_headers(scope)
+        body = await self.door.read_body(scope, receive, send, headers)
+        if body is None:
+            return
+        settings: ApiSettings = state.settings
+        authorization = text(headers.get(b"authorization"))
+        content_type = text(headers.get(b"content-type"))
+        key = text(headers.get(b"idempotency-key"))
+        query: bytes = scope.get("query_string", b"")
+        work = partial(_create, scope, state.tenants, state.envs, state.idempotency, settings, body, authorization,
+                       content_type, key, query)
+        await self.answer(work, scope, receive, send)
+
+    async def answer(self, work: Callable[[], bytes | Replay], scope: Scope, receive: Receive, send: Send) -> None:
+        """Run ``work`` on a worker thread and send its JSON bytes (201, or a
+        :class:`Replay`'s stored status with ``Idempotent-Replayed: true``, headers in
+        the order the route's response gives them); what it raises is the answer
+        instead: an ApiError's response (429s counted), 422 for :class:`Invalid`, a
+        foreign error translated (the step door's ``translate``) or the catch-all 500."""
+        try:
+            data = await self.run(work)
+        except ApiError as exc:
+            await _error(exc, scope, receive, send)
+            return
+        except Invalid as exc:
+            await JSONResponse(invalid_request_body(exc.errors), status_code=422)(scope, receive, send)
+            return
+        except Exception as exc:
+            translated = self.door.translate(exc) if self.door.translate is not None else None
+            if translated is None:
+                await internal_error_response(exc)(scope, receive, send)
+                return
+            await _error(translated, scope, receive, send)
+            return
+        status, first = CREATED, []
+        if isinstance(data, Replay):
+            status, data, first = data.status, data.body, [_REPLAYED]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*first, (b"content-length", str(len(data)).encode("ascii")),
+                                (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": data})
+
+
+async def _error(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
+    """The response of ``exc`` (the table's; a 429 counted on the app's metrics)."""
+    count_rejection(exc, getattr(scope["app"].state, "metrics", None))
+    await error_response(exc)(scope, receive, send)
+
+
+def _create(scope: Scope, tenants: TenantService, envs: EnvLifecycle, keys: Idempotency, settings: ApiSettings,
+            body: bytes, authorization: str | None, content_type: str | None, key: str | None,
+            query: bytes) -> bytes | Replay:
+    """The route's work on a worker thread, in FastAPI's order (module docstring): the
+    new env's JSON bytes or the key's stored reply. Raises what the route raises (the
+    JSON rules' ApiErrors, Unauthorized, Forbidden, :class:`Invalid`, the create's and
+    the key's ApiErrors, executor errors)."""
+    parsed = parse_body(body, settings) if body else None  # the strict route's JSON rules come first
+    caller = tenants.authenticate(authorization)
+    note_tenant(scope, caller.tenant)
+    errors: list[dict[str, Any]] = []
+    if key is not None:
+        try:
+            _KEY.validate_python(key)
+        except ValidationError as exc:
+            errors += [{**e, "loc": ("header", KEY_HEADER, *e["loc"])} for e in exc.errors(include_url=False)]
+    validated = validated_body(_BODY, body, parsed, content_type)
+    request = validated[0]
+    if errors or request is None:
+        raise Invalid(errors + validated[1])
+    if key is None:
+        return envs.create(caller, request).json()
+    claim = keys.begin(caller.tenant, key, request_digest("POST", CREATE_TEMPLATE, None, query, body))
+    if isinstance(claim, Replay):
+        return claim
+    try:
+        data = envs.create(caller, request).json()
+    except BaseException:
+        keys.release(claim)
+        raise
+    keys.finish(claim, CREATED, data)
+    return data
