@@ -7,7 +7,9 @@ a request whose headers arrived and whose body stalls: without a deadline the ap
 ``timeout_s`` of the request's start, else the ``receive`` raises
 :class:`~sandpit.api.errors.RequestTimeout` (408 ``request_timeout``). Any response that starts
 before the body was read whole carries ``Connection: close``, so uvicorn closes the
-connection after it: neither a stalled body nor one the route never read can hold it.
+connection after it: neither a stalled body nor one the route never read can hold it. A
+request without a body (no ``Content-Length`` other than 0, no ``Transfer-Encoding``: a
+GET) is read whole from the start, so its connection stays open for the next request.
 
 A client that disconnects while its body is read makes Starlette raise
 ``ClientDisconnect`` in the route; it is logged here, in one line, instead of reaching the
@@ -43,7 +45,7 @@ class BodyReadTimeout:
             return
         deadline = time.monotonic() + self.timeout_s
         received = 0
-        body_done = False
+        body_done = not has_body(scope)  # a request without one (a GET) keeps its connection
 
         async def timed_receive() -> Message:
             nonlocal received, body_done
@@ -68,6 +70,16 @@ class BodyReadTimeout:
             await self.app(scope, timed_receive, closing_send)
         except ClientDisconnect:
             log_disconnect(scope, received)
+
+
+def has_body(scope: Scope) -> bool:
+    """Whether the HTTP request of ``scope`` has a body to read (RFC 9112 section 6.3: a
+    ``Transfer-Encoding``, or a ``Content-Length`` other than 0); a request with neither
+    (a GET, a DELETE) has none, so it is read whole before the app starts."""
+    for name, value in scope.get("headers") or ():
+        if name == b"transfer-encoding" or name == b"content-length" and value.strip() != b"0":
+            return True
+    return False
 
 
 def body_timed_out(scope: Scope, received: int, timeout_s: float) -> RequestTimeout:
