@@ -135,6 +135,12 @@ class ApiSettings(BaseSettings):
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
     tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
     the step door runs (its own pool, made on demand: :mod:`sandpit.api.http.step`)."""
+    keep_alive_s: Annotated[int, Field(ge=1, le=3600)] = 75
+    """Seconds ``sandpit serve`` keeps an idle HTTP/1.1 keep-alive connection open between
+    two requests (uvicorn's ``timeout_keep_alive``, whose own default is 5). An agent
+    thinks for seconds between its steps, and a connection the server closed in that pause
+    makes the client's next step fail or reconnect; under load the event loop may also
+    read a waiting request only after a short timer fired. 75 is nginx's default."""
     sqlite_checkpoint_interval_s: Annotated[float, Field(ge=0, le=3600)] = 0.5
     """Seconds between the passive WAL checkpoints a thread of the app runs on a SQLite
     database (:mod:`sandpit.api.db.checkpoint`), so that no step's commit copies the WAL

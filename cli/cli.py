@@ -225,8 +225,8 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
                                              "(adds one access log line per request, unless SANDPIT_ACCESS_LOG="
                                              "false), debug, trace.")) -> None:
     """Run the HTTP API (uvicorn), its soft limit of open files raised to the hard one
-    (:func:`raise_open_files`). Refuses to start on an unmigrated database or with a
-    placeholder operator key."""
+    (:func:`raise_open_files`), idle keep-alive connections kept ``SANDPIT_KEEP_ALIVE_S``
+    seconds. Refuses to start on an unmigrated database or with a placeholder operator key."""
     from pydantic import ValidationError
     from sandpit.api.settings import get_api_settings
     from sandpit.executor.config import configured
@@ -269,6 +269,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
     tune_gc(settings.gc_young_threshold)
     uvicorn.run(app, host=bind_host, port=bind_port, log_config=log_config,
                 log_level=log_level.lower(), access_log=False,  # ours: sandpit.access
+                timeout_keep_alive=settings.keep_alive_s,
                 timeout_graceful_shutdown=15, http=CoalescingHttpProtocol)  # one socket write per response
 
 
