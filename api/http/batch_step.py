@@ -33,8 +33,8 @@ from ..envs.batch import BatchSteps
 from ..schemas.batch import BatchStepRequest
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
-from .access_log import note_route, note_tenant
-from .step import Invalid, StepDoor, first_headers, route_path, text, validated_body
+from .access_log import note_tenant
+from .step import Invalid, StepDoor, posts_to, text, validated_body
 from .strict_json import parse_body
 
 BATCH_TEMPLATE = "/v1/envs:step"
@@ -58,18 +58,16 @@ class BatchStepDoor:
 
     @staticmethod
     def matches(scope: Scope) -> bool:
-        """Whether ``scope`` is an HTTP ``POST`` to the batched step's path (as the router
-        matches it: after the app's ``root_path``)."""
-        return scope["type"] == "http" and scope["method"] == "POST" and route_path(scope) == BATCH_TEMPLATE
+        """Whether ``scope`` is an HTTP ``POST`` to the batched step's path (:func:`.step.posts_to`)."""
+        return posts_to(scope, BATCH_TEMPLATE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer the batched step request of ``scope`` (module docstring)."""
-        note_route(scope, BATCH_TEMPLATE)
-        state = scope["app"].state
-        headers = first_headers(scope)
-        body = await self.door.read_body(scope, receive, send, headers)
-        if body is None:
+        request_read = await self.door.read_request(scope, receive, send, BATCH_TEMPLATE)
+        if request_read is None:
             return
+        headers, body = request_read
+        state = scope["app"].state
         settings: ApiSettings = state.settings
         tenants: TenantService = state.tenants
         batch: BatchSteps = state.batch

@@ -24,12 +24,12 @@ worker thread:
    the reply is stored on the key after the create committed.
 
 The work runs on AnyIO's worker threads, where the route's handler ran: creates share
-its capacity (``http_threads``) with FastAPI's other routes as before, and never hold
+its capacity (``http_threads``) with FastAPI's other routes, and never hold
 the step door's threads (a create from an empty pool waits seconds for a sandbox).
 
-Errors are rendered from the one table (:mod:`.handlers`, 429s counted); executor
-errors are translated as the app's handler does; anything else is logged and answered
-500 ``internal``. The access log names the request by the route's template. The router
+The answer is rendered by the step door's :meth:`~.step.StepDoor.answer`: errors from the
+one table (:mod:`.handlers`, 429s counted), executor errors translated as the app's
+handler does, anything else logged and answered 500 ``internal``. The access log names the request by the route's template. The router
 keeps the operation: it is what the OpenAPI document describes and what answers other
 methods (``GET /v1/envs`` lists envs) and paths (``/v1/envs/``).
 """
@@ -41,20 +41,17 @@ from functools import partial
 from typing import Any, TypeVar
 
 import anyio.to_thread
-from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from ..envs.lifecycle import EnvLifecycle
-from ..errors import ApiError, invalid_request_body
 from ..schemas.envs import EnvCreate
 from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
-from .access_log import note_route, note_tenant
-from .deps import REPLAYED_HEADER, IdempotencyKeyHeader
-from .handlers import count_rejection, error_response, internal_error_response
-from .step import Invalid, StepDoor, first_headers, route_path, text, validated_body
+from .access_log import note_tenant
+from .deps import IdempotencyKeyHeader
+from .step import Invalid, StepDoor, posts_to, text, validated_body
 from .strict_json import parse_body
 
 CREATE_TEMPLATE = "/v1/envs"
@@ -64,7 +61,6 @@ CREATED = 201
 _T = TypeVar("_T")
 _BODY = TypeAdapter(EnvCreate)
 _KEY = TypeAdapter(IdempotencyKeyHeader)  # the route's header parameter: FastAPI's errors, word for word
-_REPLAYED = (REPLAYED_HEADER.lower().encode("ascii"), b"true")
 
 
 async def _anyio_thread(work: Callable[[], _T]) -> _T:
@@ -91,18 +87,18 @@ class CreateDoor:
 
     @staticmethod
     def matches(scope: Scope) -> bool:
-        """Whether ``scope`` is an HTTP ``POST`` to exactly ``/v1/envs`` (as the router
-        matches it: after the app's ``root_path``)."""
-        return scope["type"] == "http" and scope["method"] == "POST" and route_path(scope) == CREATE_TEMPLATE
+        """Whether ``scope`` is an HTTP ``POST`` to exactly ``/v1/envs`` (:func:`.step.posts_to`)."""
+        return posts_to(scope, CREATE_TEMPLATE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer the create request of ``scope`` (module docstring)."""
-        note_route(scope, CREATE_TEMPLATE)
-        state = scope["app"].state
-        headers = first_headers(scope)
-        body = await self.door.read_body(scope, receive, send, headers)
-        if body is None:
+        """Answer the create request of ``scope`` (module docstring): the work on
+        :attr:`run`'s threads, the answer as the step door renders one (201, or a stored
+        reply with ``Idempotent-Replayed: true`` first, where the route's response puts it)."""
+        request_read = await self.door.read_request(scope, receive, send, CREATE_TEMPLATE)
+        if request_read is None:
             return
+        headers, body = request_read
+        state = scope["app"].state
         settings: ApiSettings = state.settings
         authorization = text(headers.get(b"authorization"))
         content_type = text(headers.get(b"content-type"))
@@ -110,42 +106,7 @@ class CreateDoor:
         query: bytes = scope.get("query_string", b"")
         work = partial(_create, scope, state.tenants, state.envs, state.idempotency, settings, body, authorization,
                        content_type, key, query)
-        await self.answer(work, scope, receive, send)
-
-    async def answer(self, work: Callable[[], bytes | Replay], scope: Scope, receive: Receive, send: Send) -> None:
-        """Run ``work`` on a worker thread and send its JSON bytes (201, or a
-        :class:`Replay`'s stored status with ``Idempotent-Replayed: true``, headers in
-        the order the route's response gives them); what it raises is the answer
-        instead: an ApiError's response (429s counted), 422 for :class:`Invalid`, a
-        foreign error translated (the step door's ``translate``) or the catch-all 500."""
-        try:
-            data = await self.run(work)
-        except ApiError as exc:
-            await _error(exc, scope, receive, send)
-            return
-        except Invalid as exc:
-            await JSONResponse(invalid_request_body(exc.errors), status_code=422)(scope, receive, send)
-            return
-        except Exception as exc:
-            translated = self.door.translate(exc) if self.door.translate is not None else None
-            if translated is None:
-                await internal_error_response(exc)(scope, receive, send)
-                return
-            await _error(translated, scope, receive, send)
-            return
-        status, first = CREATED, []
-        if isinstance(data, Replay):
-            status, data, first = data.status, data.body, [_REPLAYED]
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*first, (b"content-length", str(len(data)).encode("ascii")),
-                                (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": data})
-
-
-async def _error(exc: ApiError, scope: Scope, receive: Receive, send: Send) -> None:
-    """The response of ``exc`` (the table's; a 429 counted on the app's metrics)."""
-    count_rejection(exc, getattr(scope["app"].state, "metrics", None))
-    await error_response(exc)(scope, receive, send)
+        await self.door.answer(work, scope, receive, send, status=CREATED, run=self.run, replayed_first=True)
 
 
 def _create(scope: Scope, tenants: TenantService, envs: EnvLifecycle, keys: Idempotency, settings: ApiSettings,

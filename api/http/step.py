@@ -44,7 +44,7 @@ import asyncio
 import email.message
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -148,13 +148,12 @@ class StepDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, env_id: str) -> None:
         """Answer the step request of ``scope`` for ``env_id`` (module docstring)."""
-        note_route(scope, STEP_TEMPLATE)
         state = scope["app"].state
         settings: ApiSettings = state.settings
-        headers = first_headers(scope)
-        body = await self.read_body(scope, receive, send, headers)
-        if body is None:
+        request_read = await self.read_request(scope, receive, send, STEP_TEMPLATE)
+        if request_read is None:
             return
+        headers, body = request_read
         started = time.thread_time()
         try:
             request, include, invalid = _shape(body, text(headers.get(b"content-type")),
@@ -208,6 +207,16 @@ class StepDoor:
 
         await self.answer(work, scope, receive, send)
 
+    async def read_request(self, scope: Scope, receive: Receive, send: Send,
+                           template: str) -> tuple[dict[bytes, bytes], bytes] | None:
+        """What every door does first: note ``template`` as the request's route (the access
+        log's), then its headers (:func:`first_headers`) and whole body
+        (:meth:`read_body`); None once the request is answered (413, 408, client gone)."""
+        note_route(scope, template)
+        headers = first_headers(scope)
+        body = await self.read_body(scope, receive, send, headers)
+        return None if body is None else (headers, body)
+
     async def read_body(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]) -> bytes | None:
         """The request's whole body (``headers`` as :func:`first_headers` gives them), or
         None once the request is answered: 413 for a ``Content-Length`` over
@@ -229,13 +238,17 @@ class StepDoor:
             log_disconnect(scope, sum(map(len, chunks)))
         return None
 
-    async def answer(self, work: Callable[[], bytes | Replay], scope: Scope, receive: Receive, send: Send) -> None:
-        """Run ``work`` on a step thread and send its JSON bytes (200, or a
-        :class:`Replay`'s stored status with ``Idempotent-Replayed: true``); what it
-        raises is the answer instead: an ApiError's response, 422 for :class:`Invalid`,
-        a foreign error translated (:attr:`translate`) or the catch-all 500."""
+    async def answer(self, work: Callable[[], bytes | Replay], scope: Scope, receive: Receive, send: Send, *,
+                     status: int = 200, run: Callable[[Callable[[], bytes | Replay]], Awaitable[bytes | Replay]]
+                     | None = None, replayed_first: bool = False) -> None:
+        """Run ``work`` on a step thread (or with ``run``: another door's worker threads)
+        and send its JSON bytes (``status``, or a :class:`Replay`'s stored status with
+        ``Idempotent-Replayed: true``, that header last, or first when
+        ``replayed_first``: where the door's route puts it); what it raises is the answer
+        instead: an ApiError's response (429s counted), 422 for :class:`Invalid`, a
+        foreign error translated (:attr:`translate`) or the catch-all 500."""
         try:
-            data = await self._threads.run(work)
+            data = await (run or self._threads.run)(work)
         except ApiError as exc:
             await self._error(exc, scope, receive, send)
             return
@@ -249,12 +262,12 @@ class StepDoor:
                 return
             await self._error(translated, scope, receive, send)
             return
-        status, extra = 200, []
+        replayed: list[tuple[bytes, bytes]] = []
         if isinstance(data, Replay):
-            status, data, extra = data.status, data.body, [(REPLAYED_HEADER.lower().encode("ascii"), b"true")]
+            status, data, replayed = data.status, data.body, [(REPLAYED_HEADER.lower().encode("ascii"), b"true")]
+        headers = [(b"content-length", str(len(data)).encode("ascii")), (b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-length", str(len(data)).encode("ascii")),
-                                (b"content-type", b"application/json"), *extra]})
+                    "headers": [*replayed, *headers] if replayed_first else [*headers, *replayed]})
         await send({"type": "http.response.body", "body": data})
 
     @staticmethod
@@ -262,6 +275,12 @@ class StepDoor:
         """The response of ``exc`` (the table's; a 429 counted on the app's metrics)."""
         count_rejection(exc, getattr(scope["app"].state, "metrics", None))
         await error_response(exc)(scope, receive, send)
+
+
+def posts_to(scope: Scope, path: str) -> bool:
+    """Whether ``scope`` is an HTTP ``POST`` to exactly ``path`` (as the router matches
+    it: after the app's ``root_path``)."""
+    return scope["type"] == "http" and scope["method"] == "POST" and route_path(scope) == path
 
 
 def route_path(scope: Scope) -> str:
