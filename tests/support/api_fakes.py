@@ -137,3 +137,19 @@ def with_app(tmp_path: Path, test: Callable[[Stepper], Awaitable[None]], raise_a
 
     asyncio.run(main())
     return app
+
+
+class DoorSpy:
+    """A door of the app (the batched step's, the create's: anything with ``matches`` and
+    an ASGI ``__call__``) that notes the paths it answered, then answers as the real one."""
+
+    def __init__(self, door: Any) -> None:
+        self.door = door
+        self.paths: list[str] = []
+
+    def matches(self, scope: Any) -> bool:
+        return bool(self.door.matches(scope))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.paths.append(scope["path"])
+        await self.door(scope, receive, send)

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, Stepper, with_app
+from api_fakes import OPERATOR, DoorSpy, Stepper, with_app
 from sandpit.api.http import batch_step
 
 BATCH = batch_step.BATCH_TEMPLATE
@@ -120,27 +120,13 @@ def test_what_the_answers_say(answers: dict[str, dict[str, tuple[int, Any]]]) ->
     assert "NaN is not valid JSON" in door["strict JSON before the key"][1]["error"]["message"]
 
 
-class _Spy:
-    """A door that notes the paths it answered, then answers as the real one."""
-
-    def __init__(self, door: batch_step.BatchStepDoor) -> None:
-        self.door, self.paths = door, []
-
-    def matches(self, scope: Any) -> bool:
-        return self.door.matches(scope)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        self.paths.append(scope["path"])
-        await self.door(scope, receive, send)
-
-
 def test_the_door_answers_also_behind_a_root_path(tmp_path: Path) -> None:
     """The door (not FastAPI) answers a batch, also behind a root path; other methods
     are the router's 405."""
     seen: dict[str, Any] = {}
 
     async def test(stepper: Stepper) -> None:
-        spy = stepper.app.batch_door = _Spy(stepper.app.batch_door)
+        spy = stepper.app.batch_door = DoorSpy(stepper.app.batch_door)
         body = TWO.replace("<a>", stepper.env_id).replace("<b>", await stepper.fresh_env())
         headers = {"content-type": "application/json", **stepper.keys["team-a"]}
         seen["plain"] = await stepper.post(body, path=BATCH)

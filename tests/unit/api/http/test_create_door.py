@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, SOURCE, Stepper, fake_app, with_app
+from api_fakes import OPERATOR, SOURCE, DoorSpy, Stepper, fake_app, with_app
 from sandpit.api.http import create_env
 from sandpit.api.services.idempotency import request_digest
 from sandpit.executor.errors import CapacityError
@@ -231,27 +231,13 @@ def test_what_the_answers_say(answers: dict[str, dict[str, Any]]) -> None:
     assert door["quota: max_live_envs"][2]["error"]["code"] == "quota_exceeded"
 
 
-class _Spy:
-    """A door that notes the paths it answered, then answers as the real one."""
-
-    def __init__(self, door: create_env.CreateDoor) -> None:
-        self.door, self.paths = door, []
-
-    def matches(self, scope: Any) -> bool:
-        return self.door.matches(scope)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        self.paths.append(scope["path"])
-        await self.door(scope, receive, send)
-
-
 def test_the_door_answers_creates_only(tmp_path: Path) -> None:
     """The door (not FastAPI) answers ``POST /v1/envs``, also behind a root path; the
     list (``GET /v1/envs``), other methods and other paths stay FastAPI's."""
     seen: dict[str, Any] = {}
 
     async def test(stepper: Stepper) -> None:
-        spy = stepper.app.create_door = _Spy(stepper.app.create_door)
+        spy = stepper.app.create_door = DoorSpy(stepper.app.create_door)
         body = '{"environment_id": "' + stepper.environment_id + '"}'
         headers = {"content-type": "application/json", **stepper.keys["team-a"]}
         seen["plain"] = await stepper.client.post("/v1/envs", headers=headers, content=body)
