@@ -23,8 +23,12 @@ SECRET = "sk-never-log-this-" + secrets.token_hex(8)
 
 def access_lines(server: ApiServer, after: int = 0) -> list[dict[str, str]]:
     """Access log lines of ``server`` (its stdout and stderr file) from byte ``after`` on."""
-    text = server.log_path.read_bytes()[after:].decode(errors="replace")
-    return [match.groupdict() for line in text.splitlines() if (match := LINE.match(line))]
+    return parsed(server.log_path.read_bytes()[after:])
+
+
+def parsed(data: bytes) -> list[dict[str, str]]:
+    """The access log lines in ``data`` (bytes of the log)."""
+    return [match.groupdict() for line in data.decode(errors="replace").splitlines() if (match := LINE.match(line))]
 
 
 def wait_for(server: ApiServer, after: int, count: int, timeout_s: float = 10.0) -> list[dict[str, str]]:
@@ -40,10 +44,9 @@ def end_after(server: ApiServer, method: str, path: str, status: str, timeout_s:
     a line follows its response, so a client can hold the response before the line exists."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        data = server.log_path.read_bytes()
-        for line in data.decode(errors="replace").splitlines():
-            if (match := LINE.match(line)) and (match["method"], match["path"], match["status"]) == (method, path, status):
-                return len(data)
+        data = server.log_path.read_bytes()  # one read: the line's presence and the size agree
+        if any((line["method"], line["path"], line["status"]) == (method, path, status) for line in parsed(data)):
+            return len(data)
         time.sleep(0.05)
     raise AssertionError(f"no access line for {method} {path} {status} within {timeout_s} s")
 
