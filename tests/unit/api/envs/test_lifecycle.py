@@ -4,6 +4,8 @@ runs, instantiation failures."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from api_fakes import caller
 from env_calls import ME, create, state, step
@@ -114,3 +116,38 @@ def test_idle_eviction_stops_once_the_sandboxes_are_below_the_threshold(services
     fake.settings = fake.settings.model_copy(update={"max_sandboxes": 2})  # 2 of 2: full
     assert lifecycle.evict_idle() == 1  # then 1 of 2: below 0.75, the rest stay
     assert older not in services.live and newer in services.live
+
+
+def test_idle_eviction_below_the_threshold_asks_once_and_lists_no_live_entry(services: Services,
+                                                                           environment_id: str) -> None:
+    env_id = create(services, environment_id)
+    asked: list[bool] = []
+
+    def keep_going() -> bool:
+        asked.append(False)
+        return False
+
+    listing = services.live._registry  # held by another thread: a pass that lists the entries would block
+    holder_has_it, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with listing:
+            holder_has_it.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holder_has_it.wait(10)
+        done: list[int] = []
+        passing = threading.Thread(target=lambda: done.append(services.live.evict_idle(0, keep_going=keep_going)))
+        passing.start()
+        passing.join(2)  # listing would wait for the holder (10 s)
+        assert done == [0] and asked == [False]
+    finally:
+        release.set()
+        holder.join(10)
+    assert env_id in services.live
+    answers = iter([True, False])  # before the first: go on; after it: stop
+    assert services.live.evict_idle(0, keep_going=lambda: next(answers)) == 1
+    assert env_id not in services.live and next(answers, None) is None
