@@ -18,7 +18,10 @@ full (``SANDPIT_ENV_IDLE_EVICT_FULLNESS``); creates ``--envs`` live envs of one
 environment over HTTP from ``--create-threads`` clients (``create_all_s``,
 ``creates_per_s``), then ``--stepping`` of them step for
 ``--seconds``: each stepping env is one client that sends a step, waits for the answer,
-then waits ``--think-s`` (an agent waiting for its model) before the next; ``--think-s 0``
+then waits a think time (an agent waiting for its model) before the next: ``--think-s``
+on average, drawn uniformly within ``--think-jitter`` of it (0.5: from half to one and a
+half times ``--think-s``; 0: the same pause every time, which keeps clients that one stall
+delayed together as a burst for the rest of the run: ``loadgen.pauses``); ``--think-s 0``
 is a closed loop (every client saturating). The clients start spread evenly over one
 think time (client i after ``i * think_s / stepping`` s), so the load is steady, not 200
 steps at once every second. The clients (``--client``) are coroutines of one thread, each
@@ -76,7 +79,7 @@ from sandpit.executor.settings import ExecutorSettings
 sys.path.insert(0, str(Path(__file__).parent))
 from density_runner import bench_runner  # noqa: E402 - the runner's per-call cost against sessions
 from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the run
-from loadgen import Step, Stepper, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
+from loadgen import Step, Stepper, pauses, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
 from api import (  # noqa: E402 - the API benchmark's parts
@@ -168,7 +171,8 @@ def bench_executor(args: argparse.Namespace) -> dict:
         pool_size=2, sessions_per_sandbox=args.per_sandbox, max_sandboxes=args.max_sandboxes,
         sandbox_memory_mib=args.sandbox_memory_mib, session_templates=args.templates,
         profiles={"default": profile(args)})
-    out: dict = {"envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
+    out: dict = {"envs": args.envs, "stepping": args.stepping, "think_s": args.think_s,
+                 "think_jitter": args.think_jitter}
     with docker_pool(settings) as pool:
         started = time.perf_counter()
         with ThreadPoolExecutor(8) as starter:
@@ -180,9 +184,10 @@ def bench_executor(args: argparse.Namespace) -> dict:
         lock = threading.Lock()
         stop_at = time.perf_counter() + args.seconds
 
-        def drive(session) -> None:
+        def drive(index: int, session) -> None:
             nonlocal failures
             local, failed = [], 0
+            think = pauses(args.think_s, args.think_jitter, index)
             while time.perf_counter() < stop_at:
                 t0 = time.perf_counter()
                 result = session.call("bump", {"by": 1})
@@ -191,7 +196,7 @@ def bench_executor(args: argparse.Namespace) -> dict:
                 else:
                     failed += 1
                 if args.think_s:
-                    time.sleep(args.think_s)
+                    time.sleep(next(think))
             with lock:
                 latencies.extend(local)
                 failures += failed
@@ -199,7 +204,7 @@ def bench_executor(args: argparse.Namespace) -> dict:
         stepping = sessions[:: max(1, len(sessions) // args.stepping)][: args.stepping]
         started = time.perf_counter()
         with ThreadPoolExecutor(len(stepping)) as runner:
-            list(runner.map(drive, stepping))
+            list(runner.map(drive, range(len(stepping)), stepping))
         wall = time.perf_counter() - started
         stats = pool.stats()
         out.update({"calls": len(latencies), "failures": failures, "calls_per_s": round(len(latencies) / wall, 1),
@@ -315,7 +320,8 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
         "SANDPIT_ENV_IDLE_EVICT_FULLNESS": str(args.evict_fullness),
     }
     server = Server(data_dir, **env)
-    out: dict = {"server_env": env, "envs": args.envs, "stepping": args.stepping, "think_s": args.think_s}
+    out: dict = {"server_env": env, "envs": args.envs, "stepping": args.stepping, "think_s": args.think_s,
+                 "think_jitter": args.think_jitter}
     try:
         # an RL trainer's tenant: its steps may run in parallel (the default max_running_calls
         # is half the cores, 1 here, which would serialize the 200 stepping clients)
@@ -367,17 +373,18 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             # this process, on the same 2 cores, than the server did
             raw = RawClient(server.url, trainer_key)
 
-            def drive(env_id: str, offset_s: float) -> list[Step]:
+            def drive(index: int, env_id: str, offset_s: float) -> list[Step]:
                 """One thread's client: its steps, as ``loadgen.run_spread`` gives them."""
                 local: list[Step] = []
                 cpu = time.thread_time()
+                think = pauses(args.think_s, args.think_jitter, index)
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
                     begun = time.perf_counter()
                     ms, body, error = _raw_step(raw, env_id)
                     local.append((begun, ms, body, error))
                     if args.think_s:
-                        time.sleep(args.think_s)
+                        time.sleep(next(think))
                 with lock:
                     clients_cpu[0] += time.thread_time() - cpu
                 return local
@@ -401,11 +408,12 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             if args.client == "asyncio":  # one thread, one keep-alive connection per client
                 cpu = time.thread_time()
                 spread = run_spread(Stepper(server.url, trainer_key), stepping, offsets, args.think_s,
-                                    max(0.0, stop_at - time.perf_counter()))
+                                    max(0.0, stop_at - time.perf_counter()), args.think_jitter)
                 clients_cpu[0] = time.thread_time() - cpu
             else:
                 with ThreadPoolExecutor(len(stepping)) as pool:
-                    spread = [step for steps in pool.map(drive, stepping, offsets) for step in steps]
+                    spread = [step for steps in pool.map(drive, range(len(stepping)), stepping, offsets)
+                              for step in steps]
             for begun, ms, body, error in spread:
                 if ms is None:
                     errors += 1
@@ -510,7 +518,9 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=1000, help="live envs for the API part (0: skip)")
     parser.add_argument("--stepping", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--think-s", type=float, default=1.0, help="pause of each stepping client between steps")
+    parser.add_argument("--think-s", type=float, default=1.0, help="mean pause of each stepping client between steps")
+    parser.add_argument("--think-jitter", type=float, default=0.5,
+                        help="pauses drawn uniformly within this fraction of --think-s (0: all equal; below 1)")
     parser.add_argument("--per-sandbox", type=int, default=64, help="hard cap of sessions per sandbox")
     parser.add_argument("--max-sandboxes", type=int, default=64)
     parser.add_argument("--sandbox-memory-mib", type=int, default=1024)
@@ -534,6 +544,8 @@ def main() -> None:
     parser.add_argument("--runner-calls", type=int, default=2000, help="calls per count of the runner part")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "density.json")
     args = parser.parse_args()
+    if not 0 <= args.think_jitter < 1:
+        parser.error("--think-jitter must be at least 0 and below 1")
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                  "mem_total_mib": round(engine.host_memory_total() / MiB)}}
     if not args.skip_memory:

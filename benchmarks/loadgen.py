@@ -8,8 +8,8 @@ coroutine: a step is one ``write`` of a request built from prepared bytes and on
 the reply (status line, headers, a ``Content-Length`` or chunked body). The clients of a
 real deployment are other machines; this keeps what they cost this one small.
 
-:func:`run_spread` drives clients that step, wait ``think_s``, and step again until a
-deadline (client ``i`` starts at ``offsets[i]``); :func:`run_burst` has every client step
+:func:`run_spread` drives clients that step, wait a think time (:func:`pauses`), and step
+again until a deadline (client ``i`` starts at ``offsets[i]``); :func:`run_burst` has every client step
 once at the same instant. Both return, per step, ``(start, ms, reply, error)``: ``ms`` and
 ``reply`` (the parsed JSON) for a ``200`` answered ``ok``, else ``ms`` None and ``error``
 saying what went wrong (a broken connection is re-opened at the client's next step).
@@ -19,11 +19,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
 Step = tuple[float, float | None, dict[str, Any], str]
 """``(perf_counter at the start, ms or None, reply JSON or {}, error or "")``."""
+
+
+def pauses(think_s: float, jitter: float, seed: int) -> Iterator[float]:
+    """One client's think times between its steps (seconds), endless: ``think_s`` each when
+    ``jitter`` is 0, else drawn uniformly from ``[think_s * (1 - jitter), think_s * (1 +
+    jitter)]`` (mean ``think_s``) by a generator seeded with ``seed``, so a run draws the
+    same pauses again. An agent's model takes a varying time to answer; with one fixed
+    pause, clients that a single stall delayed together stay in step for the rest of the
+    run and arrive as a burst every think time. Raises ValueError (``jitter`` outside [0, 1)
+    or ``think_s`` negative)."""
+    if not 0 <= jitter < 1 or think_s < 0:
+        raise ValueError(f"think time {think_s} s with jitter {jitter}: want think_s >= 0 and 0 <= jitter < 1")
+    draw = random.Random(seed)  # noqa: S311 - load timing, not security
+    while True:
+        yield think_s * (1 + jitter * (2 * draw.random() - 1)) if jitter else think_s
 
 
 def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -100,21 +117,23 @@ def _close(states: list[dict[str, Any]]) -> None:
 
 
 def run_spread(stepper: Stepper, env_ids: list[str], offsets: list[float], think_s: float,
-               seconds: float) -> list[Step]:
-    """Each of ``env_ids`` is a client: it waits its offset (seconds), then steps, waits
-    ``think_s`` and steps again until ``seconds`` have passed since the call. Returns every
-    step (module docstring), in no particular order."""
+               seconds: float, jitter: float = 0.0) -> list[Step]:
+    """Each of ``env_ids`` is a client: it waits its offset (seconds), then steps, waits a
+    think time (:func:`pauses` of ``think_s`` and ``jitter``, seeded with the client's
+    index) and steps again until ``seconds`` have passed since the call. Returns every
+    step (module docstring), in no particular order. Raises ValueError (:func:`pauses`)."""
     async def main() -> list[Step]:
         stop_at = time.perf_counter() + seconds
         states: list[dict[str, Any]] = [{} for _ in env_ids]
 
         async def client(index: int) -> list[Step]:
             steps: list[Step] = []
+            think = pauses(think_s, jitter, index)
             await asyncio.sleep(offsets[index])
             while time.perf_counter() < stop_at:
                 steps.append(await _timed(stepper, states[index], env_ids[index]))
                 if think_s:
-                    await asyncio.sleep(think_s)
+                    await asyncio.sleep(next(think))
             return steps
 
         try:
