@@ -263,13 +263,17 @@ class EnvLifecycle:
 
     def close_expired(self) -> int:
         """Mark envs past their lifetime closed and free their sessions (the janitor's
-        task). Returns how many were closed."""
+        task). Returns how many were closed. The expired envs are looked up in a read
+        transaction and a write transaction (on SQLite, this process's one writer at a
+        time) is opened only when there are some: a pass that finds none, nearly every
+        pass, never holds up the steps' commits."""
         now = utcnow()
-        with self.db.write() as db:
-            expired = db.scalars(select(models.Env.id).where(models.Env.closed.is_(False),
-                                                             models.Env.expires_at <= now)).all()
-            if expired:
-                db.query(models.Env).filter(models.Env.id.in_(expired)).update(
+        expired_now = (models.Env.closed.is_(False), models.Env.expires_at <= now)
+        with self.db.read() as db:
+            expired = db.scalars(select(models.Env.id).where(*expired_now)).all()
+        if expired:
+            with self.db.write() as db:
+                db.query(models.Env).filter(models.Env.id.in_(expired), *expired_now).update(
                     {models.Env.closed: True}, synchronize_session=False)
         for env_id in expired:
             self.live.drop(env_id)

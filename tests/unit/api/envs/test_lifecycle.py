@@ -4,7 +4,10 @@ runs, instantiation failures."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from api_fakes import caller
@@ -16,6 +19,7 @@ from sandpit.api.schemas.envs import (
     EnvCreate,
     StepRequest,
 )
+from sandpit.api.services.common import utcnow
 from sandpit.executor.fake import FakeExecutor
 from sqlalchemy import func, select
 
@@ -151,3 +155,31 @@ def test_idle_eviction_below_the_threshold_asks_once_and_lists_no_live_entry(ser
     answers = iter([True, False])  # before the first: go on; after it: stop
     assert services.live.evict_idle(0, keep_going=lambda: next(answers)) == 1
     assert env_id not in services.live and next(answers, None) is None
+
+
+def test_janitor_passes_that_find_nothing_expired_never_wait_for_the_write_lock(
+        services: Services, database_kind: str, db_path: Path, environment_id: str) -> None:
+    if database_kind != "sqlite":
+        pytest.skip("holds SQLite's one write lock from another connection")
+    env_id = create(services, environment_id)
+    writers = services.db._write_lock  # this process's one writer at a time: held, as a commit holds it
+    writers.acquire()
+    holder = sqlite3.connect(db_path, timeout=0)
+    holder.execute("BEGIN IMMEDIATE")  # and SQLite's write lock: every writer now waits
+    try:
+        passed: list[tuple[int, int, int]] = []
+        janitor = threading.Thread(target=lambda: passed.append(
+            (services.envs.close_expired(), services.idempotency.expire(), services.ui_sessions.expire())))
+        janitor.start()
+        janitor.join(5)
+        assert passed == [(0, 0, 0)]
+    finally:
+        holder.rollback()
+        holder.close()
+        writers.release()
+    with services.db.write() as db:  # now one is past its lifetime: the pass writes
+        db.get(models.Env, env_id).expires_at = utcnow() - timedelta(seconds=1)
+    assert services.envs.close_expired() == 1 and env_id not in services.live
+    with services.db.read() as db:
+        assert db.get(models.Env, env_id).closed
+    assert services.envs.close_expired() == 0
