@@ -113,14 +113,20 @@ class LiveEnvs:
         if entry is not None:
             entry.session.close()
 
+    def _entries(self) -> list[tuple[str, LiveEnv]]:
+        """The live entries as of now, ``(env id, entry)``: copied under the registry lock
+        (one C-level copy), so a pass over thousands of them (eviction's sort by last use)
+        runs without holding the lock every request's :meth:`lock` takes."""
+        with self._registry:
+            return list(self._live.items())
+
     def _count(self) -> None:
         if self.metrics is not None:
             self.metrics.live_envs.set(len(self._live))
 
     def evict_lru(self, exclude: str) -> bool:
         """Evict the least recently used env that is not busy; True if one was evicted."""
-        with self._registry:
-            candidates = sorted(((e.last_used, env_id) for env_id, e in self._live.items() if env_id != exclude))
+        candidates = sorted((e.last_used, env_id) for env_id, e in self._entries() if env_id != exclude)
         for _, env_id in candidates:
             lock = self._lock_of(env_id)
             if not lock.acquire(blocking=False):
@@ -142,9 +148,8 @@ class LiveEnvs:
         if keep_going is not None and not keep_going():
             return 0
         cutoff = time.monotonic() - idle_s
-        with self._registry:
-            idle = [env_id for _, env_id in sorted((e.last_used, env_id) for env_id, e in self._live.items()
-                                                   if e.last_used <= cutoff)]
+        idle = [env_id for _, env_id in sorted((e.last_used, env_id) for env_id, e in self._entries()
+                                               if e.last_used <= cutoff)]
         evicted = 0
         for env_id in idle:
             lock = self._lock_of(env_id)

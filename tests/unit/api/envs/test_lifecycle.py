@@ -183,3 +183,39 @@ def test_janitor_passes_that_find_nothing_expired_never_wait_for_the_write_lock(
     with services.db.read() as db:
         assert db.get(models.Env, env_id).closed
     assert services.envs.close_expired() == 0
+
+
+class _SlowToRead:
+    """A live entry whose ``last_used`` (later than any other's: never the one evicted) is
+    read only once ``go`` is set (``reading`` says the eviction pass has reached it)."""
+
+    def __init__(self) -> None:
+        self.reading, self.go = threading.Event(), threading.Event()
+
+    @property
+    def last_used(self) -> float:
+        self.reading.set()
+        assert self.go.wait(10)
+        return float("inf")
+
+
+@pytest.mark.parametrize("evict", [lambda live: live.evict_idle(1e9), lambda live: live.evict_lru(exclude="none")])
+def test_an_eviction_pass_reads_the_live_entries_without_holding_up_requests(
+        services: Services, environment_id: str, evict: object) -> None:
+    env_id = create(services, environment_id)
+    slow = _SlowToRead()
+    services.live._live["env_slow"] = slow  # type: ignore[assignment]  # read by the pass, never dropped
+    passing = threading.Thread(target=evict, args=(services.live,))
+    passing.start()
+    try:
+        assert slow.reading.wait(10)  # the pass is in the middle of its listing
+        locked: list[bool] = []
+        request = threading.Thread(target=lambda: locked.append(services.live._lock_of(env_id).acquire(timeout=5)))
+        request.start()
+        request.join(2)  # a pass holding the registry would keep this request waiting (5 s)
+        assert locked == [True]
+        services.live._lock_of(env_id).release()
+    finally:
+        slow.go.set()
+        passing.join(10)
+        services.live._live.pop("env_slow", None)
