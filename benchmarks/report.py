@@ -210,7 +210,10 @@ def collect() -> list[dict[str, Any]]:
                  + scale, f"{DENSITY_ENVS}", run["resident_after"], "envs", full and run["resident_after"] >= run["envs"]
                  and run.get("restores_during_run", 0) == 0)
             burst = run.get("burst") or {}
-            _row(rows, "density", f"step p99, {run['stepping']} of them stepping", "<= 50 ms",
+            jitter = run.get("think_jitter", 0.0)  # files from before think times varied: 0
+            think = (f"{run['think_s']:g} s think time, "
+                     + (f"drawn within {jitter:.0%} of it" if jitter else "every pause the same"))
+            _row(rows, "density", f"step p99, {run['stepping']} of them stepping ({think})", "<= 50 ms",
                  run["step_ms"]["p99"], "ms", full and run["step_ms"]["p99"] <= 50,
                  f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
