@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import ColumnElement, Connection, Engine, Table, delete, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -86,6 +86,18 @@ class Database:
         else:
             with self._translated(), self.engine.begin() as conn:
                 yield conn
+
+    def delete_found(self, table: Table, where: ColumnElement[bool]) -> int:
+        """Delete the rows of ``table`` matching ``where``; returns how many. A read looks
+        for one first and the write transaction is opened only when it finds one, so a
+        periodic sweep that finds nothing (expired keys, expired sessions) never waits
+        for, nor holds up, the writers (on SQLite, the steps' group commits). Raises
+        ServiceUnavailable (database)."""
+        with self.read() as session:
+            if session.execute(select(text("1")).select_from(table).where(where).limit(1)).first() is None:
+                return 0
+        with self.write_connection() as conn:
+            return int(conn.execute(delete(table).where(where)).rowcount or 0)
 
     def close(self) -> None:
         """Return the connection ``write_connection`` keeps (SQLite) to the pool; the next

@@ -121,15 +121,10 @@ def release_key(db: Database, tenant: str, key: str, token: str) -> None:
 
 
 def delete_expired(db: Database, now: datetime) -> int:
-    """Delete the keys whose ``expires_at`` is at or before ``now``; returns how many. The
-    write lock is taken only when a read finds such a key (the janitor's pass that finds
-    none never makes the steps' commits wait)."""
+    """Delete the keys whose ``expires_at`` is at or before ``now``; returns how many (a
+    write only when there are some: :meth:`Database.delete_found`)."""
     keys = table(IdempotencyKey)
-    with db.read() as session:
-        if session.execute(select(keys.c.key).where(keys.c.expires_at <= now).limit(1)).first() is None:
-            return 0
-    with db.write_connection() as conn:
-        return conn.execute(delete(keys).where(keys.c.expires_at <= now)).rowcount
+    return db.delete_found(keys, keys.c.expires_at <= now)
 
 
 def read_key(db: Database, tenant: str, key: str) -> StoredKey | None:

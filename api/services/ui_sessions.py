@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
 from ..db import models
 from ..db.database import Database
@@ -118,11 +118,6 @@ class UiSessions:
 
     def expire(self) -> int:
         """Delete every expired session row (each sign-in and the janitor call it); returns
-        how many. The write lock is taken only when a read finds such a row."""
-        expired = models.UiSession.expires_at <= utcnow()
-        with self.db.read() as db:
-            if db.execute(select(models.UiSession.token_hash).where(expired).limit(1)).first() is None:
-                return 0
-        with self.db.write() as db:
-            result = db.execute(delete(models.UiSession).where(expired))
-        return int(getattr(result, "rowcount", 0) or 0)
+        how many (a write only when there are some: :meth:`Database.delete_found`)."""
+        sessions = models.table(models.UiSession)
+        return self.db.delete_found(sessions, sessions.c.expires_at <= utcnow())
