@@ -45,12 +45,12 @@ HTTP, no database): the sandbox side's share of a step.
 sessions per sandbox (``density_runner.py``).
 
 Usage: ``python benchmarks/density.py [--sessions 16] [--envs 1000] [--stepping 200]
-[--seconds 60] [--think-s 1.0] [--per-sandbox 64] [--create-threads 8] [--executor]
+[--seconds 60] [--think-s 1.0] [--think-jitter 0.5] [--per-sandbox 64] [--create-threads 8] [--executor]
 [--skip-api] [--skip-memory] [--client asyncio|threads] [--runner-sessions 1,128,256]`` (the
 defaults take about 3 minutes). Ten thousand resident
 envs: ``--skip-memory --envs 10000 --stepping 1000 --per-sandbox 256 --think-s 2.0
---create-threads 16 --running-calls 64 --seconds 60`` (about 15 GiB of sandboxes; 10 to 15
-minutes, most of it creating the envs and stopping the server).
+--create-threads 16 --running-calls 64 --client threads`` (about 16 GiB of sandboxes; about
+4 minutes, most of it creating the envs).
 Numbers on a loaded machine are noisy: re-run on a quiet one.
 """
 
