@@ -3,7 +3,6 @@ untrusted code holds a scheduler slot, and executor errors become API errors."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +25,7 @@ from sandpit.api.settings import ApiSettings
 from sandpit.executor.errors import ArgumentError, CapacityError, DockerUnavailable, ProfileError, SandboxLost
 from sandpit.executor.fake import FakeExecutor
 from sandpit.executor.interface import HostInfo
+from threads import held_elsewhere
 
 
 class RecordingScheduler(FairScheduler):
@@ -72,24 +72,11 @@ def test_every_run_of_untrusted_code_takes_a_slot(fake: FakeExecutor, tmp_path: 
 
 def test_a_tenant_over_its_running_calls_waits_then_gets_429(fake: FakeExecutor, tmp_path: Path) -> None:
     sandboxes = adapter(fake, tmp_path, limit=1)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with sandboxes.slot("t"):
-            holding.set()
-            release.wait(5)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert holding.wait(5)
+    with held_elsewhere(lambda: sandboxes.slot("t"), release_after_s=5):
         with pytest.raises(QuotaExceeded) as raised:
             sandboxes.describe(tenant="t", source=SOURCE, class_name="Counter")
         assert raised.value.limit == "max_running_calls"
         assert sandboxes.describe(tenant="other", source=SOURCE, class_name="Counter")  # tenants are apart
-    finally:
-        release.set()
-        thread.join()
 
 
 @pytest.mark.parametrize("error, expected, base", [

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from env_calls import ME, create, state, step
 from sandpit.api.app import Services
@@ -15,6 +13,7 @@ from sandpit.api.schemas.envs import (
     RestoreRequest,
 )
 from sandpit.api.schemas.tenants import TenantCreate
+from threads import held_elsewhere
 
 
 def test_restore_discards_later_steps_and_the_session_follows(services: Services, environment_id: str) -> None:
@@ -35,21 +34,8 @@ def test_restore_without_a_free_slot_leaves_the_session_to_the_next_request(serv
     env_id = create(services, environment_id)
     step(services, env_id, "bump", by=1)
     step(services, env_id, "bump", by=2)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with services.sandboxes.slot("team-a"):
-            holding.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert holding.wait(5)
+    with held_elsewhere(lambda: services.sandboxes.slot("team-a")):
         env = services.episodes.restore(ME, env_id, RestoreRequest(step=1))  # no 429: it needs no slot now
-    finally:
-        release.set()
-        thread.join()
     assert env.step == 1 and env.status == "evicted"
     again = step(services, env_id, "bump", by=10)
     assert again.recovered and again.observation == "11"

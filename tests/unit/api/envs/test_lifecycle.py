@@ -22,6 +22,7 @@ from sandpit.api.schemas.envs import (
 from sandpit.api.services.common import utcnow
 from sandpit.executor.fake import FakeExecutor
 from sqlalchemy import func, select
+from threads import held_elsewhere
 
 
 def test_an_env_starts_at_step_zero_with_the_environment_tools(services: Services, environment_id: str) -> None:
@@ -131,26 +132,13 @@ def test_idle_eviction_below_the_threshold_asks_once_and_lists_no_live_entry(ser
         asked.append(False)
         return False
 
-    listing = services.live._registry  # held by another thread: a pass that lists the entries would block
-    holder_has_it, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with listing:
-            holder_has_it.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holder_has_it.wait(10)
+    # the registry held by another thread: a pass that lists the entries would block
+    with held_elsewhere(lambda: services.live._registry):
         done: list[int] = []
         passing = threading.Thread(target=lambda: done.append(services.live.evict_idle(0, keep_going=keep_going)))
         passing.start()
         passing.join(2)  # listing would wait for the holder (10 s)
         assert done == [0] and asked == [False]
-    finally:
-        release.set()
-        holder.join(10)
     assert env_id in services.live
     answers = iter([True, False])  # before the first: go on; after it: stop
     assert services.live.evict_idle(0, keep_going=lambda: next(answers)) == 1
