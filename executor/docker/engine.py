@@ -322,16 +322,27 @@ def host_memory(container_id: str) -> int | None:
     return None
 
 
+_memory_total: int = 0
+"""MemTotal once read (0: not read yet, or unreadable)."""
+
+
 def host_memory_total() -> int:
-    """The host's MemTotal in bytes (``/proc/meminfo``); 0 when unreadable."""
+    """The host's MemTotal in bytes (``/proc/meminfo``); 0 when unreadable. Read once and
+    kept: the kernel fixes it at boot, and the memory admission asks it on every session
+    it places (each read is a file opened and read, and the GIL given up meanwhile, on
+    the create's path). A failed read is tried again next time."""
+    global _memory_total
+    if _memory_total:
+        return _memory_total
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:
                 if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
+                    _memory_total = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError):
         pass
-    return 0
+    return _memory_total
 
 
 def host_pids(container_id: str) -> int | None:

@@ -158,3 +158,31 @@ def test_setting_a_burst_without_a_cgroup_file_is_false() -> None:
 
     assert set_cpu_burst("f" * 64, 1000) is False  # no such container
 
+
+
+def test_host_memory_total_is_read_once_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    with open("/proc/meminfo") as handle:
+        line = next(line for line in handle if line.startswith("MemTotal:"))
+    expected = int(line.split()[1]) * 1024
+    monkeypatch.setattr(engine, "_memory_total", 0)
+    assert engine.host_memory_total() == expected
+    opened: list[str] = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    assert engine.host_memory_total() == expected
+    assert opened == []  # kept: the admission asks on every placement
+
+
+def test_an_unreadable_host_memory_total_is_0_and_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_memory_total", 0)
+    real_open = open
+
+    def failing(path: str, *args: object, **kwargs: object) -> object:
+        if path == "/proc/meminfo":
+            raise PermissionError(path)
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", failing)
+    assert engine.host_memory_total() == 0
+    monkeypatch.setattr("builtins.open", real_open)
+    assert engine.host_memory_total() > 0
