@@ -53,8 +53,46 @@ def main() -> None:
     sys.argv = ["environment"]
     if os.path.isdir(IMAGE_PACKAGES) and IMAGE_PACKAGES not in sys.path:
         sys.path.append(IMAGE_PACKAGES)
+    warm_compiler()
     child_session.serve(child_session.Session(child_session.CTRL_FD, limits), become)
     os._exit(0)
+
+
+WARM_UP_SOURCE = '''
+import json
+
+
+class WarmUp:
+    """A class of the shape environment code has."""
+
+    limit: int = 3
+
+    def __init__(self, init_config: dict) -> None:
+        self.items = {k: list(v) for k, v in init_config.items() if v}
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    def add(self, key: str, value: str = "", *, strict: bool = False) -> str:
+        """Add one item."""
+        if strict and key in self.items:
+            raise KeyError(f"{key!r} exists")
+        self.items.setdefault(key, []).append(value)
+        return json.dumps({"key": key, "count": len(self.items[key])})
+'''
+"""Source :func:`warm_compiler` compiles (never executes): the constructs environment
+classes are made of."""
+
+
+def warm_compiler() -> None:
+    """Compile :data:`WARM_UP_SOURCE` once, and throw the code away. The first ``compile``
+    in a process costs about 1 ms more than the next ones (measured in the image: 0.9 to
+    1.6 ms for a 20-line class, against 0.11 ms for the second), and a spare's first
+    compile is an env create's source, on that create's path. Done here, before the
+    spare is needed, it brings that compile to 0.16 ms. Nothing runs: no code of it is
+    executed, and it leaves nothing in ``sys.modules``."""
+    compile(WARM_UP_SOURCE, "<warm-up>", "exec")
 
 
 def become(msg: dict[str, Any], session: child_session.Session) -> None:
