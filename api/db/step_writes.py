@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Executable, ScalarResult, bindparam
-from sqlalchemy.engine import CursorResult
+from sqlalchemy import Connection, bindparam
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ..errors import HeadMoved, ServiceUnavailable
 from .attempts import fence_core
+from .database import CoreSession
 from .idempotency import KeyClaim, store_response_core
 from .models import Env, Episode, Step, table
 from .store import PendingBlobs
@@ -71,24 +71,6 @@ class StepWrite:
     attempt: str | None = None
     """The request's attempt token (``Sandpit-Attempt``), when it has one: the step commits
     only while it is the env's current one (:func:`~sandpit.api.db.attempts.fence_core`)."""
-
-
-class _CoreSession:
-    """What :meth:`PendingBlobs.write` uses of a session (``get_bind``, ``execute``), over
-    a Core connection: the store's own insert statement, run as Core (no ORM bulk-insert
-    bookkeeping, which cost more than the rest of a step's write)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def get_bind(self) -> Engine | Connection:
-        return self.conn
-
-    def execute(self, statement: Executable, rows: list[dict[str, Any]]) -> CursorResult[Any]:
-        return self.conn.execute(statement, rows)
-
-    def scalars(self, statement: Executable) -> ScalarResult[Any]:
-        return self.conn.scalars(statement)
 
 
 class _SqliteSteps:
@@ -144,7 +126,7 @@ def write_steps_core(conn: Connection, blobs: PendingBlobs, writes: list[StepWri
     moved = conn.execute(MOVE_HEAD, [{"env": w.env_id, "at_episode": w.episode, "previous": w.row["step"] - 1,
                                       "head": w.row["step"], "used": w.now} for w in writes]).rowcount
     check_moved(moved, writes)
-    blobs.write(cast(Session, _CoreSession(conn)))
+    blobs.write(cast(Session, CoreSession(conn)))
     conn.execute(table(Step).insert(), [w.row for w in writes])
 
 

@@ -29,13 +29,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 
 import orjson
 from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session as DbSession
 
 from ..db import models
 from ..db.configs import CanonicalConfig, canonical, collect_configs, store_config
-from ..db.database import Database
+from ..db.database import CoreSession, Database, insert_objects
 from ..db.store import collect_garbage
 from ..errors import NotFound
 from ..json_rules import text_size
@@ -189,15 +191,13 @@ class EnvLifecycle:
                                  scenario_id=body.scenario_id, argument_checking=body.argument_checking)
                 self.sessions.configs.parsed.put(start.init_config)
                 first = episode_row(env_id, 1, start, run, now)
-                with self.db.write() as db:
+                with self.db.write_connection() as conn:  # only inserts: Core, not an ORM flush
+                    db = cast(DbSession, CoreSession(conn))
                     store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
                     pending.write(db, cache.root)
-                    db.add(row)
-                    db.flush()
-                    db.add(step_zero(env_id, 1, cache.root, now))
-                    db.add(first)
-                    db.add(audit_event(ctx.tenant, ctx.actor, "env.create", env_id,
-                                       {"environment_id": environment.id, "scenario_id": body.scenario_id}))
+                    insert_objects(conn, row, step_zero(env_id, 1, cache.root, now), first,
+                                   audit_event(ctx.tenant, ctx.actor, "env.create", env_id,
+                                               {"environment_id": environment.id, "scenario_id": body.scenario_id}))
             self.live.put(env_id, LiveEnv(
                 session=session, cache=cache, episode=1, step=0, toolset=self.sessions.toolsets.of(environment),
                 tenant=ctx.tenant, environment_id=environment.id, expires_at=row.expires_at, run=run,

@@ -34,6 +34,32 @@ def test_an_env_starts_at_step_zero_with_the_environment_tools(services: Service
     assert services.envs.page(ME, 10, 0).count == 1
 
 
+def test_a_create_writes_every_row_of_the_env_with_its_defaults(services: Services, environment_id: str) -> None:
+    # the create's rows go in through Core (insert_objects): every column as the ORM would write it
+    env = services.envs.create(ME, EnvCreate(environment_id=environment_id, init_config={"count": 2})).public
+    with services.db.read() as db:
+        row = db.get(models.Env, env.id)
+        assert row is not None
+        assert (row.tenant, row.environment_id, row.episode, row.step, row.closed, row.attempt, row.init_config,
+                row.forked_from, row.attempt_token) == ("team-a", environment_id, 1, 0, False, 0, {}, None, None)
+        assert row.init_config_hash and row.expires_at > row.created_at
+        zero = db.get(models.Step, (env.id, 1, 0))
+        assert zero is not None
+        assert (zero.action, zero.observation, zero.status, zero.duration_ms, zero.reward, zero.info) == (
+            None, "", "ok", 0.0, None, None)
+        first = db.get(models.Episode, (env.id, 1))
+        assert first is not None
+        assert (first.status, first.failure, first.reward, first.checks, first.ended_at, first.environment_id) == (
+            "running", "none", None, None, None, environment_id)
+        event = db.scalars(select(models.AuditEvent).where(models.AuditEvent.action == "env.create",
+                                                           models.AuditEvent.resource_id == env.id)).one()
+        assert (event.tenant, event.detail) == ("team-a", {"environment_id": environment_id, "scenario_id": None})
+        assert event.id is not None
+        assert db.get(models.InitConfig, row.init_config_hash) is not None
+        assert db.get(models.Blob, zero.state_root) is not None
+    assert services.envs.read(ME, env.id).model_dump(exclude={"status"}) == env.model_dump(exclude={"status"})
+
+
 def test_delete_frees_the_session_and_collection_frees_the_storage(services: Services, fake: FakeExecutor,
                                                                      environment_id: str) -> None:
     env_id = create(services, environment_id)
