@@ -69,6 +69,15 @@ class Database:
             raise ServiceUnavailable(f"database error: {type(exc).__name__}", retry_after=1) from exc
 
     @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A Core connection for reads, for hot paths that run prebuilt Core statements
+        (no ORM session, and a statement built once: its construction and cache key cost
+        more than a small query itself). Raises ServiceUnavailable when the database
+        fails."""
+        with self._translated(), self.engine.connect() as conn:
+            yield conn
+
+    @contextmanager
     def write(self) -> Iterator[Session]:
         """A transaction, committed at the end of the block (one writer at a time on
         SQLite). Raises ServiceUnavailable when the database fails."""

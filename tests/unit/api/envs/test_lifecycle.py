@@ -10,11 +10,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from api_fakes import caller
+from api_fakes import SOURCE, caller
 from env_calls import ME, create, state, step
 from sandpit.api.app import Services
 from sandpit.api.db import models
+from sandpit.api.envs.lifecycle import count_open_envs
 from sandpit.api.errors import InvalidRequest, NotFound, QuotaExceeded
+from sandpit.api.schemas.environments import EnvironmentCreate
 from sandpit.api.schemas.envs import (
     EnvCreate,
     StepRequest,
@@ -96,6 +98,21 @@ def test_quotas_are_applied_before_anything_runs(services: Services, fake: FakeE
     with pytest.raises(QuotaExceeded) as raised:
         services.envs.create(tight, EnvCreate(environment_id=environment_id))
     assert raised.value.limit == "max_live_envs" and len(fake.sessions) == opened
+
+
+def test_the_live_envs_quota_counts_only_the_tenants_open_envs(services: Services, environment_id: str) -> None:
+    ids = [create(services, environment_id) for _ in range(4)]
+    other = services.environments.register(caller("team-b"), EnvironmentCreate(
+        name="counter", source_code=SOURCE, class_name="Counter")).id
+    services.envs.create(caller("team-b"), EnvCreate(environment_id=other))
+    with services.db.write() as db:
+        db.get(models.Env, ids[0]).closed = True  # type: ignore[union-attr]
+        db.get(models.Env, ids[1]).expires_at = utcnow() - timedelta(seconds=1)  # type: ignore[union-attr]
+    services.envs.delete(ME, ids[2])
+    assert count_open_envs(services.db, "team-a") == 1
+    assert count_open_envs(services.db, "team-b") == 1
+    assert count_open_envs(services.db, "team-c") == 0
+    assert count_open_envs(services.db, "team-a' OR '1'='1") == 0  # a bound parameter, not text
 
 
 def test_instantiation_failures_name_init_config(services: Services, environment_id: str) -> None:
