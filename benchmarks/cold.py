@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from taubench_shaped import AIRLINE_SOURCE, RETAIL_SOURCE, airline_data, json_size, retail_data  # noqa: E402
 
-from api import SOURCE, Server, pcts  # noqa: E402 - benchmarks/ is not a package
+from api import SOURCE, Server, SocketClient, pcts  # noqa: E402 - benchmarks/ is not a package
 
 TARGETS_MS = {
     "create_warm_small": 25.0,
@@ -98,15 +98,42 @@ def register(client: httpx.Client, source: str, class_name: str) -> str:
 
 
 def bench_warm(client: httpx.Client, runs: int) -> dict[str, Any]:
+    """Warm creates with a small config through ``client`` (p50/p99/mean ms), each env
+    deleted after its create (not timed)."""
+    return bench_warm_clients(client, None, runs)["httpx"]
+
+
+def bench_warm_clients(client: httpx.Client, lean: SocketClient | None, runs: int) -> dict[str, dict[str, Any]]:
+    """Warm creates with a small config, each env deleted after its create (not timed):
+    ``{"httpx": pcts}`` through ``client``, and with ``lean`` also ``{"socket": pcts}``
+    through it, the two clients taking turns (same conditions; each client's own CPU is
+    in what it measures, httpx's about 1 ms per request here)."""
     environment_id = register(client, SOURCE, "Bench")
     body = env_body(environment_id, {"count": 1})
-    samples = []
+    clients: list[tuple[str, Callable[[], tuple[float, str]]]] = [
+        ("httpx", lambda: create(client, environment_id, body))]
+    if lean is not None:
+        clients.append(("socket", lambda: create_lean(lean, body)))
+    samples: dict[str, list[float]] = {name: [] for name, _ in clients}
     for i in range(runs + 5):
-        elapsed, env_id = create(client, environment_id, body)
-        if i >= 5:
-            samples.append(elapsed)
-        client.delete(f"/v1/envs/{env_id}")
-    return pcts(samples)
+        for name, make in clients:
+            elapsed, env_id = make()
+            if i >= 5:
+                samples[name].append(elapsed)
+            client.delete(f"/v1/envs/{env_id}")
+    return {name: pcts(values) for name, values in samples.items()}
+
+
+def create_lean(lean: SocketClient, body: bytes) -> tuple[float, str]:
+    """POST /v1/envs through the socket client: (ms, env id). That client takes a dict
+    and encodes it inside the timing (microseconds for this body)."""
+    payload = json.loads(body)
+    started = time.perf_counter()
+    status, reply = lean.post("/v1/envs", payload)
+    elapsed = (time.perf_counter() - started) * 1000
+    if status != 201:
+        raise RuntimeError(f"{status}: {str(reply)[:500]}")
+    return elapsed, str(reply["id"])
 
 
 def bench_large(client: httpx.Client, domain: str, size_mb: float, runs: int) -> dict[str, Any]:

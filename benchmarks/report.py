@@ -123,12 +123,12 @@ def _cold_runtimes(rows: list[dict[str, Any]]) -> None:
         return
     shared = data.get("shared") or {}
     runc, runsc = shared.get("runc") or {}, shared.get("runsc") or {}
-    if "create_warm_small_ms" in runc:
-        create = runc["create_warm_small_ms"]["p50"]
-        other = (f"under runsc p50 {runsc['create_warm_small_ms']['p50']:.1f} ms"
-                 if "create_warm_small_ms" in runsc else "")
-        _row(rows, "cold paths", "env create from the warm pool p50 (runc)", "<= 5 ms", create, "ms", create <= 5,
-             other)
+    for key, client in (("create_warm_small_socket_ms", "socket client"), ("create_warm_small_ms", "httpx")):
+        if key in runc:  # the two clients take turns; each one's own CPU is in its latency
+            create = runc[key]["p50"]
+            other = f"under runsc p50 {runsc[key]['p50']:.1f} ms" if key in runsc else ""
+            _row(rows, "cold paths", f"env create from the warm pool p50 (runc, {client})", "<= 5 ms", create, "ms",
+                 create <= 5, other)
     if "evaluate_8_checks_ms" in runsc:
         evaluate = runsc["evaluate_8_checks_ms"]["p50"]
         anchor = (f"runc, same run: p50 {runc['evaluate_8_checks_ms']['p50']:.1f} ms"
