@@ -162,9 +162,9 @@ class CoreSession:
         """``statement`` with ``rows`` (an ``executemany``), or without parameters."""
         return self.conn.execute(statement, rows)
 
-    def scalar(self, statement: Executable) -> Any:
-        """The first column of the first row of ``statement`` (None: no row)."""
-        return self.conn.scalar(statement)
+    def scalar(self, statement: Executable, parameters: dict[str, Any] | None = None) -> Any:
+        """The first column of the first row of ``statement`` with ``parameters`` (None: no row)."""
+        return self.conn.scalar(statement, parameters)
 
     def scalars(self, statement: Executable) -> ScalarResult[Any]:
         """The first column of every row of ``statement``."""

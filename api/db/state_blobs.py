@@ -16,7 +16,7 @@ import zlib
 from typing import Any
 
 import orjson
-from sqlalchemy import Executable, select, text
+from sqlalchemy import Executable, bindparam, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
@@ -65,6 +65,14 @@ def compress(data: bytes) -> bytes:
     return packer.compress(data) + packer.flush()
 
 
+INSERT_BLOBS: dict[str, Executable] = {
+    "sqlite": sqlite_insert(table(Blob)).on_conflict_do_nothing(index_elements=["hash"]),
+    "postgresql": pg_insert(table(Blob)).on_conflict_do_nothing(index_elements=["hash"])}
+"""The insert of blobs that leaves the stored ones alone, per dialect (built once)."""
+STORED_ROOT = select(table(Blob).c.hash).where(table(Blob).c.hash == bindparam("root"))
+"""Whether the blob ``:root`` is stored (built once: a create asks it of its initial state)."""
+
+
 class PendingBlobs:
     """Blobs produced while encoding one state, written in the step's transaction."""
 
@@ -96,15 +104,11 @@ class PendingBlobs:
         if root is not None and root in self.blobs:
             if dialect == "postgresql":  # wait for a running collection; none starts before commit
                 db.execute(text("LOCK TABLE blobs IN ROW EXCLUSIVE MODE"))
-            if db.scalar(select(Blob.hash).where(Blob.hash == root)) is not None:
+            if db.scalar(STORED_ROOT, {"root": root}) is not None:
                 return 0
         rows = [{"hash": h, "data": data, "size": size} for h, (data, size) in self.blobs.items()]
-        stmt: Executable
-        if dialect == "sqlite":
-            stmt = sqlite_insert(Blob).on_conflict_do_nothing(index_elements=["hash"])
-        elif dialect == "postgresql":
-            stmt = pg_insert(Blob).on_conflict_do_nothing(index_elements=["hash"])
-        else:  # pragma: no cover - other dialects: check first
+        stmt = INSERT_BLOBS.get(dialect)
+        if stmt is None:  # pragma: no cover - other dialects: check first
             existing = set(db.scalars(select(Blob.hash).where(Blob.hash.in_(list(self.blobs)))))
             rows = [row for row in rows if row["hash"] not in existing]
             stmt = table(Blob).insert()
