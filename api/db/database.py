@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -38,7 +38,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Mapper, Session, sessionmaker
 
 from ..errors import ServiceUnavailable
 
@@ -178,8 +178,21 @@ def insert_objects(conn: Connection, *objects: object) -> None:
     values given and read no default back (an autoincrement id stays None). For the rows
     of a write that only inserts (an env create's), at a fraction of an ORM flush's CPU."""
     for obj in objects:
-        mapper = inspect(type(obj))
+        statement, columns = _inserts(type(obj))
         given = vars(obj)
-        row = {attr.columns[0].name: given[attr.key] for attr in mapper.column_attrs if attr.key in given}
-        conn.execute(mapper.local_table.insert(), row)
+        conn.execute(statement, {column: given[key] for key, column in columns if key in given})
+
+
+_INSERTS: dict[type, tuple[Executable, tuple[tuple[str, str], ...]]] = {}
+
+
+def _inserts(model: type) -> tuple[Executable, tuple[tuple[str, str], ...]]:
+    """The insert of ``model``'s table and its (attribute, column) names, built once per
+    model (a race builds it twice, harmlessly)."""
+    found = _INSERTS.get(model)
+    if found is None:
+        mapper: Mapper[Any] = inspect(model)
+        found = _INSERTS[model] = (cast(Table, mapper.local_table).insert(),
+                                   tuple((attr.key, attr.columns[0].name) for attr in mapper.column_attrs))
+    return found
 
