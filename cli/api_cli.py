@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 from sandpit.client import DEFAULT_URL, Client, SandpitError
 from sandpit.client.models import ScenarioStats, StatsTotals
-from sandpit.output import error, id_column
+from sandpit.output import error, id_column, out
 
 __all__ = ["DEFAULT_URL", "JsonOpt", "KeyOpt", "KindOpt", "LimitOpt", "OffsetOpt", "QuietOpt", "RecentOpt", "SinceOpt",
            "UrlOpt", "checks_table", "connect", "console", "emit_json", "fail", "id_column", "json_object",
@@ -39,7 +39,7 @@ TIMEOUT_S = 120.0
 result (``timeout``) rather than a dropped connection."""
 
 console = Console(stderr=True)
-out = Console()
+
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SANDPIT_URL", help="Sandpit API base URL.")]
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="SANDPIT_API_KEY", show_default=False,

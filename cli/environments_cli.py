@@ -100,10 +100,10 @@ def print_environment(environment: Environment) -> None:
         rows.append(("introduction", environment.introduction))
     for number, rule in enumerate(environment.rules or [], start=1):
         rows.append((f"rule {number}", rule))
-    out.print(kv_table(rows))
-    out.print(tools_table(environment.tools))
+    out().print(kv_table(rows))
+    out().print(tools_table(environment.tools))
     if environment.policy_report is not None:
-        out.print(_findings_table(environment.policy_report))
+        out().print(_findings_table(environment.policy_report))
 
 
 @environments_app.command("create")
@@ -159,7 +159,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
         table.add_row(environment.id, Text(environment.name or ""), environment.class_name,
                       str(len(environment.tools)),
                       f"{environment.policy} {report.get('errors', 0)}E {report.get('warnings', 0)}W")
-    show(out, table)
+    show(out(), table)
 
 
 @environments_app.command("get")
@@ -187,7 +187,7 @@ def stats(environment_id: Annotated[str, typer.Argument(help="envr_... id.")], k
         emit_json(figures)
         return
     scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
-    show(out, stats_table(f"{environment_id}: {len(figures.data)} of {figures.count} scenarios ({scope})",
+    show(out(), stats_table(f"{environment_id}: {len(figures.data)} of {figures.count} scenarios ({scope})",
                           figures.data, figures.totals))
 
 

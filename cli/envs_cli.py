@@ -100,16 +100,16 @@ def print_env(env: Env, *, tools: bool = True) -> None:
     rows.append(("observation", env.observation))
     if env.introduction:
         rows.append(("introduction", env.introduction))
-    out.print(kv_table(rows))
+    out().print(kv_table(rows))
     if tools and env.tools:
-        out.print(tools_table(env.tools))
+        out().print(tools_table(env.tools))
 
 
 def print_step(result: StepResult) -> None:
     """A step's outcome; a rejected one says why, an error shows its traceback."""
     head = Text(f"step {result.step} of episode {result.episode}: ") + _status(result.status)
     head += Text(f"  ({result.duration_ms:.0f} ms{', env recovered from its last snapshot' if result.recovered else ''})")
-    out.print(head, soft_wrap=True)
+    out().print(head, soft_wrap=True)
     rows: list[tuple[str, str | Text]] = [("action", format_action(result.action))]
     if result.status == "rejected":
         rows.append(("rejected", Text(result.error or "(no reason given)", style="magenta")))
@@ -124,16 +124,16 @@ def print_step(result: StepResult) -> None:
     yes_no = {True: "yes", False: "no"}
     rows.append(("reward", f"{result.reward}   terminated {yes_no[result.terminated]}   "
                            f"truncated {yes_no[result.truncated]}"))
-    out.print(kv_table(rows))
+    out().print(kv_table(rows))
     if result.checks:
-        out.print(checks_table(result.checks, "checks at the end of the episode"))
+        out().print(checks_table(result.checks, "checks at the end of the episode"))
     if result.state_diff is not None:
-        out.print(Text("state diff" + ("" if result.state_diff else ": no change"), style="bold"))
+        out().print(Text("state diff" + ("" if result.state_diff else ": no change"), style="bold"))
         if result.state_diff:
-            out.print_json(data=result.state_diff)
+            out().print_json(data=result.state_diff)
     if result.state is not None:
-        out.print(Text("state", style="bold"))
-        out.print_json(data=result.state)
+        out().print(Text("state", style="bold"))
+        out().print_json(data=result.state)
 
 
 def _episode_options(max_steps: int | None, mode: str | None, episode: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -200,7 +200,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, limit: LimitOpt = 5
     for env in page.data:
         table.add_row(env.id, env.scenario_id or env.environment_id or "", f"{env.episode} {env.episode_status}",
                       str(env.step), env.status)
-    show(out, table)
+    show(out(), table)
 
 
 @envs_app.command("get")
@@ -282,7 +282,7 @@ def state(env_id: EnvArg,
     console.print(f"state of {view.env_id}, episode {view.episode}, after step {view.step}"
                   + (" (some values truncated: $truncated tags)" if view.truncated else ""),
                   soft_wrap=True, markup=False, highlight=False)
-    out.print_json(data=view.state)
+    out().print_json(data=view.state)
 
 
 def _trajectory_table(trajectory: Trajectory, offset: int) -> Table:
@@ -319,7 +319,7 @@ def trajectory(env_id: EnvArg,
     if json_:
         emit_json(page)
     else:
-        out.print(_trajectory_table(page, offset))
+        out().print(_trajectory_table(page, offset))
 
 
 @envs_app.command("episodes")
@@ -342,7 +342,7 @@ def episodes(env_id: EnvArg, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None, 
         task = item.task or ""
         table.add_row(str(item.episode), item.scenario_id or "", item.status, str(item.steps), _reward(item.reward),
                       Text(task if len(task) <= 200 else task[:199] + "…"))
-    show(out, table)
+    show(out(), table)
 
 
 @envs_app.command("reset")
@@ -394,7 +394,7 @@ def fork(env_id: EnvArg,
         table.add_column("at step", justify="right")
         for handle in forks:
             table.add_row(handle.id, str(handle.env.forked_at_step))
-        out.print(table)
+        out().print(table)
 
 
 @envs_app.command("evaluate")
@@ -407,7 +407,7 @@ def evaluate(env_id: EnvArg, checks: ChecksOpt = None, url: UrlOpt = DEFAULT_URL
     if json_:
         emit_json(result)
         return
-    out.print(checks_table(result.results, f"{result.env_id} episode {result.episode} at step {result.step}: "
+    out().print(checks_table(result.results, f"{result.env_id} episode {result.episode} at step {result.step}: "
                                            f"reward {result.reward} ({result.passed}/{result.total} passed)"))
 
 

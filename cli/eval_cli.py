@@ -33,12 +33,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sandpit.client import Client, EvaluationJob, SandpitError, every_item
-from sandpit.output import error, id_column, note, show
+from sandpit.output import error, id_column, note, out, show
 
 eval_app = typer.Typer(help="Batch evaluations (replay or rollout) on a Sandpit server, with rewards from "
                             "the scenarios' check functions.", no_args_is_help=True)
 console = Console(stderr=True)
-out = Console()
 
 DEFAULT_URL = "http://127.0.0.1:8600"
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SANDPIT_URL", help="Sandpit API base URL.")]
@@ -123,7 +122,7 @@ def print_summary(job: EvaluationJob) -> None:
     table.add_column("value", justify="right")
     if summary is None:
         table.add_row("episodes", f"{job.progress.done + job.progress.errors}/{job.total}")
-        out.print(table)
+        out().print(table)
         return
 
     def fmt(value: float | None) -> str:
@@ -144,7 +143,7 @@ def print_summary(job: EvaluationJob) -> None:
     for name in ("prompt_tokens", "completion_tokens", "requests", "retries"):
         if summary.usage.get(name):
             table.add_row(name.replace("_", " "), str(summary.usage[name]))
-    out.print(table)
+    out().print(table)
     if summary.by_environment:
         per_env = Table(title="per environment")
         for column in ("environment", "episodes", "mean reward", "success rate"):
@@ -153,7 +152,7 @@ def print_summary(job: EvaluationJob) -> None:
             label = f"{row['name']} ({environment})" if row.get("name") else environment
             per_env.add_row(label, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                             fmt(row.get("success_rate")))
-        out.print(per_env)
+        out().print(per_env)
     if summary.by_scenario:
         per_scenario = Table(title="per scenario (overall: every episode of the scenario, training and evaluations)")
         id_column(per_scenario, "scenario", summary.by_scenario)
@@ -163,12 +162,12 @@ def print_summary(job: EvaluationJob) -> None:
             per_scenario.add_row(scenario_id, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                                  fmt(row.get("success_rate")), fmt(row.get("overall_pass_rate")),
                                  str(row.get("overall_finished", 0)))
-        show(out, per_scenario)
+        show(out(), per_scenario)
 
 
 def _finish(client: Client, job: EvaluationJob, detach: bool, poll_s: float, results: Path | None) -> None:
     if detach:
-        out.print(job.id)
+        out().print(job.id)
         return
     job = _follow(client, job, poll_s)
     print_summary(job)
@@ -283,7 +282,7 @@ def list_(url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None,
         table.add_row(job.id, job.mode, job.status, f"{p.done}/{job.total}", str(p.errors),
                       "-" if p.mean_reward is None else f"{p.mean_reward:.3f}",
                       job.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"))
-    show(out, table)
+    show(out(), table)
 
 
 @eval_app.command("cancel")

@@ -21,6 +21,13 @@ Part = str | tuple[str, str]
 """A piece of a line: plain text, or ``(text, style)``."""
 
 
+def out() -> Console:
+    """The console of standard output, made for each use: rich reads ``COLUMNS`` when a
+    console is made, so one made at import would keep the width of that moment instead
+    of the terminal's when the command prints."""
+    return Console()
+
+
 def line(*parts: Part) -> Text:
     """The pieces as one :class:`~rich.text.Text`; the text of each is taken literally."""
     return Text.assemble(*parts)

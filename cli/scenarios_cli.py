@@ -72,17 +72,17 @@ def print_scenario(scenario: Scenario) -> None:
     if scenario.external_id:
         rows.append(("external id", scenario.external_id))
     rows += [("created", when(scenario.created_at)), ("task", scenario.task)]
-    out.print(kv_table(rows))
-    out.print(Text("init_config", style="bold"))
-    out.print_json(data=scenario.init_config)
+    out().print(kv_table(rows))
+    out().print(Text("init_config", style="bold"))
+    out().print_json(data=scenario.init_config)
     table = Table(title=f"checks ({len(scenario.checklist_with_func)})")
     table.add_column("check", overflow="fold")
     table.add_column("check_func", overflow="fold")
     for check in scenario.checklist_with_func:
         table.add_row(Text(str(check.get("check_item", ""))), Text(str(check.get("check_func", "")).rstrip()))
-    out.print(table)
+    out().print(table)
     for item in scenario.checklist:
-        out.print(Text(f"checklist: {item}"))
+        out().print(Text(f"checklist: {item}"))
 
 
 @scenarios_app.command("create")
@@ -132,7 +132,7 @@ def list_(environment_id: Annotated[str | None, typer.Option("--environment-id",
         task = scenario.task if len(scenario.task) <= 200 else scenario.task[:199] + "…"
         cells = [scenario.id, scenario.environment_id] if environment_id is None else [scenario.id]
         table.add_row(*cells, str(len(scenario.checklist_with_func)), Text(task))
-    show(out, table)
+    show(out(), table)
 
 
 @scenarios_app.command("get")
@@ -159,7 +159,7 @@ def stats(scenario_id: Annotated[str, typer.Argument(help="scn_... id.")], kind:
         emit_json(figures)
         return
     scope = f"{kind} episodes" + (f" started since {since.isoformat()}" if since else "")
-    show(out, stats_table(f"scenario statistics ({scope})", [figures]))
+    show(out(), stats_table(f"scenario statistics ({scope})", [figures]))
 
 
 @scenarios_app.command("delete")

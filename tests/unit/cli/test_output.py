@@ -10,7 +10,7 @@ import pytest
 import typer
 from rich.console import Console
 from sandpit.cli import app
-from sandpit.output import error, note
+from sandpit.output import error, note, out
 from typer.testing import CliRunner
 
 HOSTILE = ["tenant id must match [a-z0-9][a-z0-9_-]{0,63}", "[bold]loud[/bold] and [red]red", "closing [/] tag",
@@ -49,3 +49,15 @@ def test_an_unreachable_server_with_brackets_in_its_url_is_one_plain_line() -> N
     result = CliRunner().invoke(app, ["tenants", "list", "--url", url], env={"SANDPIT_OPERATOR_KEY": "k" * 40})
     assert result.exit_code == 1 and result.stderr.startswith(f"error: cannot reach {url}")
     assert result.stderr.count("\n") == 1
+
+
+def test_standard_output_follows_the_width_of_the_moment_it_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rich reads COLUMNS when a console is made: one made at import kept that width
+    monkeypatch.setenv("COLUMNS", "80")
+    from sandpit import api_cli, eval_cli  # the command groups' modules, imported at this width
+
+    assert api_cli.out is out and eval_cli.out is out  # no console of their own, made at import
+    monkeypatch.setenv("COLUMNS", "200")
+    assert out().width == 200
+    monkeypatch.setenv("COLUMNS", "40")
+    assert out().width == 40
