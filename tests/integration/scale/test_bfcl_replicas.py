@@ -18,7 +18,7 @@ import pytest
 from sandpit.executor.docker import engine
 from sandpit.importers import bfcl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.serial]  # Ray clusters on timed health checks
 REPO = Path(__file__).resolve().parents[3]
 EPISODES = 5
 

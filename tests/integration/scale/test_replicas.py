@@ -55,7 +55,7 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 interface's. Ray reads it when imported, so it is set before the import, for this whole
 process (its drivers and the replicas it starts)."""
 os.environ.update(LOOPBACK)
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.serial]  # Ray clusters on timed health checks
 ray = pytest.importorskip("ray", reason="the Ray backend needs the 'ray' extra (scripts/test installs it)") \
     if os.environ.get("SANDPIT_REQUIRE_DOCKER") != "1" else __import__("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
