@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -30,6 +30,7 @@ from sqlalchemy import (
     Engine,
     Executable,
     Result,
+    RowMapping,
     ScalarResult,
     Table,
     delete,
@@ -41,6 +42,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapper, Session, sessionmaker
 
 from ..errors import ServiceUnavailable
+
+_Model = TypeVar("_Model")
 
 
 class Database:
@@ -181,6 +184,14 @@ def insert_objects(conn: Connection, *objects: object) -> None:
         statement, columns = _inserts(type(obj))
         given = vars(obj)
         conn.execute(statement, {column: given[key] for key, column in columns if key in given})
+
+
+def object_of(model: type[_Model], row: RowMapping) -> _Model:
+    """A transient ``model`` object holding ``row`` (a Core result row of its table, every
+    column): what a hot read gives its callers instead of an ORM load, at half its CPU.
+    Read-only by contract: the object belongs to no session, so adding it to one would
+    insert it again."""
+    return model(**{key: row[column] for key, column in _inserts(model)[1]})
 
 
 _INSERTS: dict[type, tuple[Executable, tuple[tuple[str, str], ...]]] = {}

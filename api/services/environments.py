@@ -21,11 +21,12 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 from ..db import models
-from ..db.database import Database
-from ..errors import Conflict, InvalidRequest
+from ..db.database import Database, object_of
+from ..db.models import table
+from ..errors import Conflict, InvalidRequest, NotFound
 from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes
 from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
@@ -36,6 +37,9 @@ from .limits import check_code, check_config
 from .policy import check_source, policy_summary, retyped_findings
 from .quotas import QuotaService, TenantContext
 from .tenants import TenantService
+
+ENVIRONMENT_BY_ID = select(table(models.Environment)).where(table(models.Environment).c.id == bindparam("id"))
+"""The ``environments`` row ``:id`` (built once: every env create reads it)."""
 
 
 class EnvironmentService:
@@ -201,9 +205,15 @@ class EnvironmentService:
                                        description=None, inline=True)
 
     def get_environment(self, tenant: str, environment_id: str) -> models.Environment:
-        """The environment or :class:`NotFound` (also for another tenant's id)."""
-        with self.db.read() as db:
-            return owned(db, models.Environment, environment_id, tenant, "environment")
+        """The environment or :class:`NotFound` (also for another tenant's id, with the
+        same message as :func:`~.common.owned`). Every env create asks it: one prebuilt
+        Core query, its row made an object by :func:`~sandpit.api.db.database.object_of`
+        (read-only: no session knows it). Raises ServiceUnavailable (database)."""
+        with self.db.read_connection() as conn:
+            found = conn.execute(ENVIRONMENT_BY_ID, {"id": environment_id}).mappings().first()
+        if found is None or found["tenant"] != tenant:
+            raise NotFound(f"environment {environment_id[:64]!r} not found")
+        return object_of(models.Environment, found)
 
     def list_environments(self, tenant: str, limit: int, offset: int) -> tuple[list[models.Environment], int]:
         """A page of registered (non-inline) environments, newest first, and the total."""
