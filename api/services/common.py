@@ -33,7 +33,13 @@ Owned = TypeVar("Owned", models.Environment, models.Env, models.Scenario, models
 def owned(db: DbSession, model: type[Owned], object_id: str, tenant: str, what: str) -> Owned:
     """The ``model`` row ``object_id`` if ``tenant`` owns it. Raises NotFound, with the
     same message for an unknown id and another tenant's (multi-tenancy: ids never leak)."""
-    row = db.get(model, object_id)
+    return owned_row(db.get(model, object_id), object_id, tenant, what)
+
+
+def owned_row(row: Owned | None, object_id: str, tenant: str, what: str) -> Owned:
+    """``row`` (the ``what`` named ``object_id``, None when there is none) if ``tenant``
+    owns it: :func:`owned`'s check, for a row read another way. Raises NotFound, the same
+    for a missing row and another tenant's."""
     if row is None or row.tenant != tenant:
         raise NotFound(f"{what} {object_id[:64]!r} not found")
     return row

@@ -26,12 +26,12 @@ from sqlalchemy import bindparam, func, select
 from ..db import models
 from ..db.database import Database, object_of
 from ..db.models import table
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, InvalidRequest
 from ..json_rules import json_size, text_size
 from ..sandboxes import CodeFailed, Sandboxes
 from ..schemas.environments import EnvironmentCreate, EnvironmentPublic, EnvironmentsPublic
 from ..settings import ApiSettings
-from .common import clean_text, new_id, owned, utcnow
+from .common import clean_text, new_id, owned, owned_row, utcnow
 from .declared_tools import PROBE, agent_tools, read_probe, tool_differences
 from .limits import check_code, check_config
 from .policy import check_source, policy_summary, retyped_findings
@@ -205,15 +205,14 @@ class EnvironmentService:
                                        description=None, inline=True)
 
     def get_environment(self, tenant: str, environment_id: str) -> models.Environment:
-        """The environment or :class:`NotFound` (also for another tenant's id, with the
-        same message as :func:`~.common.owned`). Every env create asks it: one prebuilt
-        Core query, its row made an object by :func:`~sandpit.api.db.database.object_of`
-        (read-only: no session knows it). Raises ServiceUnavailable (database)."""
+        """The environment or :class:`NotFound` (also for another tenant's id:
+        :func:`~.common.owned_row`). Every env create asks it: one prebuilt Core query, its
+        row made an object by :func:`~sandpit.api.db.database.object_of` (read-only: no
+        session knows it). Raises ServiceUnavailable (database)."""
         with self.db.read_connection() as conn:
             found = conn.execute(ENVIRONMENT_BY_ID, {"id": environment_id}).mappings().first()
-        if found is None or found["tenant"] != tenant:
-            raise NotFound(f"environment {environment_id[:64]!r} not found")
-        return object_of(models.Environment, found)
+        return owned_row(None if found is None else object_of(models.Environment, found), environment_id, tenant,
+                         "environment")
 
     def list_environments(self, tenant: str, limit: int, offset: int) -> tuple[list[models.Environment], int]:
         """A page of registered (non-inline) environments, newest first, and the total."""
