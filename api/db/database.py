@@ -118,8 +118,8 @@ class Database:
         periodic sweep that finds nothing (expired keys, expired sessions) never waits
         for, nor holds up, the writers (on SQLite, the steps' group commits). Raises
         ServiceUnavailable (database)."""
-        with self.read() as session:
-            if session.execute(select(text("1")).select_from(table).where(where).limit(1)).first() is None:
+        with self.read_connection() as conn:
+            if conn.execute(select(text("1")).select_from(table).where(where).limit(1)).first() is None:
                 return 0
         with self.write_connection() as conn:
             return int(conn.execute(delete(table).where(where)).rowcount or 0)
