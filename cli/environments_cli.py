@@ -87,6 +87,7 @@ def _findings_table(report: dict[str, Any]) -> Table:
 
 def print_environment(environment: Environment) -> None:
     """An environment: its metadata, tools and the policy report's findings."""
+    screen = out()  # one console for everything this prints
     rows: list[tuple[str, str | Text]] = [("environment", environment.id)]
     if environment.name:
         rows.append(("name", environment.name))
@@ -100,10 +101,10 @@ def print_environment(environment: Environment) -> None:
         rows.append(("introduction", environment.introduction))
     for number, rule in enumerate(environment.rules or [], start=1):
         rows.append((f"rule {number}", rule))
-    out().print(kv_table(rows))
-    out().print(tools_table(environment.tools))
+    screen.print(kv_table(rows))
+    screen.print(tools_table(environment.tools))
     if environment.policy_report is not None:
-        out().print(_findings_table(environment.policy_report))
+        screen.print(_findings_table(environment.policy_report))
 
 
 @environments_app.command("create")

@@ -86,6 +86,7 @@ def format_action(action: Any) -> str:
 
 def print_env(env: Env, *, tools: bool = True) -> None:
     """An env and its current episode: ids, status, initial observation, introduction, tools."""
+    screen = out()  # one console for everything this prints
     rows: list[tuple[str, str | Text]] = [("env", env.id), ("environment", env.environment_id or "")]
     if env.scenario_id:
         rows.append(("scenario", env.scenario_id))
@@ -100,16 +101,17 @@ def print_env(env: Env, *, tools: bool = True) -> None:
     rows.append(("observation", env.observation))
     if env.introduction:
         rows.append(("introduction", env.introduction))
-    out().print(kv_table(rows))
+    screen.print(kv_table(rows))
     if tools and env.tools:
-        out().print(tools_table(env.tools))
+        screen.print(tools_table(env.tools))
 
 
 def print_step(result: StepResult) -> None:
     """A step's outcome; a rejected one says why, an error shows its traceback."""
+    screen = out()  # one console for everything this prints
     head = Text(f"step {result.step} of episode {result.episode}: ") + _status(result.status)
     head += Text(f"  ({result.duration_ms:.0f} ms{', env recovered from its last snapshot' if result.recovered else ''})")
-    out().print(head, soft_wrap=True)
+    screen.print(head, soft_wrap=True)
     rows: list[tuple[str, str | Text]] = [("action", format_action(result.action))]
     if result.status == "rejected":
         rows.append(("rejected", Text(result.error or "(no reason given)", style="magenta")))
@@ -124,16 +126,16 @@ def print_step(result: StepResult) -> None:
     yes_no = {True: "yes", False: "no"}
     rows.append(("reward", f"{result.reward}   terminated {yes_no[result.terminated]}   "
                            f"truncated {yes_no[result.truncated]}"))
-    out().print(kv_table(rows))
+    screen.print(kv_table(rows))
     if result.checks:
-        out().print(checks_table(result.checks, "checks at the end of the episode"))
+        screen.print(checks_table(result.checks, "checks at the end of the episode"))
     if result.state_diff is not None:
-        out().print(Text("state diff" + ("" if result.state_diff else ": no change"), style="bold"))
+        screen.print(Text("state diff" + ("" if result.state_diff else ": no change"), style="bold"))
         if result.state_diff:
-            out().print_json(data=result.state_diff)
+            screen.print_json(data=result.state_diff)
     if result.state is not None:
-        out().print(Text("state", style="bold"))
-        out().print_json(data=result.state)
+        screen.print(Text("state", style="bold"))
+        screen.print_json(data=result.state)
 
 
 def _episode_options(max_steps: int | None, mode: str | None, episode: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -116,13 +116,14 @@ def _follow(client: Client, job: EvaluationJob, poll_s: float) -> EvaluationJob:
 
 def print_summary(job: EvaluationJob) -> None:
     """The summary table of a finished evaluation (and its per-environment breakdown)."""
+    screen = out()  # one console for everything this prints
     summary = job.summary
     table = Table(title=f"evaluation {job.id} ({job.mode}): {job.status}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     if summary is None:
         table.add_row("episodes", f"{job.progress.done + job.progress.errors}/{job.total}")
-        out().print(table)
+        screen.print(table)
         return
 
     def fmt(value: float | None) -> str:
@@ -143,7 +144,7 @@ def print_summary(job: EvaluationJob) -> None:
     for name in ("prompt_tokens", "completion_tokens", "requests", "retries"):
         if summary.usage.get(name):
             table.add_row(name.replace("_", " "), str(summary.usage[name]))
-    out().print(table)
+    screen.print(table)
     if summary.by_environment:
         per_env = Table(title="per environment")
         for column in ("environment", "episodes", "mean reward", "success rate"):
@@ -152,7 +153,7 @@ def print_summary(job: EvaluationJob) -> None:
             label = f"{row['name']} ({environment})" if row.get("name") else environment
             per_env.add_row(label, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                             fmt(row.get("success_rate")))
-        out().print(per_env)
+        screen.print(per_env)
     if summary.by_scenario:
         per_scenario = Table(title="per scenario (overall: every episode of the scenario, training and evaluations)")
         id_column(per_scenario, "scenario", summary.by_scenario)
@@ -162,7 +163,7 @@ def print_summary(job: EvaluationJob) -> None:
             per_scenario.add_row(scenario_id, str(row.get("episodes", 0)), fmt(row.get("mean_reward")),
                                  fmt(row.get("success_rate")), fmt(row.get("overall_pass_rate")),
                                  str(row.get("overall_finished", 0)))
-        show(out(), per_scenario)
+        show(screen, per_scenario)
 
 
 def _finish(client: Client, job: EvaluationJob, detach: bool, poll_s: float, results: Path | None) -> None:

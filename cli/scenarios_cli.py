@@ -68,21 +68,22 @@ def read_checks(path: Path) -> list[Any]:
 
 def print_scenario(scenario: Scenario) -> None:
     """A scenario: task, initial config and its checks (items and their code)."""
+    screen = out()  # one console for everything this prints
     rows: list[tuple[str, str | Text]] = [("scenario", scenario.id), ("environment", scenario.environment_id)]
     if scenario.external_id:
         rows.append(("external id", scenario.external_id))
     rows += [("created", when(scenario.created_at)), ("task", scenario.task)]
-    out().print(kv_table(rows))
-    out().print(Text("init_config", style="bold"))
-    out().print_json(data=scenario.init_config)
+    screen.print(kv_table(rows))
+    screen.print(Text("init_config", style="bold"))
+    screen.print_json(data=scenario.init_config)
     table = Table(title=f"checks ({len(scenario.checklist_with_func)})")
     table.add_column("check", overflow="fold")
     table.add_column("check_func", overflow="fold")
     for check in scenario.checklist_with_func:
         table.add_row(Text(str(check.get("check_item", ""))), Text(str(check.get("check_func", "")).rstrip()))
-    out().print(table)
+    screen.print(table)
     for item in scenario.checklist:
-        out().print(Text(f"checklist: {item}"))
+        screen.print(Text(f"checklist: {item}"))
 
 
 @scenarios_app.command("create")
