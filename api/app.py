@@ -221,6 +221,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                         yield
                 finally:
                     door.close()
+                    create_door.close()
                     services.close()
             finally:
                 executor.close()
@@ -246,7 +247,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
     door = app.door = app.state.step_door = StepDoor(api_settings.body_read_timeout_s, api_settings.http_threads,
                                                      translate=_translated)
     app.batch_door = BatchStepDoor(door)
-    app.create_door = CreateDoor(door)
+    create_door = app.create_door = CreateDoor(door, api_settings.http_threads)
     if api_settings.access_log:
         app.access = AccessLog(app.dispatch)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)
