@@ -134,7 +134,8 @@ class ApiSettings(BaseSettings):
     http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
     tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
-    the step door runs (its own pool, made on demand: :mod:`sandpit.api.http.step`)."""
+    the step door runs and for the creates the create door runs (a pool of each door's
+    own, made on demand: :mod:`sandpit.api.http.step`, :mod:`sandpit.api.http.create_env`)."""
     keep_alive_s: Annotated[int, Field(ge=1, le=3600)] = 75
     """Seconds ``sandpit serve`` keeps an idle HTTP/1.1 keep-alive connection open between
     two requests (uvicorn's ``timeout_keep_alive``, whose own default is 5). An agent
