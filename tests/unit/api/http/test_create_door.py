@@ -11,6 +11,8 @@ import asyncio
 import json
 import logging
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +354,36 @@ def test_a_stalled_body_is_408_and_the_connection_closes(tmp_path: Path) -> None
     route = _stalled(app)
     assert door[0] == 408 and door[1][b"connection"] == b"close" and b'"code":"request_timeout"' in door[2]
     assert door == route
+
+
+def test_creates_run_on_the_doors_own_threads_and_end_with_the_app(tmp_path: Path) -> None:
+    """A create runs on a ``sandpit-create`` thread (not a step thread, not AnyIO's);
+    creates and steps sent together are all answered; the door's threads end when the
+    app shuts down."""
+    seen: dict[str, Any] = {"threads": set()}
+
+    async def test(stepper: Stepper) -> None:
+        envs = stepper.app.state.envs
+        create = envs.create
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            seen["threads"].add(threading.current_thread().name)
+            return create(*args, **kwargs)
+
+        envs.create = spy
+        body = '{"environment_id": "' + stepper.environment_id + '"}'
+        headers = {"content-type": "application/json", **stepper.keys["team-a"]}
+        try:
+            replies = await asyncio.gather(*[stepper.client.post("/v1/envs", headers=headers, content=body)
+                                             for _ in range(4)], *[stepper.post('{"name": "bump"}') for _ in range(4)])
+        finally:
+            envs.create = create
+        seen["statuses"] = [reply.status_code for reply in replies]
+
+    with_app(tmp_path, test)
+    assert seen["statuses"] == [201] * 4 + [200] * 4
+    assert seen["threads"] and all(name.startswith("sandpit-create_") for name in seen["threads"]), seen["threads"]
+    deadline = time.monotonic() + 5
+    while any(thread.name.startswith("sandpit-create_") for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "the create door's threads outlived the app"
+        time.sleep(0.01)
