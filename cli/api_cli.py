@@ -40,7 +40,6 @@ result (``timeout``) rather than a dropped connection."""
 
 console = Console(stderr=True)
 
-
 UrlOpt = Annotated[str, typer.Option("--url", envvar="SANDPIT_URL", help="Sandpit API base URL.")]
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="SANDPIT_API_KEY", show_default=False,
                                             help="Sandpit API key (Bearer).")]

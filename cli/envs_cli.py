@@ -410,7 +410,7 @@ def evaluate(env_id: EnvArg, checks: ChecksOpt = None, url: UrlOpt = DEFAULT_URL
         emit_json(result)
         return
     out().print(checks_table(result.results, f"{result.env_id} episode {result.episode} at step {result.step}: "
-                                           f"reward {result.reward} ({result.passed}/{result.total} passed)"))
+                                             f"reward {result.reward} ({result.passed}/{result.total} passed)"))
 
 
 @envs_app.command("delete")
