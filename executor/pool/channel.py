@@ -1,11 +1,25 @@
 """Host end of the runner protocol: one multiplexed connection per sandbox.
 
-Requests are frames ``{"id": n, "op": ..., ...}``; a daemon reader thread matches replies
-to waiting callers by ``id``. Replies are size-capped (``max_frame``) and parsed with
-depth limits (``protocol``). If the runner closes the connection or sends anything
-malformed, the channel is dead and every waiter gets :class:`SandboxLost`; if a reply
-does not come within the caller's timeout (the host-side watchdog), the caller gets
+Requests are frames ``{"id": n, "op": ..., ...}``; replies are matched to their callers by
+``id``. Replies are size-capped (``max_frame``) and parsed with depth limits
+(``protocol``). If the runner closes the connection or sends anything malformed, the
+channel is dead and every waiter gets :class:`SandboxLost`; if a reply does not come
+within the caller's timeout (the host-side watchdog), the caller gets
 ``SandboxLost(status="timeout")`` and must kill the sandbox.
+
+Callers read the socket themselves, one at a time (a leader/follower read): the caller
+that starts waiting while nobody reads becomes the reader, hands every frame it reads to
+its caller, and once its own reply has come (or its deadline has passed) hands the
+reading on to a caller still waiting. A lone caller so reads its own reply on its own
+thread, with no hand-over between threads. A partly read frame stays in the channel's
+buffer for the next reader, so no caller waits past its own deadline.
+
+Each channel also has a watcher thread, which never reads while a caller does: it sleeps
+in ``poll`` for the connection's hang-up (a reply does not wake it), so an idle channel
+whose runner died is dead at once (the pool's placement reads
+:attr:`RunnerChannel.alive`); and every ``CHANNEL_WATCH_S`` it reads what arrived while
+nobody waited (a reply whose caller has not started waiting must not leave the runner
+blocked on a full socket).
 
 A reply may come in parts (the runner's ``calls``, ``pid1_groups``): frames with ``part:
 true`` are kept, and the last frame (without it) is handed to the caller with the
@@ -16,6 +30,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
+import select
 import socket
 import threading
 import time
@@ -23,62 +39,71 @@ from collections.abc import Callable
 from typing import Any
 
 from sandpit.sandbox_images.runner import protocol
-from sandpit.sandbox_images.runner.limits import MAX_FRAME_DEPTH
+from sandpit.sandbox_images.runner.limits import CHANNEL_WATCH_S, MAX_FRAME_DEPTH
 
 from ..errors import SandboxLost
 
 log = logging.getLogger(__name__)
 
 
-class _Reply:
-    """One request's reply, handed from the reader thread to the caller: a lock held
-    from creation and released once, when the reply (or the channel's failure) is set.
-    A bare lock is one futex wake for the hand-over where a ``Future`` takes its
-    condition's lock and a waiter lock of its own."""
+class _Waiter:
+    """One caller waiting on a channel (or the watcher, which waits for no reply): its
+    reply once set, and a lock held from creation that is released to wake the caller
+    when its reply (or the channel's failure) is set or the reading is handed to it. A
+    bare lock is one futex wake where a ``Future`` takes its condition's lock and a waiter
+    lock of its own. Fields are changed under the channel's state lock."""
 
-    __slots__ = ("_ready", "message", "error")
+    __slots__ = ("_wake", "_woken", "done", "following", "message", "error")
 
     def __init__(self) -> None:
-        self._ready = threading.Lock()
-        self._ready.acquire()
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._woken = False
+        self.done = False
+        self.following = False
         self.message: dict[str, Any] | None = None
         self.error: BaseException | None = None
 
-    def set(self, message: dict[str, Any] | None, error: BaseException | None = None) -> None:
-        """Give the caller ``message`` (or ``error``); called at most once per reply
-        (whoever pops it from the channel's pending table, under its state lock)."""
-        self.message, self.error = message, error
-        self._ready.release()
+    def wake(self) -> None:
+        """Release the caller's lock unless it is released already (state lock held)."""
+        if not self._woken:
+            self._woken = True
+            self._wake.release()
 
-    def wait(self, timeout_s: float) -> bool:
-        """Whether the reply was set within ``timeout_s`` seconds (again true at once for
-        a reply already set: the lock is given back)."""
-        if not self._ready.acquire(timeout=timeout_s):
-            return False
-        self._ready.release()
-        return True
+    def sleep(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds to be woken (state lock not held); whether it
+        was. After a wake, :meth:`rearm` under the state lock."""
+        return timeout_s > 0 and self._wake.acquire(timeout=-1 if timeout_s == math.inf else timeout_s)
+
+    def rearm(self) -> None:
+        """After :meth:`sleep` took a wake (state lock held): the lock is held again, so
+        the next :meth:`wake` releases it."""
+        self._woken = False
 
 
 class RunnerChannel:
-    """Request/response over a connected socket: a Unix socket to an in-sandbox runner,
-    or a host link's TCP connection to a sandbox host (:mod:`sandpit.executor.ray.link`). ``max_frame``
-    (bytes) and ``max_depth`` (nesting levels) bound every reply."""
+    """Request/response over a connected stream socket to an in-sandbox runner (PID 1).
+    ``max_frame`` (bytes) and ``max_depth`` (nesting levels) bound every reply; the
+    channel owns ``sock`` (sends block; reads never block past a caller's deadline)."""
 
     def __init__(self, sock: socket.socket, sandbox_id: str, max_frame: int,
                  max_depth: int = MAX_FRAME_DEPTH) -> None:
         sock.settimeout(None)
         self._sock = sock
         self.sandbox_id = sandbox_id
-        self._max_frame = max_frame
-        self._max_depth = max_depth
+        self._frames = protocol.FrameBuffer(max_frame, max_depth)
+        self._readable = select.poll()  # used by the one reader of the moment only
+        self._readable.register(sock.fileno(), select.POLLIN)
         self._ids = itertools.count(1)
-        self._pending: dict[int, _Reply] = {}
+        self._pending: dict[int, _Waiter] = {}
         self._parts: dict[int, list[dict[str, Any]]] = {}
+        self._reader: _Waiter | None = None
+        self._followers: list[_Waiter] = []
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._dead: str | None = None
-        self._reader = threading.Thread(target=self._read_loop, name=f"sandpit-chan-{sandbox_id}", daemon=True)
-        self._reader.start()
+        self._watcher = threading.Thread(target=self._watch, name=f"sandpit-chan-{sandbox_id}", daemon=True)
+        self._watcher.start()
 
     @property
     def alive(self) -> bool:
@@ -101,7 +126,7 @@ class RunnerChannel:
         (``fields`` not JSON-encodable) and SandboxLost (the connection is dead) at once."""
         request_id = next(self._ids)
         frame = protocol.encode({"id": request_id, "op": op, **fields})
-        waiting = _Reply()
+        waiting = _Waiter()
         with self._state_lock:
             if self._dead is not None:
                 raise SandboxLost(f"sandbox {self.sandbox_id} is gone: {self._dead}", self.sandbox_id)
@@ -114,12 +139,14 @@ class RunnerChannel:
         deadline = time.monotonic() + timeout_s
 
         def reply() -> dict[str, Any]:
-            if not waiting.wait(max(0.0, deadline - time.monotonic())):
+            if not waiting.done and not self._wait(waiting, deadline):
                 with self._state_lock:
                     self._pending.pop(request_id, None)
                     self._parts.pop(request_id, None)
-                raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
-                                  self.sandbox_id, status="timeout")
+                    late = waiting.done  # set as its deadline passed: still its reply
+                if not late:
+                    raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
+                                      self.sandbox_id, status="timeout")
             if waiting.error is not None:
                 raise waiting.error
             assert waiting.message is not None
@@ -127,46 +154,133 @@ class RunnerChannel:
 
         return reply
 
+    def _wait(self, waiting: _Waiter, deadline: float) -> bool:
+        """Wait until ``waiting`` is set or ``deadline`` (``time.monotonic()`` seconds)
+        passes, reading the socket whenever nobody else does; whether it was set."""
+        while True:
+            with self._state_lock:
+                if waiting.done:
+                    return True
+                if self._reader is None:
+                    self._reader = waiting
+                lead = self._reader is waiting  # also when the reading was handed to it
+                if not lead and not waiting.following:
+                    waiting.following = True
+                    self._followers.append(waiting)
+            if lead:
+                self._lead(waiting, deadline)
+                return waiting.done
+            woken = waiting.sleep(deadline - time.monotonic())
+            with self._state_lock:
+                if woken:
+                    waiting.rearm()
+                    continue  # set, or handed the reading
+                if waiting.following:
+                    waiting.following = False
+                    self._followers.remove(waiting)
+                if self._reader is waiting:  # handed the reading as it gave up
+                    self._reader = None
+                    self._hand_on()
+                return waiting.done
+
+    def _lead(self, reader: _Waiter, deadline: float) -> None:
+        """As the channel's reader (``self._reader is reader``): read until ``reader`` is
+        set or ``deadline`` passes, then hand the reading on."""
+        try:
+            self._read(reader, deadline)
+        finally:
+            with self._state_lock:
+                self._reader = None
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Give the reading to the first follower still waiting (state lock held)."""
+        while self._followers:
+            follower = self._followers.pop(0)
+            follower.following = False
+            if not follower.done:
+                self._reader = follower
+                follower.wake()
+                return
+
+    def _read(self, reader: _Waiter, deadline: float) -> None:
+        """Read and hand out frames until ``reader`` is set or ``deadline`` passes (what
+        has arrived by then is still read). The end of the stream, a socket error or a
+        malformed frame fails the channel."""
+        while not reader.done:
+            remaining = deadline - time.monotonic()
+            timeout_ms = None if remaining == math.inf else max(0.0, remaining) * 1000
+            if self._dead is not None or not self._readable.poll(timeout_ms):
+                return
+            data = protocol.recv_ready(self._sock)
+            if data is None:
+                continue
+            if not data:
+                self._fail("the runner closed the connection (or it failed)")
+                return
+            try:
+                messages = self._frames.feed(data)
+            except protocol.ProtocolViolation as exc:
+                self._deliver(exc.messages)
+                log.warning("sandbox %s: protocol violation: %s", self.sandbox_id, exc)
+                self._fail(f"protocol violation: {exc}")
+                return
+            self._deliver(messages)
+
+    def _deliver(self, messages: list[dict[str, Any]]) -> None:
+        """Hand each reply to its caller, gathering parts. Frames nobody waits for (an
+        unsolicited id, or a caller that gave up) are dropped."""
+        with self._state_lock:
+            for message in messages:
+                request_id = message.get("id")
+                if type(request_id) is not int or request_id not in self._pending:
+                    continue
+                if message.get("part") is True:
+                    self._parts.setdefault(request_id, []).append(message)
+                    continue
+                waiting = self._pending.pop(request_id)
+                parts = self._parts.pop(request_id, None)
+                if parts is not None:
+                    message["parts"] = parts
+                waiting.message, waiting.done = message, True
+                if waiting is not self._reader:
+                    waiting.wake()
+
     def _fail(self, reason: str) -> None:
         with self._state_lock:
             if self._dead is None:
                 self._dead = reason
             pending, self._pending = self._pending, {}
             self._parts = {}
-        for waiting in pending.values():
-            waiting.set(None, SandboxLost(f"sandbox {self.sandbox_id} lost: {reason}", self.sandbox_id))
+            for waiting in [*pending.values(), *self._followers]:
+                if not waiting.done:
+                    waiting.error = SandboxLost(f"sandbox {self.sandbox_id} lost: {reason}", self.sandbox_id)
+                    waiting.done = True
+                waiting.wake()
 
-    def _read_loop(self) -> None:
-        reason = "connection closed"
-        try:
-            while True:
-                message = protocol.recv_frame(self._sock, self._max_frame, self._max_depth)
-                request_id = message.get("id")
-                with self._state_lock:
-                    if type(request_id) is not int or request_id not in self._pending:
-                        continue  # unsolicited, or its caller gave up (timeout)
-                    if message.get("part") is True:
-                        self._parts.setdefault(request_id, []).append(message)
-                        continue
-                    waiting = self._pending.pop(request_id)
-                    parts = self._parts.pop(request_id, None)
-                if parts is not None:
-                    message["parts"] = parts
-                waiting.set(message)
-        except EOFError:
-            reason = "runner closed the connection"
-        except protocol.ProtocolViolation as exc:
-            reason = f"protocol violation: {exc}"
-            log.warning("sandbox %s: %s", self.sandbox_id, reason)
-        except OSError as exc:
-            reason = f"connection error: {exc}"
-        self._fail(reason)
+    def _watch(self) -> None:
+        """The watcher thread: until the channel is dead, sleep in ``poll`` for a hang-up,
+        then read to the end of the stream as the reader (which fails the channel); every
+        CHANNEL_WATCH_S, read what has arrived if requests are pending and nobody reads."""
+        hang_up = select.poll()
+        hang_up.register(self._sock.fileno(), select.POLLRDHUP)
+        watcher = _Waiter()  # never in the pending table: only the channel's failure sets it
+        while self._dead is None:
+            if hang_up.poll(CHANNEL_WATCH_S * 1000):
+                self._wait(watcher, math.inf)
+                return
+            with self._state_lock:
+                unread = self._reader is None and bool(self._pending)
+                if unread:
+                    self._reader = watcher
+            if unread:
+                self._lead(watcher, time.monotonic())
 
     def close(self) -> None:
         """Close the connection; pending and later requests fail with SandboxLost."""
+        self._fail("closed by host")
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-        self._fail("closed by host")

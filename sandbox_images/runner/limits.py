@@ -45,6 +45,9 @@ DEFAULT_SESSION_NOFILE = 256
 # -- PID 1 ----------------------------------------------------------------------------------
 CONNECT_TIMEOUT_S = 30.0
 """How long the runner retries connecting to the host's socket at start."""
+CHANNEL_WATCH_S = 1.0
+"""Seconds between the host channel's reads of replies that arrived while no caller
+waited (its watcher thread; callers read their own replies)."""
 TOKEN_MAX_CHARS = 1024
 """Most characters of the token file read."""
 SESSION_ID_MAX_CHARS = 128

@@ -417,12 +417,12 @@ class FrameBuffer:
 
     ``feed(data)`` appends received bytes and returns the list of complete messages.
     ``max_frame`` is in bytes; a larger declared length raises :class:`ProtocolViolation`
-    immediately, before the body is buffered. The exception's ``messages`` are the valid
-    frames of ``data`` that preceded the bad one.
+    immediately, before the body is buffered; so does a body nested deeper than ``max_depth``
+    levels. The exception's ``messages`` are the valid frames of ``data`` before the bad one.
     """
 
-    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
-        self.max_frame = max_frame
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES, max_depth: int = MAX_FRAME_DEPTH) -> None:
+        self.max_frame, self.max_depth = max_frame, max_depth
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
@@ -440,7 +440,7 @@ class FrameBuffer:
                     break
                 payload = bytes(self._buf[HEADER.size:end])
                 del self._buf[:end]
-                messages.append(decode_payload(payload))
+                messages.append(decode_payload(payload, self.max_depth))
         except ProtocolViolation as exc:
             exc.messages = messages
             raise

@@ -1,14 +1,18 @@
 """The host end of the runner protocol (``sandpit.executor.pool.channel``) over a real
 socket pair, the runner's end played by this test with the protocol's own frames:
 replies matched by id whatever their order, parts gathered, the watchdog's timeout, a late
-reply after it, a runner that closes or sends garbage, and a reply read twice."""
+reply after it, a runner that closes or sends garbage, a reply read twice; and the
+callers' own reading (leader/follower): many callers on threads with some giving up, a
+runner that stalls mid-frame, a reply sent before its caller waits, a hang-up while idle,
+and the watcher thread's end."""
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -108,8 +112,11 @@ def test_a_runner_that_closes_fails_every_waiter_and_later_requests(pair: tuple[
     assert not channel.alive
 
 
+DEEP = b'{"a":' + b"[" * 300 + b"]" * 300 + b"}"
+
+
 @pytest.mark.parametrize("garbage", [b"\x00\x00\x00\x05{bad}", b"\xff\xff\xff\xff" + b"x" * 16,
-                                     b"\x00\x00\x00\x02[]"])
+                                     b"\x00\x00\x00\x02[]", len(DEEP).to_bytes(4, "big") + DEEP])
 def test_garbage_from_the_runner_kills_the_channel(pair: tuple[RunnerChannel, socket.socket], garbage: bytes) -> None:
     channel, runner = pair
     reply = channel.submit("call", 5)
@@ -126,3 +133,166 @@ def test_close_fails_what_waits(pair: tuple[RunnerChannel, socket.socket]) -> No
     channel.close()
     with pytest.raises(SandboxLost):
         reply()
+
+
+def test_many_callers_on_threads_each_get_their_own_reply(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    """16 threads x 30 requests; the runner answers in shuffled batches, sends parts and
+    unsolicited frames, and never answers ``drop`` requests, whose callers give up after
+    0.2 s while others wait: every answered caller gets its own reply, nobody waits for a
+    reading that nobody does, and the channel stays alive."""
+    channel, runner = pair
+    stop = threading.Event()
+
+    def serve() -> None:
+        rng = random.Random(7)  # noqa: S311 - a reply order, not a secret
+        held: list[dict[str, Any]] = []
+        runner.settimeout(0.02)
+        while not stop.is_set():
+            try:
+                held.append(read_request(runner))
+                if len(held) < 5:
+                    continue
+            except (TimeoutError, EOFError, OSError):
+                pass
+            rng.shuffle(held)
+            out = b""
+            for request in held:
+                if request["op"] == "drop":
+                    continue
+                out += protocol.encode({"id": request["id"] + 1_000_000, "status": "ok"})  # unsolicited
+                out += protocol.encode({"id": request["id"], "part": True, "n": request["n"]})
+                out += protocol.encode({"id": request["id"], "status": "ok", "n": request["n"]})
+            held = []
+            if out:
+                runner.sendall(out)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    errors: list[str] = []
+
+    def caller(k: int) -> None:
+        for i in range(30):
+            n = k * 1000 + i
+            try:
+                if i % 15 == 7:
+                    with pytest.raises(SandboxLost) as lost:
+                        channel.request("drop", 0.2, n=n)
+                    assert lost.value.status == "timeout"
+                    continue
+                reply = channel.request("call", 10, n=n)
+                assert reply["n"] == n and [p["n"] for p in reply["parts"]] == [n]
+            except BaseException as exc:  # noqa: BLE001 - gathered, asserted below
+                errors.append(f"caller {k}, request {i}: {exc!r}")
+                return
+
+    callers = [threading.Thread(target=caller, args=(k,)) for k in range(16)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(60)
+    stop.set()
+    server.join(5)
+    assert errors == []
+    assert channel.alive
+
+
+def test_a_runner_that_stalls_mid_frame_times_out_its_caller_and_the_stream_goes_on(
+        pair: tuple[RunnerChannel, socket.socket]) -> None:
+    channel, runner = pair
+    first = channel.submit("spin", 0.2)
+    request = read_request(runner)
+    frame = protocol.encode({"id": request["id"], "status": "ok"})
+    runner.sendall(frame[:5])  # the header and one byte of the body
+    started = time.monotonic()
+    with pytest.raises(SandboxLost) as lost:
+        first()
+    assert lost.value.status == "timeout"
+    assert time.monotonic() - started < 2, "the caller waited past its deadline for the rest of the frame"
+    second = channel.submit("ping", 5)
+    again = read_request(runner)
+    runner.sendall(frame[5:] + protocol.encode({"id": again["id"], "status": "ok", "n": 2}))
+    assert second()["n"] == 2
+    assert channel.alive
+
+
+def test_a_large_reply_sent_before_its_caller_waits_does_not_block_the_runner(
+        pair: tuple[RunnerChannel, socket.socket]) -> None:
+    """A reply four times the socket's buffer, sent while its caller has not started
+    waiting (a batched step waits on its sandboxes one by one): the watcher reads it, so
+    the runner's send ends; the caller then finds it."""
+    channel, runner = pair
+    reply = channel.submit("snapshot", 30)
+    request = read_request(runner)
+    blob = "x" * (900 * 1024)
+    sent = threading.Event()
+
+    def send() -> None:
+        runner.sendall(protocol.encode({"id": request["id"], "status": "ok", "blob": blob}))
+        sent.set()
+
+    threading.Thread(target=send, daemon=True).start()
+    assert sent.wait(10), "the runner stayed blocked on a reply nobody waited for"
+    assert reply()["blob"] == blob
+
+
+def watchers(sandbox_id: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"sandpit-chan-{sandbox_id}"]
+
+
+def eventually(condition: Callable[[], bool], within_s: float = 5) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_an_idle_channel_is_dead_once_the_runner_hangs_up() -> None:
+    host, runner = socket.socketpair()
+    channel = RunnerChannel(host, "sb-idle", MAX_FRAME)
+    assert channel.alive and watchers("sb-idle")
+    runner.close()
+    assert eventually(lambda: not channel.alive), "nobody noticed the hang-up of an idle channel"
+    with pytest.raises(SandboxLost):
+        channel.submit("ping", 5)
+    assert eventually(lambda: not watchers("sb-idle"))
+    channel.close()
+
+
+def test_close_ends_the_watcher_thread() -> None:
+    host, runner = socket.socketpair()
+    channel = RunnerChannel(host, "sb-close", MAX_FRAME)
+    assert watchers("sb-close")
+    channel.close()
+    assert eventually(lambda: not watchers("sb-close"))
+    assert not channel.alive
+    runner.close()
+
+
+def test_a_hang_up_while_a_caller_reads_fails_the_caller_and_ends_the_watcher() -> None:
+    host, runner = socket.socketpair()
+    channel = RunnerChannel(host, "sb-hangup", MAX_FRAME)
+    uncaught: list[threading.ExceptHookArgs] = []
+    previous, threading.excepthook = threading.excepthook, uncaught.append
+    try:
+        reply = channel.submit("call", 10)
+        statuses: list[str] = []
+
+        def wait() -> None:
+            try:
+                reply()
+            except SandboxLost as exc:
+                statuses.append(exc.status)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.1)  # the caller reads the socket by now
+        runner.close()
+        waiter.join(5)
+        assert statuses == ["crashed"]
+        assert eventually(lambda: not watchers("sb-hangup"))
+    finally:
+        threading.excepthook = previous
+        channel.close()
+    assert [repr(args.exc_value) for args in uncaught] == []
