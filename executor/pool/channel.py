@@ -45,6 +45,8 @@ from ..errors import SandboxLost
 
 log = logging.getLogger(__name__)
 
+_POLL_MAX_MS = 2**31 - 1  # poll(2) takes an int of milliseconds
+
 
 class _Waiter:
     """One caller waiting on a channel (or the watcher, which waits for no reply): its
@@ -73,7 +75,9 @@ class _Waiter:
     def sleep(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds to be woken (state lock not held); whether it
         was. After a wake, :meth:`rearm` under the state lock."""
-        return timeout_s > 0 and self._wake.acquire(timeout=-1 if timeout_s == math.inf else timeout_s)
+        if timeout_s <= 0:
+            return False
+        return self._wake.acquire(timeout=-1 if timeout_s >= threading.TIMEOUT_MAX else timeout_s)
 
     def rearm(self) -> None:
         """After :meth:`sleep` took a wake (state lock held): the lock is held again, so
@@ -107,6 +111,8 @@ class RunnerChannel:
 
     @property
     def alive(self) -> bool:
+        """False once the runner hung up, a frame was malformed, a send failed or the
+        channel was closed (a timeout alone leaves it alive: the caller kills the sandbox)."""
         return self._dead is None
 
     def request(self, op: str, timeout_s: float, **fields: object) -> dict[str, Any]:
@@ -209,9 +215,13 @@ class RunnerChannel:
         malformed frame fails the channel."""
         while not reader.done:
             remaining = deadline - time.monotonic()
-            timeout_ms = None if remaining == math.inf else max(0.0, remaining) * 1000
-            if self._dead is not None or not self._readable.poll(timeout_ms):
+            timeout_ms = None if remaining == math.inf else min(max(0.0, remaining) * 1000, _POLL_MAX_MS)
+            if self._dead is not None:
                 return
+            if not self._readable.poll(timeout_ms):
+                if time.monotonic() >= deadline:
+                    return
+                continue  # a wait longer than poll takes at once
             data = protocol.recv_ready(self._sock)
             if data is None:
                 continue

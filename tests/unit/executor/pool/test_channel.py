@@ -296,3 +296,22 @@ def test_a_hang_up_while_a_caller_reads_fails_the_caller_and_ends_the_watcher() 
         threading.excepthook = previous
         channel.close()
     assert [repr(args.exc_value) for args in uncaught] == []
+
+
+def test_timeouts_longer_than_poll_and_locks_take_still_wait_for_the_reply(
+        pair: tuple[RunnerChannel, socket.socket]) -> None:
+    """1e10 s is past both poll(2)'s int of milliseconds and ``threading.TIMEOUT_MAX``:
+    the reader and a follower (two callers at once) both get their replies."""
+    channel, runner = pair
+    replies = [channel.submit("call", 1e10, n=n) for n in range(2)]
+    got: list[int] = []
+    waiters = [threading.Thread(target=lambda r=r: got.append(r()["n"])) for r in replies]
+    for thread in waiters:
+        thread.start()
+    time.sleep(0.05)
+    for _ in range(2):
+        request = read_request(runner)
+        runner.sendall(protocol.encode({"id": request["id"], "status": "ok", "n": request["n"]}))
+    for thread in waiters:
+        thread.join(5)
+    assert sorted(got) == [0, 1]
