@@ -113,12 +113,17 @@ STRAYS = {
         "            time.sleep(0.05)\n"
         "    os._exit(0)\n"
         "result = int(os.read(r, 32))\n"),
-    "fork-hoppers": (  # eight processes changing pid all the time to slip through a sweep
+    # eight processes changing pid all the time to slip through a sweep; they start hopping
+    # once all eight are forked (hoppers started first could otherwise fill the 64-pid
+    # cgroup with zombies PID 1 has not reaped yet, and the session's own next fork fail)
+    "fork-hoppers": (
         "r, w = os.pipe()\n"
+        "go_r, go_w = os.pipe()\n"
         "for _ in range(8):\n"
         "    if os.fork() == 0:\n"
         "        os.setsid()\n"
         "        os.write(w, str(os.getpid()).encode() + b'.')\n"
+        "        os.read(go_r, 1)\n"
         "        while True:\n"
         "            try:\n"
         "                if os.fork():\n"
@@ -132,6 +137,7 @@ STRAYS = {
         "pids = b''\n"
         "while pids.count(b'.') < 8:\n"
         "    pids += os.read(r, 64)\n"
+        "os.write(go_w, b'x' * 8)\n"
         "result = int(pids.split(b'.')[0])\n"),
 }
 
