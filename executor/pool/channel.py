@@ -279,12 +279,8 @@ class RunnerChannel:
             if hang_up.poll(CHANNEL_WATCH_S * 1000):
                 self._wait(watcher, math.inf)
                 return
-            with self._state_lock:
-                unread = self._reader is None and bool(self._pending)
-                if unread:
-                    self._reader = watcher
-            if unread:
-                self._lead(watcher, time.monotonic())
+            if self._pending:  # a deadline of now: reads what is there if nobody reads, else leaves at once
+                self._wait(watcher, time.monotonic())
 
     def close(self) -> None:
         """Close the connection; pending and later requests fail with SandboxLost."""
