@@ -9,8 +9,9 @@ its stdout and stderr are one-way socket streams PID 1 reads (:func:`read_once`,
 
 :class:`Children` keeps the *spare* (a process started ahead, no code yet, taken by the
 next session, job or template: :meth:`Children.take`), and follows the processes of the
-parts that own them (sessions, jobs, templates: :meth:`Children.follow`). After every
-round of the loop it reaps exited children and tells their owner (:meth:`Children.reap`);
+parts that own them (sessions, jobs, templates: :meth:`Children.follow`). After a round
+of the loop in which a child may have exited (``Loop.after_child_exit``) it reaps exited
+children and tells their owner (:meth:`Children.reap`);
 :meth:`Children.sweep` kills, with certainty, what a call or a job left behind
 (``pid1_cleanup.sweep``); a sweep that cannot finish marks the sandbox ``tainted`` and
 ``recycle`` refuses it. Work directories (``/work/<random>``, mode 0700) are made and
@@ -409,7 +410,7 @@ class Children:
         self.task_count_fd = pid1_cleanup.task_counter() if on else -1
         self.sweeps = {"counted": 0, "listed": 0}
         """Sweeps that ended on the task count and sweeps that listed /proc (``ping``)."""
-        loop.after_round(self.reap)
+        loop.after_child_exit(self.reap)
 
     def follow(self, pids: Callable[[], set[int]], on_exit: Callable[[int, int], bool],
                settled: Callable[[], set[int]] | None = None) -> None:
@@ -482,7 +483,8 @@ class Children:
     # -- exits -------------------------------------------------------------------------------
     def reap(self) -> None:
         """Collect every exited child and offer it to its owner (the spare's death just
-        forgets it). Run after every round of the loop."""
+        forgets it). Run after a round in which a child may have exited
+        (``Loop.after_child_exit``: SIGCHLD arrived, or ``select`` found nothing)."""
         while True:
             try:
                 pid, wait_status = os.waitpid(-1, os.WNOHANG)

@@ -10,7 +10,10 @@ what they need here and never reach each other through the loop:
 * :meth:`Loop.add_deadlines` ``(check)``: ``check(now)`` (monotonic seconds) acts on what
   is due and returns the seconds to its next deadline, or None;
 * :meth:`Loop.add_busy` ``(busy)``: while any ``busy()`` is True, deferred actions wait;
-* :meth:`Loop.after_round` ``(action)``: run after every pass (reaping exited children);
+* :meth:`Loop.after_round` ``(action)``: run after every pass;
+* :meth:`Loop.after_child_exit` ``(action)``: run after a pass in which a child may have
+  exited (reaping exited children: ``waitpid(-1)`` walks every child in the kernel, so a
+  PID 1 holding hundreds of sessions does not pay it on every call);
 * :meth:`Loop.later` ``(action)``: run once nothing is busy (a spare's or a template's
   start, a Python start-up on the sandbox's CPU quota, must not compete with the request that made
   it necessary), at the latest DEFER_MAX_S seconds after it was first asked for; an
@@ -19,8 +22,11 @@ what they need here and never reach each other through the loop:
 A round: deadlines checked; ``select`` for at most the shortest of the poll interval, the
 next deadline and the deferred actions' due time; the callbacks of what is readable (the
 round's remaining callbacks are skipped once one of them stopped the loop); the
-after-round actions; the deferred actions. SIGCHLD wakes ``select`` through a socketpair
-(:meth:`Loop.wake_on_child_exit`), so a child's exit is handled in the round it happens.
+after-round actions; the child-exit actions when SIGCHLD arrived in the round, when
+``select`` found nothing (so a missed signal costs at most one poll interval) or when
+SIGCHLD does not wake the loop; the deferred actions. SIGCHLD wakes ``select`` through a
+socketpair (:meth:`Loop.wake_on_child_exit`), so a child's exit is handled in the round it
+happens.
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ class Loop:
         self._deadlines: list[Callable[[float], float | None]] = []
         self._busy: list[Callable[[], bool]] = []
         self._after: list[Callable[[], None]] = []
+        self._after_exit: list[Callable[[], None]] = []
+        self._child_exited = True
+        """SIGCHLD arrived since the child-exit actions last ran (True at first: nothing
+        has looked yet)."""
         self.deferred: list[Callable[[], None]] = []
         """Actions waiting for a quiet moment (:meth:`later`)."""
         self.deferred_due: float | None = None
@@ -79,6 +89,12 @@ class Loop:
     def after_round(self, action: Callable[[], None]) -> None:
         """Have ``action()`` run after the callbacks of every round."""
         self._after.append(action)
+
+    def after_child_exit(self, action: Callable[[], None]) -> None:
+        """Have ``action()`` run after a round in which a child may have exited (module
+        docstring): SIGCHLD arrived, ``select`` timed out with nothing readable, or
+        :meth:`wake_on_child_exit` was not called (then after every round)."""
+        self._after_exit.append(action)
 
     # -- deferred actions ------------------------------------------------------------------
     def later(self, action: Callable[[], None]) -> None:
@@ -138,24 +154,29 @@ class Loop:
         signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         self._wakeup = (reader, writer)
-        self.watch(reader, _drain_wakeup)
+        self.watch(reader, self._drain_wakeup)
 
     def run(self) -> None:
         """Serve rounds (module docstring) until :meth:`stop`."""
         while self.running:
-            for key, _ in self.sel.select(self._next_wait()):
+            events = self.sel.select(self._next_wait())
+            for key, _ in events:
                 key.data(key.fileobj)
                 if self.stopped:
                     break
             for action in self._after:
                 action()
+            if self._child_exited or not events or self._wakeup is None:
+                self._child_exited = False  # before the actions: an exit during them wakes the next round
+                for action in self._after_exit:
+                    action()
             self._run_deferred()
 
-
-def _drain_wakeup(reader: socket.socket) -> None:
-    """SIGCHLD arrived: empty the wakeup socket (the round goes on to reap)."""
-    try:
-        while reader.recv(4096):
+    def _drain_wakeup(self, reader: socket.socket) -> None:
+        """SIGCHLD arrived: empty the wakeup socket; the round's child-exit actions run."""
+        self._child_exited = True
+        try:
+            while reader.recv(4096):
+                pass
+        except OSError:
             pass
-    except OSError:
-        pass

@@ -4,6 +4,8 @@ busy (but not past DEFER_MAX_S), after-round actions, and a stop that ends the r
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -112,3 +114,70 @@ def test_a_stop_ends_the_round_after_the_current_callback(pair) -> None:
         loop.after_round(lambda: after.append(1))
         loop.run()
         assert len(calls) == 1 and after == [1]  # one callback, then the round's end
+
+
+@pytest.fixture
+def child_wakeup() -> list[Loop]:
+    """Loops the test makes wake on SIGCHLD; then their wakeup sockets closed and the
+    process-wide SIGCHLD handler and wakeup fd as they were before the test."""
+    handler = signal.getsignal(signal.SIGCHLD)
+    loops: list[Loop] = []
+    yield loops
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, handler)
+    for loop in loops:
+        for sock in loop._wakeup or ():
+            sock.close()
+        loop.sel.close()
+
+
+def test_without_the_sigchld_wakeup_child_exit_actions_run_every_round(pair) -> None:
+    left, right = pair
+    loop = Loop(poll_s=5.0)
+    loop.watch(right, lambda sock: sock.recv(100))
+    ran: list[int] = []
+    loop.after_child_exit(lambda: ran.append(1))
+    left.sendall(b"a")
+    run_rounds(loop, 1)
+    left.sendall(b"b")
+    loop.running = True
+    run_rounds(loop, 1)
+    assert len(ran) == 2
+
+
+def test_child_exit_actions_run_when_a_child_exits_or_select_times_out_not_on_busy_rounds(pair, child_wakeup) -> None:
+    """A PID 1 holding hundreds of sessions reaps (``waitpid(-1)`` walks every child) only
+    after SIGCHLD or an idle round, not after every request's round."""
+    left, right = pair
+    loop = Loop(poll_s=5.0)  # no idle round within the test unless asked for
+    child_wakeup.append(loop)
+    loop.wake_on_child_exit()
+    loop.watch(right, lambda sock: sock.recv(100))
+    ran: list[int] = []
+    loop.after_child_exit(lambda: ran.append(1))
+    left.sendall(b"a")
+    run_rounds(loop, 1)
+    assert len(ran) == 1  # the first round looks once
+    for _ in range(5):  # busy rounds, no child exited: nothing to reap
+        left.sendall(b"x")
+        loop.running = True
+        run_rounds(loop, 1)
+    assert len(ran) == 1
+    pid = os.fork()
+    if pid == 0:  # the child exits at once; its SIGCHLD must wake the 5 s select
+        os._exit(0)
+    try:
+        started = time.monotonic()
+        loop.running = True
+        loop.after_round(lambda: loop.stop() if ran[1:] else None)
+        loop.run()
+        assert len(ran) == 2 and time.monotonic() - started < 2.0
+    finally:
+        os.waitpid(pid, 0)
+    idle = Loop(poll_s=0.01)  # a round in which select found nothing looks too
+    child_wakeup.append(idle)
+    idle.wake_on_child_exit()
+    idle_ran: list[int] = []
+    idle.after_child_exit(lambda: idle_ran.append(1))
+    run_rounds(idle, 3)
+    assert len(idle_ran) == 3
