@@ -36,7 +36,11 @@ Reports step p50/p99 (``step_ms``), steps/s, resident envs (``resident_before``,
 run (``restores_during_run``: steps answered with ``recovered``), sandboxes and sessions
 (``/metrics``), the server's RSS, the containers' total memory (cgroups) and PSS, the
 host's available memory at the end (``host_mem_available_mib_at_end``) and how long the
-server took to stop (``server_stop_s``: it closes every session).
+server took to stop (``server_stop_s``: it closes every session). Beside them, what the
+machine did besides the run (``hoststat.py``): the hypervisor's steal (``host_steal``) and
+the CPU of the kernel's memory-management threads (``host_kernel_threads``: DAMON's
+``kdamond`` and the like, with the DAMON workers' states), each with the p99 of the steps
+outside its busy windows.
 
 ``executor`` (``--executor``): the same envs and stepping straight through the pool (no
 HTTP, no database): the sandbox side's share of a step.
@@ -78,7 +82,7 @@ from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from density_runner import bench_runner  # noqa: E402 - the runner's per-call cost against sessions
-from hoststat import StealSampler  # noqa: E402 - the hypervisor's share of the run
+from hoststat import KernelThreadSampler, StealSampler  # noqa: E402 - the machine's share of the run
 from loadgen import Step, Stepper, pauses, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
@@ -408,6 +412,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             sampler.start()
             phases0 = phase_counters(server.url)
             steal = StealSampler().start()
+            kernel = KernelThreadSampler().start()
             cpu0 = (process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid), own_cpu_s())
             # The clients share this process's cyclic collector: a full collection stalls
             # every client thread at once (120 and 150 ms in a 10,000-env run here, over
@@ -444,6 +449,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             gc.enable()
             gc.unfreeze()
             steal.stop()
+            kernel.stop()
             latencies = [ms for _, ms in timed_steps]
             # CPU per answered step (ms) over the spread run: the server process, its
             # sandboxes (cgroups), this process, and of that the stepping clients' threads
@@ -458,6 +464,12 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             clear = [ms for begun, ms in timed_steps if not steal.overlaps(begun, begun + ms / 1000)]
             out["host_steal"] = {**steal.summary(), "steps_in_steal_windows": len(timed_steps) - len(clear),
                                  "step_ms_outside_steal_windows": pcts(clear) if clear else None}
+            # and without those that ran while the kernel's memory-management threads (DAMON's
+            # kdamond above all) had a quarter or more of the machine
+            clear = [ms for begun, ms in timed_steps if not kernel.overlaps(begun, begun + ms / 1000)]
+            out["host_kernel_threads"] = {**kernel.summary(),
+                                          "steps_in_busy_windows": len(timed_steps) - len(clear),
+                                          "step_ms_outside_busy_windows": pcts(clear) if clear else None}
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
             # the server's own step time (request in to reply out, bucket upper bounds)

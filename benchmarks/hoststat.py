@@ -1,29 +1,41 @@
-"""CPU time the hypervisor took from this machine (``steal`` in ``/proc/stat``) while a
-benchmark ran, in windows, so a latency tail can be told apart from the VM's host
-pausing the machine.
+"""What the machine did beside a benchmark while it ran, in windows, so a latency tail can
+be told apart from time the benchmark's processes never had:
 
-This project's machine is a Firecracker VM on a shared host. Sampled every 100 ms over
-4 minutes of a density run, steal was 0.9% of the machine's CPU time overall, but came in
-bursts: one second in which 40-45% of both cores was taken, a few single windows of
-~25-30% elsewhere. One such second falls on ~190 steps of a 200-client run, more than the
-~86 steps above its p99.
+* :class:`StealSampler`: CPU time the hypervisor took from this machine (``steal`` in
+  ``/proc/stat``). This project's machine is a Firecracker VM on a shared host. Sampled
+  every 100 ms over 4 minutes of a density run, steal was 0.9% of the machine's CPU time
+  overall, but came in bursts: one second in which 40-45% of both cores was taken, a few
+  single windows of ~25-30% elsewhere. One such second falls on ~190 steps of a
+  200-client run, more than the ~86 steps above its p99.
+* :class:`KernelThreadSampler`: CPU time of the kernel's memory-management threads
+  (:data:`KERNEL_THREADS`: DAMON's ``kdamond``, ``kswapd``, ``kcompactd``,
+  ``khugepaged``). DAMON's physical-address monitoring checks whether sampled pages
+  were accessed by walking every mapping of each page, and a sandbox's sessions are
+  forked from one template, so their shared pages are mapped by up to hundreds of
+  processes each: with 10,000 sessions resident, ``kdamond`` runs in bursts of about
+  0.1 to 0.2 s of one core.
 
-:class:`StealSampler` reads the first line of ``/proc/stat`` (``cpu  user nice system
-idle iowait irq softirq steal ...``, in clock ticks) every ``interval_s`` in a thread of
-its own and keeps, per window, the ticks stolen and the ticks elapsed (all CPUs).
+Both read their counters every ``interval_s`` in a thread of their own and keep, per
+window, the ticks of what they watch and the ticks elapsed on all CPUs (``/proc/stat``).
 """
 
 from __future__ import annotations
 
 import bisect
+import glob
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Self
 
 STEAL_WINDOW_FRACTION = 0.25
-"""A window counts as a steal window when at least this fraction of the machine's CPU
-time in it was stolen."""
+"""A window counts as a steal window (a busy window of the kernel's threads) when at least
+this fraction of the machine's CPU time in it was stolen (went to those threads)."""
+KERNEL_THREADS = ("kdamond", "kswapd", "kcompactd", "khugepaged")
+"""Name prefixes of the kernel threads :class:`KernelThreadSampler` watches."""
+_KTHREADD = 2
+"""The kernel thread that starts every other one (their parent pid)."""
 
 
 def _read() -> tuple[int, int] | None:
@@ -40,20 +52,22 @@ def _read() -> tuple[int, int] | None:
     return ticks[7], sum(ticks)
 
 
-class StealSampler:
-    """Samples steal in windows of ``interval_s`` seconds from :meth:`start` to :meth:`stop`
+class WindowSampler:
+    """Samples ``read()`` (``(ticks of what is watched, all CPUs' ticks)``, or None when it
+    cannot be read) in windows of ``interval_s`` seconds from :meth:`start` to :meth:`stop`
     (timestamps: ``time.perf_counter()`` seconds, the clock the benchmarks time steps with)."""
 
-    def __init__(self, interval_s: float = 0.1) -> None:
+    def __init__(self, read: Callable[[], tuple[int, int] | None], interval_s: float = 0.1) -> None:
+        self.read = read
         self.interval_s = interval_s
         self.windows: list[tuple[float, float, int, int]] = []
-        """(start, end, steal ticks, all ticks) per window."""
+        """(start, end, watched ticks, all ticks) per window."""
         self._windows: list[tuple[float, float]] = []
         self._ends: list[float] | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="steal-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{type(self).__name__}", daemon=True)
 
-    def start(self) -> StealSampler:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -62,41 +76,135 @@ class StealSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        previous = _read()
+        previous = self.read()
         then = time.perf_counter()
         while previous is not None and not self._stop.wait(self.interval_s):
-            current = _read()
+            current = self.read()
             now = time.perf_counter()
             if current is None:
                 return
             self.windows.append((then, now, current[0] - previous[0], current[1] - previous[1]))
             previous, then = current, now
 
-    def steal_windows(self) -> list[tuple[float, float]]:
-        """(start, end) of the windows in which at least STEAL_WINDOW_FRACTION of the
-        machine's CPU time was stolen, in order."""
-        return [(start, end) for start, end, steal, total in self.windows
-                if total > 0 and steal >= STEAL_WINDOW_FRACTION * total]
+    def busy_windows(self) -> list[tuple[float, float]]:
+        """(start, end) of the windows in which what is watched had at least
+        STEAL_WINDOW_FRACTION of the machine's CPU time, in order."""
+        return [(start, end) for start, end, part, total in self.windows
+                if total > 0 and part >= STEAL_WINDOW_FRACTION * total]
 
     def overlaps(self, start: float, end: float) -> bool:
-        """Whether [start, end] (perf_counter seconds) touches a steal window (call after
+        """Whether [start, end] (perf_counter seconds) touches a busy window (call after
         :meth:`stop`: the windows are read once)."""
         if self._ends is None:
-            self._windows = self.steal_windows()
+            self._windows = self.busy_windows()
             self._ends = [w_end for _, w_end in self._windows]
         index = bisect.bisect_left(self._ends, start)
         return index < len(self._windows) and self._windows[index][0] <= end
+
+    def _totals(self) -> tuple[int, int, float]:
+        """(watched ticks, all ticks, the largest watched share of one window)."""
+        worst = max((w[2] / w[3] for w in self.windows if w[3] > 0), default=0.0)
+        return sum(w[2] for w in self.windows), sum(w[3] for w in self.windows), worst
+
+
+class StealSampler(WindowSampler):
+    """Steal (``/proc/stat``) in windows (module docstring)."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        super().__init__(_read, interval_s)
+
+    def steal_windows(self) -> list[tuple[float, float]]:
+        """(start, end) of the windows in which at least STEAL_WINDOW_FRACTION of the
+        machine's CPU time was stolen, in order."""
+        return self.busy_windows()
 
     def summary(self) -> dict[str, Any]:
         """``steal_pct``: stolen share of all CPU time (percent); ``steal_windows``: how many
         windows were steal windows; ``steal_window_s``: their total length (seconds);
         ``worst_window_pct``: the largest stolen share of one window; ``window_fraction``:
         STEAL_WINDOW_FRACTION."""
-        steal = sum(w[2] for w in self.windows)
-        total = sum(w[3] for w in self.windows)
+        steal, total, worst = self._totals()
         windows = self.steal_windows()
-        worst = max((w[2] / w[3] for w in self.windows if w[3] > 0), default=0.0)
         return {"cpus": os.cpu_count(), "interval_s": self.interval_s, "windows": len(self.windows),
                 "steal_pct": round(100 * steal / total, 2) if total else None,
                 "steal_windows": len(windows), "steal_window_s": round(sum(e - s for s, e in windows), 2),
                 "worst_window_pct": round(100 * worst, 1), "window_fraction": STEAL_WINDOW_FRACTION}
+
+
+def kernel_threads(prefixes: tuple[str, ...] = KERNEL_THREADS) -> dict[int, str]:
+    """``{pid: name}`` of the kernel threads (children of ``kthreadd``) whose name starts
+    with one of ``prefixes``; empty where /proc cannot be read."""
+    found: dict[int, str] = {}
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        fields = _stat(int(entry))
+        if fields is not None and fields[1] == _KTHREADD and fields[0].startswith(prefixes):
+            found[int(entry)] = fields[0]
+    return found
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(name, parent pid, user + system clock ticks) of ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+    return name, int(rest[1]), int(rest[11]) + int(rest[12])
+
+
+def damon_states() -> list[str]:
+    """The state (``on``/``off``) of each DAMON worker configured through sysfs, empty when
+    the kernel has none."""
+    states = []
+    for path in sorted(glob.glob("/sys/kernel/mm/damon/admin/kdamonds/*/state")):
+        try:
+            with open(path) as handle:
+                states.append(handle.read().strip())
+        except OSError:
+            pass
+    return states
+
+
+class KernelThreadSampler(WindowSampler):
+    """CPU time of the kernel threads named by ``prefixes`` (found when it is made), in
+    windows (module docstring)."""
+
+    def __init__(self, prefixes: tuple[str, ...] = KERNEL_THREADS, interval_s: float = 0.1) -> None:
+        self.threads = kernel_threads(prefixes)
+        """``{pid: name}`` of the watched threads."""
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        super().__init__(self._read_threads, interval_s)
+
+    def _read_threads(self) -> tuple[int, int] | None:
+        machine = _read()
+        if machine is None:
+            return None
+        for pid in self.threads:
+            fields = _stat(pid)
+            if fields is not None:
+                self._first.setdefault(pid, fields[2])
+                self._last[pid] = fields[2]
+        return sum(self._last.values()), machine[1]
+
+    def summary(self) -> dict[str, Any]:
+        """``cpu_pct``: the watched threads' share of all CPU time (percent);
+        ``cpu_s_by_thread``: each one's CPU seconds; ``busy_windows``/``busy_window_s``:
+        the windows in which they had at least STEAL_WINDOW_FRACTION of the machine, how
+        many and their total length (seconds); ``worst_window_pct``; ``window_fraction``;
+        ``damon``: the DAMON workers' states."""
+        used, total, worst = self._totals()
+        windows = self.busy_windows()
+        hertz = os.sysconf("SC_CLK_TCK")
+        return {"cpus": os.cpu_count(), "interval_s": self.interval_s, "windows": len(self.windows),
+                "cpu_pct": round(100 * used / total, 2) if total else None,
+                "cpu_s_by_thread": {name: round((self._last[pid] - self._first[pid]) / hertz, 2)
+                                    for pid, name in sorted(self.threads.items()) if pid in self._last},
+                "busy_windows": len(windows), "busy_window_s": round(sum(e - s for s, e in windows), 2),
+                "worst_window_pct": round(100 * worst, 1), "window_fraction": STEAL_WINDOW_FRACTION,
+                "damon": damon_states()}

@@ -59,6 +59,22 @@ def _steal_detail(steal: dict) -> str:
             f"{clear['n']} steps outside them {clear['p99']:.1f} ms")
 
 
+def _kernel_detail(kernel: dict) -> str:
+    """What the kernel's memory-management threads used during the run
+    (``hoststat.KernelThreadSampler``; DAMON's state), with the p99 of the steps outside
+    their busy windows, or "" when not measured."""
+    clear = kernel.get("step_ms_outside_busy_windows")
+    if kernel.get("cpu_pct") is None or not clear:
+        return ""
+    busiest = max(kernel["cpu_s_by_thread"].items(), key=lambda item: item[1], default=None)
+    damon = ", ".join(kernel.get("damon") or []) or "none"
+    return (f"; kernel memory threads {kernel['cpu_pct']:.1f}% of CPU"
+            + (f" ({busiest[0]} {busiest[1]:.1f} s)" if busiest else "")
+            + f", DAMON {damon}, {kernel['busy_window_s']:.1f} s of windows over "
+            f"{100 * kernel['window_fraction']:.0f}%: p99 of the {clear['n']} steps outside them "
+            f"{clear['p99']:.1f} ms")
+
+
 def _load(name: str) -> dict[str, Any] | None:
     path = RESULTS / f"{name}.json"
     if not path.exists():
@@ -218,7 +234,7 @@ def collect() -> list[dict[str, Any]]:
                  f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
                     f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else "")
-                 + _steal_detail(run.get("host_steal") or {}))
+                 + _steal_detail(run.get("host_steal") or {}) + _kernel_detail(run.get("host_kernel_threads") or {}))
     if (scale := _load("scale")) is not None:
         hop = scale["ray_hop_ms"]["p50"]
         _row(rows, "scale-out", "Ray hop added to a call, p50", "<= 1 ms", hop, "ms", hop <= 1,

@@ -49,3 +49,31 @@ def test_it_samples_this_machine() -> None:
     sampler.stop()
     assert len(sampler.windows) >= 3
     assert all(total >= steal >= 0 and end > start for start, end, steal, total in sampler.windows)
+
+
+def test_the_kernel_threads_are_found_by_name_among_kthreadd_children_only() -> None:
+    softirq = hoststat.kernel_threads(("ksoftirqd",))
+    assert sorted(softirq.values()) == sorted(f"ksoftirqd/{cpu}" for cpu in range(len(softirq)))
+    assert len(softirq) >= 1
+    assert hoststat.kernel_threads(("kthreadd",)) == {}  # pid 2 itself is no child of itself
+    assert hoststat.kernel_threads(("python",)) == {}  # user processes never count
+
+
+def test_kernel_thread_windows_count_as_busy_from_a_quarter_of_the_machine() -> None:
+    sampler = hoststat.KernelThreadSampler(prefixes=("ksoftirqd",))
+    sampler.windows = [(0.0, 0.1, 0, 20), (0.1, 0.2, 5, 20), (0.2, 0.3, 4, 20)]
+    assert sampler.busy_windows() == [(0.1, 0.2)]
+    assert sampler.overlaps(0.15, 0.16) and not sampler.overlaps(0.21, 0.29)
+    summary = sampler.summary()
+    assert summary["cpu_pct"] == 15.0 and summary["busy_windows"] == 1 and summary["worst_window_pct"] == 25.0
+
+
+def test_the_kernel_thread_sampler_reads_this_machine() -> None:
+    sampler = hoststat.KernelThreadSampler(prefixes=("ksoftirqd",), interval_s=0.02).start()
+    time.sleep(0.2)
+    sampler.stop()
+    summary = sampler.summary()
+    assert len(sampler.windows) >= 3 and summary["cpu_pct"] is not None
+    assert set(summary["cpu_s_by_thread"]) == set(sampler.threads.values())
+    assert all(seconds >= 0 for seconds in summary["cpu_s_by_thread"].values())
+    assert all(state in ("on", "off") for state in summary["damon"])
