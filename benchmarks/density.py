@@ -31,7 +31,7 @@ of the server process, of its sandboxes (cgroups) and of this process (the clien
 the spread run. Then the same clients step once all at the same instant
 (``burst``: what a trainer starting a batch of rollouts together meets), and one client
 steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``).
-Reports step p50/p99 (``step_ms``), steps/s, resident envs (``resident_before``,
+Reports step p50/p99 (``step_ms``, and per 10 s of the run: ``step_ms_by_10_s``), steps/s, resident envs (``resident_before``,
 ``resident_after``: envs the list ``GET /v1/envs`` says are ``live``), restores during the
 run (``restores_during_run``: steps answered with ``recovered``), sandboxes and sessions
 (``/metrics``), the server's RSS, the containers' total memory (cgroups) and PSS, the
@@ -466,6 +466,10 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                                  "step_ms_outside_steal_windows": pcts(clear) if clear else None}
             # and without those that ran while the kernel's memory-management threads (DAMON's
             # kdamond above all) had a quarter or more of the machine
+            # when the slow steps came: p99 per 10 s of the run (a tail of the run's first
+            # seconds, such as the database catching up with the creates, shows at the start)
+            out["step_ms_by_10_s"] = [{"from_s": start, **pcts(window)}
+                                      for start, window in _by_window(timed_steps, started, 10.0)]
             clear = [ms for begun, ms in timed_steps if not kernel.overlaps(begun, begun + ms / 1000)]
             out["host_kernel_threads"] = {**kernel.summary(),
                                           "steps_in_busy_windows": len(timed_steps) - len(clear),
@@ -541,6 +545,16 @@ def stop(server: Server, timeout_s: float = 900.0) -> float:
         server.process.kill()
         server.process.wait()
     return round(time.perf_counter() - started, 1)
+
+
+def _by_window(timed: list[tuple[float, float]], started: float, width_s: float) -> list[tuple[float, list[float]]]:
+    """``(window start, latencies)``: the latencies (ms) of ``timed`` steps (``(start, ms)``,
+    perf_counter seconds) by the ``width_s``-second window of the run they started in
+    (window starts in seconds from ``started``), in order; empty windows left out."""
+    windows: dict[int, list[float]] = {}
+    for begun, ms in timed:
+        windows.setdefault(int((begun - started) // width_s), []).append(ms)
+    return [(index * width_s, windows[index]) for index in sorted(windows)]
 
 
 def main() -> None:

@@ -1,0 +1,24 @@
+"""The density benchmark's per-window tail (``benchmarks/density.py``: ``_by_window``): steps
+grouped by the window of the run they started in, windows in order and named by their
+start, empty windows left out, a step on a boundary in the later window."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location(
+    "density", Path(__file__).resolve().parents[3] / "benchmarks" / "density.py")
+assert SPEC is not None and SPEC.loader is not None
+density = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(density)
+
+
+def test_steps_fall_in_the_window_they_started_in() -> None:
+    started = 100.0
+    timed = [(100.0, 1.0), (109.9, 2.0), (110.0, 3.0), (135.5, 4.0), (101.0, 5.0)]
+    assert density._by_window(timed, started, 10.0) == [(0.0, [1.0, 2.0, 5.0]), (10.0, [3.0]), (30.0, [4.0])]
+
+
+def test_no_steps_no_windows() -> None:
+    assert density._by_window([], 0.0, 10.0) == []
