@@ -31,12 +31,13 @@ of the server process, of its sandboxes (cgroups) and of this process (the clien
 the spread run. Then the same clients step once all at the same instant
 (``burst``: what a trainer starting a batch of rollouts together meets), and one client
 steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``).
-Reports step p50/p99 (``step_ms``, and per 10 s of the run: ``step_ms_by_10_s``), steps/s, resident envs (``resident_before``,
-``resident_after``: envs the list ``GET /v1/envs`` says are ``live``), restores during the
-run (``restores_during_run``: steps answered with ``recovered``), sandboxes and sessions
-(``/metrics``), the server's RSS, the containers' total memory (cgroups) and PSS, the
-host's available memory at the end (``host_mem_available_mib_at_end``) and how long the
-server took to stop (``server_stop_s``: it closes every session). Beside them, what the
+Reports step p50/p99 (``step_ms``; per 10 s of the run: ``step_ms_by_10_s``), steps/s,
+resident envs (``resident_before``, ``resident_after``: envs the list ``GET /v1/envs``
+says are ``live``), restores during the run (``restores_during_run``: steps answered with
+``recovered``), sandboxes and sessions (``/metrics``), the server's RSS, the containers'
+total memory (cgroups) and PSS, the host's available memory at the end
+(``host_mem_available_mib_at_end``) and how long the server took to stop
+(``server_stop_s``: it closes every session). Beside them, what the
 machine did besides the run (``hoststat.py``): the hypervisor's steal (``host_steal``) and
 the CPU of the kernel's memory-management threads (``host_kernel_threads``: DAMON's
 ``kdamond`` and the like, with the DAMON workers' states), each with the p99 of the steps
@@ -466,14 +467,14 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                                  "step_ms_outside_steal_windows": pcts(clear) if clear else None}
             # and without those that ran while the kernel's memory-management threads (DAMON's
             # kdamond above all) had a quarter or more of the machine
-            # when the slow steps came: p99 per 10 s of the run (a tail of the run's first
-            # seconds, such as the database catching up with the creates, shows at the start)
-            out["step_ms_by_10_s"] = [{"from_s": start, **pcts(window)}
-                                      for start, window in _by_window(timed_steps, started, 10.0)]
             clear = [ms for begun, ms in timed_steps if not kernel.overlaps(begun, begun + ms / 1000)]
             out["host_kernel_threads"] = {**kernel.summary(),
                                           "steps_in_busy_windows": len(timed_steps) - len(clear),
                                           "step_ms_outside_busy_windows": pcts(clear) if clear else None}
+            # when the slow steps came: p99 per 10 s of the run (a tail of the run's first
+            # seconds, such as the database catching up with the creates, shows at the start)
+            out["step_ms_by_10_s"] = [{"from_s": start, **pcts(window)}
+                                      for start, window in _by_window(timed_steps, started, 10.0)]
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
             # the server's own step time (request in to reply out, bucket upper bounds)
