@@ -18,7 +18,6 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from sandpit.sandbox_images.runner import protocol
 from sandpit.sandbox_images.runner.limits import HELLO_MAX_BYTES
 
 from ..errors import SandboxLost, SandboxStartError
-from ..pool.channel import RunnerChannel
+from ..pool.channel import PendingReply, RunnerChannel
 from ..profiles import ResourceProfile
 from ..settings import ExecutorSettings
 from . import engine
@@ -153,24 +152,17 @@ class Sandbox:
         """
         return self.submit(op, timeout_s, **fields)()
 
-    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> Callable[[], dict[str, Any]]:
-        """:meth:`request` in two halves: the request is sent now, the returned function
-        waits for the reply (the timeout counts from now) and raises what :meth:`request`
-        raises; a caller sends to several sandboxes before it waits for any."""
+    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> SandboxReply:
+        """:meth:`request` in two halves: the request is sent now, the returned
+        :class:`SandboxReply` waits for the reply when called (the timeout counts from
+        now) and raises what :meth:`request` raises; a caller sends to several sandboxes
+        before it waits for any."""
         if timeout_s is None:
             timeout_s = 2 * self.profile.call_timeout_s + self.watchdog_grace_s
         try:
-            wait = self.channel.submit(op, timeout_s, **fields)
+            return SandboxReply(self, self.channel.submit(op, timeout_s, **fields))
         except SandboxLost as exc:
             raise self._lost(exc) from exc
-
-        def reply() -> dict[str, Any]:
-            try:
-                return wait()
-            except SandboxLost as exc:
-                raise self._lost(exc) from exc
-
-        return reply
 
     def _lost(self, exc: SandboxLost) -> SandboxLost:
         """The loss ``exc`` with its status as the container tells it (``oom`` when the
@@ -285,3 +277,27 @@ def _remove_socket_dir(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
+
+
+class SandboxReply:
+    """A request sent to a :class:`Sandbox` (:meth:`Sandbox.submit`): the channel's
+    :class:`~sandpit.executor.pool.channel.PendingReply`, a loss reported as the
+    container tells it (the sandbox is destroyed when called)."""
+
+    __slots__ = ("_sandbox", "_pending")
+
+    def __init__(self, sandbox: Sandbox, pending: PendingReply) -> None:
+        self._sandbox = sandbox
+        self._pending = pending
+
+    def answered(self, wait_s: float) -> bool:
+        """:meth:`PendingReply.answered`: whether the reply came within ``wait_s``
+        seconds (False when the sandbox was lost meanwhile; calling then raises)."""
+        return self._pending.answered(wait_s)
+
+    def __call__(self) -> dict[str, Any]:
+        """The reply. Raises SandboxLost as :meth:`Sandbox.request` does (the sandbox destroyed)."""
+        try:
+            return self._pending()
+        except SandboxLost as exc:
+            raise self._sandbox._lost(exc) from exc

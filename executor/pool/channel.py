@@ -35,7 +35,6 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from sandpit.sandbox_images.runner import protocol
@@ -125,11 +124,12 @@ class RunnerChannel:
         """
         return self.submit(op, timeout_s, **fields)()
 
-    def submit(self, op: str, timeout_s: float, **fields: object) -> Callable[[], dict[str, Any]]:
-        """Send one request now; the returned function waits for its reply (what
-        :meth:`request` returns or raises; ``timeout_s`` counts from now), so a caller can
-        send to several sandboxes before it waits for any. Raises ValueError / TypeError
-        (``fields`` not JSON-encodable) and SandboxLost (the connection is dead) at once."""
+    def submit(self, op: str, timeout_s: float, **fields: object) -> PendingReply:
+        """Send one request now; the returned :class:`PendingReply` waits for its reply
+        when called (what :meth:`request` returns or raises; ``timeout_s`` counts from
+        now), so a caller can send to several sandboxes before it waits for any. Raises
+        ValueError / TypeError (``fields`` not JSON-encodable) and SandboxLost (the
+        connection is dead) at once."""
         request_id = next(self._ids)
         frame = protocol.encode({"id": request_id, "op": op, **fields})
         waiting = _Waiter()
@@ -142,23 +142,7 @@ class RunnerChannel:
                 self._sock.sendall(frame)
         except OSError as exc:
             self._fail(f"send failed: {exc}")
-        deadline = time.monotonic() + timeout_s
-
-        def reply() -> dict[str, Any]:
-            if not waiting.done and not self._wait(waiting, deadline):
-                with self._state_lock:
-                    self._pending.pop(request_id, None)
-                    self._parts.pop(request_id, None)
-                    late = waiting.done  # set as its deadline passed: still its reply
-                if not late:
-                    raise SandboxLost(f"sandbox {self.sandbox_id} did not answer {op!r} within {timeout_s:.1f} s",
-                                      self.sandbox_id, status="timeout")
-            if waiting.error is not None:
-                raise waiting.error
-            assert waiting.message is not None
-            return waiting.message
-
-        return reply
+        return PendingReply(self, waiting, request_id, op, timeout_s, time.monotonic() + timeout_s)
 
     def _wait(self, waiting: _Waiter, deadline: float) -> bool:
         """Wait until ``waiting`` is set or ``deadline`` (``time.monotonic()`` seconds)
@@ -290,3 +274,49 @@ class RunnerChannel:
         except OSError:
             pass
         self._sock.close()
+
+
+class PendingReply:
+    """A request sent on a :class:`RunnerChannel` (:meth:`RunnerChannel.submit`): call it
+    to wait for the reply, or ask :meth:`answered` first whether it is there within a
+    short wait (a caller that may not block long, such as an event loop, waits a little
+    and otherwise hands the call to a thread that calls it)."""
+
+    __slots__ = ("_channel", "_waiting", "_id", "_op", "_timeout_s", "_deadline")
+
+    def __init__(self, channel: RunnerChannel, waiting: _Waiter, request_id: int, op: str, timeout_s: float,
+                 deadline: float) -> None:
+        self._channel = channel
+        self._waiting = waiting
+        self._id = request_id
+        self._op = op
+        self._timeout_s = timeout_s
+        self._deadline = deadline
+
+    def answered(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` seconds (never past the request's deadline) for the
+        reply, reading the socket meanwhile when nobody else does; True when a reply
+        frame has come (calling then returns it at once). False also when the channel
+        failed: calling then raises SandboxLost. The request stays pending either way."""
+        waiting = self._waiting
+        if not waiting.done:
+            self._channel._wait(waiting, min(time.monotonic() + wait_s, self._deadline))
+        return waiting.done and waiting.error is None
+
+    def __call__(self) -> dict[str, Any]:
+        """Wait for the reply until the request's deadline and return it. Raises
+        SandboxLost: the connection is dead (``crashed``) or no reply came within the
+        request's ``timeout_s`` (``timeout``)."""
+        waiting, channel = self._waiting, self._channel
+        if not waiting.done and not channel._wait(waiting, self._deadline):
+            with channel._state_lock:
+                channel._pending.pop(self._id, None)
+                channel._parts.pop(self._id, None)
+                late = waiting.done  # set as its deadline passed: still its reply
+            if not late:
+                raise SandboxLost(f"sandbox {channel.sandbox_id} did not answer {self._op!r} within "
+                                  f"{self._timeout_s:.1f} s", channel.sandbox_id, status="timeout")
+        if waiting.error is not None:
+            raise waiting.error
+        assert waiting.message is not None
+        return waiting.message

@@ -20,12 +20,26 @@ placements in flight; different sessions are placed concurrently.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..profiles import ResourceProfile
 from ..results import EncodedValue, OpenedState
+
+
+class Reply(Protocol):
+    """A runner request sent, its reply not yet taken (:meth:`SandboxSlot.submit`)."""
+
+    def answered(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` seconds for the reply; True when it came (calling then
+        returns it at once), False when not yet or when the sandbox was lost (calling then
+        raises SandboxLost)."""
+        ...
+
+    def __call__(self) -> dict[str, Any]:
+        """Wait for the reply and return it. Raises SandboxLost (the sandbox died or did
+        not answer within the request's timeout)."""
+        ...
 
 
 class SandboxSlot(Protocol):
@@ -55,10 +69,10 @@ class SandboxSlot(Protocol):
         """
         ...
 
-    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> Callable[[], dict[str, Any]]:
-        """:meth:`request` in two halves: sent now, the returned function waits for the
-        reply (raising what :meth:`request` raises). Raises ValueError / TypeError and
-        SandboxLost at once when the request cannot be sent."""
+    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> Reply:
+        """:meth:`request` in two halves: sent now, the returned :class:`Reply` waits for
+        the reply when called (raising what :meth:`request` raises). Raises ValueError /
+        TypeError and SandboxLost at once when the request cannot be sent."""
         ...
 
     def check_churn(self) -> bool:

@@ -75,10 +75,8 @@ class MemorySandbox:
         reply = self.request("recycle")
         return reply.get("status") == "ok" and reply.get("clean") is True
 
-    def submit(self, op: str, timeout_s: float | None = None,
-               **fields: object) -> Callable[[], dict[str, Any]]:
-        reply = self.request(op, timeout_s, **fields)
-        return lambda: reply
+    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> KnownReply:
+        return KnownReply(self.request(op, timeout_s, **fields))
 
     def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         if self.dying:
@@ -213,3 +211,17 @@ def bump(state: dict[str, Any], by: int = 1) -> int:
 
 def _encode(state: dict[str, Any]) -> dict[str, list[Any]]:
     return {key: ["j", copy.deepcopy(value)] for key, value in state.items()}
+
+
+class KnownReply:
+    """A runner reply known when the request is sent (a :class:`~sandpit.executor.pool.placement.Reply`
+    of in-memory sandboxes, which answer at once)."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+
+    def answered(self, wait_s: float) -> bool:
+        return True
+
+    def __call__(self) -> dict[str, Any]:
+        return self.reply

@@ -4,7 +4,9 @@ replies matched by id whatever their order, parts gathered, the watchdog's timeo
 reply after it, a runner that closes or sends garbage, a reply read twice; and the
 callers' own reading (leader/follower): many callers on threads with some giving up, a
 runner that stalls mid-frame, a reply sent before its caller waits, a hang-up while idle,
-and the watcher thread's end."""
+and the watcher thread's end; a short wait for a reply (``answered``) that leaves the
+request pending, never waits past its deadline, and hands the reading on to a thread
+that waits on."""
 
 from __future__ import annotations
 
@@ -315,3 +317,51 @@ def test_timeouts_longer_than_poll_and_locks_take_still_wait_for_the_reply(
     for thread in waiters:
         thread.join(5)
     assert sorted(got) == [0, 1]
+
+
+def test_a_short_wait_for_a_reply_leaves_it_pending(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    channel, runner = pair
+    reply = channel.submit("call", 5, name="a")
+    request = read_request(runner)
+    started = time.monotonic()
+    assert not reply.answered(0.05)
+    assert 0.04 < time.monotonic() - started < 1
+    runner.sendall(protocol.encode({"id": request["id"], "status": "ok", "value": "a"}))
+    assert reply.answered(5) and reply.answered(0)
+    assert reply()["value"] == "a"
+
+
+def test_a_reply_not_answered_in_a_short_wait_comes_to_a_thread_that_waits_on(
+        pair: tuple[RunnerChannel, socket.socket]) -> None:
+    channel, runner = pair
+    other = channel.submit("call", 5, name="other")
+    mine = channel.submit("call", 5, name="mine")
+    requests = {r["name"]: r for r in (read_request(runner), read_request(runner))}
+    assert not mine.answered(0.01)  # it read the socket meanwhile, then gave the reading up
+    got: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: got.append(mine()))
+    waiter.start()
+    time.sleep(0.05)
+    runner.sendall(protocol.encode({"id": requests["other"]["id"], "status": "ok", "value": "other"}))
+    runner.sendall(protocol.encode({"id": requests["mine"]["id"], "status": "ok", "value": "mine"}))
+    waiter.join(5)
+    assert got and got[0]["value"] == "mine"
+    assert other.answered(0) and other()["value"] == "other"
+
+
+def test_a_short_wait_stops_at_the_deadline_and_at_a_lost_runner(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    channel, runner = pair
+    late = channel.submit("spin", 0.05)
+    read_request(runner)
+    started = time.monotonic()
+    assert not late.answered(10)
+    assert time.monotonic() - started < 2
+    with pytest.raises(SandboxLost) as timed_out:
+        late()
+    assert timed_out.value.status == "timeout"
+    lost = channel.submit("call", 5)
+    read_request(runner)
+    runner.close()
+    assert not lost.answered(5)  # the channel failed: no reply, and calling raises
+    with pytest.raises(SandboxLost):
+        lost()

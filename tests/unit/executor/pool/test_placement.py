@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from memory_driver import MemoryDriver
+from memory_driver import KnownReply, MemoryDriver
 from sandpit.executor.errors import SandboxLost, SessionClosed, SessionError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool import session as session_module
@@ -34,10 +33,8 @@ class ScriptedSandbox:
         self.state: dict[str, EncodedValue] = {}
         """What PID 1 would answer ``snapshot`` with."""
 
-    def submit(self, op: str, timeout_s: float | None = None,
-               **fields: object) -> Callable[[], dict[str, Any]]:
-        reply = self.request(op, timeout_s, **fields)
-        return lambda: reply
+    def submit(self, op: str, timeout_s: float | None = None, **fields: object) -> KnownReply:
+        return KnownReply(self.request(op, timeout_s, **fields))
 
     def request(self, op: str, timeout_s: float | None = None, **fields: object) -> dict[str, Any]:
         self.requests.append((op, dict(fields)))
