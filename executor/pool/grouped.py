@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SandboxLost, SessionError
 from ..results import CallResult, CallRules
-from .session import Session
+from .session import Session, StartedCall
 
 if TYPE_CHECKING:
     from ..interface import ExecutorSession
@@ -56,6 +56,18 @@ def call_many(calls: Sequence[tuple[ExecutorSession, str, dict[str, Any] | None,
         for i, outcome in zip(ours, grouped, strict=True):
             outcomes[i] = outcome
     return [outcome if outcome is not None else SessionError("call_many: no outcome") for outcome in outcomes]
+
+
+def start_call(session: ExecutorSession, name: str, arguments: dict[str, Any] | None,
+               rules: CallRules = "sandpit") -> StartedCall | CallResult | None:
+    """One tool call sent without waiting for its reply (:meth:`Session.start_call
+    <.session.Session.start_call>`), for a caller that must not block: a
+    :class:`~.session.StartedCall` to finish, a ``rejected`` result, or None when the call
+    cannot be sent at once, and always for sessions of other executors (the Ray
+    backend's): then call ``session.call`` on a thread."""
+    if not isinstance(session, Session):
+        return None
+    return session.start_call(name, arguments, rules)
 
 
 def _each(calls: Sequence[tuple[ExecutorSession, str, dict[str, Any] | None, CallRules]]) -> list[Outcome]:

@@ -55,7 +55,7 @@ from ..results import (
     render_state,
     starved,
 )
-from .placement import Placement, SandboxSlot, SessionSpec
+from .placement import Placement, Reply, SandboxSlot, SessionSpec
 
 if TYPE_CHECKING:
     from sandpit.sandbox_images.runner.protocol import CallReply, DescribeReply, SnapshotReply
@@ -204,6 +204,35 @@ class Session:
             return fields
         with self._lock:
             return self.finish_call(lambda: self._request("call", **fields), started)
+
+    def start_call(self, name: str, arguments: dict[str, Any] | None = None,
+                   rules: CallRules = "sandpit") -> StartedCall | CallResult | None:
+        """:meth:`call` in two halves, for a caller that must not block (an event loop):
+        the request is sent now and the returned :class:`StartedCall` holds the session's
+        lock until :meth:`StartedCall.finish` (which must be called, from any thread).
+        Returns the ``rejected`` result of a call that never reaches the sandbox (as
+        :meth:`call`), or None, with nothing sent, when the call cannot be sent without
+        waiting: another request of the session holds its lock, the session is closed,
+        or its sandbox is lost or retiring (moving the session is blocking work). Then
+        :meth:`call` is the way (on a thread)."""
+        started = time.perf_counter()
+        fields = self.call_fields(name, arguments, rules, started)
+        if isinstance(fields, CallResult):
+            return fields
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            sandbox = self._sandbox
+            if self.closed or sandbox is None or not sandbox.alive or sandbox.retiring:
+                self._lock.release()
+                return None
+            try:
+                return StartedCall(self, sandbox.submit("call", session=self.id, **fields), started)
+            except (ValueError, TypeError, SandboxLost) as exc:  # what the reply raises when finished
+                return StartedCall(self, exc, started)
+        except BaseException:
+            self._lock.release()
+            raise
 
     def call_fields(self, name: str, arguments: dict[str, Any] | None, rules: CallRules,
                     started: float) -> CallResult | dict[str, Any]:
@@ -365,6 +394,45 @@ class Session:
             self._opened = None
         if sandbox is not None:
             self._placement.release(sandbox, self.id)
+
+
+class StartedCall:
+    """A tool call sent by :meth:`Session.start_call`, its reply not yet taken: it holds
+    the session's lock until :meth:`finish`."""
+
+    __slots__ = ("_session", "_reply", "_started")
+
+    def __init__(self, session: Session, reply: Reply | Exception, started: float) -> None:
+        self._session = session
+        self._reply = reply
+        self._started = started
+
+    def answered(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` seconds for the sandbox's reply; True when
+        :meth:`finish` will not wait for the sandbox (the reply came, or the request could
+        not be encoded); False when it has not come yet or the sandbox was lost (finishing
+        then waits, or destroys the sandbox: work for a thread)."""
+        reply = self._reply
+        if isinstance(reply, Exception):
+            return not isinstance(reply, SandboxLost)
+        return reply.answered(wait_s)
+
+    def finish(self) -> CallResult:
+        """The call's result, as :meth:`Session.call` returns it (waiting for the reply
+        until the request's deadline); releases the session's lock. Raises what
+        :meth:`Session.call` raises. Call it exactly once."""
+        reply = self._reply
+        try:
+            if isinstance(reply, Exception):
+                failed = reply
+
+                def raised() -> dict[str, Any]:
+                    raise failed
+
+                return self._session.finish_call(raised, self._started)
+            return self._session.finish_call(reply, self._started)
+        finally:
+            self._session.locked.release()
 
 
 def _ms(started: float) -> float:
