@@ -112,6 +112,13 @@ class Database:
             with self._translated(), self.engine.begin() as conn:
                 yield conn
 
+    def write_free(self) -> bool:
+        """Whether a :meth:`write_connection` transaction would start now without waiting
+        for this process's other writers: on SQLite, nobody holds the writers' lock (a
+        hint: another thread may take it first); on other databases always False (a
+        commit is a round trip to the server, never done where waiting is not allowed)."""
+        return self._serialize_writes and not self._write_lock.locked()
+
     def delete_found(self, table: Table, where: ColumnElement[bool]) -> int:
         """Delete the rows of ``table`` matching ``where``; returns how many. A read looks
         for one first and the write transaction is opened only when it finds one, so a

@@ -97,6 +97,26 @@ class GroupCommit(Generic[Item]):
         if waiter.error is not None:
             raise waiter.error
 
+    def try_submit(self, item: Item) -> bool:
+        """:meth:`submit`, only when ``item`` can be committed at once on this thread: no
+        batch is being committed or waits to be, and the database's writer is free now
+        (:meth:`Database.write_free`). Returns True once committed, False when it could
+        not start (nothing was queued: :meth:`submit` it then). Raises what :meth:`submit`
+        raises. For a caller that must not wait for other writers (the event loop,
+        :func:`~sandpit.api.envs.step_work.run_inline`)."""
+        if not self.db.write_free():
+            return False
+        waiter = _Waiter(item)
+        with self._lock:
+            if self._leading or self._queue:
+                return False
+            self._queue.append(waiter)
+            self._leading = True
+        self._lead(waiter)
+        if waiter.error is not None:
+            raise waiter.error
+        return True
+
     def submit_many(self, items: list[Item]) -> list[BaseException | None]:
         """Write ``items`` (queued together, in their order) and return once each is
         committed or failed: ``[None | the error writing it alone raised]`` in the order

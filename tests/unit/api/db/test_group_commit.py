@@ -1,11 +1,14 @@
 """Group commit (``sandpit.api.db.group_commit``) on a real SQLite file: concurrent items
 are all durable once ``submit`` returns, in submission order per caller; a failing batch
 loses nothing it acknowledged and one bad item does not fail the others of its batch;
-``submit_many`` reports each item's own outcome."""
+``submit_many`` reports each item's own outcome; ``try_submit`` commits only when it need
+not wait (nobody commits, the database's writer is free; never on PostgreSQL) and
+queues nothing when it refuses."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -204,3 +207,38 @@ def test_submit_many_shares_the_lead_with_concurrent_callers(database: Database)
         seqs = [seq for _, w, seq in rows if w == writer]
         assert seqs == sorted(seqs)
 
+
+
+def test_try_submit_commits_only_when_it_need_not_wait(database: Database) -> None:
+    make_table(database)
+    entered, release = threading.Event(), threading.Event()
+
+    def write(conn: Connection, rows: list[Row]) -> None:
+        insert(conn, rows)
+        if rows[0][0].startswith("held"):
+            entered.set()
+            release.wait(30)
+
+    commits: GroupCommit[Row] = GroupCommit(database, write)
+    if database.dialect != "sqlite":  # a commit is a round trip to the server: never done where waiting is not allowed
+        assert not database.write_free() and not commits.try_submit(("pg", 0, 0))
+        assert stored(database) == []
+        return
+    assert database.write_free() and commits.try_submit(("a", 0, 0))
+    assert stored(database) == [("a", 0, 0)]
+    for number, holder in enumerate((GroupCommit(database, write), commits), start=1):  # another writer; its own lead
+        entered.clear()
+        release.clear()
+        writer = threading.Thread(target=holder.submit, args=((f"held-{number}", 1, number),))
+        writer.start()
+        assert entered.wait(30)
+        refused_at = time.monotonic()
+        assert not database.write_free() and not commits.try_submit(("b", 0, number))
+        assert time.monotonic() - refused_at < 0.5  # refused at once, not after the writer
+        release.set()
+        writer.join(30)
+    assert [k for k, _, _ in stored(database)] == ["a", "held-1", "held-2"]  # "b" was never queued
+    assert commits.try_submit(("b", 0, 3))
+    with pytest.raises(ServiceUnavailable):  # what submit raises for an item that fails alone
+        commits.try_submit(("b", 0, 4))
+    assert [k for k, _, _ in stored(database)] == ["a", "held-1", "held-2", "b"]
