@@ -16,9 +16,9 @@ from sandpit.executor.errors import SandboxLost, SessionClosed, SessionError
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool import session as session_module
 from sandpit.executor.pool.placement import Placement, SandboxSlot, SessionSpec
-from sandpit.executor.pool.session import Session
+from sandpit.executor.pool.session import Session, StartedCall
 from sandpit.executor.profiles import ResourceProfile
-from sandpit.executor.results import EncodedValue, OpenedState, Snapshot
+from sandpit.executor.results import CallResult, EncodedValue, OpenedState, Snapshot
 
 
 class ScriptedSandbox:
@@ -257,3 +257,28 @@ def test_a_session_closed_by_a_loss_says_so_and_one_closed_on_purpose_does_not()
     with pytest.raises(SessionClosed) as info:
         closed.call("bump")
     assert not isinstance(info.value, SessionLost)
+
+
+def test_a_call_started_without_waiting_is_the_calls_result() -> None:
+    placement = ScriptedPlacement()
+    session, alone = _open(placement), _open(ScriptedPlacement())
+    started = session.start_call("bump", {"by": 1})
+    assert isinstance(started, StartedCall) and started.answered(0)
+    assert not session.locked.acquire(blocking=False)  # the call holds the session until finished
+    result, reference = started.finish(), alone.call("bump", {"by": 1})
+    assert (result.status, result.observation, result.delta) == (reference.status, reference.observation,
+                                                                 reference.delta)
+    assert session.locked.acquire(blocking=False)
+    assert session.start_call("bump") is None  # another request holds the session: nothing sent
+    session.locked.release()
+    rejected = session.start_call("_secret")
+    assert isinstance(rejected, CallResult) and rejected.status == "rejected"
+    placement.sandboxes[0].retiring = True  # moving the session is blocking work: not started here
+    assert session.start_call("bump") is None
+    assert len([r for r in placement.sandboxes[0].requests if r[0] == "call"]) == 1
+    placement.sandboxes[0].retiring = False
+    placement.sandboxes[0].lose_next = "crashed"
+    lost = session.start_call("bump")
+    assert isinstance(lost, StartedCall) and not lost.answered(0)  # finishing a loss is work for a thread
+    assert lost.finish().status == "crashed" and session.closed
+    assert session.start_call("bump") is None and ("forget", "s0", "abc") in placement.log
