@@ -109,6 +109,11 @@ class Metrics:
                        ["phase"], registry=self.registry)
         self.step_phases = Counter("sandpit_step_phase_steps_total", "Step requests timed by phase",
                                    registry=self.registry)
+        runs = Counter("sandpit_step_runs_total", "Step requests by where they ran: event_loop (all of it), "
+                       "handed_off (started on the event loop, went on on a worker thread where it had to wait), "
+                       "worker_thread", ["where"], registry=self.registry)
+        self.step_runs = {where: runs.labels(where) for where in ("event_loop", "handed_off", "worker_thread")}
+        """``sandpit_step_runs_total`` by ``where`` (``step_inline_wait_s``)."""
         self._phase_cpu = {phase: cpu.labels(phase) for phase in STEP_PHASES}
         self._phase_wall = {phase: wall.labels(phase) for phase in STEP_PHASES}
         self.registry.register(_PoolCollector(pool_stats))
@@ -140,13 +145,24 @@ class StepClock:
     episode bookkeeping, metrics). The HTTP step door makes one per request; the step
     (:mod:`sandpit.api.envs.steps`) laps the phases it runs."""
 
-    __slots__ = ("cpu", "wall", "_cpu", "_wall")
+    __slots__ = ("cpu", "wall", "_cpu", "_wall", "_carried")
 
     def __init__(self) -> None:
         self.cpu: dict[str, float] = {}
         self.wall: dict[str, float] = {}
         self._cpu = time.thread_time()
         self._wall = time.perf_counter()
+        self._carried = 0.0
+
+    def leave(self) -> None:
+        """The step goes on on another thread (its CPU clock is another): keep the CPU
+        since the last lap, on this thread, for the next lap; call :meth:`arrive` there."""
+        self._carried = time.thread_time() - self._cpu
+
+    def arrive(self) -> None:
+        """On the thread the step went on to (after :meth:`leave`): the next lap adds
+        this thread's CPU from now to what was carried."""
+        self._cpu = time.thread_time() - self._carried
 
     def lap(self, phase: str) -> None:
         """Charge the time since the previous lap (or creation) to ``phase``."""

@@ -65,11 +65,13 @@ from sandpit.executor import (
     SessionOpenError,
     SharedConfig,
     Snapshot,
+    StartedCall,
     StateDelta,
     call_many,
     encode_json_state,
     is_truncated,
     render_entry,
+    start_call,
 )
 from sandpit.sandbox_images.runner import limits as _runner_limits
 
@@ -150,6 +152,35 @@ def translate(exc: ExecutorError, retry_after: int) -> ApiError:
     return SandboxUnavailable(f"executor failure: {type(exc).__name__}: {exc}", retry_after=retry_after)
 
 
+class CallInFlight:
+    """A tool call sent by :meth:`SandboxSession.start_call`: it holds its tenant's
+    execution slot and its session until :meth:`finish`, which must be called exactly
+    once (from any thread)."""
+
+    __slots__ = ("_started", "_slot", "_owner")
+
+    def __init__(self, started: StartedCall, slot: ExitStack, owner: Sandboxes) -> None:
+        self._started = started
+        self._slot = slot
+        self._owner = owner
+
+    def answered(self, wait_s: float) -> bool:
+        """Whether :meth:`finish` can return without waiting for the sandbox, after
+        waiting up to ``wait_s`` seconds for its reply
+        (:meth:`~sandpit.executor.StartedCall.answered`)."""
+        return self._started.answered(wait_s)
+
+    def finish(self) -> CallResult:
+        """The call's result, as :meth:`SandboxSession.call` returns it (waiting for the
+        reply until the call's deadline); frees the slot and the session. Raises what
+        :meth:`SandboxSession.call` raises (a SandboxError)."""
+        try:
+            with self._owner.translated():
+                return self._started.finish()
+        finally:
+            self._slot.close()
+
+
 class SandboxSession:
     """One environment instance in a sandbox (an :class:`ExecutorSession` behind the
     slot discipline and the error translation). A handle: it keeps no state (the API's
@@ -188,6 +219,32 @@ class SandboxSession:
         does. Raises QuotaExceeded (no slot), a SandboxError."""
         with self._owner.slot(self._session.tenant), self._owner.translated():
             return self._session.call(name, arguments, rules)
+
+    def start_call(self, name: str, arguments: dict[str, Any],
+                   rules: CallRules = "sandpit") -> CallInFlight | CallResult | None:
+        """:meth:`call` without waiting for the sandbox, for a caller that must not block
+        (the event loop, :func:`~.envs.step_work.run_inline`): the call is sent now, in a
+        slot of the tenant taken only if one is free now, and the :class:`CallInFlight`
+        holds that slot and the session until it is finished. Returns the ``rejected``
+        result of a call that never reaches the sandbox, or None (nothing sent) when the
+        call cannot start at once: no slot free now, the session busy, closed or moving
+        to another sandbox, or an executor without this split (then :meth:`call`, on a
+        thread). Raises a SandboxError."""
+        slot = ExitStack()
+        try:
+            slot.enter_context(self._owner.slot(self._session.tenant, wait=False))
+        except QuotaExceeded:
+            return None
+        try:
+            with self._owner.translated():
+                started = start_call(self._session, name, arguments, rules)
+        except BaseException:
+            slot.close()
+            raise
+        if not isinstance(started, StartedCall):
+            slot.close()
+            return started
+        return CallInFlight(started, slot, self._owner)
 
     def call_many(self, calls: list[tuple[SandboxSession, str, dict[str, Any], CallRules]]) -> list[CallResult | Exception]:
         """:meth:`call` for each ``(session, name, arguments, rules)`` of ``calls`` (this

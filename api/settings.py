@@ -136,6 +136,16 @@ class ApiSettings(BaseSettings):
     tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
     the step door runs and for the creates the create door runs (a pool of each door's
     own, made on demand: :mod:`sandpit.api.http.step`, :mod:`sandpit.api.http.create_env`)."""
+    step_inline_wait_s: Annotated[float, Field(ge=0, le=0.05)] = 0.002
+    """Seconds a step run on the event loop may hold it waiting for its tool call's reply
+    (0: every step runs on a worker thread). A step runs on the event loop, which saves
+    the hops to a worker thread and back, only while no other step or batch of this
+    process runs; without an ``Idempotency-Key`` or ``Sandpit-Attempt``; with an API key
+    authenticated recently; and while its env is not busy. It moves to a worker thread as
+    soon as it would wait for anything else: a reply not come within this many seconds,
+    an execution slot, its session, another writer of the database (on databases other
+    than SQLite, every commit), re-attaching the env, scoring, a simulated user
+    (:func:`sandpit.api.envs.step_work.run_inline`)."""
     keep_alive_s: Annotated[int, Field(ge=1, le=3600)] = 75
     """Seconds ``sandpit serve`` keeps an idle HTTP/1.1 keep-alive connection open between
     two requests (uvicorn's ``timeout_keep_alive``, whose own default is 5). An agent

@@ -81,6 +81,12 @@ class LiveEnvs:
         with self._lock_of(env_id):
             yield
 
+    def busy(self, env_id: str) -> bool:
+        """Whether a request holds the env's lock now (a hint: it may be taken or
+        released right after)."""
+        lock = self._locks.get(env_id)
+        return lock is not None and lock.locked()
+
     def _lock_of(self, env_id: str) -> threading.Lock:
         with self._registry:
             return self._locks.setdefault(env_id, threading.Lock())

@@ -11,7 +11,11 @@ episode rules, the state delta, rewards, the reply) runs inside the generator, t
 code for every driver:
 
 * :func:`run_alone` drives one step: the call through its session, the write through the
-  group commit; this is ``POST /v1/envs/{id}/step``.
+  group commit; this is ``POST /v1/envs/{id}/step`` on a worker thread.
+* :func:`run_inline` drives one step on the event loop while nothing makes it wait (a
+  call sent at once and answered within a short wait, a write committed at once), and
+  hands the rest, from the need that would wait, to a worker thread (:class:`Handoff`):
+  the step door's way when the process runs no other step (:mod:`sandpit.api.http.step`).
 * :mod:`.batch`'s vectorised driver advances the steps of a batch together: every step's
   call is sent in one :meth:`~..sandboxes.SandboxSession.call_many` (one frame per
   sandbox each way), and once no step waits for a call, the writes of the steps waiting
@@ -26,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 from ..db.group_commit import GroupCommit
 from ..db.step_writes import StepWrite
-from ..sandboxes import CallRules, SandboxSession
+from ..sandboxes import CallInFlight, CallRules, SandboxSession
 
 T = TypeVar("T")
 
@@ -65,9 +70,52 @@ Work = Generator[Need, Any, T]
 """A step's work: yields what it needs, returns its outcome."""
 
 
-def run_alone(work: Work[T], commits: GroupCommit[StepWrite]) -> T:
+def run_alone(work: Work[T], commits: GroupCommit[StepWrite], value: Any = None,
+              error: BaseException | None = None) -> T:
     """Drive ``work`` to its end on this thread: each call through its session, each
-    write through ``commits``. Returns the work's value; raises what it raises."""
+    write through ``commits``. ``value`` (or ``error``) is what the work is resumed with
+    first (None for work not started). Returns the work's value; raises what it raises."""
+    while True:
+        try:
+            need = work.send(value) if error is None else work.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            value = _carry_out(need, commits)
+        except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
+            error = exc
+
+
+def _carry_out(need: Need, commits: GroupCommit[StepWrite]) -> Any:
+    """What ``need`` asks for, done on this thread (it may wait): its value."""
+    if isinstance(need, CallNeed):
+        return need.session.call(need.name, need.arguments, need.rules)
+    if isinstance(need, BlockingNeed):
+        return need.run()
+    commits.submit(need.write)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff(Generic[T]):
+    """Where :func:`run_inline` stopped: ``resume()`` carries the work on to its end on a
+    thread that may wait (the need it stopped at first) and returns its value or raises."""
+
+    resume: Callable[[], T]
+
+
+def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float) -> T | Handoff[T]:
+    """Drive ``work`` on a thread that must not wait long (the event loop) for as long as
+    nothing makes it wait: each tool call sent at once
+    (:meth:`~..sandboxes.SandboxSession.start_call`) whose reply comes within ``wait_s``
+    seconds, each write committed at once (:meth:`~..db.group_commit.GroupCommit.try_submit`).
+    At the first need that would wait (a call that cannot start at once or is not answered
+    in time, a write behind another writer, any :class:`BlockingNeed`) it stops and
+    returns a :class:`Handoff`, whose ``resume`` does that need and drives the rest as
+    :func:`run_alone` does: the same outcome as :func:`run_alone` on one thread, the
+    work's locks and slots held across the move. Returns the work's value; raises what it
+    raises."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -78,10 +126,30 @@ def run_alone(work: Work[T], commits: GroupCommit[StepWrite]) -> T:
         value, error = None, None
         try:
             if isinstance(need, CallNeed):
-                value = need.session.call(need.name, need.arguments, need.rules)
-            elif isinstance(need, BlockingNeed):
-                value = need.run()
-            else:
-                commits.submit(need.write)
+                started = need.session.start_call(need.name, need.arguments, need.rules)
+                if started is None:
+                    return Handoff(partial(_resume, work, commits, need, None))
+                if isinstance(started, CallInFlight):
+                    if not started.answered(wait_s):
+                        return Handoff(partial(_resume, work, commits, None, started))
+                    value = started.finish()
+                else:
+                    value = started  # rejected before the sandbox
+            elif not isinstance(need, CommitNeed) or not commits.try_submit(need.write):
+                return Handoff(partial(_resume, work, commits, need, None))
         except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
             error = exc
+
+
+def _resume(work: Work[T], commits: GroupCommit[StepWrite], need: Need | None, call: CallInFlight | None) -> T:
+    """:func:`run_inline`'s hand-off: finish ``call`` (a call in flight) or carry out
+    ``need``, then drive ``work`` on to its end (:func:`run_alone`)."""
+    try:
+        if call is not None:
+            value = call.finish()
+        else:
+            assert need is not None
+            value = _carry_out(need, commits)
+    except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
+        return run_alone(work, commits, None, exc)
+    return run_alone(work, commits, value)

@@ -154,6 +154,8 @@ class WorkerThreads:
         self._wakes: dict[asyncio.AbstractEventLoop, _Wake[Any]] = {}
         self._lock = threading.Lock()
         self._crew: _Crew | None = None
+        self.running = 0
+        """Calls of :meth:`run` awaiting their work now (changed on the event loop only)."""
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> _Wake[Any]:
         wake = self._wakes.get(loop)
@@ -202,7 +204,11 @@ class WorkerThreads:
                 wake.deliver(future, True, value)
 
         self._submit(task)
-        return await future
+        self.running += 1
+        try:
+            return await future
+        finally:
+            self.running -= 1
 
     def close(self) -> None:
         """Let the threads end once the work they run returns (what is queued still runs

@@ -5,7 +5,7 @@ Why a door of its own: steps are nearly all of an RL trainer's traffic, and Fast
 generic path (route matching over every route, each dependency on the thread pool, the
 request and response models, the error and exception middleware) costs several times
 the server CPU of the step itself. The door does, for this one operation, exactly what
-that path did, with one hop to a worker thread:
+that path did, with at most one hop to a worker thread:
 
 1. The body: a ``Content-Length`` over ``max_body_bytes`` is 413 at once; the body must
    arrive whole within ``body_read_timeout_s`` of the request's start, else 408 (a
@@ -19,6 +19,13 @@ that path did, with one hop to a worker thread:
    (at most :data:`INCLUDE_MAX_CHARS`; the last one given counts), a 422 naming the
    first field as every route's (:func:`~sandpit.api.errors.invalid_request_body`);
    then the step (:meth:`~sandpit.api.envs.steps.Steps.step`) and its JSON reply.
+   On a server answering no other step (``step_inline_wait_s`` above 0), a step
+   without ``Idempotency-Key`` or ``Sandpit-Attempt`` whose API key was authenticated
+   recently runs on the event loop instead, saving the hop there and back: the same
+   step (:func:`~sandpit.api.envs.step_work.run_inline`), which moves to a worker
+   thread as soon as it would wait (its call not answered within
+   ``step_inline_wait_s``, a busy slot, session or database writer, blocking work);
+   ``sandpit_step_runs_total`` counts where steps ran.
 4. ``Idempotency-Key`` (:mod:`sandpit.api.services.idempotency`): a malformed key is a
    422 naming the header (with the request's other shape errors, as FastAPI reports
    them); after the API key, the key is claimed: a replay of the stored reply
@@ -45,7 +52,8 @@ import email.message
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from functools import partial
+from typing import Annotated, Any, TypeVar, cast
 from urllib.parse import parse_qsl
 
 from fastapi import Query, Response
@@ -55,12 +63,15 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import Message, Receive, Scope, Send
 
+from ..envs.outcomes import StepOutcome
+from ..envs.step_work import Handoff, Work, run_inline
 from ..envs.steps import INCLUDES, Steps
 from ..errors import ApiError, invalid_request_body
 from ..metrics import StepClock
 from ..schemas.common import list_pattern
 from ..schemas.envs import ATTEMPT_PATTERN, StepRequest, StepResult
 from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest, valid_key
+from ..services.quotas import TenantContext
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .access_log import note_route, note_tenant
@@ -83,6 +94,7 @@ STEP_TEMPLATE = "/v1/envs/{env_id}/step"
 STEP_PATH = compile_path(STEP_TEMPLATE)[0]
 """The template as Starlette's router matches it (``{env_id}`` is one path segment)."""
 _T = TypeVar("_T")
+_W = TypeVar("_W")
 INCLUDE_MAX_CHARS = 64
 """Longest ``include`` query value (characters)."""
 Include = Annotated[str | None, Query(max_length=INCLUDE_MAX_CHARS,
@@ -124,6 +136,8 @@ class StepDoor:
         self.max_threads = threads
         self.translate = translate
         self._threads = WorkerThreads(threads, "sandpit-step")
+        self._open = 0
+        """Step requests this door is answering now (changed on the event loop only)."""
 
     def env_id(self, scope: Scope) -> str | None:
         """The env id of an HTTP ``POST`` to the step path (matched as the router matches
@@ -148,6 +162,13 @@ class StepDoor:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, env_id: str) -> None:
         """Answer the step request of ``scope`` for ``env_id`` (module docstring)."""
+        self._open += 1
+        try:
+            await self._answer_step(scope, receive, send, env_id)
+        finally:
+            self._open -= 1
+
+    async def _answer_step(self, scope: Scope, receive: Receive, send: Send, env_id: str) -> None:
         state = scope["app"].state
         settings: ApiSettings = state.settings
         request_read = await self.read_request(scope, receive, send, STEP_TEMPLATE)
@@ -180,8 +201,34 @@ class StepDoor:
         tenants: TenantService = state.tenants
         steps: Steps = state.steps
         keys: Idempotency = state.idempotency
+        caller = None
+        if key is None and attempt is None and not invalid and request is not None \
+                and settings.step_inline_wait_s > 0 and self._open == 1 and not self._threads.running:
+            await asyncio.sleep(0)  # requests that came with this one start first, and are counted
+            caller = self._inline_caller(tenants, steps, env_id, authorization)
+        if caller is not None:
+            assert request is not None
+            step_request = request
+
+            def start() -> bytes | Handoff[bytes]:
+                clock = StepClock()
+                clock.cpu["parse"] = parse_cpu
+                note_tenant(scope, caller.tenant)
+                clock.lap("auth")
+                work = _replied(steps.work(caller, env_id, step_request, include, clock), clock, steps)
+                outcome = run_inline(work, steps.commits, settings.step_inline_wait_s)
+                if not isinstance(outcome, Handoff):
+                    steps.metrics.step_runs["event_loop"].inc()
+                    return outcome
+                steps.metrics.step_runs["handed_off"].inc()
+                clock.leave()
+                return Handoff(partial(_arrived, clock, outcome.resume))
+
+            await self.answer(start, scope, receive, send, run=self._run_inline)
+            return
 
         def work() -> bytes | Replay:
+            steps.metrics.step_runs["worker_thread"].inc()
             clock = StepClock()
             clock.cpu["parse"] = parse_cpu
             caller = tenants.authenticate(authorization)
@@ -206,6 +253,33 @@ class StepDoor:
             return data
 
         await self.answer(work, scope, receive, send)
+
+    def _inline_caller(self, tenants: TenantService, steps: Steps, env_id: str,
+                       authorization: str | None) -> TenantContext | None:
+        """The caller of a step that may start on the event loop, else None: this door
+        answers no other step request and runs no other work on its threads (a batch,
+        an MCP call), the API key was authenticated within ``auth_cache_ttl_s``, the env
+        is not busy and the database's writer is free (never on databases other than
+        SQLite, whose commits are round trips to a server: there the step could not end
+        on the event loop). The caller checks ``step_inline_wait_s`` and that the request
+        carries no ``Idempotency-Key`` or ``Sandpit-Attempt`` (both read or write the
+        database before the action). Under concurrent requests steps stay on threads:
+        steps run one after another on the event loop would hold the GIL from the
+        threads' steps, whose every wake-up then waits for it."""
+        if self._open > 1 or self._threads.running or steps.live.busy(env_id) or not steps.db.write_free():
+            return None
+        try:
+            return tenants.authenticate_cached(authorization)
+        except ApiError:  # the worker thread's authentication gives the same error
+            return None
+
+    async def _run_inline(self, start: Callable[[], bytes | Handoff[bytes]]) -> bytes:
+        """``start()`` on the event loop; what it hands off goes on on a step thread
+        (:func:`~sandpit.api.envs.step_work.run_inline`)."""
+        outcome = start()
+        if isinstance(outcome, Handoff):
+            return await self._threads.run(outcome.resume)
+        return outcome
 
     async def read_request(self, scope: Scope, receive: Receive, send: Send,
                            template: str) -> tuple[dict[bytes, bytes], bytes] | None:
@@ -238,8 +312,8 @@ class StepDoor:
             log_disconnect(scope, sum(map(len, chunks)))
         return None
 
-    async def answer(self, work: Callable[[], bytes | Replay], scope: Scope, receive: Receive, send: Send, *,
-                     status: int = 200, run: Callable[[Callable[[], bytes | Replay]], Awaitable[bytes | Replay]]
+    async def answer(self, work: Callable[[], _W], scope: Scope, receive: Receive, send: Send, *,
+                     status: int = 200, run: Callable[[Callable[[], _W]], Awaitable[bytes | Replay]]
                      | None = None, replayed_first: bool = False) -> None:
         """Run ``work`` on a step thread (or with ``run``: another door's worker threads)
         and send its JSON bytes (``status``, or a :class:`Replay`'s stored status with
@@ -248,7 +322,8 @@ class StepDoor:
         instead: an ApiError's response (429s counted), 422 for :class:`Invalid`, a
         foreign error translated (:attr:`translate`) or the catch-all 500."""
         try:
-            data = await (run or self._threads.run)(work)
+            data = await (run(work) if run is not None
+                          else self._threads.run(cast(Callable[[], bytes | Replay], work)))
         except ApiError as exc:
             await self._error(exc, scope, receive, send)
             return
@@ -383,6 +458,21 @@ async def _read(receive: Receive, chunks: list[bytes]) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def _replied(work: Work[StepOutcome], clock: StepClock, steps: Steps) -> Work[bytes]:
+    """``work`` (a step), then its JSON reply; the clock's phases flushed to the metrics."""
+    outcome = yield from work
+    data = outcome.json()
+    clock.lap("serialize")
+    clock.flush(steps.metrics)
+    return data
+
+
+def _arrived(clock: StepClock, resume: Callable[[], bytes]) -> bytes:
+    """A step handed off the event loop, on the thread it goes on on (its clock moved there)."""
+    clock.arrive()
+    return resume()
 
 
 class StepRoute(StrictJSONRoute):

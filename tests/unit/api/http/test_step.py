@@ -335,7 +335,7 @@ def test_an_executor_error_is_translated(tmp_path: Path, monkeypatch: pytest.Mon
     def full(*_args: Any, **_kwargs: Any) -> Any:
         raise CapacityError("no sandbox left")
 
-    monkeypatch.setattr(Steps, "step", full)
+    monkeypatch.setattr(Steps, "work", full)
     seen: list[httpx.Response] = []
 
     async def test(stepper: Stepper) -> None:
@@ -365,7 +365,7 @@ def test_a_bug_is_the_catch_all_500_and_the_server_goes_on(tmp_path: Path, where
     """A bug raised while stepping or while the door reads the request is answered 500
     ``internal`` with the catch-all handler's JSON body; the next step is served."""
     if where == "step":
-        monkeypatch.setattr(Steps, "step", fail_once(Steps.step))
+        monkeypatch.setattr(Steps, "work", fail_once(Steps.work))
     else:
         monkeypatch.setattr(door, "_shape", fail_once(door._shape))
     seen: list[httpx.Response] = []
