@@ -35,8 +35,9 @@ Reports step p50/p99 (``step_ms``; per 10 s of the run: ``step_ms_by_10_s``), st
 resident envs (``resident_before``, ``resident_after``: envs the list ``GET /v1/envs``
 says are ``live``), restores during the run (``restores_during_run``: steps answered with
 ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS, the containers'
-total memory (cgroups) and PSS, the host's available memory at the end
-(``host_mem_available_mib_at_end``) and how long the server took to stop
+total memory (cgroups) and PSS, the host's memory before the creates
+(``host_memory_at_start_mib``: available, free, page cache) and its available memory at
+the end (``host_mem_available_mib_at_end``) and how long the server took to stop
 (``server_stop_s``: it closes every session). Beside them, what the
 machine did besides the run (``hoststat.py``): the hypervisor's steal (``host_steal``) and
 the CPU of the kernel's memory-management threads (``host_kernel_threads``: DAMON's
@@ -224,13 +225,24 @@ def bench_executor(args: argparse.Namespace) -> dict:
     return out
 
 
+def meminfo() -> dict[str, int]:
+    """The host's ``/proc/meminfo``, bytes by field name (``MemAvailable``, ``Cached``, ...)."""
+    with open("/proc/meminfo") as handle:
+        return {line.split(":", 1)[0]: int(line.split()[1]) * 1024 for line in handle if line.split()[1:2]}
+
+
 def mem_available() -> int:
     """The host's MemAvailable, bytes (``/proc/meminfo``)."""
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return meminfo().get("MemAvailable", 0)
+
+
+def host_memory_mib() -> dict[str, int]:
+    """The host's memory now, MiB: ``available`` (MemAvailable), ``free`` (MemFree) and
+    ``page_cache`` (Cached: files' pages the kernel reclaims when sandboxes need the
+    memory, at a cost that grows with the processes mapping what it scans)."""
+    info = meminfo()
+    return {"available": round(info.get("MemAvailable", 0) / MiB), "free": round(info.get("MemFree", 0) / MiB),
+            "page_cache": round(info.get("Cached", 0) / MiB)}
 
 
 def metric(text: str, name: str) -> float:
@@ -355,6 +367,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                     time.sleep(0.5)
                 raise RuntimeError(response.text)
 
+            out["host_memory_at_start_mib"] = host_memory_mib()
             started = time.perf_counter()
             with ThreadPoolExecutor(args.create_threads) as pool:
                 ids = list(pool.map(create, range(args.envs)))

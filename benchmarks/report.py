@@ -75,6 +75,15 @@ def _kernel_detail(kernel: dict) -> str:
             f"{clear['p99']:.1f} ms")
 
 
+def _memory_detail(memory: dict) -> str:
+    """The host's page cache and available memory before the run's creates, or "" when
+    not measured (the kernel reclaims that cache as the sandboxes grow)."""
+    if "page_cache" not in memory:
+        return ""
+    return (f"; before the creates {memory['page_cache'] / 1024:.1f} GiB of page cache, "
+            f"{memory['available'] / 1024:.1f} GiB available")
+
+
 def _load(name: str) -> dict[str, Any] | None:
     path = RESULTS / f"{name}.json"
     if not path.exists():
@@ -234,7 +243,8 @@ def collect() -> list[dict[str, Any]]:
                  f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
                     f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else "")
-                 + _steal_detail(run.get("host_steal") or {}) + _kernel_detail(run.get("host_kernel_threads") or {}))
+                 + _steal_detail(run.get("host_steal") or {}) + _kernel_detail(run.get("host_kernel_threads") or {})
+                 + _memory_detail(run.get("host_memory_at_start_mib") or {}))
     if (scale := _load("scale")) is not None:
         hop = scale["ray_hop_ms"]["p50"]
         _row(rows, "scale-out", "Ray hop added to a call, p50", "<= 1 ms", hop, "ms", hop <= 1,

@@ -1,6 +1,7 @@
 """The density benchmark's per-window tail (``benchmarks/density.py``: ``_by_window``): steps
 grouped by the window of the run they started in, windows in order and named by their
-start, empty windows left out, a step on a boundary in the later window."""
+start, empty windows left out, a step on a boundary in the later window; and the host's
+memory it records before the creates (``host_memory_mib``), read from this machine."""
 
 from __future__ import annotations
 
@@ -22,3 +23,10 @@ def test_steps_fall_in_the_window_they_started_in() -> None:
 
 def test_no_steps_no_windows() -> None:
     assert density._by_window([], 0.0, 10.0) == []
+
+
+def test_the_hosts_memory_is_read_from_this_machine() -> None:
+    memory = density.host_memory_mib()
+    total = density.meminfo()["MemTotal"] / 2**20
+    assert set(memory) == {"available", "free", "page_cache"}
+    assert 0 < memory["free"] <= memory["available"] <= total and 0 <= memory["page_cache"] <= total
