@@ -29,4 +29,4 @@ def test_the_hosts_memory_is_read_from_this_machine() -> None:
     memory = density.host_memory_mib()
     total = density.meminfo()["MemTotal"] / 2**20
     assert set(memory) == {"available", "free", "page_cache"}
-    assert 0 < memory["free"] <= memory["available"] <= total and 0 <= memory["page_cache"] <= total
+    assert 0 < memory["free"] <= total and 0 < memory["available"] <= total and 0 <= memory["page_cache"] <= total
