@@ -12,7 +12,9 @@ that starts waiting while nobody reads becomes the reader, hands every frame it 
 its caller, and once its own reply has come (or its deadline has passed) hands the
 reading on to a caller still waiting. A lone caller so reads its own reply on its own
 thread, with no hand-over between threads. A partly read frame stays in the channel's
-buffer for the next reader, so no caller waits past its own deadline.
+buffer for the next reader, so no caller waits past its own deadline. A caller that may
+not wait long (an event loop) asks :meth:`PendingReply.answered` first: it waits a short
+while, reading like any caller, and leaves the request pending for a thread that waits on.
 
 Each channel also has a watcher thread, which never reads while a caller does: it sleeps
 in ``poll`` for the connection's hang-up (a reply does not wake it), so an idle channel

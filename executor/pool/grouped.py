@@ -13,6 +13,10 @@ of its calls (a group whose replies are large comes in parts, put back in order 
 positions); a group whose frame cannot be encoded (a call's arguments are not JSON) is
 sent call by call. Sessions of other executors (the Ray backend's) are called through
 their own ``call``, concurrently on threads.
+
+:func:`start_call` sends one call of this pool's sessions without waiting for its reply
+(:meth:`Session.start_call <.session.Session.start_call>`), for a caller that must not
+block; for other executors' sessions it sends nothing.
 """
 
 from __future__ import annotations
