@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from ..db.group_commit import GroupCommit
 from ..db.step_writes import StepWrite
@@ -75,16 +75,7 @@ def run_alone(work: Work[T], commits: GroupCommit[StepWrite], value: Any = None,
     """Drive ``work`` to its end on this thread: each call through its session, each
     write through ``commits``. ``value`` (or ``error``) is what the work is resumed with
     first (None for work not started). Returns the work's value; raises what it raises."""
-    while True:
-        try:
-            need = work.send(value) if error is None else work.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        value, error = None, None
-        try:
-            value = _carry_out(need, commits)
-        except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
-            error = exc
+    return cast(T, _drive(work, partial(_carry_out, commits=commits), value, error))
 
 
 def _carry_out(need: Need, commits: GroupCommit[StepWrite]) -> Any:
@@ -105,6 +96,36 @@ class Handoff(Generic[T]):
     resume: Callable[[], T]
 
 
+class _Stop(Exception):
+    """Raised by a driver's way of carrying out a need to stop driving: the work goes on
+    in :attr:`handoff`."""
+
+    def __init__(self, handoff: Handoff[Any]) -> None:
+        super().__init__()
+        self.handoff = handoff
+
+
+def _drive(work: Work[T], carry_out: Callable[[Need], Any], value: Any = None,
+           error: BaseException | None = None) -> T | Handoff[T]:
+    """Advance ``work``, resumed first with ``value`` (or ``error``), until it returns:
+    each need it yields is carried out by ``carry_out``, whose value is sent in and whose
+    exception is thrown in (where the step handles it); a :class:`_Stop` it raises stops
+    the driving, and its hand-off is returned. Returns the work's value; raises what it
+    raises."""
+    while True:
+        try:
+            need = work.send(value) if error is None else work.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, error = None, None
+        try:
+            value = carry_out(need)
+        except _Stop as stop:
+            return stop.handoff
+        except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
+            error = exc
+
+
 def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float) -> T | Handoff[T]:
     """Drive ``work`` on a thread that must not wait long (the event loop) for as long as
     nothing makes it wait: each tool call sent at once
@@ -116,29 +137,22 @@ def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float) ->
     :func:`run_alone` does: the same outcome as :func:`run_alone` on one thread, the
     work's locks and slots held across the move. Returns the work's value; raises what it
     raises."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            need = work.send(value) if error is None else work.throw(error)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        value, error = None, None
-        try:
-            if isinstance(need, CallNeed):
-                started = need.session.start_call(need.name, need.arguments, need.rules)
-                if started is None:
-                    return Handoff(partial(_resume, work, commits, need, None))
-                if isinstance(started, CallInFlight):
-                    if not started.answered(wait_s):
-                        return Handoff(partial(_resume, work, commits, None, started))
-                    value = started.finish()
-                else:
-                    value = started  # rejected before the sandbox
-            elif not isinstance(need, CommitNeed) or not commits.try_submit(need.write):
-                return Handoff(partial(_resume, work, commits, need, None))
-        except BaseException as exc:  # noqa: BLE001 - thrown into the work, where the step handles it
-            error = exc
+
+    def carry_out(need: Need) -> Any:
+        if isinstance(need, CallNeed):
+            started = need.session.start_call(need.name, need.arguments, need.rules)
+            if started is None:
+                raise _Stop(Handoff(partial(_resume, work, commits, need, None)))
+            if not isinstance(started, CallInFlight):
+                return started  # rejected before the sandbox
+            if not started.answered(wait_s):
+                raise _Stop(Handoff(partial(_resume, work, commits, None, started)))
+            return started.finish()
+        if isinstance(need, CommitNeed) and commits.try_submit(need.write):
+            return None
+        raise _Stop(Handoff(partial(_resume, work, commits, need, None)))
+
+    return _drive(work, carry_out)
 
 
 def _resume(work: Work[T], commits: GroupCommit[StepWrite], need: Need | None, call: CallInFlight | None) -> T:
