@@ -475,15 +475,10 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             phases1 = phase_counters(server.url)
             # the same steps without those that ran while the VM's host took a quarter or
             # more of the machine (a diagnosis beside the target, never instead of it)
-            clear = [ms for begun, ms in timed_steps if not steal.overlaps(begun, begun + ms / 1000)]
-            out["host_steal"] = {**steal.summary(), "steps_in_steal_windows": len(timed_steps) - len(clear),
-                                 "step_ms_outside_steal_windows": pcts(clear) if clear else None}
+            out["host_steal"] = _beside(steal, timed_steps, "steal")
             # and without those that ran while the kernel's memory-management threads (DAMON's
             # kdamond above all) had a quarter or more of the machine
-            clear = [ms for begun, ms in timed_steps if not kernel.overlaps(begun, begun + ms / 1000)]
-            out["host_kernel_threads"] = {**kernel.summary(),
-                                          "steps_in_busy_windows": len(timed_steps) - len(clear),
-                                          "step_ms_outside_busy_windows": pcts(clear) if clear else None}
+            out["host_kernel_threads"] = _beside(kernel, timed_steps, "busy")
             # when the slow steps came: p99 per 10 s of the run (a tail of the run's first
             # seconds, such as the database catching up with the creates, shows at the start)
             out["step_ms_by_10_s"] = [{"from_s": start, **pcts(window)}
@@ -559,6 +554,15 @@ def stop(server: Server, timeout_s: float = 900.0) -> float:
         server.process.kill()
         server.process.wait()
     return round(time.perf_counter() - started, 1)
+
+
+def _beside(sampler: StealSampler | KernelThreadSampler, timed: list[tuple[float, float]], kind: str) -> dict:
+    """``sampler``'s summary with the steps of ``timed`` (``(start, ms)``) that touched its
+    busy windows counted (``steps_in_<kind>_windows``) and the p50/p99 of the others
+    (``step_ms_outside_<kind>_windows``, None when there are none)."""
+    clear = [ms for begun, ms in timed if not sampler.overlaps(begun, begun + ms / 1000)]
+    return {**sampler.summary(), f"steps_in_{kind}_windows": len(timed) - len(clear),
+            f"step_ms_outside_{kind}_windows": pcts(clear) if clear else None}
 
 
 def _by_window(timed: list[tuple[float, float]], started: float, width_s: float) -> list[tuple[float, list[float]]]:

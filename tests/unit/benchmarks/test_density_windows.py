@@ -1,7 +1,8 @@
 """The density benchmark's per-window tail (``benchmarks/density.py``: ``_by_window``): steps
 grouped by the window of the run they started in, windows in order and named by their
 start, empty windows left out, a step on a boundary in the later window; and the host's
-memory it records before the creates (``host_memory_mib``), read from this machine."""
+memory it records before the creates (``host_memory_mib``), read from this machine; and the
+steps that touched a sampler's busy windows counted apart from the others (``_beside``)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ def test_the_hosts_memory_is_read_from_this_machine() -> None:
     total = density.meminfo()["MemTotal"] / 2**20
     assert set(memory) == {"available", "free", "page_cache"}
     assert 0 < memory["free"] <= total and 0 < memory["available"] <= total and 0 <= memory["page_cache"] <= total
+
+
+def test_steps_that_touch_a_busy_window_are_counted_apart() -> None:
+    sampler = density.StealSampler()  # never started: its windows are given here
+    sampler.windows = [(0.0, 0.1, 30, 100), (0.1, 0.2, 1, 100)]  # the first one is a quarter stolen or more
+    beside = density._beside(sampler, [(0.05, 10.0), (0.15, 2.0), (0.12, 3.0)], "steal")
+    assert beside["steps_in_steal_windows"] == 1 and beside["steal_windows"] == 1
+    assert beside["step_ms_outside_steal_windows"]["n"] == 2 and beside["step_ms_outside_steal_windows"]["p99"] <= 3.0
+    assert density._beside(sampler, [(0.05, 10.0)], "busy")["step_ms_outside_busy_windows"] is None
