@@ -203,7 +203,7 @@ class StepDoor:
         keys: Idempotency = state.idempotency
         caller = None
         if key is None and attempt is None and not invalid and request is not None \
-                and settings.step_inline_wait_s > 0 and self._open == 1 and not self._threads.running:
+                and settings.step_inline_wait_s > 0 and self._alone():
             await asyncio.sleep(0)  # requests that came with this one start first, and are counted
             caller = self._inline_caller(tenants, steps, env_id, authorization)
         if caller is not None:
@@ -266,12 +266,18 @@ class StepDoor:
         database before the action). Under concurrent requests steps stay on threads:
         steps run one after another on the event loop would hold the GIL from the
         threads' steps, whose every wake-up then waits for it."""
-        if self._open > 1 or self._threads.running or steps.live.busy(env_id) or not steps.db.write_free():
+        if not self._alone() or steps.live.busy(env_id) or not steps.db.write_free():
             return None
         try:
             return tenants.authenticate_cached(authorization)
         except ApiError:  # the worker thread's authentication gives the same error
             return None
+
+    def _alone(self) -> bool:
+        """Whether the step request being answered is the only one this door answers and
+        its threads run nothing (asked before and after the other requests that came with
+        it had their turn)."""
+        return self._open == 1 and not self._threads.running
 
     async def _run_inline(self, start: Callable[[], bytes | Handoff[bytes]]) -> bytes:
         """``start()`` on the event loop; what it hands off goes on on a step thread
