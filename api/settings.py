@@ -181,6 +181,13 @@ class ApiSettings(BaseSettings):
     :mod:`sandpit.api.http.access_log`), written by ``sandpit serve --log-level info`` (or
     ``debug``); false: none, and no per-request cost (``SANDPIT_ACCESS_LOG``)."""
 
+    server_timing: bool = True
+    """A ``Server-Timing`` header on every step reply the step ran for: the wall-clock
+    milliseconds of the step's phases in this process (``auth``, ``sandbox``, ``persist``,
+    ``serialize``, ``other``) and ``total``, from the whole request body read to the reply
+    ready (:meth:`sandpit.api.metrics.StepClock.server_timing`); it separates the server's
+    time from the network's and the client's. False: no header (``SANDPIT_SERVER_TIMING``)."""
+
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""
     body_read_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0

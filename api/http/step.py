@@ -34,6 +34,10 @@ that path did, with at most one hop to a worker thread:
 5. ``Sandpit-Attempt`` (:mod:`sandpit.api.envs.attempts`): a malformed token is a 422
    naming the header; a token that is not the env's current attempt's is 409
    ``stale_attempt``, checked before the action runs and in the step's transaction.
+6. The reply of a step that ran carries ``Server-Timing`` (``server_timing``): the
+   wall-clock milliseconds of its phases in this process and ``total``, from its body
+   read to its reply ready (:meth:`~sandpit.api.metrics.StepClock.server_timing`). A
+   replay, an error reply and a request refused before the step ran carry none.
 
 Errors are rendered from the one table (:mod:`.handlers`, 429s counted); executor
 errors are translated as the app's handler does; anything else is logged and answered
@@ -95,6 +99,9 @@ STEP_PATH = compile_path(STEP_TEMPLATE)[0]
 """The template as Starlette's router matches it (``{env_id}`` is one path segment)."""
 _T = TypeVar("_T")
 _W = TypeVar("_W")
+SERVER_TIMING_KEY = "sandpit.server_timing"
+"""Where a step keeps its ``Server-Timing`` header value (bytes) in the request's ASGI
+scope until :meth:`StepDoor.answer` sends it (``server_timing``)."""
 INCLUDE_MAX_CHARS = 64
 """Longest ``include`` query value (characters)."""
 Include = Annotated[str | None, Query(max_length=INCLUDE_MAX_CHARS,
@@ -175,7 +182,8 @@ class StepDoor:
         if request_read is None:
             return
         headers, body = request_read
-        started = time.thread_time()
+        received, started = time.perf_counter(), time.thread_time()
+        timed = (scope, received) if settings.server_timing else None
         try:
             request, include, invalid = _shape(body, text(headers.get(b"content-type")),
                                                scope.get("query_string", b""), settings)
@@ -215,7 +223,7 @@ class StepDoor:
                 clock.cpu["parse"] = parse_cpu
                 note_tenant(scope, caller.tenant)
                 clock.lap("auth")
-                work = _replied(steps.work(caller, env_id, step_request, include, clock), clock, steps)
+                work = _replied(steps.work(caller, env_id, step_request, include, clock), clock, steps, timed)
                 outcome = run_inline(work, steps.commits, settings.step_inline_wait_s)
                 if not isinstance(outcome, Handoff):
                     steps.metrics.step_runs["event_loop"].inc()
@@ -250,6 +258,8 @@ class StepDoor:
                     raise
             clock.lap("serialize")
             clock.flush(steps.metrics)
+            if timed is not None:
+                _note_timing(clock, *timed)
             return data
 
         await self.answer(work, scope, receive, send)
@@ -347,6 +357,9 @@ class StepDoor:
         if isinstance(data, Replay):
             status, data, replayed = data.status, data.body, [(REPLAYED_HEADER.lower().encode("ascii"), b"true")]
         headers = [(b"content-length", str(len(data)).encode("ascii")), (b"content-type", b"application/json")]
+        timing = scope.get(SERVER_TIMING_KEY)
+        if timing is not None:
+            headers.append((b"server-timing", timing))
         await send({"type": "http.response.start", "status": status,
                     "headers": [*replayed, *headers] if replayed_first else [*headers, *replayed]})
         await send({"type": "http.response.body", "body": data})
@@ -466,13 +479,25 @@ async def _read(receive: Receive, chunks: list[bytes]) -> bytes:
             return b"".join(chunks)
 
 
-def _replied(work: Work[StepOutcome], clock: StepClock, steps: Steps) -> Work[bytes]:
-    """``work`` (a step), then its JSON reply; the clock's phases flushed to the metrics."""
+def _replied(work: Work[StepOutcome], clock: StepClock, steps: Steps,
+             timed: tuple[Scope, float] | None) -> Work[bytes]:
+    """``work`` (a step), then its JSON reply; the clock's phases flushed to the metrics
+    and, with ``timed`` (the request's scope and when its body was read), its
+    ``Server-Timing`` noted (:func:`_note_timing`)."""
     outcome = yield from work
     data = outcome.json()
     clock.lap("serialize")
     clock.flush(steps.metrics)
+    if timed is not None:
+        _note_timing(clock, *timed)
     return data
+
+
+def _note_timing(clock: StepClock, scope: Scope, received: float) -> None:
+    """Keep the step's ``Server-Timing`` value in ``scope`` (:data:`SERVER_TIMING_KEY`),
+    which :meth:`StepDoor.answer` sends: the clock's phases and the total since
+    ``received`` (``time.perf_counter`` when the request's body had been read)."""
+    scope[SERVER_TIMING_KEY] = clock.server_timing(time.perf_counter() - received)
 
 
 def _arrived(clock: StepClock, resume: Callable[[], bytes]) -> bytes:
