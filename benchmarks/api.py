@@ -65,7 +65,7 @@ from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loadgen import parse_head  # noqa: E402 - benchmarks/ is not a package
+from loadgen import parse_head, server_total_ms  # noqa: E402 - benchmarks/ is not a package
 
 SOURCE = '''
 class Bench:
@@ -180,12 +180,20 @@ class RawClient:
         self.local = threading.local()
 
     def post(self, path: str, json_body: dict) -> tuple[int, dict]:
+        """``(status, reply JSON)``; the reply's ``Server-Timing`` (or None) is kept as this
+        thread's :meth:`server_timing`."""
         conn = getattr(self.local, "conn", None)
         if conn is None:
             conn = self.local.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        self.local.server_timing = None
         conn.request("POST", path, body=json.dumps(json_body).encode(), headers=self.headers)
         response = conn.getresponse()
+        self.local.server_timing = response.getheader("server-timing")
         return response.status, json.loads(response.read())
+
+    def server_timing(self) -> str | None:
+        """The ``Server-Timing`` of this thread's last reply, None when it had none."""
+        return getattr(self.local, "server_timing", None)
 
 
 class SocketClient:
@@ -230,6 +238,10 @@ class SocketClient:
             sock.sendall(request)
             return self._reply(sock)
 
+    def server_timing(self) -> str | None:
+        """The ``Server-Timing`` of this thread's last reply, None when it had none."""
+        return getattr(self.local, "server_timing", None)
+
     def _reply(self, sock: socket.socket) -> tuple[int, dict]:
         buf = self.local.buf
         while b"\r\n\r\n" not in buf:
@@ -240,6 +252,7 @@ class SocketClient:
             buf += more
         head, _, buf = buf.partition(b"\r\n\r\n")
         status, headers = parse_head(head)
+        self.local.server_timing = headers.get("server-timing")
         length = int(headers.get("content-length", 0))
         close = headers.get("connection", "").lower() == "close"
         while len(buf) < length:
@@ -255,19 +268,21 @@ class SocketClient:
 
 
 def step_timed(client: httpx.Client | RawClient | SocketClient, env_id: str, name: str,
-               **arguments) -> tuple[float, float]:
-    """One step: (client-measured latency, server-measured sandbox round trip), ms."""
+               **arguments) -> tuple[float, float, float | None]:
+    """One step: (client-measured latency, server-measured sandbox round trip, the server's
+    own time from its ``Server-Timing`` total or None), ms."""
     body = {"name": name, "arguments": arguments}
     started = time.perf_counter()
     if isinstance(client, (RawClient, SocketClient)):
         code, reply = client.post(f"/v1/envs/{env_id}/step", body)
+        timing = client.server_timing()
     else:
         response = client.post(f"/v1/envs/{env_id}/step", json=body)
-        code, reply = response.status_code, response.json()
+        code, reply, timing = response.status_code, response.json(), response.headers.get("server-timing")
     elapsed = (time.perf_counter() - started) * 1000
     if code != 200 or reply["status"] != "ok":
         raise RuntimeError(f"{code}: {reply}")
-    return elapsed, reply["duration_ms"]
+    return elapsed, reply["duration_ms"], server_total_ms(timing)
 
 
 def step(client: httpx.Client | RawClient | SocketClient, env_id: str, name: str, **arguments) -> float:
@@ -361,13 +376,17 @@ def step_run(server: Server, client: httpx.Client | RawClient | SocketClient, en
     latency percentiles, steps/s, and the per-step CPU budget (module docstring)."""
     samples: list[float] = []
     rtts: list[float] = []
+    beyond: list[float] = []  # client latency less the server's own time (Server-Timing)
+    served: list[float] = []
     lock = threading.Lock()
 
     def drive(eid: str) -> None:
         local = [step_timed(client, eid, "bump") for _ in range(per_client)]
         with lock:
-            samples.extend(ms for ms, _ in local)
-            rtts.extend(rtt for _, rtt in local)
+            samples.extend(ms for ms, _, _ in local)
+            rtts.extend(rtt for _, rtt, _ in local)
+            served.extend(total for _, _, total in local if total is not None)
+            beyond.extend(ms - total for ms, _, total in local if total is not None)
 
     phases0, server0, boxes0, own0 = (phase_counters(server.url), process_cpu_s(server.process.pid),
                                       sandboxes_cpu_s(server.process.pid), own_cpu_s())
@@ -388,6 +407,10 @@ def step_run(server: Server, client: httpx.Client | RawClient | SocketClient, en
     return {"latency_ms": pcts(samples), "steps_per_s": round(n / wall, 1),
             "server_sandbox_rtt_ms": pcts(rtts),
             "latency_less_sandbox_ms": pcts([ms - rtt for ms, rtt in zip(samples, rtts, strict=True)]),
+            # the server's own time per step (body read to reply ready), and what the client
+            # measured beyond it: HTTP on both sides, the event loop before the body, the client
+            "server_total_ms": pcts(served) if served else None,
+            "latency_less_server_ms": pcts(beyond) if beyond else None,
             "cpu_ms_per_step": {"server": round(server_ms, 3),
                                 "server_phases": cpu_phases,
                                 "server_http_loop_other": round(server_ms - sum(cpu_phases.values()), 3),

@@ -85,7 +85,14 @@ from sandpit.executor.settings import ExecutorSettings
 sys.path.insert(0, str(Path(__file__).parent))
 from density_runner import bench_runner  # noqa: E402 - the runner's per-call cost against sessions
 from hoststat import KernelThreadSampler, StealSampler  # noqa: E402 - the machine's share of the run
-from loadgen import Step, Stepper, pauses, run_burst, run_spread  # noqa: E402 - the asyncio stepping clients
+from loadgen import (  # noqa: E402 - the asyncio stepping clients
+    Step,
+    Stepper,
+    pauses,
+    run_burst,
+    run_spread,
+    server_total_ms,
+)
 from sandbox import container_pids, rss_pss  # noqa: E402 - the sandbox benchmark's memory readers
 
 from api import (  # noqa: E402 - the API benchmark's parts
@@ -308,19 +315,20 @@ def containers_memory(owner_pid: int) -> dict:
     return {"containers": len(containers), "cgroup_mib": round(cgroup_mib(containers), 1), "pss_mib": round(pss, 1)}
 
 
-def _raw_step(raw: RawClient, env_id: str) -> tuple[float | None, dict, str]:
-    """One ``bump`` step of ``env_id`` over ``raw``: ``(ms, reply, "")`` when it was
-    answered ``ok``, else ``(None, reply or {}, what went wrong)``; after a broken
-    connection the thread's next step opens a new one."""
+def _raw_step(raw: RawClient, env_id: str) -> tuple[float | None, dict, str, float | None]:
+    """One ``bump`` step of ``env_id`` over ``raw``: ``(ms, reply, "", server ms)`` when it
+    was answered ``ok`` (the server's own ms from its ``Server-Timing``, None without one),
+    else ``(None, reply or {}, what went wrong, None)``; after a broken connection the
+    thread's next step opens a new one."""
     t0 = time.perf_counter()
     try:
         code, body = raw.post(f"/v1/envs/{env_id}/step", {"name": "bump", "arguments": {}})
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raw.local.conn = None
-        return None, {}, repr(exc)[:200]
+        return None, {}, repr(exc)[:200], None
     if code != 200 or body.get("status") != "ok":
-        return None, body, f"{code}: {str(body)[:200]}"
-    return (time.perf_counter() - t0) * 1000, body, ""
+        return None, body, f"{code}: {str(body)[:200]}", None
+    return (time.perf_counter() - t0) * 1000, body, "", server_total_ms(raw.server_timing())
 
 
 def _timed_step(client: httpx.Client, env_id: str) -> float:
@@ -406,8 +414,8 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 time.sleep(offset_s)  # clients spread over one think time, not 200 at once
                 while time.perf_counter() < stop_at:
                     begun = time.perf_counter()
-                    ms, body, error = _raw_step(raw, env_id)
-                    local.append((begun, ms, body, error))
+                    ms, body, error, server_ms = _raw_step(raw, env_id)
+                    local.append((begun, ms, body, error, server_ms))
                     if args.think_s:
                         time.sleep(next(think))
                 with lock:
@@ -450,7 +458,8 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 with ThreadPoolExecutor(len(stepping)) as pool:
                     spread = [step for steps in pool.map(drive, range(len(stepping)), stepping, offsets)
                               for step in steps]
-            for begun, ms, body, error in spread:
+            server_ms: list[float] = []  # the server's own time of each answered step
+            for begun, ms, body, error, served_ms in spread:
                 if ms is None:
                     errors += 1
                     if len(error_samples) < 5:
@@ -458,6 +467,8 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 else:
                     timed_steps.append((begun, ms))
                     restores += bool(body.get("recovered"))
+                    if served_ms is not None:
+                        server_ms.append(served_ms)
             wall = time.perf_counter() - started
             cpu1 = (process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid), own_cpu_s())
             gc.enable()
@@ -489,6 +500,10 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             hist0, hist1 = step_histogram(metrics_before), step_histogram(metrics_after)
             out["server_step_ms_at_most"] = {"p50": histogram_quantile(hist0, hist1, 0.5),
                                              "p99": histogram_quantile(hist0, hist1, 0.99)}
+            # and exactly, step by step: the Server-Timing total of each answered step (its
+            # body read to its reply ready); the client's latency beyond it is HTTP, the
+            # server's event loop before the body and this process
+            out["server_step_ms"] = pcts(server_ms) if server_ms else None
             # where a step's time went inside the server (mean ms per step, wall clock):
             # what the client saw beyond their sum was HTTP, queueing and this process
             served = max(1.0, phases1["steps"] - phases0["steps"])
@@ -503,7 +518,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                 return _raw_step(raw, env_id)[0]
 
             if args.client == "asyncio":
-                burst = [ms for _, ms, _, _ in run_burst(Stepper(server.url, trainer_key), stepping)]
+                burst = [ms for _, ms, _, _, _ in run_burst(Stepper(server.url, trainer_key), stepping)]
             else:
                 with ThreadPoolExecutor(len(stepping)) as pool:
                     burst = list(pool.map(burst_step, stepping))

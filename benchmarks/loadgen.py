@@ -10,9 +10,11 @@ real deployment are other machines; this keeps what they cost this one small.
 
 :func:`run_spread` drives clients that step, wait a think time (:func:`pauses`), and step
 again until a deadline (client ``i`` starts at ``offsets[i]``); :func:`run_burst` has every client step
-once at the same instant. Both return, per step, ``(start, ms, reply, error)``: ``ms`` and
-``reply`` (the parsed JSON) for a ``200`` answered ``ok``, else ``ms`` None and ``error``
-saying what went wrong (a broken connection is re-opened at the client's next step).
+once at the same instant. Both return, per step, ``(start, ms, reply, error, server_ms)``:
+``ms`` and ``reply`` (the parsed JSON) for a ``200`` answered ``ok``, else ``ms`` None and
+``error`` saying what went wrong (a broken connection is re-opened at the client's next
+step); ``server_ms`` is the ``total`` of the reply's ``Server-Timing`` (the server's own time
+for the step: :func:`server_total_ms`), None when it has none.
 """
 
 from __future__ import annotations
@@ -24,8 +26,26 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-Step = tuple[float, float | None, dict[str, Any], str]
-"""``(perf_counter at the start, ms or None, reply JSON or {}, error or "")``."""
+Step = tuple[float, float | None, dict[str, Any], str, float | None]
+"""``(perf_counter at the start, ms or None, reply JSON or {}, error or "", the server's
+own ms or None)``."""
+
+
+def server_total_ms(value: str | None) -> float | None:
+    """The ``total`` of a ``Server-Timing`` header value (milliseconds: the server's time
+    for a step, from its body read to its reply ready), or None when ``value`` is None or
+    names no well-formed ``total``."""
+    for entry in (value or "").split(","):
+        name, _, params = entry.strip().partition(";")
+        if name.strip() == "total":
+            for param in params.split(";"):
+                key, _, number = param.strip().partition("=")
+                if key == "dur":
+                    try:
+                        return float(number)
+                    except ValueError:
+                        return None
+    return None
 
 
 def pauses(think_s: float, jitter: float, seed: int) -> Iterator[float]:
@@ -71,22 +91,23 @@ class Stepper:
         """A new keep-alive connection."""
         return await asyncio.open_connection(self.host, self.port, limit=1 << 22)
 
-    async def step(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], env_id: str) -> tuple[int, bytes]:
-        """One step over ``conn``: ``(status code, body bytes)``. Raises OSError,
-        asyncio.IncompleteReadError, ValueError (a malformed reply)."""
+    async def step(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                   env_id: str) -> tuple[int, dict[str, str], bytes]:
+        """One step over ``conn``: ``(status code, headers as parse_head gives them, body
+        bytes)``. Raises OSError, asyncio.IncompleteReadError, ValueError (a malformed reply)."""
         reader, writer = conn
         writer.write(self.request(env_id))
         head = await reader.readuntil(b"\r\n\r\n")
         code, headers = parse_head(head[:-4])
         if "content-length" in headers:
-            return code, await reader.readexactly(int(headers["content-length"]))
+            return code, headers, await reader.readexactly(int(headers["content-length"]))
         if headers.get("transfer-encoding", "").lower() == "chunked":
             body = bytearray()
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
                 chunk = await reader.readexactly(size + 2)
                 if size == 0:
-                    return code, bytes(body)
+                    return code, headers, bytes(body)
                 body += chunk[:-2]
         raise ValueError(f"reply {code} without a length")
 
@@ -97,16 +118,16 @@ async def _timed(stepper: Stepper, state: dict[str, Any], env_id: str) -> Step:
     try:
         if state.get("conn") is None:
             state["conn"] = await stepper.connect()
-        code, raw = await stepper.step(state["conn"], env_id)
+        code, headers, raw = await stepper.step(state["conn"], env_id)
         reply = json.loads(raw)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
         conn, state["conn"] = state.get("conn"), None
         if conn is not None:
             conn[1].close()
-        return begun, None, {}, repr(exc)[:200]
+        return begun, None, {}, repr(exc)[:200], None
     if code != 200 or reply.get("status") != "ok":
-        return begun, None, reply if isinstance(reply, dict) else {}, f"{code}: {str(reply)[:200]}"
-    return begun, (time.perf_counter() - begun) * 1000, reply, ""
+        return begun, None, reply if isinstance(reply, dict) else {}, f"{code}: {str(reply)[:200]}", None
+    return begun, (time.perf_counter() - begun) * 1000, reply, "", server_total_ms(headers.get("server-timing"))
 
 
 def _close(states: list[dict[str, Any]]) -> None:

@@ -48,6 +48,14 @@ DENSITY_ENVS, DENSITY_STEPPING = 10_000, 1_000
 <= 50 ms, no restores); a smaller run's rows say so and are not met."""
 
 
+def _server_detail(server: dict | None) -> str:
+    """The server's own step time (``Server-Timing`` totals) beside what the clients
+    measured, or "" when the run has none."""
+    if not server:
+        return ""
+    return f"; the server's own time p50 {server['p50']:.1f} ms, p99 {server['p99']:.1f} ms"
+
+
 def _steal_detail(steal: dict) -> str:
     """What the VM's host took during the run (``hoststat.StealSampler``), with the p99 of
     the steps outside its steal windows, or "" when not measured."""
@@ -205,7 +213,9 @@ def collect() -> list[dict[str, Any]]:
             if run is not None:  # each load generator's own CPU is in the latency it measures
                 _row(rows, "step path", f"step over HTTP, 1 client ({label}), p50", "<= 1 ms",
                      run["latency_ms"]["p50"], "ms", run["latency_ms"]["p50"] <= 1.0,
-                     f"{anchor}; client CPU {run['cpu_ms_per_step']['load_generator']:.2f} ms per step")
+                     f"{anchor}; client CPU {run['cpu_ms_per_step']['load_generator']:.2f} ms per step"
+                     + (f"; the server's own time p50 {run['server_total_ms']['p50']:.2f} ms"
+                        if run.get("server_total_ms") else ""))
         one = runs.get("1 client (socket)") or runs.get("1 client (raw)") or runs.get("1 client (httpx)")
         if one:
             _row(rows, "step path", "step over HTTP, 1 client, p99", "<= 8 ms", one["latency_ms"]["p99"], "ms",
@@ -241,6 +251,7 @@ def collect() -> list[dict[str, Any]]:
             _row(rows, "density", f"step p99, {run['stepping']} of them stepping ({think})", "<= 50 ms",
                  run["step_ms"]["p99"], "ms", full and run["step_ms"]["p99"] <= 50,
                  f"p50 {run['step_ms']['p50']:.1f} ms, {run['steps_per_s']} steps/s"
+                 + _server_detail(run.get("server_step_ms"))
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
                     f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else "")
                  + _steal_detail(run.get("host_steal") or {}) + _kernel_detail(run.get("host_kernel_threads") or {})
