@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from sandpit.api.metrics import StepClock
 
 SPEC = importlib.util.spec_from_file_location(
