@@ -176,12 +176,19 @@ class StepClock:
         metrics.observe_phases(self.cpu, self.wall)
 
     def server_timing(self, total_s: float) -> bytes:
-        """The laps as the value of a ``Server-Timing`` response header (W3C Server Timing):
-        each lapped phase's wall-clock milliseconds in the order first lapped, then
-        ``total``, ``total_s`` seconds as milliseconds; three decimals, e.g.
-        ``auth;dur=0.021, sandbox;dur=0.512, persist;dur=0.241, serialize;dur=0.015,
-        total;dur=0.902``. ``total`` is more than the phases' sum by what the step spent
-        outside them (the hop to a worker thread, waiting for the GIL)."""
-        parts = [f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in self.wall.items()]
-        parts.append(f"total;dur={total_s * 1000:.3f}")
-        return ", ".join(parts).encode("ascii")
+        """The laps as the value of a ``Server-Timing`` response header
+        (:func:`server_timing`): each lapped phase's wall-clock time in the order first
+        lapped, then ``total`` (``total_s`` seconds), e.g. ``auth;dur=0.021,
+        sandbox;dur=0.512, persist;dur=0.241, serialize;dur=0.015, total;dur=0.902``.
+        ``total`` is more than the phases' sum by what the step spent outside them (the
+        hop to a worker thread, waiting for the GIL)."""
+        return server_timing(self.wall, total_s)
+
+
+def server_timing(phases_s: dict[str, float], total_s: float) -> bytes:
+    """A ``Server-Timing`` response header value (W3C Server Timing): each of ``phases_s``
+    (name: seconds; names are metric tokens) as ``name;dur=<milliseconds>``, then
+    ``total;dur=<total_s as milliseconds>``, three decimals, comma-separated, ASCII."""
+    parts = [f"{phase};dur={seconds * 1000:.3f}" for phase, seconds in phases_s.items()]
+    parts.append(f"total;dur={total_s * 1000:.3f}")
+    return ", ".join(parts).encode("ascii")

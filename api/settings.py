@@ -185,8 +185,9 @@ class ApiSettings(BaseSettings):
     """A ``Server-Timing`` header on every step reply the step ran for: the wall-clock
     milliseconds of the step's phases in this process (``auth``, ``sandbox``, ``persist``,
     ``serialize``, ``other``) and ``total``, from the whole request body read to the reply
-    ready (:meth:`sandpit.api.metrics.StepClock.server_timing`); it separates the server's
-    time from the network's and the client's. False: no header (``SANDPIT_SERVER_TIMING``)."""
+    ready (:meth:`sandpit.api.metrics.StepClock.server_timing`); a batched step's reply
+    carries its ``total``. It separates the server's time from the network's and the
+    client's. False: no header (``SANDPIT_SERVER_TIMING``)."""
 
     max_body_bytes: Annotated[int, Field(ge=1 * KiB)] = 8 * MiB
     """Whole request bodies above this get 413 before they are parsed."""

@@ -15,7 +15,9 @@ thread. The door does exactly what that path does, on one worker thread:
    413, 422 for a body that is not strict JSON), then the API key (401/403), then the
    body as :class:`~sandpit.api.schemas.batch.BatchStepRequest` (a 422 naming the first
    field, as every route's: :func:`~.step.validated_body`), then
-   :meth:`~sandpit.api.envs.batch.BatchSteps.step_many` and its JSON reply.
+   :meth:`~sandpit.api.envs.batch.BatchSteps.step_many` and its JSON reply, which
+   carries ``Server-Timing`` with the batch's ``total`` (``server_timing``: from its body
+   read to its reply ready; an error reply carries none).
 
 Errors are rendered from the one table (:mod:`.handlers`); executor errors are
 translated as the app's handler does; anything else is the catch-all 500. The router
@@ -26,15 +28,18 @@ only through the router.
 
 from __future__ import annotations
 
+import time
+
 from pydantic import TypeAdapter
 from starlette.types import Receive, Scope, Send
 
 from ..envs.batch import BatchSteps
+from ..metrics import server_timing
 from ..schemas.batch import BatchStepRequest
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .access_log import note_tenant
-from .step import Invalid, StepDoor, posts_to, text, validated_body
+from .step import SERVER_TIMING_KEY, Invalid, StepDoor, posts_to, text, validated_body
 from .strict_json import parse_body
 
 BATCH_TEMPLATE = "/v1/envs:step"
@@ -67,6 +72,7 @@ class BatchStepDoor:
         if request_read is None:
             return
         headers, body = request_read
+        received = time.perf_counter()
         state = scope["app"].state
         settings: ApiSettings = state.settings
         tenants: TenantService = state.tenants
@@ -81,6 +87,9 @@ class BatchStepDoor:
             validated = validated_body(_BODY, body, parsed, content_type)
             if validated[0] is None:
                 raise Invalid(validated[1])
-            return batch.step_many(caller, validated[0])
+            data = batch.step_many(caller, validated[0])
+            if settings.server_timing:
+                scope[SERVER_TIMING_KEY] = server_timing({}, time.perf_counter() - received)
+            return data
 
         await self.door.answer(work, scope, receive, send)

@@ -1,8 +1,8 @@
 """``Server-Timing`` on step replies, on a real server with real sandboxes: a step that
 ran carries its phases and total (on the event loop and on a worker thread, for ok,
-failing and rejected actions), consistent with what the client measured; a replay, error
-replies and requests refused before the step carry none, nor does a server with
-``SANDPIT_SERVER_TIMING=false``."""
+failing and rejected actions), consistent with what the client measured, and a batched
+step its total; a replay, error replies and requests refused before the step carry none,
+nor does a server with ``SANDPIT_SERVER_TIMING=false``."""
 
 from __future__ import annotations
 
@@ -130,9 +130,34 @@ def test_replays_errors_and_refused_requests_carry_none(server: ApiServer, api: 
     assert taken.json()["observation"] == "1" and _timing(taken)["total"] > 0
 
 
+def test_a_batch_carries_its_total_and_a_refused_batch_none(server: ApiServer, api: httpx.Client) -> None:
+    envs = [_env(api) for _ in range(3)]
+    steps = [{"env_id": env_id, "action": {"name": "put", "arguments": {"name": "b", "count": 2}}} for env_id in envs]
+    started = time.perf_counter()
+    reply = api.post("/v1/envs:step", json={"steps": steps})
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    assert reply.status_code == 200, reply.text
+    assert [r["result"]["observation"] for r in reply.json()["results"]] == ["2", "2", "2"]
+    timing = _timing(reply)
+    assert list(timing) == ["total"] and 0 < timing["total"] <= elapsed_ms, (timing, elapsed_ms)
+    refused = [api.post("/v1/envs:step", json={"steps": [steps[0], steps[0]]}),  # an env twice: 422, nothing runs
+               api.post("/v1/envs:step", json={"steps": "all of them"}),
+               api.post("/v1/envs:step", content=b'{"steps": [', headers={"Content-Type": "application/json"}),
+               httpx.post(f"{server.url}/v1/envs:step", json={"steps": steps},
+                          headers={"Authorization": "Bearer sk-not-a-key"}, timeout=30)]
+    assert [r.status_code for r in refused] == [422, 422, 422, 401]
+    assert not [r for r in refused if "server-timing" in r.headers]
+    state = api.get(f"/v1/envs/{envs[0]}/state").json()["state"]
+    assert state["items"] == {"a": 1, "b": 2}  # the refused batches ran nothing
+
+
 def test_the_setting_turns_it_off(make_server) -> None:
     quiet = make_server(SANDPIT_SERVER_TIMING="false")
     with quiet.client() as api:
-        reply = api.post(f"/v1/envs/{_env(api)}/step", json={"name": "put", "arguments": {"name": "b", "count": 2}})
+        env_id = _env(api)
+        reply = api.post(f"/v1/envs/{env_id}/step", json={"name": "put", "arguments": {"name": "b", "count": 2}})
+        batch = api.post("/v1/envs:step", json={"steps": [{"env_id": env_id, "action": {"name": "take",
+                                                                                           "arguments": {"name": "b"}}}]})
     assert reply.status_code == 200 and reply.json()["observation"] == "2"
-    assert "server-timing" not in reply.headers
+    assert batch.status_code == 200 and batch.json()["results"][0]["result"]["observation"] == "2"
+    assert "server-timing" not in reply.headers and "server-timing" not in batch.headers
