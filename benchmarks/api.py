@@ -551,6 +551,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="--access-log: blocks of steps per server")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
+    if args.steps < 1 or args.concurrent_steps < 32:
+        parser.error(f"--steps {args.steps} and --concurrent-steps {args.concurrent_steps}: want at least 1 step "
+                     "and at least 32 concurrent steps (one per client)")
     if args.access_log:
         output = args.output or Path(__file__).parent / "results" / "api_access_log.json"
         overhead = {"machine": machine(),
