@@ -334,9 +334,11 @@ class StepDoor:
         """Run ``work`` on a step thread (or with ``run``: another door's worker threads)
         and send its JSON bytes (``status``, or a :class:`Replay`'s stored status with
         ``Idempotent-Replayed: true``, that header last, or first when
-        ``replayed_first``: where the door's route puts it); what it raises is the answer
-        instead: an ApiError's response (429s counted), 422 for :class:`Invalid`, a
-        foreign error translated (:attr:`translate`) or the catch-all 500."""
+        ``replayed_first``: where the door's route puts it), with the ``Server-Timing``
+        value ``work`` left in the scope (:data:`SERVER_TIMING_KEY`), if any; what it
+        raises is the answer instead: an ApiError's response (429s counted), 422 for
+        :class:`Invalid`, a foreign error translated (:attr:`translate`) or the catch-all
+        500."""
         try:
             data = await (run(work) if run is not None
                           else self._threads.run(cast(Callable[[], bytes | Replay], work)))
