@@ -6,14 +6,9 @@ steps that touched a sampler's busy windows counted apart from the others (``_be
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from benchmark_modules import load
 
-SPEC = importlib.util.spec_from_file_location(
-    "density", Path(__file__).resolve().parents[3] / "benchmarks" / "density.py")
-assert SPEC is not None and SPEC.loader is not None
-density = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(density)
+density = load("density")
 
 
 def test_steps_fall_in_the_window_they_started_in() -> None:

@@ -4,15 +4,11 @@ VM's host taking the machine, which steps touch them, and that it reads this mac
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
-SPEC = importlib.util.spec_from_file_location(
-    "hoststat", Path(__file__).resolve().parents[3] / "benchmarks" / "hoststat.py")
-assert SPEC is not None and SPEC.loader is not None
-hoststat = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(hoststat)
+from benchmark_modules import load
+
+hoststat = load("hoststat")
 
 
 def sampled(*windows: tuple[float, float, int, int]) -> object:

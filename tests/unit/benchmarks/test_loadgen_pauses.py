@@ -4,18 +4,13 @@ seed, and a clear error for a jitter or think time that makes no sense."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import statistics
-from pathlib import Path
 
 import pytest
+from benchmark_modules import load
 
-SPEC = importlib.util.spec_from_file_location(
-    "loadgen", Path(__file__).resolve().parents[3] / "benchmarks" / "loadgen.py")
-assert SPEC is not None and SPEC.loader is not None
-loadgen = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(loadgen)
+loadgen = load("loadgen")
 
 
 def drawn(think_s: float, jitter: float, seed: int, n: int = 2000) -> list[float]:

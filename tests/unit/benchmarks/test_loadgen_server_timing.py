@@ -4,17 +4,11 @@ headers that are missing, malformed or hostile."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from benchmark_modules import load
 from sandpit.api.metrics import StepClock
 
-SPEC = importlib.util.spec_from_file_location(
-    "loadgen", Path(__file__).resolve().parents[3] / "benchmarks" / "loadgen.py")
-assert SPEC is not None and SPEC.loader is not None
-loadgen = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(loadgen)
+loadgen = load("loadgen")
 
 
 def test_a_step_clocks_value_reads_back_as_its_total() -> None:
