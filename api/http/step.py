@@ -256,10 +256,7 @@ class StepDoor:
                 except BaseException:
                     keys.release(claim)
                     raise
-            clock.lap("serialize")
-            clock.flush(steps.metrics)
-            if timed is not None:
-                _note_timing(clock, *timed)
+            _serialized(clock, steps, timed)
             return data
 
         await self.answer(work, scope, receive, send)
@@ -483,23 +480,24 @@ async def _read(receive: Receive, chunks: list[bytes]) -> bytes:
 
 def _replied(work: Work[StepOutcome], clock: StepClock, steps: Steps,
              timed: tuple[Scope, float] | None) -> Work[bytes]:
-    """``work`` (a step), then its JSON reply; the clock's phases flushed to the metrics
-    and, with ``timed`` (the request's scope and when its body was read), its
-    ``Server-Timing`` noted (:func:`_note_timing`)."""
+    """``work`` (a step), then its JSON reply (:func:`_serialized`)."""
     outcome = yield from work
     data = outcome.json()
-    clock.lap("serialize")
-    clock.flush(steps.metrics)
-    if timed is not None:
-        _note_timing(clock, *timed)
+    _serialized(clock, steps, timed)
     return data
 
 
-def _note_timing(clock: StepClock, scope: Scope, received: float) -> None:
-    """Keep the step's ``Server-Timing`` value in ``scope`` (:data:`SERVER_TIMING_KEY`),
-    which :meth:`StepDoor.answer` sends: the clock's phases and the total since
-    ``received`` (``time.perf_counter`` when the request's body had been read)."""
-    scope[SERVER_TIMING_KEY] = clock.server_timing(time.perf_counter() - received)
+def _serialized(clock: StepClock, steps: Steps, timed: tuple[Scope, float] | None) -> None:
+    """A step's reply is serialized: its clock's last phase lapped and the phases flushed
+    to the metrics; with ``timed`` (the request's scope and ``time.perf_counter`` when its
+    body had been read), its ``Server-Timing`` value kept in the scope
+    (:data:`SERVER_TIMING_KEY`), which :meth:`StepDoor.answer` sends: the clock's phases
+    and the total since then."""
+    clock.lap("serialize")
+    clock.flush(steps.metrics)
+    if timed is not None:
+        scope, received = timed
+        scope[SERVER_TIMING_KEY] = clock.server_timing(time.perf_counter() - received)
 
 
 def _arrived(clock: StepClock, resume: Callable[[], bytes]) -> bytes:
