@@ -8,10 +8,12 @@ step before, else :class:`~sandpit.api.errors.HeadMoved` fails the transaction: 
 the attempt fences of steps that carry an attempt token
 (:func:`~sandpit.api.db.attempts.fence_core`), and the stored responses of steps that
 carry an ``Idempotency-Key``
-(:func:`~sandpit.api.db.idempotency.store_response_core`: in the same transaction, so a
-step is never committed without its key's response nor a response without its step).
-On SQLite the first three go straight to the driver connection (:class:`_SqliteSteps`),
-on other databases through SQLAlchemy Core (:func:`write_steps_core`, the reference the
+(:func:`~sandpit.api.db.idempotency.store_response_core`; a deferred claim is taken
+with its response there: :func:`~sandpit.api.db.idempotency.claim_with_response_core`; in
+the same transaction, so a step is never committed without its key's response nor a
+response without its step).
+On SQLite the first three, and the row of a deferred claim whose key has none, go straight
+to the driver connection (:class:`_SqliteSteps`), on other databases through SQLAlchemy Core (:func:`write_steps_core`, the reference the
 driver path is tested against: ``tests/unit/api/db/test_step_writes.py``). The caller's
 transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`) commits them.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import sqlite3
 import weakref
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import Connection, bindparam
@@ -31,8 +33,8 @@ from sqlalchemy.orm import Session
 from ..errors import HeadMoved, ServiceUnavailable
 from .attempts import fence_core
 from .database import CoreSession
-from .idempotency import KeyClaim, store_response_core
-from .models import Env, Episode, Step, table
+from .idempotency import KeyClaim, claim_with_response_core, store_response_core
+from .models import Env, Episode, IdempotencyKey, Step, table
 from .store import PendingBlobs
 
 MOVE_HEAD = table(Env).update().where(
@@ -92,6 +94,27 @@ class _SqliteSteps:
         self.used = table(Env).c.last_used_at.type.dialect_impl(dialect).bind_processor(dialect)
         self.insert_blobs = "INSERT INTO blobs (hash, data, size) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING"
         self.move_head = "UPDATE envs SET step = ?, last_used_at = ? WHERE id = ? AND episode = ? AND step = ?"
+        self.insert_key = ("INSERT INTO idempotency_keys (tenant, key, digest, claim, status, body, claimed_at, "
+                           "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, key) DO NOTHING")
+        self.key_time = table(IdempotencyKey).c.claimed_at.type.dialect_impl(dialect).bind_processor(dialect)
+
+    def claimed(self, conn: Connection, write: StepWrite) -> bool:
+        """Insert the row of ``write``'s deferred claim with the step's response when its
+        key has no row; whether it did (False: a row exists, and
+        :func:`~sandpit.api.db.idempotency.claim_with_response_core` decides)."""
+        claim = write.key
+        assert claim is not None and claim.deferred is not None
+        driver = conn.connection.driver_connection
+        if driver is None:  # pragma: no cover - a connection the pool invalidated
+            raise ServiceUnavailable("database connection lost", retry_after=1)
+        expires = write.now + timedelta(seconds=claim.deferred.ttl_s)
+        at = self.key_time
+        try:
+            return bool(driver.execute(self.insert_key, (
+                claim.tenant, claim.key, claim.deferred.digest, claim.token, 200, write.response,
+                at(write.now) if at else write.now, at(expires) if at else expires)).rowcount == 1)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(self.insert_key, None, exc, sqlite3.Error) from exc
 
     def write(self, conn: Connection, blobs: PendingBlobs, writes: list[StepWrite]) -> None:
         """Move the heads (all from the step before, else HeadMoved), insert ``blobs``
@@ -137,15 +160,18 @@ _SQLITE_WRITERS: weakref.WeakKeyDictionary[Any, _SqliteSteps] = weakref.WeakKeyD
 def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
     """Write a batch of steps into ``conn``'s transaction: their new blobs (one insert of
     the union: identical blobs once), step rows and env heads (one ``executemany``
-    each), episode changes, idempotency keys' responses, attempt fences. The group commit
-    commits it; IdempotencyKeyInFlight (a key whose claim was taken over) and
-    StaleAttempt (the env was resumed since) fail the transaction. On SQLite the first three go
-    straight to the driver (:class:`_SqliteSteps`); elsewhere through SQLAlchemy Core."""
+    each), episode changes, idempotency keys' responses (a deferred claim's row with its
+    response), attempt fences. The group commit commits it; IdempotencyKeyInFlight (a key
+    whose claim was taken over, or that another request took since a deferred claim read
+    it) and StaleAttempt (the env was resumed since) fail the transaction. On SQLite the
+    first three and a new key's row go straight to the driver (:class:`_SqliteSteps`);
+    elsewhere through SQLAlchemy Core."""
     blobs = writes[0].pending
     if len(writes) > 1:
         blobs = PendingBlobs()
         for write in writes:
             blobs.blobs.update(write.pending.blobs)
+    writer = None
     if conn.dialect.name == "sqlite":
         writer = _SQLITE_WRITERS.get(conn.dialect)
         if writer is None:
@@ -161,5 +187,8 @@ def write_steps(conn: Connection, writes: list[StepWrite]) -> None:
     for write in writes:
         if write.attempt is not None:
             fence_core(conn, write.env_id, write.attempt)
-        if write.key is not None:
+        if write.key is not None and write.key.deferred is not None:
+            if writer is None or not writer.claimed(conn, write):
+                claim_with_response_core(conn, write.key, write.now, 200, write.response)
+        elif write.key is not None:
             store_response_core(conn, write.key.tenant, write.key.key, write.key.token, 200, write.response)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -16,7 +16,14 @@ from sandpit.api.db import models
 from sandpit.api.db.attempts import check_attempt, new_attempt
 from sandpit.api.db.database import Database
 from sandpit.api.db.group_commit import GroupCommit
-from sandpit.api.db.idempotency import KeyClaim, StoredKey, claim_key, read_key
+from sandpit.api.db.idempotency import (
+    DeferredClaim,
+    KeyClaim,
+    StoredKey,
+    claim_key,
+    claim_with_response_core,
+    read_key,
+)
 from sandpit.api.db.step_writes import StepWrite, write_steps, write_steps_core
 from sandpit.api.db.store import PendingBlobs
 from sandpit.api.errors import HeadMoved, IdempotencyKeyInFlight, ServiceUnavailable, StaleAttempt
@@ -210,3 +217,47 @@ def test_a_step_commits_its_key_response_and_only_under_the_current_attempt(data
         check_attempt(database, "team-a", "env-1", token)
     check_attempt(database, "team-a", "env-1", newer)
     check_attempt(database, "team-b", "env-1", token)  # not that tenant's env: the call itself answers 404
+
+
+def test_a_step_with_a_deferred_claim_takes_its_key_in_its_own_transaction(database: Database) -> None:
+    """A step's key claimed in its own transaction: the key's row appears with the step and
+    its response; a second step under the same key (another request that ran at the same
+    time) fails its whole transaction, its step included, and a group of steps is all or nothing."""
+    make_env(database, "env-1")
+    make_env(database, "env-2")
+    first = KeyClaim("team-a", "k", "claim-1", DeferredClaim("d", 600, 60))
+    with database.write_connection() as conn:
+        write_steps(conn, [dataclasses.replace(step("env-1", 1), key=first, response=b'{"step": 1}')])
+    assert read_key(database, "team-a", "k") == StoredKey("d", 200, b'{"step": 1}')
+    second = KeyClaim("team-a", "k", "claim-2", DeferredClaim("d", 600, 60))
+    with pytest.raises(IdempotencyKeyInFlight), database.write_connection() as conn:
+        write_steps(conn, [step("env-2", 1), dataclasses.replace(step("env-1", 2), key=second, response=b"{}")])
+    assert sorted((row[0], row[2]) for row in stored(database)[0]) == [("env-1", 1)]
+    assert read_key(database, "team-a", "k") == StoredKey("d", 200, b'{"step": 1}')
+
+
+def _key_rows(database: Database) -> list[tuple[Any, ...]]:
+    with database.read() as session:
+        return [tuple(row) for row in session.execute(text(
+            "SELECT tenant, key, digest, claim, status, body, CAST(claimed_at AS TEXT), CAST(expires_at AS TEXT) "
+            "FROM idempotency_keys ORDER BY tenant, key"))]
+
+
+def test_a_deferred_claims_row_is_what_core_writes_and_an_expired_key_is_taken_over(
+        database: Database, second_database: Database) -> None:
+    """The key's row the step's write inserts (straight from SQLite's driver when the key is
+    new) is, column for column, the row Core's claim writes; a key whose row expired is
+    taken over by the step's write."""
+    claim = KeyClaim("team-a", "k", "claim-1", DeferredClaim("d", 600, 60))
+    make_env(database, "env-1")
+    with database.write_connection() as conn:
+        write_steps(conn, [dataclasses.replace(step("env-1", 1), key=claim, response=b'{"step": 1}')])
+    with second_database.write_connection() as conn:
+        claim_with_response_core(conn, claim, NOW, 200, b'{"step": 1}')
+    assert _key_rows(database) == _key_rows(second_database) and len(_key_rows(database)) == 1
+    later = NOW + timedelta(seconds=600)
+    renewed = KeyClaim("team-a", "k", "claim-2", DeferredClaim("another request", 600, 60))
+    with database.write_connection() as conn:
+        write_steps(conn, [dataclasses.replace(step("env-1", 2), now=later, key=renewed, response=b'{"step": 2}')])
+    assert read_key(database, "team-a", "k") == StoredKey("another request", 200, b'{"step": 2}')
+    assert [row[2] for row in stored(database)[0]] == [1, 2]
