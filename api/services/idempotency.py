@@ -22,6 +22,16 @@ worth retrying as they are (429 quotas, 503 capacity, a 409 ``episode_ended`` af
 reset). A malformed action is not an error but a recorded ``rejected`` step (200): it
 is stored and replayed like any step. Keys expire ``idempotency_key_ttl_s`` after the
 first request (:meth:`Idempotency.expire`, run by the janitor).
+
+A step takes its key with :meth:`Idempotency.check` instead, and claims it in its own
+transaction (a deferred claim, :mod:`sandpit.api.db.idempotency`): the check only reads
+the key's row (and this process's keys in flight), so a keyed step costs one read before
+it runs instead of a transaction of its own, and an error leaves nothing to release. The
+rules above hold the same way, with one difference: a step whose key another replica
+claims while it runs learns it at its commit (409 ``idempotency_key_in_flight``, or the
+replay when that request's response is stored by then), after its action ran in the
+sandbox; the action's effect is discarded with the uncommitted state (the env resumes
+from its committed head), so it still runs at most once in the env's recorded history.
 """
 
 from __future__ import annotations
@@ -29,10 +39,20 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 
 from ..db.database import Database
-from ..db.idempotency import KeyClaim, claim_key, delete_expired, release_key, store_response
+from ..db.idempotency import (
+    DeferredClaim,
+    KeyClaim,
+    StoredKey,
+    claim_key,
+    delete_expired,
+    find_key,
+    release_key,
+    store_response,
+)
 from ..errors import IdempotencyKeyInFlight, IdempotencyKeyReused
 from ..settings import ApiSettings
 from .common import utcnow
@@ -85,6 +105,9 @@ class Idempotency:
     def __init__(self, settings: ApiSettings, db: Database) -> None:
         self.settings = settings
         self.db = db
+        self._flying: set[tuple[str, str]] = set()
+        """(tenant, key) of this process's deferred claims whose step has not ended."""
+        self._flying_lock = threading.Lock()
 
     def begin(self, tenant: str, key: str, digest: str) -> KeyClaim | Replay:
         """Claim ``key`` for ``tenant``'s request of ``digest`` (a :class:`KeyClaim`: run
@@ -98,14 +121,40 @@ class Idempotency:
                           self.settings.idempotency_lease_s)
         if found is None:
             return KeyClaim(tenant, key, token)
-        if found.digest != digest:
-            raise IdempotencyKeyReused(f"{KEY_HEADER} {key!r} was already used for another request (method, "
-                                       "route, env or body); use a new key for a new request", field=KEY_HEADER)
-        if found.status is None or found.body is None:
-            raise IdempotencyKeyInFlight(f"the first request with {KEY_HEADER} {key!r} has not finished; retry "
-                                         "to get its response", field=KEY_HEADER,
-                                         retry_after=IN_FLIGHT_RETRY_AFTER_S)
-        return Replay(found.status, found.body)
+        return _found(found, key, digest)
+
+    def check(self, tenant: str, key: str, digest: str) -> KeyClaim | Replay:
+        """A step's deferred claim of ``key`` for ``tenant``'s request of ``digest`` (module
+        docstring): a :class:`KeyClaim` whose row the step's transaction writes (call
+        :meth:`forget` when the step ends, whatever its end), or the stored response
+        (:class:`Replay`: send it, run nothing). Reads the key's row, writes nothing.
+        Raises IdempotencyKeyReused (409: another digest), IdempotencyKeyInFlight (409 +
+        Retry-After: a request with the key is still running, in this process or, with a
+        live claim, on any replica), ServiceUnavailable (database)."""
+        with self._flying_lock:  # noted before the read: a step of this process that ends first is read
+            if (tenant, key) in self._flying:
+                raise _in_flight(key)
+            self._flying.add((tenant, key))
+        try:
+            found = find_key(self.db, tenant, key, utcnow(), self.settings.idempotency_lease_s)
+        except BaseException:
+            self._forget(tenant, key)
+            raise
+        if found is not None:
+            self._forget(tenant, key)
+            return _found(found, key, digest)
+        return KeyClaim(tenant, key, secrets.token_hex(16),
+                        DeferredClaim(digest, self.settings.idempotency_key_ttl_s, self.settings.idempotency_lease_s))
+
+    def forget(self, claim: KeyClaim) -> None:
+        """End :meth:`check`'s claim in this process (its step committed, or failed and
+        committed nothing). A claim whose row exists is left alone."""
+        if claim.deferred is not None:
+            self._forget(claim.tenant, claim.key)
+
+    def _forget(self, tenant: str, key: str) -> None:
+        with self._flying_lock:
+            self._flying.discard((tenant, key))
 
     def finish(self, claim: KeyClaim, status: int, body: bytes) -> None:
         """Store the response of ``claim``'s request (reset, create, fork: after its own
@@ -116,9 +165,30 @@ class Idempotency:
 
     def release(self, claim: KeyClaim) -> None:
         """Forget ``claim`` when its request ended in an error (nothing stored; a retry
-        runs again). Raises ServiceUnavailable (database)."""
+        runs again): a :meth:`check` claim, which holds no row, is :meth:`forget`.
+        Raises ServiceUnavailable (database)."""
+        if claim.deferred is not None:
+            self.forget(claim)
+            return
         release_key(self.db, claim.tenant, claim.key, claim.token)
 
     def expire(self) -> int:
         """Delete keys past their ``expires_at`` (the janitor's task); returns how many."""
         return delete_expired(self.db, utcnow())
+
+
+def _found(found: StoredKey, key: str, digest: str) -> Replay:
+    """What a request of ``digest`` gets when ``key``'s row ``found`` holds the key: the
+    stored response, or the refusal. Raises IdempotencyKeyReused, IdempotencyKeyInFlight."""
+    if found.digest != digest:
+        raise IdempotencyKeyReused(f"{KEY_HEADER} {key!r} was already used for another request (method, "
+                                   "route, env or body); use a new key for a new request", field=KEY_HEADER)
+    if found.status is None or found.body is None:
+        raise _in_flight(key)
+    return Replay(found.status, found.body)
+
+
+def _in_flight(key: str) -> IdempotencyKeyInFlight:
+    """The 409 for ``key`` held by a request that has not finished."""
+    return IdempotencyKeyInFlight(f"the first request with {KEY_HEADER} {key!r} has not finished; retry to get "
+                                  "its response", field=KEY_HEADER, retry_after=IN_FLIGHT_RETRY_AFTER_S)

@@ -1,12 +1,17 @@
 """Idempotency keys (``sandpit.api.services.idempotency``) on a real SQLite file: what a
 key may be, what makes two requests the same, and what a second request with a key
-gets (replay, 409 reused, 409 in flight with Retry-After, a new claim after an error)."""
+gets (replay, 409 reused, 409 in flight with Retry-After, a new claim after an error);
+a step's check, which only reads, and whose claim its own transaction takes."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sandpit.api.db.database import Database
+from sandpit.api.db.idempotency import claim_with_response_core
 from sandpit.api.errors import IdempotencyKeyInFlight, IdempotencyKeyReused, error_reply, field_of
+from sandpit.api.services.common import utcnow
 from sandpit.api.services.idempotency import Idempotency, Replay, request_digest, valid_key
 from sandpit.api.settings import ApiSettings
 
@@ -64,3 +69,60 @@ def test_expire_deletes_only_old_keys(database: Database, tmp_path) -> None:
 
 def test_header_errors_name_the_header() -> None:
     assert field_of(("header", "Idempotency-Key")) == "Idempotency-Key"
+
+
+def test_check_reads_and_the_steps_transaction_claims(database: Database, tmp_path) -> None:
+    keys = Idempotency(ApiSettings(data_dir=tmp_path, idempotency_key_ttl_s=600, idempotency_lease_s=30), database)
+    claim = keys.check("t", "k", "d")
+    assert not isinstance(claim, Replay) and claim.deferred is not None
+    assert (claim.deferred.digest, claim.deferred.ttl_s, claim.deferred.lease_s) == ("d", 600, 30)
+    with pytest.raises(IdempotencyKeyInFlight) as in_flight:  # the same key while this process runs it
+        keys.check("t", "k", "d")
+    assert error_reply(in_flight.value).headers["Retry-After"] == "1"
+    with pytest.raises(IdempotencyKeyInFlight):  # any digest: the key is busy
+        keys.check("t", "k", "other")
+    assert not isinstance(keys.check("t2", "k", "d"), Replay)  # another tenant's key
+    keys.forget(claim)  # the step failed: nothing was written, the key is free again
+    again = keys.check("t", "k", "d")
+    assert not isinstance(again, Replay)
+    with database.write_connection() as conn:
+        claim_with_response_core(conn, again, utcnow(), 200, b'{"step": 1}')
+    keys.forget(again)
+    assert keys.check("t", "k", "d") == Replay(200, b'{"step": 1}')
+    assert keys.check("t", "k", "d") == Replay(200, b'{"step": 1}')  # a replay holds nothing
+    with pytest.raises(IdempotencyKeyReused):
+        keys.check("t", "k", "another body")
+
+
+def test_check_refuses_a_key_another_route_holds(database: Database, tmp_path) -> None:
+    keys = Idempotency(ApiSettings(data_dir=tmp_path), database)
+    begun = keys.begin("t", "k", "reset")
+    assert not isinstance(begun, Replay)
+    with pytest.raises(IdempotencyKeyInFlight):
+        keys.check("t", "k", "reset")
+    with pytest.raises(IdempotencyKeyReused):  # another request's digest, as begin() answers it
+        keys.check("t", "k", "step")
+    keys.finish(begun, 200, b"{}")
+    assert keys.check("t", "k", "reset") == Replay(200, b"{}")
+    with pytest.raises(IdempotencyKeyReused):
+        keys.check("t", "k", "step")
+
+
+def test_concurrent_checks_of_one_key_give_one_claim(database: Database, tmp_path) -> None:
+    keys = Idempotency(ApiSettings(data_dir=tmp_path), database)
+    claims, refusals = [], []
+    barrier = threading.Barrier(8)
+
+    def check() -> None:
+        barrier.wait()
+        try:
+            claims.append(keys.check("t", "k", "d"))
+        except IdempotencyKeyInFlight:
+            refusals.append(1)
+
+    threads = [threading.Thread(target=check) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert (len(claims), len(refusals)) == (1, 7)
