@@ -3,8 +3,8 @@ file) and steps one env over real HTTP (keep-alive ``http.client``, one client),
 alternating blocks of the same run:
 
 * ``plain``: steps without ``Idempotency-Key``;
-* ``keyed``: each step with a new key (the key is claimed, then its response stored in
-  the step's own transaction);
+* ``keyed``: each step with a new key (the key is read, then claimed with the step's
+  response in the step's own transaction);
 * ``replay``: the same keyed step sent again (the stored response; no sandbox call).
 
 Prints p50/p99 per kind and the added p50 of ``keyed`` over ``plain``, and saves JSON to

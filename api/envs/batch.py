@@ -17,9 +17,10 @@ that fails there is retried alone, so one step's failure never undoes another's,
 step is acknowledged only once its own write committed). A wave's steps start in the
 order of their env ids, so the env locks they hold at once are taken in one order by
 every batch (two batches naming the same envs never wait for each other in a cycle). The reply is each step's own reply (or error) in the request's order, spliced as the
-bytes each step rendered. A step's ``idempotency_key`` is claimed and its result stored
-in that step's own transaction, exactly as the step route's ``Idempotency-Key`` (a retried
-batch replays the steps that committed and runs the others). One env appears at most once in a batch (its steps are ordered
+bytes each step rendered. A step's ``idempotency_key`` is checked before it runs and
+claimed with its result in that step's own transaction, exactly as the step route's
+``Idempotency-Key`` (:meth:`~sandpit.api.services.idempotency.Idempotency.check`; a
+retried batch replays the steps that committed and runs the others). One env appears at most once in a batch (its steps are ordered
 by the caller, not by the batch). A step's refusal is that step's outcome (its status and
 error object), never the batch's: the other steps run and commit as they would alone.
 """
@@ -35,7 +36,7 @@ from typing import Any
 import orjson
 
 from ..db.idempotency import KeyClaim
-from ..errors import ApiError, InvalidRequest, error_reply, internal_error_body
+from ..errors import ApiError, IdempotencyKeyInFlight, InvalidRequest, error_reply, internal_error_body
 from ..schemas.batch import BatchStep, BatchStepRequest
 from ..services.idempotency import Idempotency, Replay, request_digest
 from ..services.quotas import TenantContext
@@ -164,11 +165,10 @@ class BatchSteps:
         if item.idempotency_key is not None:
             body = orjson.dumps(item.model_dump(mode="json", exclude={"idempotency_key"}),
                                 option=orjson.OPT_SORT_KEYS)
-            begun = self.keys.begin(ctx.tenant, item.idempotency_key,
-                                    request_digest("POST", ITEM_ROUTE, item.env_id, (include or "").encode(), body))
+            digest = request_digest("POST", ITEM_ROUTE, item.env_id, (include or "").encode(), body)
+            begun = self.keys.check(ctx.tenant, item.idempotency_key, digest)
             if isinstance(begun, Replay):
-                return b'{"env_id":' + orjson.dumps(item.env_id) + b',"status":200,"result":' + begun.body + \
-                    b',"replayed":true}'
+                return _replayed(item, begun)
             claim = begun
         return _Running(item, self.steps.work(ctx, item.env_id, item.action, include, key=claim,
                                               attempt=item.attempt), claim, self.keys)
@@ -250,9 +250,32 @@ class _Running:
             outcome: StepOutcome = stop.value
             env = orjson.dumps(self.item.env_id)
             self.reply = b'{"env_id":' + env + b',"status":200,"result":' + outcome.json() + b"}"
+            if self.claim is not None:
+                self.keys.forget(self.claim)
         except BaseException as exc:  # noqa: BLE001 - the step's outcome
             self.error = exc
             if self.claim is not None:
                 self.keys.release(self.claim)
+                if isinstance(exc, IdempotencyKeyInFlight) and self.claim.deferred is not None:
+                    self._taken_meanwhile(self.claim, self.claim.deferred.digest)
         self.need = None
         return False
+
+    def _taken_meanwhile(self, claim: KeyClaim, digest: str) -> None:
+        """The step's commit found its key taken by another request (nothing committed):
+        that request's stored reply when it has one by now, else the 409 the key's state
+        gives, as the step's outcome."""
+        try:
+            again = self.keys.check(claim.tenant, claim.key, digest)
+        except ApiError as exc:
+            self.error = exc
+            return
+        if isinstance(again, Replay):
+            self.reply, self.error = _replayed(self.item, again), None
+        else:
+            self.keys.forget(again)  # free again (the other request failed): the 409 stands, a retry runs it
+
+
+def _replayed(item: BatchStep, replay: Replay) -> bytes:
+    """The outcome bytes of ``item`` when its key replays a committed step."""
+    return b'{"env_id":' + orjson.dumps(item.env_id) + b',"status":200,"result":' + replay.body + b',"replayed":true}'

@@ -20,17 +20,20 @@ that path did, with at most one hop to a worker thread:
    first field as every route's (:func:`~sandpit.api.errors.invalid_request_body`);
    then the step (:meth:`~sandpit.api.envs.steps.Steps.step`) and its JSON reply.
    On a server answering no other step (``step_inline_wait_s`` above 0), a step
-   without ``Idempotency-Key`` or ``Sandpit-Attempt`` whose API key was authenticated
-   recently runs on the event loop instead, saving the hop there and back: the same
+   without ``Sandpit-Attempt`` whose API key was authenticated recently runs on the
+   event loop instead (its ``Idempotency-Key`` checked there too), saving the hop there and back: the same
    step (:func:`~sandpit.api.envs.step_work.run_inline`), which moves to a worker
    thread as soon as it would wait (its call not answered within
    ``step_inline_wait_s``, a busy slot, session or database writer, blocking work);
    ``sandpit_step_runs_total`` counts where steps ran.
 4. ``Idempotency-Key`` (:mod:`sandpit.api.services.idempotency`): a malformed key is a
    422 naming the header (with the request's other shape errors, as FastAPI reports
-   them); after the API key, the key is claimed: a replay of the stored reply
-   (``Idempotent-Replayed: true``) or a 409 runs nothing; otherwise the reply is
-   stored in the step's own transaction, and an error releases the key.
+   them); after the API key, the key is checked (a read:
+   :meth:`~sandpit.api.services.idempotency.Idempotency.check`): a replay of the stored
+   reply (``Idempotent-Replayed: true``) or a 409 runs nothing; otherwise the step's own
+   transaction claims the key and stores the reply, and an error leaves the key free.
+   A step whose commit finds the key taken by another request meanwhile commits
+   nothing and answers that request's stored reply, or the 409.
 5. ``Sandpit-Attempt`` (:mod:`sandpit.api.envs.attempts`): a malformed token is a 422
    naming the header; a token that is not the env's current attempt's is 409
    ``stale_attempt``, checked before the action runs and in the step's transaction.
@@ -67,14 +70,22 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import Message, Receive, Scope, Send
 
+from ..db.idempotency import KeyClaim
 from ..envs.outcomes import StepOutcome
 from ..envs.step_work import Handoff, Work, run_inline
 from ..envs.steps import INCLUDES, Steps
-from ..errors import ApiError, invalid_request_body
+from ..errors import ApiError, IdempotencyKeyInFlight, invalid_request_body
 from ..metrics import StepClock
 from ..schemas.common import list_pattern
 from ..schemas.envs import ATTEMPT_PATTERN, StepRequest, StepResult
-from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest, valid_key
+from ..services.idempotency import (
+    IN_FLIGHT_RETRY_AFTER_S,
+    KEY_HEADER,
+    Idempotency,
+    Replay,
+    request_digest,
+    valid_key,
+)
 from ..services.quotas import TenantContext
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
@@ -210,7 +221,7 @@ class StepDoor:
         steps: Steps = state.steps
         keys: Idempotency = state.idempotency
         caller = None
-        if key is None and attempt is None and not invalid and request is not None \
+        if attempt is None and not invalid and request is not None \
                 and settings.step_inline_wait_s > 0 and self._alone():
             await asyncio.sleep(0)  # requests that came with this one start first, and are counted
             caller = self._inline_caller(tenants, steps, env_id, authorization)
@@ -218,19 +229,30 @@ class StepDoor:
             assert request is not None
             step_request = request
 
-            def start() -> bytes | Handoff[bytes]:
+            def start() -> bytes | Replay | Handoff[bytes | Replay]:
                 clock = StepClock()
                 clock.cpu["parse"] = parse_cpu
                 note_tenant(scope, caller.tenant)
                 clock.lap("auth")
-                work = _replied(steps.work(caller, env_id, step_request, include, clock), clock, steps, timed)
-                outcome = run_inline(work, steps.commits, settings.step_inline_wait_s)
+                claim: KeyClaim | None = None
+                if key is not None:
+                    checked = keys.check(caller.tenant, key, digest)
+                    if isinstance(checked, Replay):
+                        return checked
+                    claim = checked
+                work = _replied(steps.work(caller, env_id, step_request, include, clock, claim), clock, steps, timed)
+                run = partial(run_inline, work, steps.commits, settings.step_inline_wait_s)
+                outcome = run() if claim is None else _keyed(keys, claim, digest, run)
+                if isinstance(outcome, Replay):
+                    return outcome
                 if not isinstance(outcome, Handoff):
                     steps.metrics.step_runs["event_loop"].inc()
                     return outcome
                 steps.metrics.step_runs["handed_off"].inc()
                 clock.leave()
-                return Handoff(partial(_arrived, clock, outcome.resume))
+                resume: Callable[[], bytes | Replay] = outcome.resume if claim is None else \
+                    partial(_keyed, keys, claim, digest, outcome.resume)
+                return Handoff(partial(_arrived, clock, resume))
 
             await self.answer(start, scope, receive, send, run=self._run_inline)
             return
@@ -248,14 +270,14 @@ class StepDoor:
             if key is None:
                 data = steps.step(caller, env_id, request, include, clock, attempt=attempt).json()
             else:
-                claim = keys.begin(caller.tenant, key, digest)
+                claim = keys.check(caller.tenant, key, digest)
                 if isinstance(claim, Replay):
                     return claim
-                try:
-                    data = steps.step(caller, env_id, request, include, clock, claim, attempt).json()
-                except BaseException:
-                    keys.release(claim)
-                    raise
+                keyed = _keyed(keys, claim, digest,
+                               lambda: steps.step(caller, env_id, request, include, clock, claim, attempt).json())
+                if isinstance(keyed, Replay):
+                    return keyed
+                data = keyed
             _serialized(clock, steps, timed)
             return data
 
@@ -269,8 +291,9 @@ class StepDoor:
         is not busy and the database's writer is free (never on databases other than
         SQLite, whose commits are round trips to a server: there the step could not end
         on the event loop). The caller checks ``step_inline_wait_s`` and that the request
-        carries no ``Idempotency-Key`` or ``Sandpit-Attempt`` (both read or write the
-        database before the action). Under concurrent requests steps stay on threads:
+        carries no ``Sandpit-Attempt`` (its check reads the database before the action
+        and its fence may wait for the writer; an ``Idempotency-Key``'s check is one
+        read of its row, on the event loop). Under concurrent requests steps stay on threads:
         steps run one after another on the event loop would hold the GIL from the
         threads' steps, whose every wake-up then waits for it."""
         if not self._alone() or steps.live.busy(env_id) or not steps.db.write_free():
@@ -286,7 +309,7 @@ class StepDoor:
         it had their turn)."""
         return self._open == 1 and not self._threads.running
 
-    async def _run_inline(self, start: Callable[[], bytes | Handoff[bytes]]) -> bytes:
+    async def _run_inline(self, start: Callable[[], bytes | Replay | Handoff[bytes | Replay]]) -> bytes | Replay:
         """``start()`` on the event loop; what it hands off goes on on a step thread
         (:func:`~sandpit.api.envs.step_work.run_inline`)."""
         outcome = start()
@@ -487,6 +510,39 @@ def _replied(work: Work[StepOutcome], clock: StepClock, steps: Steps,
     return data
 
 
+def _keyed(keys: Idempotency, claim: KeyClaim, digest: str, run: Callable[[], _T]) -> _T | Replay:
+    """``run()``: a step keyed by ``claim`` (request ``digest``), the claim ended with it
+    (:meth:`~sandpit.api.services.idempotency.Idempotency.forget`) whatever its end, except
+    a :class:`~sandpit.api.envs.step_work.Handoff`: the step goes on on a thread, and
+    keeps its claim until it ends there (the caller runs its ``resume`` through here). A
+    commit that found the key taken by another request meanwhile answers that request's
+    reply (:func:`_taken_meanwhile`). Raises what ``run`` raises."""
+    try:
+        data = run()
+    except IdempotencyKeyInFlight:
+        keys.forget(claim)
+        return _taken_meanwhile(keys, claim.tenant, claim.key, digest)
+    except BaseException:
+        keys.forget(claim)
+        raise
+    if not isinstance(data, Handoff):
+        keys.forget(claim)
+    return data
+
+
+def _taken_meanwhile(keys: Idempotency, tenant: str, key: str, digest: str) -> Replay:
+    """The answer to ``tenant``'s step of ``digest`` whose commit found its key ``key``
+    taken by another request (:func:`~sandpit.api.db.idempotency.claim_with_response_core`:
+    nothing was committed): that request's stored reply when it has one by now, else the
+    409 the key's state gives. Raises IdempotencyKeyInFlight, IdempotencyKeyReused, ServiceUnavailable."""
+    again = keys.check(tenant, key, digest)
+    if isinstance(again, Replay):
+        return again
+    keys.forget(again)  # no longer taken: the other request failed; a retry runs the step
+    raise IdempotencyKeyInFlight(f"another request with {KEY_HEADER} {key!r} ran at the same time; retry "
+                                 "to get its response", field=KEY_HEADER, retry_after=IN_FLIGHT_RETRY_AFTER_S)
+
+
 def _serialized(clock: StepClock, steps: Steps, timed: tuple[Scope, float] | None) -> None:
     """A step's reply is serialized: its clock's last phase lapped and the phases flushed
     to the metrics; with ``timed`` (the request's scope and ``time.perf_counter`` when its
@@ -500,7 +556,7 @@ def _serialized(clock: StepClock, steps: Steps, timed: tuple[Scope, float] | Non
         scope[SERVER_TIMING_KEY] = clock.server_timing(time.perf_counter() - received)
 
 
-def _arrived(clock: StepClock, resume: Callable[[], bytes]) -> bytes:
+def _arrived(clock: StepClock, resume: Callable[[], bytes | Replay]) -> bytes | Replay:
     """A step handed off the event loop, on the thread it goes on on (its clock moved there)."""
     clock.arrive()
     return resume()

@@ -7,8 +7,8 @@ malformed batch or an env named twice is a 422 with nothing run; each step's
 whole batch run. The client's ``step_many`` reads the same. The batch's steps share one
 transaction: a step whose write fails there (its attempt fenced while its tool ran) is
 that step's refusal and the others commit alone; batches stepping the same envs at once
-run every step once; a batch resent after a lost reply (also across a server crash)
-replays what committed and runs the rest."""
+run every step once, and so do four sends of one keyed batch at once; a batch resent
+after a lost reply (also across a server crash) replays what committed and runs the rest."""
 
 from __future__ import annotations
 
@@ -221,6 +221,42 @@ def test_two_batches_stepping_the_same_envs_at_once(server: ApiServer, api: http
     for env_id in envs:  # every step ran once, in one order per env
         assert _steps(api, env_id) == list(range(1, 3 * rounds + 1))
         assert api.get(f"/v1/envs/{env_id}/state").json()["state"]["count"] == 3 * rounds
+
+
+def test_one_keyed_batch_sent_four_times_at_once_runs_each_step_once(server: ApiServer, api: httpx.Client,
+                                                                     counter_env_id: str) -> None:
+    """A client that resends a batch before its first send answered: each step's key is
+    claimed in its own transaction, so each env's step runs once; in every reply each
+    step is the one that ran, its replay, or 409 in flight, and a later resend replays all."""
+    envs = create_envs(api, counter_env_id, 4)
+    batch = [_bump(e, 2, idempotency_key=f"at-once-{e}") for e in envs]
+    barrier = threading.Barrier(4)
+    replies: list[list[dict[str, Any]]] = []
+
+    def send() -> None:
+        with server.client(timeout=60) as client:
+            barrier.wait()
+            reply = _batch(client, batch)
+            assert reply.status_code == 200, reply.text
+            replies.append(reply.json()["results"])
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(replies) == 4
+    later = _batch(api, batch).json()["results"]
+    assert all(r["status"] == 200 and r["replayed"] for r in later), later
+    for index, env_id in enumerate(envs):
+        outcomes = [reply[index] for reply in replies]
+        ran = [o for o in outcomes if o["status"] == 200 and not o.get("replayed", False)]
+        assert len(ran) == 1 and ran[0]["result"] == later[index]["result"], outcomes
+        for outcome in outcomes:
+            assert outcome["status"] == 200 and outcome["result"] == ran[0]["result"] or (
+                outcome["status"], outcome["error"]["code"]) == (409, "idempotency_key_in_flight"), outcome
+        assert _steps(api, env_id) == [1]
+        assert api.get(f"/v1/envs/{env_id}/state").json()["state"]["count"] == 2
 
 
 def test_a_resent_batch_replays_what_committed_and_runs_the_rest(api: httpx.Client, counter_env_id: str) -> None:

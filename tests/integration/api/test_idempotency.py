@@ -1,14 +1,18 @@
 """``Idempotency-Key`` on real sandboxes over HTTP: a retried step runs once and replays
 the first body, a key is one request (another body, route or env is 409), tenants do not
 share keys, errors are not stored, a request still running is 409 with Retry-After, and
-a second server on the same database file replays what the first one stored. Hostile:
-oversized, empty and non-ASCII keys."""
+a second server on the same database file replays what the first one stored. A step's
+key is claimed in the step's own transaction: eight concurrent sends of one keyed step run
+it once (one reply, the others its replay or 409 in flight), and so do two servers on
+one database file sent the same slow step at once. Hostile: oversized, empty and
+non-ASCII keys."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -190,3 +194,105 @@ def test_a_second_server_on_the_same_database_replays(make_server, counter_sourc
             assert _step(api, env_id, key, 5).json()["error"]["code"] == "idempotency_key_reused"
     finally:
         second.stop()
+
+
+SLOW_SOURCE = '''
+import time
+
+
+class Slow:
+    """A counter whose bump takes a while."""
+
+    def __init__(self, init_config: dict):
+        self.count = 0
+
+    def bump(self, by: int = 1, seconds: float = 0.0) -> int:
+        """Wait `seconds`, then add `by`."""
+        time.sleep(seconds)
+        self.count += by
+        return self.count
+'''
+
+
+def _sent_at_once(sends: list) -> list[httpx.Response]:
+    barrier = threading.Barrier(len(sends))
+
+    def send(index: int) -> httpx.Response:
+        barrier.wait()
+        return sends[index]()
+
+    with ThreadPoolExecutor(len(sends)) as pool:
+        return list(pool.map(send, range(len(sends))))
+
+
+def _once(replies: list[httpx.Response], refusals: tuple[tuple[int, str], ...] = (
+        (409, "idempotency_key_in_flight"),)) -> httpx.Response:
+    """The one reply of a step that ran, checked against the others: each is that step's
+    replay (the same bytes) or one of ``refusals`` (status, code) with Retry-After."""
+    ran = [r for r in replies if r.status_code == 200 and "idempotent-replayed" not in r.headers]
+    assert len(ran) == 1, [(r.status_code, r.headers.get("idempotent-replayed"), r.text) for r in replies]
+    for reply in replies:
+        if reply.status_code == 200:
+            assert reply.content == ran[0].content
+        else:
+            assert (reply.status_code, reply.json()["error"]["code"]) in refusals, reply.text
+            assert reply.headers["retry-after"] == "1"
+    return ran[0]
+
+
+def test_concurrent_sends_of_one_keyed_step_run_it_once(server: ApiServer, counter_env_id: str) -> None:
+    with server.client() as api:
+        env_id = _env(api, counter_env_id)
+        key = _key()
+        clients = [server.client() for _ in range(8)]
+        try:
+            replies = _sent_at_once([lambda c=c: _step(c, env_id, key, 3) for c in clients])
+        finally:
+            for client in clients:
+                client.close()
+        first = _once(replies)
+        assert _count(api, env_id) == 3
+        assert [s["step"] for s in api.get(f"/v1/envs/{env_id}/trajectory").json()["steps"]] == [1]
+        later = _step(api, env_id, key, 3)
+        assert later.headers["idempotent-replayed"] == "true" and later.content == first.content
+
+
+def test_two_servers_sent_one_slow_keyed_step_at_once_run_it_once(make_server, tmp_path) -> None:
+    """Two replicas on one database file, the same keyed step sent to both while neither
+    has committed it: the key's row is written only by the step's transaction, so the
+    second commit finds it taken and commits nothing; its reply is the first's replay,
+    a 409 in flight, or the 503 of a head that moved twice under it (as for any two
+    replicas stepping one env at once), and the env's history and state hold the step
+    once."""
+    first = make_server()
+    second = ApiServer(tmp_path / "second", SANDPIT_DATABASE_URL=f"sqlite:///{first.db_path}",
+                       SANDPIT_OPERATOR_KEY=first.operator_key)
+    second.api_key = first.api_key
+    second.start()
+    try:
+        _two_replicas_run_one_slow_keyed_step(first, second)
+    finally:
+        second.stop()
+
+
+def _two_replicas_run_one_slow_keyed_step(first: ApiServer, second: ApiServer) -> None:
+    with first.client() as one, second.client() as two:
+        environment = one.post("/v1/environments", json={"source_code": SLOW_SOURCE, "class_name": "Slow"})
+        assert environment.status_code == 201, environment.text
+        env_id = _env(one, environment.json()["id"])
+        for client in (one, two):  # each replica has stepped the env once: both hold a session of it
+            assert _step(client, env_id, _key(), 1).status_code == 200
+        key = _key()
+        body = {"name": "bump", "arguments": {"by": 10, "seconds": 0.5}}
+        replies = _sent_at_once([lambda c=c: c.post(f"/v1/envs/{env_id}/step", json=body, headers=key)
+                                 for c in (one, two)])
+        ran = _once(replies, ((409, "idempotency_key_in_flight"), (503, "unavailable")))
+        assert ran.json()["observation"] == "12"
+        steps = one.get(f"/v1/envs/{env_id}/trajectory").json()["steps"]
+        assert [s["step"] for s in steps] == [1, 2, 3]
+        assert one.get(f"/v1/envs/{env_id}/state").json()["state"]["count"] == 12
+        for client in (one, two):  # either replica replays it, and steps on from the committed head
+            again = client.post(f"/v1/envs/{env_id}/step", json=body, headers=key)
+            assert again.headers["idempotent-replayed"] == "true" and again.content == ran.content
+        assert _step(two, env_id, _key(), 1).json()["observation"] == "13"
+        assert _step(one, env_id, _key(), 1).json()["observation"] == "14"
