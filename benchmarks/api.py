@@ -2,12 +2,14 @@
 measures, over real HTTP:
 
 * step latency p50/p99 with 1 client and with 32 concurrent clients, and steps/s, each
-  with three load generators: httpx (what the Python client uses), a keep-alive
+  with three load generators: httpx (what the Python client runs on), a keep-alive
   ``http.client`` one ("raw": far less CPU per request in this process, which shares the
   2 cores with the server) and a socket one (``SocketClient``: request bytes built once
   per path, the reply read by its length; about what a client in a compiled language
   spends, so its latency is nearly all the server's and the network's); the 32-client runs as the default tenant quotas allow
-  (``max_running_calls`` = half the cores) and with ``max_running_calls=32``;
+  (``max_running_calls`` = half the cores) and with ``max_running_calls=32``; and 1
+  client through Sandpit's Python client itself (``SdkClient``: a new
+  ``Idempotency-Key`` per step, the retry policy, the reply parsed);
 * beside each run, the per-step CPU budget: the server process (split by the server's
   own phase timers, ``sandpit_step_phase_*_seconds_total`` on ``/metrics``: parse,
   auth/quotas, sandbox call, persistence/commit, response serialization, the rest of
@@ -61,6 +63,8 @@ from pathlib import Path
 
 import httpx
 from sandpit.api.db.engine import upgrade
+from sandpit.client import Client
+from sandpit.client.envs import EnvHandle
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 
@@ -267,13 +271,57 @@ class SocketClient:
         return status, json.loads(body)
 
 
-def step_timed(client: httpx.Client | RawClient | SocketClient, env_id: str, name: str,
+class _TimingTransport(httpx.HTTPTransport):
+    """httpx's own transport, keeping each reply's ``Server-Timing`` as its thread's."""
+
+    def __init__(self, local: threading.local) -> None:
+        super().__init__()
+        self.local = local
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.local.server_timing = None
+        response = super().handle_request(request)
+        self.local.server_timing = response.headers.get("server-timing")
+        return response
+
+
+class SdkClient:
+    """Sandpit's Python client itself (``sandpit.client.Client``), as a trainer steps
+    through it: each step with a new ``Idempotency-Key``, the client's retry policy, the
+    reply parsed into a ``StepResult``; on httpx, with the ``Server-Timing`` of each
+    reply kept per thread (:meth:`server_timing`)."""
+
+    def __init__(self, url: str, api_key: str) -> None:
+        self.local = threading.local()
+        self.client = Client(url, api_key, transport=_TimingTransport(self.local))
+        self.handles: dict[str, EnvHandle] = {}
+
+    def post(self, path: str, json_body: dict) -> tuple[int, dict]:
+        """The step of ``path`` (``/v1/envs/{id}/step``) with ``json_body``'s tool call,
+        through the env's handle: ``(200, the fields of the StepResult)``; a refusal
+        raises the client's error."""
+        env_id = path.split("/")[3]
+        handle = self.handles.get(env_id)
+        if handle is None:
+            handle = self.handles[env_id] = self.client.envs.get(env_id)
+        result = handle.step(json_body["name"], **json_body.get("arguments", {}))
+        return 200, result.model_dump()
+
+    def server_timing(self) -> str | None:
+        """The ``Server-Timing`` of this thread's last reply, None when it had none."""
+        return getattr(self.local, "server_timing", None)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def step_timed(client: httpx.Client | RawClient | SocketClient | SdkClient, env_id: str, name: str,
                **arguments) -> tuple[float, float, float | None]:
     """One step: (client-measured latency, server-measured sandbox round trip, the server's
     own time from its ``Server-Timing`` total or None), ms."""
     body = {"name": name, "arguments": arguments}
     started = time.perf_counter()
-    if isinstance(client, (RawClient, SocketClient)):
+    if isinstance(client, (RawClient, SocketClient, SdkClient)):
         code, reply = client.post(f"/v1/envs/{env_id}/step", body)
         timing = client.server_timing()
     else:
@@ -285,7 +333,7 @@ def step_timed(client: httpx.Client | RawClient | SocketClient, env_id: str, nam
     return elapsed, reply["duration_ms"], server_total_ms(timing)
 
 
-def step(client: httpx.Client | RawClient | SocketClient, env_id: str, name: str, **arguments) -> float:
+def step(client: httpx.Client | RawClient | SocketClient | SdkClient, env_id: str, name: str, **arguments) -> float:
     return step_timed(client, env_id, name, **arguments)[0]
 
 
@@ -371,7 +419,7 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def step_run(server: Server, client: httpx.Client | RawClient | SocketClient, env_ids: list[str], per_client: int) -> dict:
+def step_run(server: Server, client: httpx.Client | RawClient | SocketClient | SdkClient, env_ids: list[str], per_client: int) -> dict:
     """``per_client`` steps on each of ``env_ids``, one thread per env (all at once):
     latency percentiles, steps/s, and the per-step CPU budget (module docstring)."""
     samples: list[float] = []
@@ -598,15 +646,18 @@ def main() -> None:
                         for _ in range(10):
                             step(wide, eid, "bump")
                     per_client = args.concurrent_steps // 32
+                    sdk = SdkClient(server.url, server.api_key)
                     runs = {"1 client (httpx)": step_run(server, client, [env_id], args.steps),
                             "1 client (raw)": step_run(server, raw, [env_id], args.steps),
                             "1 client (socket)": step_run(server, lean, [env_id], args.steps),
+                            "1 client (SDK)": step_run(server, sdk, [env_id], args.steps),
                             "32 clients (httpx)": step_run(server, client, env_ids, per_client),
                             "32 clients (raw)": step_run(server, raw, env_ids, per_client),
                             "32 clients (socket)": step_run(server, lean, env_ids, per_client),
                             "32 clients (httpx, max_running_calls=32)": step_run(server, wide, wide_ids, per_client),
                             "32 clients (raw, max_running_calls=32)": step_run(server, wide_raw, wide_ids,
                                                                                 per_client)}
+                    sdk.close()
                 results["step_runs"] = runs
                 # the headline figures as before (httpx client, default quotas)
                 results["step_1_client_ms"] = runs["1 client (httpx)"]["latency_ms"]

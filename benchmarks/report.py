@@ -208,7 +208,8 @@ def collect() -> list[dict[str, Any]]:
     if (api := _load("api")) is not None:
         runs = api.get("step_runs", {})
         anchor = f"sandbox call round trip {api['anchor_call_rtt_ms']['p50']:.2f} ms p50"
-        for kind, label in (("socket", "socket client"), ("raw", "http.client"), ("httpx", "httpx")):
+        for kind, label in (("socket", "socket client"), ("raw", "http.client"), ("httpx", "httpx"),
+                            ("SDK", "Python client, keyed")):
             run = runs.get(f"1 client ({kind})")
             if run is not None:  # each load generator's own CPU is in the latency it measures
                 _row(rows, "step path", f"step over HTTP, 1 client ({label}), p50", "<= 1 ms",
