@@ -83,8 +83,8 @@ def claim_key(db: Database, tenant: str, key: str, digest: str, token: str, now:
     the row as found (the caller compares the digest and replays or refuses). The row
     expires ``ttl_s`` seconds after ``now``. One transaction (:func:`_claim_in`).
     Raises ServiceUnavailable (database)."""
-    fresh: dict[str, object] = {"digest": digest, "claim": token, "status": None, "body": None, "claimed_at": now,
-             "expires_at": now + timedelta(seconds=ttl_s)}
+    fresh: dict[str, object] = {"digest": digest, "claim": token, "status": None, "body": None,
+                                "claimed_at": now, "expires_at": now + timedelta(seconds=ttl_s)}
     with db.write_connection() as conn:
         return _claim_in(conn, tenant, key, fresh, now, lease_s)
 
@@ -98,8 +98,8 @@ def claim_with_response_core(conn: Connection, claim: KeyClaim, now: datetime, s
     Raises ServiceUnavailable (the row changed hands during the claim)."""
     terms = claim.deferred
     assert terms is not None, "a claim whose row exists stores with store_response_core"
-    fresh: dict[str, object] = {"digest": terms.digest, "claim": claim.token, "status": status, "body": body, "claimed_at": now,
-             "expires_at": now + timedelta(seconds=terms.ttl_s)}
+    fresh: dict[str, object] = {"digest": terms.digest, "claim": claim.token, "status": status, "body": body,
+                                "claimed_at": now, "expires_at": now + timedelta(seconds=terms.ttl_s)}
     if _claim_in(conn, claim.tenant, claim.key, fresh, now, terms.lease_s) is not None:
         raise IdempotencyKeyInFlight("another request with this idempotency key committed or started while this "
                                      "one ran; nothing was committed", retry_after=1)

@@ -13,8 +13,9 @@ with its response there: :func:`~sandpit.api.db.idempotency.claim_with_response_
 the same transaction, so a step is never committed without its key's response nor a
 response without its step).
 On SQLite the first three, and the row of a deferred claim whose key has none, go straight
-to the driver connection (:class:`_SqliteSteps`), on other databases through SQLAlchemy Core (:func:`write_steps_core`, the reference the
-driver path is tested against: ``tests/unit/api/db/test_step_writes.py``). The caller's
+to the driver connection (:class:`_SqliteSteps`), on other databases through SQLAlchemy
+Core (:func:`write_steps_core`, the reference the driver path is tested against:
+``tests/unit/api/db/test_step_writes.py``). The caller's
 transaction (:class:`~sandpit.api.db.group_commit.GroupCommit`) commits them.
 """
 

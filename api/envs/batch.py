@@ -20,8 +20,8 @@ every batch (two batches naming the same envs never wait for each other in a cyc
 bytes each step rendered. A step's ``idempotency_key`` is checked before it runs and
 claimed with its result in that step's own transaction, exactly as the step route's
 ``Idempotency-Key`` (:meth:`~sandpit.api.services.idempotency.Idempotency.check`; a
-retried batch replays the steps that committed and runs the others). One env appears at most once in a batch (its steps are ordered
-by the caller, not by the batch). A step's refusal is that step's outcome (its status and
+retried batch replays the steps that committed and runs the others). One env appears at
+most once in a batch (its steps are ordered by the caller, not by the batch). A step's refusal is that step's outcome (its status and
 error object), never the batch's: the other steps run and commit as they would alone.
 """
 

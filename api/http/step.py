@@ -21,9 +21,9 @@ that path did, with at most one hop to a worker thread:
    then the step (:meth:`~sandpit.api.envs.steps.Steps.step`) and its JSON reply.
    On a server answering no other step (``step_inline_wait_s`` above 0), a step
    without ``Sandpit-Attempt`` whose API key was authenticated recently runs on the
-   event loop instead (its ``Idempotency-Key`` checked there too), saving the hop there and back: the same
-   step (:func:`~sandpit.api.envs.step_work.run_inline`), which moves to a worker
-   thread as soon as it would wait (its call not answered within
+   event loop instead (its ``Idempotency-Key`` checked there too), saving the hop there
+   and back: the same step (:func:`~sandpit.api.envs.step_work.run_inline`), which moves
+   to a worker thread as soon as it would wait (its call not answered within
    ``step_inline_wait_s``, a busy slot, session or database writer, blocking work);
    ``sandpit_step_runs_total`` counts where steps ran.
 4. ``Idempotency-Key`` (:mod:`sandpit.api.services.idempotency`): a malformed key is a
@@ -293,7 +293,8 @@ class StepDoor:
         on the event loop). The caller checks ``step_inline_wait_s`` and that the request
         carries no ``Sandpit-Attempt`` (its check reads the database before the action
         and its fence may wait for the writer; an ``Idempotency-Key``'s check is one
-        read of its row, on the event loop). Under concurrent requests steps stay on threads:
+        read of its row, on the event loop). Under concurrent requests steps stay on
+        threads:
         steps run one after another on the event loop would hold the GIL from the
         threads' steps, whose every wake-up then waits for it."""
         if not self._alone() or steps.live.busy(env_id) or not steps.db.write_free():
@@ -309,7 +310,8 @@ class StepDoor:
         it had their turn)."""
         return self._open == 1 and not self._threads.running
 
-    async def _run_inline(self, start: Callable[[], bytes | Replay | Handoff[bytes | Replay]]) -> bytes | Replay:
+    async def _run_inline(self, start: Callable[[], bytes | Replay | Handoff[bytes | Replay]]
+                          ) -> bytes | Replay:
         """``start()`` on the event loop; what it hands off goes on on a step thread
         (:func:`~sandpit.api.envs.step_work.run_inline`)."""
         outcome = start()
@@ -534,7 +536,8 @@ def _taken_meanwhile(keys: Idempotency, tenant: str, key: str, digest: str) -> R
     """The answer to ``tenant``'s step of ``digest`` whose commit found its key ``key``
     taken by another request (:func:`~sandpit.api.db.idempotency.claim_with_response_core`:
     nothing was committed): that request's stored reply when it has one by now, else the
-    409 the key's state gives. Raises IdempotencyKeyInFlight, IdempotencyKeyReused, ServiceUnavailable."""
+    409 the key's state gives. Raises IdempotencyKeyInFlight, IdempotencyKeyReused,
+    ServiceUnavailable."""
     again = keys.check(tenant, key, digest)
     if isinstance(again, Replay):
         return again

@@ -28,9 +28,10 @@ transaction (a deferred claim, :mod:`sandpit.api.db.idempotency`): the check onl
 the key's row (and this process's keys in flight), so a keyed step costs one read before
 it runs instead of a transaction of its own, and an error leaves nothing to release. The
 rules above hold the same way, with one difference: a step whose key another replica
-claims while it runs learns it at its commit (409 ``idempotency_key_in_flight``, or the
-replay when that request's response is stored by then), after its action ran in the
-sandbox; the action's effect is discarded with the uncommitted state (the env resumes
+claims while it runs learns it at its commit (409 ``idempotency_key_in_flight``, the
+replay when that request's response is stored by then, or the 503 of an env whose head
+moved twice under it, as for any two replicas stepping one env at once), after its action
+ran in the sandbox; the action's effect is discarded with the uncommitted state (the env resumes
 from its committed head), so it still runs at most once in the env's recorded history.
 """
 
