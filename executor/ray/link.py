@@ -80,6 +80,7 @@ import hmac
 import ipaddress
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -367,6 +368,11 @@ def _request_failed(host: str, op: str, timeout_s: float,
     return SandboxLost(f"the link to sandbox host {host} failed {op!r}: {name}: {details}", host)
 
 
+_POLLER_END_S = 0.5
+"""Longest wait of :meth:`HostLink.close` for grpc's connectivity poller to end (seconds;
+it wakes every 0.2 s)."""
+
+
 class HostLink:
     """A replica's end: one gRPC channel with TLS to a host's :class:`LinkServer`, pinned
     to its ``certificate`` and shared by every thread of the replica.
@@ -487,7 +493,18 @@ class HostLink:
         return answer
 
     def close(self) -> None:
-        """Close the channel (requests in flight fail with SandboxLost). Idempotent."""
+        """Close the channel (requests in flight fail with SandboxLost). Idempotent.
+
+        Once unsubscribed, grpc's connectivity poller (a thread of the channel's) ends at
+        its next wake-up, at most 0.2 s later; closing the channel while it waits makes it
+        raise ``ValueError: Cannot monitor channel state: Channel closed!`` in that thread
+        (grpcio 1.85). So the close waits for the poller to end, at most
+        :data:`_POLLER_END_S` seconds (grpc keeps that state private: without it, the
+        channel is closed at once)."""
         self._die("closed by the replica")
         self._channel.unsubscribe(self._on_state)
+        connectivity = getattr(self._channel, "_connectivity_state", None)
+        deadline = time.monotonic() + _POLLER_END_S
+        while getattr(connectivity, "polling", False) and time.monotonic() < deadline:
+            time.sleep(0.005)
         self._channel.close()
