@@ -264,16 +264,16 @@ class _Running:
     def _taken_meanwhile(self, claim: KeyClaim, digest: str) -> None:
         """The step's commit found its key taken by another request (nothing committed):
         that request's stored reply when it has one by now, else the 409 the key's state
-        gives, as the step's outcome."""
+        gives, as the step's outcome
+        (:meth:`~sandpit.api.services.idempotency.Idempotency.reply_of_taken`; a key free
+        again keeps the commit's 409: a retry runs the step)."""
         try:
-            again = self.keys.check(claim.tenant, claim.key, digest)
+            replay = self.keys.reply_of_taken(claim.tenant, claim.key, digest)
         except ApiError as exc:
             self.error = exc
             return
-        if isinstance(again, Replay):
-            self.reply, self.error = _replayed(self.item, again), None
-        else:
-            self.keys.forget(again)  # free again (the other request failed): the 409 stands, a retry runs it
+        if replay is not None:
+            self.reply, self.error = _replayed(self.item, replay), None
 
 
 def _replayed(item: BatchStep, replay: Replay) -> bytes:

@@ -536,12 +536,11 @@ def _taken_meanwhile(keys: Idempotency, tenant: str, key: str, digest: str) -> R
     """The answer to ``tenant``'s step of ``digest`` whose commit found its key ``key``
     taken by another request (:func:`~sandpit.api.db.idempotency.claim_with_response_core`:
     nothing was committed): that request's stored reply when it has one by now, else the
-    409 the key's state gives. Raises IdempotencyKeyInFlight, IdempotencyKeyReused,
-    ServiceUnavailable."""
-    again = keys.check(tenant, key, digest)
-    if isinstance(again, Replay):
-        return again
-    keys.forget(again)  # no longer taken: the other request failed; a retry runs the step
+    409 the key's state gives (:meth:`~sandpit.api.services.idempotency.Idempotency.reply_of_taken`).
+    Raises IdempotencyKeyInFlight, IdempotencyKeyReused, ServiceUnavailable."""
+    replay = keys.reply_of_taken(tenant, key, digest)
+    if replay is not None:
+        return replay
     raise IdempotencyKeyInFlight(f"another request with {KEY_HEADER} {key!r} ran at the same time; retry "
                                  "to get its response", field=KEY_HEADER, retry_after=IN_FLIGHT_RETRY_AFTER_S)
 

@@ -147,6 +147,18 @@ class Idempotency:
         return KeyClaim(tenant, key, secrets.token_hex(16),
                         DeferredClaim(digest, self.settings.idempotency_key_ttl_s, self.settings.idempotency_lease_s))
 
+    def reply_of_taken(self, tenant: str, key: str, digest: str) -> Replay | None:
+        """For ``tenant``'s step of ``digest`` whose commit found its key ``key`` taken by
+        another request (nothing was committed): that request's stored reply when it has
+        one by now; None when the key is free again (that request failed: a retry runs
+        the step). Raises IdempotencyKeyInFlight (it still runs), IdempotencyKeyReused
+        (it was another request), ServiceUnavailable (database)."""
+        again = self.check(tenant, key, digest)
+        if isinstance(again, Replay):
+            return again
+        self.forget(again)
+        return None
+
     def forget(self, claim: KeyClaim) -> None:
         """End :meth:`check`'s claim in this process (its step committed, or failed and
         committed nothing). A claim whose row exists is left alone."""
