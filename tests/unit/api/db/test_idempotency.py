@@ -7,6 +7,7 @@ transaction, under the same rules, and fails that transaction when the key is he
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -43,23 +44,32 @@ def test_tenants_do_not_share_keys(database: Database) -> None:
     assert claim_key(database, "b", "k", "d", "t2", NOW, 60, 30) is None
 
 
-def test_concurrent_claims_of_one_key_give_exactly_one_owner(database: Database) -> None:
-    """Two engines on one database (two replicas): the primary key decides, one claim wins."""
-    owners: list[str] = []
+def _eight_at_once_on_two_engines(database: Database, act: Callable[[Database, int], None]) -> None:
+    """``act(db, n)`` for n in 0..7, each on a thread of its own released at once, odd
+    n on ``database`` and even n on a second engine of the same database (two replicas)."""
     barrier = threading.Barrier(8)
     with opened(database.engine.url.render_as_string(hide_password=False)) as other:
 
-        def claim(n: int) -> None:
-            db = database if n % 2 else other
+        def run(n: int) -> None:
             barrier.wait()
-            if claim_key(db, "t", "same", "d", f"token{n}", NOW, 60, 30) is None:
-                owners.append(f"token{n}")
+            act(database if n % 2 else other, n)
 
-        threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+        threads = [threading.Thread(target=run, args=(n,)) for n in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+
+
+def test_concurrent_claims_of_one_key_give_exactly_one_owner(database: Database) -> None:
+    """Two engines on one database (two replicas): the primary key decides, one claim wins."""
+    owners: list[str] = []
+
+    def claim(db: Database, n: int) -> None:
+        if claim_key(db, "t", "same", "d", f"token{n}", NOW, 60, 30) is None:
+            owners.append(f"token{n}")
+
+    _eight_at_once_on_two_engines(database, claim)
     assert len(owners) == 1
 
 
@@ -151,22 +161,15 @@ def test_concurrent_deferred_claims_of_one_key_give_exactly_one_response(databas
     the other seven fail their transactions."""
     taken: list[str] = []
     refused: list[str] = []
-    barrier = threading.Barrier(8)
-    with opened(database.engine.url.render_as_string(hide_password=False)) as other:
 
-        def take(n: int) -> None:
-            barrier.wait()
-            try:
-                _take(database if n % 2 else other, _deferred(f"token{n}"), NOW, f'{{"n": {n}}}'.encode())
-                taken.append(f"token{n}")
-            except IdempotencyKeyInFlight:
-                refused.append(f"token{n}")
+    def take(db: Database, n: int) -> None:
+        try:
+            _take(db, _deferred(f"token{n}"), NOW, f'{{"n": {n}}}'.encode())
+            taken.append(f"token{n}")
+        except IdempotencyKeyInFlight:
+            refused.append(f"token{n}")
 
-        threads = [threading.Thread(target=take, args=(n,)) for n in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+    _eight_at_once_on_two_engines(database, take)
     assert len(taken) == 1 and len(refused) == 7
     stored = read_key(database, "t", "k")
     assert stored is not None and stored.body == f'{{"n": {taken[0][5:]}}}'.encode()
