@@ -225,8 +225,11 @@ def test_keyed_fenced_and_failing_requests_are_answered_as_before(server: ApiSer
     fenced = api.post(f"/v1/envs/{env_id}/step", json=ACTIONS[1], headers={"Sandpit-Attempt": token})
     assert keyed.status_code == 200 and replayed.headers.get("idempotent-replayed") == "true"
     assert replayed.json() == keyed.json() and fenced.status_code == 200
-    # the keyed step on the event loop, its replay is no step run, the fenced one on a thread
-    assert _moved(before, _runs(server)) == {"event_loop": 1, "worker_thread": 1}
+    # the keyed step starts on the event loop (moving on to a thread if its reply is slow, as
+    # any step; on a thread only while a background writer held the database), its replay
+    # is no step run, the fenced one runs on a thread
+    where = _moved(before, _runs(server))
+    assert sum(where.values()) == 2 and 1 <= where.get("worker_thread", 0) <= 2, where
     wrong_key = httpx.post(f"{server.url}/v1/envs/{env_id}/step", json=ACTIONS[1],
                            headers={"Authorization": "Bearer sk-not-a-key"}, timeout=30)
     assert wrong_key.status_code == 401
