@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import zlib
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -21,9 +21,10 @@ from sandpit.api.db.configs import (
     parse,
     store_config,
 )
-from sandpit.api.db.database import Database
+from sandpit.api.db.database import CoreSession, Database
 from sandpit.api.json_rules import json_size
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DbSession
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 JSON = st.recursive(
@@ -107,6 +108,21 @@ def test_stored_once_read_back_and_collected(database: Database) -> None:
         assert db.scalar(select(func.count()).select_from(models.InitConfig)) == 1
         with pytest.raises(MissingConfig):
             ConfigCache().get(db, other.hash)
+
+
+def test_a_create_write_stores_a_config_once_and_leaves_a_stored_one_as_it_is(database: Database) -> None:
+    """An env create stores its config through a Core connection (``CoreSession``), in
+    the create's own transaction: the first write stores the row; a later one with the
+    same hash (and other bytes offered) changes nothing and raises nothing."""
+    config = canonical({"data": {"k": "v" * 500}, "n": 3})
+    with database.write_connection() as conn:
+        store_config(cast(DbSession, CoreSession(conn)), config)
+    with database.write_connection() as conn:
+        store_config(cast(DbSession, CoreSession(conn)), config, b"other bytes")
+        store_config(cast(DbSession, CoreSession(conn)), config)  # twice in one transaction
+    with database.read() as db:
+        rows = db.execute(select(models.InitConfig.hash, models.InitConfig.data, models.InitConfig.size)).all()
+    assert [(r.hash, zlib.decompress(r.data), r.size) for r in rows] == [(config.hash, config.data, config.size)]
 
 
 def test_cache_keeps_recent_configs_within_its_budget() -> None:
