@@ -19,20 +19,20 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.orm import Session as DbSession
 
 from ..db import models
 from ..db.configs import canonical, store_config
-from ..db.database import Database
+from ..db.database import CoreSession, Database, insert_objects, object_of
 from ..db.models import table
 from ..db.store import load_state
 from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
 from ..sandboxes import SandboxError
 from ..schemas.envs import EnvPublic, EnvsPublic, ForkRequest, ResetRequest, RestoreRequest
-from ..services.common import new_id, owned, utcnow
+from ..services.common import new_id, owned, owned_row, utcnow
 from ..services.quotas import QuotaService, TenantContext
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
@@ -75,6 +75,23 @@ def rewound(db: DbSession, env_id: str, episode: int, step: int, record: models.
     return values
 
 
+_ENVS, _EPISODES, _STEPS = table(models.Env), table(models.Episode), table(models.Step)
+ENV_BY_ID = select(_ENVS).where(_ENVS.c.id == bindparam("env"))
+"""The ``envs`` row ``:env`` (built once, as every prebuilt statement here: a reset reads
+and writes through Core, as an env create does)."""
+EPISODE_BY_KEY = select(_EPISODES).where(_EPISODES.c.env_id == bindparam("env"),
+                                         _EPISODES.c.episode == bindparam("episode"))
+"""The ``episodes`` row of ``(:env, :episode)``."""
+FIRST_ROOT = select(_STEPS.c.state_root).where(_STEPS.c.env_id == bindparam("env"),
+                                               _STEPS.c.episode == bindparam("episode"), _STEPS.c.step == 0)
+"""The state root of step 0 of ``(:env, :episode)``."""
+NEXT_EPISODE = update(_ENVS).where(_ENVS.c.id == bindparam("env")).values(
+    episode=bindparam("next_episode"), step=bindparam("first_step"), init_config=bindparam("no_config"),
+    init_config_hash=bindparam("config_hash"), environment_id=bindparam("to_environment"),
+    scenario_id=bindparam("to_scenario"), last_used_at=bindparam("at"))
+"""Move the env ``:env`` to its next episode's step 0 (a reset's one update)."""
+
+
 class Episodes:
     """Reset, restore and fork (see the module docstring)."""
 
@@ -104,9 +121,7 @@ class Episodes:
             self.sessions.configs.check(config)
         scenario_id = body.scenario_id if body is not None else None
         with self.quotas.call(ctx), self.live.lock(env_id):
-            with self.db.read() as db:
-                row = self.sessions.usable(db, ctx.tenant, env_id)
-                current_run = EpisodeRun.of(db, row)
+            row, current_run = self._current(ctx.tenant, env_id)
             scenario = scenario_id if scenario_id is not None else row.scenario_id
             if config is None and scenario_id is None and scenario is None:
                 config = canonical(self.sessions.configs.config_of(row))  # the current config, kept
@@ -130,25 +145,40 @@ class Episodes:
                 run.initial_root = cache.root
                 now = utcnow()
                 self.sessions.configs.parsed.put(start.init_config)
-                with self.db.write() as db:
+                first = episode_row(env_id, number, start, run, now)
+                with self.db.write_connection() as conn:  # inserts and one update: Core, not an ORM flush
+                    db = cast(DbSession, CoreSession(conn))
                     store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
                     pending.write(db, cache.root)
-                    db.add(step_zero(env_id, number, cache.root, now))
-                    db.add(episode_row(env_id, number, start, run, now))
-                    db.query(models.Env).filter(models.Env.id == env_id).update(
-                        {models.Env.episode: number, models.Env.step: 0, models.Env.init_config: {},
-                         models.Env.init_config_hash: start.init_config.hash,
-                         models.Env.environment_id: environment.id, models.Env.scenario_id: scenario,
-                         models.Env.last_used_at: now})
+                    insert_objects(conn, step_zero(env_id, number, cache.root, now), first)
+                    conn.execute(NEXT_EPISODE, {
+                        "env": env_id, "next_episode": number, "first_step": 0, "no_config": {},
+                        "config_hash": start.init_config.hash, "to_environment": environment.id,
+                        "to_scenario": scenario, "at": now})
             self.live.put(env_id, LiveEnv(
                 session=session, cache=cache, episode=number, step=0, toolset=self.sessions.toolsets.of(environment),
                 tenant=ctx.tenant, environment_id=environment.id, expires_at=row.expires_at, run=run,
                 argument_checking=row.argument_checking or environment.argument_checking))
-            with self.db.read() as db:
-                fresh = owned(db, models.Env, env_id, ctx.tenant, "env")
-        public = self.views.public(fresh)
+        # the row as the update left it (a transient object: no second read for the reply)
+        row.episode, row.step, row.init_config, row.init_config_hash = number, 0, {}, start.init_config.hash
+        row.environment_id, row.scenario_id, row.last_used_at = environment.id, scenario, now
+        public = self.views.of_rows(row, environment, first)
         public.construction = construction
         return public
+
+    def _current(self, tenant: str, env_id: str) -> tuple[models.Env, EpisodeRun]:
+        """The env row (owned by ``tenant``, not expired) and its current episode's
+        bookkeeping (:meth:`EpisodeRun.of`), read through Core in one transaction: the row
+        is a transient object (:func:`~sandpit.api.db.database.object_of`). Raises
+        NotFound, Conflict (expired), ServiceUnavailable (database)."""
+        with self.db.read_connection() as conn:
+            found = conn.execute(ENV_BY_ID, {"env": env_id}).mappings().first()
+            row = self.sessions.usable_row(owned_row(None if found is None else object_of(models.Env, found),
+                                                     env_id, tenant, "env"))
+            keys = {"env": env_id, "episode": row.episode}
+            episode = conn.execute(EPISODE_BY_KEY, keys).mappings().first()
+            root = conn.scalar(FIRST_ROOT, keys)
+        return row, EpisodeRun.of_rows(row, None if episode is None else object_of(models.Episode, episode), root)
 
     def restore(self, ctx: TenantContext, env_id: str, body: RestoreRequest) -> EnvPublic:
         """``POST /v1/envs/{id}/restore``: put the env back to ``body.step`` of its episode;

@@ -182,14 +182,20 @@ class EpisodeRun:
     def of(db: DbSession, row: models.Env) -> EpisodeRun:
         """The bookkeeping of ``row``'s current episode, read from its ``episodes`` row
         (an open-ended running episode when there is none)."""
-        episode = db.get(models.Episode, (row.id, row.episode))
         first = db.get(models.Step, (row.id, row.episode, 0))
+        return EpisodeRun.of_rows(row, db.get(models.Episode, (row.id, row.episode)),
+                                  first.state_root if first is not None else None)
+
+    @staticmethod
+    def of_rows(row: models.Env, episode: models.Episode | None, initial_root: str | None) -> EpisodeRun:
+        """:meth:`of` from rows already read: ``row``'s current ``episode`` row (None: an
+        open-ended running episode) and the state root of its step 0 (None: no step 0)."""
         if episode is None:
-            return EpisodeRun(scenario_id=row.scenario_id, initial_root=first.state_root if first else None)
+            return EpisodeRun(scenario_id=row.scenario_id, initial_root=initial_root)
         return EpisodeRun(config=EpisodeConfig.from_stored(episode.config), scenario_id=episode.scenario_id,
                           status=episode.status, reward=episode.reward, observation=episode.observation,
                           task=episode.task, user_messages=episode.user_messages, user_key_enc=episode.user_key_enc,
-                          initial_root=first.state_root if first else None, failure=stored_failure(episode))
+                          initial_root=initial_root, failure=stored_failure(episode))
 
 
 @dataclass

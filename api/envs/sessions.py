@@ -101,9 +101,13 @@ class Sessions:
     def usable(self, db: DbSession, tenant: str, env_id: str) -> models.Env:
         """The env row if ``tenant`` owns it and it has not expired. Raises NotFound,
         Conflict (expired: 409, delete it and create a new one)."""
-        row = owned(db, models.Env, env_id, tenant, "env")
+        return self.usable_row(owned(db, models.Env, env_id, tenant, "env"))
+
+    def usable_row(self, row: models.Env) -> models.Env:
+        """:meth:`usable`'s expiry check of a row already read (and owned by the caller).
+        Raises Conflict (expired)."""
         if row.closed or aware(row.expires_at) <= utcnow():
-            raise Conflict(f"env {env_id!r} has expired (max lifetime {self.settings.env_max_lifetime_s:g} s); "
+            raise Conflict(f"env {row.id!r} has expired (max lifetime {self.settings.env_max_lifetime_s:g} s); "
                            "delete it and create a new one")
         return row
 

@@ -94,6 +94,35 @@ def test_episode_state_trajectory_restore_fork_reset(api: httpx.Client, counter_
         assert api.post(f"/v1/envs/{doomed}/step", json={"name": "bump"}).status_code == 404
 
 
+def test_a_reset_answers_the_env_as_a_read_shows_it_right_after(api: httpx.Client, counter_env_id: str) -> None:
+    """A reset's reply is made from the rows it wrote (no read back): it must equal the env
+    as ``GET`` shows it right after, field for field, whether the reset keeps the config,
+    changes it or changes the episode's options. Unknown and malformed ids are 404 and
+    change nothing."""
+    created = api.post("/v1/envs", json={"environment_id": counter_env_id, "init_config": {"count": 2}})
+    assert created.status_code == 201, created.text
+    env_id = created.json()["id"]
+    _step(api, env_id, "bump", by=3)
+    bodies: list[dict] = [{}, {"init_config": {"count": 40}}, {"episode": {"max_steps": 2}}, {}]
+    for number, body in enumerate(bodies, start=2):
+        reset = api.post(f"/v1/envs/{env_id}/reset", json=body)
+        assert reset.status_code == 200, reset.text
+        answered = reset.json()
+        assert answered.pop("construction")["path"] in ("template", "constructed")
+        read = api.get(f"/v1/envs/{env_id}").json()
+        assert read.pop("construction") is None  # said only by the request that made the instance
+        assert answered == read
+        assert (answered["episode"], answered["step"], answered["status"]) == (number, 0, "live")
+    assert answered["init_config"] == {"count": 40}  # the last reset kept the config before it
+    assert answered["episode_config"]["max_steps"] == 2  # and the options
+    assert _step(api, env_id, "bump")["observation"] == "41"
+    for unknown in ("env_00000000000000000000000", "x" * 300, "%00"):
+        missing = api.post(f"/v1/envs/{unknown}/reset", json={})
+        assert missing.status_code == 404, missing.text
+    assert api.get(f"/v1/envs/{env_id}").json()["episode"] == 5
+    assert api.delete(f"/v1/envs/{env_id}").status_code == 204
+
+
 def test_inline_source_and_environment_deletion(api: httpx.Client, counter_source: str) -> None:
     created = api.post("/v1/envs", json={"source_code": counter_source, "class_name": "Counter"})
     assert created.status_code == 201, created.text

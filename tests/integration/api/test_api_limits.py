@@ -32,7 +32,10 @@ def test_expired_envs_answer_409_and_deleting_envs_frees_their_state(make_server
         time.sleep(3.5)
         expired = api.post(f"/v1/envs/{env_id}/step", json={"name": "bump"})
         assert expired.status_code == 409 and "expired" in expired.json()["error"]["message"]
-        assert api.get(f"/v1/envs/{env_id}").json()["status"] == "closed"
+        refused = api.post(f"/v1/envs/{env_id}/reset", json={"init_config": {"count": 1}})
+        assert refused.status_code == 409 and "expired" in refused.json()["error"]["message"]
+        closed = api.get(f"/v1/envs/{env_id}").json()
+        assert (closed["status"], closed["episode"], closed["step"]) == ("closed", 1, 5)  # the reset changed nothing
         assert api.delete(f"/v1/envs/{env_id}").status_code == 204
         deadline = time.monotonic() + 10
         while _count(server.db_path, "blobs") > baseline and time.monotonic() < deadline:
