@@ -140,7 +140,7 @@ class ApiSettings(BaseSettings):
     """Seconds a step run on the event loop may hold it waiting for its tool call's reply
     (0: every step runs on a worker thread). A step runs on the event loop, which saves
     the hops to a worker thread and back, only while no other step or batch of this
-    process runs; without an ``Idempotency-Key`` or ``Sandpit-Attempt``; with an API key
+    process runs; without a ``Sandpit-Attempt``; with an API key
     authenticated recently; and while its env is not busy. It moves to a worker thread as
     soon as it would wait for anything else: a reply not come within this many seconds,
     an execution slot, its session, another writer of the database (on databases other
