@@ -99,19 +99,22 @@ ROUTERS = [health.router, environments.router, envs.router, step.router, scenari
            evaluations.router, admin.router, admin.tenant_router]
 
 
-def tune_gc(young_threshold: int) -> None:
+def tune_gc(young_threshold: int, app: SandpitApp | None = None) -> None:
     """Process-wide collector settings for a serving process (``sandpit serve`` calls it
     before uvicorn starts; the app never does, it may share a process): the youngest
     generation's threshold (``young_threshold`` allocations; 0 keeps Python's) and
     ``gc.freeze()`` of everything alive now (modules, the app), so later collections do
-    not walk it again. The older generations keep Python's thresholds. Why: parsing a
-    multi-megabyte JSON body at the default threshold of 700 runs hundreds of collections
-    over the growing heap, costing more than the parse itself
-    (:attr:`ApiSettings.gc_young_threshold`)."""
+    not walk it again; with ``app``, its lifespan freezes again once its start-up has
+    built the services, pools and servers (:attr:`SandpitApp.freeze_after_start`). The
+    older generations keep Python's thresholds. Why: parsing a multi-megabyte JSON body
+    at the default threshold of 700 runs hundreds of collections over the growing heap,
+    costing more than the parse itself (:attr:`ApiSettings.gc_young_threshold`)."""
     if young_threshold:
         _, middle, oldest = gc.get_threshold()
         gc.set_threshold(young_threshold, middle, oldest)
     gc.freeze()
+    if app is not None:
+        app.freeze_after_start = True
 
 
 class SandpitApp(FastAPI):
@@ -131,6 +134,10 @@ class SandpitApp(FastAPI):
     batch_door: BatchStepDoor | None = None
     create_door: CreateDoor | None = None
     access: AccessLog | None = None
+    freeze_after_start: bool = False
+    """Whether the lifespan calls ``gc.freeze()`` once its start-up is done, so that what
+    it built (services, pools, servers) is out of the collector's reach (:func:`tune_gc`
+    sets it; an app sharing its process with others, as in tests, leaves it off)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         access = self.access
@@ -170,7 +177,7 @@ def _default_limits(settings: ExecutorSettings) -> dict[str, float]:
 
 
 def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorSettings | None = None,
-               executor_factory: Callable[[ExecutorSettings], Executor] | None = None) -> FastAPI:
+               executor_factory: Callable[[ExecutorSettings], Executor] | None = None) -> SandpitApp:
     """Build the app. Raises :class:`DatabaseNotMigrated` at start-up (lifespan) when
     the database is behind. ``executor_factory`` builds (and starts) the executor in the
     lifespan (default: the backend the environment configures,
@@ -218,6 +225,8 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                                      name="sandpit-warm").start()
                 try:
                     async with mcp.run():
+                        if getattr(app, "freeze_after_start", False):
+                            gc.freeze()  # what start-up built lives as long as the process
                         yield
                 finally:
                     door.close()

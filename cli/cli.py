@@ -266,7 +266,7 @@ def serve(host: str | None = typer.Option(None, help="Bind address (default SAND
         engine.dispose()
     note(console, (f"{'open files':<11}", "bold"), str(raise_open_files()))
     app = create_app(settings)
-    tune_gc(settings.gc_young_threshold)
+    tune_gc(settings.gc_young_threshold, app)
     uvicorn.run(app, host=bind_host, port=bind_port, log_config=log_config,
                 log_level=log_level.lower(), access_log=False,  # ours: sandpit.access
                 timeout_keep_alive=settings.keep_alive_s,

@@ -117,6 +117,37 @@ def test_tune_gc_sets_the_young_threshold_and_freezes_what_exists() -> None:
         gc.set_threshold(*before)
 
 
+def test_a_served_app_freezes_what_its_start_up_built(db_path: Path, tmp_path: Path) -> None:
+    """With ``tune_gc(threshold, app)`` (what ``sandpit serve`` does) the lifespan freezes
+    once its start-up is done: the services it built are out of the collector's reach
+    while it serves. An app left alone (``freeze_after_start`` off) freezes nothing."""
+    before = gc.get_threshold()
+    frozen: dict[str, int] = {}
+
+    def served(app_frozen: bool) -> None:
+        settings = ApiSettings(data_dir=tmp_path, database_url=f"sqlite:///{db_path}",
+                               operator_key=SecretStr(OPERATOR), warm_on_start=False, janitor_interval_s=60)
+        app = create_app(settings, executor_factory=lambda _settings: fake_executor())
+        if app_frozen:
+            tune_gc(0, app)
+        gc.unfreeze()  # what tune_gc froze itself: only the lifespan's freeze is measured
+
+        async def main() -> None:
+            async with app.router.lifespan_context(app):
+                frozen["serving" if app_frozen else "alone"] = gc.get_freeze_count()
+
+        asyncio.run(main())
+
+    try:
+        served(app_frozen=False)
+        served(app_frozen=True)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert frozen["alone"] == 0
+    assert frozen["serving"] > 0
+
+
 def test_the_janitor_deletes_expired_viewer_sessions(db_path: Path, tmp_path: Path) -> None:
     """A viewer session that expired and is never used again (no sign-in after it) is
     deleted by the janitor; a live one stays."""
