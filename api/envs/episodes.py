@@ -6,7 +6,8 @@ current one, ``fork`` copies its history into new envs.
 (else the current one) and options (else the current ones), and commits its step 0; the
 previous episode stays readable (``?episode=``). The previous episode's session is closed
 once the next one's is placed, so the sandbox it leaves is not emptied (and recycled)
-under it: the next episode of a repeated config is forked from the config's template there. ``restore`` deletes the steps after the
+under it: the next episode of a repeated config is forked from the config's template there;
+the close runs on a thread of its own (:meth:`.live.LiveEnvs.retire`), not in the request. ``restore`` deletes the steps after the
 target and puts the live session (if any) into the target's state; an ended episode runs
 again when the target is before its end, and a conversational episode's transcript is cut
 to what it was then. ``fork`` writes new envs whose episode 1 is this env's current
@@ -139,8 +140,8 @@ class Episodes:
                         env_id, ctx.tenant, environment, start.init_config, row.profile,
                         body.seed if body is not None else None))
                 finally:
-                    if previous is not None:
-                        previous.session.close()
+                    if previous is not None:  # its sandbox's reply is not waited for
+                        self.live.retire(previous.session)
                 self.rulebook.first_observation(ctx.tenant, start.scenario.task if start.scenario else None, run)
                 run.initial_root = cache.root
                 now = utcnow()

@@ -32,6 +32,10 @@ log = logging.getLogger("sandpit.api")
 CLOSE_CONCURRENCY = 16
 """Sessions :meth:`LiveEnvs.close` closes at once (each is a round trip to its sandbox;
 sessions of different sandboxes close in parallel)."""
+RETIRE_THREADS = 2
+"""Threads closing the sessions :meth:`LiveEnvs.retire` is given (a close is a round trip
+to the session's sandbox: 1 to 2 ms, more when it empties the sandbox, which is then
+recycled)."""
 
 
 @dataclass(kw_only=True)
@@ -64,6 +68,9 @@ class LiveEnvs:
         self._live: dict[str, LiveEnv] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._registry = threading.Lock()
+        self._retiring: ThreadPoolExecutor | None = None
+        """:meth:`retire`'s threads (made on first use; None again once :meth:`close` ran)."""
+        self._closed = False
 
     def __contains__(self, env_id: object) -> bool:
         return env_id in self._live
@@ -172,10 +179,36 @@ class LiveEnvs:
                 break
         return evicted
 
+    def retire(self, session: SandboxSession) -> None:
+        """Close ``session``, one no entry holds any more (a reset's previous episode,
+        detached), on a thread of :data:`RETIRE_THREADS`: the request that replaced it
+        does not wait for its sandbox's reply (the process killed and reaped, leftovers
+        swept, its work directory removed; the sandbox recycled when that was its last
+        session). A close that raises is logged. After :meth:`close`, it closes at once."""
+        with self._registry:
+            if not self._closed:
+                if self._retiring is None:
+                    self._retiring = ThreadPoolExecutor(RETIRE_THREADS, thread_name_prefix="sandpit-retire")
+                self._retiring.submit(self._close_quietly, session)
+                return
+        self._close_quietly(session)
+
+    @staticmethod
+    def _close_quietly(session: SandboxSession) -> None:
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - nobody waits for it; logged
+            log.exception("closing a retired session failed")
+
     def close(self, concurrency: int = CLOSE_CONCURRENCY) -> None:
         """Close every live session (their state stays in the database), ``concurrency``
-        at a time (at least 1). A session whose close raises is logged and the others
-        are still closed; the executor removes every sandbox when it closes after this."""
+        at a time (at least 1), once the retired sessions (:meth:`retire`) are closed. A
+        session whose close raises is logged and the others are still closed; the
+        executor removes every sandbox when it closes after this."""
+        with self._registry:
+            retiring, self._retiring, self._closed = self._retiring, None, True
+        if retiring is not None:
+            retiring.shutdown(wait=True)
         with self._registry:
             live = list(self._live.values())
             self._live.clear()

@@ -59,3 +59,29 @@ def test_a_failing_close_leaves_no_other_session_open(concurrency: int) -> None:
     assert len(live) == 0
     live.close()  # nothing left: no-op
     assert [s.closes for s in sessions] == [1] * 10
+
+
+def test_a_retired_session_closes_on_another_thread_and_shutdown_waits_for_it() -> None:
+    """``retire`` returns before the session's close ends (the close runs on a thread of
+    its own); ``close`` at shutdown waits for retired closes, failing ones included, and
+    after it ``retire`` closes at once."""
+    live = LiveEnvs()
+    started, release = threading.Event(), threading.Event()
+
+    class SlowSession(ClosingSession):
+        def close(self) -> None:
+            started.set()
+            assert release.wait(timeout=30)
+            super().close()
+
+    slow, failing = SlowSession(), ClosingSession(fails=True)
+    live.retire(cast(Any, slow))
+    live.retire(cast(Any, failing))
+    assert started.wait(timeout=30) and slow.closes == 0  # retire did not wait for it
+    live.put("env-0", entry(kept := ClosingSession()))
+    threading.Timer(0.2, release.set).start()
+    live.close()
+    assert (slow.closes, failing.closes, kept.closes) == (1, 1, 1)
+    late = ClosingSession()
+    live.retire(cast(Any, late))
+    assert late.closes == 1  # closed at once: the threads are gone
