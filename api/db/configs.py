@@ -51,7 +51,9 @@ class CanonicalConfig:
 
     value: dict[str, Any]
     data: bytes
-    """Canonical JSON bytes (UTF-8; lone surrogates kept as ``surrogatepass`` bytes)."""
+    """Canonical JSON bytes (UTF-8; lone surrogates kept as ``surrogatepass`` bytes); empty
+    in a config taken from memory by its hash (:meth:`ConfigCache.known`), whose bytes
+    are stored already."""
     hash: str
     size: int
     """Compact JSON size in bytes, as ``json.dumps(separators=(",", ":"),
@@ -172,18 +174,25 @@ class ConfigCache:
             hit = self._entries.get(digest)
             return hit[0] if hit is not None else None
 
+    def known(self, digest: str) -> CanonicalConfig | None:
+        """The config of ``digest`` with its hash and size if it is in memory, without its
+        canonical bytes (``data`` empty: for a caller whose config is stored already under
+        ``digest``), else None."""
+        with self._lock:
+            hit = self._entries.get(digest)
+        return CanonicalConfig(hit[0], b"", digest, hit[1]) if hit is not None else None
+
     def get(self, db: DbSession, digest: str) -> dict[str, Any]:
         """The config stored under ``digest`` (from memory, else read and parsed).
         Raises MissingConfig."""
         hit = self.cached(digest)
         if hit is not None:
             return hit
-        data = db.scalar(select(InitConfig.data).where(InitConfig.hash == digest))
-        if data is None:
+        stored = db.execute(select(InitConfig.data, InitConfig.size).where(InitConfig.hash == digest)).first()
+        if stored is None:
             raise MissingConfig(f"init_config {digest} is not stored")
-        raw = zlib.decompress(data)
-        value = parse(raw)
-        self.put(CanonicalConfig(value, b"", digest, len(raw)))
+        value = parse(zlib.decompress(stored.data))
+        self.put(CanonicalConfig(value, b"", digest, stored.size))  # the size the caps measured
         return value
 
     def __len__(self) -> int:

@@ -14,7 +14,7 @@ from cachetools import LRUCache
 from sqlalchemy.orm import Session as DbSession
 
 from ..db import models
-from ..db.configs import CanonicalConfig, ConfigCache, MissingConfig, compressed, env_config
+from ..db.configs import CanonicalConfig, ConfigCache, MissingConfig, canonical, compressed, env_config
 from ..db.database import Database
 from ..errors import PayloadTooLarge, ServiceUnavailable
 from ..settings import ApiSettings
@@ -53,6 +53,18 @@ class EnvConfigs:
             return cached
         with self.db.read() as db:
             return self.read(db, row)
+
+    def current(self, row: models.Env) -> CanonicalConfig:
+        """``row``'s config with its hash and size (a reset that keeps it): from memory by
+        the hash the row points at when it is there (:meth:`ConfigCache.known`: no canonical
+        bytes, they are stored), else :func:`~sandpit.api.db.configs.canonical` of
+        :meth:`config_of` (a 1.3 MB config's canonical bytes take 5 to 6 ms to make).
+        Raises ServiceUnavailable (:meth:`config_of`)."""
+        if row.init_config_hash is not None:
+            known = self.parsed.known(row.init_config_hash)
+            if known is not None:
+                return known
+        return canonical(self.config_of(row))
 
     def read(self, db: DbSession, row: models.Env) -> dict[str, Any]:
         """:meth:`config_of` in the caller's transaction ``db``. Raises ServiceUnavailable

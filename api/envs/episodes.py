@@ -125,7 +125,7 @@ class Episodes:
             row, current_run = self._current(ctx.tenant, env_id)
             scenario = scenario_id if scenario_id is not None else row.scenario_id
             if config is None and scenario_id is None and scenario is None:
-                config = canonical(self.sessions.configs.config_of(row))  # the current config, kept
+                config = self.sessions.configs.current(row)  # the current config, kept
             start = self.rulebook.start(ctx.tenant, environment_id=row.environment_id if scenario is None else None,
                                         source_code=None, class_name=None, scenario_id=scenario, init_config=config,
                                         options=body.episode if body is not None else None, current=row,
@@ -149,7 +149,8 @@ class Episodes:
                 first = episode_row(env_id, number, start, run, now)
                 with self.db.write_connection() as conn:  # inserts and one update: Core, not an ORM flush
                     db = cast(DbSession, CoreSession(conn))
-                    store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
+                    if start.init_config.hash != row.init_config_hash:  # the row's own config is stored
+                        store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
                     pending.write(db, cache.root)
                     insert_objects(conn, step_zero(env_id, number, cache.root, now), first)
                     conn.execute(NEXT_EPISODE, {

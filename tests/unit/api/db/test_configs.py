@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sandpit.api.db import models
 from sandpit.api.db.configs import (
+    HASH_HEX,
     ConfigCache,
     MissingConfig,
     canonical,
@@ -123,6 +124,28 @@ def test_a_create_write_stores_a_config_once_and_leaves_a_stored_one_as_it_is(da
     with database.read() as db:
         rows = db.execute(select(models.InitConfig.hash, models.InitConfig.data, models.InitConfig.size)).all()
     assert [(r.hash, zlib.decompress(r.data), r.size) for r in rows] == [(config.hash, config.data, config.size)]
+
+
+def test_a_config_in_memory_is_known_by_its_hash_with_the_size_the_caps_measured(database: Database) -> None:
+    """``ConfigCache.known``: a config in memory comes back with its value, hash and size
+    (no canonical bytes: ``data`` is empty), whether it was put or read from the database;
+    the size is the one stored, Python's compact JSON size, also where orjson's bytes are
+    shorter (a float it spells ``0.00001``); a hash not in memory is None."""
+    config = canonical({"tiny": 1e-05, "data": {"k": "v" * 200}})
+    assert config.size != len(config.data)  # orjson's spelling is shorter than Python's
+    with database.write_connection() as conn:
+        store_config(cast(DbSession, CoreSession(conn)), config)
+    put = ConfigCache()
+    put.put(config)
+    with database.read() as db:
+        read = ConfigCache()
+        assert read.known(config.hash) is None
+        assert read.get(db, config.hash) == config.value
+    for cache in (put, read):
+        known = cache.known(config.hash)
+        assert known is not None
+        assert (known.value, known.hash, known.size, known.data) == (config.value, config.hash, config.size, b"")
+    assert put.known("0" * HASH_HEX) is None
 
 
 def test_cache_keeps_recent_configs_within_its_budget() -> None:
