@@ -117,8 +117,7 @@ def _claim_in(conn: Connection, tenant: str, key: str, fresh: dict[str, object],
     for _ in range(3):
         if conn.execute(_insert_new(conn.dialect.name), row).first() is not None:
             return None
-        found = conn.execute(select(keys.c.digest, keys.c.claim, keys.c.status, keys.c.body, keys.c.claimed_at,
-                                    keys.c.expires_at).where(keys.c.tenant == tenant, keys.c.key == key)).first()
+        found = conn.execute(_KEY_ROW, {"tenant": tenant, "key": key}).first()
         if found is None:  # deleted (expired, released) since the insert: insert again
             continue
         if _holds(found.status, found.claimed_at, found.expires_at, now, lease_s):
@@ -128,6 +127,13 @@ def _claim_in(conn: Connection, tenant: str, key: str, fresh: dict[str, object],
         if taken.rowcount == 1:
             return None
     raise ServiceUnavailable("the idempotency key changed hands during the claim; retry", retry_after=1)
+
+
+_KEYS = table(IdempotencyKey)
+_KEY_ROW = select(_KEYS.c.digest, _KEYS.c.claim, _KEYS.c.status, _KEYS.c.body, _KEYS.c.claimed_at,
+                  _KEYS.c.expires_at).where(_KEYS.c.tenant == bindparam("tenant"), _KEYS.c.key == bindparam("key"))
+"""The row of ``(:tenant, :key)`` as a claim (:func:`_claim_in`) and :func:`find_key` read
+it (built once)."""
 
 
 def _holds(status: int | None, claimed_at: datetime, expires_at: datetime, now: datetime, lease_s: float) -> bool:
@@ -204,10 +210,6 @@ def read_key(db: Database, tenant: str, key: str) -> StoredKey | None:
     return StoredKey(row.digest, row.status, row.body) if row is not None else None
 
 
-_FIND_KEY = select(table(IdempotencyKey).c.digest, table(IdempotencyKey).c.status, table(IdempotencyKey).c.body,
-                   table(IdempotencyKey).c.claimed_at, table(IdempotencyKey).c.expires_at).where(
-    table(IdempotencyKey).c.tenant == bindparam("tenant"), table(IdempotencyKey).c.key == bindparam("key"))
-"""A key's row as :func:`find_key` reads it (built once)."""
 _KEY_EXISTS = "SELECT 1 FROM idempotency_keys WHERE tenant = ? AND key = ?"
 """Whether a key has a row, as SQLite's driver runs it (:func:`find_key`)."""
 
@@ -221,7 +223,7 @@ def find_key(db: Database, tenant: str, key: str, now: datetime, lease_s: float)
             driver = conn.connection.driver_connection
             if driver is not None and driver.execute(_KEY_EXISTS, (tenant, key)).fetchone() is None:
                 return None
-        row = conn.execute(_FIND_KEY, {"tenant": tenant, "key": key}).first()
+        row = conn.execute(_KEY_ROW, {"tenant": tenant, "key": key}).first()
     if row is None or not _holds(row.status, row.claimed_at, row.expires_at, now, lease_s):
         return None
     return StoredKey(row.digest, row.status, row.body)
