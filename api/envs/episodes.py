@@ -124,8 +124,6 @@ class Episodes:
         with self.quotas.call(ctx), self.live.lock(env_id):
             row, current_run = self._current(ctx.tenant, env_id)
             scenario = scenario_id if scenario_id is not None else row.scenario_id
-            if config is None and scenario_id is None and scenario is None:
-                config = self.sessions.configs.current(row)  # the current config, kept
             start = self.rulebook.start(ctx.tenant, environment_id=row.environment_id if scenario is None else None,
                                         source_code=None, class_name=None, scenario_id=scenario, init_config=config,
                                         options=body.episode if body is not None else None, current=row,

@@ -269,8 +269,8 @@ class EpisodeService:
             environment_id = scenario.environment_id
             if config is None:
                 config = canonical(scenario.init_config)
-        if config is None:
-            config = canonical(self.configs.config_of(current) if current is not None else {})
+        if config is None:  # the env's current config, kept (from memory by its hash when there)
+            config = self.configs.current(current) if current is not None else canonical({})
         self.configs.check(config)
         if environment_id is not None:
             environment = self.environments.get_environment(tenant, environment_id)
