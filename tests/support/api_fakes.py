@@ -6,6 +6,8 @@ and the whole app over that fake (:func:`fake_app`, :func:`with_app`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -153,3 +155,30 @@ class DoorSpy:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.paths.append(scope["path"])
         await self.door(scope, receive, send)
+
+
+_ID = re.compile(r"\b[a-z]+_[0-9a-f]{12,}\b|\d{4}-\d\d-\d\dT[0-9:.+Z-]+")
+
+
+class AccessLines(logging.Handler):
+    """Keeps the access log's lines as ``(method, template, status, tenant)`` (add it to
+    the ``sandpit.access`` logger at INFO)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[Any, ...]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        method, template, status, _ms, tenant = record.args  # type: ignore[misc]
+        self.lines.append((method, template, status, tenant))
+
+
+class IdNames:
+    """Ids and times replaced by ``<id1>``, ``<id2>``... in the order of their first
+    appearance (two apps that see the same requests in the same order name them alike)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def __call__(self, text: str) -> str:
+        return _ID.sub(lambda m: self.seen.setdefault(m.group(0), f"<id{len(self.seen) + 1}>"), text)

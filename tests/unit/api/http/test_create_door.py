@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import threading
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, SOURCE, DoorSpy, Stepper, fake_app, with_app
+from api_fakes import OPERATOR, SOURCE, AccessLines, DoorSpy, IdNames, Stepper, fake_app, with_app
 from sandpit.api.http import create_env
 from sandpit.api.services.idempotency import request_digest
 from sandpit.executor.errors import CapacityError
@@ -95,32 +94,6 @@ CASES: list[tuple[str, str, str | bytes, dict[str, str], int]] = [
     ("idempotent: bad key, bad JSON", "", "{", {"idempotency-key": ""}, 422),
     ("idempotent: a key on a 422 body", "", "{}", {"idempotency-key": "k-4"}, 422),
 ]
-_ID = re.compile(r"\b[a-z]+_[0-9a-f]{12,}\b|\d{4}-\d\d-\d\dT[0-9:.+Z-]+")
-
-
-class _Access(logging.Handler):
-    """Keeps the access log's lines as ``(method, template, status, tenant)``."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[tuple[Any, ...]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        method, template, status, _ms, tenant = record.args  # type: ignore[misc]
-        self.lines.append((method, template, status, tenant))
-
-
-class _Ids:
-    """Ids and times replaced by ``<id1>``, ``<id2>``... in the order of their first
-    appearance (both apps see the same requests in the same order)."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, str] = {}
-
-    def __call__(self, text: str) -> str:
-        return _ID.sub(lambda m: self.seen.setdefault(m.group(0), f"<id{len(self.seen) + 1}>"), text)
-
-
 async def _tenant(stepper: Stepper, tenant: str, **quotas: Any) -> str:
     """Make ``tenant`` with ``quotas`` (its key in ``stepper.keys``) unless it is there; the id
     of a new environment of its own."""
@@ -134,7 +107,7 @@ async def _tenant(stepper: Stepper, tenant: str, **quotas: Any) -> str:
     return str(environment.json()["id"])
 
 
-async def _run_cases(stepper: Stepper, log: _Access) -> dict[str, tuple[int, list[tuple[str, str]], str, Any]]:
+async def _run_cases(stepper: Stepper, log: AccessLines) -> dict[str, tuple[int, list[tuple[str, str]], str, Any]]:
     """Every case of :data:`CASES`, in order: ``(status, headers, body, access line)``
     with ids normalised (``content-length`` checked against the body, then its value dropped)."""
     b_env = await _tenant(stepper, "team-b")
@@ -144,7 +117,7 @@ async def _run_cases(stepper: Stepper, log: _Access) -> dict[str, tuple[int, lis
         "environment_id": stepper.environment_id, "task": "count", "init_config": {"count": 5}})
     assert scenario.status_code == 201, scenario.text
     names = {"<env>": stepper.environment_id, "<scn>": scenario.json()["id"], "<b-env>": b_env, "<q-env>": r_env}
-    ids = _Ids()
+    ids = IdNames()
     out = {}
     for name, query, body, headers, _ in CASES:
         if isinstance(body, str):
@@ -176,7 +149,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     app with the door taken away), the access log at INFO."""
     out: dict[str, dict[str, Any]] = {}
     logger = logging.getLogger("sandpit.access")
-    log, level = _Access(), logger.level
+    log, level = AccessLines(), logger.level
     logger.addHandler(log)
     logger.setLevel(logging.INFO)
     try:
