@@ -425,7 +425,7 @@ def text(value: bytes | None) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
-def _is_json(content_type: str | None) -> bool:
+def reads_as_json(content_type: str | None) -> bool:
     """Whether FastAPI reads a body of ``content_type`` as JSON: ``application/json`` or
     ``application/*+json`` (parameters and case aside); no content type is not JSON."""
     if content_type == "application/json":
@@ -470,7 +470,7 @@ def validated_body(adapter: TypeAdapter[_T], body: bytes, parsed: Any,
     if not body:
         return None, [{"type": "missing", "loc": ("body",), "msg": "Field required"}]
     try:
-        return adapter.validate_python(parsed if _is_json(content_type) else body, from_attributes=True), []
+        return adapter.validate_python(parsed if reads_as_json(content_type) else body, from_attributes=True), []
     except ValidationError as exc:
         return None, [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
 
