@@ -26,12 +26,13 @@
     evaluations/      batch evaluation jobs, their runner (a client of the env verbs),
                       claims across replicas, the rollout agent loop, listings (an
                       evaluation's episodes paged and its reward histogram, for the viewer)
-    http/             the only HTTP code: deps, routes/ (one module per resource), the step
-                      door (step), the MCP servers (mcp), the OpenEnv protocol (openenv),
+    http/             the only HTTP code: deps, routes/ (one module per resource), the doors
+                      in front of the router (step, batch_step, create_env, reset_env),
+                      the MCP servers (mcp), the OpenEnv protocol (openenv),
                       strict JSON bodies, the body deadline, the OpenAPI document, the access log, exception handlers,
                       the web viewer (ui/: server-rendered pages under /ui over the services above)
     app.py            the composition root: builds the executor, the database and every
-                      service; the step door in front of FastAPI
+                      service; the doors in front of FastAPI
 
 Import rules (``tests/unit/api/test_import_rules.py`` checks them):
 

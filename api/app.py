@@ -72,6 +72,7 @@ from .http.handlers import error_response, register_handlers
 from .http.mcp import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpEndpoint, McpServer
 from .http.openenv import OpenEnvServer
 from .http.openenv import routes as openenv_routes
+from .http.reset_env import ResetDoor
 from .http.routes import admin, environments, envs, evaluations, health, scenarios, validation
 from .http.step import StepDoor
 from .http.ui import Viewer
@@ -127,12 +128,14 @@ class SandpitApp(FastAPI):
     (:class:`~.http.step.StepDoor`) answers every ``POST /v1/envs/{env_id}/step`` and
     ``batch_door`` (:class:`~.http.batch_step.BatchStepDoor`) every ``POST
     /v1/envs:step``, ``create_door`` (:class:`~.http.create_env.CreateDoor`) every ``POST
-    /v1/envs``; every other request goes to ``FastAPI.__call__`` (routing, middleware,
-    handlers). The lifespan goes straight to FastAPI."""
+    /v1/envs``, ``reset_door`` (:class:`~.http.reset_env.ResetDoor`) every ``POST
+    /v1/envs/{env_id}/reset``; every other request goes to ``FastAPI.__call__`` (routing,
+    middleware, handlers). The lifespan goes straight to FastAPI."""
 
     door: StepDoor | None = None
     batch_door: BatchStepDoor | None = None
     create_door: CreateDoor | None = None
+    reset_door: ResetDoor | None = None
     access: AccessLog | None = None
     freeze_after_start: bool = False
     """Whether the lifespan calls ``gc.freeze()`` once its start-up is done, so that what
@@ -148,7 +151,7 @@ class SandpitApp(FastAPI):
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The step door for a step request, the batched step's door for a batch, the create's
-        door for a create, else FastAPI."""
+        door for a create, the reset's door for a reset, else FastAPI."""
         door = self.door
         env_id = door.env_id(scope) if door is not None else None
         if door is not None and env_id is not None:
@@ -164,6 +167,12 @@ class SandpitApp(FastAPI):
         if create_door is not None and create_door.matches(scope):
             scope["app"] = self
             await create_door(scope, receive, send)
+            return
+        reset_door = self.reset_door
+        reset_id = reset_door.env_id(scope) if reset_door is not None else None
+        if reset_door is not None and reset_id is not None:
+            scope["app"] = self
+            await reset_door(scope, receive, send, reset_id)
             return
         await super().__call__(scope, receive, send)
 
@@ -257,6 +266,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                                                      translate=_translated)
     app.batch_door = BatchStepDoor(door)
     create_door = app.create_door = CreateDoor(door, api_settings.http_threads)
+    app.reset_door = ResetDoor(door, create_door.run)  # resets wait for sandboxes as creates do
     if api_settings.access_log:
         app.access = AccessLog(app.dispatch)
     app.add_middleware(BodyReadTimeout, timeout_s=api_settings.body_read_timeout_s)

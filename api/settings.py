@@ -134,8 +134,10 @@ class ApiSettings(BaseSettings):
     http_threads: Annotated[int, Field(ge=8, le=8192)] = 512
     """Worker threads for request handlers (AnyIO's default is 40, which requests of one
     tenant waiting in the scheduler's queue could exhaust), and as many again for the steps
-    the step door runs and for the creates the create door runs (a pool of each door's
-    own, made on demand: :mod:`sandpit.api.http.step`, :mod:`sandpit.api.http.create_env`)."""
+    the step door runs and for the creates and resets the create and reset doors run (a
+    pool of each door's own, made on demand, resets sharing the creates':
+    :mod:`sandpit.api.http.step`, :mod:`sandpit.api.http.create_env`,
+    :mod:`sandpit.api.http.reset_env`)."""
     step_inline_wait_s: Annotated[float, Field(ge=0, le=0.05)] = 0.002
     """Seconds a step run on the event loop may hold it waiting for its tool call's reply
     (0: every step runs on a worker thread). A step runs on the event loop, which saves
