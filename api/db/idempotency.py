@@ -167,13 +167,20 @@ def _insert_new(dialect: str) -> ReturningInsert[Any]:
     return built
 
 
+_STORE_RESPONSE = update(_KEYS).where(
+    _KEYS.c.tenant == bindparam("of_tenant"), _KEYS.c.key == bindparam("of_key"),
+    _KEYS.c.claim == bindparam("of_claim")).values(status=bindparam("to_status"), body=bindparam("to_body"))
+"""The update that stores a response on a key's row while its claim token holds it (built
+once: built per call, its construction and compilation cost 0.4 ms of CPU, more than the
+update itself)."""
+
+
 def store_response_core(conn: Connection, tenant: str, key: str, token: str, status: int, body: bytes) -> None:
     """Store a response on ``key``'s row in ``conn``'s transaction, if ``token`` still
     holds the key. Raises IdempotencyKeyInFlight when it does not (the claim lapsed and
     another request took the key over): the caller's transaction must then roll back."""
-    keys = table(IdempotencyKey)
-    done = conn.execute(update(keys).where(keys.c.tenant == tenant, keys.c.key == key, keys.c.claim == token)
-                        .values(status=status, body=body))
+    done = conn.execute(_STORE_RESPONSE, {"of_tenant": tenant, "of_key": key, "of_claim": token,
+                                          "to_status": status, "to_body": body})
     if done.rowcount != 1:
         raise IdempotencyKeyInFlight("the idempotency key was taken over by a retry while this request ran "
                                      "(its claim lapsed); nothing was committed", retry_after=1)
