@@ -14,11 +14,20 @@ from __future__ import annotations
 
 import secrets
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 
 from ..errors import StaleAttempt
 from .database import Database
 from .models import Env, table
+
+_ENVS = table(Env)
+_TOKEN_OF = select(_ENVS.c.attempt_token).where(_ENVS.c.id == bindparam("env"), _ENVS.c.tenant == bindparam("tenant"))
+"""The attempt token of ``(:env, :tenant)``'s row (built once, as the fence's update)."""
+_FENCE = update(_ENVS).where(_ENVS.c.id == bindparam("env"), _ENVS.c.attempt_token == bindparam("token")).values(
+    attempt_token=bindparam("same_token"))
+"""The fence's conditional update: the row is written (and locked) only while ``:token``
+is its current token (built once: built per call, its construction and compilation cost
+more than the update)."""
 
 
 def _stale(env_id: str) -> StaleAttempt:
@@ -43,8 +52,8 @@ def check_attempt(db: Database, tenant: str, env_id: str, token: str) -> None:
     ``tenant``'s env ``env_id`` (an env never resumed has none, so every token is stale
     there). An env that is not ``tenant``'s passes: the call itself answers 404 for it.
     Raises ServiceUnavailable (database)."""
-    with db.read() as session:
-        found = session.execute(select(Env.attempt_token).where(Env.id == env_id, Env.tenant == tenant)).first()
+    with db.read_connection() as conn:
+        found = conn.execute(_TOKEN_OF, {"env": env_id, "tenant": tenant}).first()
     if found is None:
         return
     current = found.attempt_token
@@ -56,8 +65,6 @@ def fence_core(conn: Connection, env_id: str, token: str) -> None:
     """:func:`check_attempt` inside ``conn``'s transaction, as a conditional update of the
     env's row (it locks the row until the transaction ends). Raises StaleAttempt: the
     caller's transaction must then roll back."""
-    envs = table(Env)
-    done = conn.execute(update(envs).where(envs.c.id == env_id, envs.c.attempt_token == token)
-                        .values(attempt_token=token))
+    done = conn.execute(_FENCE, {"env": env_id, "token": token, "same_token": token})
     if done.rowcount != 1:
         raise _stale(env_id)
