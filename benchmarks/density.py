@@ -31,7 +31,8 @@ of the server process, of its sandboxes (cgroups) and of this process (the clien
 the spread run. Then the same clients step once all at the same instant
 (``burst``: what a trainer starting a batch of rollouts together meets), and one client
 steps 200 of the envs twice each with nothing else running (``step_1_client_after_ms``).
-Reports step p50/p99 (``step_ms``; per 10 s of the run: ``step_ms_by_10_s``), steps/s,
+Reports step p50/p99 (``step_ms``; per 10 s of the run: ``step_ms_by_10_s``, and the server's own
+time of the same steps: ``server_step_ms_by_10_s``), steps/s,
 resident envs (``resident_before``, ``resident_after``: envs the list ``GET /v1/envs``
 says are ``live``), restores during the run (``restores_during_run``: steps answered with
 ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS, the containers'
@@ -459,6 +460,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                     spread = [step for steps in pool.map(drive, range(len(stepping)), stepping, offsets)
                               for step in steps]
             server_ms: list[float] = []  # the server's own time of each answered step
+            server_timed: list[tuple[float, float]] = []  # (start, the server's ms) of each
             for begun, ms, body, error, served_ms in spread:
                 if ms is None:
                     errors += 1
@@ -469,6 +471,7 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                     restores += bool(body.get("recovered"))
                     if served_ms is not None:
                         server_ms.append(served_ms)
+                        server_timed.append((begun, served_ms))
             wall = time.perf_counter() - started
             cpu1 = (process_cpu_s(server.process.pid), sandboxes_cpu_s(server.process.pid), own_cpu_s())
             gc.enable()
@@ -494,6 +497,11 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
             # seconds, such as the database catching up with the creates, shows at the start)
             out["step_ms_by_10_s"] = [{"from_s": start, **pcts(window)}
                                       for start, window in _by_window(timed_steps, started, 10.0)]
+            # and the server's own time of the same steps by window: a window slow at the
+            # client but not in the server waited outside the step (HTTP, the event loop,
+            # this process)
+            out["server_step_ms_by_10_s"] = [{"from_s": start, **pcts(window)}
+                                             for start, window in _by_window(server_timed, started, 10.0)]
             sampler_stop.set()
             metrics_after = client.get("/metrics").text
             # the server's own step time (request in to reply out, bucket upper bounds)
