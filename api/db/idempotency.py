@@ -186,6 +186,30 @@ def store_response_core(conn: Connection, tenant: str, key: str, token: str, sta
                                      "(its claim lapsed); nothing was committed", retry_after=1)
 
 
+class ReplyOnKey:
+    """Where a request's reply goes when the transaction that commits the request also
+    stores it on the request's key: ``claim`` (a claim whose row exists, from
+    :func:`claim_key`) and the reply's HTTP ``status``. The request's own write calls
+    :meth:`store` with the reply's bytes before it commits, so the request is never
+    committed without its reply on the key, nor the reply without the request; the
+    bytes stored are kept in :attr:`body` for the caller to send."""
+
+    def __init__(self, claim: KeyClaim, status: int) -> None:
+        self.claim = claim
+        self.status = status
+        self.body: bytes | None = None
+        """The reply stored by :meth:`store` (None before; set even when the
+        transaction then rolls back, which the caller learns by its exception)."""
+
+    def store(self, conn: Connection, body: bytes) -> None:
+        """:func:`store_response_core` of ``body`` in ``conn``'s transaction. Raises
+        IdempotencyKeyInFlight (the claim lapsed and a retry took the key over): the
+        caller's transaction must then roll back."""
+        claim = self.claim
+        store_response_core(conn, claim.tenant, claim.key, claim.token, self.status, body)
+        self.body = body
+
+
 def store_response(db: Database, tenant: str, key: str, token: str, status: int, body: bytes) -> None:
     """:func:`store_response_core` in a transaction of its own. Raises
     IdempotencyKeyInFlight, ServiceUnavailable (database)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import bindparam, delete, select, update
@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session as DbSession
 from ..db import models
 from ..db.configs import canonical, store_config
 from ..db.database import CoreSession, Database, insert_objects, object_of
+from ..db.idempotency import ReplyOnKey
 from ..db.models import table
 from ..db.store import load_state
 from ..errors import Conflict, InvalidRequest, NotFound, QuotaExceeded
@@ -108,14 +109,19 @@ class Episodes:
         self.quotas = quotas
         self.tenants = tenants
 
-    def reset(self, ctx: TenantContext, env_id: str, body: ResetRequest | None) -> EnvPublic:
+    def reset(self, ctx: TenantContext, env_id: str, body: ResetRequest | None,
+              reply_on: ReplyOnKey | None = None) -> EnvPublic:
         """``POST /v1/envs/{id}/reset``: start the next episode (module docstring), within
         the tenant's ``max_init_config_bytes`` and one of its concurrent calls. The reply
-        is EnvScaler's ``reset()`` result (observation, tools, introduction).
+        is EnvScaler's ``reset()`` result (observation, tools, introduction). ``reply_on``
+        (a keyed request's claimed key) has the reply's JSON (``model_dump_json``) stored
+        on the key in the transaction that starts the episode
+        (:class:`~sandpit.api.db.idempotency.ReplyOnKey`; its ``body`` is those bytes).
 
         Raises NotFound, Conflict (expired), PayloadTooLarge, QuotaExceeded,
         InvalidRequest (instantiation failed, an unusable user endpoint), NoCapacity (503
-        + Retry-After), ServiceUnavailable (the simulated user)."""
+        + Retry-After), ServiceUnavailable (the simulated user), IdempotencyKeyInFlight
+        (``reply_on``'s claim was taken over: nothing is committed)."""
         config = canonical(body.init_config) if body is not None and body.init_config is not None else None
         if config is not None:
             self.quotas.check_size(ctx, "max_init_config_bytes", config.size, "init_config")
@@ -145,9 +151,14 @@ class Episodes:
                 now = utcnow()
                 self.sessions.configs.parsed.put(start.init_config)
                 first = episode_row(env_id, number, start, run, now)
+                new_config = start.init_config.hash != row.init_config_hash  # before the reply moves the row
+                public = self._reply(row, number, start.init_config.hash, environment, scenario, now, first)
+                public.construction = construction
+                # rendered before the write: the writer is not held for it
+                reply = public.model_dump_json().encode("utf-8") if reply_on is not None else b""
                 with self.db.write_connection() as conn:  # inserts and one update: Core, not an ORM flush
                     db = cast(DbSession, CoreSession(conn))
-                    if start.init_config.hash != row.init_config_hash:  # the row's own config is stored
+                    if new_config:  # the row's own config is stored
                         store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
                     pending.write(db, cache.root)
                     insert_objects(conn, step_zero(env_id, number, cache.root, now), first)
@@ -155,16 +166,23 @@ class Episodes:
                         "env": env_id, "next_episode": number, "first_step": 0, "no_config": {},
                         "config_hash": start.init_config.hash, "to_environment": environment.id,
                         "to_scenario": scenario, "at": now})
+                    if reply_on is not None:
+                        reply_on.store(conn, reply)
             self.live.put(env_id, LiveEnv(
                 session=session, cache=cache, episode=number, step=0, toolset=self.sessions.toolsets.of(environment),
                 tenant=ctx.tenant, environment_id=environment.id, expires_at=row.expires_at, run=run,
                 argument_checking=row.argument_checking or environment.argument_checking))
-        # the row as the update left it (a transient object: no second read for the reply)
-        row.episode, row.step, row.init_config, row.init_config_hash = number, 0, {}, start.init_config.hash
-        row.environment_id, row.scenario_id, row.last_used_at = environment.id, scenario, now
-        public = self.views.of_rows(row, environment, first)
-        public.construction = construction
         return public
+
+    def _reply(self, row: models.Env, number: int, config_hash: str, environment: models.Environment,
+               scenario: str | None, now: datetime, first: models.Episode) -> EnvPublic:
+        """The reset's reply: ``row`` (a transient object) as the episode's update
+        (``NEXT_EPISODE``) leaves it, with ``environment`` and the new episode's row
+        ``first``, live (its session joins the live envs once the episode is committed);
+        no second read."""
+        row.episode, row.step, row.init_config, row.init_config_hash = number, 0, {}, config_hash
+        row.environment_id, row.scenario_id, row.last_used_at = environment.id, scenario, now
+        return self.views.of_rows(row, environment, first, live=True)
 
     def _current(self, tenant: str, env_id: str) -> tuple[models.Env, EpisodeRun]:
         """The env row (owned by ``tenant``, not expired) and its current episode's

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import cast
 
@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session as DbSession
 from ..db import models
 from ..db.configs import CanonicalConfig, canonical, collect_configs, store_config
 from ..db.database import CoreSession, Database, insert_objects
+from ..db.idempotency import ReplyOnKey
 from ..db.store import collect_garbage
 from ..errors import NotFound
 from ..json_rules import text_size
@@ -75,11 +76,15 @@ class CreatedEnv:
 
     public: EnvPublic
     config: CanonicalConfig | None
+    data: bytes | None = None
+    """:meth:`json`'s bytes when they were made already (stored on the request's key)."""
 
     def json(self) -> bytes:
         """``public`` as JSON bytes: ``model_dump_json``'s document with ``init_config``
         spliced in as the canonical bytes computed for the request (a config of megabytes
         is not encoded a second time for the echo)."""
+        if self.data is not None:
+            return self.data
         if self.config is None:
             return self.public.model_dump_json().encode("utf-8")
         fields = self.public.model_dump(mode="json", exclude={"init_config"})
@@ -147,7 +152,7 @@ class EnvLifecycle:
         self.tenants = tenants
 
     def create(self, ctx: TenantContext, body: EnvCreate, *, env_id: str | None = None,
-               episode: EpisodeConfig | None = None) -> CreatedEnv:
+               episode: EpisodeConfig | None = None, reply_on: ReplyOnKey | None = None) -> CreatedEnv:
         """``POST /v1/envs``: instantiate an environment (registered, inline, or a
         scenario's with the scenario's ``init_config`` unless one is given) in a sandbox
         and commit its step 0, the first episode (``body.episode`` options). Before
@@ -159,13 +164,16 @@ class EnvLifecycle:
         ``env_id`` lets an internal caller (the evaluation runner) record the id before
         the env exists, so a crash in between leaves nothing it cannot find (default: a
         new id); ``episode`` gives options a request cannot express (the runner's
-        open-ended episodes), instead of ``body.episode``'s.
+        open-ended episodes), instead of ``body.episode``'s. ``reply_on`` (a keyed request's
+        claimed key) has the reply's JSON stored on the key in the transaction that
+        commits the env (:class:`~sandpit.api.db.idempotency.ReplyOnKey`).
 
         Raises NotFound (environment, scenario), PayloadTooLarge, QuotaExceeded,
         InvalidRequest (instantiation failed: the message carries the observation; policy
         errors in inline code; a profile above the operator's; an unusable user
         endpoint), NoCapacity (503 + Retry-After), ServiceUnavailable (the simulated
-        user's model)."""
+        user's model), IdempotencyKeyInFlight (``reply_on``'s claim was taken over:
+        nothing is committed)."""
         if body.source_code is not None:
             self.quotas.check_size(ctx, "max_code_bytes", text_size(body.source_code), "source_code")
         config = canonical(body.init_config) if body.init_config is not None else None
@@ -196,6 +204,14 @@ class EnvLifecycle:
                                  scenario_id=body.scenario_id, argument_checking=body.argument_checking)
                 self.sessions.configs.parsed.put(start.init_config)
                 first = episode_row(env_id, 1, start, run, now)
+                # the rows about to be committed (objects stay usable), live once they are: no
+                # second read for the reply
+                public = self.views.of_rows(row, environment, first, live=True)
+                public.construction = construction
+                created = CreatedEnv(public, config if config is not None and row.init_config_hash == config.hash
+                                     else None)
+                if reply_on is not None:  # rendered before the write: the writer is not held for it
+                    created = replace(created, data=created.json())
                 with self.db.write_connection() as conn:  # only inserts: Core, not an ORM flush
                     db = cast(DbSession, CoreSession(conn))
                     store_config(db, start.init_config, self.sessions.configs.compressed(start.init_config))
@@ -203,14 +219,13 @@ class EnvLifecycle:
                     insert_objects(conn, row, step_zero(env_id, 1, cache.root, now), first,
                                    audit_event(ctx.tenant, ctx.actor, "env.create", env_id,
                                                {"environment_id": environment.id, "scenario_id": body.scenario_id}))
+                    if reply_on is not None:
+                        reply_on.store(conn, created.json())
             self.live.put(env_id, LiveEnv(
                 session=session, cache=cache, episode=1, step=0, toolset=self.sessions.toolsets.of(environment),
                 tenant=ctx.tenant, environment_id=environment.id, expires_at=row.expires_at, run=run,
                 argument_checking=body.argument_checking or environment.argument_checking))
-        # the rows just committed (objects stay usable): no second read for the reply
-        public = self.views.of_rows(row, environment, first)
-        public.construction = construction
-        return CreatedEnv(public, config if config is not None and row.init_config_hash == config.hash else None)
+        return created
 
     def read(self, ctx: TenantContext, env_id: str) -> EnvPublic:
         """``GET /v1/envs/{id}``: one env with its tools and current episode. Raises

@@ -40,27 +40,30 @@ class EnvViews:
         return self.of_rows(row, environment, episode, tools)
 
     def of_rows(self, row: models.Env, environment: models.Environment | None, episode: models.Episode | None,
-                tools: bool = True) -> EnvPublic:
+                tools: bool = True, live: bool | None = None) -> EnvPublic:
         """:meth:`public` of rows already at hand (no database read but the config's, when
-        it is not in memory)."""
+        it is not in memory). ``live``: whether the env is in a sandbox (a create or reset
+        renders its reply before the commit after which its session joins the live envs);
+        None: as the live envs say now."""
         return EnvPublic(id=row.id, environment_id=row.environment_id, episode=row.episode, step=row.step,
                          init_config=self.configs.config_of(row), created_at=row.created_at,
                          expires_at=row.expires_at, forked_from=row.forked_from, forked_at_step=row.forked_at_step,
-                         scenario_id=row.scenario_id, **self._view(row, environment, episode, tools))
+                         scenario_id=row.scenario_id, **self._view(row, environment, episode, tools, live))
 
-    def status(self, row: models.Env) -> str:
-        """``live`` (in a sandbox), ``evicted`` (state in the database only) or ``closed``."""
+    def status(self, row: models.Env, live: bool | None = None) -> str:
+        """``live`` (in a sandbox), ``evicted`` (state in the database only) or ``closed``;
+        ``live`` None: whether the env is in a sandbox is asked of the live envs."""
         if row.closed or aware(row.expires_at) <= utcnow():
             return "closed"
-        return "live" if row.id in self.live else "evicted"
+        return "live" if (row.id in self.live if live is None else live) else "evicted"
 
     def _view(self, row: models.Env, environment: models.Environment | None, episode: models.Episode | None,
-              with_tools: bool) -> dict[str, Any]:
+              with_tools: bool, live: bool | None = None) -> dict[str, Any]:
         """What ``EnvPublic`` shows of ``row`` beyond its columns: status, tools (with the
         episode's chat action), the current episode (status, observation, task, reward,
         options) and the environment's introduction."""
         config = EpisodeConfig.from_stored(episode.config if episode is not None else None)
-        view: dict[str, Any] = {"status": self.status(row), "episode_config": config.public()}
+        view: dict[str, Any] = {"status": self.status(row, live), "episode_config": config.public()}
         if environment is not None:
             if config.envscaler:  # EnvScaler's reset(): its introduction, the record's tools as they are
                 view["introduction"] = envscaler.introduction_text(environment.introduction, environment.rules)

@@ -21,7 +21,10 @@ worker thread:
    key, claimed first (the digest of :func:`.deps.idempotent`: method, the template
    ``/v1/envs``, query and body bytes): a replay of the stored reply (its status,
    ``Idempotent-Replayed: true``) or a 409 creates nothing; an error releases the key;
-   the reply is stored on the key after the create committed.
+   the reply is stored on the key in the transaction that commits the env
+   (:class:`~sandpit.api.db.idempotency.ReplyOnKey`: one transaction fewer than
+   :meth:`.deps.Idempotent.respond`'s store after it, and no moment when the env is
+   committed and its key has no reply).
 
 The work runs on threads of the door's own (:class:`~.handoff.WorkerThreads`, at most
 ``http_threads`` creates at once; more wait for a free thread, in order): never the step
@@ -46,6 +49,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from ..db.idempotency import ReplyOnKey
 from ..envs.lifecycle import EnvLifecycle
 from ..schemas.envs import EnvCreate
 from ..services.idempotency import KEY_HEADER, Idempotency, Replay, request_digest
@@ -137,10 +141,8 @@ def _create(scope: Scope, tenants: TenantService, envs: EnvLifecycle, keys: Idem
     claim = keys.begin(caller.tenant, key, request_digest("POST", CREATE_TEMPLATE, None, query, body))
     if isinstance(claim, Replay):
         return claim
-    try:
-        data = envs.create(caller, request).json()
+    try:  # the reply is stored on the key by the transaction that commits the env
+        return envs.create(caller, request, reply_on=ReplyOnKey(claim, CREATED)).json()
     except BaseException:
         keys.release(claim)
         raise
-    keys.finish(claim, CREATED, data)
-    return data

@@ -31,7 +31,8 @@ worker thread:
    claimed first (the digest of :func:`.deps.idempotent`: method, the template
    ``/v1/envs/{env_id}/reset``, the env id, query and body bytes): a replay of the stored
    reply (its status, ``Idempotent-Replayed: true``) or a 409 starts no episode; an error
-   releases the key; the reply is stored on the key after the reset committed.
+   releases the key; the reply is stored on the key in the transaction that starts the
+   episode (:class:`~sandpit.api.db.idempotency.ReplyOnKey`, as the create's door does).
 
 The work runs on the create door's threads (:attr:`.create_env.CreateDoor.run`): a reset
 from an empty pool waits for a sandbox as a create does, and steps must not queue behind
@@ -51,6 +52,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
+from ..db.idempotency import ReplyOnKey
 from ..envs.attempts import Attempts
 from ..envs.episodes import Episodes
 from ..schemas.envs import ResetRequest
@@ -153,18 +155,15 @@ def _reset(scope: Scope, env_id: str, tenants: TenantService, episodes: Episodes
     if errors:
         raise Invalid(errors)
 
-    def reset() -> bytes:
-        return episodes.reset(caller, env_id, request).model_dump_json().encode("utf-8")
-
     if key is None:
-        return reset()
+        return episodes.reset(caller, env_id, request).model_dump_json().encode("utf-8")
     claim = keys.begin(caller.tenant, key, request_digest("POST", RESET_TEMPLATE, env_id, query, body))
     if isinstance(claim, Replay):
         return claim
-    try:
-        data = reset()
+    reply_on = ReplyOnKey(claim, RESET)
+    try:  # the reply is stored on the key by the transaction that starts the episode
+        public = episodes.reset(caller, env_id, request, reply_on)
     except BaseException:
         keys.release(claim)
         raise
-    keys.finish(claim, RESET, data)
-    return data
+    return reply_on.body if reply_on.body is not None else public.model_dump_json().encode("utf-8")

@@ -15,8 +15,12 @@ tenant (keys of different tenants never meet) or finds it taken:
 
 A request that succeeds stores its status and body on the key: a step in the
 transaction of its own step row (the group commit), so a committed step always has its
-key and a key never has an uncommitted step; reset, create and fork in a transaction
-right after theirs. A request that ends in an error stores nothing and releases the
+key and a key never has an uncommitted step; a create and a reset (their doors,
+:mod:`sandpit.api.http.create_env` and :mod:`sandpit.api.http.reset_env`) in the
+transaction that commits the env or the episode, with the same guarantee
+(:class:`~sandpit.api.db.idempotency.ReplyOnKey`); a fork (and a create or reset through
+FastAPI's routes, :meth:`sandpit.api.http.deps.Idempotent.respond`) in a transaction right
+after its own. A request that ends in an error stores nothing and releases the
 key, so its retry runs again: Sandpit's errors (4xx, 503) commit nothing, and most are
 worth retrying as they are (429 quotas, 503 capacity, a 409 ``episode_ended`` after a
 reset). A malformed action is not an error but a recorded ``rejected`` step (200): it
