@@ -6,10 +6,10 @@ Why: a trainer resets every env at every episode's start, and a reset from the w
 is a few milliseconds of work (the previous session handed to a closer thread, the
 sandbox's ``open``, one write transaction), about what a create is. FastAPI's generic
 path (route matching over every route, four dependencies, two of them on the thread
-pool, the body model validated on the event loop, the middleware stack) cost about
-1.5 ms more at the client than the create's door does. The door does exactly what the
-route ``reset`` (``api/http/routes/envs.py``) and its dependencies do, with one hop to a
-worker thread:
+pool, the body model validated on the event loop, the middleware stack) added about
+1.1 ms to a reset of 6.5 ms at the client (p50, ``docs/performance.md``). The door does
+exactly what the route ``reset`` (``api/http/routes/envs.py``) and its dependencies do,
+with one hop to a worker thread:
 
 1. The body as the step door reads it (:meth:`.step.StepDoor.read_body`): 413 over
    ``max_body_bytes``, 408 when it is not whole within ``body_read_timeout_s``.
