@@ -37,7 +37,9 @@ resident envs (``resident_before``, ``resident_after``: envs the list ``GET /v1/
 says are ``live``), restores during the run (``restores_during_run``: steps answered with
 ``recovered``), sandboxes and sessions (``/metrics``), the server's RSS, the containers'
 total memory (cgroups) and PSS, the host's memory before the creates
-(``host_memory_at_start_mib``: available, free, page cache) and its available memory at
+(``host_memory_at_start_mib``: available, free, page cache, reclaimable slab; with
+``--drop-caches`` the kernel's caches are dropped first: ``host_caches_dropped``) and its
+available memory at
 the end (``host_mem_available_mib_at_end``) and how long the server took to stop
 (``server_stop_s``: it closes every session). Beside them, what the
 machine did besides the run (``hoststat.py``): the hypervisor's steal (``host_steal``) and
@@ -57,7 +59,8 @@ Usage: ``python benchmarks/density.py [--sessions 16] [--envs 1000] [--stepping 
 defaults take about 3 minutes). Ten thousand resident
 envs: ``--skip-memory --envs 10000 --stepping 1000 --per-sandbox 256 --think-s 2.0
 --create-threads 16 --running-calls 64 --client threads`` (about 16 GiB of sandboxes; about
-4 minutes, most of it creating the envs).
+4 minutes, most of it creating the envs), with ``--drop-caches`` (root) to start from a host
+whose memory is not full of the kernel's caches, which it would reclaim during the run.
 Numbers on a loaded machine are noisy: re-run on a quiet one.
 """
 
@@ -245,12 +248,30 @@ def mem_available() -> int:
 
 
 def host_memory_mib() -> dict[str, int]:
-    """The host's memory now, MiB: ``available`` (MemAvailable), ``free`` (MemFree) and
+    """The host's memory now, MiB: ``available`` (MemAvailable), ``free`` (MemFree),
     ``page_cache`` (Cached: files' pages the kernel reclaims when sandboxes need the
-    memory, at a cost that grows with the processes mapping what it scans)."""
+    memory, at a cost that grows with the processes mapping what it scans) and
+    ``reclaimable_slab`` (KReclaimable: the kernel's own caches, such as the directory
+    entries and inodes of containers come and gone, reclaimed the same way)."""
     info = meminfo()
     return {"available": round(info.get("MemAvailable", 0) / MiB), "free": round(info.get("MemFree", 0) / MiB),
-            "page_cache": round(info.get("Cached", 0) / MiB)}
+            "page_cache": round(info.get("Cached", 0) / MiB),
+            "reclaimable_slab": round(info.get("KReclaimable", 0) / MiB)}
+
+
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def drop_caches(control: Path = DROP_CACHES) -> None:
+    """Write the dirty pages out, then have the kernel drop its clean page cache and
+    reclaimable slab (``3`` written to ``control``, the kernel's
+    ``/proc/sys/vm/drop_caches``: root only). Nothing is lost: what is dropped is read
+    again when needed. Raises SystemExit when ``control`` cannot be written."""
+    os.sync()
+    try:
+        control.write_text("3\n")
+    except OSError as exc:
+        raise SystemExit(f"--drop-caches could not write {control} (it needs root): {exc}") from None
 
 
 def metric(text: str, name: str) -> float:
@@ -376,6 +397,9 @@ def bench_api(args: argparse.Namespace, data_dir: Path) -> dict:
                     time.sleep(0.5)
                 raise RuntimeError(response.text)
 
+            out["host_caches_dropped"] = args.drop_caches
+            if args.drop_caches:  # the host's own caches out of the way, as on a host kept for the sandboxes
+                drop_caches()
             out["host_memory_at_start_mib"] = host_memory_mib()
             started = time.perf_counter()
             with ThreadPoolExecutor(args.create_threads) as pool:
@@ -620,6 +644,9 @@ def main() -> None:
                         help="SANDPIT_ENV_IDLE_EVICT_FULLNESS of the server (0: idle envs leave whatever the load)")
     parser.add_argument("--client", choices=("asyncio", "threads"), default="asyncio",
                         help="the stepping clients: coroutines of one thread (loadgen.py) or a thread each")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="drop the host's page cache and reclaimable slab before the API part's creates "
+                             "(root): the run starts with the host's memory free, not full of the kernel's caches")
     parser.add_argument("--no-templates", dest="templates", action="store_false")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--executor", action="store_true",

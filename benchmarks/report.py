@@ -88,7 +88,9 @@ def _memory_detail(memory: dict) -> str:
     not measured (the kernel reclaims that cache as the sandboxes grow)."""
     if "page_cache" not in memory:
         return ""
-    return (f"; before the creates {memory['page_cache'] / 1024:.1f} GiB of page cache, "
+    slab = (f", {memory['reclaimable_slab'] / 1024:.1f} GiB of reclaimable kernel caches"
+            if "reclaimable_slab" in memory else "")
+    return (f"; before the creates {memory['page_cache'] / 1024:.1f} GiB of page cache{slab}, "
             f"{memory['available'] / 1024:.1f} GiB available")
 
 
@@ -260,7 +262,9 @@ def collect() -> list[dict[str, Any]]:
                  + (f"; all {burst['clients']} at once: p50 {burst['step_ms']['p50']:.0f} ms, "
                     f"max {burst['max_ms']:.0f} ms" if burst.get("step_ms") else "")
                  + _steal_detail(run.get("host_steal") or {}) + _kernel_detail(run.get("host_kernel_threads") or {})
-                 + _memory_detail(run.get("host_memory_at_start_mib") or {}))
+                 + _memory_detail(run.get("host_memory_at_start_mib") or {})
+                 + ("; the host's caches dropped before the creates (--drop-caches)"
+                    if run.get("host_caches_dropped") else ""))
     if (scale := _load("scale")) is not None:
         hop = scale["ray_hop_ms"]["p50"]
         _row(rows, "scale-out", "Ray hop added to a call, p50", "<= 1 ms", hop, "ms", hop <= 1,
