@@ -202,6 +202,12 @@ ZYGOTE_MAX_BATCHES = 32
 """Most check batches one zygote serves: a zygote whose batch ran every check in place
 (read-only checks on plain states, ``child_checks``) waits for the next batch instead of
 exiting, up to this many batches; then it exits and the next batch gets a fresh one."""
+ZYGOTE_KEEP_MAX_BYTES = 32 * MiB
+"""Most private memory a zygote may hold and still be kept for the next batch: one that
+restored large states keeps their memory after it drops them (its allocator does not give
+it back), which would count against its sandbox's admission until the next batch; it
+exits instead, and the next batch gets a fresh zygote (its restore, not the fork, is
+most of a large batch's time)."""
 FORK_RETRY_S = 2.0
 """How long the zygote retries a fork that fails for want of a pid."""
 READ_ONLY_CHECK_MAX_NODES = 20_000

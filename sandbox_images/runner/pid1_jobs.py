@@ -29,7 +29,8 @@ last result says ``"stays": true`` (every check of the batch ran in it, read-onl
 plain states: ``child_checks.run_checks``) and that needed no restart is kept, alive and
 alone in its process session, as the next batch's process instead of being killed, so a
 batch of such checks costs no fork (under gVisor a fork is most of a small batch); it
-serves at most ``limits.ZYGOTE_MAX_BATCHES`` batches. Requests that are malformed
+serves at most ``limits.ZYGOTE_MAX_BATCHES`` batches, and only while its private memory
+is at most ``limits.ZYGOTE_KEEP_MAX_BYTES`` (one that restored large states exits). Requests that are malformed
 (types, caps of ``limits.py``: ``pid1_job_requests``) get ``status: "fault"``.
 """
 
@@ -50,8 +51,18 @@ from .limits import (
     JOB_MAX_FRAME_BYTES,
     JOBS_PER_SLOT,
     STARTUP_S,
+    ZYGOTE_KEEP_MAX_BYTES,
 )
-from .pid1_children import Output, await_exit, describe_exit, drain, oom_kills, read_once, signal_name
+from .pid1_children import (
+    Output,
+    await_exit,
+    describe_exit,
+    drain,
+    oom_kills,
+    private_bytes,
+    read_once,
+    signal_name,
+)
 from .pid1_templates import JOBS_KEY
 
 TYPE_CHECKING = False
@@ -486,9 +497,13 @@ class Jobs:
         """Make ``job``'s zygote the process of the next check batch (``job_spare``) when
         none is kept yet: forgotten by the job like an ended process, but alive, its
         channels open, and everything else in its process session killed. False (nothing
-        done) when a process is already kept or the zygote is dead."""
+        done) when a process is already kept, the zygote is dead, or it holds more than
+        ``ZYGOTE_KEEP_MAX_BYTES`` of private memory (``pid1_children.private_bytes``)."""
         child = job.child
         if child is None or not child.alive or (self.job_spare is not None and self.job_spare.alive):
+            return False
+        held = private_bytes(child.pid)
+        if held is not None and held > ZYGOTE_KEEP_MAX_BYTES:  # large states' memory would stay with it
             return False
         job.child = None
         for obj in (child.sock, child.out_r, child.err_r):

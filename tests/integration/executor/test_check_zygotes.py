@@ -18,7 +18,7 @@ from sandpit.executor.results import CheckResult
 from sandpit.sandbox_images.runner.child_readonly import why_not_read_only
 
 from ..conftest import FAST
-from .test_checks import PID, READ_ONLY, check, run
+from .test_checks import FINAL, PID, READ_ONLY, check, run
 
 pytestmark = pytest.mark.docker
 
@@ -102,6 +102,20 @@ def assert_hostile_checks_end_the_reuse(pool: SandboxPool, profile: ResourceProf
         assert seen[0].passed, seen
         files = "[]" if recycled else "['left-by-a-check']"
         assert seen[0].stdout.splitlines()[1:] == [files, "[]", "''"], seen
+
+
+def test_a_zygote_that_restored_large_states_is_not_kept(pool) -> None:
+    """A read-only batch on states of tens of megabytes as objects leaves a zygote holding
+    that memory after it drops them: it exits instead of waiting for the next batch
+    (``ZYGOTE_KEEP_MAX_BYTES``), so each such batch takes a fresh zygote; the results are
+    those of any batch. (Small batches keep their zygote: the next test.)"""
+    profile = pool.profile(overrides=FAST.model_copy(update={"memory_mib": 256}))  # room for the states
+    large = {**FINAL, "rows": [{"k": i, "s": f"row {i:06d}"} for i in range(150_000)]}
+    before = fresh_pid(run(pool, profile, [PID]))
+    results = [run(pool, profile, [READ_ONLY, SAYS], final=large) for _ in range(3)]
+    middle = fresh_pid(run(pool, profile, [READ_ONLY, PID]))
+    assert all([(r.status, r.passed) for r in batch] == [("ok", True), ("ok", True)] for batch in results), results
+    assert middle - before >= 3, (before, middle)  # a zygote per large batch, where one kept zygote takes none
 
 
 def test_read_only_batches_keep_their_zygote(pool, fast_profile) -> None:
