@@ -182,3 +182,74 @@ class IdNames:
 
     def __call__(self, text: str) -> str:
         return _ID.sub(lambda m: self.seen.setdefault(m.group(0), f"<id{len(self.seen) + 1}>"), text)
+
+
+Answer = tuple[int, list[tuple[str, str]], str, list[tuple[Any, ...]]]
+"""A door test's record of one reply: status, headers (ids named, ``content-length``'s
+value dropped), body (ids named) and the access log's lines for it."""
+
+
+async def tenant_environment(stepper: Stepper, tenant: str, **quotas: Any) -> str:
+    """Make ``tenant`` with ``quotas`` (its key in ``stepper.keys``) unless it is there; the
+    id of a new environment of its own (the ``Counter`` source)."""
+    if tenant not in stepper.keys:
+        made = await stepper.client.post("/v1/admin/tenants", json={"id": tenant, "quotas": quotas},
+                                         headers={"Authorization": f"Bearer {OPERATOR}"})
+        stepper.keys[tenant] = {"authorization": f"Bearer {made.json()['api_key']['key']}"}
+    environment = await stepper.client.post("/v1/environments", headers=stepper.keys[tenant],
+                                            json={"source_code": SOURCE, "class_name": "Counter"})
+    assert environment.status_code == 201, environment.text
+    return str(environment.json()["id"])
+
+
+async def send_case(stepper: Stepper, log: AccessLines, ids: IdNames, url: str, body: str | bytes,
+                    headers: dict[str, str], names: dict[str, str], digest: Callable[[bytes], str]) -> Answer:
+    """One case of a door's differential test, POSTed to ``url``: ``body`` with the
+    placeholders of ``names`` replaced (bytes as given), a JSON content type and
+    ``team-a``'s key unless ``headers`` (their values' placeholders replaced too) says
+    otherwise; ``"who"`` names the tenant whose key is sent, and ``"claim"`` has the
+    ``Idempotency-Key`` taken first by a request still in flight (under ``digest`` of the
+    body). The :data:`Answer`, ``content-length`` checked against the body first."""
+    if isinstance(body, str):
+        for placeholder, value in names.items():
+            body = body.replace(placeholder, value)
+        body = body.encode("utf-8", "surrogatepass")
+    sent = {"content-type": "application/json", **stepper.keys["team-a"],
+            **{k: names.get(v, v) for k, v in headers.items()}}
+    who, claim = sent.pop("who", "team-a"), sent.pop("claim", None)
+    sent.update(stepper.keys[who] if "authorization" not in headers else {})
+    if claim:
+        stepper.app.state.idempotency.begin(who, sent["idempotency-key"], digest(body))
+    del log.lines[:]
+    reply = await stepper.client.post(url, headers=[(k.encode(), v.encode("utf-8")) for k, v in sent.items()],
+                                      content=body)
+    raw = [(k.decode(), v.decode("latin-1")) for k, v in reply.headers.raw]
+    assert ("content-length", str(len(reply.content))) in raw, (url, raw)
+    seen = [(k, "<n>" if k == "content-length" else ids(v)) for k, v in raw]
+    return reply.status_code, seen, ids(reply.text), log.lines[:]
+
+
+def door_and_route(tmp_path: Callable[[str], Path], door: str, kind: type,
+                   run: Callable[[Stepper, AccessLines], Awaitable[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """``run``'s record in an app with its door (the app's attribute ``door``, e.g.
+    ``"reset_door"``, an instance of ``kind``) and in one with that door taken away, so FastAPI's route answers:
+    ``{"door": ..., "route": ...}``, each app made in ``tmp_path(name)``; the access log
+    at INFO meanwhile."""
+    out: dict[str, dict[str, Any]] = {}
+    logger = logging.getLogger("sandpit.access")
+    log, level = AccessLines(), logger.level
+    logger.addHandler(log)
+    logger.setLevel(logging.INFO)
+    try:
+        for way in ("door", "route"):
+            async def test(stepper: Stepper, way: str = way) -> None:
+                assert isinstance(getattr(stepper.app, door), kind)
+                if way == "route":
+                    setattr(stepper.app, door, None)
+                out[way] = await run(stepper, log)
+
+            with_app(tmp_path(f"{door}-{way}"), test)
+    finally:
+        logger.removeHandler(log)
+        logger.setLevel(level)
+    return out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,19 @@ from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, SOURCE, AccessLines, DoorSpy, IdNames, Stepper, fake_app, with_app
+from api_fakes import (
+    OPERATOR,
+    SOURCE,
+    AccessLines,
+    DoorSpy,
+    IdNames,
+    Stepper,
+    door_and_route,
+    fake_app,
+    send_case,
+    tenant_environment,
+    with_app,
+)
 from sandpit.api.http import create_env
 from sandpit.api.services.idempotency import request_digest
 from sandpit.executor.errors import CapacityError
@@ -94,49 +105,20 @@ CASES: list[tuple[str, str, str | bytes, dict[str, str], int]] = [
     ("idempotent: bad key, bad JSON", "", "{", {"idempotency-key": ""}, 422),
     ("idempotent: a key on a 422 body", "", "{}", {"idempotency-key": "k-4"}, 422),
 ]
-async def _tenant(stepper: Stepper, tenant: str, **quotas: Any) -> str:
-    """Make ``tenant`` with ``quotas`` (its key in ``stepper.keys``) unless it is there; the id
-    of a new environment of its own."""
-    if tenant not in stepper.keys:
-        made = await stepper.client.post("/v1/admin/tenants", json={"id": tenant, "quotas": quotas},
-                                         headers={"Authorization": f"Bearer {OPERATOR}"})
-        stepper.keys[tenant] = {"authorization": f"Bearer {made.json()['api_key']['key']}"}
-    environment = await stepper.client.post("/v1/environments", headers=stepper.keys[tenant],
-                                            json={"source_code": SOURCE, "class_name": "Counter"})
-    assert environment.status_code == 201, environment.text
-    return str(environment.json()["id"])
-
-
-async def _run_cases(stepper: Stepper, log: AccessLines) -> dict[str, tuple[int, list[tuple[str, str]], str, Any]]:
-    """Every case of :data:`CASES`, in order: ``(status, headers, body, access line)``
-    with ids normalised (``content-length`` checked against the body, then its value dropped)."""
-    b_env = await _tenant(stepper, "team-b")
-    await _tenant(stepper, "team-q", max_live_envs=0)
-    r_env = await _tenant(stepper, "team-r", max_init_config_bytes=1024, max_code_bytes=1024)
+async def _run_cases(stepper: Stepper, log: AccessLines) -> dict[str, Any]:
+    """Every case of :data:`CASES`, in order (:func:`api_fakes.send_case`)."""
+    b_env = await tenant_environment(stepper, "team-b")
+    await tenant_environment(stepper, "team-q", max_live_envs=0)
+    r_env = await tenant_environment(stepper, "team-r", max_init_config_bytes=1024, max_code_bytes=1024)
     scenario = await stepper.client.post("/v1/scenarios", headers=stepper.keys["team-a"], json={
         "environment_id": stepper.environment_id, "task": "count", "init_config": {"count": 5}})
     assert scenario.status_code == 201, scenario.text
     names = {"<env>": stepper.environment_id, "<scn>": scenario.json()["id"], "<b-env>": b_env, "<q-env>": r_env}
     ids = IdNames()
-    out = {}
+    out: dict[str, Any] = {}
     for name, query, body, headers, _ in CASES:
-        if isinstance(body, str):
-            for placeholder, value in names.items():
-                body = body.replace(placeholder, value)
-            body = body.encode("utf-8", "surrogatepass")
-        sent = {"content-type": "application/json", **stepper.keys["team-a"], **headers}
-        who, claim = sent.pop("who", "team-a"), sent.pop("claim", None)
-        sent.update(stepper.keys[who] if "authorization" not in headers else {})
-        if claim:
-            stepper.app.state.idempotency.begin(who, sent["idempotency-key"],
-                                                request_digest("POST", "/v1/envs", None, query[1:].encode(), body))
-        sent_headers = [(k.encode(), v.encode("utf-8")) for k, v in sent.items()]
-        del log.lines[:]
-        reply = await stepper.client.post(f"/v1/envs{query}", headers=sent_headers, content=body)
-        raw = [(k.decode(), v.decode("latin-1")) for k, v in reply.headers.raw]
-        assert ("content-length", str(len(reply.content))) in raw, (name, raw)
-        headers_seen = [(k, "<n>" if k == "content-length" else ids(v)) for k, v in raw]
-        out[name] = (reply.status_code, headers_seen, ids(reply.text), log.lines[:])
+        out[name] = await send_case(stepper, log, ids, f"/v1/envs{query}", body, headers, names, lambda sent, q=query:
+                                    request_digest("POST", "/v1/envs", None, q[1:].encode(), sent))
     rejections = stepper.app.state.metrics.registry.get_sample_value
     out["429s counted"] = tuple(rejections("sandpit_quota_rejections_total", {"limit": limit})
                                 for limit in ("max_live_envs", "max_init_config_bytes", "max_code_bytes"))
@@ -147,24 +129,7 @@ async def _run_cases(stepper: Stepper, log: AccessLines) -> dict[str, tuple[int,
 def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Every case of :data:`CASES` through the door and through FastAPI's route (in an
     app with the door taken away), the access log at INFO."""
-    out: dict[str, dict[str, Any]] = {}
-    logger = logging.getLogger("sandpit.access")
-    log, level = AccessLines(), logger.level
-    logger.addHandler(log)
-    logger.setLevel(logging.INFO)
-    try:
-        for way in ("door", "route"):
-            async def test(stepper: Stepper, way: str = way) -> None:
-                assert isinstance(stepper.app.create_door, create_env.CreateDoor)
-                if way == "route":
-                    stepper.app.create_door = None
-                out[way] = await _run_cases(stepper, log)
-
-            with_app(tmp_path_factory.mktemp(f"create-{way}"), test)
-    finally:
-        logger.removeHandler(log)
-        logger.setLevel(level)
-    return out
+    return door_and_route(tmp_path_factory.mktemp, "create_door", create_env.CreateDoor, _run_cases)
 
 
 @pytest.mark.parametrize(("name", "status"), [(c[0], c[4]) for c in CASES], ids=[c[0] for c in CASES])

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from api_fakes import OPERATOR, SOURCE, AccessLines, IdNames, Stepper, with_app
+from api_fakes import (
+    OPERATOR,
+    AccessLines,
+    IdNames,
+    Stepper,
+    door_and_route,
+    send_case,
+    tenant_environment,
+    with_app,
+)
 from sandpit.api.http import reset_env
 from sandpit.api.services.idempotency import request_digest
 from sandpit.executor.errors import CapacityError
@@ -117,18 +125,10 @@ CASES: list[tuple[str, str, str, str | bytes, dict[str, str], int]] = [
 ]
 
 
-async def _tenant(stepper: Stepper, tenant: str, **quotas: Any) -> str:
-    """Make ``tenant`` with ``quotas`` (its key in ``stepper.keys``) unless it is there; a
-    new env of its own, of a new environment."""
-    if tenant not in stepper.keys:
-        made = await stepper.client.post("/v1/admin/tenants", json={"id": tenant, "quotas": quotas},
-                                         headers={"Authorization": f"Bearer {OPERATOR}"})
-        stepper.keys[tenant] = {"authorization": f"Bearer {made.json()['api_key']['key']}"}
-    environment = await stepper.client.post("/v1/environments", headers=stepper.keys[tenant],
-                                            json={"source_code": SOURCE, "class_name": "Counter"})
-    assert environment.status_code == 201, environment.text
-    env = await stepper.client.post("/v1/envs", headers=stepper.keys[tenant],
-                                    json={"environment_id": environment.json()["id"]})
+async def _tenant_env(stepper: Stepper, tenant: str, **quotas: Any) -> str:
+    """A new env of ``tenant`` (made with ``quotas`` unless it is there), of a new environment."""
+    environment_id = await tenant_environment(stepper, tenant, **quotas)
+    env = await stepper.client.post("/v1/envs", headers=stepper.keys[tenant], json={"environment_id": environment_id})
     assert env.status_code == 201, env.text
     return str(env.json()["id"])
 
@@ -137,15 +137,14 @@ async def _names(stepper: Stepper) -> dict[str, str]:
     """The placeholders of :data:`CASES` made in the app (attempt tokens are not ids, so
     they are the same in both apps' answers only where an answer does not show them)."""
     a = stepper.keys["team-a"]
-    names = {"<env>": stepper.env_id, "<b-env>": await _tenant(stepper, "team-b"),
-             "<r-env>": await _tenant(stepper, "team-r", max_init_config_bytes=1024),
+    names = {"<env>": stepper.env_id, "<b-env>": await _tenant_env(stepper, "team-b"),
+             "<r-env>": await _tenant_env(stepper, "team-r", max_init_config_bytes=1024),
              "<f-env>": await stepper.fresh_env(), "<gone>": await stepper.fresh_env()}
     assert (await stepper.client.delete(f"/v1/envs/{names['<gone>']}", headers=a)).status_code == 204
     for tenant, placeholder in (("team-a", "<scn>"), ("team-b", "<b-scn>")):
-        environment = await stepper.client.post("/v1/environments", headers=stepper.keys[tenant],
-                                                json={"source_code": SOURCE, "class_name": "Counter"})
         scenario = await stepper.client.post("/v1/scenarios", headers=stepper.keys[tenant], json={
-            "environment_id": environment.json()["id"], "task": "count", "init_config": {"count": 5}})
+            "environment_id": await tenant_environment(stepper, tenant), "task": "count",
+            "init_config": {"count": 5}})
         assert scenario.status_code == 201, scenario.text
         names[placeholder] = scenario.json()["id"]
     for placeholder in ("<stale>", "<tok>"):
@@ -156,32 +155,16 @@ async def _names(stepper: Stepper) -> dict[str, str]:
 
 
 async def _run_cases(stepper: Stepper, log: AccessLines) -> dict[str, tuple[int, list[tuple[str, str]], str, Any]]:
-    """Every case of :data:`CASES`, in order: ``(status, headers, body, access line)``
-    with ids normalised (``content-length`` checked against the body, then its value
-    dropped); then each env's episode count after them all."""
+    """Every case of :data:`CASES`, in order (:func:`api_fakes.send_case`); then each
+    env's episode and step after them all."""
     names = await _names(stepper)
     ids = IdNames()
     out: dict[str, Any] = {}
     for name, env, query, body, headers, _ in CASES:
         env = names.get(env, env)
-        if isinstance(body, str):
-            for placeholder, value in names.items():
-                body = body.replace(placeholder, value)
-            body = body.encode("utf-8", "surrogatepass")
-        sent = {"content-type": "application/json", **stepper.keys["team-a"],
-                **{k: names.get(v, v) for k, v in headers.items()}}
-        who, claim = sent.pop("who", "team-a"), sent.pop("claim", None)
-        sent.update(stepper.keys[who] if "authorization" not in headers else {})
-        if claim:
-            stepper.app.state.idempotency.begin(who, sent["idempotency-key"], request_digest(
-                "POST", reset_env.RESET_TEMPLATE, env, query[1:].encode(), body))
-        sent_headers = [(k.encode(), v.encode("utf-8")) for k, v in sent.items()]
-        del log.lines[:]
-        reply = await stepper.client.post(f"/v1/envs/{env}/reset{query}", headers=sent_headers, content=body)
-        raw = [(k.decode(), v.decode("latin-1")) for k, v in reply.headers.raw]
-        assert ("content-length", str(len(reply.content))) in raw, (name, raw)
-        headers_seen = [(k, "<n>" if k == "content-length" else ids(v)) for k, v in raw]
-        out[name] = (reply.status_code, headers_seen, ids(reply.text), log.lines[:])
+        out[name] = await send_case(stepper, log, ids, f"/v1/envs/{env}/reset{query}", body, headers, names,
+                                    lambda sent, e=env, q=query: request_digest("POST", reset_env.RESET_TEMPLATE, e,
+                                                                                 q[1:].encode(), sent))
     for placeholder in ("<env>", "<f-env>", "<b-env>", "<r-env>"):
         who = {"<b-env>": "team-b", "<r-env>": "team-r"}.get(placeholder, "team-a")
         env = await stepper.client.get(f"/v1/envs/{names[placeholder]}", headers=stepper.keys[who])
@@ -195,24 +178,7 @@ async def _run_cases(stepper: Stepper, log: AccessLines) -> dict[str, tuple[int,
 def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Every case of :data:`CASES` through the door and through FastAPI's route (in an
     app with the door taken away), the access log at INFO."""
-    out: dict[str, dict[str, Any]] = {}
-    logger = logging.getLogger("sandpit.access")
-    log, level = AccessLines(), logger.level
-    logger.addHandler(log)
-    logger.setLevel(logging.INFO)
-    try:
-        for way in ("door", "route"):
-            async def test(stepper: Stepper, way: str = way) -> None:
-                assert isinstance(stepper.app.reset_door, reset_env.ResetDoor)
-                if way == "route":
-                    stepper.app.reset_door = None
-                out[way] = await _run_cases(stepper, log)
-
-            with_app(tmp_path_factory.mktemp(f"reset-{way}"), test)
-    finally:
-        logger.removeHandler(log)
-        logger.setLevel(level)
-    return out
+    return door_and_route(tmp_path_factory.mktemp, "reset_door", reset_env.ResetDoor, _run_cases)
 
 
 @pytest.mark.parametrize(("name", "status"), [(c[0], c[5]) for c in CASES], ids=[c[0] for c in CASES])
