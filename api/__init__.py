@@ -27,7 +27,8 @@
                       claims across replicas, the rollout agent loop, listings (an
                       evaluation's episodes paged and its reward histogram, for the viewer)
     http/             the only HTTP code: deps, routes/ (one module per resource), the doors
-                      in front of the router (step, batch_step, create_env, reset_env),
+                      in front of the router (step, batch_step, create_env, reset_env) and
+                      the request shapes they check as FastAPI does (shapes),
                       the MCP servers (mcp), the OpenEnv protocol (openenv),
                       strict JSON bodies, the body deadline, the OpenAPI document, the access log, exception handlers,
                       the web viewer (ui/: server-rendered pages under /ui over the services above)

@@ -14,7 +14,7 @@ thread. The door does exactly what that path does, on one worker thread:
 2. On a step thread, in FastAPI's order: the JSON rules (:func:`~.strict_json.parse_body`:
    413, 422 for a body that is not strict JSON), then the API key (401/403), then the
    body as :class:`~sandpit.api.schemas.batch.BatchStepRequest` (a 422 naming the first
-   field, as every route's: :func:`~.step.validated_body`), then
+   field, as every route's: :func:`~.shapes.validated_body`), then
    :meth:`~sandpit.api.envs.batch.BatchSteps.step_many` and its JSON reply, which
    carries ``Server-Timing`` with the batch's ``total`` (``server_timing``: from its body
    read to its reply ready; an error reply carries none).
@@ -39,7 +39,8 @@ from ..schemas.batch import BatchStepRequest
 from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .access_log import note_tenant
-from .step import SERVER_TIMING_KEY, Invalid, StepDoor, posts_to, text, validated_body
+from .shapes import Invalid, validated_body
+from .step import SERVER_TIMING_KEY, StepDoor, posts_to, text
 from .strict_json import parse_body
 
 BATCH_TEMPLATE = "/v1/envs:step"

@@ -14,7 +14,7 @@ worker thread:
    413, 422 for a body that is not strict JSON), then the API key (401/403, the tenant
    noted for the access log), then the request's shape: ``Idempotency-Key`` validated as
    the route's header parameter (:data:`~.deps.IdempotencyKeyHeader`) and the body as
-   :class:`~sandpit.api.schemas.envs.EnvCreate` (:func:`~.step.validated_body`), a 422
+   :class:`~sandpit.api.schemas.envs.EnvCreate` (:func:`~.shapes.validated_body`), a 422
    naming the first field (the header's before the body's, as FastAPI orders them).
 3. :meth:`~sandpit.api.envs.lifecycle.EnvLifecycle.create` and its JSON reply, 201,
    under the ``Idempotency-Key`` semantics of :meth:`.deps.Idempotent.respond`: with a
@@ -44,9 +44,8 @@ methods (``GET /v1/envs`` lists envs) and paths (``/v1/envs/``).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.types import Receive, Scope, Send
 
 from ..db.idempotency import ReplyOnKey
@@ -58,7 +57,8 @@ from ..settings import ApiSettings
 from .access_log import note_tenant
 from .deps import IdempotencyKeyHeader
 from .handoff import WorkerThreads
-from .step import Invalid, StepDoor, posts_to, text, validated_body
+from .shapes import Invalid, header_errors, validated_body
+from .step import StepDoor, posts_to, text
 from .strict_json import parse_body
 
 CREATE_TEMPLATE = "/v1/envs"
@@ -126,12 +126,7 @@ def _create(scope: Scope, tenants: TenantService, envs: EnvLifecycle, keys: Idem
     parsed = parse_body(body, settings) if body else None  # the strict route's JSON rules come first
     caller = tenants.authenticate(authorization)
     note_tenant(scope, caller.tenant)
-    errors: list[dict[str, Any]] = []
-    if key is not None:
-        try:
-            _KEY.validate_python(key)
-        except ValidationError as exc:
-            errors += [{**e, "loc": ("header", KEY_HEADER, *e["loc"])} for e in exc.errors(include_url=False)]
+    errors = header_errors(_KEY, KEY_HEADER, key)
     validated = validated_body(_BODY, body, parsed, content_type)
     request = validated[0]
     if errors or request is None:

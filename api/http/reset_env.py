@@ -24,7 +24,7 @@ with one hop to a worker thread:
    422 of the headers or the body, as FastAPI calls a dependency whose own parameters
    are valid), then the body: none (an empty body, or JSON ``null``) is a reset with the
    env's current scenario, config and options, else a
-   :class:`~sandpit.api.schemas.envs.ResetRequest` (:func:`~.step.validated_body`); a
+   :class:`~sandpit.api.schemas.envs.ResetRequest` (:func:`~.shapes.validated_body`); a
    422 names the headers' errors before the body's.
 3. :meth:`~sandpit.api.envs.episodes.Episodes.reset` and its JSON reply, 200, under the
    ``Idempotency-Key`` semantics of :meth:`.deps.Idempotent.respond`: with a key,
@@ -46,9 +46,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.routing import compile_path
 from starlette.types import Receive, Scope, Send
 
@@ -61,7 +60,8 @@ from ..services.tenants import TenantService
 from ..settings import ApiSettings
 from .access_log import note_tenant
 from .deps import ATTEMPT_HEADER, AttemptHeader, IdempotencyKeyHeader
-from .step import Invalid, StepDoor, reads_as_json, route_path, text, validated_body
+from .shapes import Invalid, header_errors, reads_as_json, validated_body
+from .step import StepDoor, posted_env_id, text
 from .strict_json import parse_body
 
 RESET_TEMPLATE = "/v1/envs/{env_id}/reset"
@@ -98,10 +98,7 @@ class ResetDoor:
     def env_id(scope: Scope) -> str | None:
         """The env id of an HTTP ``POST`` to the reset path (matched as the router matches
         it), else None."""
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return None
-        match = RESET_PATH.match(route_path(scope))
-        return match.group("env_id") if match is not None else None
+        return posted_env_id(scope, RESET_PATH)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, env_id: str) -> None:
         """Answer the reset request of ``scope`` for ``env_id`` (module docstring): the work
@@ -120,18 +117,6 @@ class ResetDoor:
         await self.door.answer(work, scope, receive, send, status=RESET, run=self.run, replayed_first=True)
 
 
-def _header_errors(adapter: TypeAdapter[Any], name: str, value: str | None) -> list[dict[str, Any]]:
-    """FastAPI's errors for header ``name``'s ``value`` under ``adapter`` (none when valid
-    or absent), located ``("header", name, ...)``."""
-    if value is None:
-        return []
-    try:
-        adapter.validate_python(value)
-    except ValidationError as exc:
-        return [{**e, "loc": ("header", name, *e["loc"])} for e in exc.errors(include_url=False)]
-    return []
-
-
 def _reset(scope: Scope, env_id: str, tenants: TenantService, episodes: Episodes, attempts: Attempts,
            keys: Idempotency, settings: ApiSettings, body: bytes, authorization: str | None,
            content_type: str | None, key: str | None, attempt: str | None, query: bytes) -> bytes | Replay:
@@ -142,8 +127,8 @@ def _reset(scope: Scope, env_id: str, tenants: TenantService, episodes: Episodes
     parsed = parse_body(body, settings) if body else None  # the strict route's JSON rules come first
     caller = tenants.authenticate(authorization)
     note_tenant(scope, caller.tenant)
-    errors = _header_errors(_KEY, KEY_HEADER, key)
-    attempt_errors = _header_errors(_ATTEMPT, ATTEMPT_HEADER, attempt)
+    errors = header_errors(_KEY, KEY_HEADER, key)
+    attempt_errors = header_errors(_ATTEMPT, ATTEMPT_HEADER, attempt)
     if not attempt_errors:
         attempts.check(caller, env_id, attempt)  # the fence, called once its header is valid
     errors += attempt_errors

@@ -55,7 +55,6 @@ implementation whichever way a step comes in.
 from __future__ import annotations
 
 import asyncio
-import email.message
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -102,6 +101,7 @@ from .deps import (
 )
 from .handlers import count_rejection, error_response, internal_error_response
 from .handoff import WorkerThreads
+from .shapes import Invalid, validated_body
 from .strict_json import StrictJSONRoute, declared_too_large, parse_body
 
 STEP_TEMPLATE = "/v1/envs/{env_id}/step"
@@ -122,15 +122,6 @@ _INCLUDE = TypeAdapter(Annotated[str, Field(max_length=INCLUDE_MAX_CHARS)])
 _BODY = TypeAdapter(StepRequest)
 _READ_HEADERS = (b"content-length", b"content-type", b"authorization", b"idempotency-key", b"sandpit-attempt")
 _ATTEMPT = re.compile(ATTEMPT_PATTERN)
-
-
-class Invalid(Exception):
-    """The request's shape is invalid: pydantic's ``errors`` (``loc``, ``msg``), located
-    as FastAPI locates them (``("body", ...)``, ``("query", "include")``)."""
-
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
 
 
 class StepDoor:
@@ -160,10 +151,7 @@ class StepDoor:
     def env_id(self, scope: Scope) -> str | None:
         """The env id of an HTTP ``POST`` to the step path (matched as the router matches
         it), else None."""
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return None
-        match = STEP_PATH.match(route_path(scope))
-        return match.group("env_id") if match is not None else None
+        return posted_env_id(scope, STEP_PATH)
 
     async def run(self, work: Callable[[], _T]) -> _T:
         """``work()`` on one of the step threads (other doors' blocking work: the MCP
@@ -359,7 +347,7 @@ class StepDoor:
         ``replayed_first``: where the door's route puts it), with the ``Server-Timing``
         value ``work`` left in the scope (:data:`SERVER_TIMING_KEY`), if any; what it
         raises is the answer instead: an ApiError's response (429s counted), 422 for
-        :class:`Invalid`, a foreign error translated (:attr:`translate`) or the catch-all
+        :class:`~.shapes.Invalid`, a foreign error translated (:attr:`translate`) or the catch-all
         500."""
         try:
             data = await (run(work) if run is not None
@@ -401,6 +389,15 @@ def posts_to(scope: Scope, path: str) -> bool:
     return scope["type"] == "http" and scope["method"] == "POST" and route_path(scope) == path
 
 
+def posted_env_id(scope: Scope, path: re.Pattern[str]) -> str | None:
+    """The ``env_id`` of an HTTP ``POST`` whose path (as the router reads it:
+    :func:`route_path`) matches ``path``, a compiled route template; else None."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    match = path.match(route_path(scope))
+    return match.group("env_id") if match is not None else None
+
+
 def route_path(scope: Scope) -> str:
     """The request's path without the app's ``root_path``, as Starlette's router reads it."""
     path: str = scope["path"]
@@ -425,21 +422,6 @@ def text(value: bytes | None) -> str | None:
     return value.decode("latin-1") if value is not None else None
 
 
-def reads_as_json(content_type: str | None) -> bool:
-    """Whether FastAPI reads a body of ``content_type`` as JSON: ``application/json`` or
-    ``application/*+json`` (parameters and case aside); no content type is not JSON."""
-    if content_type == "application/json":
-        return True
-    if not content_type:
-        return False
-    message = email.message.Message()
-    message["content-type"] = content_type
-    if message.get_content_maintype() != "application":
-        return False
-    subtype = message.get_content_subtype()
-    return subtype == "json" or subtype.endswith("+json")
-
-
 def _shape(body: bytes, content_type: str | None, query: bytes,
            settings: ApiSettings) -> tuple[StepRequest | None, str | None, list[dict[str, Any]]]:
     """``(request, include, errors)`` of a step request: a non-empty body is parsed by the
@@ -458,21 +440,6 @@ def _shape(body: bytes, content_type: str | None, query: bytes,
     parsed = parse_body(body, settings) if body else None
     validated = validated_body(_BODY, body, parsed, content_type)
     return validated[0], include, errors + validated[1]
-
-
-def validated_body(adapter: TypeAdapter[_T], body: bytes, parsed: Any,
-                   content_type: str | None) -> tuple[_T | None, list[dict[str, Any]]]:
-    """``(value, errors)`` of a request ``body`` read as FastAPI reads a body model's: a
-    non-empty body, already ``parsed`` by the JSON rules (:func:`~.strict_json.parse_body`,
-    whatever its content type), is validated by ``adapter`` (the parsed value when the
-    content type is JSON, else the raw bytes); ``errors`` located as FastAPI locates them
-    (``("body", ...)``), empty when the body is valid."""
-    if not body:
-        return None, [{"type": "missing", "loc": ("body",), "msg": "Field required"}]
-    try:
-        return adapter.validate_python(parsed if reads_as_json(content_type) else body, from_attributes=True), []
-    except ValidationError as exc:
-        return None, [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
 
 
 def _first_body_error(errors: list[dict[str, Any]]) -> int:
