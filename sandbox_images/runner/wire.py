@@ -164,16 +164,18 @@ def depth_exceeds(payload: bytes, limit: int) -> bool:
     levels (brackets inside strings do not count).
 
     Never recurses. Bytes operations (in C) first: string literals cut out by one regular
-    expression (escapes honoured only inside strings; without any backslash, by splitting
-    at quotes), everything but brackets removed, then each ``replace(b"()", b"")`` pass
+    expression (escapes honoured only inside strings), or, when no backslash is followed
+    by a quote, by splitting at quotes (an escape then never decides whether a quote ends
+    a string: the byte it escapes is not a quote, so the cut is the same), everything but
+    brackets removed, then each ``replace(b"()", b"")`` pass
     peels one nesting level; only a payload still holding brackets after ``limit`` passes
     (deeper, or unbalanced, or with a string that never ends) gets the exact byte-by-byte
     scan, which decides. So a malformed text that is not deeper gives False and keeps its
-    own parse error. A 3 MB text without backslashes takes ~30 ms at 0.5 CPU instead of
-    ~200 ms for the scan alone."""
+    own parse error. A 3 MB text without escaped quotes takes ~30 ms at 0.5 CPU instead of
+    ~200 ms for the scan alone (the regular expression about twice as long)."""
     if payload.count(b"[") + payload.count(b"{") <= limit:
         return False
-    if b"\\" in payload:
+    if b'\\"' in payload:
         outside = re.sub(_STRING, b"", payload, flags=re.DOTALL)  # an unterminated string stays
     else:
         outside = b"".join(payload.split(b'"')[::2])

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from sandpit.sandbox_images.runner import limits, wire
 
@@ -121,8 +121,20 @@ def test_depth_scan_of_an_unterminated_string_takes_one_pass() -> None:
 
 @settings(max_examples=2000, deadline=None)
 @given(st.binary(max_size=80).map(lambda b: bytes(b"[]{}\"\\ a,:"[x % 10] for x in b)), st.integers(1, 6))
+@example(b'"\\"" [[[[]]]] "', 2)  # cut at every quote, the escaped one would hide the brackets
 def test_fast_depth_check_agrees_with_the_exact_scan(payload: bytes, limit: int) -> None:
     """The bytes-operation depth check decides exactly what the byte-by-byte scan decides."""
+    assert wire.depth_exceeds(payload, limit) == wire._scan_exceeds(payload, limit)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=80).map(lambda b: bytes(b"[]{}\"\\ a,:"[x % 10] for x in b).replace(b'\\"', b"\\a")),
+       st.integers(1, 6))
+@example(b'"\\\\[[[" [[', 1)  # an escaped backslash inside a string, then brackets
+@example(b'\\[[["\\n]]"', 2)  # a backslash outside any string, one inside
+def test_depth_check_without_escaped_quotes_agrees_with_the_exact_scan(payload: bytes, limit: int) -> None:
+    """Backslashes that no quote follows take the split at quotes, and decide as the scan does."""
+    assert b'\\"' not in payload
     assert wire.depth_exceeds(payload, limit) == wire._scan_exceeds(payload, limit)
 
 
