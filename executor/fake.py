@@ -429,8 +429,8 @@ class FakeExecutor:
         is never run). Raises ArgumentError as the pool does, LookupError for a check with no
         verdict (and no ``default_verdict``)."""
         jobs.check_tenant(tenant)
-        timeout_s = jobs.check_checks(checks, initial_state, final_state, profile or self.profile(),
-                                      per_check_timeout_s, source)
+        timeout_s, _, _ = jobs.check_checks(checks, initial_state, final_state, profile or self.profile(),
+                                            per_check_timeout_s, source)
         if not checks:
             return []
         self._raise_injected("run_checks")

@@ -71,9 +71,10 @@ def _timeout(value: object, profile: ResourceProfile, default: float, what: str)
 
 
 def check_checks(checks: object, initial_state: object, final_state: object, profile: ResourceProfile,
-                 per_check_timeout_s: object, source: object = None) -> float:
+                 per_check_timeout_s: object, source: object = None) -> tuple[float, bytes, bytes]:
     """Validate :meth:`SandboxPool.run_checks` arguments; returns the per-check timeout
-    in seconds (default ``min(limits.DEFAULT_CHECK_TIMEOUT_S, call_timeout_s)``).
+    in seconds (default ``min(limits.DEFAULT_CHECK_TIMEOUT_S, call_timeout_s)``) and the
+    JSON texts of the two states as the runner gets them (:func:`check_state`).
 
     Raises:
         ArgumentError: ``checks`` is not a list of at most ``MAX_CHECKS`` objects with a
@@ -101,14 +102,14 @@ def check_checks(checks: object, initial_state: object, final_state: object, pro
         if size > limits.MAX_CHECK_SOURCE_BYTES:
             raise ArgumentError(f"checks[{index}].check_func has {size} bytes; at most "
                              f"{limits.MAX_CHECK_SOURCE_BYTES} are allowed")
-    for name, state in (("initial_state", initial_state), ("final_state", final_state)):
-        check_state(state, name)
+    initial_text, final_text = check_state(initial_state, "initial_state"), check_state(final_state, "final_state")
     if source is not None:
         if not isinstance(source, str):
             raise ArgumentError("source must be the environment's Python source (a string) or None")
         if _utf8_size(source, "source") > limits.MAX_CODE_BYTES:
             raise ArgumentError(f"source is over {limits.MAX_CODE_BYTES} bytes")
-    return _timeout(per_check_timeout_s, profile, limits.DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
+    timeout_s = _timeout(per_check_timeout_s, profile, limits.DEFAULT_CHECK_TIMEOUT_S, "per_check_timeout_s")
+    return timeout_s, initial_text, final_text
 
 
 def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
@@ -119,24 +120,27 @@ def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
     return {name: ["j", value] for name, value in state.items()}
 
 
-def check_state(state: object, name: str) -> None:
+def check_state(state: object, name: str) -> bytes:
     """A state for the checks: an *encoded* state (attribute name -> ``["j", value]`` |
     ``["p", base64]`` | ``["u", rendering]``, the executor's state encoding, see
     :mod:`sandpit.executor.results`) that encodes as JSON (finite numbers, text encodable
-    as UTF-8) in at most ``MAX_STATE_BYTES``. Pickles are restored to real objects in
-    the check's process. Raises ArgumentError."""
+    as UTF-8) in at most ``MAX_STATE_BYTES``. Returns that JSON text as the runner gets it
+    (compact UTF-8, without the renderings of pickled values: the check's process
+    restores the pickle itself, and the rendering would only add to the frame). Pickles
+    are restored to real objects in the check's process. Raises ArgumentError."""
     if not isinstance(state, dict):
         raise ArgumentError(f"{name} must be an object (attribute name -> encoded value)")
     for key, entry in state.items():
         if not isinstance(key, str) or not wire.is_encoded_entry(entry):
             raise ArgumentError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
+    bare = {key: entry[:2] if entry[0] == "p" else entry for key, entry in state.items()}
     try:
-        text = json.dumps(state, allow_nan=False, ensure_ascii=False)
-        size = len(text.encode("utf-8"))
+        text = json.dumps(bare, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise ArgumentError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
-    if size > limits.MAX_STATE_BYTES:
-        raise ArgumentError(f"{name} has {size} bytes of JSON; at most {limits.MAX_STATE_BYTES} are allowed")
+    if len(text) > limits.MAX_STATE_BYTES:
+        raise ArgumentError(f"{name} has {len(text)} bytes of JSON; at most {limits.MAX_STATE_BYTES} are allowed")
+    return text
 
 
 def check_exec(code: object, stdin: object, files: object, timeout_s: object,

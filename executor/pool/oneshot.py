@@ -8,6 +8,7 @@ loss's status (``crashed``, ``oom``, ``timeout``), never an exception.
 
 from __future__ import annotations
 
+import base64
 import collections
 import secrets
 import threading
@@ -75,10 +76,12 @@ class JobSlot:
             self._free(sandbox, self._id)
 
 
-def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_state: dict[str, Any],
-               final_state: dict[str, Any], timeout_s: float, source: str | None, grace_s: float,
+def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_text: bytes, final_text: bytes,
+               timeout_s: float, source: str | None, grace_s: float,
                failures: collections.Counter[str]) -> tuple[list[CheckResult], int]:
-    """One ``checks`` batch in ``slot``'s sandbox, each check at most ``timeout_s`` seconds
+    """One ``checks`` batch in ``slot``'s sandbox on two states' JSON texts
+    (``jobs.check_state``: the runner forwards them to the checks' process unparsed, as
+    base64 in its frame: ``protocol.ChecksRequest``), each check at most ``timeout_s`` seconds
     and the batch ``timeout_s * len(checks) + BATCH_SLACK_S + grace_s + 5``. Returns one
     result per check and how many fresh processes the batch needed beyond the first;
     every check reports the loss's status when the sandbox dies (counted in ``failures``).
@@ -89,8 +92,8 @@ def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_state: dict[
         reply = sandbox.handle.request(
             "checks", timeout_s=budget_s + grace_s + 5.0, time_limit_s=timeout_s,
             checks=[{"check_func": c["check_func"]} for c in checks],
-            initial_state=_without_renderings(initial_state), final_state=_without_renderings(final_state),
-            source=source)
+            initial_state_b64=base64.b64encode(initial_text).decode("ascii"),
+            final_state_b64=base64.b64encode(final_text).decode("ascii"), source=source)
     except SandboxLost as exc:
         slot.lost(sandbox)
         failures[exc.status] += 1
@@ -123,8 +126,3 @@ def run_scripts(slot: JobSlot, requests: list[jobs.ExecRequest], concurrency: in
     with ThreadPoolExecutor(min(concurrency, len(requests)), thread_name_prefix="sandpit-exec") as workers:
         return list(workers.map(lambda request: run_script(slot, request, grace_s, failures), requests))
 
-
-def _without_renderings(state: dict[str, Any]) -> dict[str, Any]:
-    """An encoded state without the renderings of pickled values (the check's process
-    restores the pickle itself; the rendering would only add to the frame)."""
-    return {name: entry[:2] if entry[0] == "p" else entry for name, entry in state.items()}

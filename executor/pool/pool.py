@@ -252,12 +252,13 @@ class SandboxPool:
         """
         jobs.check_tenant(tenant)
         profile = profile or self.profile()
-        timeout_s = jobs.check_checks(checks, initial_state, final_state, profile, per_check_timeout_s, source)
+        timeout_s, initial_text, final_text = jobs.check_checks(checks, initial_state, final_state, profile,
+                                                                per_check_timeout_s, source)
         if not checks:
             return []
         slot = self._job_slot(tenant, profile)
         try:
-            results, restarts = oneshot.run_checks(slot, checks, initial_state, final_state, timeout_s, source,
+            results, restarts = oneshot.run_checks(slot, checks, initial_text, final_text, timeout_s, source,
                                                    self.settings.watchdog_grace_s, self.failures)
         finally:
             slot.release()

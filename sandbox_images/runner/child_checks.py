@@ -200,8 +200,9 @@ def run_checks(msg: dict[str, Any], send: Send, wait: Wait, stay: bool = False) 
     saved = ProcessState() if objects == "environment" else None
     try:
         factory = child_standins.StandInFactory()
-        initial = decode_state(msg["initial_state"], source, objects, factory)
-        final = decode_state(msg["final_state"], source, objects, factory)
+        untagged = msg.get("untagged") or ()
+        initial = decode_state(msg["initial_state"], source, objects, factory, "initial_state" not in untagged)
+        final = decode_state(msg["final_state"], source, objects, factory, "final_state" not in untagged)
     except MemoryError:
         initial = final = None
         flush_std()

@@ -35,7 +35,7 @@ import types
 from . import child_standins
 from .child_instance import LEGACY_MODULE_NAMES, MODULE_NAME
 from .limits import ERROR_CHARS
-from .wire import error_observation
+from .wire import error_observation, is_encoded_entry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -85,13 +85,19 @@ so its classes unpickle as themselves (its code then runs in this process)."""
 
 
 def decode_state(encoded: dict[str, Any], source: str | None, objects: str = "standins",
-                 factory: child_standins.StandInFactory | None = None) -> dict[str, Any]:
+                 factory: child_standins.StandInFactory | None = None, tagged: bool = True) -> dict[str, Any]:
     """Python objects of an encoded state (module docstring). With ``objects ==
     "standins"`` no code of the environment runs: pickles are restored by
     ``child_standins.loads`` (pass one ``factory`` for both states of a check batch);
     ``"environment"`` loads the environment's module from ``source`` when a pickle refers
-    to it. Raises StateError; MemoryError propagates."""
+    to it. ``tagged=False`` says no string in the state begins with ``$`` (PID 1 read
+    its text: ``pid1_job_requests``), so its ``"j"`` values hold no tag and are taken as
+    they are: :func:`unrender` would rebuild them equal. Raises StateError (also for a value that is not an encoded state: an object
+    of ``wire.is_encoded_entry`` entries); MemoryError propagates."""
     import base64
+
+    if type(encoded) is not dict or not all(is_encoded_entry(entry) for entry in encoded.values()):
+        raise StateError("the state is not an encoded state ({name: [kind, data]})")
 
     unpickle = _environment_unpickler(source) if objects == "environment" else None
     if factory is None:
@@ -100,7 +106,7 @@ def decode_state(encoded: dict[str, Any], source: str | None, objects: str = "st
     for name, entry in encoded.items():
         kind = entry[0]
         if kind == "j":
-            state[name] = unrender(entry[1])
+            state[name] = unrender(entry[1]) if tagged else entry[1]
         elif kind == "p":
             try:
                 blob = base64.b64decode(entry[1])

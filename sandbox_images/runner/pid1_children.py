@@ -316,10 +316,11 @@ class Child:
             self.sched_fd = open_sched(self.pid)
         return read_sched(self.sched_fd)
 
-    def send(self, message: dict[str, Any]) -> None:
-        """One frame to the process (blocking, at most CHILD_SEND_TIMEOUT_S). Raises
-        OSError (it is gone or stuck), ValueError/TypeError (not JSON)."""
-        self.sock.sendall(protocol.encode(message))
+    def send(self, message: dict[str, Any], raw: dict[str, bytes] | None = None) -> None:
+        """One frame to the process (blocking, at most CHILD_SEND_TIMEOUT_S), with members
+        that are JSON text already (``raw``, ``protocol.encode_raw``). Raises OSError (it
+        is gone or stuck), ValueError/TypeError (not JSON)."""
+        self.sock.sendall(protocol.encode_raw(message, raw) if raw else protocol.encode(message))
 
     def discard_output(self) -> None:
         """Drop what sits in a waiting process's output streams before it gets its first

@@ -2,12 +2,24 @@
 fields of ``exec`` and ``checks`` requests forwarded to a job process, validated against
 the caps of ``limits.py``; a check's result read from a job process's frame; the result
 of a check PID 1 reports itself. Malformed requests raise ValueError (the runner answers
-``fault``)."""
+``fault``).
+
+A ``checks`` request carries its two states as the base64 of their JSON text
+(``initial_state_b64``, ``final_state_b64``), which PID 1 forwards to the zygote as
+those bytes, spliced into its frame (``protocol.encode_raw``) without parsing them: a
+1.5 MB state costs PID 1 a base64 decode instead of a depth check, a parse and an
+encode. The zygote parses them and checks their shape (``child_restore.decode_state``).
+PID 1 also names the states whose text holds no rendering's tag (no string that begins
+with ``$``: neither ``"$`` nor the escape ``\\u0024`` occurs in it), whose values the
+zygote then takes as parsed instead of walking them for tags (``untagged``).
+"""
 
 from __future__ import annotations
 
+import binascii
+
 from .limits import MAX_CHECK_SOURCE_BYTES, MAX_CHECKS, MAX_CODE_BYTES, MAX_STDIN_BYTES, check_files
-from .wire import check_result, is_encoded_entry
+from .wire import check_result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,9 +41,13 @@ def exec_request(msg: ExecRequest) -> dict[str, Any]:
     return {"code": code, "stdin": stdin or "", "files": files}
 
 
-def checks_request(msg: ChecksRequest) -> dict[str, Any]:
-    """The fields of a ``checks`` request forwarded to the job process, validated (the
-    states' sizes were bounded by the host frame cap)."""
+def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The fields of a ``checks`` request forwarded to the job process, validated, and its
+    states' JSON texts (``initial_state``, ``final_state``: bytes forwarded unparsed;
+    their sizes were bounded by the host frame cap). A state must be base64 text whose
+    bytes are a JSON object's text on its face (``{`` to ``}``); the host vouches that
+    it is one, as ``protocol.encode_raw`` requires. ``untagged`` names the states no
+    string of which can begin with ``$`` (module docstring)."""
     checks = msg.get("checks")
     if not isinstance(checks, list) or not 1 <= len(checks) <= MAX_CHECKS:
         raise ValueError(f"field 'checks' must be a list of 1 to {MAX_CHECKS} checks")
@@ -42,14 +58,22 @@ def checks_request(msg: ChecksRequest) -> dict[str, Any]:
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
                              f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
-    initial, final, env_source = msg.get("initial_state"), msg.get("final_state"), msg.get("source")
-    for name, state in (("initial_state", initial), ("final_state", final)):
-        if not isinstance(state, dict) or not all(is_encoded_entry(entry) for entry in state.values()):
-            raise ValueError(f"field {name!r} must be an encoded state ({{name: [kind, data]}})")
+    states: dict[str, bytes] = {}
+    for name in ("initial_state", "final_state"):
+        text = msg.get(f"{name}_b64")
+        try:
+            data = binascii.a2b_base64(text, strict_mode=True) if isinstance(text, str) else b""
+        except (binascii.Error, ValueError):
+            data = b""
+        if not (data.startswith(b"{") and data.endswith(b"}")):
+            raise ValueError(f"field '{name}_b64' must be the base64 of an encoded state's JSON text")
+        states[name] = data
+    env_source = msg.get("source")
     if env_source is not None and (not isinstance(env_source, str)
                                    or len(env_source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
         raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
-    return {"checks": sources, "initial_state": initial, "final_state": final, "source": env_source}
+    untagged = [name for name, data in states.items() if b'"$' not in data and b"\\u0024" not in data]
+    return {"checks": sources, "source": env_source, "untagged": untagged}, states
 
 
 def check_result_at(msg: dict[str, Any], index: int) -> CheckFields | None:

@@ -96,6 +96,7 @@ class Job:
         self.ctrl_open = False
         # checks
         self.request: dict[str, Any] = {}
+        self.states: dict[str, bytes] = {}  # checks: the states' JSON texts, sent to its processes unparsed
         self.results: list[CheckResult | None] = []
         self.next = 0
         self.check_started = 0.0
@@ -152,14 +153,18 @@ class Jobs:
             return
         try:
             timeout_s = self._timeout(msg)
-            request = requests.exec_request(msg) if msg["op"] == "exec" else requests.checks_request(msg)  # (narrows the type)
+            states: dict[str, bytes] = {}
+            if msg["op"] == "exec":  # (narrows the type)
+                request = requests.exec_request(msg)
+            else:
+                request, states = requests.checks_request(msg)
         except ValueError as exc:
             self.host.fault(rid, str(exc))
             return
         cap = int(self.limits["output_cap_bytes"])
         cap = cap if op == "exec" else min(cap, CHECK_OUTPUT_CAP_BYTES)
         job = Job(op, rid, self.children.make_workdir(), timeout_s, cap)
-        job.request = request
+        job.request, job.states = request, states
         self.active.append(job)
         if op == "exec":
             if self._launch(job):
@@ -190,7 +195,7 @@ class Jobs:
         self.loop.watch(child.err_r, lambda _fd: self._on_output(job, "err"))
         request = {"op": job.kind, "id": job.token, "workdir": job.workdir, **job.request, **(fields or {})}
         try:
-            child.send(request)
+            child.send(request, job.states)
         except (OSError, ValueError, TypeError):
             pass  # the process died already: its exit is reported by waitpid
         return True

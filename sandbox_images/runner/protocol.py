@@ -144,14 +144,14 @@ if TYPE_CHECKING:
         time_limit_s: NotRequired[float]
 
     class ChecksRequest(Request):
-        """Run each check on two encoded states, each in a fresh process, at most
-        ``time_limit_s`` seconds each; ``source`` only for a scenario whose checks see the
-        environment's own classes (``check_objects: environment``)."""
+        """Run each check on two encoded states (base64 of their JSON text, which PID 1
+        forwards unparsed: ``pid1_job_requests``), each in a fresh process, at most
+        ``time_limit_s`` s each; ``source`` only for ``check_objects: environment``."""
 
         op: Literal["checks"]
         checks: list[CheckSource]
-        initial_state: Encoded
-        final_state: Encoded
+        initial_state_b64: str
+        final_state_b64: str
         source: NotRequired[str | None]
         time_limit_s: NotRequired[float]
 

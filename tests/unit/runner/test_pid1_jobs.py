@@ -3,6 +3,8 @@ and of check-result frames, descriptions of a process's end."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner import pid1_job_requests as requests
@@ -19,19 +21,47 @@ def test_exec_requests_are_validated() -> None:
             requests.exec_request(bad)
 
 
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
 def test_check_requests_are_validated() -> None:
-    good = {"checks": [{"check_func": "def check_func(s): return True"}], "initial_state": {}, "final_state": {}}
-    assert requests.checks_request(good)["checks"] == ["def check_func(s): return True"]
+    state = b'{"a":["j",{"x":"\\"[{"}]}'
+    good = {"checks": [{"check_func": "def check_func(s): return True"}],
+            "initial_state_b64": b64(b"{}"), "final_state_b64": b64(state)}
+    fields, states = requests.checks_request(good)
+    assert fields == {"checks": ["def check_func(s): return True"], "source": None,
+                      "untagged": ["initial_state", "final_state"]}
+    assert states == {"initial_state": b"{}", "final_state": state}  # the host's bytes, unparsed
     for change, message in [
         ({"checks": []}, "1 to 256"), ({"checks": [{}] * 257}, "1 to 256"), ({"checks": "x"}, "1 to 256"),
         ({"checks": [{"check_func": 1}]}, r"checks\[0\]"), ({"checks": [5]}, r"checks\[0\]"),
         ({"checks": [{"check_func": "#" * (limits.MAX_CHECK_SOURCE_BYTES + 1)}]}, r"checks\[0\]"),
-        ({"initial_state": []}, "must be an encoded state"), ({"final_state": None}, "must be an encoded state"),
-        ({"final_state": {"a": 1}}, "must be an encoded state"), ({"final_state": {"a": ["q", 1]}}, "encoded state"),
+        ({"initial_state_b64": None}, "'initial_state_b64'"), ({"final_state_b64": 5}, "'final_state_b64'"),
+        ({"initial_state_b64": {}}, "'initial_state_b64'"), ({"final_state_b64": b64(b"[]")}, "'final_state_b64'"),
+        ({"final_state_b64": b64(b"")}, "'final_state_b64'"), ({"final_state_b64": b64(b'{"a":1} ')}, "encoded"),
+        ({"final_state_b64": b64(b"{}")[:-1]}, "base64"), ({"final_state_b64": " " + b64(b"{}")}, "base64"),
+        ({"final_state_b64": b64(b"{}") + "="}, "base64"), ({"final_state_b64": "e30*"}, "base64"),
+        ({"final_state_b64": "\u00e9" + b64(b"{}")}, "base64"), ({"initial_state": {}}, "'initial_state_b64'"),
         ({"source": 5}, "'source'"),
     ]:
+        request = {**good, **change}
+        if change == {"initial_state": {}}:  # the parsed form is not read
+            del request["initial_state_b64"]
         with pytest.raises(ValueError, match=message):
-            requests.checks_request({**good, **change})
+            requests.checks_request(request)
+
+
+@pytest.mark.parametrize(("text", "tagged"), [
+    (b'{"a":["j",{"$set":[1]}]}', True), (b'{"a":["j",{"\\u0024set":[1]}]}', True),
+    (b'{"a":["j","$5"]}', True), (b'{"a":["j","\\"$"]}', True),  # a string that only might hold a tag
+    (b'{"a":["j","price $5"]}', False), (b'{"a":["j",{"k$":"u0024"}]}', False), (b'{"a":["j",null]}', False),
+])
+def test_states_whose_text_holds_no_tag_are_named(text: bytes, tagged: bool) -> None:
+    request = {"checks": [{"check_func": "def check_func(s): return True"}],
+               "initial_state_b64": b64(b"{}"), "final_state_b64": b64(text)}
+    fields, _ = requests.checks_request(request)
+    assert fields["untagged"] == ["initial_state"] + ["final_state"] * (not tagged)
 
 
 def frame(**changes: object) -> dict:

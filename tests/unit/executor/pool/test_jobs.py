@@ -14,10 +14,10 @@ CHECK = {"check_item": "balance is 80", "check_func": "def check_func(final_stat
 
 
 def test_check_timeouts() -> None:
-    assert jobs.check_checks([CHECK], {}, {}, PROFILE, None) == limits.DEFAULT_CHECK_TIMEOUT_S
+    assert jobs.check_checks([CHECK], {}, {}, PROFILE, None)[0] == limits.DEFAULT_CHECK_TIMEOUT_S
     short = PROFILE.model_copy(update={"call_timeout_s": 2.0})
-    assert jobs.check_checks([CHECK], {}, {}, short, None) == 2.0
-    assert jobs.check_checks([CHECK], {}, {}, PROFILE, 7) == 7.0
+    assert jobs.check_checks([CHECK], {}, {}, short, None)[0] == 2.0
+    assert jobs.check_checks([CHECK], {}, {}, PROFILE, 7)[0] == 7.0
     for bad in (0, -1, float("nan"), float("inf"), 10.5, "1", True):
         with pytest.raises(ValueError):
             jobs.check_checks([CHECK], {}, {}, PROFILE, bad)
@@ -38,10 +38,25 @@ def test_check_timeouts() -> None:
     ([CHECK], {"a": ["j", float("inf")]}, {}, "initial_state is not JSON-encodable"),
     ([CHECK], {"a": ["p", 5]}, {}, r"initial_state\['a'\] is not an encoded value"),
     ([CHECK], {}, {"big": ["j", "x" * limits.MAX_STATE_BYTES]}, "final_state has"),
+    ([CHECK], {}, {"a": ["j", "\udc80"]}, "final_state is not JSON-encodable"),
+    ([CHECK], {}, {"a": ["j", {"k": "v"}], 5: ["j", 1]}, r"final_state\['5'\] is not an encoded value"),
 ])
 def test_check_arguments(checks: object, initial: object, final: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         jobs.check_checks(checks, initial, final, PROFILE, None)
+
+
+def test_states_go_to_the_runner_as_compact_json_without_pickles_renderings() -> None:
+    initial = {"d": ["j", {"é": [1, 2.5, None, "\"[{"]}], "o": ["p", "gAN9cQAu", {"$object": {"type": "Big"}}]}
+    final = {"u": ["u", {"$repr": "<x>"}]}
+    _, initial_text, final_text = jobs.check_checks([CHECK], initial, final, PROFILE, None)
+    assert initial_text == '{"d":["j",{"é":[1,2.5,null,"\\"[{"]}],"o":["p","gAN9cQAu"]}'.encode()
+    assert final_text == b'{"u":["u",{"$repr":"<x>"}]}'
+    assert initial["o"][2] == {"$object": {"type": "Big"}}  # the caller's state is left as it was
+    exact = {"big": ["j", "x" * (limits.MAX_STATE_BYTES - len('{"big":["j",""]}'))]}
+    assert len(jobs.check_checks([CHECK], {}, exact, PROFILE, None)[2]) == limits.MAX_STATE_BYTES
+    with pytest.raises(ValueError, match=f"has {limits.MAX_STATE_BYTES + 1} bytes"):
+        jobs.check_checks([CHECK], {}, {"big": ["j", exact["big"][1] + "x"]}, PROFILE, None)
 
 
 def test_exec_arguments() -> None:

@@ -1,0 +1,98 @@
+"""The runner's ``checks`` request on the real engine: the states travel as the base64 of
+their JSON text, which PID 1 forwards to the checks' process without parsing it
+(``runner/pid1_job_requests.py``). The checks see exactly the host's values, whatever
+the text holds, and frames the host should never send are refused or reported per
+check, with the sandbox serving on."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sandpit.executor.pool import SandboxPool
+from sandpit.executor.pool.jobs import encode_json_state
+from sandpit.executor.pool.warm import PooledSandbox
+from sandpit.executor.profiles import ResourceProfile
+
+from .test_checks import TENANT, check, run
+
+pytestmark = pytest.mark.docker
+
+AWKWARD = {"quote": 'he said "[{"', "backslashes": "C:\\new\\\\table\\", "escaped_quote": '\\"',
+           "unicode": "caf\u00e9 \U0001f600 \u2028", "nul": "a\x00b", "brackets": "]]]}}}", "nested": [[[{"k": ["]"]}]]],
+           "numbers": [0, -1, 2**63, 1.5e-300, 3.0], "price": "costs $5", "dollar_key": {"k$": {"a": 1}}}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+@pytest.fixture
+def sandbox(pool: SandboxPool, fast_profile: ResourceProfile) -> Iterator[PooledSandbox]:
+    """A sandbox slot of the tests' tenant held for the test (as ``run_checks`` holds one)."""
+    slot = pool._job_slot(TENANT, fast_profile)
+    try:
+        yield slot.get()
+    finally:
+        slot.release()
+
+
+def send(sandbox: PooledSandbox, sources: list[str], initial_b64: Any, final_b64: Any) -> dict[str, Any]:
+    reply: dict[str, Any] = sandbox.handle.request(
+        "checks", timeout_s=30.0, time_limit_s=5.0, checks=[{"check_func": s} for s in sources],
+        initial_state_b64=initial_b64, final_state_b64=final_b64)
+    return reply
+
+
+def test_checks_see_the_hosts_values_exactly(pool, fast_profile) -> None:
+    same = check(f"return final_state == {AWKWARD!r} and initial_state == {{'before': {AWKWARD!r}}}")
+    results = run(pool, fast_profile, [same, check("return final_state['quote'][9:] == '[{\"'")],
+                  initial={"before": AWKWARD}, final=AWKWARD)
+    assert [(r.status, r.passed, r.error) for r in results] == [("ok", True, None)] * 2
+
+
+def test_frames_the_host_never_sends_are_refused(sandbox, pool, fast_profile) -> None:
+    good = b64(json.dumps(encode_json_state({"balance": 80})).encode())
+    for initial, final, field in [
+        (None, good, "initial_state_b64"), (good, 5, "final_state_b64"), ("not base64!", good, "initial_state_b64"),
+        (good, good[:-1], "final_state_b64"), (b64(b"[1]"), good, "initial_state_b64"),
+        (good, b64(b'"text"'), "final_state_b64"),
+    ]:
+        reply = send(sandbox, [check("return True")], initial, final)
+        assert reply["status"] == "fault" and f"'{field}'" in reply["message"], reply
+    results = send(sandbox, [check("return final_state['balance'] == 80")], good, good)["results"]
+    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+
+
+@pytest.mark.parametrize("state", [b'{"balance": 80}', b'{"balance": ["q", 1]}', b'{"balance": []}'])
+def test_a_state_that_is_not_an_encoded_state_fails_each_check(sandbox, state) -> None:
+    good = b64(json.dumps(encode_json_state({"balance": 80})).encode())
+    reply = send(sandbox, [check("return True"), check("return False")], good, b64(state))
+    assert reply["status"] == "ok"
+    assert [(r["status"], r["passed"], r["error"]) for r in reply["results"]] == [
+        ("error", False, "restoring the state failed: the state is not an encoded state ({name: [kind, data]})")] * 2
+    results = send(sandbox, [check("return final_state['balance'] == 80")], good, good)["results"]
+    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+
+
+def test_text_that_is_not_json_loses_the_batch_not_the_sandbox(sandbox) -> None:
+    good = b64(json.dumps(encode_json_state({"balance": 80})).encode())
+    reply = send(sandbox, [check("return True"), check("return True")], good, b64(b"{not json]]}"))
+    assert reply["status"] == "ok", reply
+    assert [(r["status"], r["passed"]) for r in reply["results"]] == [("crashed", False)] * 2, reply
+    results = send(sandbox, [check("return final_state['balance'] == 80")], good, good)["results"]
+    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+
+
+def test_tags_are_rebuilt_however_the_text_spells_them(sandbox) -> None:
+    """A state whose text names a rendering's tag (here with the ``\\u0024`` escape for
+    ``$``) is walked for tags; one whose text cannot hold a tag is taken as parsed."""
+    tagged = b'{"tags":["j",{"\\u0024set":[1,2]}],"when":["j",{"$date":"2026-01-02"}]}'
+    untagged = b'{"tags":["j",{"set":[1,2]}],"when":["j","2026-01-02"]}'
+    sees = check("import datetime\nreturn final_state == {'tags': {1, 2}, 'when': datetime.date(2026, 1, 2)} "
+                 "and initial_state == {'tags': {'set': [1, 2]}, 'when': '2026-01-02'}")
+    results = send(sandbox, [sees], b64(untagged), b64(tagged))["results"]
+    assert [(r["status"], r["passed"], r["error"]) for r in results] == [("ok", True, None)]
