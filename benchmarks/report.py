@@ -112,7 +112,8 @@ def _row(rows: list[dict[str, Any]], area: str, measure: str, target: str, value
 def _real_shapes_rows(rows: list[dict[str, Any]]) -> None:
     """Repeated same-config creates of each real-shaped environment (``real_shapes.json``),
     the synthetic retail environment of ``cold.py`` as the anchor of the same run; beside
-    each, the same run's resets of one env that keep its config (a trainer's episode loop)."""
+    each, the same run's resets of one env that keep its config (a trainer's episode loop)
+    and its evaluations of 2 checks on the env's state after one writing step."""
     if (data := _load("real_shapes")) is None:
         return
     shapes = data["shapes"]
@@ -126,6 +127,8 @@ def _real_shapes_rows(rows: list[dict[str, Any]]) -> None:
         construction = r.get("construction") or {}
         reset = r.get("reset_same_config_ms")
         reset_text = f"; reset of one env, config kept: p50 {reset['p50']:.1f} ms" if reset else ""
+        evaluate = r.get("evaluate_ms")
+        reset_text += f"; evaluate, 2 checks: p50 {evaluate['p50']:.0f} ms" if evaluate else ""
         if r.get("deterministic"):
             _row(rows, "real-shaped envs", f"{label}: repeated create, same config, p50", "<= 50 ms", create, "ms",
                  bool(r.get("target_met")), (anchor_text if name != "anchor_retail" else
@@ -135,7 +138,7 @@ def _real_shapes_rows(rows: list[dict[str, Any]]) -> None:
             reason = construction.get("reason") or ""
             _row(rows, "real-shaped envs", f"{label}: fast path refused with a reason", "a reason", create, "ms",
                  construction.get("path") == "constructed" and bool(reason),
-                 f"reason: {reason}" if reason else "no reason given")
+                 (f"reason: {reason}" if reason else "no reason given") + reset_text)
 
 
 def _batch_rows(rows: list[dict[str, Any]]) -> None:
