@@ -31,6 +31,8 @@ its sandbox through :class:`~sandpit.executor.pool.placement.SandboxSlot`.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 import time
@@ -372,17 +374,19 @@ class Session:
                 unpickle inside the sandbox); the session keeps its previous state.
             SandboxLost: the sandbox was lost during the restore (the handle closes).
             SessionClosed: after :meth:`close` or a loss.
+            ProtocolViolation: ``snapshot`` is not encoded attributes; ValueError,
+                TypeError: they are not JSON (NaN, text UTF-8 cannot carry).
         """
         attributes = check_encoded(snapshot.attributes, "snapshot")
+        text = json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
         with self._lock:
-            try:
-                raw = self._request("restore", snapshot=attributes)
+            try:  # the runner forwards the text to the session's process unparsed (protocol.RestoreRequest)
+                raw = self._request("restore", snapshot_b64=base64.b64encode(text).decode("ascii"))
             except SandboxLost as exc:
                 self._lose(exc.status)
                 raise
-            reply = cast("SnapshotReply", raw)
-            if reply.get("status") != "ok":
-                raise SessionError(f"restore failed: {reply.get('observation') or reply.get('message')}")
+            if raw.get("status") != "ok":
+                raise SessionError(f"restore failed: {raw.get('observation') or raw.get('message')}")
 
     def close(self) -> None:
         """End the session: its process, work directory and slot are freed. Idempotent."""

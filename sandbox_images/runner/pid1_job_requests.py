@@ -16,10 +16,8 @@ zygote then takes as parsed instead of walking them for tags (``untagged``).
 
 from __future__ import annotations
 
-import binascii
-
 from .limits import MAX_CHECK_SOURCE_BYTES, MAX_CHECKS, MAX_CODE_BYTES, MAX_STDIN_BYTES, check_files
-from .wire import check_result
+from .wire import check_result, object_text_of_b64
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,9 +42,8 @@ def exec_request(msg: ExecRequest) -> dict[str, Any]:
 def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The fields of a ``checks`` request forwarded to the job process, validated, and its
     states' JSON texts (``initial_state``, ``final_state``: bytes forwarded unparsed;
-    their sizes were bounded by the host frame cap). A state must be base64 text whose
-    bytes are a JSON object's text on its face (``{`` to ``}``); the host vouches that
-    it is one, as ``protocol.encode_raw`` requires. ``untagged`` names the states no
+    their sizes were bounded by the host frame cap), each ``wire.object_text_of_b64``.
+    ``untagged`` names the states no
     string of which can begin with ``$`` (module docstring)."""
     checks = msg.get("checks")
     if not isinstance(checks, list) or not 1 <= len(checks) <= MAX_CHECKS:
@@ -60,12 +57,8 @@ def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]
         sources.append(source)
     states: dict[str, bytes] = {}
     for name in ("initial_state", "final_state"):
-        text = msg.get(f"{name}_b64")
-        try:
-            data = binascii.a2b_base64(text, strict_mode=True) if isinstance(text, str) else b""
-        except (binascii.Error, ValueError):
-            data = b""
-        if not (data.startswith(b"{") and data.endswith(b"}")):
+        data = object_text_of_b64(msg.get(f"{name}_b64"))
+        if data is None:
             raise ValueError(f"field '{name}_b64' must be the base64 of an encoded state's JSON text")
         states[name] = data
     env_source = msg.get("source")

@@ -39,7 +39,7 @@ from .pid1_deadlines import Deadlines
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_templates import Configs, Template, template_key
 from .pid1_verdicts import verdict
-from .wire import call_failure_observation
+from .wire import call_failure_observation, object_text_of_b64
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -336,11 +336,12 @@ class Sessions:
             self._drain(session, discard=True)  # output between calls belongs to nobody
         elif msg["op"] == "describe":
             self._drain(session, discard=True)
-        elif msg["op"] == "restore":
-            if not isinstance(msg.get("snapshot"), dict):
-                self.host.fault(item["rid"], "field 'snapshot' must be an object")
+        elif msg["op"] == "restore":  # the host's text, forwarded unparsed: the process parses it
+            data = object_text_of_b64(msg.get("snapshot_b64"))
+            if data is None:
+                self.host.fault(item["rid"], "field 'snapshot_b64' must be the base64 of an encoded state's JSON text")
                 return None, raw
-            request["snapshot"] = msg["snapshot"]
+            raw["snapshot"] = data
         return request, raw
 
     def _drain(self, session: Session, discard: bool = False) -> None:
@@ -451,8 +452,8 @@ class Sessions:
                 if state is None:
                     self.child_failed(session, "crashed", item=item, note="malformed reply from session")
                     return
-                session.snapshot = state
-                self.host.reply({"id": rid, "status": "ok", "snapshot": session.snapshot})
+                session.snapshot = state  # the host holds what it sent: the reply does not echo it
+                self.host.reply({"id": rid, "status": "ok"})
         if go_on:
             self.pump(session)
 

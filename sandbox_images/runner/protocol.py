@@ -21,7 +21,7 @@ integer ``id``, and its reply echoes it::
     DescribeRequest -> DescribeReply    the class's OpenAI tool schemas
     StateRequest    -> StateReply       the state's rendering
     SnapshotRequest -> SnapshotReply    the last good snapshot (PID 1's copy)
-    RestoreRequest  -> RestoreReply     the instance set to a snapshot
+    RestoreRequest  -> Reply            the instance set to a snapshot
     CloseRequest    -> Reply            the session ended
     PingRequest     -> PingReply        liveness and template counters
     RecycleRequest  -> RecycleReply     emptied and proven empty for the next tenant's use
@@ -124,9 +124,9 @@ if TYPE_CHECKING:
         calls: list[GroupedCall]
 
     class RestoreRequest(SessionRequest):
-        """Set every restorable attribute from ``snapshot``, drop those it does not name."""
+        """Set restorable attributes from the snapshot (base64 of its JSON text), drop the rest."""
 
-        snapshot: Encoded
+        snapshot_b64: str
 
     class CheckSource(TypedDict):
         """One check function's source (``def check_func(final_state): ...``)."""
@@ -239,7 +239,7 @@ if TYPE_CHECKING:
         state: NotRequired[object]
 
     class SnapshotReply(Reply):
-        """PID 1's copy of the session's last good snapshot (also ``restore``'s reply)."""
+        """PID 1's copy of the session's last good snapshot."""
 
         snapshot: NotRequired[Encoded]
         observation: NotRequired[object]

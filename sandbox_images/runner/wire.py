@@ -15,7 +15,8 @@ applied on the other cannot drift apart:
   ``child_render.py``);
 * **tool schemas**: :data:`TOOL_NAME_PATTERN` / :func:`is_tool_name` (a tool's name),
   :data:`JSON_TYPES` (the ``type`` keywords a schema may use);
-* **JSON frames and bodies**: :func:`depth_exceeds` (nesting depth, without recursion);
+* **JSON frames and bodies**: :func:`depth_exceeds` (nesting depth, without recursion),
+  :func:`object_text_of_b64` (a state the host sends as base64 of its JSON text);
 * **texts**: :func:`error_observation` (EnvScaler's ``Error: <Type>: <message>``),
   :func:`cap_observation`, :data:`ENVSCALER_INVALID_ACTION`, :data:`ENVSCALER_TOOL_ERROR`,
   :func:`call_failure_observation` (PID 1's words for a call that timed out, ran out of
@@ -27,6 +28,7 @@ applied on the other cannot drift apart:
 
 from __future__ import annotations
 
+import binascii
 import builtins
 import re
 
@@ -210,6 +212,21 @@ def _scan_exceeds(payload: bytes, limit: int) -> bool:
         elif byte == 0x5D or byte == 0x7D:
             depth -= 1
     return False
+
+
+def object_text_of_b64(value: object) -> bytes | None:
+    """The bytes of ``value`` when it is strict base64 text (the standard alphabet,
+    padded, nothing else) of what is a JSON object's text on its face (``{`` to ``}``),
+    else None. How the host sends a state that PID 1 forwards to a process without
+    parsing it (``protocol.encode_raw``: the host vouches that it is JSON; the process
+    parses it)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        data = binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError):  # ValueError: text that is not ASCII
+        return None
+    return data if data.startswith(b"{") and data.endswith(b"}") else None
 
 
 # -- texts -----------------------------------------------------------------------------------

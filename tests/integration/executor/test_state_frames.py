@@ -1,8 +1,10 @@
-"""The runner's ``checks`` request on the real engine: the states travel as the base64 of
-their JSON text, which PID 1 forwards to the checks' process without parsing it
-(``runner/pid1_job_requests.py``). The checks see exactly the host's values, whatever
-the text holds, and frames the host should never send are refused or reported per
-check, with the sandbox serving on."""
+"""States the host sends into a sandbox on the real engine: a ``checks`` request's two
+states and a ``restore``'s snapshot travel as the base64 of their JSON text, which PID 1
+forwards to the process without parsing it (``runner/pid1_job_requests.py``,
+``runner/pid1_sessions.py``). Checks and sessions get exactly the host's values,
+whatever the text holds, and frames the host should never send are refused, reported
+per check, or cost the session's process (re-created at its last good state), with the
+sandbox serving on."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.jobs import encode_json_state
 from sandpit.executor.pool.warm import PooledSandbox
 from sandpit.executor.profiles import ResourceProfile
+from sandpit.executor.results import Snapshot
 
 from .test_checks import TENANT, check, run
 
@@ -96,3 +99,46 @@ def test_tags_are_rebuilt_however_the_text_spells_them(sandbox) -> None:
                  "and initial_state == {'tags': {'set': [1, 2]}, 'when': '2026-01-02'}")
     results = send(sandbox, [sees], b64(untagged), b64(tagged))["results"]
     assert [(r["status"], r["passed"], r["error"]) for r in results] == [("ok", True, None)]
+
+
+BOX = """
+class Box:
+    def __init__(self, init_config):
+        self.value = init_config.get("value")
+        self.count = 0
+
+    def bump(self) -> int:
+        self.count += 1
+        return self.count
+"""
+
+
+def test_a_restore_sets_exactly_the_hosts_values(open_env) -> None:
+    session = open_env(source=BOX, class_name="Box", init_config={"value": 1})
+    snapshot = Snapshot(attributes={"value": ["j", AWKWARD], "count": ["j", 7]})
+    session.restore(snapshot)
+    assert session.state() == {"value": AWKWARD, "count": 7}
+    assert Snapshot(attributes=session.read_state()) == snapshot
+    assert session.call("bump", {}).observation == "8"
+
+
+def test_restore_frames_the_host_never_sends(open_env) -> None:
+    session = open_env(source=BOX, class_name="Box", init_config={"value": 1})
+    assert session.call("bump", {}).observation == "1"
+    sandbox = session._sandbox
+    assert sandbox is not None
+    good = b64(json.dumps({"value": ["j", 2], "count": ["j", 5]}).encode())
+    for fields in [{}, {"snapshot": {"value": ["j", 2]}}, {"snapshot_b64": 5}, {"snapshot_b64": "not base64!"},
+                   {"snapshot_b64": good[:-1]}, {"snapshot_b64": b64(b"[1]")}, {"snapshot_b64": b64(b"")}]:
+        reply = sandbox.request("restore", session=session.id, **fields)
+        assert reply["status"] == "fault" and "'snapshot_b64'" in reply["message"], (fields, reply)
+    assert session.state() == {"value": 1, "count": 1}  # nothing happened
+    for text in (b"{not json]]}", b'{"value": 1}', b'{"value": ["p", "not a pickle"]}'):
+        reply = sandbox.request("restore", session=session.id, snapshot_b64=b64(text))
+        assert reply["status"] == "crashed", (text, reply)
+        assert session.state() == {"value": 1, "count": 1}  # re-created at its last good state
+        assert session.call("bump", {}).observation == "2" and session.restore(Snapshot(
+            attributes={"value": ["j", 1], "count": ["j", 1]})) is None
+    reply = sandbox.request("restore", session=session.id, snapshot_b64=good)
+    assert reply == {"id": reply["id"], "status": "ok"}  # the snapshot it sent is not echoed
+    assert session.state() == {"value": 2, "count": 5}
