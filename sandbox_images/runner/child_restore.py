@@ -92,8 +92,9 @@ def decode_state(encoded: dict[str, Any], source: str | None, objects: str = "st
     ``"environment"`` loads the environment's module from ``source`` when a pickle refers
     to it. ``tagged=False`` says no string in the state begins with ``$`` (PID 1 read
     its text: ``pid1_job_requests``), so its ``"j"`` values hold no tag and are taken as
-    they are: :func:`unrender` would rebuild them equal. Raises StateError (also for a value that is not an encoded state: an object
-    of ``wire.is_encoded_entry`` entries); MemoryError propagates."""
+    they are: :func:`unrender` would rebuild them equal. Raises StateError (also for a
+    value that is not an object of ``wire.is_encoded_entry`` entries); MemoryError
+    propagates."""
     import base64
 
     if type(encoded) is not dict or not all(is_encoded_entry(entry) for entry in encoded.values()):

@@ -43,8 +43,8 @@ def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]
     """The fields of a ``checks`` request forwarded to the job process, validated, and its
     states' JSON texts (``initial_state``, ``final_state``: bytes forwarded unparsed;
     their sizes were bounded by the host frame cap), each ``wire.object_text_of_b64``.
-    ``untagged`` names the states no
-    string of which can begin with ``$`` (module docstring)."""
+    ``untagged`` names the states no string of which can begin with ``$`` (module
+    docstring)."""
     checks = msg.get("checks")
     if not isinstance(checks, list) or not 1 <= len(checks) <= MAX_CHECKS:
         raise ValueError(f"field 'checks' must be a list of 1 to {MAX_CHECKS} checks")
