@@ -125,20 +125,19 @@ def _real_shapes_rows(rows: list[dict[str, Any]]) -> None:
         label = f"{name} ({size / 1e6:.1f} MB)" if size else name
         create = r["create_same_config_ms"]["p50"]
         construction = r.get("construction") or {}
-        reset = r.get("reset_same_config_ms")
-        reset_text = f"; reset of one env, config kept: p50 {reset['p50']:.1f} ms" if reset else ""
-        evaluate = r.get("evaluate_ms")
-        reset_text += f"; evaluate, 2 checks: p50 {evaluate['p50']:.0f} ms" if evaluate else ""
+        reset, evaluate = r.get("reset_same_config_ms"), r.get("evaluate_ms")
+        same_run = (f"; reset of one env, config kept: p50 {reset['p50']:.1f} ms" if reset else "") \
+            + (f"; evaluate, 2 checks: p50 {evaluate['p50']:.0f} ms" if evaluate else "")
         if r.get("deterministic"):
             _row(rows, "real-shaped envs", f"{label}: repeated create, same config, p50", "<= 50 ms", create, "ms",
                  bool(r.get("target_met")), (anchor_text if name != "anchor_retail" else
                                               f"first create of that config {r['create_first_ms']:.0f} ms")
-                 + reset_text)
+                 + same_run)
         else:
             reason = construction.get("reason") or ""
             _row(rows, "real-shaped envs", f"{label}: fast path refused with a reason", "a reason", create, "ms",
                  construction.get("path") == "constructed" and bool(reason),
-                 (f"reason: {reason}" if reason else "no reason given") + reset_text)
+                 (f"reason: {reason}" if reason else "no reason given") + same_run)
 
 
 def _batch_rows(rows: list[dict[str, Any]]) -> None:
