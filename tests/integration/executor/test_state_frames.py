@@ -33,6 +33,10 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+GOOD = b64(json.dumps(encode_json_state({"balance": 80})).encode())
+"""A state a check can read ``balance`` from, as the host sends it."""
+
+
 @pytest.fixture
 def sandbox(pool: SandboxPool, fast_profile: ResourceProfile) -> Iterator[PooledSandbox]:
     """A sandbox slot of the tests' tenant held for the test (as ``run_checks`` holds one)."""
@@ -50,6 +54,12 @@ def send(sandbox: PooledSandbox, sources: list[str], initial_b64: Any, final_b64
     return reply
 
 
+def assert_evaluates(sandbox: PooledSandbox) -> None:
+    """The sandbox evaluates a good batch as ever."""
+    results = send(sandbox, [check("return final_state['balance'] == 80")], GOOD, GOOD)["results"]
+    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+
+
 def test_checks_see_the_hosts_values_exactly(pool, fast_profile) -> None:
     same = check(f"return final_state == {AWKWARD!r} and initial_state == {{'before': {AWKWARD!r}}}")
     results = run(pool, fast_profile, [same, check("return final_state['quote'][9:] == '[{\"'")],
@@ -57,37 +67,31 @@ def test_checks_see_the_hosts_values_exactly(pool, fast_profile) -> None:
     assert [(r.status, r.passed, r.error) for r in results] == [("ok", True, None)] * 2
 
 
-def test_frames_the_host_never_sends_are_refused(sandbox, pool, fast_profile) -> None:
-    good = b64(json.dumps(encode_json_state({"balance": 80})).encode())
+def test_frames_the_host_never_sends_are_refused(sandbox) -> None:
     for initial, final, field in [
-        (None, good, "initial_state_b64"), (good, 5, "final_state_b64"), ("not base64!", good, "initial_state_b64"),
-        (good, good[:-1], "final_state_b64"), (b64(b"[1]"), good, "initial_state_b64"),
-        (good, b64(b'"text"'), "final_state_b64"),
+        (None, GOOD, "initial_state_b64"), (GOOD, 5, "final_state_b64"), ("not base64!", GOOD, "initial_state_b64"),
+        (GOOD, GOOD[:-1], "final_state_b64"), (b64(b"[1]"), GOOD, "initial_state_b64"),
+        (GOOD, b64(b'"text"'), "final_state_b64"),
     ]:
         reply = send(sandbox, [check("return True")], initial, final)
         assert reply["status"] == "fault" and f"'{field}'" in reply["message"], reply
-    results = send(sandbox, [check("return final_state['balance'] == 80")], good, good)["results"]
-    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+    assert_evaluates(sandbox)
 
 
 @pytest.mark.parametrize("state", [b'{"balance": 80}', b'{"balance": ["q", 1]}', b'{"balance": []}'])
 def test_a_state_that_is_not_an_encoded_state_fails_each_check(sandbox, state) -> None:
-    good = b64(json.dumps(encode_json_state({"balance": 80})).encode())
-    reply = send(sandbox, [check("return True"), check("return False")], good, b64(state))
+    reply = send(sandbox, [check("return True"), check("return False")], GOOD, b64(state))
     assert reply["status"] == "ok"
     assert [(r["status"], r["passed"], r["error"]) for r in reply["results"]] == [
         ("error", False, "restoring the state failed: the state is not an encoded state ({name: [kind, data]})")] * 2
-    results = send(sandbox, [check("return final_state['balance'] == 80")], good, good)["results"]
-    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+    assert_evaluates(sandbox)
 
 
 def test_text_that_is_not_json_loses_the_batch_not_the_sandbox(sandbox) -> None:
-    good = b64(json.dumps(encode_json_state({"balance": 80})).encode())
-    reply = send(sandbox, [check("return True"), check("return True")], good, b64(b"{not json]]}"))
+    reply = send(sandbox, [check("return True"), check("return True")], GOOD, b64(b"{not json]]}"))
     assert reply["status"] == "ok", reply
     assert [(r["status"], r["passed"]) for r in reply["results"]] == [("crashed", False)] * 2, reply
-    results = send(sandbox, [check("return final_state['balance'] == 80")], good, good)["results"]
-    assert [(r["status"], r["passed"]) for r in results] == [("ok", True)]
+    assert_evaluates(sandbox)
 
 
 def test_tags_are_rebuilt_however_the_text_spells_them(sandbox) -> None:
