@@ -14,12 +14,11 @@ script, ``MAX_STDIN_BYTES`` (4 MiB), ``MAX_FILES`` (64) files of at most
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandpit.sandbox_images.runner import limits, wire
+from sandpit.sandbox_images.runner import limits, protocol, wire
 
 from ..errors import ArgumentError, SessionError
 from ..profiles import ResourceProfile
@@ -135,7 +134,7 @@ def check_state(state: object, name: str) -> bytes:
             raise ArgumentError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
     bare = {key: entry[:2] if entry[0] == "p" else entry for key, entry in state.items()}
     try:
-        text = json.dumps(bare, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8")
+        text = protocol.snapshot_text(bare, errors="strict")
     except (TypeError, ValueError, RecursionError) as exc:
         raise ArgumentError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
     if len(text) > limits.MAX_STATE_BYTES:

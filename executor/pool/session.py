@@ -32,14 +32,13 @@ its sandbox through :class:`~sandpit.executor.pool.placement.SandboxSlot`.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from sandpit.sandbox_images.runner import limits, wire
+from sandpit.sandbox_images.runner import limits, protocol, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, SessionLost, ToolSchemaError
@@ -378,7 +377,7 @@ class Session:
                 TypeError: they are not JSON (NaN, text UTF-8 cannot carry).
         """
         attributes = check_encoded(snapshot.attributes, "snapshot")
-        text = json.dumps(attributes, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        text = protocol.snapshot_text(attributes, errors="strict")
         with self._lock:
             try:  # the runner forwards the text to the session's process unparsed (protocol.RestoreRequest)
                 raw = self._request("restore", snapshot_b64=base64.b64encode(text).decode("ascii"))

@@ -393,11 +393,11 @@ def encode_raw(message: Mapping[str, Any], raw: dict[str, bytes], errors: str = 
     return HEADER.pack(len(data)) + data
 
 
-def snapshot_text(snapshot: dict[str, Any]) -> bytes:
-    """The JSON text of an encoded snapshot as PID 1 sends it (compact, UTF-8, a lone
-    surrogate as ``?``): what ``snapshot_digest`` hashes, so equal snapshots get equal
-    digests whichever path (constructed, or forked from a config template) made them."""
-    return json.dumps(snapshot, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8", "replace")
+def snapshot_text(snapshot: dict[str, Any], errors: str = "replace") -> bytes:
+    """The JSON text of an encoded snapshot (compact, UTF-8; PID 1's: a lone surrogate as ``?``, the host's:
+    ``errors="strict"``): what ``snapshot_digest`` hashes, so equal snapshots get equal digests whichever
+    path (constructed, or forked from a config template) made them. Raises ValueError, TypeError."""
+    return json.dumps(snapshot, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8", errors)
 
 
 def decode_payload(payload: bytes, max_depth: int = MAX_FRAME_DEPTH) -> dict[str, Any]:
