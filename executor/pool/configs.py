@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from cachetools import LRUCache
+from sandpit.sandbox_images.runner import protocol
 
 from ..errors import SessionError
 from ..results import (
@@ -120,14 +121,25 @@ def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
             spec.config_hash)
 
 
-def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot: dict[str, EncodedValue],
+def snapshot_field(snapshot: dict[str, EncodedValue]) -> str | None:
+    """The ``open`` request's ``snapshot_b64`` of ``snapshot`` (encoded attributes): the
+    base64 of its JSON text (``protocol.snapshot_text``), which the runner forwards to the
+    session's process unparsed and does not send back; None for an empty one. Raises
+    ValueError/TypeError (not JSON-encodable, or text UTF-8 cannot carry)."""
+    if not snapshot:
+        return None
+    return base64.b64encode(protocol.snapshot_text(snapshot, errors="strict")).decode("ascii")
+
+
+def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot_b64: str | None,
               fields: dict[str, Any]) -> dict[str, Any]:
     """The runner's reply to ``open``. A config with wire bytes goes by hash when the
     sandbox was sent it before, else as base64 bytes with the hash; a ``missing_config``
-    answer (the runner let it go) is asked again with the bytes. Raises SandboxLost,
-    ValueError/TypeError (not JSON-encodable)."""
-    common = {"session": spec.session_id, "source": spec.source, "class_name": spec.class_name,
-              "snapshot": snapshot or None, **fields}
+    answer (the runner let it go) is asked again with the bytes. ``snapshot_b64``: from
+    :func:`snapshot_field`. Raises SandboxLost, ValueError/TypeError (not JSON-encodable)."""
+    common = {"session": spec.session_id, "source": spec.source, "class_name": spec.class_name, **fields}
+    if snapshot_b64 is not None:
+        common["snapshot_b64"] = snapshot_b64
     if spec.seed is not None:
         common["seed"] = spec.seed
     request = sandbox.handle.request

@@ -126,7 +126,7 @@ class Placement(Protocol):
                 sandbox was lost three times while opening it).
             SessionError: the sandbox refused the request.
             CapacityError, DockerUnavailable, ImageError, SandboxStartError.
-            ArgumentError: ``init_config`` is not JSON-encodable.
+            ArgumentError: ``init_config`` or ``snapshot`` is not JSON-encodable.
         """
         ...
 

@@ -37,9 +37,10 @@ from .limits import BROKEN_MAX_CHARS, JOB_EXIT_WAIT_S, SESSION_ID_MAX_CHARS, SES
 from .pid1_children import Child, Output, await_exit, drain, oom_kills, read_once
 from .pid1_deadlines import Deadlines
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
+from .pid1_session_requests import open_request, snapshot_text
 from .pid1_templates import Configs, Template, template_key
 from .pid1_verdicts import verdict
-from .wire import call_failure_observation, object_text_of_b64
+from .wire import call_failure_observation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,19 +146,10 @@ class Sessions:
         if sid in self.closed:
             self.host.fault(rid, f"session {sid!r} was closed; session ids are single-use")
             return
-        spec = {k: msg.get(k) for k in ("source", "class_name", "init_config")}
-        spec["describe_only"] = msg.get("describe_only") is True
-        seed = msg.get("seed")
-        if seed is not None:
-            if type(seed) is not int or not 0 <= seed < 2 ** 64:
-                self.host.fault(rid, "field 'seed' must be an integer from 0 to 2**64 - 1")
-                return
-            spec["seed"] = seed  # EnvScaler's reset(seed): random is seeded before the constructor runs
-        if not isinstance(spec["source"], str) or not isinstance(spec["class_name"], str):
-            self.host.fault(rid, "fields 'source' and 'class_name' must be strings")
-            return
-        if spec["init_config"] is not None and not isinstance(spec["init_config"], dict):
-            self.host.fault(rid, "field 'init_config' must be an object")
+        try:
+            spec, snapshot = open_request(msg)
+        except ValueError as exc:
+            self.host.fault(rid, str(exc))
             return
         config_hash, config = msg.get("config_hash"), None
         if config_hash is not None:
@@ -175,7 +167,7 @@ class Sessions:
         session = Session(sid, spec, self.children.make_workdir(), int(self.limits["output_cap_bytes"]))
         session.config, session.config_hash = config, config_hash
         self.by_sid[sid] = session
-        session.queue.append({"internal": "init", "rid": rid, "snapshot": msg.get("snapshot")})
+        session.queue.append({"internal": "init", "rid": rid, "snapshot": snapshot})
         self.pump(session)
         key = session.key  # templates start after the open's reply (or DEFER_MAX_S)
         self.loop.later(lambda: self.templates.want(key, spec))
@@ -320,8 +312,12 @@ class Sessions:
             return {"op": "init", "id": token, "workdir": session.workdir, "from_template": True,
                     "source": session.spec["source"], "class_name": session.spec["class_name"]}, raw
         if item.get("internal") == "init":
-            request = {"op": "init", "id": token, "workdir": session.workdir, **session.spec,
-                       "snapshot": item.get("snapshot")}
+            request = {"op": "init", "id": token, "workdir": session.workdir, **session.spec}
+            snapshot = item.get("snapshot")  # the host's text (forwarded unparsed) or the last good one
+            if isinstance(snapshot, bytes):
+                raw["snapshot"] = snapshot
+            else:
+                request["snapshot"] = snapshot
             if session.config is not None:  # the host's bytes, forwarded without parsing
                 request.pop("init_config", None)
                 raw["init_config"] = session.config
@@ -337,11 +333,11 @@ class Sessions:
         elif msg["op"] == "describe":
             self._drain(session, discard=True)
         elif msg["op"] == "restore":  # the host's text, forwarded unparsed: the process parses it
-            data = object_text_of_b64(msg.get("snapshot_b64"))
-            if data is None:
-                self.host.fault(item["rid"], "field 'snapshot_b64' must be the base64 of an encoded state's JSON text")
+            try:
+                raw["snapshot"] = snapshot_text(msg)
+            except ValueError as exc:
+                self.host.fault(item["rid"], str(exc))
                 return None, raw
-            raw["snapshot"] = data
         return request, raw
 
     def _drain(self, session: Session, discard: bool = False) -> None:
@@ -488,7 +484,9 @@ class Sessions:
                 self.host.reply(reply)
             return True
         session.snapshot = state
-        if rid is not None:
+        if rid is not None and isinstance(item.get("snapshot"), bytes):  # the host holds the state it sent
+            self.host.reply(reply)
+        elif rid is not None:
             text = protocol.snapshot_text(session.snapshot)
             reply["snapshot_digest"] = hashlib.sha256(text).hexdigest()
             self.host.reply_raw(reply, {"snapshot": text})

@@ -84,16 +84,16 @@ if TYPE_CHECKING:
     class OpenRequest(SessionRequest):
         """Open a session of ``class_name`` from ``source``: ``init_config`` (EnvScaler
         ``cls(init_config)``), or ``config_hash`` (SHA-256 hex of the config's JSON bytes)
-        plus ``config_b64`` (those bytes) unless PID 1 holds them; ``snapshot`` restored
-        over the instance; ``describe_only`` loads the class without an instance; ``seed``
-        (0 to 2**64 - 1) seeds ``random`` before the module runs (EnvScaler's reset)."""
+        plus ``config_b64`` (those bytes) unless PID 1 holds them; ``snapshot_b64`` (base64
+        of a state's JSON text) restored over the instance; ``describe_only`` loads the class
+        without an instance; ``seed`` (0 to 2**64 - 1) seeds ``random`` before the module runs."""
 
         source: str
         class_name: str
         init_config: NotRequired[dict[str, Any] | None]
         config_hash: NotRequired[str]
         config_b64: NotRequired[str]
-        snapshot: NotRequired[Encoded | None]
+        snapshot_b64: NotRequired[str]
         describe_only: NotRequired[bool]
         seed: NotRequired[int]
 
@@ -177,7 +177,7 @@ if TYPE_CHECKING:
     class OpenReply(Reply):
         """``ok``: the state as ``snapshot`` with its ``snapshot_digest`` (SHA-256 of
         ``snapshot_text``), or, for a session forked from a config template, ``template:
-        true`` and the digest alone; ``retyped`` config keys (``child_instance``);
+        true`` and the digest alone, or neither after ``snapshot_b64``; ``retyped`` keys;
         ``construction``: how the instance was made (``pid1_verdicts``).
         ``error``/``timeout``/``oom``/``crashed``: the ``observation`` (and ``traceback``)
         of a failed construction. A fault with ``missing_config: true``: PID 1 does not

@@ -92,7 +92,7 @@ class MemorySandbox:
             return reply
 
     # -- the runner double's answers ----------------------------------------------------
-    def _op_open(self, session: str, source: str, class_name: str, snapshot: dict[str, Any] | None = None,
+    def _op_open(self, session: str, source: str, class_name: str, snapshot_b64: str | None = None,
                  init_config: dict[str, Any] | None = None, describe_only: bool = False,
                  config_hash: str | None = None, config_b64: str | None = None, **_: object) -> dict[str, Any]:
         if session in self.sessions:
@@ -104,7 +104,10 @@ class MemorySandbox:
                 return {"status": "fault", "message": "unknown config", "missing_config": True}
             init_config = self.configs[config_hash]
         state = {"count": 0, **copy.deepcopy(init_config or {})}
-        state.update({key: entry[1] for key, entry in (snapshot or {}).items()})
+        if snapshot_b64 is not None:  # the host holds the state it sent: the reply does not echo it
+            state.update({key: entry[1] for key, entry in json.loads(base64.b64decode(snapshot_b64)).items()})
+            self.sessions[session] = state
+            return {"status": "ok"}
         self.sessions[session] = state
         return {"status": "ok", "snapshot": _encode(state)}
 
@@ -123,9 +126,10 @@ class MemorySandbox:
         return {"status": status, "observation": observation, "duration_ms": 0.0,
                 "delta": {"set": changed, "del": deleted}}
 
-    def _op_restore(self, session: str, snapshot: dict[str, Any], **_: object) -> dict[str, Any]:
+    def _op_restore(self, session: str, snapshot_b64: str, **_: object) -> dict[str, Any]:
+        snapshot = json.loads(base64.b64decode(snapshot_b64))
         self.sessions[session] = {key: entry[1] for key, entry in snapshot.items()}
-        return {"status": "ok", "snapshot": _encode(self.sessions[session])}
+        return {"status": "ok"}
 
     def _op_snapshot(self, session: str, **_: object) -> dict[str, Any]:
         return {"status": "ok", "snapshot": _encode(self.sessions[session])}

@@ -146,3 +146,48 @@ def test_restore_frames_the_host_never_sends(open_env) -> None:
     reply = sandbox.request("restore", session=session.id, snapshot_b64=good)
     assert reply == {"id": reply["id"], "status": "ok"}  # the snapshot it sent is not echoed
     assert session.state() == {"value": 2, "count": 5}
+
+
+def test_an_open_sets_exactly_the_hosts_values(pool, fast_profile) -> None:
+    """A session opened with a snapshot (an env brought back after eviction, or moved)
+    gets the host's values, reports no state back (the host holds it), and is re-created
+    at that state when its process is lost before any call."""
+    snapshot = {"value": ["j", AWKWARD], "count": ["j", 7]}
+    session = pool.open_session(tenant=TENANT, source=BOX, class_name="Box", init_config={"value": 1},
+                                profile=fast_profile, snapshot=snapshot)
+    try:
+        assert session.take_opened().attributes is None
+        assert session.state() == {"value": AWKWARD, "count": 7}
+        sandbox = session._sandbox
+        assert sandbox is not None
+        reply = sandbox.request("restore", session=session.id, snapshot_b64=b64(b"{not json]]}"))
+        assert reply["status"] == "crashed", reply
+        assert Snapshot(attributes=session.read_state()) == Snapshot(attributes=snapshot)  # the open's state
+        assert session.call("bump", {}).observation == "8"
+    finally:
+        session.close()
+
+
+def open_raw(sandbox: PooledSandbox, sid: str, **fields: Any) -> dict[str, Any]:
+    reply: dict[str, Any] = sandbox.handle.request("open", session=sid, source=BOX, class_name="Box",
+                                                   init_config={"value": 1}, **fields)
+    return reply
+
+
+def test_open_frames_the_host_never_sends(sandbox) -> None:
+    good = b64(json.dumps({"value": ["j", AWKWARD], "count": ["j", 5]}).encode())
+    for fields in [{"snapshot": {"value": ["j", 2]}}, {"snapshot": None}, {"snapshot_b64": None},
+                   {"snapshot_b64": 5}, {"snapshot_b64": "not base64!"}, {"snapshot_b64": good[:-1]},
+                   {"snapshot_b64": b64(b"[1]")}, {"snapshot_b64": b64(b"")}, {"snapshot_b64": " " + good}]:
+        reply = open_raw(sandbox, "frames", **fields)
+        assert reply["status"] == "fault" and "'snapshot_b64'" in reply["message"], (fields, reply)
+    for n, text in enumerate((b"{not json]]}", b'{"value": 1}', b'{"value": ["p", "not a pickle"]}')):
+        reply = open_raw(sandbox, f"bad-{n}", snapshot_b64=b64(text))
+        assert reply["status"] in ("error", "crashed") and reply["observation"], (text, reply)
+        assert open_raw(sandbox, f"bad-{n}")["message"].endswith("session ids are single-use")  # it was closed
+    reply = open_raw(sandbox, "frames", snapshot_b64=good)  # the id refused above was never opened
+    assert reply["status"] == "ok" and not {"snapshot", "snapshot_digest", "template"} & set(reply), reply
+    state = sandbox.handle.request("state", session="frames")
+    assert state["status"] == "ok" and state["state"] == {"value": AWKWARD, "count": 5}  # the JSON view
+    assert sandbox.handle.request("close", session="frames")["status"] == "ok"
+    assert_evaluates(sandbox)

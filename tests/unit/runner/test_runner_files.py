@@ -112,7 +112,8 @@ def _runner_imports(name: str) -> set[str]:
 
 
 PID1_ORDER = [{"pid1_cleanup"}, {"pid1_loop", "pid1_deadlines"}, {"pid1_host"}, {"pid1_children"}, {"pid1_templates"},
-              {"pid1_replies", "pid1_job_requests", "pid1_verdicts", "pid1_groups"}, {"pid1_sessions", "pid1_jobs"},
+              {"pid1_replies", "pid1_job_requests", "pid1_session_requests", "pid1_verdicts", "pid1_groups"},
+              {"pid1_sessions", "pid1_jobs"},
               {"pid1_runner"}]
 """PID 1's parts, each importing only parts of the tiers before its own (sessions and jobs
 are peers: neither imports the other)."""
