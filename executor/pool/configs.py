@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from cachetools import LRUCache
-from sandpit.sandbox_images.runner import protocol
 
-from ..errors import SessionError
+from ..errors import ArgumentError, SessionError
 from ..results import (
     Construction,
     EncodedValue,
@@ -36,6 +35,7 @@ from ..results import (
     check_retyped,
 )
 from .placement import SessionSpec
+from .state_text import state_text
 
 if TYPE_CHECKING:
     from .warm import PooledSandbox
@@ -123,12 +123,15 @@ def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
 
 def snapshot_field(snapshot: dict[str, EncodedValue]) -> str | None:
     """The ``open`` request's ``snapshot_b64`` of ``snapshot`` (encoded attributes): the
-    base64 of its JSON text (``protocol.snapshot_text``), which the runner forwards to the
+    base64 of its JSON text (:func:`.state_text.state_text`), which the runner forwards to the
     session's process unparsed and does not send back; None for an empty one. Raises
-    ValueError/TypeError (not JSON-encodable, or text UTF-8 cannot carry)."""
+    ArgumentError (not JSON-encodable, or text UTF-8 cannot carry)."""
     if not snapshot:
         return None
-    return base64.b64encode(protocol.snapshot_text(snapshot, errors="strict")).decode("ascii")
+    try:
+        return base64.b64encode(state_text(snapshot)).decode("ascii")
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ArgumentError(f"snapshot is not JSON-encodable: {str(exc)[:200]}") from None
 
 
 def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot_b64: str | None,

@@ -18,11 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandpit.sandbox_images.runner import limits, protocol, wire
+from sandpit.sandbox_images.runner import limits, wire
 
 from ..errors import ArgumentError, SessionError
 from ..profiles import ResourceProfile
 from ..results import STATUSES, CheckResult, ExecResult
+from .state_text import state_text
 
 if TYPE_CHECKING:
     from sandpit.sandbox_images.runner.protocol import ChecksReply, ExecReply, Reply
@@ -134,7 +135,7 @@ def check_state(state: object, name: str) -> bytes:
             raise ArgumentError(f"{name}[{str(key)[:64]!r}] is not an encoded value ([kind, data])")
     bare = {key: entry[:2] if entry[0] == "p" else entry for key, entry in state.items()}
     try:
-        text = protocol.snapshot_text(bare, errors="strict")
+        text = state_text(bare)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ArgumentError(f"{name} is not JSON-encodable: {str(exc)[:200]}") from None
     if len(text) > limits.MAX_STATE_BYTES:

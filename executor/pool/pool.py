@@ -400,10 +400,7 @@ class SandboxPool:
         sandbox when one is lost while opening (three attempts). Called by a session with
         its lock held. Raises as :meth:`sandpit.executor.pool.placement.Placement.place` says."""
         affinity = configs.config_key(spec)
-        try:
-            snapshot_b64 = configs.snapshot_field(snapshot)
-        except (ValueError, TypeError) as exc:
-            raise ArgumentError(f"snapshot is not JSON-encodable: {exc}") from exc
+        snapshot_b64 = configs.snapshot_field(snapshot)
         for attempt in range(3):
             sandbox = self._reserve_slot(spec.tenant, spec.profile, spec.session_id, affinity)
             fields: dict[str, Any] = {"describe_only": True} if spec.describe_only else {}

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from sandpit.sandbox_images.runner import limits, protocol, wire
+from sandpit.sandbox_images.runner import limits, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 from ..errors import ArgumentError, SandboxLost, SessionClosed, SessionError, SessionLost, ToolSchemaError
@@ -57,6 +57,7 @@ from ..results import (
     starved,
 )
 from .placement import Placement, Reply, SandboxSlot, SessionSpec
+from .state_text import state_text
 
 if TYPE_CHECKING:
     from sandpit.sandbox_images.runner.protocol import CallReply, DescribeReply, SnapshotReply
@@ -377,7 +378,7 @@ class Session:
                 TypeError: they are not JSON (NaN, text UTF-8 cannot carry).
         """
         attributes = check_encoded(snapshot.attributes, "snapshot")
-        text = protocol.snapshot_text(attributes, errors="strict")
+        text = state_text(attributes)
         with self._lock:
             try:  # the runner forwards the text to the session's process unparsed (protocol.RestoreRequest)
                 raw = self._request("restore", snapshot_b64=base64.b64encode(text).decode("ascii"))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from memory_driver import MemoryDriver, MemorySandbox
-from sandpit.executor.errors import CapacityError, SandboxStartError, SessionClosed
+from sandpit.executor.errors import ArgumentError, CapacityError, SandboxStartError, SessionClosed
 from sandpit.executor.pool import SandboxDriver, SandboxHandle, SandboxPool
 from sandpit.executor.recovering import RecoveringSession
 from sandpit.executor.settings import ExecutorSettings
@@ -201,3 +201,14 @@ def test_close_tries_every_sandbox_when_a_removal_fails(driver: MemoryDriver) ->
     with pytest.raises(SandboxStartError):
         pool.close()
     assert sorted(destroyed_by_the_pool) == sorted(s.id for s in driver.started if s is not failing)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("-inf"), "\ud800", {1, 2}])
+def test_a_snapshot_json_cannot_carry_is_refused_before_a_slot_is_taken(pool: SandboxPool, driver: MemoryDriver,
+                                                                         value: object) -> None:
+    with pytest.raises(ArgumentError, match="snapshot is not JSON-encodable"):
+        pool.open_session(tenant="t1", source="", class_name="Counter", snapshot={"count": ["j", value]})
+    assert pool.stats()["sessions"] == 0 and driver.started == []
+    session = pool.open_session(tenant="t1", source="", class_name="Counter", snapshot={"count": ["j", 3]})
+    assert session.state() == {"count": 3} and session.take_opened().attributes is None
+    session.close()
