@@ -9,7 +9,7 @@ the database, the sandbox protocol or the response encoder would fail on it late
 :func:`strict_loads` refuses constants and bounds nesting (iteratively, before parsing);
 :func:`lone_surrogate_at` names the first string holding a lone surrogate. orjson parses
 what it parses exactly; :func:`has_long_number` sends integers beyond 64 bits to Python's
-parser. :func:`text_size` and :func:`json_size` measure what the size caps
+parser (:func:`strict_loads` for bodies, :func:`stored_loads` for what the store wrote). :func:`text_size` and :func:`json_size` measure what the size caps
 (``max_code_bytes``, ``max_init_config_bytes``, ``max_arguments_bytes``) count.
 
 Imported: :mod:`.errors` (an :class:`~.errors.InvalidRequest` names what is wrong) and the
@@ -45,6 +45,22 @@ def has_long_number(data: bytes) -> bool:
 
 def _refuse_constant(name: str) -> Any:
     raise InvalidRequest(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def stored_loads(data: bytes) -> Any:
+    """The value of JSON bytes the store wrote (state blobs, canonical configs), exactly
+    as Python's ``json`` reads them: orjson's parse (about three times faster on a large
+    state), or ``json``'s (which reads lone surrogates written ``surrogatepass``) where
+    orjson does not read them exactly: a run of 19 digits (:func:`has_long_number`: integers beyond
+    64 bits, which orjson makes floats), or bytes orjson refuses (infinities, surrogates).
+    Raises ValueError (``json.JSONDecodeError``, ``UnicodeDecodeError``) on bytes that
+    are not JSON."""
+    if not has_long_number(data):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)  # bytes: decoded with surrogatepass, as the store's json.dumps wrote them
 
 
 def strict_loads(body: bytes, max_depth: int) -> Any:

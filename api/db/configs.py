@@ -33,7 +33,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
 
-from ..json_rules import has_long_number
+from ..json_rules import stored_loads
 from .models import Env, InitConfig, table
 
 HASH_HEX = 32
@@ -103,14 +103,7 @@ def parse(data: bytes) -> dict[str, Any]:
     """The config of canonical bytes (orjson, or Python's ``json`` for what orjson does not
     read back exactly: ``Infinity``, lone surrogates, integers beyond 64 bits, which
     orjson would make floats: any run of 19 digits takes Python's parser)."""
-    value: Any = None
-    if not has_long_number(data):
-        try:
-            value = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            value = None
-    if value is None:
-        value = json.loads(data.decode("utf-8", "surrogatepass"))
+    value = stored_loads(data)
     if not isinstance(value, dict):
         raise MissingConfig("a stored init_config is not an object")
     return value

@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session as DbSession
 
+from ..json_rules import stored_loads
 from .models import Blob, table
 
 HASH_HEX = 32
@@ -139,4 +140,4 @@ class BlobReader:
         return self.get_many([digest])[digest]
 
     def json(self, digest: str) -> Any:
-        return json.loads(self.get(digest))
+        return stored_loads(self.get(digest))

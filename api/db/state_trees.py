@@ -21,13 +21,13 @@ anything. The manifest that points at trees (``["jt", hash]``) is :mod:`.store`'
 
 from __future__ import annotations
 
-import json
 import marshal
 import math
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..json_rules import stored_loads
 from .state_blobs import HASH_HEX, BlobReader, CorruptState, PendingBlobs, dumps
 
 NODE_MIN_BYTES = 16 * 1024
@@ -334,7 +334,7 @@ def load_node(reader: BlobReader, digest: str, depth: int) -> Node:
     blob = reader.json(digest)
     try:
         kind, hashes = blob["t"], list(blob["b"])
-        parts = [json.loads(data) for data in reader.get_many(hashes).values()] if hashes else []
+        parts = [stored_loads(data) for data in reader.get_many(hashes).values()] if hashes else []
         by_hash = dict(zip(dict.fromkeys(hashes), parts, strict=True))
         subs: dict[Any, Node] = {}
         if kind == "d":

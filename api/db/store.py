@@ -36,13 +36,13 @@ step refers to any more. How a state *looks* (renderings of non-JSON values) is 
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session as DbSession
 
+from ..json_rules import stored_loads
 from .models import Blob, Step
 from .state_blobs import BlobReader, CorruptState, PendingBlobs, dumps
 from .state_trees import Node, build_node, encode_node, load_node, msize, node_references
@@ -215,7 +215,7 @@ def load_state(db: DbSession, root: str) -> StateCache:
             key_order = reader.json(entry[2])
             merged: dict[str, Any] = {}
             for data in reader.get_many(hashes).values():
-                merged.update(json.loads(data))
+                merged.update(stored_loads(data))
             attrs[name] = _Attr(entry, ["j", {key: merged[key] for key in key_order}])
         elif kind == "p":
             encoded = ["p", base64.b64encode(reader.get(entry[1])).decode("ascii")]

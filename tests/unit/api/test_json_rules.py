@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from sandpit.api.db.state_blobs import dumps
 from sandpit.api.errors import InvalidRequest
-from sandpit.api.json_rules import lone_surrogate_at, strict_loads
+from sandpit.api.json_rules import lone_surrogate_at, stored_loads, strict_loads
 from sandpit.sandbox_images.runner.wire import _scan_exceeds, depth_exceeds
 
 JSON = st.recursive(
@@ -101,3 +102,42 @@ def test_depth_is_counted_outside_strings_only() -> None:
     with pytest.raises(InvalidRequest, match="nested deeper than 4"):
         strict_loads(b"[" * 5 + b"]" * 5, 4)
     assert strict_loads(b"[" * 4 + b"]" * 4, 4) == [[[[]]]]
+
+
+STORED = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(alphabet=st.characters(codec=None)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=30)
+"""What the store writes: any JSON value, lone surrogates and integers beyond 64 bits included."""
+
+
+def typed(value: Any) -> Any:
+    """``value`` with every scalar's type beside its ``repr`` and dicts as item lists
+    (1, 1.0, True, 0.0 and -0.0 apart; key order kept)."""
+    if isinstance(value, dict):
+        return ["dict", [(typed(k), typed(v)) for k, v in value.items()]]
+    if isinstance(value, list):
+        return ["list", [typed(v) for v in value]]
+    return [type(value).__name__, repr(value)]
+
+
+@settings(max_examples=600, deadline=None)
+@given(STORED)
+@example({"big": 2**64, "i64": -(2**63) - 1, "u64": 2**64 - 1, "id": "1234567890123456789", "neg0": -0.0})
+@example({"lone": "\ud800", "pair": "\U0001f600", "\udc00key": [1.5e-300, 1e308]})
+def test_stored_bytes_read_back_as_pythons(value: Any) -> None:
+    data = dumps(value)  # the store's writer: orjson, or json with surrogatepass
+    expected = json.loads(data)
+    got = stored_loads(data)
+    assert typed(got) == typed(expected)  # types, key order, -0.0 and every digit alike
+
+
+def test_stored_bytes_orjson_would_misread_take_pythons_parser() -> None:
+    assert stored_loads(b'{"n":18446744073709551616}') == {"n": 2**64}  # orjson: a float
+    assert type(stored_loads(b"[123456789012345678901234567890]")[0]) is int
+    assert math.isinf(stored_loads(b"[1e400]")[0])
+    assert stored_loads('["\ud800"]'.encode("utf-8", "surrogatepass")) == ["\ud800"]
+    for bad in (b"{", b"", b"\xff", b'{"a":1,}'):
+        with pytest.raises(ValueError):
+            stored_loads(bad)
