@@ -27,8 +27,7 @@ SNAPSHOT_FAULT = "field 'snapshot_b64' must be the base64 of an encoded state's 
 
 def snapshot_text(msg: Mapping[str, object]) -> bytes:
     """The JSON text of a request's ``snapshot_b64`` (``open``'s, ``restore``'s:
-    ``wire.object_text_of_b64``).
-    Raises ValueError when it is missing or malformed."""
+    ``wire.object_text_of_b64``). Raises ValueError when it is missing or malformed."""
     data = object_text_of_b64(msg.get("snapshot_b64"))
     if data is None:
         raise ValueError(SNAPSHOT_FAULT)
