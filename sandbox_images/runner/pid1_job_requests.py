@@ -17,7 +17,7 @@ zygote then takes as parsed instead of walking them for tags (``untagged``).
 from __future__ import annotations
 
 from .limits import MAX_CHECK_SOURCE_BYTES, MAX_CHECKS, MAX_CODE_BYTES, MAX_STDIN_BYTES, check_files
-from .wire import check_result, object_text_of_b64
+from .wire import check_result, state_text_field
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def exec_request(msg: ExecRequest) -> dict[str, Any]:
 def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The fields of a ``checks`` request forwarded to the job process, validated, and its
     states' JSON texts (``initial_state``, ``final_state``: bytes forwarded unparsed;
-    their sizes were bounded by the host frame cap), each ``wire.object_text_of_b64``.
+    their sizes were bounded by the host frame cap), each ``wire.state_text_field``.
     ``untagged`` names the states no string of which can begin with ``$`` (module
     docstring)."""
     checks = msg.get("checks")
@@ -55,12 +55,7 @@ def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
                              f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
-    states: dict[str, bytes] = {}
-    for name in ("initial_state", "final_state"):
-        data = object_text_of_b64(msg.get(f"{name}_b64"))
-        if data is None:
-            raise ValueError(f"field '{name}_b64' must be the base64 of an encoded state's JSON text")
-        states[name] = data
+    states = {name: state_text_field(msg, f"{name}_b64") for name in ("initial_state", "final_state")}
     env_source = msg.get("source")
     if env_source is not None and (not isinstance(env_source, str)
                                    or len(env_source.encode("utf-8", "replace")) > MAX_CODE_BYTES):

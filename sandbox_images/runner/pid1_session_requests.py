@@ -12,7 +12,7 @@ PID 1 keeps the state the process replies with as the session's last good snapsh
 
 from __future__ import annotations
 
-from .wire import object_text_of_b64
+from .wire import state_text_field
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,17 +21,11 @@ if TYPE_CHECKING:
 
     from .protocol import OpenRequest
 
-SNAPSHOT_FAULT = "field 'snapshot_b64' must be the base64 of an encoded state's JSON text"
-"""The ``fault`` message of a snapshot that is not strict base64 of an object's text."""
-
 
 def snapshot_text(msg: Mapping[str, object]) -> bytes:
     """The JSON text of a request's ``snapshot_b64`` (``open``'s, ``restore``'s:
-    ``wire.object_text_of_b64``). Raises ValueError when it is missing or malformed."""
-    data = object_text_of_b64(msg.get("snapshot_b64"))
-    if data is None:
-        raise ValueError(SNAPSHOT_FAULT)
-    return data
+    ``wire.state_text_field``). Raises ValueError when it is missing or malformed."""
+    return state_text_field(msg, "snapshot_b64")
 
 
 def open_request(msg: OpenRequest) -> tuple[dict[str, Any], bytes | None]:
@@ -51,6 +45,6 @@ def open_request(msg: OpenRequest) -> tuple[dict[str, Any], bytes | None]:
         raise ValueError("fields 'source' and 'class_name' must be strings")
     if spec["init_config"] is not None and not isinstance(spec["init_config"], dict):
         raise ValueError("field 'init_config' must be an object")
-    if "snapshot" in msg:
-        raise ValueError(SNAPSHOT_FAULT)
-    return spec, snapshot_text(msg) if "snapshot_b64" in msg else None
+    if "snapshot" not in msg and "snapshot_b64" not in msg:
+        return spec, None
+    return spec, snapshot_text({} if "snapshot" in msg else msg)  # a parsed ``snapshot``: refused, text or not

@@ -16,7 +16,7 @@ applied on the other cannot drift apart:
 * **tool schemas**: :data:`TOOL_NAME_PATTERN` / :func:`is_tool_name` (a tool's name),
   :data:`JSON_TYPES` (the ``type`` keywords a schema may use);
 * **JSON frames and bodies**: :func:`depth_exceeds` (nesting depth, without recursion),
-  :func:`object_text_of_b64` (a state the host sends as base64 of its JSON text);
+  :func:`state_text_field` (a state the host sends as base64 of its JSON text);
 * **texts**: :func:`error_observation` (EnvScaler's ``Error: <Type>: <message>``),
   :func:`cap_observation`, :data:`ENVSCALER_INVALID_ACTION`, :data:`ENVSCALER_TOOL_ERROR`,
   :func:`call_failure_observation` (PID 1's words for a call that timed out, ran out of
@@ -42,7 +42,8 @@ from .limits import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypedDict  # annotations only: never evaluated in the sandbox
+    from collections.abc import Mapping  # annotations only: never evaluated in the sandbox
+    from typing import Any, TypedDict
 
     Delta = TypedDict("Delta", {"set": dict[str, list[Any]], "del": list[str]})
     """State changes: ``set`` attribute name -> encoded entry (or, in a call's delta, a keyed
@@ -214,19 +215,22 @@ def _scan_exceeds(payload: bytes, limit: int) -> bool:
     return False
 
 
-def object_text_of_b64(value: object) -> bytes | None:
-    """The bytes of ``value`` when it is strict base64 text (the standard alphabet,
-    padded, nothing else) of what is a JSON object's text on its face (``{`` to ``}``),
-    else None. How the host sends a state that PID 1 forwards to a process without
-    parsing it (``protocol.encode_raw``: the host vouches that it is JSON; the process
-    parses it)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        data = binascii.a2b_base64(value, strict_mode=True)
-    except (binascii.Error, ValueError):  # ValueError: text that is not ASCII
-        return None
-    return data if data.startswith(b"{") and data.endswith(b"}") else None
+def state_text_field(msg: Mapping[str, object], field: str) -> bytes:
+    """The bytes of ``msg[field]`` when it is strict base64 text (the standard alphabet,
+    padded, nothing else) of what is a JSON object's text on its face (``{`` to ``}``):
+    how the host sends a state (a check batch's two, a restore's or an open's snapshot)
+    that PID 1 forwards to a process without parsing it (``protocol.encode_raw``: the host
+    vouches that it is JSON; the process parses it). Raises ValueError naming ``field``
+    when it is missing or anything else."""
+    value = msg.get(field)
+    if isinstance(value, str):
+        try:
+            data = binascii.a2b_base64(value, strict_mode=True)
+        except (binascii.Error, ValueError):  # ValueError: text that is not ASCII
+            data = b""
+        if data.startswith(b"{") and data.endswith(b"}"):
+            return data
+    raise ValueError(f"field '{field}' must be the base64 of an encoded state's JSON text")
 
 
 # -- texts -----------------------------------------------------------------------------------

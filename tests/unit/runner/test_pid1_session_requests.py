@@ -34,6 +34,7 @@ def test_an_opens_snapshot_is_its_text() -> None:
     ({"seed": -1}, "'seed'"), ({"seed": 2**64}, "'seed'"), ({"seed": True}, "'seed'"), ({"seed": 1.0}, "'seed'"),
     ({"source": None}, "'source'"), ({"class_name": 5}, "'class_name'"), ({"init_config": [1]}, "'init_config'"),
     ({"snapshot": {"count": ["j", 1]}}, "'snapshot_b64'"), ({"snapshot": None}, "'snapshot_b64'"),
+    ({"snapshot": None, "snapshot_b64": b64(b"{}")}, "'snapshot_b64'"),
     ({"snapshot_b64": None}, "'snapshot_b64'"), ({"snapshot_b64": 5}, "'snapshot_b64'"),
     ({"snapshot_b64": "e30"}, "'snapshot_b64'"), ({"snapshot_b64": " e30="}, "'snapshot_b64'"),
     ({"snapshot_b64": "e30=="}, "'snapshot_b64'"), ({"snapshot_b64": "ZQ*="}, "'snapshot_b64'"),
