@@ -35,7 +35,7 @@ from ..results import (
     check_retyped,
 )
 from .placement import SessionSpec
-from .state_text import state_text
+from .state_text import state_b64
 
 if TYPE_CHECKING:
     from .warm import PooledSandbox
@@ -123,13 +123,13 @@ def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
 
 def snapshot_field(snapshot: dict[str, EncodedValue]) -> str | None:
     """The ``open`` request's ``snapshot_b64`` of ``snapshot`` (encoded attributes): the
-    base64 of its JSON text (:func:`.state_text.state_text`), which the runner forwards to the
+    base64 of its JSON text (:func:`.state_text.state_b64`), which the runner forwards to the
     session's process unparsed and does not send back; None for an empty one. Raises
     ArgumentError (not JSON-encodable, or text UTF-8 cannot carry)."""
     if not snapshot:
         return None
     try:
-        return base64.b64encode(state_text(snapshot)).decode("ascii")
+        return state_b64(snapshot)
     except (ValueError, TypeError, RecursionError) as exc:
         raise ArgumentError(f"snapshot is not JSON-encodable: {str(exc)[:200]}") from None
 

@@ -31,7 +31,6 @@ its sandbox through :class:`~sandpit.executor.pool.placement.SandboxSlot`.
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
@@ -57,7 +56,7 @@ from ..results import (
     starved,
 )
 from .placement import Placement, Reply, SandboxSlot, SessionSpec
-from .state_text import state_text
+from .state_text import state_b64
 
 if TYPE_CHECKING:
     from sandpit.sandbox_images.runner.protocol import CallReply, DescribeReply, SnapshotReply
@@ -378,10 +377,10 @@ class Session:
                 TypeError: they are not JSON (NaN, text UTF-8 cannot carry).
         """
         attributes = check_encoded(snapshot.attributes, "snapshot")
-        text = state_text(attributes)
+        snapshot_b64 = state_b64(attributes)
         with self._lock:
             try:  # the runner forwards the text to the session's process unparsed (protocol.RestoreRequest)
-                raw = self._request("restore", snapshot_b64=base64.b64encode(text).decode("ascii"))
+                raw = self._request("restore", snapshot_b64=snapshot_b64)
             except SandboxLost as exc:
                 self._lose(exc.status)
                 raise
