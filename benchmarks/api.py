@@ -69,7 +69,8 @@ from sandpit.executor.docker import docker_pool
 from sandpit.executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loadgen import parse_head, server_total_ms  # noqa: E402 - benchmarks/ is not a package
+from hoststat import cpu_speed  # noqa: E402 - benchmarks/ is not a package
+from loadgen import parse_head, server_total_ms  # noqa: E402
 
 SOURCE = '''
 class Bench:
@@ -99,9 +100,11 @@ def pcts(samples: list[float]) -> dict[str, float]:
 
 
 def machine() -> dict:
-    """What a result file says of the machine: cores, platform and the load average when
-    the run starts (:func:`save` adds the one at its end)."""
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}
+    """What a result file says of the machine: cores, platform, the load average when the
+    run starts (:func:`save` adds the one at its end) and one core's speed at Python then
+    (``hoststat.cpu_speed``: ``python_mips``, ``cpu_model``)."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_at_start": os.getloadavg(),
+            **cpu_speed()}
 
 
 def save(results: dict, output: Path) -> None:

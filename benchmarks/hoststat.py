@@ -7,6 +7,8 @@ be told apart from time the benchmark's processes never had:
   overall, but came in bursts: one second in which 40-45% of both cores was taken, a few
   single windows of ~25-30% elsewhere. One such second falls on ~190 steps of a
   200-client run, more than the ~86 steps above its p99.
+* :func:`cpu_speed`: how fast one core runs Python at the moment, so that sittings on
+  different machines (or hours) of the same VM can be compared.
 * :class:`KernelThreadSampler`: CPU time of the kernel's memory-management threads
   (:data:`KERNEL_THREADS`: DAMON's ``kdamond``, ``kswapd``, ``kcompactd``,
   ``khugepaged``). DAMON's physical-address monitoring checks whether sampled pages
@@ -36,6 +38,37 @@ KERNEL_THREADS = ("kdamond", "kswapd", "kcompactd", "khugepaged")
 """Name prefixes of the kernel threads :class:`KernelThreadSampler` watches."""
 _KTHREADD = 2
 """The kernel thread that starts every other one (their parent pid)."""
+SPEED_LOOP = 200_000
+"""Iterations of :func:`cpu_speed`'s loop (about 20 to 50 ms of one core)."""
+
+
+def cpu_speed(runs: int = 7) -> dict[str, Any]:
+    """One core's speed at Python now: ``python_mips``, millions of iterations per second
+    of a fixed pure-Python loop (:data:`SPEED_LOOP` iterations of an add, a modulo and a
+    list append), the best of ``runs`` timings (the best, because time taken from the
+    process by the hypervisor or other processes only ever slows a run); ``cpu_model``,
+    the first ``model name`` of ``/proc/cpuinfo`` (None where there is none). The same
+    code spends CPU time in inverse proportion to it: a sitting whose probe is half
+    another's finds about twice the CPU per step. Raises ValueError when ``runs`` < 1."""
+    if runs < 1:
+        raise ValueError(f"cpu_speed: runs must be at least 1, not {runs}")
+    best = float("inf")
+    for _ in range(runs):
+        began = time.perf_counter()
+        kept: list[int] = []
+        total = 0
+        for i in range(SPEED_LOOP):
+            total += i
+            if i % 7 == 0:
+                kept.append(total)
+        best = min(best, time.perf_counter() - began)
+    model = None
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"python_mips": round(SPEED_LOOP / best / 1e6, 2), "cpu_model": model}
 
 
 def _read() -> tuple[int, int] | None:

@@ -31,6 +31,9 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from hoststat import cpu_speed  # noqa: E402, I001 - benchmarks/ is not a package
+
 RESULTS = HERE / "results"
 SUITE: dict[str, list[str]] = {
     "deltas": ["deltas.py", "--episodes", "3"],
@@ -310,7 +313,8 @@ def main() -> None:
             parser.error(f"--run takes names of {', '.join(SUITE)}")
         run_suite(names)
     rows = collect()
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+               **cpu_speed()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "report.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     if args.markdown:
@@ -321,7 +325,8 @@ def main() -> None:
             print(f"| {r['area']} | {r['measure']} | {r['target']} | {value} | {_cell(r['met'])} | {r['anchor']} |")
         return
     table = Table("area", "measure", "target", "measured", "met", "anchor / detail",
-                  title=f"Sandpit performance ({machine['cpus']} CPUs, {machine['platform']})")
+                  title=f"Sandpit performance ({machine['cpus']} CPUs, {machine['platform']}, "
+                        f"one core {machine['python_mips']:g} Python MIPS)")
     for r in rows:
         value = "-" if r["measured"] is None else f"{r['measured']:g} {r['unit']}"
         table.add_row(r["area"], r["measure"], r["target"], value, _cell(r["met"]), r["anchor"])

@@ -1,11 +1,12 @@
 """The benchmarks' steal sampler (``benchmarks/hoststat.py``): which windows count as the
 VM's host taking the machine, which steps touch them, and that it reads this machine's
-/proc/stat for real."""
+/proc/stat for real; the CPU speed probe (the best of its runs, this machine's model)."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 from benchmark_modules import load
 
 hoststat = load("hoststat")
@@ -73,3 +74,24 @@ def test_the_kernel_thread_sampler_reads_this_machine() -> None:
     assert set(summary["cpu_s_by_thread"]) == set(sampler.threads.values())
     assert all(seconds >= 0 for seconds in summary["cpu_s_by_thread"].values())
     assert all(state in ("on", "off") for state in summary["damon"])
+
+
+def test_cpu_speed_is_the_best_of_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([0.0, 0.05, 1.0, 1.02, 2.0, 2.04])  # three runs: 50, 20 and 40 ms
+    monkeypatch.setattr(hoststat.time, "perf_counter", lambda: next(clock))
+    speed = hoststat.cpu_speed(runs=3)
+    assert speed["python_mips"] == round(hoststat.SPEED_LOOP / 0.02 / 1e6, 2)
+
+
+def test_cpu_speed_of_this_machine() -> None:
+    speed = hoststat.cpu_speed(runs=2)
+    assert speed["python_mips"] > 0
+    with open("/proc/cpuinfo") as handle:
+        named = any(line.startswith("model name") for line in handle)
+    assert (speed["cpu_model"] is not None) == named
+
+
+def test_cpu_speed_needs_a_run() -> None:
+    for runs in (0, -1):
+        with pytest.raises(ValueError, match="runs"):
+            hoststat.cpu_speed(runs=runs)
