@@ -12,7 +12,11 @@ difference is the server's). Reports env-steps/s of each (``env_steps_per_s``:
 ``batched``, ``single``), the ratio (``batched_vs_single``), the batch's latency p50/p99
 (ms) and a single step's (``latency_ms``), and the CPU each kind spends per env-step
 (``cpu_ms_per_env_step``: ``server``, the API process; ``sandboxes``, this server's
-sandbox containers; ms). The target: >= 3,000 env-steps/s batched with N = 32,
+sandbox containers; ms), and what that CPU allows: ``cpu_bound_env_steps_per_s``, the
+batched env-steps/s of every core busy with nothing else (cores x 1000 / the batched
+kind's server + sandboxes ms per env-step), and ``of_cpu_bound``, the share of it the
+batches reached (how much the server's and the sandboxes' work overlap; the rest of the
+way to the bound is time one of them waits for the other). The target: >= 3,000 env-steps/s batched with N = 32,
 and >= 3x the single requests. ``call_slots`` records the server's ``SANDPIT_CALL_SLOTS``
 (``--call-slots``): the tool calls running at once across the server, for both kinds, so a
 batch of N runs its calls in waves of at most that many. By default it is N, as a server
@@ -25,6 +29,7 @@ Usage: ``python benchmarks/batch_step.py [--envs 32] [--rounds 6] [--rounds-step
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import threading
 import time
@@ -112,6 +117,11 @@ def main() -> None:
             results["batched_vs_single"] = round(rates["batched"] / rates["single"], 2)
             results["cpu_ms_per_env_step"] = {kind: {part: round(seconds * 1000 / env_steps, 3)
                                                      for part, seconds in parts.items()} for kind, parts in cpu.items()}
+            per_env_step = sum(results["cpu_ms_per_env_step"]["batched"].values())
+            if per_env_step > 0:
+                bound = (os.cpu_count() or 1) * 1000 / per_env_step
+                results["cpu_bound_env_steps_per_s"] = round(bound, 1)
+                results["of_cpu_bound"] = round(rates["batched"] / bound, 3)
             results["latency_ms"] = {"batch_of_n": pcts(samples["batched"]), "single_step": pcts(samples["single"])}
             results["targets"] = {"batched_env_steps_per_s": 3000, "batched_vs_single": 3.0}
         finally:

@@ -150,9 +150,15 @@ def _batch_rows(rows: list[dict[str, Any]]) -> None:
     rates, n = data["env_steps_per_s"], data.get("envs", 32)
     slots = data.get("call_slots")
     server = f"; server with SANDPIT_CALL_SLOTS={slots}" if slots else "; server's default call slots"
+    cpu = data.get("cpu_ms_per_env_step", {}).get("batched")
+    bound = (f"; CPU per batched env-step: server {cpu['server']:.2f} ms, sandboxes {cpu['sandboxes']:.2f} ms, "
+             f"which bounds the rate at {data['cpu_bound_env_steps_per_s']:.0f} env-steps/s "
+             f"({data['of_cpu_bound']:.0%} of it reached)" if cpu and "cpu_bound_env_steps_per_s" in data else "")
+    speed = data.get("machine", {}).get("python_mips")
     _row(rows, "batched step", f"batched step, N={n}: env-steps/s", ">= 3000", rates["batched"], "env-steps/s",
          rates["batched"] >= 3000,
-         f"{n} concurrent single requests, same run: {rates['single']:.0f} env-steps/s{server}")
+         f"{n} concurrent single requests, same run: {rates['single']:.0f} env-steps/s{server}{bound}"
+         + (f"; one core's speed {speed:g} Python MIPS (`hoststat.cpu_speed`)" if speed else ""))
     ratio = data["batched_vs_single"]
     latency = data.get("latency_ms", {})
     detail = (f"batch of {n} p50 {latency['batch_of_n']['p50']:.1f} ms, single step under {n} clients p50 "
