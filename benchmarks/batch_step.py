@@ -16,10 +16,11 @@ sandbox containers; ms), and what that CPU allows: ``cpu_bound_env_steps_per_s``
 batched env-steps/s of every core busy with nothing else (cores x 1000 / the batched
 kind's server + sandboxes ms per env-step), and ``of_cpu_bound``, the share of it the
 batches reached (how much the server's and the sandboxes' work overlap; the rest of the
-way to the bound is time one of them waits for the other). The target: >= 3,000 env-steps/s batched with N = 32,
-and >= 3x the single requests. ``call_slots`` records the server's ``SANDPIT_CALL_SLOTS``
-(``--call-slots``): the tool calls running at once across the server, for both kinds, so a
-batch of N runs its calls in waves of at most that many. By default it is N, as a server
+way to the bound is time one of them waits for the other). The target: >= 3,000
+env-steps/s batched with N = 32, and >= 3x the single requests. ``call_slots`` records
+the server's ``SANDPIT_CALL_SLOTS`` (``--call-slots``): the tool calls running at once
+across the server, for both kinds, so a batch of N runs its calls in waves of at most
+that many. By default it is N, as a server
 that serves vector envs of width N is configured (docs/settings.md); ``--call-slots 0``
 measures the server's own default (2 x CPU cores, at least 4). Prints JSON and saves it to
 ``benchmarks/results/batch_step.json``.

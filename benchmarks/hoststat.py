@@ -39,7 +39,7 @@ KERNEL_THREADS = ("kdamond", "kswapd", "kcompactd", "khugepaged")
 _KTHREADD = 2
 """The kernel thread that starts every other one (their parent pid)."""
 SPEED_LOOP = 200_000
-"""Iterations of :func:`cpu_speed`'s loop (about 20 to 50 ms of one core)."""
+"""Iterations of :func:`cpu_speed`'s loop (about 10 to 20 ms of one core of this project's VM)."""
 
 
 def cpu_speed(runs: int = 7) -> dict[str, Any]:
