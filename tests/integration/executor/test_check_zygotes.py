@@ -110,7 +110,15 @@ PID_WHERE = check("import os\nprint(os.getpid())\n"
 container from another: pids are only comparable within one)."""
 
 
-def test_a_zygote_that_restored_large_states_is_not_kept(pool) -> None:
+@pytest.fixture(scope="module")
+def one_sandbox_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
+    """At most one sandbox and none warm: every batch runs in the one container (a batch
+    waits for its recycle), unless the pool replaces it."""
+    with docker_pool(pool_settings("zygotes-one", pool_size=0, max_sandboxes=1)) as one:
+        yield one
+
+
+def test_a_zygote_that_restored_large_states_is_not_kept(one_sandbox_pool) -> None:
     """A read-only batch on states of tens of megabytes as objects leaves a zygote holding
     that memory after it drops them: it exits instead of waiting for the next batch
     (``ZYGOTE_KEEP_MAX_BYTES``), so each such batch takes a fresh zygote; the results are
@@ -118,6 +126,7 @@ def test_a_zygote_that_restored_large_states_is_not_kept(pool) -> None:
     compared only when the batches before and after ran in one container (a sandbox the
     pool replaced between them, as a slow recycle under load can make it, starts its pids
     again): up to three tries."""
+    pool = one_sandbox_pool
     profile = pool.profile(overrides=FAST.model_copy(update={"memory_mib": 256}))  # room for the states
     large = {**FINAL, "rows": [{"k": i, "s": f"row {i:06d}"} for i in range(150_000)]}
     places = []
