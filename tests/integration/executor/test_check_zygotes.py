@@ -110,6 +110,12 @@ PID_WHERE = check("import os\nprint(os.getpid())\n"
 container from another: pids are only comparable within one)."""
 
 
+def pid_and_container(results: list[CheckResult]) -> tuple[int, str]:
+    """What the batch's last check (:data:`PID_WHERE`) printed: its pid and its sandbox's
+    PID 1 start time (in clock ticks since boot, as text)."""
+    return fresh_pid(results), results[-1].stdout.split()[1]
+
+
 @pytest.fixture(scope="module")
 def one_sandbox_pool(leak_check, pool_settings) -> Iterator[SandboxPool]:
     """At most one sandbox and none warm: every batch runs in the one container (a batch
@@ -123,9 +129,9 @@ def test_a_zygote_that_restored_large_states_is_not_kept(one_sandbox_pool) -> No
     that memory after it drops them: it exits instead of waiting for the next batch
     (``ZYGOTE_KEEP_MAX_BYTES``), so each such batch takes a fresh zygote; the results are
     those of any batch. (Small batches keep their zygote: the next test.) The pids are
-    compared only when the batches before and after ran in one container (a sandbox the
-    pool replaced between them, as a slow recycle under load can make it, starts its pids
-    again): up to three tries."""
+    compared only when the batches before and after ran in one container: the pool of one
+    sandbox replaces it when a recycle cannot prove it clean or the sandbox is lost, and a
+    new container starts its pids again; up to three tries."""
     pool = one_sandbox_pool
     profile = pool.profile(overrides=FAST.model_copy(update={"memory_mib": 256}))  # room for the states
     large = {**FINAL, "rows": [{"k": i, "s": f"row {i:06d}"} for i in range(150_000)]}
@@ -135,8 +141,7 @@ def test_a_zygote_that_restored_large_states_is_not_kept(one_sandbox_pool) -> No
         results = [run(pool, profile, [READ_ONLY, SAYS], final=large) for _ in range(3)]
         last = run(pool, profile, [READ_ONLY, PID_WHERE])
         assert all([(r.status, r.passed) for r in batch] == [("ok", True), ("ok", True)] for batch in results), results
-        (before, where_before), (middle, where_middle) = (fresh_pid(first), first[-1].stdout.split()[1]), \
-            (fresh_pid(last), last[-1].stdout.split()[1])
+        (before, where_before), (middle, where_middle) = pid_and_container(first), pid_and_container(last)
         places.append((where_before, where_middle))
         if where_before == where_middle:
             break
