@@ -8,16 +8,19 @@ together are scored (their checks run at once) as they are alone."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import httpx
 import pytest
-from api_server import COUNTER_SOURCE, create_envs
+from api_server import COUNTER_SOURCE, ApiServer, create_envs
 
 pytestmark = pytest.mark.docker
 
 FAILING_SOURCE = '''
 import os
+import time
 
 
 class Failing:
@@ -41,6 +44,12 @@ class Failing:
         """End this process."""
         self.count = -1
         os._exit(3)
+
+    def nap(self, seconds: float) -> int:
+        """Sleep, then add one."""
+        time.sleep(seconds)
+        self.count += 1
+        return self.count
 '''
 
 
@@ -110,6 +119,49 @@ def test_a_step_that_loops_or_dies_fails_alone_in_its_group(api: httpx.Client) -
     assert [r["result"]["observation"] for r in again.json()["results"]] == ["2", "2", "3", "3"]
     for env_id, steps in zip(envs, (3, 3, 3, 3), strict=True):
         assert api.get(f"/v1/envs/{env_id}").json()["step"] == steps
+
+
+def test_a_step_that_ended_frees_its_env_while_the_batch_runs(server: ApiServer) -> None:
+    """The batch takes its envs' locks before any step runs; a step that ends at once (a
+    stale attempt) releases its env then, not when the batch ends: a step sent alone to
+    that env while another env of the batch naps is answered before the nap ends, and
+    each env's steps are the ones it was sent. (A tenant with slots to spare: with one
+    running call, the step alone would wait for the nap's slot instead.)"""
+    key = server.new_tenant("batch-locks", {"max_running_calls": 4})
+    with server.client(key) as api:
+        _steps_free_their_envs(server, api, key)
+
+
+def _steps_free_their_envs(server: ApiServer, api: httpx.Client, key: str) -> None:
+    environment_id = _environment(api, FAILING_SOURCE, "Failing")
+    napping, fenced, plain = create_envs(api, environment_id, 3)
+    old = api.post(f"/v1/envs/{fenced}/attempts").json()["token"]
+    api.post(f"/v1/envs/{fenced}/attempts")  # ``old`` is stale from now on
+    nap_s = 6.0
+    replies: list[httpx.Response] = []
+
+    def batch() -> None:
+        with server.client(key, timeout=60) as client:
+            replies.append(client.post("/v1/envs:step", json={"steps": [
+                {"env_id": napping, "action": {"name": "nap", "arguments": {"seconds": nap_s}}},
+                {"env_id": fenced, "action": {"name": "bump"}, "attempt": old},
+                {"env_id": plain, "action": {"name": "bump"}}]}))
+
+    thread = threading.Thread(target=batch)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(1.5)  # the batch has taken its locks and sent its calls (its steps commit together, at the end)
+    alone = api.post(f"/v1/envs/{fenced}/step", json={"name": "bump"})
+    answered_s, batch_running = time.monotonic() - started, thread.is_alive()
+    thread.join(timeout=60)
+    assert alone.status_code == 200 and alone.json()["observation"] == "1", alone.text
+    assert answered_s < nap_s and batch_running, answered_s  # not behind the napping env's call
+    assert replies and replies[0].status_code == 200, replies
+    results = replies[0].json()["results"]
+    assert [(r["status"], (r.get("error") or {}).get("code")) for r in results] == [
+        (200, None), (409, "stale_attempt"), (200, None)]
+    assert results[0]["result"]["observation"] == "1" and results[2]["result"]["observation"] == "1"
+    assert [api.get(f"/v1/envs/{e}").json()["step"] for e in (napping, fenced, plain)] == [1, 1, 1]
 
 
 def test_episodes_ending_together_are_scored_as_alone(api: httpx.Client) -> None:
