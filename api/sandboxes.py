@@ -328,14 +328,17 @@ class CallsInFlight:
         """Each outcome to ``arrived(index in the calls given, outcome)`` as it comes (a
         result, or the error :meth:`SandboxSession.call` would have raised: QuotaExceeded
         for a call refused its slot, a SandboxError); the calls that were not sent (no
-        slot free at once) get nothing. The slots are freed when this returns or raises."""
+        slot free at once) get nothing. The slots are freed when this returns or raises;
+        when ``arrived`` raises, every sent call's outcome is still taken
+        (:meth:`Flight.finish <sandpit.executor.Flight.finish>`), then its first exception
+        is raised."""
         sent = self._sent
         try:
-            for i, exc in self._refused:
-                arrived(i, exc)
             self._flight.finish(lambda k, outcome: arrived(sent[k], self._owner.translated_outcome(outcome)))
         finally:
             self._slots.close()
+        for i, exc in self._refused:  # they hold no slot and no session
+            arrived(i, exc)
 
 
 class Sandboxes:
@@ -400,11 +403,10 @@ class Sandboxes:
         in flight. With ``wait`` the first call waits for its slot as :meth:`call` does
         (its outcome is QuotaExceeded after ``call_queue_timeout_s``, and the next call
         waits in its place) and, once one was sent, the next ones join only while a slot
-        is free at once (a thread that waited for more slots than
-        the scheduler can give it would wait on itself); without it, no call waits. The
-        calls from the first one that found no slot on are not sent: the caller sends
-        them again. Raises a SandboxError when the calls cannot be sent (no slot is then
-        held)."""
+        is free at once (a thread that waited for more slots than the scheduler can give
+        it would wait on itself); without ``wait``, no call waits. The calls from the
+        first one that found no slot on are not sent: the caller sends them again.
+        Raises a SandboxError when the calls cannot be sent (no slot is then held)."""
         slots = ExitStack()
         sent: list[int] = []
         refused: list[tuple[int, Exception]] = []

@@ -77,7 +77,7 @@ from .settings import (
 __all__ = [
     "EXECUTOR_CONFIG", "Affinity", "ArgumentError", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
     "CapacityError", "CheckResult", "Cluster", "Construction", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
-    "ExecutorError", "ExecutorSession", "Flight", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
+    "ExecutorError", "ExecutorSession", "ExecutorSettings", "Flight", "HostDraining", "HostInfo", "ImageError",
     "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "ProfileError", "ProfileOverrides",
     "RayConfig", "RecoveringSession", "call_many", "start_call", "start_many", "StartedCall", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
     "SessionLost", "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state",

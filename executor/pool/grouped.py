@@ -89,23 +89,35 @@ class Flight:
     def finish(self, arrived: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
         """Wait for every call's outcome; each goes to ``arrived(index in calls, outcome)``
         as it comes (its session released just before), so the caller can go on with it
-        while the other sandboxes answer. The outcomes in the order of ``calls``. A second
-        call returns them again and calls nothing."""
+        while the other sandboxes answer. The outcomes in the order of ``calls``. Every
+        reply is taken, so each session's handle follows its sandbox, even when
+        ``arrived`` raises; then the first exception it raised is raised. A second call
+        returns the outcomes again and calls nothing."""
         if self.finished:
             return [o if o is not None else SessionError("call_many: no outcome") for o in self.outcomes]
         self.finished = True
+        failed: list[BaseException] = []
 
         def deliver(i: int, outcome: Outcome) -> None:
             self.outcomes[i] = outcome
             if arrived is not None:
-                arrived(i, outcome)
+                try:
+                    arrived(i, outcome)
+                except BaseException as exc:  # noqa: BLE001 - raised once every reply is taken
+                    failed.append(exc)
 
-        if self.others:
-            for i, outcome in zip(self.others, _each([self.calls[i] for i in self.others]), strict=True):
-                deliver(i, outcome)
-        if self._grouped is not None:
-            ours = self.ours
-            self._grouped.finish(lambda k, outcome: deliver(ours[k], outcome))
+        grouped, ours = self._grouped, self.ours
+        try:
+            if self.others:
+                for i, outcome in zip(self.others, _each([self.calls[i] for i in self.others]), strict=True):
+                    deliver(i, outcome)
+            if grouped is not None:
+                grouped.finish(lambda k, outcome: deliver(ours[k], outcome))
+        finally:
+            if grouped is not None:  # a failure of this pool's code: the sessions go back all the same
+                grouped.release()
+        if failed:
+            raise failed[0]
         return [o if o is not None else SessionError("call_many: no outcome") for o in self.outcomes]
 
 
@@ -183,10 +195,11 @@ class _Grouped:
             for slot, members in by_sandbox.values():
                 self.waits.extend(_send(slot, members, calls, fields))
         except BaseException:
-            self._release_all()
+            self.release()
             raise
 
-    def _release_all(self) -> None:
+    def release(self) -> None:
+        """Release every session this flight still holds (their outcomes not taken)."""
         held, self.held = self.held, set()
         for i in held:
             self.calls[i][0].locked.release()
@@ -232,7 +245,7 @@ class _Grouped:
                 for i, part in zip(members, parts, strict=True):
                     done(i, self._finish(i, lambda part=part: part))  # type: ignore[misc]
         finally:
-            self._release_all()
+            self.release()
 
 
 def _results(reply: dict[str, Any], size: int) -> list[dict[str, Any]] | None:

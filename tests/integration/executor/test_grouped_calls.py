@@ -119,8 +119,9 @@ def test_a_closed_session_is_that_calls_error(sessions: list[Session]) -> None:
 
 def test_a_flight_holds_its_sessions_until_each_outcome_is_taken(sessions: list[Session]) -> None:
     """``start_many`` sends at once and holds each session locked until ``finish`` hands
-    over its outcome; a caller whose callback raises still gets every session back; a
-    session's ``placed_on`` names the sandbox that holds it."""
+    over its outcome; a caller whose callback raises still gets every outcome and every
+    session back, then the exception; a session's ``placed_on`` names the sandbox that
+    holds it."""
     assert {s.placed_on for s in sessions} == {sessions[0]._sandbox.id}
     flight = start_many([(s, "bump", {"by": 1}, "sandpit") for s in sessions[:3]])
     assert all(s.locked.locked() for s in sessions[:3]) and not sessions[3].locked.locked()
@@ -136,11 +137,15 @@ def test_a_flight_holds_its_sessions_until_each_outcome_is_taken(sessions: list[
     assert [o.observation for o in again if isinstance(o, CallResult)] == ["1", "2", "3"] and len(seen) == 3
     failing = start_many([(s, "bump", {"by": 1}, "sandpit") for s in sessions[:3]])
 
-    def fails(_index: int, _outcome: object) -> None:
+    called: list[int] = []
+
+    def fails(index: int, _outcome: object) -> None:
+        called.append(index)
         raise RuntimeError("the caller's callback failed")
 
     with pytest.raises(RuntimeError):
         failing.finish(fails)
+    assert sorted(called) == [0, 1, 2]  # every reply taken, though the first callback raised
     assert not any(s.locked.locked() for s in sessions)
     assert [s.call("bump").observation for s in sessions[:3]] == ["3", "4", "5"]  # the failed round's calls ran
 
