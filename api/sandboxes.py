@@ -52,7 +52,6 @@ from sandpit.executor import (
     Executor,
     ExecutorError,
     ExecutorSession,
-    Flight,
     HostInfo,
     KeyedSessions,
     OpenedState,
@@ -68,11 +67,11 @@ from sandpit.executor import (
     Snapshot,
     StartedCall,
     StateDelta,
+    call_many,
     encode_json_state,
     is_truncated,
     render_entry,
     start_call,
-    start_many,
 )
 from sandpit.sandbox_images.runner import limits as _runner_limits
 
@@ -256,21 +255,6 @@ class SandboxSession:
         raised for it (QuotaExceeded, a SandboxError, ArgumentError)."""
         return self._owner.call_many(calls)
 
-    def start_many(self, calls: list[tuple[SandboxSession, str, dict[str, Any], CallRules]],
-                   wait: bool) -> CallsInFlight:
-        """:meth:`call_many` in two halves (:meth:`Sandboxes.start_many`; this session is
-        only the door): the calls that get a slot are sent now, their outcomes taken by
-        :meth:`CallsInFlight.finish`."""
-        return self._owner.start_many(calls, wait)
-
-    @property
-    def placement(self) -> str | None:
-        """The id of the sandbox holding the session now, None when it is not known (not
-        placed yet, or an executor whose sessions do not say: the Ray backend's). A hint
-        for ordering work by sandbox: the session may move before its next call."""
-        placed_on = getattr(self._session, "placed_on", None)  # the pool's sessions say where they are
-        return placed_on if isinstance(placed_on, str) else None
-
     def take_opened(self) -> OpenedState:
         """The state the session opened with, handed over once
         (:meth:`ExecutorSession.take_opened`): encoded attributes, or only the runner's
@@ -310,35 +294,6 @@ def resolved_changes(delta: StateDelta, previous: Callable[[str], list[Any] | No
         return delta.applied_to(previous)
     except SessionError as exc:
         raise SandboxUnavailable(f"executor failure: {exc}", retry_after=1) from exc
-
-
-class CallsInFlight:
-    """Calls sent by :meth:`Sandboxes.start_many`, each holding a slot of its tenant
-    until :meth:`finish` took its outcome. Call ``finish`` always (in a ``finally``)."""
-
-    def __init__(self, owner: Sandboxes, sent: list[int], refused: list[tuple[int, Exception]],
-                 flight: Flight, slots: ExitStack) -> None:
-        self._owner = owner
-        self._sent = sent
-        self._refused = refused
-        self._flight = flight
-        self._slots = slots
-
-    def finish(self, arrived: Callable[[int, CallResult | Exception], None]) -> None:
-        """Each outcome to ``arrived(index in the calls given, outcome)`` as it comes (a
-        result, or the error :meth:`SandboxSession.call` would have raised: QuotaExceeded
-        for a call refused its slot, a SandboxError); the calls that were not sent (no
-        slot free at once) get nothing. The slots are freed when this returns or raises;
-        when ``arrived`` raises, every sent call's outcome is still taken
-        (:meth:`Flight.finish <sandpit.executor.Flight.finish>`), then its first exception
-        is raised."""
-        sent = self._sent
-        try:
-            self._flight.finish(lambda k, outcome: arrived(sent[k], self._owner.translated_outcome(outcome)))
-        finally:
-            self._slots.close()
-        for i, exc in self._refused:  # they hold no slot and no session
-            arrived(i, exc)
 
 
 class Sandboxes:
@@ -381,56 +336,35 @@ class Sandboxes:
                                 limit="max_running_calls", retry_after=5) from None
 
     def call_many(self, calls: list[tuple[SandboxSession, str, dict[str, Any], CallRules]]) -> list[CallResult | Exception]:
-        """:meth:`SandboxSession.call_many`: the calls of ``calls`` in waves
-        (:meth:`start_many` with ``wait``, each wave finished before the next), until
-        every call has its outcome. Translated outcomes in order."""
+        """:meth:`SandboxSession.call_many`: the calls of ``calls`` in waves, each call
+        holding a slot of its tenant: a wave's first call waits for its slot as
+        :meth:`call` does (QuotaExceeded after ``call_queue_timeout_s``), the next ones
+        join the wave only while a slot is free at once (a thread that waited for more
+        slots than the scheduler can give it would wait on itself); the rest go in the
+        next wave. Translated outcomes in order."""
         done: dict[int, CallResult | Exception] = {}
         waiting = list(range(len(calls)))
         while waiting:
-            wave = waiting
-
-            def arrived(k: int, outcome: CallResult | Exception, wave: list[int] = wave) -> None:
-                done[wave[k]] = outcome
-
-            self.start_many([calls[i] for i in wave], wait=True).finish(arrived)
-            waiting = [i for i in wave if i not in done]
+            with ExitStack() as slots:
+                ready: list[int] = []
+                for i in waiting:
+                    tenant = calls[i][0].handle.tenant
+                    try:
+                        slots.enter_context(self.slot(tenant, wait=not ready))
+                    except QuotaExceeded as exc:
+                        if not ready:
+                            done[i] = exc
+                            continue
+                        break
+                    ready.append(i)
+                sent = call_many([(calls[i][0].handle, calls[i][1], calls[i][2], calls[i][3]) for i in ready])
+                for i, outcome in zip(ready, sent, strict=True):
+                    done[i] = self._translate_outcome(outcome)
+            waiting = [i for i in waiting if i not in done]
         return [done[i] for i in range(len(calls))]
 
-    def start_many(self, calls: list[tuple[SandboxSession, str, dict[str, Any], CallRules]],
-                   wait: bool) -> CallsInFlight:
-        """Send the calls of ``calls`` that get a slot of their tenant (in order; they go
-        to their sandboxes together, :func:`sandpit.executor.start_many`) and return them
-        in flight. With ``wait`` the first call waits for its slot as :meth:`call` does
-        (its outcome is QuotaExceeded after ``call_queue_timeout_s``, and the next call
-        waits in its place) and, once one was sent, the next ones join only while a slot
-        is free at once (a thread that waited for more slots than the scheduler can give
-        it would wait on itself); without ``wait``, no call waits. The calls from the
-        first one that found no slot on are not sent: the caller sends them again.
-        Raises a SandboxError when the calls cannot be sent (no slot is then held)."""
-        slots = ExitStack()
-        sent: list[int] = []
-        refused: list[tuple[int, Exception]] = []
-        try:
-            for i, call in enumerate(calls):
-                first = wait and not sent
-                try:
-                    slots.enter_context(self.slot(call[0].handle.tenant, wait=first))
-                except QuotaExceeded as exc:
-                    if first:
-                        refused.append((i, exc))
-                        continue
-                    break
-                sent.append(i)
-            with self.translated():
-                flight = start_many([(calls[i][0].handle, calls[i][1], calls[i][2], calls[i][3]) for i in sent])
-        except BaseException:
-            slots.close()
-            raise
-        return CallsInFlight(self, sent, refused, flight, slots)
-
-    def translated_outcome(self, outcome: CallResult | Exception) -> CallResult | Exception:
-        """``outcome`` as the API reports it: a result as it is, an executor error as
-        :meth:`translated` turns it into an API error."""
+    def _translate_outcome(self, outcome: CallResult | Exception) -> CallResult | Exception:
+        """An executor error as :meth:`translated` turns it into an API error."""
         if isinstance(outcome, CallResult):
             return outcome
         try:

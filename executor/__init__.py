@@ -47,7 +47,7 @@ from .errors import (
 )
 from .interface import Affinity, Cluster, Executor, ExecutorSession, HostInfo, KeyedSessions
 from .pool.configs import SharedConfig
-from .pool.grouped import Flight, call_many, start_call, start_many
+from .pool.grouped import call_many, start_call
 from .pool.jobs import encode_json_state
 from .pool.session import StartedCall
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
@@ -77,9 +77,9 @@ from .settings import (
 __all__ = [
     "EXECUTOR_CONFIG", "Affinity", "ArgumentError", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
     "CapacityError", "CheckResult", "Cluster", "Construction", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
-    "ExecutorError", "ExecutorSession", "ExecutorSettings", "Flight", "HostDraining", "HostInfo", "ImageError",
+    "ExecutorError", "ExecutorSession", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
     "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "ProfileError", "ProfileOverrides",
-    "RayConfig", "RecoveringSession", "call_many", "start_call", "start_many", "StartedCall", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
+    "RayConfig", "RecoveringSession", "call_many", "start_call", "StartedCall", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
     "SessionLost", "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state",
     "get_backend_settings", "get_executor", "get_image_settings", "get_settings", "is_truncated", "render_entry",
     "resolve_profile",

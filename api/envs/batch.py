@@ -14,15 +14,9 @@ several steps (re-attaching a session, scoring an ending episode, a simulated us
 reply) runs on the batch's threads at once; once no step waits for a call, the writes of the steps waiting to commit go to the group commit together
 (:meth:`~sandpit.api.db.group_commit.GroupCommit.submit_many`: one transaction; a write
 that fails there is retried alone, so one step's failure never undoes another's, and a
-step is acknowledged only once its own write committed). A wave first takes its envs'
-locks, in the order of their env ids, so every batch takes them in one order (two
-batches naming the same envs never wait for each other in a cycle); a step's lock is
-released when the step ends. Then the steps are prepared sandbox by sandbox (in the
-order of the sandboxes their live sessions are in, :attr:`SandboxSession.placement`), and
-the calls of each sandbox's steps are sent as soon as those steps are ready
-(:meth:`~sandpit.api.sandboxes.Sandboxes.start_many`), so the first sandboxes work while
-the server prepares the others' steps; each step goes on as soon as its call's outcome
-comes. The reply is each step's own reply (or error) in the request's order, spliced as the
+step is acknowledged only once its own write committed). A wave's steps start in the
+order of their env ids, so the env locks they hold at once are taken in one order by
+every batch (two batches naming the same envs never wait for each other in a cycle). The reply is each step's own reply (or error) in the request's order, spliced as the
 bytes each step rendered. A step's ``idempotency_key`` is checked before it runs and
 claimed with its result in that step's own transaction, exactly as the step route's
 ``Idempotency-Key`` (:meth:`~sandpit.api.services.idempotency.Idempotency.check`; a
@@ -37,14 +31,12 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
 
 from ..db.idempotency import KeyClaim
 from ..errors import ApiError, IdempotencyKeyInFlight, InvalidRequest, error_reply, internal_error_body
-from ..sandboxes import CallsInFlight
 from ..schemas.batch import BatchStep, BatchStepRequest
 from ..services.idempotency import Idempotency, Replay, request_digest
 from ..services.quotas import TenantContext
@@ -113,59 +105,23 @@ class BatchSteps:
                 parts[index] = started
             else:
                 running[index] = started
-        flights: list[tuple[list[int], CallsInFlight]] = []
+        order = sorted(running, key=lambda i: items[i].env_id)  # env locks taken in one order by every batch
         try:
-            for index in sorted(running, key=lambda i: items[i].env_id):  # one lock order for every batch
-                env_id = items[index].env_id
-                running[index].lock(self.steps.live.lock(env_id))
-                entry = self.steps.live.get(env_id)  # under the lock: no other request moves it now
-                running[index].placement = entry.session.placement if entry is not None else None
-            order = sorted(running, key=lambda i: (running[i].placement is None, running[i].placement or "",
-                                                   items[i].env_id))
-
-            def advance(index: int) -> None:
-                step = running[index]
-                if not step.advance():
-                    del running[index]
-                    parts[index] = step.reply if step.error is None else self._failed(step.item, step.error)
-
-            def send(group: list[int]) -> None:
-                needs = [running[i].call() for i in group]
-                flight = needs[0].session.start_many([(n.session, n.name, n.arguments, n.rules) for n in needs],
-                                                     wait=not flights)
-                flights.append((group, flight))
-
             while running:
-                group: list[int] = []  # ready steps of one sandbox whose calls are not sent yet
                 for index in order:
                     step = running.get(index)
-                    if step is None or not step.ready:
+                    if step is None:
                         continue
-                    if group and step.placement != running[group[-1]].placement:
-                        send(group)
-                        group = []
-                    advance(index)
-                    if index in running and isinstance(running[index].need, CallNeed):
-                        group.append(index)
-                if group:
-                    send(group)
-                if flights:
-                    while flights:
-                        members, flight = flights.pop(0)
-
-                        def arrived(k: int, outcome: object, members: list[int] = members) -> None:
-                            running[members[k]].resume(outcome)
-                            advance(members[k])
-
-                        flight.finish(arrived)
-                    continue
+                    if step.ready and not step.advance():
+                        del running[index]
+                        parts[index] = step.reply if step.error is None else self._failed(step.item, step.error)
                 blocking = [step for step in running.values() if isinstance(step.need, BlockingNeed)]
                 if blocking:
                     for step, outcome in zip(blocking, self._run_blocking([s.need for s in blocking]), strict=True):
                         step.resume(outcome)
                     continue
                 calls = [step for step in running.values() if isinstance(step.need, CallNeed)]
-                if calls:  # calls not sent for want of a free slot, and steps' second calls
+                if calls:
                     needs = [step.call() for step in calls]
                     outcomes = needs[0].session.call_many([(n.session, n.name, n.arguments, n.rules) for n in needs])
                     for step, outcome in zip(calls, outcomes, strict=True):
@@ -179,11 +135,8 @@ class BatchSteps:
                 for step, error in zip(commits, errors, strict=True):
                     step.resume(error)
         finally:
-            for _, flight in flights:  # a failure of the driver itself: take the outcomes, free the slots
-                flight.finish(lambda k, outcome: None)
-            for step in running.values():  # and release what each step holds
+            for step in running.values():  # a failure of the driver itself: release what each step holds
                 step.work.close()
-                step.unlock()
                 if step.claim is not None:
                     self.keys.release(step.claim)
         return [part if part is not None else b"" for part in parts]
@@ -218,7 +171,7 @@ class BatchSteps:
                 return _replayed(item, begun)
             claim = begun
         return _Running(item, self.steps.work(ctx, item.env_id, item.action, include, key=claim,
-                                              attempt=item.attempt, locked=True), claim, self.keys)
+                                              attempt=item.attempt), claim, self.keys)
 
     def _failed(self, item: BatchStep, exc: BaseException) -> bytes:
         """A step's refusal as its outcome's bytes: an ApiError's status and error object,
@@ -264,22 +217,6 @@ class _Running:
         self._error: BaseException | None = None
         self.reply = b""
         self.error: BaseException | None = None
-        self.placement: str | None = None
-        """The sandbox its env's live session was in when the wave began (None: the env
-        was not live, or the executor does not say)."""
-        self._lock: AbstractContextManager[None] | None = None
-
-    def lock(self, lock: AbstractContextManager[None]) -> None:
-        """Take the env's lock (:meth:`~.live.LiveEnvs.lock`) for the step; it is held
-        until the step ends (:meth:`advance`) or the driver gives up on it (:meth:`unlock`)."""
-        lock.__enter__()
-        self._lock = lock
-
-    def unlock(self) -> None:
-        """Release the env's lock, if the step holds it."""
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.__exit__(None, None, None)
 
     def call(self) -> CallNeed:
         assert isinstance(self.need, CallNeed)
@@ -322,7 +259,6 @@ class _Running:
                 if isinstance(exc, IdempotencyKeyInFlight) and self.claim.deferred is not None:
                     self._taken_meanwhile(self.claim, self.claim.deferred.digest)
         self.need = None
-        self.unlock()  # the step's work is over (its write committed, or it failed)
         return False
 
     def _taken_meanwhile(self, claim: KeyClaim, digest: str) -> None:

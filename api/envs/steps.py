@@ -29,7 +29,6 @@ gives one, is charged each phase of the step.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from functools import partial
 from typing import Any, Literal
 
@@ -153,13 +152,10 @@ class Steps:
 
     def work(self, ctx: TenantContext, env_id: str, request: StepRequest, include: str | None = None,
              clock: StepClock | None = None, key: KeyClaim | None = None,
-             attempt: str | None = None, locked: bool = False) -> Work[StepOutcome]:
+             attempt: str | None = None) -> Work[StepOutcome]:
         """:meth:`step` as resumable work (:mod:`.step_work`): it yields its tool call and
         its write for a driver to carry out, and returns the outcome (or raises what
-        :meth:`step` lists). Nothing runs before the driver's first ``send``. ``locked``:
-        the driver holds the env's lock (:meth:`~.live.LiveEnvs.lock`) from before the
-        first ``send`` until the work ended (the batched step takes a wave's locks in one
-        order first); otherwise the work takes it itself."""
+        :meth:`step` lists). Nothing runs before the driver's first ``send``."""
         wanted = wanted_parts(include)
         if attempt is not None:
             check_attempt(self.db, ctx.tenant, env_id, attempt)
@@ -171,19 +167,18 @@ class Steps:
             self.quotas.take_step(ctx)
             if clock is not None:
                 clock.lap("auth")
-            outcome = yield from self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt, locked)
+            outcome = yield from self._step(ctx.tenant, env_id, action, wanted, clock, key, attempt)
         return outcome
 
     def _step(self, tenant: str, env_id: str, action: Action, wanted: frozenset[str],
-              clock: StepClock | None, key: KeyClaim | None, attempt: str | None,
-              locked: bool = False) -> Work[StepOutcome]:
-        """The step under the env's lock (:meth:`_step_locked`; held by the caller when
-        ``locked``); metrics after the lock. A write that finds the env's head moved since the live entry was made
+              clock: StepClock | None, key: KeyClaim | None, attempt: str | None) -> Work[StepOutcome]:
+        """The step under the env's lock (:meth:`_step_locked`); metrics after the lock.
+        A write that finds the env's head moved since the live entry was made
         (:class:`HeadMoved`: another replica stepped or reset the env, also by a step that
         made no sandbox call) committed nothing and dropped the entry: the step is carried
         out once more from the committed head; a second move in a row is the 503."""
         started = time.perf_counter()
-        with nullcontext() if locked else self.live.lock(env_id):
+        with self.live.lock(env_id):
             try:
                 outcome, done_run, pending = yield from self._step_locked(tenant, env_id, action, wanted, clock,
                                                                           key, attempt)

@@ -14,12 +14,6 @@ positions); a group whose frame cannot be encoded (a call's arguments are not JS
 sent call by call. Sessions of other executors (the Ray backend's) are called through
 their own ``call``, concurrently on threads.
 
-:func:`start_many` is :func:`call_many` in two halves, for a caller that has more to do
-while the sandboxes work (the batched step sends each sandbox's calls as soon as they are
-ready, ``api/envs/batch.py``): the calls of this pool's sessions are sent at once, each
-session's lock held from then until :meth:`Flight.finish` took its outcome; the calls of
-other executors' sessions are made in ``finish``.
-
 :func:`start_call` sends one call of this pool's sessions without waiting for its reply
 (:meth:`Session.start_call <.session.Session.start_call>`), for a caller that must not
 block; for other executors' sessions it sends nothing.
@@ -31,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SandboxLost, SessionError
@@ -52,73 +47,19 @@ def call_many(calls: Sequence[tuple[ExecutorSession, str, dict[str, Any] | None,
     """One tool call ``(session, name, arguments, rules)`` in each session of ``calls``
     (module docstring); the outcomes in the order of ``calls``. Raises ValueError when a
     session appears twice (its requests are serialized: group them in separate calls)."""
-    return start_many(calls).finish()
-
-
-def start_many(calls: Sequence[tuple[ExecutorSession, str, dict[str, Any] | None, CallRules]]) -> Flight:
-    """:func:`call_many` in two halves (module docstring): the calls of this pool's
-    sessions are sent now, each session locked until :meth:`Flight.finish` took its
-    outcome. Call ``finish`` always (in a ``finally``): it releases the sessions. Raises
-    ValueError when a session appears twice, and what sending raises apart from a call's
-    own outcome (nothing is then held)."""
     if len({id(call[0]) for call in calls}) != len(calls):
         raise ValueError("call_many: a session appears twice")
-    return Flight(calls)
-
-
-class Flight:
-    """Calls sent by :func:`start_many`, their outcomes not taken yet."""
-
-    def __init__(self, calls: Sequence[tuple[ExecutorSession, str, dict[str, Any] | None, CallRules]]) -> None:
-        self.calls = calls
-        self.outcomes: list[Outcome | None] = [None] * len(calls)
-        self.ours: list[int] = []
-        """Positions of the calls of this pool's sessions (sent now, grouped by sandbox)."""
-        self.others: list[int] = []
-        """Positions of the calls of other executors' sessions (made in :meth:`finish`)."""
-        ours: list[tuple[Session, str, dict[str, Any] | None, CallRules]] = []
-        for i, (session, name, arguments, rules) in enumerate(calls):
-            if isinstance(session, Session):
-                self.ours.append(i)
-                ours.append((session, name, arguments, rules))
-            else:
-                self.others.append(i)
-        self.finished = False
-        self._grouped = _Grouped(ours) if ours else None
-
-    def finish(self, arrived: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
-        """Wait for every call's outcome; each goes to ``arrived(index in calls, outcome)``
-        as it comes (its session released just before), so the caller can go on with it
-        while the other sandboxes answer. The outcomes in the order of ``calls``. Every
-        reply is taken, so each session's handle follows its sandbox, even when
-        ``arrived`` raises; then the first exception it raised is raised. A second call
-        returns the outcomes again and calls nothing."""
-        if self.finished:
-            return [o if o is not None else SessionError("call_many: no outcome") for o in self.outcomes]
-        self.finished = True
-        failed: list[BaseException] = []
-
-        def deliver(i: int, outcome: Outcome) -> None:
-            self.outcomes[i] = outcome
-            if arrived is not None:
-                try:
-                    arrived(i, outcome)
-                except BaseException as exc:  # noqa: BLE001 - raised once every reply is taken
-                    failed.append(exc)
-
-        grouped, ours = self._grouped, self.ours
-        try:
-            if self.others:
-                for i, outcome in zip(self.others, _each([self.calls[i] for i in self.others]), strict=True):
-                    deliver(i, outcome)
-            if grouped is not None:
-                grouped.finish(lambda k, outcome: deliver(ours[k], outcome))
-        finally:
-            if grouped is not None:  # a failure of this pool's code: the sessions go back all the same
-                grouped.release()
-        if failed:
-            raise failed[0]
-        return [o if o is not None else SessionError("call_many: no outcome") for o in self.outcomes]
+    outcomes: list[Outcome | None] = [None] * len(calls)
+    ours = [i for i, call in enumerate(calls) if isinstance(call[0], Session)]
+    others = [i for i, call in enumerate(calls) if not isinstance(call[0], Session)]
+    if others:
+        for i, outcome in zip(others, _each([calls[i] for i in others]), strict=True):
+            outcomes[i] = outcome
+    if ours:
+        grouped = _grouped([(calls[i][0], calls[i][1], calls[i][2], calls[i][3]) for i in ours])  # type: ignore[misc]
+        for i, outcome in zip(ours, grouped, strict=True):
+            outcomes[i] = outcome
+    return [outcome if outcome is not None else SessionError("call_many: no outcome") for outcome in outcomes]
 
 
 def start_call(session: ExecutorSession, name: str, arguments: dict[str, Any] | None,
@@ -158,94 +99,62 @@ def _raise(exc: BaseException) -> Callable[[], dict[str, Any]]:
     return reply
 
 
-class _Grouped:
-    """This pool's calls of a :class:`Flight`: each session locked (in session id order,
-    one order for every caller) and each sandbox's calls sent at construction; the
-    outcomes delivered, and the sessions released, by :meth:`finish`."""
+def _grouped(calls: list[tuple[Session, str, dict[str, Any] | None, CallRules]]) -> list[Outcome]:
+    """:func:`call_many` for this pool's sessions (module docstring)."""
+    started = time.perf_counter()
+    outcomes: list[Outcome | None] = [None] * len(calls)
+    fields: dict[int, dict[str, Any]] = {}
+    for i, (session, name, arguments, rules) in enumerate(calls):
+        prepared = session.call_fields(name, arguments, rules, started)
+        if isinstance(prepared, CallResult):
+            outcomes[i] = prepared
+        else:
+            fields[i] = prepared
 
-    def __init__(self, calls: list[tuple[Session, str, dict[str, Any] | None, CallRules]]) -> None:
-        self.calls = calls
-        self.started = time.perf_counter()
-        fields: dict[int, dict[str, Any]] = {}
-        self.early: list[tuple[int, Outcome]] = []
-        for i, (session, name, arguments, rules) in enumerate(calls):
-            prepared = session.call_fields(name, arguments, rules, self.started)
-            if isinstance(prepared, CallResult):
-                self.early.append((i, prepared))
-            else:
-                fields[i] = prepared
-        self.held: set[int] = set()
-        """The calls whose session this flight holds locked."""
-        self.waits: list[tuple[list[int], Callable[[], dict[str, Any]]]] = []
+    def finish(i: int, reply: Callable[[], dict[str, Any]]) -> None:
         try:
-            for i in sorted(fields, key=lambda i: calls[i][0].id):
-                calls[i][0].locked.acquire()
-                self.held.add(i)
-            by_sandbox: dict[int, tuple[SandboxSlot, list[int]]] = {}
-            for i in sorted(self.held, key=lambda i: calls[i][0].id):
-                try:
-                    slot = calls[i][0].slot()
-                except SandboxLost as exc:
-                    self.early.append((i, self._finish(i, _raise(exc))))
-                    continue
-                except Exception as exc:  # noqa: BLE001 - the call's outcome (SessionClosed, CapacityError)
-                    self.early.append((i, exc))
-                    continue
-                by_sandbox.setdefault(id(slot), (slot, []))[1].append(i)
-            for slot, members in by_sandbox.values():
-                self.waits.extend(_send(slot, members, calls, fields))
-        except BaseException:
-            self.release()
-            raise
-
-    def release(self) -> None:
-        """Release every session this flight still holds (their outcomes not taken)."""
-        held, self.held = self.held, set()
-        for i in held:
-            self.calls[i][0].locked.release()
-
-    def _finish(self, i: int, reply: Callable[[], dict[str, Any]]) -> Outcome:
-        """Call ``i``'s outcome from its sandbox's ``reply`` (:meth:`Session.finish_call`)."""
-        try:
-            return self.calls[i][0].finish_call(reply, self.started)
+            outcomes[i] = calls[i][0].finish_call(reply, started)
         except Exception as exc:  # noqa: BLE001 - the call's outcome
-            return exc
+            outcomes[i] = exc
 
-    def finish(self, deliver: Callable[[int, Outcome], None]) -> None:
-        """Each call's outcome to ``deliver(index, outcome)``, its session released first;
-        every session still held is released when this returns or raises."""
-        calls = self.calls
-
-        def done(i: int, outcome: Outcome) -> None:
-            if i in self.held:
-                self.held.discard(i)
-                calls[i][0].locked.release()
-            deliver(i, outcome)
-
-        try:
-            for i, outcome in self.early:
-                done(i, outcome)
-            for members, wait in self.waits:
-                if len(members) == 1:
-                    done(members[0], self._finish(members[0], wait))
-                    continue
-                try:
-                    reply = wait()
-                except SandboxLost as exc:
-                    for i in members:
-                        done(i, self._finish(i, _raise(exc)))
-                    continue
-                parts = _results(reply, len(members))
-                if parts is None:
-                    error = SessionError(f"sandbox refused 'calls': {str(reply.get('message'))[:500]}"
-                                         if reply.get("status") == "fault" else "sandbox sent a malformed 'calls' reply")
-                    for i in members:
-                        done(i, error)
-                    continue
-                for i, part in zip(members, parts, strict=True):
-                    done(i, self._finish(i, lambda part=part: part))  # type: ignore[misc]
-        finally:
-            self.release()
+    order = sorted(fields, key=lambda i: calls[i][0].id)  # one lock order for every caller
+    with ExitStack() as stack:
+        for i in order:
+            stack.enter_context(calls[i][0].locked)
+        by_sandbox: dict[int, tuple[SandboxSlot, list[int]]] = {}
+        for i in order:
+            try:
+                slot = calls[i][0].slot()
+            except SandboxLost as exc:
+                finish(i, _raise(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - the call's outcome (SessionClosed, CapacityError)
+                outcomes[i] = exc
+                continue
+            by_sandbox.setdefault(id(slot), (slot, []))[1].append(i)
+        waits: list[tuple[list[int], Callable[[], dict[str, Any]]]] = []
+        for slot, members in by_sandbox.values():
+            waits.extend(_send(slot, members, calls, fields))
+        for members, wait in waits:
+            if len(members) == 1:
+                finish(members[0], wait)
+                continue
+            try:
+                reply = wait()
+            except SandboxLost as exc:
+                for i in members:
+                    finish(i, _raise(exc))
+                continue
+            parts = _results(reply, len(members))
+            if parts is None:
+                error = SessionError(f"sandbox refused 'calls': {str(reply.get('message'))[:500]}"
+                                     if reply.get("status") == "fault" else "sandbox sent a malformed 'calls' reply")
+                for i in members:
+                    outcomes[i] = error
+                continue
+            for i, part in zip(members, parts, strict=True):
+                finish(i, lambda part=part: part)  # type: ignore[misc]
+    return [outcome if outcome is not None else SessionError("call_many: no outcome") for outcome in outcomes]
 
 
 def _results(reply: dict[str, Any], size: int) -> list[dict[str, Any]] | None:

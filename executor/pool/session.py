@@ -291,15 +291,6 @@ class Session:
             observation_truncated=bool(reply_.get("observation_truncated")), delta=delta)
 
     @property
-    def placed_on(self) -> str | None:
-        """The id of the sandbox holding the session now, None before it was opened: read
-        without the session's lock, a hint for a caller that orders its work by sandbox
-        (the batched step, ``api/envs/batch.py``); the session may move before its next
-        call (off a retiring sandbox, or re-placed after a loss)."""
-        sandbox = self._sandbox
-        return None if sandbox is None else sandbox.id
-
-    @property
     def locked(self) -> threading.Lock:
         """The lock that serializes the session's requests (held around :meth:`slot` and
         :meth:`finish_call` by a caller that sends the call itself, :mod:`.grouped`)."""

@@ -122,11 +122,11 @@ def test_a_step_that_loops_or_dies_fails_alone_in_its_group(api: httpx.Client) -
 
 
 def test_a_step_that_ended_frees_its_env_while_the_batch_runs(server: ApiServer) -> None:
-    """The batch takes its envs' locks before any step runs; a step that ends at once (a
-    stale attempt) releases its env then, not when the batch ends: a step sent alone to
-    that env while another env of the batch naps is answered before the nap ends, and
-    each env's steps are the ones it was sent. (A tenant with slots to spare: with one
-    running call, the step alone would wait for the nap's slot instead.)"""
+    """A step of a batch that ends at once (a stale attempt) does not hold its env until
+    the batch ends: a step sent alone to that env while another env of the batch naps is
+    answered before the nap ends, and each env's steps are the ones it was sent. (A
+    tenant with slots to spare: with one running call, the step alone would wait for the
+    nap's slot instead.)"""
     key = server.new_tenant("batch-locks", {"max_running_calls": 4})
     with server.client(key) as api:
         _steps_free_their_envs(server, api, key)

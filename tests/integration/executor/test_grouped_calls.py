@@ -1,9 +1,7 @@
 """Grouped calls (``call_many``, the runner's ``calls`` request) on real sandboxes: each
 call's result is the one it gets alone; a call that loops, kills its process or returns
 a huge result fails (or is capped) alone; a closed session is that call's error; PID 1
-refuses a malformed group whole and answers an unknown session as that call's fault.
-``start_many`` holds each session until its outcome is taken, whatever the caller does
-with it."""
+refuses a malformed group whole and answers an unknown session as that call's fault."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sandpit.executor import call_many, start_many
+from sandpit.executor import call_many
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.errors import SessionClosed, SessionError
 from sandpit.executor.pool import SandboxPool
@@ -115,39 +113,6 @@ def test_a_closed_session_is_that_calls_error(sessions: list[Session]) -> None:
     assert [o.observation for o in (outcomes[0], outcomes[2]) if isinstance(o, CallResult)] == ["1", "3"]
     with pytest.raises(ValueError, match="twice"):
         call_many([(sessions[0], "bump", {}, "sandpit"), (sessions[0], "bump", {}, "sandpit")])
-
-
-def test_a_flight_holds_its_sessions_until_each_outcome_is_taken(sessions: list[Session]) -> None:
-    """``start_many`` sends at once and holds each session locked until ``finish`` hands
-    over its outcome; a caller whose callback raises still gets every outcome and every
-    session back, then the exception; a session's ``placed_on`` names the sandbox that
-    holds it."""
-    assert {s.placed_on for s in sessions} == {sessions[0]._sandbox.id}
-    flight = start_many([(s, "bump", {"by": 1}, "sandpit") for s in sessions[:3]])
-    assert all(s.locked.locked() for s in sessions[:3]) and not sessions[3].locked.locked()
-    seen: list[tuple[int, bool]] = []
-
-    def arrived(index: int, outcome: object) -> None:
-        seen.append((index, sessions[index].locked.locked()))
-        assert isinstance(outcome, CallResult) and outcome.status == "ok", outcome
-
-    assert [o.observation for o in flight.finish(arrived) if isinstance(o, CallResult)] == ["1", "2", "3"]
-    assert sorted(seen) == [(0, False), (1, False), (2, False)]  # released before its outcome is handed over
-    again = flight.finish(arrived)  # finishing again returns the outcomes and calls nothing
-    assert [o.observation for o in again if isinstance(o, CallResult)] == ["1", "2", "3"] and len(seen) == 3
-    failing = start_many([(s, "bump", {"by": 1}, "sandpit") for s in sessions[:3]])
-
-    called: list[int] = []
-
-    def fails(index: int, _outcome: object) -> None:
-        called.append(index)
-        raise RuntimeError("the caller's callback failed")
-
-    with pytest.raises(RuntimeError):
-        failing.finish(fails)
-    assert sorted(called) == [0, 1, 2]  # every reply taken, though the first callback raised
-    assert not any(s.locked.locked() for s in sessions)
-    assert [s.call("bump").observation for s in sessions[:3]] == ["3", "4", "5"]  # the failed round's calls ran
 
 
 @pytest.mark.parametrize("calls,message", [

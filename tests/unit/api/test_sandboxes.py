@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from api_fakes import SOURCE, fake_executor
@@ -78,41 +77,6 @@ def test_a_tenant_over_its_running_calls_waits_then_gets_429(fake: FakeExecutor,
             sandboxes.describe(tenant="t", source=SOURCE, class_name="Counter")
         assert raised.value.limit == "max_running_calls"
         assert sandboxes.describe(tenant="other", source=SOURCE, class_name="Counter")  # tenants are apart
-
-
-def test_start_many_sends_what_gets_a_slot_and_frees_the_slots_when_finished(fake: FakeExecutor,
-                                                                            tmp_path: Path) -> None:
-    """``start_many`` without waiting sends the calls while a slot is free (the rest get
-    no outcome: the caller sends them again); with waiting, the first call waits for its
-    slot and is QuotaExceeded when none comes. ``finish`` frees every slot, also when the
-    callback raises. The fake's sessions do not say where they are placed."""
-    sandboxes = adapter(fake, tmp_path, limit=2)
-    sessions = [sandboxes.open_session(tenant="t", source=SOURCE, class_name="Counter") for _ in range(3)]
-    assert [s.placement for s in sessions] == [None, None, None]
-    calls = [(s, "bump", {"by": i + 1}, "sandpit") for i, s in enumerate(sessions)]
-    got: dict[int, Any] = {}
-    sandboxes.start_many(calls, wait=False).finish(got.__setitem__)
-    assert sorted(got) == [0, 1] and [got[i].observation for i in (0, 1)] == ["1", "2"]
-
-    def fails(_index: int, _outcome: object) -> None:
-        raise RuntimeError("the caller's callback failed")
-
-    for _ in range(3):  # the two slots come back every time
-        with pytest.raises(RuntimeError):
-            sandboxes.start_many(calls[1:], wait=False).finish(fails)
-    again: dict[int, Any] = {}
-    sandboxes.start_many(calls[1:], wait=False).finish(again.__setitem__)
-    assert sorted(again) == [0, 1]
-    with held_elsewhere(lambda: sandboxes.slot("t"), release_after_s=5), \
-            held_elsewhere(lambda: sandboxes.slot("t"), release_after_s=5):
-        nothing: dict[int, Any] = {}
-        sandboxes.start_many(calls, wait=False).finish(nothing.__setitem__)
-        assert nothing == {}
-        refused: dict[int, Any] = {}
-        sandboxes.start_many(calls[:1], wait=True).finish(refused.__setitem__)
-        assert isinstance(refused[0], QuotaExceeded) and refused[0].limit == "max_running_calls"
-    outcomes = sandboxes.call_many(calls)
-    assert [o.observation for o in outcomes] == ["2", "12", "15"]  # the calls of the failed callbacks ran
 
 
 @pytest.mark.parametrize("error, expected, base", [
