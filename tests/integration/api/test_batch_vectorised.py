@@ -3,8 +3,9 @@ sandboxes (their calls grouped, one frame per sandbox) give exactly what each en
 step route gives (observations, deltas, state, rewards, errors, episode ends), also under
 the ``envscaler`` profile; a step whose tool loops past its deadline or kills its
 session process is that step's ``timeout``/``crashed`` outcome while the others of its
-group commit, and its env goes on from its last committed state; episodes that end
-together are scored (their checks run at once) as they are alone."""
+group commit, and its env goes on from its last committed state; a step that ends at
+once frees its env while the rest of its batch runs; episodes that end together are
+scored (their checks run at once) as they are alone."""
 
 from __future__ import annotations
 
@@ -128,40 +129,36 @@ def test_a_step_that_ended_frees_its_env_while_the_batch_runs(server: ApiServer)
     tenant with slots to spare: with one running call, the step alone would wait for the
     nap's slot instead.)"""
     key = server.new_tenant("batch-locks", {"max_running_calls": 4})
-    with server.client(key) as api:
-        _steps_free_their_envs(server, api, key)
-
-
-def _steps_free_their_envs(server: ApiServer, api: httpx.Client, key: str) -> None:
-    environment_id = _environment(api, FAILING_SOURCE, "Failing")
-    napping, fenced, plain = create_envs(api, environment_id, 3)
-    old = api.post(f"/v1/envs/{fenced}/attempts").json()["token"]
-    api.post(f"/v1/envs/{fenced}/attempts")  # ``old`` is stale from now on
     nap_s = 6.0
     replies: list[httpx.Response] = []
+    with server.client(key) as api:
+        environment_id = _environment(api, FAILING_SOURCE, "Failing")
+        napping, fenced, plain = create_envs(api, environment_id, 3)
+        old = api.post(f"/v1/envs/{fenced}/attempts").json()["token"]
+        api.post(f"/v1/envs/{fenced}/attempts")  # ``old`` is stale from now on
 
-    def batch() -> None:
-        with server.client(key, timeout=60) as client:
-            replies.append(client.post("/v1/envs:step", json={"steps": [
-                {"env_id": napping, "action": {"name": "nap", "arguments": {"seconds": nap_s}}},
-                {"env_id": fenced, "action": {"name": "bump"}, "attempt": old},
-                {"env_id": plain, "action": {"name": "bump"}}]}))
+        def batch() -> None:
+            with server.client(key, timeout=60) as client:
+                replies.append(client.post("/v1/envs:step", json={"steps": [
+                    {"env_id": napping, "action": {"name": "nap", "arguments": {"seconds": nap_s}}},
+                    {"env_id": fenced, "action": {"name": "bump"}, "attempt": old},
+                    {"env_id": plain, "action": {"name": "bump"}}]}))
 
-    thread = threading.Thread(target=batch)
-    started = time.monotonic()
-    thread.start()
-    time.sleep(1.5)  # the batch has taken its locks and sent its calls (its steps commit together, at the end)
-    alone = api.post(f"/v1/envs/{fenced}/step", json={"name": "bump"})
-    answered_s, batch_running = time.monotonic() - started, thread.is_alive()
-    thread.join(timeout=60)
-    assert alone.status_code == 200 and alone.json()["observation"] == "1", alone.text
-    assert answered_s < nap_s and batch_running, answered_s  # not behind the napping env's call
-    assert replies and replies[0].status_code == 200, replies
-    results = replies[0].json()["results"]
-    assert [(r["status"], (r.get("error") or {}).get("code")) for r in results] == [
-        (200, None), (409, "stale_attempt"), (200, None)]
-    assert results[0]["result"]["observation"] == "1" and results[2]["result"]["observation"] == "1"
-    assert [api.get(f"/v1/envs/{e}").json()["step"] for e in (napping, fenced, plain)] == [1, 1, 1]
+        thread = threading.Thread(target=batch)
+        started = time.monotonic()
+        thread.start()
+        time.sleep(1.5)  # the batch has sent its calls (its steps commit together, at the end)
+        alone = api.post(f"/v1/envs/{fenced}/step", json={"name": "bump"})
+        answered_s, batch_running = time.monotonic() - started, thread.is_alive()
+        thread.join(timeout=60)
+        assert alone.status_code == 200 and alone.json()["observation"] == "1", alone.text
+        assert answered_s < nap_s and batch_running, answered_s  # not behind the napping env's call
+        assert replies and replies[0].status_code == 200, replies
+        results = replies[0].json()["results"]
+        assert [(r["status"], (r.get("error") or {}).get("code")) for r in results] == [
+            (200, None), (409, "stale_attempt"), (200, None)]
+        assert results[0]["result"]["observation"] == "1" and results[2]["result"]["observation"] == "1"
+        assert [api.get(f"/v1/envs/{e}").json()["step"] for e in (napping, fenced, plain)] == [1, 1, 1]
 
 
 def test_episodes_ending_together_are_scored_as_alone(api: httpx.Client) -> None:
