@@ -16,17 +16,19 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from api_server import COUNTER_SOURCE, ApiServer
 from markdown_docs import section_blocks
-from openenv.core import GenericEnvClient
 from waiting import wait_until
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+if TYPE_CHECKING:
+    from openenv.core import GenericEnvClient
 
 ROOT = Path(__file__).resolve().parents[3]
 CHECKS = [{"check_item": "count is 3", "check_func": "def check_func(final_state):\n"
@@ -37,6 +39,16 @@ ACTIONS: list[dict[str, Any]] = [
     {"name": "no_such_tool", "arguments": {}},  # a recorded rejected step
     {"name": "chat_with_user", "arguments": {"content": "done"}},
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _openenv() -> None:
+    """`openenv-core`'s client, imported when this module's first test runs rather than when
+    it is collected: `openenv.core` imports its web interface and Gradio, about 5 s of CPU
+    that every pytest process collecting the suite would pay (each worker and the serial
+    run)."""
+    global GenericEnvClient
+    from openenv.core import GenericEnvClient
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import verifiers as vf
 from fake_openai import Rule, ScriptedLLM, ToolCallScript
 from markdown_docs import section_blocks
 from openai import AsyncOpenAI
 from sandpit.client import AsyncClient, Client, NotFound, Unauthorized
-from sandpit.client.verifiers_env import NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv
+
+if TYPE_CHECKING:
+    import verifiers as vf
+    from sandpit.client.verifiers_env import NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -40,6 +42,17 @@ CHECKS = [
 BUMP5 = ToolCallScript(name="bump", arguments={"by": 5})
 STORE_A = ToolCallScript(name="set_record", arguments={"key": "a", "value": "x"})
 TOOL_NAMES = {"bump", "set_record", "get_record", "fail", "spin", "weird", "chat_with_user"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _verifiers() -> None:
+    """`verifiers` and the verifiers door, imported when this module's first test runs
+    rather than when it is collected: its classic API pulls in the `anthropic` and `openai`
+    SDKs' types, about 5 s of CPU that every pytest process collecting the suite would pay
+    (each worker and the serial run)."""
+    global vf, NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv
+    import verifiers as vf
+    from sandpit.client.verifiers_env import NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from episode_double import EpisodeDouble
 from sandpit.client import Client, NotFound
 
-gem = pytest.importorskip("gem", reason="gem-llm is installed with the dev extra (Python <= 3.12)")
-gem_env = pytest.importorskip("sandpit.client.gem_env")
-from gem.wrappers.episode_tracking_wrapper import EpisodeTrackingWrapper  # noqa: E402
-from gem.wrappers.observation_wrapper import ObservationWrapper  # noqa: E402
+gem: Any
+gem_env: Any
+EpisodeTrackingWrapper: Any
+ObservationWrapper: Any
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gem() -> None:
+    """`gem` and the GEM door, imported when this module's first test runs rather than when
+    it is collected: they cost about 2 s of CPU, which every pytest process collecting the
+    suite would pay (each worker and the serial run)."""
+    global gem, gem_env, EpisodeTrackingWrapper, ObservationWrapper
+    gem = pytest.importorskip("gem", reason="gem-llm is installed with the dev extra (Python <= 3.12)")
+    gem_env = pytest.importorskip("sandpit.client.gem_env")
+    from gem.wrappers.episode_tracking_wrapper import EpisodeTrackingWrapper
+    from gem.wrappers.observation_wrapper import ObservationWrapper
 
 
 @pytest.fixture
