@@ -52,7 +52,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -78,11 +78,8 @@ from ..settings import ApiSettings
 from . import mcp_calls
 from .access_log import note_route, note_tenant
 from .handlers import count_rejection, error_response
+from .mcp_door import ENV_TEMPLATE, SCENARIO_TEMPLATE
 
-ENV_TEMPLATE = "/v1/envs/{env_id}/mcp"
-"""The env endpoint's path template."""
-SCENARIO_TEMPLATE = "/v1/scenarios/{scenario_id}/mcp"
-"""The scenario endpoint's path template."""
 META_KEY = "sandpit/step"
 """The ``_meta`` key of a ``tools/call`` result that holds the step's record."""
 SESSION_HEADER = "mcp-session-id"
@@ -173,7 +170,8 @@ class McpServer:
         run_blocking: runs blocking work on a worker thread (the step door's threads,
             :meth:`.step.StepDoor.run`).
 
-    :meth:`run` must be entered (the app's lifespan does) before requests are served.
+    :meth:`run` must be entered before requests are served: the app's MCP door
+    (:class:`.mcp_door.McpDoor`) builds this server on the first MCP request and enters it.
     """
 
     def __init__(self, settings: ApiSettings, tenants: TenantService, envs: EnvLifecycle, steps: Steps,
@@ -504,16 +502,3 @@ async def _bad_request(message: str, scope: Scope, receive: Receive, send: Send)
                                error=types.ErrorData(code=types.INVALID_REQUEST, message=message))
     await Response(error.model_dump_json(by_alias=True, exclude_none=True), status_code=400,
                    media_type="application/json")(scope, receive, send)
-
-
-class McpEndpoint:
-    """The ASGI app of one endpoint for the router (an object, so Starlette hands it the
-    raw request): it serves through the app's :class:`McpServer` (``app.state.mcp``, made
-    in the lifespan). ``kind``: ``env`` or ``scenario``."""
-
-    def __init__(self, kind: Literal["env", "scenario"]) -> None:
-        self.kind = kind
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        server: McpServer = scope["app"].state.mcp
-        await (server.env if self.kind == "env" else server.scenario)(scope, receive, send)

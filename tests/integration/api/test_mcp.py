@@ -15,12 +15,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
-from api_server import COUNTER_SOURCE, ApiServer
+from api_server import COUNTER_SOURCE, ApiServer, create_envs
 from markdown_docs import section_blocks
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -377,3 +378,39 @@ def test_the_documented_client_runs(replicas: list[ApiServer], scenario_id: str,
     lines = run.stdout.splitlines()
     assert lines[2:] == ["observation 3 error False", "count 3", "terminated True reward 1.0"], run.stdout
     assert lines[0].startswith("env env_") and "'bump'" in lines[1]
+
+
+def test_a_servers_first_mcp_requests_at_once_all_get_their_answers(tmp_path: Path, leak_check,
+                                                                     sandbox_image) -> None:
+    """The MCP server is built on a server's first MCP request (``McpDoor``): eight first
+    requests arriving together (tools/list, malformed JSON, a wrong key, an unknown env)
+    each get the answer they get on a server that built it long before."""
+    fresh = ApiServer(tmp_path / "fresh").start()
+    try:
+        with fresh.client() as client:
+            environment = client.post("/v1/environments", json={"name": "counter", "source_code": COUNTER_SOURCE,
+                                                                 "class_name": "Counter"})
+            assert environment.status_code == 201, environment.text
+            env_id = create_envs(client, environment.json()["id"], 1)[0]
+            shown = [s["function"]["name"] for s in client.get(f"/v1/envs/{env_id}").json()["tools"]]
+        path = f"/v1/envs/{env_id}/mcp"
+        listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        requests: list[Callable[[], httpx.Response]] = [
+            lambda: _rpc(fresh, path, listing), lambda: _rpc(fresh, path, listing), lambda: _rpc(fresh, path, listing),
+            lambda: _rpc(fresh, path, None, raw=b'{"jsonrpc": "2.0", "id": 1, "method": '),
+            lambda: _rpc(fresh, path, None, raw=b"\xff\x00" * 64),
+            lambda: _rpc(fresh, path, listing, api_key="not-a-key"),
+            lambda: _rpc(fresh, "/v1/envs/env-does-not-exist/mcp", listing),
+            lambda: _rpc(fresh, path, listing)]
+        with ThreadPoolExecutor(len(requests)) as threads:
+            answers = list(threads.map(lambda send: send(), requests))
+        for answer in (*answers[:3], answers[7]):
+            assert answer.status_code == 200, answer.text
+            assert [tool["name"] for tool in answer.json()["result"]["tools"]] == shown
+        for answer in answers[3:5]:
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == -32700, answer.text
+        assert answers[5].status_code == 401, answers[5].text
+        assert answers[6].status_code == 404 and answers[6].json()["error"]["code"] == "not_found"
+        assert "Traceback" not in fresh.log_tail()
+    finally:
+        fresh.stop()
