@@ -12,21 +12,32 @@ to it. What the endpoints answer is :mod:`.mcp`'s.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Literal, Protocol
 
 import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 from starlette.types import Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from .mcp import McpServer
-
 ENV_TEMPLATE = "/v1/envs/{env_id}/mcp"
 """The env endpoint's path template."""
 SCENARIO_TEMPLATE = "/v1/scenarios/{scenario_id}/mcp"
 """The scenario endpoint's path template."""
+
+
+class ServesMcp(Protocol):
+    """What the door needs of :class:`.mcp.McpServer` (a protocol, so this module never
+    imports the SDK): ``run()`` entered while it serves, and the two endpoints."""
+
+    def run(self) -> AbstractAsyncContextManager[None]:
+        """Serve while entered."""
+
+    async def env(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/v1/envs/{env_id}/mcp``."""
+
+    async def scenario(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/v1/scenarios/{scenario_id}/mcp``."""
 
 
 class McpDoor:
@@ -38,9 +49,9 @@ class McpDoor:
             on a worker thread so the import never holds the event loop.
     """
 
-    def __init__(self, build: Callable[[], McpServer]) -> None:
+    def __init__(self, build: Callable[[], ServesMcp]) -> None:
         self._build = build
-        self._server: McpServer | None = None
+        self._server: ServesMcp | None = None
         self._tasks: TaskGroup | None = None
         self._lock: anyio.Lock | None = None
         self._stop: anyio.Event | None = None
@@ -64,7 +75,7 @@ class McpDoor:
                 self._stop.set()
         self._server = None
 
-    async def server(self) -> McpServer:
+    async def server(self) -> ServesMcp:
         """The MCP server, built and started by the first caller (the others wait for it).
 
         Raises:
@@ -85,7 +96,7 @@ class McpDoor:
                 self._server = server
         return self._server
 
-    async def _serve(self, server: McpServer, *, task_status: TaskStatus[None]) -> None:
+    async def _serve(self, server: ServesMcp, *, task_status: TaskStatus[None]) -> None:
         """Keep ``server.run()`` entered until :meth:`run` exits."""
         assert self._stop is not None
         async with server.run():
@@ -104,5 +115,4 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         door: McpDoor = scope["app"].state.mcp
         server = await door.server()
-        serve: Any = server.env if self.kind == "env" else server.scenario
-        await serve(scope, receive, send)
+        await (server.env if self.kind == "env" else server.scenario)(scope, receive, send)
