@@ -113,8 +113,10 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _plain_client() -> httpx.Client:
-    """An httpx client on the shared TLS context (:func:`_tls_context`)."""
+def plain_client() -> httpx.Client:
+    """An httpx client with no base URL and no default headers, on the shared TLS context
+    (:func:`_tls_context`): for many requests whose headers differ, where the module-level
+    ``httpx.request`` would build a client per request."""
     return httpx.Client(verify=_tls_context())
 
 
@@ -152,7 +154,7 @@ class ApiServer:
 
     def new_tenant(self, tenant_id: str, quotas: dict | None = None, **fields: object) -> str:
         """Create a tenant through the admin API; returns its API key."""
-        with _plain_client() as http:
+        with plain_client() as http:
             response = http.post(f"{self.url}/v1/admin/tenants", headers=self.operator_headers, timeout=30,
                                  json={"id": tenant_id, "quotas": quotas, **fields})
         assert response.status_code == 201, response.text
@@ -170,7 +172,7 @@ class ApiServer:
                 [sys.executable, "-c", "from sandpit.cli import app; app()", "serve", "--port", str(self.port)],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
-        with _plain_client() as http:
+        with plain_client() as http:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     raise AssertionError(f"server exited with {self.process.returncode}: {self.log_tail()}")
