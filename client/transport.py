@@ -50,6 +50,8 @@ MAX_BACKOFF_S = 5.0
 """Without Retry-After: 0.25 s, 0.5 s, 1 s, ... capped here."""
 TRANSPORT_ATTEMPTS = 3
 """Attempts of a call whose transport failed in a way that is safe to repeat."""
+URL_CACHE_SIZE = 4096
+"""Request paths whose absolute URL a transport keeps (:class:`_Urls`); when full it starts over."""
 
 
 def _retry_sleep(state: tenacity.RetryCallState) -> float:
@@ -115,10 +117,45 @@ def _result(call: Call[T], response: httpx.Response) -> T:
     raise error_from_response(response)
 
 
+class _Urls:
+    """The absolute URL of each request path on an httpx client's ``base_url``, built once.
+
+    httpx parses a path given as a string twice per request to join it to ``base_url``
+    (about 20 µs of CPU each on a 2-core VM, a tenth of what the client spends on a step);
+    a :class:`httpx.URL` that is already absolute goes through as it is. The join is
+    httpx's own (``Client._merge_url``: ``base_url`` ends with ``/``, the path's leading
+    ``/`` is dropped, so a ``base_url`` with a path prefix keeps it). A new ``base_url``
+    on the client empties the cache; at :data:`URL_CACHE_SIZE` paths (an env's step and
+    state paths are a few each) it starts over. Safe to share between threads: a race
+    builds a URL twice, never a wrong one.
+    """
+
+    def __init__(self) -> None:
+        self._base: httpx.URL | None = None
+        self._urls: dict[str, httpx.URL] = {}
+
+    def url(self, base: httpx.URL, path: str) -> httpx.URL:
+        """``path`` (a relative path such as ``/v1/envs/env_1/step``) joined to ``base``."""
+        urls = self._urls
+        if base is not self._base:
+            urls = self._urls = {}
+            self._base = base
+        url = urls.get(path)
+        if url is None:
+            relative = httpx.URL(path)
+            if not relative.is_relative_url:
+                return relative
+            if len(urls) >= URL_CACHE_SIZE:
+                urls = self._urls = {}
+            url = urls[path] = base.copy_with(raw_path=base.raw_path + relative.raw_path.lstrip(b"/"))
+        return url
+
+
 class _Base:
     def __init__(self, policy: RetryPolicy, operator_key: str | None) -> None:
         self.policy = policy
         self._operator_key = operator_key
+        self._urls = _Urls()
 
     def _headers(self, call: Call[Any]) -> dict[str, str] | None:
         headers: dict[str, str] | None = None
@@ -155,7 +192,8 @@ class SyncTransport(_Base):
 
     def _once(self, call: Call[T], headers: dict[str, str] | None) -> T:
         try:
-            response = self.http.request(call.method, call.path, params=call.params, json=call.json, headers=headers)
+            response = self.http.request(call.method, self._urls.url(self.http.base_url, call.path),
+                                         params=call.params, json=call.json, headers=headers)
         except httpx.RequestError as exc:
             raise error_from_transport(exc, call.method, call.path, call.idempotent) from exc
         return _result(call, response)
@@ -176,8 +214,8 @@ class AsyncTransport(_Base):
 
     async def _once(self, call: Call[T], headers: dict[str, str] | None) -> T:
         try:
-            response = await self.http.request(call.method, call.path, params=call.params, json=call.json,
-                                               headers=headers)
+            response = await self.http.request(call.method, self._urls.url(self.http.base_url, call.path),
+                                               params=call.params, json=call.json, headers=headers)
         except httpx.RequestError as exc:
             raise error_from_transport(exc, call.method, call.path, call.idempotent) from exc
         return _result(call, response)
