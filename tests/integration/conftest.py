@@ -46,6 +46,23 @@ from sandpit.executor.settings import ExecutorSettings, get_image_settings
 
 TENANT = "tests"
 CALL_TIMEOUT_S = 2.0
+SERIAL_HOME = Path(__file__).parent / "scale"
+"""Where tests marked ``serial`` live: ``scripts/test`` runs them alone from there only."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a test marked ``serial`` outside :data:`SERIAL_HOME`: the parallel run of
+    ``scripts/test`` deselects it and the serial run, which collects only that folder,
+    would never see it.
+
+    Raises:
+        pytest.UsageError: naming each such test.
+    """
+    misplaced = [item.nodeid for item in items
+                 if item.get_closest_marker("serial") is not None and not item.path.is_relative_to(SERIAL_HOME)]
+    if misplaced:
+        raise pytest.UsageError(f"tests marked serial must live under {SERIAL_HOME} (scripts/test runs only "
+                                f"that folder alone): {', '.join(misplaced)}")
 FAST = ProfileOverrides(call_timeout_s=CALL_TIMEOUT_S, memory_mib=128, tmpfs_mib=8, output_cap_bytes=8192)
 
 PROBE_SOURCE = '''
