@@ -121,32 +121,33 @@ class _Urls:
     """The absolute URL of each request path on an httpx client's ``base_url``, built once.
 
     httpx parses a path given as a string twice per request to join it to ``base_url``
-    (about 20 µs of CPU each on a 2-core VM, a tenth of what the client spends on a step);
-    a :class:`httpx.URL` that is already absolute goes through as it is. The join is
-    httpx's own (``Client._merge_url``: ``base_url`` ends with ``/``, the path's leading
-    ``/`` is dropped, so a ``base_url`` with a path prefix keeps it). A new ``base_url``
-    on the client empties the cache; at :data:`URL_CACHE_SIZE` paths (an env's step and
-    state paths are a few each) it starts over. Safe to share between threads: a race
-    builds a URL twice, never a wrong one.
+    (about 20 µs of CPU each on a loaded 2-core VM, some 5% of what the client spends on
+    a step); a :class:`httpx.URL` that is already absolute goes through as it is. The join
+    is httpx's own (``Client._merge_url``: ``base_url`` ends with ``/``, the path's leading
+    ``/`` is dropped, so a ``base_url`` with a path prefix keeps it). A new ``base_url`` on
+    the client starts a new cache; at :data:`URL_CACHE_SIZE` paths (an env's step and
+    state paths are a few each) it starts over. Safe to share between threads: the cache
+    is one ``(base_url, {path: url})`` pair read and replaced whole, so a dict only ever
+    holds URLs built on its own base; a race builds a URL twice, never a wrong one.
     """
 
     def __init__(self) -> None:
-        self._base: httpx.URL | None = None
-        self._urls: dict[str, httpx.URL] = {}
+        self._cache: tuple[httpx.URL | None, dict[str, httpx.URL]] = (None, {})
 
     def url(self, base: httpx.URL, path: str) -> httpx.URL:
         """``path`` (a relative path such as ``/v1/envs/env_1/step``) joined to ``base``."""
-        urls = self._urls
-        if base is not self._base:
-            urls = self._urls = {}
-            self._base = base
+        cached_base, urls = self._cache
+        if cached_base is not base:
+            urls = {}
+            self._cache = (base, urls)
         url = urls.get(path)
         if url is None:
             relative = httpx.URL(path)
             if not relative.is_relative_url:
                 return relative
             if len(urls) >= URL_CACHE_SIZE:
-                urls = self._urls = {}
+                urls = {}
+                self._cache = (base, urls)
             url = urls[path] = base.copy_with(raw_path=base.raw_path + relative.raw_path.lstrip(b"/"))
         return url
 

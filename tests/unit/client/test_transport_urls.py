@@ -6,6 +6,8 @@ and the cache stays bounded."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,7 +57,7 @@ def test_an_absolute_path_is_left_as_it_is_and_not_kept() -> None:
     urls = _Urls()
     base = httpx.URL("http://127.0.0.1:9/")
     assert urls.url(base, "http://other.example/x") == httpx.URL("http://other.example/x")
-    assert urls._urls == {}
+    assert urls._cache[1] == {}
 
 
 def test_the_sync_client_sends_to_the_same_urls_and_follows_a_new_base_url() -> None:
@@ -90,4 +92,33 @@ def test_the_cache_starts_over_when_full(monkeypatch: pytest.MonkeyPatch) -> Non
     base = httpx.URL("http://127.0.0.1:9/")
     for n in range(50):
         assert urls.url(base, f"/v1/envs/e{n}/step") == httpx.URL(f"http://127.0.0.1:9/v1/envs/e{n}/step")
-        assert len(urls._urls) <= 8
+        assert len(urls._cache[1]) <= 8
+
+
+def test_callers_on_two_base_urls_at_once_each_get_their_own() -> None:
+    """Threads sharing one cache, half on each of two bases (a client whose base_url is
+    changed while others send): every URL is on its caller's base (a cache that kept
+    paths whatever their base would hand callers the other base's URLs)."""
+    urls = _Urls()
+    bases = [httpx.URL("http://127.0.0.1:9/a/"), httpx.URL("http://127.0.0.2:10/b/")]
+    wrong: list[str] = []
+    start = threading.Barrier(8)
+
+    def caller(base: httpx.URL) -> None:
+        start.wait()
+        for n in range(3000):
+            url = urls.url(base, f"/v1/envs/e{n % 7}/step")
+            if not str(url).startswith(str(base)):
+                wrong.append(f"{base} -> {url}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=caller, args=(bases[i % 2],)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
