@@ -6,6 +6,8 @@
   sandbox) shared by most tests; ``fast_profile`` is the small profile they use (2 s per
   call), so every test runs in the same warm-pool key.
 * ``open_env``: opens sessions and closes every one of them when the test ends.
+* a test marked ``serial`` outside ``tests/integration/scale`` is a collection error
+  (``scripts/test`` runs that folder alone for them).
 * ``leak_check``: after every pool has closed, no ``sandpit=1`` container made by this
   process (or by a dead one) may remain.
 * ``server``, ``make_server``, ``make_module_server``: real ``sandpit serve`` processes
@@ -46,23 +48,6 @@ from sandpit.executor.settings import ExecutorSettings, get_image_settings
 
 TENANT = "tests"
 CALL_TIMEOUT_S = 2.0
-SERIAL_HOME = Path(__file__).parent / "scale"
-"""Where tests marked ``serial`` live: ``scripts/test`` runs them alone from there only."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse a test marked ``serial`` outside :data:`SERIAL_HOME`: the parallel run of
-    ``scripts/test`` deselects it and the serial run, which collects only that folder,
-    would never see it.
-
-    Raises:
-        pytest.UsageError: naming each such test.
-    """
-    misplaced = [item.nodeid for item in items
-                 if item.get_closest_marker("serial") is not None and not item.path.is_relative_to(SERIAL_HOME)]
-    if misplaced:
-        raise pytest.UsageError(f"tests marked serial must live under {SERIAL_HOME} (scripts/test runs only "
-                                f"that folder alone): {', '.join(misplaced)}")
 FAST = ProfileOverrides(call_timeout_s=CALL_TIMEOUT_S, memory_mib=128, tmpfs_mib=8, output_cap_bytes=8192)
 
 PROBE_SOURCE = '''
@@ -112,6 +97,25 @@ def _require(reason: str) -> None:
     if os.environ.get("SANDPIT_REQUIRE_DOCKER"):
         pytest.fail(f"SANDPIT_REQUIRE_DOCKER is set but {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+SERIAL_HOME = Path(__file__).parent / "scale"
+"""Where tests marked ``serial`` live: ``scripts/test`` runs them alone from there only."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a test marked ``serial`` outside :data:`SERIAL_HOME`: the parallel run of
+    ``scripts/test`` deselects it and the serial run, which collects only that folder,
+    would never see it.
+
+    Raises:
+        pytest.UsageError: naming each such test.
+    """
+    misplaced = [item.nodeid for item in items
+                 if item.get_closest_marker("serial") is not None and not item.path.is_relative_to(SERIAL_HOME)]
+    if misplaced:
+        raise pytest.UsageError(f"tests marked serial must live under {SERIAL_HOME} (scripts/test runs only "
+                                f"that folder alone): {', '.join(misplaced)}")
 
 
 @pytest.fixture(scope="session")
