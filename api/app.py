@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -70,7 +69,7 @@ from .http.batch_step import BatchStepDoor
 from .http.body_timeout import BodyReadTimeout
 from .http.create_env import CreateDoor
 from .http.handlers import error_response, register_handlers
-from .http.mcp_door import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpDoor, McpEndpoint
+from .http.mcp_door import ENV_TEMPLATE, SCENARIO_TEMPLATE, McpDoor, McpEndpoint, ServesMcp
 from .http.openenv import OpenEnvServer
 from .http.openenv import routes as openenv_routes
 from .http.reset_env import ResetDoor
@@ -92,9 +91,6 @@ from .services.stats import StatsService
 from .services.tenants import TenantService
 from .services.ui_sessions import UiSessions
 from .settings import ApiSettings, get_api_settings
-
-if TYPE_CHECKING:
-    from .http.mcp import McpServer
 
 SERVED = ("metrics", "cluster", "tenants", "quotas", "environments", "envs", "episodes", "steps", "rewards", "history",
           "scenarios", "stats", "execution", "evaluations", "health", "idempotency",
@@ -226,7 +222,7 @@ def create_app(settings: ApiSettings | None = None, executor_settings: ExecutorS
                     evaluation_listings=EvaluationListings(db), tenants=services.tenants, history=services.history,
                     envs=services.envs, environments=services.environments, scenarios=services.scenarios,
                     jobs=services.evaluations)
-                def build_mcp() -> McpServer:  # on the first MCP request (McpDoor)
+                def build_mcp() -> ServesMcp:  # on the first MCP request (McpDoor)
                     from .http.mcp import McpServer
 
                     return McpServer(api_settings, services.tenants, services.envs, services.steps,
