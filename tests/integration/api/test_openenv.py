@@ -45,8 +45,8 @@ ACTIONS: list[dict[str, Any]] = [
 def _openenv() -> None:
     """`openenv-core`'s client, imported when this module's first test runs rather than when
     it is collected: `openenv.core` imports its web interface and Gradio, about 5 s of CPU
-    that every pytest process collecting the suite would pay (each worker and the serial
-    run)."""
+    that every pytest process collecting the suite would pay (each xdist worker of
+    scripts/test, every local run)."""
     global GenericEnvClient
     from openenv.core import GenericEnvClient
 

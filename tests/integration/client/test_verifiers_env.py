@@ -49,7 +49,7 @@ def _verifiers() -> None:
     """`verifiers` and the verifiers door, imported when this module's first test runs
     rather than when it is collected: its classic API pulls in the `anthropic` and `openai`
     SDKs' types, about 5 s of CPU that every pytest process collecting the suite would pay
-    (each worker and the serial run)."""
+    (each xdist worker of scripts/test, every local run)."""
     global vf, NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv
     import verifiers as vf
     from sandpit.client.verifiers_env import NOT_RUN, STATE_KEY, SandpitRolloutError, SandpitToolEnv

@@ -21,7 +21,7 @@ ObservationWrapper: Any
 def _gem() -> None:
     """`gem` and the GEM door, imported when this module's first test runs rather than when
     it is collected: they cost about 2 s of CPU, which every pytest process collecting the
-    suite would pay (each worker and the serial run)."""
+    suite would pay (each xdist worker of scripts/test, every local run)."""
     global gem, gem_env, EpisodeTrackingWrapper, ObservationWrapper
     gem = pytest.importorskip("gem", reason="gem-llm is installed with the dev extra (Python <= 3.12)")
     gem_env = pytest.importorskip("sandpit.client.gem_env")
