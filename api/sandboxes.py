@@ -164,11 +164,11 @@ class CallInFlight:
         self._slot = slot
         self._owner = owner
 
-    def answered(self, wait_s: float) -> bool:
+    def answered(self, wait_s: float, spin_s: float = 0.0) -> bool:
         """Whether :meth:`finish` can return without waiting for the sandbox, after
-        waiting up to ``wait_s`` seconds for its reply
-        (:meth:`~sandpit.executor.StartedCall.answered`)."""
-        return self._started.answered(wait_s)
+        waiting up to ``wait_s`` seconds for its reply, the first ``spin_s`` of them
+        polling without sleeping (:meth:`~sandpit.executor.StartedCall.answered`)."""
+        return self._started.answered(wait_s, spin_s)
 
     def finish(self) -> CallResult:
         """The call's result, as :meth:`SandboxSession.call` returns it (waiting for the

@@ -290,10 +290,11 @@ class SandboxReply:
         self._sandbox = sandbox
         self._pending = pending
 
-    def answered(self, wait_s: float) -> bool:
+    def answered(self, wait_s: float, spin_s: float = 0.0) -> bool:
         """:meth:`PendingReply.answered`: whether the reply came within ``wait_s``
-        seconds (False when the sandbox was lost meanwhile; calling then raises)."""
-        return self._pending.answered(wait_s)
+        seconds, polling without sleeping for the first ``spin_s`` of them (False when
+        the sandbox was lost meanwhile; calling then raises)."""
+        return self._pending.answered(wait_s, spin_s)
 
     def __call__(self) -> dict[str, Any]:
         """The reply. Raises SandboxLost as :meth:`Sandbox.request` does (the sandbox destroyed)."""

@@ -146,7 +146,7 @@ class RunnerChannel:
             self._fail(f"send failed: {exc}")
         return PendingReply(self, waiting, request_id, op, timeout_s, time.monotonic() + timeout_s)
 
-    def _wait(self, waiting: _Waiter, deadline: float) -> bool:
+    def _wait(self, waiting: _Waiter, deadline: float, spin_until: float = 0.0) -> bool:
         """Wait until ``waiting`` is set or ``deadline`` (``time.monotonic()`` seconds)
         passes, reading the socket whenever nobody else does; whether it was set."""
         while True:
@@ -160,7 +160,7 @@ class RunnerChannel:
                     waiting.following = True
                     self._followers.append(waiting)
             if lead:
-                self._lead(waiting, deadline)
+                self._lead(waiting, deadline, spin_until)
                 return waiting.done
             woken = waiting.sleep(deadline - time.monotonic())
             with self._state_lock:
@@ -175,11 +175,12 @@ class RunnerChannel:
                     self._hand_on()
                 return waiting.done
 
-    def _lead(self, reader: _Waiter, deadline: float) -> None:
+    def _lead(self, reader: _Waiter, deadline: float, spin_until: float = 0.0) -> None:
         """As the channel's reader (``self._reader is reader``): read until ``reader`` is
-        set or ``deadline`` passes, then hand the reading on."""
+        set or ``deadline`` passes (polling without sleeping until ``spin_until``), then
+        hand the reading on."""
         try:
-            self._read(reader, deadline)
+            self._read(reader, deadline, spin_until)
         finally:
             with self._state_lock:
                 self._reader = None
@@ -195,11 +196,16 @@ class RunnerChannel:
                 follower.wake()
                 return
 
-    def _read(self, reader: _Waiter, deadline: float) -> None:
+    def _read(self, reader: _Waiter, deadline: float, spin_until: float = 0.0) -> None:
         """Read and hand out frames until ``reader`` is set or ``deadline`` passes (what
-        has arrived by then is still read). The end of the stream, a socket error or a
+        has arrived by then is still read); before its first sleep in ``poll``, poll
+        without sleeping until the socket is readable or ``spin_until`` passes
+        (:meth:`_spin`; 0: not at all). The end of the stream, a socket error or a
         malformed frame fails the channel."""
         while not reader.done:
+            if spin_until:
+                self._spin(min(spin_until, deadline))
+                spin_until = 0.0
             remaining = deadline - time.monotonic()
             timeout_ms = None if remaining == math.inf else min(max(0.0, remaining) * 1000, _POLL_MAX_MS)
             if self._dead is not None:
@@ -222,6 +228,17 @@ class RunnerChannel:
                 self._fail(f"protocol violation: {exc}")
                 return
             self._deliver(messages)
+
+    def _spin(self, until: float) -> None:
+        """Poll the socket without sleeping until it is readable or ``until``
+        (``time.monotonic()`` seconds) passes. A thread asleep in ``poll`` is woken by
+        the runner's reply through the scheduler, and on a virtual machine that wake-up
+        (an inter-processor interrupt, a context switch) can cost more than the call
+        took; a thread that keeps polling reads the reply as it lands, for the CPU it
+        burns meanwhile. Each ``poll(0)`` releases the GIL."""
+        poll, clock = self._readable.poll, time.monotonic
+        while not poll(0) and clock() < until:
+            pass
 
     def _deliver(self, messages: list[dict[str, Any]]) -> None:
         """Hand each reply to its caller, gathering parts. Frames nobody waits for (an
@@ -295,14 +312,22 @@ class PendingReply:
         self._timeout_s = timeout_s
         self._deadline = deadline
 
-    def answered(self, wait_s: float) -> bool:
+    def answered(self, wait_s: float, spin_s: float = 0.0) -> bool:
         """Wait up to ``wait_s`` seconds (never past the request's deadline) for the
         reply, reading the socket meanwhile when nobody else does; True when a reply
         frame has come (calling then returns it at once). False also when the channel
-        failed: calling then raises SandboxLost. The request stays pending either way."""
+        failed: calling then raises SandboxLost. The request stays pending either way.
+
+        ``spin_s``: for the first ``spin_s`` seconds of that wait (at most ``wait_s``), a
+        caller that is the channel's reader polls the socket without sleeping
+        (:meth:`RunnerChannel._spin`), so a reply that comes meanwhile is read without
+        the wake-up of a sleeping thread; it costs this thread's CPU for as long as it
+        spins. A caller that is not the reader sleeps as without it."""
         waiting = self._waiting
         if not waiting.done:
-            self._channel._wait(waiting, min(time.monotonic() + wait_s, self._deadline))
+            now = time.monotonic()
+            spin_until = now + min(spin_s, wait_s) if spin_s > 0 else 0.0
+            self._channel._wait(waiting, min(now + wait_s, self._deadline), spin_until)
         return waiting.done and waiting.error is None
 
     def __call__(self) -> dict[str, Any]:

@@ -30,10 +30,12 @@ from ..results import EncodedValue, OpenedState
 class Reply(Protocol):
     """A runner request sent, its reply not yet taken (:meth:`SandboxSlot.submit`)."""
 
-    def answered(self, wait_s: float) -> bool:
-        """Wait up to ``wait_s`` seconds for the reply; True when it came (calling then
-        returns it at once), False when not yet or when the sandbox was lost (calling then
-        raises SandboxLost)."""
+    def answered(self, wait_s: float, spin_s: float = 0.0) -> bool:
+        """Wait up to ``wait_s`` seconds for the reply, the first ``spin_s`` of them
+        (at most ``wait_s``) polling without sleeping where the transport can
+        (:meth:`~sandpit.executor.pool.channel.PendingReply.answered`); True when it came
+        (calling then returns it at once), False when not yet or when the sandbox was lost
+        (calling then raises SandboxLost)."""
         ...
 
     def __call__(self) -> dict[str, Any]:

@@ -410,15 +410,17 @@ class StartedCall:
         self._reply = reply
         self._started = started
 
-    def answered(self, wait_s: float) -> bool:
-        """Wait up to ``wait_s`` seconds for the sandbox's reply; True when
-        :meth:`finish` will not wait for the sandbox (the reply came, or the request could
-        not be encoded); False when it has not come yet or the sandbox was lost (finishing
-        then waits, or destroys the sandbox: work for a thread)."""
+    def answered(self, wait_s: float, spin_s: float = 0.0) -> bool:
+        """Wait up to ``wait_s`` seconds for the sandbox's reply, polling without
+        sleeping for the first ``spin_s`` of them (:meth:`Reply.answered
+        <sandpit.executor.pool.placement.Reply.answered>`); True when :meth:`finish` will
+        not wait for the sandbox (the reply came, or the request could not be encoded);
+        False when it has not come yet or the sandbox was lost (finishing then waits, or
+        destroys the sandbox: work for a thread)."""
         reply = self._reply
         if isinstance(reply, Exception):
             return not isinstance(reply, SandboxLost)
-        return reply.answered(wait_s)
+        return reply.answered(wait_s, spin_s)
 
     def finish(self) -> CallResult:
         """The call's result, as :meth:`Session.call` returns it (waiting for the reply

@@ -224,7 +224,7 @@ class KnownReply:
     def __init__(self, reply: dict[str, Any]) -> None:
         self.reply = reply
 
-    def answered(self, wait_s: float) -> bool:
+    def answered(self, wait_s: float, spin_s: float = 0.0) -> bool:
         return True
 
     def __call__(self) -> dict[str, Any]:

@@ -365,3 +365,58 @@ def test_a_short_wait_stops_at_the_deadline_and_at_a_lost_runner(pair: tuple[Run
     assert not lost.answered(5)  # the channel failed: no reply, and calling raises
     with pytest.raises(SandboxLost):
         lost()
+
+
+def test_a_spinning_wait_reads_a_reply_that_comes_while_it_polls(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    """``answered(wait_s, spin_s)``: the reader polls without sleeping for ``spin_s`` and
+    takes a reply that lands meanwhile; the frames around it reach their own callers."""
+    channel, runner = pair
+    other = channel.submit("call", 5, name="other")
+    mine = channel.submit("call", 5, name="mine")
+    requests = {r["name"]: r for r in (read_request(runner), read_request(runner))}
+
+    def answer() -> None:
+        time.sleep(0.02)
+        runner.sendall(protocol.encode({"id": requests["other"]["id"], "status": "ok", "value": "other"}))
+        time.sleep(0.02)
+        runner.sendall(protocol.encode({"id": requests["mine"]["id"], "status": "ok", "value": "mine"}))
+
+    answerer = threading.Thread(target=answer)
+    answerer.start()
+    try:
+        assert mine.answered(10, spin_s=10)  # the spin, bounded by the wait, outlasts both replies
+    finally:
+        answerer.join(5)
+    assert mine()["value"] == "mine"
+    assert other.answered(0) and other()["value"] == "other"
+
+
+def test_a_spin_is_bounded_by_its_own_length_and_by_the_wait(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    """With no reply, a wait returns False at its end whatever ``spin_s`` says, and the
+    thread's CPU time is at most the spin's length (a small margin for the rest): the
+    spin never runs past ``spin_s`` or past ``wait_s``; without one the wait sleeps."""
+    channel, runner = pair
+    reply = channel.submit("call", 30, name="a")
+    request = read_request(runner)
+    for wait_s, spin_s in ((0.2, 0.05), (0.05, 30.0), (0.2, 0.0), (0.1, -1.0)):
+        cpu, started = time.thread_time(), time.monotonic()
+        assert not reply.answered(wait_s, spin_s)
+        elapsed, spun = time.monotonic() - started, time.thread_time() - cpu
+        assert wait_s * 0.8 < elapsed < wait_s + 1.0, (wait_s, spin_s, elapsed)
+        assert spun < max(min(spin_s, wait_s), 0.0) + 0.03, (wait_s, spin_s, spun)
+    runner.sendall(protocol.encode({"id": request["id"], "status": "ok", "value": "a"}))
+    assert reply.answered(5, spin_s=5) and reply()["value"] == "a"
+
+
+def test_a_spinning_wait_sees_a_lost_runner(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    """The runner hanging up while the reader spins fails the channel at once: no reply,
+    and calling raises SandboxLost."""
+    channel, runner = pair
+    lost = channel.submit("call", 30)
+    read_request(runner)
+    threading.Timer(0.02, runner.close).start()
+    started = time.monotonic()
+    assert not lost.answered(10, spin_s=10)
+    assert time.monotonic() - started < 5
+    with pytest.raises(SandboxLost):
+        lost()
