@@ -31,6 +31,7 @@
                       the request shapes they check as FastAPI does (shapes),
                       the MCP servers (mcp), the OpenEnv protocol (openenv),
                       strict JSON bodies, the body deadline, the OpenAPI document, the access log, exception handlers,
+                      the step's spare-CPU gate (spare_cpu),
                       the web viewer (ui/: server-rendered pages under /ui over the services above)
     app.py            the composition root: builds the executor, the database and every
                       service; the doors in front of FastAPI

@@ -114,6 +114,12 @@ class Metrics:
                        "worker_thread", ["where"], registry=self.registry)
         self.step_runs = {where: runs.labels(where) for where in ("event_loop", "handed_off", "worker_thread")}
         """``sandpit_step_runs_total`` by ``where`` (``step_inline_wait_s``)."""
+        spins = Counter("sandpit_step_spins_total", "Steps run on the event loop by how their wait for the tool "
+                        "call's reply began: caught (the reply came while the event loop polled without sleeping), "
+                        "missed (the poll ended first), no_spare_cpu (no poll: the host's CPUs were busy)",
+                        ["outcome"], registry=self.registry)
+        self.step_spins = {outcome: spins.labels(outcome) for outcome in ("caught", "missed", "no_spare_cpu")}
+        """``sandpit_step_spins_total`` by ``outcome`` (``step_inline_spin_s``, :mod:`sandpit.api.http.spare_cpu`)."""
         self._phase_cpu = {phase: cpu.labels(phase) for phase in STEP_PHASES}
         self._phase_wall = {phase: wall.labels(phase) for phase in STEP_PHASES}
         self.registry.register(_PoolCollector(pool_stats))

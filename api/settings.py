@@ -148,6 +148,15 @@ class ApiSettings(BaseSettings):
     an execution slot, its session, another writer of the database (on databases other
     than SQLite, every commit), re-attaching the env, scoring, a simulated user
     (:func:`sandpit.api.envs.step_work.run_inline`)."""
+    step_inline_spin_s: Annotated[float, Field(ge=0, le=0.05)] = 0.001
+    """Of a step's wait on the event loop (``step_inline_wait_s``, which bounds it), the
+    seconds the event loop polls the sandbox's socket for the tool call's reply without
+    sleeping (0: it sleeps in ``poll`` at once). A reply that comes while it polls is read
+    without a sleeping thread being woken, which on a virtual machine costs more than
+    the poll: one client's step p50 was about 10% lower with 1 ms here
+    (``docs/performance.md``). Spinning spends the API process's CPU for as long as it
+    polls (about the sandbox's round trip per step); it happens only on the event loop,
+    so only while this process runs no other step (steps on worker threads sleep)."""
     keep_alive_s: Annotated[int, Field(ge=1, le=3600)] = 75
     """Seconds ``sandpit serve`` keeps an idle HTTP/1.1 keep-alive connection open between
     two requests (uvicorn's ``timeout_keep_alive``, whose own default is 5). An agent

@@ -28,6 +28,7 @@ A generator left unfinished (its driver failed) is closed, which runs its ``fina
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
@@ -126,11 +127,15 @@ def _drive(work: Work[T], carry_out: Callable[[Need], Any], value: Any = None,
             error = exc
 
 
-def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float) -> T | Handoff[T]:
+def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float, spin_s: float = 0.0,
+               spun: Callable[[float, bool], None] | None = None) -> T | Handoff[T]:
     """Drive ``work`` on a thread that must not wait long (the event loop) for as long as
     nothing makes it wait: each tool call sent at once
     (:meth:`~..sandboxes.SandboxSession.start_call`) whose reply comes within ``wait_s``
-    seconds, each write committed at once (:meth:`~..db.group_commit.GroupCommit.try_submit`).
+    seconds (the first ``spin_s`` of them polling the sandbox's socket without sleeping:
+    :meth:`~..sandboxes.CallInFlight.answered`; ``spun(seconds, caught)`` is then told
+    how long it polled, at most ``spin_s``, and whether the reply came meanwhile), each
+    write committed at once (:meth:`~..db.group_commit.GroupCommit.try_submit`).
     At the first need that would wait (a call that cannot start at once or is not answered
     in time, a write behind another writer, any :class:`BlockingNeed`) it stops and
     returns a :class:`Handoff`, whose ``resume`` does that need and drives the rest as
@@ -145,7 +150,15 @@ def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float) ->
                 raise _Stop(Handoff(partial(_resume, work, commits, need, None)))
             if not isinstance(started, CallInFlight):
                 return started  # rejected before the sandbox
-            if not started.answered(wait_s):
+            if spin_s > 0:
+                began = time.monotonic()
+                came = started.answered(wait_s, spin_s)
+                polled = time.monotonic() - began
+                if spun is not None:
+                    spun(min(polled, spin_s), came and polled <= spin_s)
+            else:
+                came = started.answered(wait_s)
+            if not came:
                 raise _Stop(Handoff(partial(_resume, work, commits, None, started)))
             return started.finish()
         if isinstance(need, CommitNeed) and commits.try_submit(need.write):

@@ -74,7 +74,7 @@ from ..envs.outcomes import StepOutcome
 from ..envs.step_work import Handoff, Work, run_inline
 from ..envs.steps import INCLUDES, Steps
 from ..errors import ApiError, IdempotencyKeyInFlight, invalid_request_body
-from ..metrics import StepClock
+from ..metrics import Metrics, StepClock
 from ..schemas.common import list_pattern
 from ..schemas.envs import ATTEMPT_PATTERN, StepRequest, StepResult
 from ..services.idempotency import (
@@ -102,6 +102,7 @@ from .deps import (
 from .handlers import count_rejection, error_response, internal_error_response
 from .handoff import WorkerThreads
 from .shapes import Invalid, validated_body
+from .spare_cpu import SpareCpu
 from .strict_json import StrictJSONRoute, declared_too_large, parse_body
 
 STEP_TEMPLATE = "/v1/envs/{env_id}/step"
@@ -147,6 +148,8 @@ class StepDoor:
         self._threads = WorkerThreads(threads, "sandpit-step")
         self._open = 0
         """Step requests this door is answering now (changed on the event loop only)."""
+        self._spare_cpu = SpareCpu()
+        """Whether an inline step may poll for its reply (asked on the event loop only)."""
 
     def env_id(self, scope: Scope) -> str | None:
         """The env id of an HTTP ``POST`` to the step path (matched as the router matches
@@ -229,7 +232,8 @@ class StepDoor:
                         return checked
                     claim = checked
                 work = _replied(steps.work(caller, env_id, step_request, include, clock, claim), clock, steps, timed)
-                run = partial(run_inline, work, steps.commits, settings.step_inline_wait_s)
+                run = partial(run_inline, work, steps.commits, settings.step_inline_wait_s,
+                              *self._spin(settings.step_inline_spin_s, steps.metrics))
                 outcome = run() if claim is None else _keyed(keys, claim, digest, run)
                 if isinstance(outcome, Replay):
                     return outcome
@@ -291,6 +295,23 @@ class StepDoor:
             return tenants.authenticate_cached(authorization)
         except ApiError:  # the worker thread's authentication gives the same error
             return None
+
+    def _spin(self, spin_s: float, metrics: Metrics) -> tuple[float, Callable[[float, bool], None] | None]:
+        """The ``spin_s`` and ``spun`` of an inline step (:func:`~sandpit.api.envs.step_work.run_inline`):
+        ``spin_s`` (``step_inline_spin_s``) while the host has a CPU to spare
+        (:class:`~sandpit.api.http.spare_cpu.SpareCpu`), else 0; ``spun`` counts the poll's time
+        as idle and its outcome in ``sandpit_step_spins_total``."""
+        if spin_s <= 0:
+            return 0.0, None
+        if not self._spare_cpu.spare():
+            metrics.step_spins["no_spare_cpu"].inc()
+            return 0.0, None
+
+        def spun(seconds: float, caught: bool) -> None:
+            self._spare_cpu.spun(seconds)
+            metrics.step_spins["caught" if caught else "missed"].inc()
+
+        return spin_s, spun
 
     def _alone(self) -> bool:
         """Whether the step request being answered is the only one this door answers and

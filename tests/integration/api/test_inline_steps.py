@@ -77,11 +77,11 @@ ACTIONS: list[dict[str, Any]] = [
 ]
 
 
-def _runs(server: ApiServer) -> dict[str, float]:
-    """``sandpit_step_runs_total`` by ``where``, read from ``/metrics``."""
+def _runs(server: ApiServer, metric: str = "sandpit_step_runs_total", label: str = "where") -> dict[str, float]:
+    """``sandpit_step_runs_total`` by ``where`` (or ``metric`` by ``label``), read from ``/metrics``."""
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     return {m.group(1): float(m.group(2))
-            for m in re.finditer(r'^sandpit_step_runs_total\{where="(\w+)"\} ([0-9.e+]+)$', text, re.M)}
+            for m in re.finditer(rf'^{metric}\{{{label}="(\w+)"\}} ([0-9.e+]+)$', text, re.M)}
 
 
 def _moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -138,6 +138,26 @@ def test_an_idle_servers_steps_run_on_the_event_loop_with_a_threads_results(serv
 def test_a_slow_tool_moves_to_a_thread_and_the_server_keeps_answering(server: ApiServer) -> None:
     key = server.new_tenant("inline-wide", quotas={"max_running_calls": 4})  # the nap takes no one else's slot
     with server.client(key) as api:
+        _slow_tool_moves(server, api, key)
+
+
+def test_a_spin_longer_than_the_wait_still_hands_a_slow_tool_on(make_server) -> None:
+    """``SANDPIT_STEP_INLINE_SPIN_S`` at its largest (50 ms) with the default 2 ms wait:
+    the event loop polls no longer than the wait, so the slow tool moves to a thread and
+    the server keeps answering as with the default spin; fast steps on it are inline."""
+    server = make_server(SANDPIT_STEP_INLINE_SPIN_S="0.05")
+    key = server.new_tenant("inline-spin", quotas={"max_running_calls": 4})
+    with server.client(key) as api:
+        env_id = _env(api, _desk(api))
+        api.post(f"/v1/envs/{env_id}/step", json=ACTIONS[0])  # its session is live: no re-attach below
+        before, spins = _runs(server), _runs(server, "sandpit_step_spins_total", "outcome")
+        for _ in range(5):
+            reply = api.post(f"/v1/envs/{env_id}/step", json=ACTIONS[1])
+            assert reply.status_code == 200 and reply.json()["observation"] == "alpha", reply.text
+        assert sum(_moved(before, _runs(server)).values()) == 5
+        spun = _moved(spins, _runs(server, "sandpit_step_spins_total", "outcome"))
+        # each step that started on the event loop polled (caught or missed) or found no spare CPU
+        assert set(spun) <= {"caught", "missed", "no_spare_cpu"} and sum(spun.values()) == 5, spun
         _slow_tool_moves(server, api, key)
 
 

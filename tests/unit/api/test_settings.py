@@ -1,0 +1,28 @@
+"""The API's settings refuse values out of their documented ranges (pydantic-settings,
+read from ``SANDPIT_*`` variables): the step's event-loop wait and spin."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from sandpit.api.settings import ApiSettings
+
+
+def test_the_step_spin_defaults_within_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDPIT_STEP_INLINE_SPIN_S", raising=False)
+    monkeypatch.delenv("SANDPIT_STEP_INLINE_WAIT_S", raising=False)
+    settings = ApiSettings()
+    assert 0 < settings.step_inline_spin_s <= settings.step_inline_wait_s
+
+
+@pytest.mark.parametrize("value", ["0", "0.0005", "0.05"])
+def test_the_step_spin_takes_zero_to_50_ms(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("SANDPIT_STEP_INLINE_SPIN_S", value)
+    assert ApiSettings().step_inline_spin_s == float(value)
+
+
+@pytest.mark.parametrize("value", ["-0.001", "0.051", "1", "nan", "inf", "fast", ""])
+def test_the_step_spin_refuses_what_is_not_a_bounded_duration(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("SANDPIT_STEP_INLINE_SPIN_S", value)
+    with pytest.raises(ValidationError, match="step_inline_spin_s"):
+        ApiSettings()
