@@ -153,10 +153,11 @@ class ApiSettings(BaseSettings):
     seconds the event loop polls the sandbox's socket for the tool call's reply without
     sleeping (0: it sleeps in ``poll`` at once). A reply that comes while it polls is read
     without a sleeping thread being woken, which on a virtual machine costs more than
-    the poll: one client's step p50 was about 10% lower with 1 ms here
-    (``docs/performance.md``). Spinning spends the API process's CPU for as long as it
+    the poll: one client's step p50 was 5 to 10% lower with 1 ms here
+    (``docs/performance.md``). Polling spends the API process's CPU for as long as it
     polls (about the sandbox's round trip per step); it happens only on the event loop,
-    so only while this process runs no other step (steps on worker threads sleep)."""
+    so only while this process runs no other step (steps on worker threads sleep), and
+    only while the host has a CPU to spare (:class:`~sandpit.api.http.spare_cpu.SpareCpu`)."""
     keep_alive_s: Annotated[int, Field(ge=1, le=3600)] = 75
     """Seconds ``sandpit serve`` keeps an idle HTTP/1.1 keep-alive connection open between
     two requests (uvicorn's ``timeout_keep_alive``, whose own default is 5). An agent
