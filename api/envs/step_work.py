@@ -150,14 +150,11 @@ def run_inline(work: Work[T], commits: GroupCommit[StepWrite], wait_s: float, sp
                 raise _Stop(Handoff(partial(_resume, work, commits, need, None)))
             if not isinstance(started, CallInFlight):
                 return started  # rejected before the sandbox
-            if spin_s > 0:
-                began = time.monotonic()
-                came = started.answered(wait_s, spin_s)
+            began = time.monotonic()
+            came = started.answered(wait_s, spin_s)
+            if spun is not None:
                 polled = time.monotonic() - began
-                if spun is not None:
-                    spun(min(polled, spin_s), came and polled <= spin_s)
-            else:
-                came = started.answered(wait_s)
+                spun(min(polled, spin_s), came and polled <= spin_s)
             if not came:
                 raise _Stop(Handoff(partial(_resume, work, commits, None, started)))
             return started.finish()
