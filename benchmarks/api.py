@@ -48,7 +48,6 @@ import os
 import platform
 import re
 import resource
-import secrets
 import signal
 import socket
 import sqlite3
@@ -63,6 +62,7 @@ from pathlib import Path
 
 import httpx
 from sandpit.api.db.engine import upgrade
+from sandpit.api.settings import new_operator_key
 from sandpit.client import Client
 from sandpit.client.envs import EnvHandle
 from sandpit.executor.docker import docker_pool
@@ -129,7 +129,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         upgrade(f"sqlite:///{data_dir / 'sandpit.db'}")
-        self.operator_key = secrets.token_urlsafe(32)
+        self.operator_key = new_operator_key()
         self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), "SANDPIT_OPERATOR_KEY": self.operator_key, **env}
         with (data_dir / "server.log").open("ab") as log:
             self.process = subprocess.Popen(

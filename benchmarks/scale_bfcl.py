@@ -45,6 +45,7 @@ from typing import Any
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray takes 127.0.0.1 as every node's address
 
 import httpx  # noqa: E402
+from sandpit.api.settings import new_operator_key  # noqa: E402
 from sandpit.client import Client  # noqa: E402
 from sandpit.importers.bfcl import BfclSuite, fetch_wheel, load_suite  # noqa: E402
 from sandpit.importers.bfcl.replay import EpisodeReplay, register_environments, replay_suite  # noqa: E402
@@ -284,7 +285,7 @@ def main() -> int:
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be >= 1")
     suite = load_suite(fetch_wheel())
-    operator_key = secrets.token_urlsafe(32)
+    operator_key = new_operator_key()
     common = {"SANDPIT_OPERATOR_KEY": operator_key, "SANDPIT_AUTH_CACHE_TTL_S": "0"}
     results: dict[str, Any] = {"bfcl_version": suite.version, "machine": {"cpus": os.cpu_count()},
                                "note": "one machine: both Ray nodes share its cores and Docker Engine"}

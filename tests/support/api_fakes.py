@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from pydantic import SecretStr
 from sandpit.api.app import create_app
 from sandpit.api.db.engine import upgrade
 from sandpit.api.services.quotas import TenantContext
-from sandpit.api.settings import ApiSettings, Quotas
+from sandpit.api.settings import ApiSettings, Quotas, new_operator_key
 from sandpit.executor.fake import FakeExecutor
 
 SOURCE = '''
@@ -80,7 +79,7 @@ def caller(tenant: str = "team-a", **quotas: Any) -> TenantContext:
     return TenantContext(tenant=tenant, actor=f"key_{tenant}", quotas=Quotas().merged(quotas))
 
 
-OPERATOR = secrets.token_urlsafe(32)
+OPERATOR = new_operator_key()
 """The operator key of :func:`fake_app`'s apps."""
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import secrets
 import signal
 import socket
 import ssl
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import httpx
 from sandpit.api.db.engine import upgrade
+from sandpit.api.settings import new_operator_key
 
 COUNTER_SOURCE = '''
 from typing import Dict, List, Optional
@@ -130,7 +130,7 @@ class ApiServer:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.operator_key = env.pop("SANDPIT_OPERATOR_KEY", None) or secrets.token_urlsafe(32)
+        self.operator_key = env.pop("SANDPIT_OPERATOR_KEY", None) or new_operator_key()
         self.env = {**os.environ, "SANDPIT_DATA_DIR": str(data_dir), "SANDPIT_EXECUTOR_POOL_SIZE": "1",
                     "SANDPIT_JANITOR_INTERVAL_S": "0.5", "SANDPIT_OPERATOR_KEY": self.operator_key, **env}
         self.api_key: str = ""
