@@ -400,6 +400,7 @@ class Children:
         self.spare: Child | None = None
         self._followers: list[tuple[Callable[[], set[int]], Callable[[int, int], bool]]] = []
         self._settled: list[Callable[[], set[int]]] = []
+        self._before_sweep: list[Callable[[], None]] = []
         self.sessions_open: Callable[[], int] = lambda: 0
         """How many sessions are open (set by ``pid1_sessions``): a spare is kept only while
         one more would fit (``max_sessions``)."""
@@ -422,6 +423,12 @@ class Children:
         self._followers.append((pids, on_exit))
         if settled is not None:
             self._settled.append(settled)
+
+    def before_sweep(self, action: Callable[[], None]) -> None:
+        """Have ``action()`` run at the start of every :meth:`sweep`: an owner whose
+        processes are being started outside PID 1's wait (a template's fork ahead) makes
+        them followed first, so the sweep does not take them for strays."""
+        self._before_sweep.append(action)
 
     def tracked_pids(self) -> set[int]:
         """Every process PID 1 follows: its owners' and the spare."""
@@ -526,6 +533,8 @@ class Children:
         /proc would show processes that are not ours."""
         if os.getpid() != 1:
             return
+        for action in self._before_sweep:
+            action()
         known = self.tracked_pids()
         if pid1_cleanup.read_task_count(self.task_count_fd) == len(known) + 1:
             self.sweeps["counted"] += 1

@@ -63,7 +63,7 @@ from .pid1_children import (
     read_once,
     signal_name,
 )
-from .pid1_templates import JOBS_KEY
+from .pid1_forks import JOBS_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -86,6 +86,10 @@ class Loop:
         """Have deferred actions wait while ``busy()`` is True (at most DEFER_MAX_S)."""
         self._busy.append(busy)
 
+    def busy(self) -> bool:
+        """Whether any ``busy()`` of :meth:`add_busy` is True now (a request or a job in flight)."""
+        return any(busy() for busy in self._busy)
+
     def after_round(self, action: Callable[[], None]) -> None:
         """Have ``action()`` run after the callbacks of every round."""
         self._after.append(action)
@@ -112,7 +116,7 @@ class Loop:
     def _run_deferred(self) -> None:
         if not self.deferred:
             return
-        if any(busy() for busy in self._busy) and time.monotonic() < (self.deferred_due or 0.0):
+        if self.busy() and time.monotonic() < (self.deferred_due or 0.0):
             return
         actions, self.deferred, self.deferred_due = self.deferred, [], None
         for action in actions:

@@ -36,9 +36,10 @@ from . import protocol
 from .limits import BROKEN_MAX_CHARS, JOB_EXIT_WAIT_S, SESSION_ID_MAX_CHARS, SESSION_STARTUP_S
 from .pid1_children import Child, Output, await_exit, drain, oom_kills, read_once
 from .pid1_deadlines import Deadlines
+from .pid1_forks import Template
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_session_requests import open_request, snapshot_text
-from .pid1_templates import Configs, Template, template_key
+from .pid1_templates import Configs, template_key
 from .pid1_verdicts import verdict
 from .wire import call_failure_observation
 

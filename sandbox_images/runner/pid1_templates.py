@@ -26,6 +26,19 @@ and a template serves only the sandbox's tenant (sandboxes are per tenant).
     times per recycle (a template that keeps failing costs a few spare processes, never a
     loop).
 
+Forks ahead: a template that a session was forked from (an environment's or a config's,
+not the jobs template, whose batches keep their own: ``Jobs.job_spare``) gets its next
+session process forked ahead, once the loop is quiet (``Loop.later``; not while a request
+or a job is in flight, where the process would compete with it), for at most
+FORK_AHEAD_MAX_PER_SANDBOX templates (the most recently forked from; the others' processes
+are killed) and only while the sandbox has room for another session. The next open of
+that key takes it, so its path holds no fork: no channels made, no ``fork`` request, no
+two forks, no wait for the pid. The process was verified as above when it was forked; it
+is taken only while /proc still shows it alive and PID 1's child, else killed and the
+session forked at once. Until taken it is the template's (never a stray; its process
+session holds only it), dies with its template (failure, eviction, ``recycle``) and is
+forgotten when it exits.
+
 A template is not a session: its pid is known to the sweeps (it is not a stray), but every
 other process in its process session is (it must fork nothing outside a ``fork`` request).
 ``recycle`` kills every template with everything else and forgets all keys.
@@ -76,10 +89,6 @@ from __future__ import annotations
 import base64
 import collections
 import hashlib
-import os
-import secrets
-import signal
-import socket
 import time
 
 from . import protocol
@@ -88,13 +97,13 @@ from .limits import (
     CONFIG_TEMPLATE_MAX_PER_SANDBOX,
     CONFIG_TEMPLATE_MEMORY_FRACTION,
     MAX_FRAME_BYTES,
-    TEMPLATE_FORK_TIMEOUT_S,
     TEMPLATE_FRAME_MAX_BYTES,
     TEMPLATE_MAX_PER_SANDBOX,
     TEMPLATE_REBUILD_BACKOFF_S,
     TEMPLATE_REBUILDS,
 )
-from .pid1_children import Child, memory_over, parent_of, private_bytes, proc_stat, read_once, stream
+from .pid1_children import Child, memory_over, private_bytes, read_once
+from .pid1_forks import JOBS_KEY, Forker, Template
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,8 +115,6 @@ if TYPE_CHECKING:
     from .protocol import TemplateStats
 CONFIG_OPENS_REMEMBERED = 256
 
-JOBS_KEY = "jobs"
-"""Key of the jobs template (an environment's key always holds a ``:``)."""
 
 
 def template_key(source: str, class_name: str) -> str:
@@ -166,27 +173,6 @@ class Configs:
         self.size = 0
 
 
-class Template:
-    """One template process (a :class:`Child` whose first request was ``template``, or
-    ``config_template`` for a config template)."""
-
-    def __init__(self, key: str, child: Child, deadline: float, config_hash: str | None = None) -> None:
-        self.key = key
-        self.child = child
-        self.token = secrets.token_hex(16)
-        self.deadline: float | None = deadline
-        """While loading: when it must have answered (monotonic seconds); None once ready."""
-        self.ready = False
-        self.forks = 0
-        self.config_hash = config_hash
-        """Config templates: the config's digest (None for an environment's template)."""
-        self.snapshot: dict[str, Any] | None = None
-        """Config templates: the encoded state of the kept instance (never mutated)."""
-        self.digest = ""
-        """Config templates: SHA-256 of ``protocol.snapshot_text(snapshot)``."""
-        self.used = time.monotonic()
-
-
 class Templates:
     """The sandbox's templates (see the module docstring). ``limits`` are the sandbox's."""
 
@@ -218,6 +204,8 @@ class Templates:
         for one-off configs, and only evicts templates used less recently than that."""
         self.no_room: set[str] = set()
         """Config template keys not built for want of room at their last try (``pid1_verdicts``)."""
+        self.forker = Forker(loop, children, limits, self.by_key, self.fail)
+        """Forks from the templates, ahead of opens or on their path (``pid1_forks``)."""
         children.follow(self.pids, self._claim_exit, settled=self.ready_pids)
         loop.add_deadlines(self.check_deadlines)
 
@@ -230,16 +218,17 @@ class Templates:
         return bool(self.limits.get("templates", False))
 
     def pids(self) -> set[int]:
-        """Pids of every template, loading or ready."""
-        return {t.child.pid for t in self.by_key.values()}
+        """Pids of every template, loading or ready, and of the processes forked ahead."""
+        return {t.child.pid for t in self.by_key.values()} | self.forker.pids()
 
     def ready_pids(self) -> set[int]:
         """Pids of the ready templates: each one's process session holds only it. A
         loading one's also holds, while it builds, the process it forked to construct the
         instance a second time (``child_template.run_config_template``'s probe), which it
         kills itself; a sweep must not (it did: the probe died, the two constructions
-        "differed", and the config never got its template while other sessions were busy)."""
-        return {t.child.pid for t in self.by_key.values() if t.ready}
+        "differed", and the config never got its template while other sessions were busy).
+        The processes forked ahead are settled too: each leads a process session of its own."""
+        return {t.child.pid for t in self.by_key.values() if t.ready} | self.forker.pids()
 
     def by_pid(self, pid: int) -> Template | None:
         for template in self.by_key.values():
@@ -250,7 +239,8 @@ class Templates:
     def stats(self) -> TemplateStats:
         """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys;
         ``configs_lru``: the first 16 hex digits of each ready config template's config
-        hash, least recently used first."""
+        hash, least recently used first; ``ahead``: processes forked ahead and alive now,
+        ``ahead_taken``: sessions that took one since the last recycle."""
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
         failed = [k for k in self.failed if "|" not in k]
         return {"ready": sum(t.ready for t in self.by_key.values() if t.config_hash is None),
@@ -261,7 +251,9 @@ class Templates:
                 "configs_built": self.config_builds, "configs_evicted": self.config_evictions,
                 "configs_lru": [str(t.config_hash)[:16] for t in sorted(configs, key=lambda t: t.used) if t.ready],
                 "configs_failed": len(self.failed) - len(failed),
-                "config_reasons": sorted({v for k, v in self.failed.items() if "|" in k})[:4]}
+                "config_reasons": sorted({v for k, v in self.failed.items() if "|" in k})[:4],
+                "ahead": sum(t.ahead is not None and t.ahead.alive for t in self.by_key.values()),
+                "ahead_taken": self.forker.taken}
 
     # -- loading --------------------------------------------------------------------------
     def want(self, key: str, spec: dict[str, Any]) -> None:
@@ -327,6 +319,11 @@ class Templates:
             self.fail(template, "broke the protocol", final=True)
             return
         for msg in messages:
+            if template.ready and template.forking is not None and msg.get("id") == template.forking.token:
+                self.forker.ahead_forked(template, msg)
+                if self.by_key.get(template.key) is not template:
+                    return
+                continue
             if template.ready or msg.get("id") != template.token:
                 self.fail(template, "unsolicited message", final=True)
                 return
@@ -347,15 +344,22 @@ class Templates:
                     return
             template.ready = True
             template.deadline = None
-            template.child.sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
+            template.child.sock.setblocking(False)  # read by the loop: see _await_fork
             self.children.sweep()  # whatever its import left running dies now
             if template.config_hash is None and template.key in self.pending:
                 self._build_config(template.key, *self.pending.pop(template.key))
 
     def check_deadlines(self, now: float) -> float | None:
-        """Fail templates still loading past their deadline; seconds to the next one."""
+        """Fail templates still loading, or with a fork ahead unanswered, past their
+        deadline; seconds to the next one."""
         wait = None
         for template in list(self.by_key.values()):
+            if template.forking is not None:
+                if template.forking.deadline <= now:
+                    self.fail(template, "fork failed: TimeoutError")
+                    continue
+                left = template.forking.deadline - now
+                wait = left if wait is None else min(wait, left)
             if template.deadline is None:
                 continue
             if template.deadline <= now:
@@ -380,6 +384,7 @@ class Templates:
         for obj in (child.sock, child.out_r, child.err_r):
             self.loop.unwatch(obj)
         child.kill()
+        self.forker.close_pending(template)
 
     def still_failed(self, key: str) -> bool:
         """Whether ``key``'s template failed and may not be built yet; a key whose rebuild
@@ -393,8 +398,11 @@ class Templates:
         return False
 
     def _claim_exit(self, pid: int, wait_status: int) -> bool:
-        """A reaped pid: a template's exit (its sessions live on; new ones fall back).
-        False when ``pid`` is no template's."""
+        """A reaped pid: a template's exit (its sessions live on; new ones fall back) or a
+        process forked ahead (forgotten; the next open forks at once). False when ``pid``
+        is neither."""
+        if self.forker.claim_exit(pid):
+            return True
         template = self.by_pid(pid)
         if template is None:
             return False
@@ -417,6 +425,7 @@ class Templates:
         self.pending.clear()
         self.config_opens.clear()
         self.no_room.clear()
+        self.forker.clear()
         self.forked = self.fallbacks = self.config_builds = self.config_evictions = 0
         return had_jobs
 
@@ -467,10 +476,11 @@ class Templates:
         self.no_room.discard(ckey)
         for victim in victims:
             self.evict(victim)
-        child = self.fork(key)
+        module = self.by_key.get(key)  # ready: the caller saw it so (a failed fork is a fallback, as in fork)
+        child = None if module is None or not module.ready else self.forker.take_ahead(module) or self.forker.fork_now(module)
         if child is None:
+            self.fallbacks += 1
             return
-        self.forked -= 1
         self.config_builds += 1
         child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         template = Template(ckey, child, time.monotonic() + 3 * self.timeout_s, config_hash)
@@ -502,82 +512,23 @@ class Templates:
     def fork(self, key: str) -> Child | None:
         """A session process forked from ``key``'s ready template, or None (no ready
         template, or the fork failed: the template is then failed and the caller starts
-        the session the normal way). The verified process is adopted as a ``Child``
-        (``pid1_children.Child.adopt``): from here on it is handled like a spawned one."""
+        the session the normal way): the one forked ahead when it is still there (module
+        docstring), else one forked now. The verified process is adopted as a ``Child``
+        (``pid1_children.Child.adopt``): from here on it is handled like a spawned one.
+        The template's next process is then forked ahead once the loop is quiet."""
         template = self.by_key.get(key)
         if template is None or not template.ready:
             return None
-        parent, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = stream()
-        err_r, err_w = stream()
-        ours = [parent.detach(), out_r, err_r]
-        pid = 0
-        try:
-            pid = self._request_fork(template, [theirs.fileno(), out_w, err_w])
-        finally:
-            theirs.close()
-            os.close(out_w)
-            os.close(err_w)
-        if pid:
-            return Child.adopt(pid, socket.socket(fileno=ours[0]), out_r, err_r)
-        for fd in ours:
-            os.close(fd)
-        self.fallbacks += 1
-        return None
-
-    def _request_fork(self, template: Template, fds: list[int]) -> int:
-        """Send ``fork`` and wait for the pid; 0 (template failed) on any problem."""
-        token = secrets.token_hex(16)
-        sock = template.child.sock
-        try:
-            socket.send_fds(sock, [protocol.encode({"op": "fork", "id": token})], fds)
-            deadline = time.monotonic() + TEMPLATE_FORK_TIMEOUT_S
-            reply: dict[str, Any] | None = None
-            while reply is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                sock.settimeout(remaining)
-                data = sock.recv(TEMPLATE_FRAME_MAX_BYTES)
-                if not data:
-                    raise EOFError
-                for msg in template.child.frames.feed(data):
-                    if msg.get("id") != token:
-                        raise ValueError("unsolicited message")
-                    reply = msg
-        except (OSError, EOFError, ValueError, protocol.ProtocolViolation) as exc:
-            self.fail(template, f"fork failed: {type(exc).__name__}")
-            return 0
-        finally:
-            try:
-                sock.settimeout(TEMPLATE_FORK_TIMEOUT_S)
-            except OSError:
-                pass
-        pid = reply.get("pid")
-        if reply.get("status") != "ok" or type(pid) is not int or not self._verified(pid):
-            if type(pid) is int and pid > 1 and parent_of(pid) == os.getpid():
-                try:  # our child, but not a session we can use
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            fields = proc_stat(pid) if type(pid) is int and pid > 1 else None
-            detail = fields[:4] if fields else None
-            self.fail(template, f"fork answered a bad pid ({str(reply.get('status'))[:20]}, {pid!r:.20}, {detail})")
-            return 0
+        child = self.forker.take_ahead(template)
+        if child is None:
+            child = self.forker.fork_now(template)
+        if child is None:
+            self.fallbacks += 1
+            return None
         template.forks += 1
         self.forked += 1
-        return pid
-
-    def _verified(self, pid: int) -> bool:
-        """``pid`` is PID 1's child, leads its own process session and group, and is no
-        process the runner tracks already (read from /proc: nothing the template says)."""
-        if pid <= 1 or pid in self.children.tracked_pids():
-            return False
-        fields = proc_stat(pid)
-        if fields is None or fields[0] in ("Z", "X", "x"):
-            return False
-        ppid, pgrp, sid = int(fields[1]), int(fields[2]), int(fields[3])
-        return ppid == os.getpid() and pgrp == pid and sid == pid
+        self.forker.want(template)
+        return child
 
 
 def make_room(candidates: list[Template], over: int,

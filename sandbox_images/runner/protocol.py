@@ -240,13 +240,11 @@ if TYPE_CHECKING:
 
     class SnapshotReply(Reply):
         """PID 1's copy of the session's last good snapshot."""
-
         snapshot: NotRequired[Encoded]
         observation: NotRequired[object]
 
     class TemplateStats(TypedDict):
-        """Counters of ``pid1_templates.Templates.stats``."""
-
+        """Counters of ``pid1_templates.Templates.stats`` (``ahead``: ``pid1_forks``)."""
         ready: int
         loading: int
         forked: int
@@ -260,6 +258,8 @@ if TYPE_CHECKING:
         configs_lru: list[str]
         configs_failed: int
         config_reasons: list[str]
+        ahead: int
+        ahead_taken: int
 
     class PingReply(Reply):
         """Open sessions, PID 1's pid (1 in a sandbox), template counters, and how many

@@ -36,6 +36,9 @@ class Children:
     def follow(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def before_sweep(self, action: Any) -> None:
+        pass
+
     def take(self) -> Any:
         child = types.SimpleNamespace(pid=100 + len(self.taken), sock=object(), out_r=-1, err_r=-1, frames=None,
                                       sent=[], kill=lambda: None)
