@@ -77,7 +77,8 @@ class ResourceProfile(BaseModel):
 
     def runner_limits(self, sessions_per_sandbox: int, spare_child: bool, poll_interval_s: float = 1.0,
                       runtime: str = "runc", templates: bool = False,
-                      session_startup_s: float = limits.SESSION_STARTUP_S) -> dict[str, Any]:
+                      session_startup_s: float = limits.SESSION_STARTUP_S,
+                      forks_ahead: int = limits.FORK_AHEAD_DEFAULT) -> dict[str, Any]:
         """The limits the in-sandbox runner enforces (its ``SANDPIT_LIMITS``);
         ``poll_interval_s`` bounds how long its event loop sleeps without an event.
         ``memory_rlimit`` says how a session's memory is capped: RLIMIT_DATA under runc,
@@ -88,6 +89,8 @@ class ResourceProfile(BaseModel):
         (``pid1_templates.py``; only with more than one session per sandbox).
         ``session_startup_s``: seconds a new session process has to start before the
         request waiting for it fails; that request's ``call_timeout_s`` starts after.
+        ``forks_ahead``: how many templates keep a session process forked ahead of the
+        next open (``pid1_forks.py``; 0 to FORK_AHEAD_MAX_PER_SANDBOX).
         ``cgroup_task_count``: the container's pids cgroup counts exactly the sandbox's
         tasks (runc), so a sweep that finds no more tasks than the runner follows skips
         listing /proc (``pid1_children.Children.sweep``); off under runsc."""
@@ -103,6 +106,7 @@ class ResourceProfile(BaseModel):
             "poll_interval_s": poll_interval_s,
             "templates": templates,
             "session_startup_s": session_startup_s,
+            "forks_ahead": forks_ahead,
             "cgroup_task_count": runtime == "runc",
         }
 

@@ -71,6 +71,12 @@ class ExecutorSettings(BaseSettings):
     environment (source and class) and forks new sessions of it copy-on-write instead of
     executing the source again (``sandbox_images/runner/pid1_templates.py``; sources whose
     import is not provably side-effect free start the normal way)."""
+    session_forks_ahead: Annotated[int, Field(ge=0, le=limits.FORK_AHEAD_MAX_PER_SANDBOX)] = limits.FORK_AHEAD_DEFAULT
+    """With ``session_templates``: how many templates of a sandbox keep their next session
+    process forked ahead of the next open of their environment or config (the most recently
+    forked from; ``sandbox_images/runner/pid1_forks.py``): the open takes it instead of
+    waiting for a fork. Each is one more idle copy-on-write process of the sandbox (about
+    1.4 MiB of its own); 0 forks every session on its open's path."""
     sandbox_memory_mib: Annotated[int, Field(ge=0, le=1048576)] = 0
     """Memory limit of a sandbox container (cgroup, MiB; swap = memory). 0: the profile's
     ``memory_mib`` plus 32 MiB per session slot (``ResourceProfile.sandbox_memory_bytes``).

@@ -97,7 +97,7 @@ class Sandbox:
             poll = settings.runsc_poll_interval_s if settings.runtime == "runsc" else 1.0
             limits = profile.runner_limits(settings.sessions_per_sandbox, settings.spare_child, poll,
                                            settings.runtime, settings.session_templates,
-                                           settings.session_startup_s)
+                                           settings.session_startup_s, settings.session_forks_ahead)
             spec = engine.container_spec(
                 settings=settings, profile=profile, image=image, tenant=tenant, sandbox_id=sandbox_id,
                 pool_id=pool_id, uid=uid, socket_dir=str(socket_dir), limits_json=json.dumps(limits))

@@ -320,11 +320,14 @@ times the one before (5, 20, 80 s)."""
 TEMPLATE_REPARENT_S = 1.0
 """Longest wait of a forked session for its intermediate parent to exit (it is then a
 child of PID 1)."""
-FORK_AHEAD_MAX_PER_SANDBOX = 2
-"""Most templates of one sandbox that keep a session process forked ahead of their next
-open (the templates forked from most recently): each such process is one more idle process
-of the sandbox (copy-on-write, about 1.4 MiB of its own), and it takes the template's
-fork, about 1 to 3 ms of PID 1's and the template's time, off that open's path."""
+FORK_AHEAD_DEFAULT = 2
+"""How many templates of one sandbox keep a session process forked ahead of their next
+open when the host's limits do not say (``forks_ahead``; the templates forked from most
+recently): each such process is one more idle process of the sandbox (copy-on-write, about
+1.4 MiB of its own), and it takes the template's fork, about 1 to 5 ms of PID 1's and the
+template's time, off that open's path."""
+FORK_AHEAD_MAX_PER_SANDBOX = 8
+"""The largest ``forks_ahead`` a runner accepts (a larger value is taken as this one)."""
 TEMPLATE_MAX_PER_SANDBOX = 8
 """Most template processes one sandbox keeps (one per environment source and class);
 further environments start their sessions the normal way."""

@@ -16,7 +16,12 @@ import socket
 import time
 
 from . import protocol
-from .limits import FORK_AHEAD_MAX_PER_SANDBOX, TEMPLATE_FORK_TIMEOUT_S, TEMPLATE_FRAME_MAX_BYTES
+from .limits import (
+    FORK_AHEAD_DEFAULT,
+    FORK_AHEAD_MAX_PER_SANDBOX,
+    TEMPLATE_FORK_TIMEOUT_S,
+    TEMPLATE_FRAME_MAX_BYTES,
+)
 from .pid1_children import Child, parent_of, proc_stat, stream
 
 TYPE_CHECKING = False
@@ -77,7 +82,8 @@ class Template:
 class Forker:
     """Forks from the templates of ``by_key`` (the caller's dict of templates, by key):
     ``fail(template, reason)`` fails a template that broke a fork; ``limits`` are the
-    sandbox's (``max_sessions``)."""
+    sandbox's (``max_sessions``; ``forks_ahead``: how many templates keep a process forked
+    ahead, FORK_AHEAD_DEFAULT when absent, within 0 and FORK_AHEAD_MAX_PER_SANDBOX)."""
 
     def __init__(self, loop: Loop, children: Children, limits: dict[str, Any], by_key: dict[str, Template],
                  fail: Callable[[Template, str], None]) -> None:
@@ -86,9 +92,15 @@ class Forker:
         self.limits = limits
         self.by_key = by_key
         self.fail = fail
+        try:
+            wanted = int(limits.get("forks_ahead", FORK_AHEAD_DEFAULT))
+        except (TypeError, ValueError):
+            wanted = FORK_AHEAD_DEFAULT
+        self.most = max(0, min(wanted, FORK_AHEAD_MAX_PER_SANDBOX))
+        """How many templates keep a process forked ahead at most."""
         self.keys: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Keys whose template keeps a process forked ahead, least recently forked from
-        first (at most FORK_AHEAD_MAX_PER_SANDBOX)."""
+        first (at most :attr:`most`)."""
         self.taken = 0
         """Sessions that took a process forked ahead since the last :meth:`clear`."""
         children.before_sweep(self.settle)
@@ -231,17 +243,18 @@ class Forker:
     def want(self, template: Template) -> None:
         """``template`` was forked from: keep a process forked ahead for it (not for the
         jobs template), dropping the one of the template forked from least recently beyond
-        FORK_AHEAD_MAX_PER_SANDBOX, and fork it once the loop is quiet."""
+        :attr:`most`, and fork it once the loop is quiet."""
         if template.key == JOBS_KEY:
             return
         self.keys.pop(template.key, None)
         self.keys[template.key] = None
-        while len(self.keys) > FORK_AHEAD_MAX_PER_SANDBOX:
+        while len(self.keys) > self.most:
             old, _ = self.keys.popitem(last=False)
             stale = self.by_key.get(old)
             if stale is not None:
                 self.drop(stale)
-        self.loop.later(self.fork_ahead)
+        if self.keys:  # none with forks_ahead 0
+            self.loop.later(self.fork_ahead)
 
     def fork_ahead(self) -> None:
         """Fork a process ahead for every template of ``ahead_keys`` that has none (module

@@ -30,10 +30,10 @@ Forks ahead: a template that a session was forked from (an environment's or a co
 not the jobs template, whose batches keep their own: ``Jobs.job_spare``) gets its next
 session process forked ahead, once the loop is quiet (``Loop.later``; not while a request
 or a job is in flight, where the process would compete with it), for at most
-FORK_AHEAD_MAX_PER_SANDBOX templates (the most recently forked from; the others' processes
-are killed) and only while the sandbox has room for another session. The next open of
-that key takes it, so its path holds no fork: no channels made, no ``fork`` request, no
-two forks, no wait for the pid. The process was verified as above when it was forked; it
+``forks_ahead`` templates (the host's limit, else FORK_AHEAD_DEFAULT; the most recently
+forked from; the others' processes are killed) and only while the sandbox has room for
+another session. The next open of that key takes it, so its path holds no fork: no
+channels made, no ``fork`` request, no two forks, no wait for the pid. The process was verified as above when it was forked; it
 is taken only while /proc still shows it alive and PID 1's child, else killed and the
 session forked at once. Until taken it is the template's (never a stray; its process
 session holds only it), dies with its template (failure, eviction, ``recycle``) and is

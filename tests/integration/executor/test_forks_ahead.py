@@ -3,8 +3,8 @@ template that a session was forked from keeps its next process forked and verifi
 the runner is quiet, and the next open of that environment (or config) takes it. The
 process is confined exactly like one forked on the open's path; a session that kills it
 costs the next open nothing but the fork; the runner never takes a fork under way for a
-stray; at most FORK_AHEAD_MAX_PER_SANDBOX templates keep one, and a recycle kills them with
-everything else."""
+stray; at most ``session_forks_ahead`` templates keep one (none with 0), and a recycle
+kills them with everything else."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
-from sandpit.sandbox_images.runner.limits import FORK_AHEAD_MAX_PER_SANDBOX
+from sandpit.sandbox_images.runner.limits import FORK_AHEAD_DEFAULT
 
 from ..conftest import template_state
 from .test_templates import FORKABLE, identity, open_, other, wait_ready
@@ -101,7 +101,7 @@ def test_back_to_back_opens_and_closes_never_take_a_fork_under_way_for_a_stray(a
 
 def test_forks_ahead_are_bounded_per_sandbox_and_die_with_their_templates_at_recycle(ahead_pool) -> None:
     sessions: list[Session] = []
-    sources = [FORKABLE] + [other(FORKABLE, f"env{i}") for i in range(FORK_AHEAD_MAX_PER_SANDBOX + 1)]
+    sources = [FORKABLE] + [other(FORKABLE, f"env{i}") for i in range(FORK_AHEAD_DEFAULT + 1)]
     first = open_(ahead_pool, sessions, source=sources[0], count=1)
     sandbox = first._sandbox
     try:
@@ -113,13 +113,31 @@ def test_forks_ahead_are_bounded_per_sandbox_and_die_with_their_templates_at_rec
                 session = open_(ahead_pool, [], source=source, count=100 * round_ + i)
                 assert session._sandbox is sandbox
                 session.close()
-        settled = wait_for(sandbox, lambda s: s["ahead"] == FORK_AHEAD_MAX_PER_SANDBOX, timeout_s=10.0)
-        assert settled["ahead"] == FORK_AHEAD_MAX_PER_SANDBOX, settled
+        settled = wait_for(sandbox, lambda s: s["ahead"] == FORK_AHEAD_DEFAULT, timeout_s=10.0)
+        assert settled["ahead"] == FORK_AHEAD_DEFAULT, settled
         time.sleep(0.5)  # nothing more is forked ahead later
-        assert template_state(sandbox)["ahead"] == FORK_AHEAD_MAX_PER_SANDBOX
+        assert template_state(sandbox)["ahead"] == FORK_AHEAD_DEFAULT
     finally:
         for session in sessions:
             session.close()
     assert sandbox.request("recycle")["clean"] is True  # already recycled by the last close: proven empty again
     state = template_state(sandbox)
     assert state["ahead"] == 0 and state["ready"] == 0 and state["ahead_taken"] == 0, state
+
+
+def test_with_no_forks_ahead_every_session_is_forked_on_its_opens_path(leak_check, pool_settings) -> None:
+    settings = pool_settings("noahead", sessions_per_sandbox=8, pool_size=1, session_forks_ahead=0)
+    with docker_pool(settings) as pool:
+        sessions: list[Session] = []
+        try:
+            first = open_(pool, sessions, count=1)
+            sandbox = first._sandbox
+            wait_ready(sandbox)
+            for count in range(2, 8):
+                assert open_(pool, sessions, count=count).call("bump").observation == str(count + 1)
+            time.sleep(0.5)  # a quiet runner: nothing is forked ahead all the same
+            state = template_state(sandbox)
+            assert state["ahead"] == 0 and state["ahead_taken"] == 0 and state["forked"] == 6, state
+        finally:
+            for session in sessions:
+                session.close()

@@ -114,3 +114,20 @@ def test_sweeps_count_tasks_in_the_pids_cgroup_under_runc_only() -> None:
     profile = ResourceProfile()
     assert profile.runner_limits(4, True)["cgroup_task_count"] is True
     assert profile.runner_limits(4, True, 0.05, "runsc")["cgroup_task_count"] is False
+
+
+def test_forks_ahead_reach_the_runner_limits_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandpit.executor.profiles import ResourceProfile
+    from sandpit.executor.settings import ExecutorSettings
+    from sandpit.sandbox_images.runner.limits import FORK_AHEAD_DEFAULT, FORK_AHEAD_MAX_PER_SANDBOX
+
+    profile = ResourceProfile()
+    assert profile.runner_limits(4, True)["forks_ahead"] == FORK_AHEAD_DEFAULT == ExecutorSettings().session_forks_ahead
+    assert profile.runner_limits(4, True, forks_ahead=0)["forks_ahead"] == 0
+    for value in ("0", "1", str(FORK_AHEAD_MAX_PER_SANDBOX)):
+        monkeypatch.setenv("SANDPIT_EXECUTOR_SESSION_FORKS_AHEAD", value)
+        assert ExecutorSettings().session_forks_ahead == int(value)
+    for value in ("-1", str(FORK_AHEAD_MAX_PER_SANDBOX + 1), "1.5", "two", ""):
+        monkeypatch.setenv("SANDPIT_EXECUTOR_SESSION_FORKS_AHEAD", value)
+        with pytest.raises(ValueError, match="session_forks_ahead"):
+            ExecutorSettings()
