@@ -33,9 +33,9 @@ or a job is in flight, where the process would compete with it), for at most
 ``forks_ahead`` templates (the host's limit, else FORK_AHEAD_DEFAULT; the most recently
 forked from; the others' processes are killed) and only while the sandbox has room for
 another session. The next open of that key takes it, so its path holds no fork: no
-channels made, no ``fork`` request, no two forks, no wait for the pid. The process was verified as above when it was forked; it
-is taken only while /proc still shows it alive and PID 1's child, else killed and the
-session forked at once. Until taken it is the template's (never a stray; its process
+channels made, no ``fork`` request, no two forks, no wait for the pid. The process was
+verified as above when it was forked; it is taken only while /proc still shows it alive
+and PID 1's child, else killed and the session forked at once. Until taken it is the template's (never a stray; its process
 session holds only it), dies with its template (failure, eviction, ``recycle``) and is
 forgotten when it exits.
 
@@ -114,7 +114,6 @@ if TYPE_CHECKING:
     from .pid1_loop import Loop
     from .protocol import TemplateStats
 CONFIG_OPENS_REMEMBERED = 256
-
 
 
 def template_key(source: str, class_name: str) -> str:
