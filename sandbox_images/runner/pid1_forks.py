@@ -141,7 +141,7 @@ class Forker:
 
     def _send(self, template: Template) -> None:
         """Make a session's three channels and send ``fork`` with the template's ends
-        (SCM_RIGHTS, which holds them in flight: ours of theirs are closed at once); the
+        (SCM_RIGHTS holds them in flight, so PID 1's copies of them are closed at once); the
         request waits in ``template.forking`` for its answer. A send that fails fails the
         template."""
         parent, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -257,9 +257,9 @@ class Forker:
             self.loop.later(self.fork_ahead)
 
     def fork_ahead(self) -> None:
-        """Fork a process ahead for every template of ``ahead_keys`` that has none (module
-        docstring); asked for again later while a request or a job is in flight. Forgets
-        keys whose template is gone or not ready. Never raises."""
+        """Fork a process ahead for every template of :attr:`keys` that has none (module
+        docstring of ``pid1_templates``); asked for again later while a request or a job
+        is in flight. Forgets keys whose template is gone or not ready. Never raises."""
         if self.loop.busy():
             self.loop.later(self.fork_ahead)
             return
