@@ -117,10 +117,18 @@ def save(results: dict, output: Path) -> None:
     print(f"saved {output}")
 
 
+READY_TIMEOUT_S = 120.0
+"""How long :class:`Server` waits for ``/readyz`` (seconds)."""
+LOG_TAIL_LINES = 20
+"""Lines of the server's log a start-up failure quotes (its directory is often temporary)."""
+
+
 class Server:
     """``sandpit serve`` on a free loopback port with a random operator key; tenant
     ``default`` (``api_key``/``headers``) gets generous quotas so that one benchmark
-    client is not throttled by the per-tenant defaults."""
+    client is not throttled by the per-tenant defaults. Raises SystemExit, quoting the end
+    of the server's log, when the server exits before it is ready or is not ready within
+    READY_TIMEOUT_S (it is then killed)."""
 
     def __init__(self, data_dir: Path, *args: str, **env: str) -> None:
         with socket.socket() as sock:
@@ -135,8 +143,8 @@ class Server:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "from sandpit.cli import app; app()", "serve", "--port", str(self.port),
                  *args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
                     self.api_key = self.new_tenant("default", {"max_live_envs": 1_000_000,
@@ -145,7 +153,13 @@ class Server:
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise SystemExit(f"server not ready; see {data_dir / 'server.log'}")
+        code = self.process.poll()
+        if code is None:  # not ready in time: stopped, so no server outlives the benchmark
+            self.process.kill()
+            self.process.wait(timeout=30)
+        why = f"exited with status {code}" if code is not None else f"not ready within {READY_TIMEOUT_S:.0f} s"
+        tail = (data_dir / "server.log").read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        raise SystemExit(f"sandpit serve {why}; the end of its log ({data_dir / 'server.log'}):\n" + "\n".join(tail))
 
     @property
     def headers(self) -> dict[str, str]:
