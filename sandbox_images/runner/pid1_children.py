@@ -288,6 +288,7 @@ class Child:
         self.alive = True
         self.booted = False
         """Whether the process has answered anything yet (``hello``, ``pid1_sessions``)."""
+        self.waited = False  # forked ahead and idle since (pid1_forks): it may have been killed meanwhile
         self.sched_fd: int | None = None
         """Its /proc/<pid>/schedstat, opened on first use (:meth:`sched_times`)."""
 
@@ -305,6 +306,7 @@ class Child:
         child.frames = protocol.FrameBuffer(MAX_FRAME_BYTES)
         child.alive = True
         child.booted = True  # forked from a running process: nothing left to start
+        child.waited = False
         child.sched_fd = None
         return child
 
@@ -425,9 +427,7 @@ class Children:
             self._settled.append(settled)
 
     def before_sweep(self, action: Callable[[], None]) -> None:
-        """Have ``action()`` run at the start of every :meth:`sweep`: an owner whose
-        processes are being started outside PID 1's wait (a template's fork ahead) makes
-        them followed first, so the sweep does not take them for strays."""
+        """Run ``action()`` at the start of every :meth:`sweep` (to follow the processes forked ahead first)."""
         self._before_sweep.append(action)
 
     def tracked_pids(self) -> set[int]:

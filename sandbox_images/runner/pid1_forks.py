@@ -222,16 +222,18 @@ class Forker:
         return Child.adopt(pid, pending.sock, pending.out_r, pending.err_r)
 
     def take_ahead(self, template: Template) -> Child | None:
-        """``template``'s process forked ahead when /proc still shows it alive and PID 1's
-        child (else it is killed), or None."""
+        """``template``'s process forked ahead when /proc still shows it PID 1's child and
+        running or sleeping (not stopped by a signal, not dying), else it is killed; or None.
+        One killed after that is replaced when the open finds it dead (``pid1_sessions``)."""
         child, template.ahead = template.ahead, None
         if child is None:
             return None
         fields = proc_stat(child.pid) if child.alive else None
-        if fields is None or fields[0] in ("Z", "X", "x") or int(fields[1]) != os.getpid():
+        if fields is None or fields[0] not in ("S", "R") or int(fields[1]) != os.getpid():
             child.kill()
             return None
         self.taken += 1
+        child.waited = True
         return child
 
     def drop(self, template: Template) -> None:

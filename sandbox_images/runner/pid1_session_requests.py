@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
     from .protocol import OpenRequest
 
+QUEUED_OPS = ("call", "state", "snapshot", "restore", "describe")
+"""Host requests that queue behind a session's in-flight request (the others: ``open``, ``close``)."""
+
 
 def snapshot_text(msg: Mapping[str, object]) -> bytes:
     """The JSON text of a request's ``snapshot_b64`` (``open``'s, ``restore``'s:

@@ -38,7 +38,7 @@ from .pid1_children import Child, Output, await_exit, drain, oom_kills, read_onc
 from .pid1_deadlines import Deadlines
 from .pid1_forks import Template
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
-from .pid1_session_requests import open_request, snapshot_text
+from .pid1_session_requests import QUEUED_OPS, open_request, snapshot_text
 from .pid1_templates import Configs, template_key
 from .pid1_verdicts import verdict
 from .wire import call_failure_observation
@@ -52,10 +52,6 @@ if TYPE_CHECKING:
     from .pid1_loop import Loop
     from .pid1_templates import Templates
     from .protocol import CallReply, OpenReply, OpenRequest
-
-QUEUED_OPS = ("call", "state", "snapshot", "restore", "describe")
-"""Host requests that queue behind a session's in-flight request."""
-
 
 class Session:
     """One session: its spec, process, request queue, last good snapshot and output."""
@@ -423,6 +419,8 @@ class Sessions:
         if item is None or msg.get("id") != item["token"]:
             return  # unsolicited or stale frame
         session.current = None
+        if session.child is not None:
+            session.child.waited = False  # it answered: a later death is its own (child_failed)
         status = msg.get("status")
         if status not in ("ok", "error", "rejected", "oom"):
             self.child_failed(session, "crashed", item=item, note="malformed reply from session")
@@ -520,15 +518,20 @@ class Sessions:
                      not_started: bool = False) -> None:
         """The process timed out, ran out of memory or died: kill it, answer the in-flight
         request with ``status``, and schedule re-creation from the last good snapshot.
-        ``not_started``: it never answered ``hello`` (its start, the runner's work, took
-        too long); the reply says so (``not_started``)."""
+        ``not_started``: it never answered ``hello`` (its start took too long; the reply says so)."""
         item = item or session.current
         session.current = None
         template, session.forked_from = session.forked_from, None
-        if template is not None and item is not None and item.get("internal") == "init" and not session.opened:
-            # forked from a config template and it went wrong: that template is not used
-            # again, and the open is retried the normal way (construction from the config)
-            self.templates.fail(template, f"a forked session failed ({status})")
+        unproven = session.child is not None and (session.child.waited or not session.child.booted)
+        waited = bool(unproven and status == "crashed" and not not_started and item and not item.get("retried"))
+        if item is not None and item.get("internal") == "init" and not session.opened and (template or waited):
+            # a process that died before it ever answered (a spare or one forked ahead, killed
+            # while it waited) is replaced once; one forked from a config template that went
+            # wrong: that template is not used again
+            if waited:
+                item["retried"] = True
+            elif template is not None:
+                self.templates.fail(template, f"a forked session failed ({status})")
             if session.child is not None:
                 self._drain(session, discard=True)
             self._detach(session)

@@ -34,8 +34,10 @@ or a job is in flight, where the process would compete with it), for at most
 forked from; the others' processes are killed) and only while the sandbox has room for
 another session. The next open of that key takes it, so its path holds no fork: no
 channels made, no ``fork`` request, no two forks, no wait for the pid. The process was
-verified as above when it was forked; it is taken only while /proc still shows it alive
-and PID 1's child, else killed and the session forked at once. Until taken it is the template's (never a stray; its process
+verified as above when it was forked; it is taken only while /proc still shows it PID 1's
+child, running or sleeping (not stopped by a session's signal), else killed and the
+session forked at once; one that dies before its first answer is replaced once
+(``pid1_sessions.Sessions.child_failed``). Until taken it is the template's (never a stray; its process
 session holds only it), dies with its template (failure, eviction, ``recycle``) and is
 forgotten when it exits.
 

@@ -1,8 +1,8 @@
 """Session processes forked ahead of the next open (``pid1_templates``, "Forks ahead"): a
 template that a session was forked from keeps its next process forked and verified once
 the runner is quiet, and the next open of that environment (or config) takes it. The
-process is confined exactly like one forked on the open's path; a session that kills it
-costs the next open nothing but the fork; the runner never takes a fork under way for a
+process is confined exactly like one forked on the open's path; a session that kills or
+stops it costs the next open nothing but the fork; the runner never takes a fork under way for a
 stray; at most ``session_forks_ahead`` templates keep one (none with 0), and a recycle
 kills them with everything else."""
 
@@ -77,6 +77,35 @@ def test_a_process_forked_ahead_that_a_session_killed_costs_the_next_open_nothin
     assert later.call("bump").observation == "6"
     assert first.call("bump").observation == "2"
     assert later.call("identity").status == "ok"
+
+
+STOPPING = FORKABLE.replace('''    def spin(self) -> None:''', '''    def stop_newest(self) -> str:
+        os = OS()
+        me = os["getpid"]()
+        newest = max(int(e) for e in os["listdir"]("/proc") if e.isdigit() and int(e) != me)
+        os["kill"](newest, 19)  # SIGSTOP
+        return str(newest)
+
+    def spin(self) -> None:''')
+
+
+def test_a_process_forked_ahead_that_a_session_stopped_is_not_taken(ahead_pool, opened) -> None:
+    """A process stopped by a signal would never answer its open (the open would time out):
+    the runner kills it and forks the session at once."""
+    first = open_(ahead_pool, opened, source=STOPPING, count=1)
+    sandbox = first._sandbox
+    wait_ready(sandbox)
+    second = open_(ahead_pool, opened, source=STOPPING, count=2)  # forked on its path; the next one ahead
+    before = wait_for(sandbox, lambda s: s["ahead"] == 1)
+    assert before["ahead"] == 1, before
+    stopped = int(second.call("stop_newest").observation)
+    assert stopped > identity(second)["pid"]  # the newest process: the one forked ahead after it
+    later = open_(ahead_pool, opened, source=STOPPING, count=3)
+    assert later.call("bump").observation == "4"
+    assert identity(later)["pid"] != stopped
+    after = template_state(sandbox)
+    assert after["ahead_taken"] == before["ahead_taken"] and after["forked"] == before["forked"] + 1, after
+    assert after["failed"] == 0, after
 
 
 def test_back_to_back_opens_and_closes_never_take_a_fork_under_way_for_a_stray(ahead_pool, opened) -> None:
