@@ -131,6 +131,12 @@ class Forker:
                 return True
         return False
 
+    def take(self, template: Template) -> Child | None:
+        """A verified process of the ready ``template``: the one forked ahead
+        (:meth:`take_ahead`), else one forked now (:meth:`fork_now`); None when the fork
+        failed (the template is then failed)."""
+        return self.take_ahead(template) or self.fork_now(template)
+
     def fork_now(self, template: Template) -> Child | None:
         """A verified process forked from the ready ``template`` now (PID 1 waits for it:
         after the fork ahead under way, if any, which it then takes), or None (the
@@ -286,19 +292,18 @@ class Forker:
             if template.forking is None:
                 continue
             child = self._await(template)
-            if child is None:
-                continue
-            if self.by_key.get(template.key) is template and template.key in self.keys and template.ahead is None:
-                template.ahead = child
-            else:
-                child.kill()
+            if child is not None:
+                self._keep(template, child)
 
     def ahead_forked(self, template: Template, reply: dict[str, Any]) -> None:
-        """The answer to a fork ahead arrived through the loop: keep the verified process as
-        ``template.ahead`` while the key still wants one (else it is killed)."""
+        """The answer to a fork ahead arrived through the loop: its process is kept (:meth:`_keep`)."""
         child = self._adopted(template, reply)
-        if child is None:
-            return
+        if child is not None:
+            self._keep(template, child)
+
+    def _keep(self, template: Template, child: Child) -> None:
+        """Keep a verified process forked ahead as ``template.ahead`` while the key still
+        wants one and has none; else kill it."""
         if template.key in self.keys and template.ahead is None:
             template.ahead = child
         else:

@@ -523,12 +523,12 @@ class Sessions:
         session.current = None
         template, session.forked_from = session.forked_from, None
         unproven = session.child is not None and (session.child.waited or not session.child.booted)
-        waited = bool(unproven and status == "crashed" and not not_started and item and not item.get("retried"))
-        if item is not None and item.get("internal") == "init" and not session.opened and (template or waited):
+        replace = bool(unproven and status == "crashed" and not not_started and item and not item.get("retried"))
+        if item is not None and item.get("internal") == "init" and not session.opened and (template or replace):
             # a process that died before it ever answered (a spare or one forked ahead, killed
             # while it waited) is replaced once; one forked from a config template that went
             # wrong: that template is not used again
-            if waited:
+            if replace:
                 item["retried"] = True
             elif template is not None:
                 self.templates.fail(template, f"a forked session failed ({status})")

@@ -345,7 +345,7 @@ class Templates:
                     return
             template.ready = True
             template.deadline = None
-            template.child.sock.setblocking(False)  # read by the loop: see _await_fork
+            template.child.sock.setblocking(False)  # read by the loop: see Forker._await (pid1_forks)
             self.children.sweep()  # whatever its import left running dies now
             if template.config_hash is None and template.key in self.pending:
                 self._build_config(template.key, *self.pending.pop(template.key))
@@ -478,7 +478,7 @@ class Templates:
         for victim in victims:
             self.evict(victim)
         module = self.by_key.get(key)  # ready: the caller saw it so (a failed fork is a fallback, as in fork)
-        child = None if module is None or not module.ready else self.forker.take_ahead(module) or self.forker.fork_now(module)
+        child = self.forker.take(module) if module is not None and module.ready else None
         if child is None:
             self.fallbacks += 1
             return
@@ -520,9 +520,7 @@ class Templates:
         template = self.by_key.get(key)
         if template is None or not template.ready:
             return None
-        child = self.forker.take_ahead(template)
-        if child is None:
-            child = self.forker.fork_now(template)
+        child = self.forker.take(template)
         if child is None:
             self.fallbacks += 1
             return None
