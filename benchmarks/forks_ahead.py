@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cold import env_body, register  # noqa: E402 - benchmarks/ is not a package
+from cold import register  # noqa: E402 - benchmarks/ is not a package
 
 from api import SOURCE, Server, SocketClient, machine, pcts, save  # noqa: E402
 
@@ -73,11 +73,9 @@ class Arm:
         self.client = self.server.client()  # deletes (204, no body for the socket client to read)
         with self.server.client() as client:
             environment_id = register(client, SOURCE, "Bench")
-        self.body = env_body(environment_id, {"count": 1})
-        payload = {"environment_id": environment_id, "init_config": {"count": 1}}
-        self.payload = payload
-        self.keeper = self.lean.post("/v1/envs", payload)[1]["id"]
-        self.resetting = self.lean.post("/v1/envs", payload)[1]["id"]
+        self.payload = {"environment_id": environment_id, "init_config": {"count": 1}}
+        self.keeper = self.lean.post("/v1/envs", self.payload)[1]["id"]
+        self.resetting = self.lean.post("/v1/envs", self.payload)[1]["id"]
         self.samples: dict[str, list[float]] = {m: [] for m in MEASURES}
         self.rounds: dict[str, list[float]] = {m: [] for m in MEASURES}
         self.paths: collections.Counter[str] = collections.Counter()
