@@ -175,13 +175,12 @@ if TYPE_CHECKING:
         message: NotRequired[str]
 
     class OpenReply(Reply):
-        """``ok``: the state as ``snapshot`` with its ``snapshot_digest`` (SHA-256 of
-        ``snapshot_text``), or, for a session forked from a config template, ``template:
-        true`` and the digest alone, or neither after ``snapshot_b64``; ``retyped`` keys;
-        ``construction``: how the instance was made (``pid1_verdicts``).
-        ``error``/``timeout``/``oom``/``crashed``: the ``observation`` (and ``traceback``)
-        of a failed construction. A fault with ``missing_config: true``: PID 1 does not
-        hold the config of ``config_hash`` (send ``config_b64``)."""
+        """``ok``: the state as ``snapshot`` with its ``snapshot_digest`` (SHA-256 of ``snapshot_text``),
+        or, for a session forked from a config template, ``template: true`` and the digest alone, or
+        neither after ``snapshot_b64``; ``retyped`` keys; ``construction``: how the instance was made
+        (``pid1_verdicts``). ``error``/``timeout``/``oom``/``crashed``: the ``observation`` (and
+        ``traceback``) of a failed construction. A fault with ``missing_config: true``: PID 1 does
+        not hold the config of ``config_hash`` (send ``config_b64``)."""
 
         observation: NotRequired[str]
         traceback: NotRequired[str | None]
@@ -214,11 +213,10 @@ if TYPE_CHECKING:
         """On a ``crashed``: a new session process did not answer ``hello`` in time."""
 
     class CallsReply(Reply):
-        """``ok`` with ``results``: the reply each call would have had alone
-        (:class:`CallReply`, or a ``fault`` for an unknown session), without ``id``, in
-        the request's order; a ``fault`` when the request itself was unusable. A group
-        whose replies are large comes in parts (``part: true``, then the last frame), each
-        naming the positions of its ``results`` (``indices``; ``pid1_groups``)."""
+        """``ok`` with ``results``: the reply each call would have had alone (:class:`CallReply`, or a
+        ``fault`` for an unknown session), without ``id``, in the request's order; a ``fault`` when the
+        request itself was unusable. A group whose replies are large comes in parts (``part: true``,
+        then the last frame), naming the positions of its ``results`` (``indices``; ``pid1_groups``)."""
 
         results: NotRequired[list[CallReply]]
         indices: NotRequired[list[int]]
@@ -240,11 +238,13 @@ if TYPE_CHECKING:
 
     class SnapshotReply(Reply):
         """PID 1's copy of the session's last good snapshot."""
+
         snapshot: NotRequired[Encoded]
         observation: NotRequired[object]
 
     class TemplateStats(TypedDict):
         """Counters of ``pid1_templates.Templates.stats`` (``ahead``: ``pid1_forks``)."""
+
         ready: int
         loading: int
         forked: int
