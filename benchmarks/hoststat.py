@@ -9,6 +9,11 @@ be told apart from time the benchmark's processes never had:
   200-client run, more than the ~86 steps above its p99.
 * :func:`cpu_speed`: how fast one core runs Python at the moment, so that sittings on
   different machines (or hours) of the same VM can be compared.
+* :func:`sustained_speed`: what every core delivers over a few seconds of full load, in
+  windows of 100 ms. On this project's VM the two disagree: :func:`cpu_speed` read 18.1
+  and 18.0 Python MIPS 40 s apart just before a sitting whose API spent 1.8 times the
+  CPU per step of the performance page's sitting, and minutes later it read 16.8 and
+  17.7 where both cores loaded for 4 s ran at a median of 8.6 and 10.8.
 * :class:`KernelThreadSampler`: CPU time of the kernel's memory-management threads
   (:data:`KERNEL_THREADS`: DAMON's ``kdamond``, ``kswapd``, ``kcompactd``,
   ``khugepaged``). DAMON's physical-address monitoring checks whether sampled pages
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import glob
+import multiprocessing
 import os
 import threading
 import time
@@ -40,6 +46,11 @@ _KTHREADD = 2
 """The kernel thread that starts every other one (their parent pid)."""
 SPEED_LOOP = 200_000
 """Iterations of :func:`cpu_speed`'s loop (about 10 to 20 ms of one core of this project's VM)."""
+SUSTAINED_CHUNK = 2_000
+"""Iterations :func:`sustained_speed` runs between two reads of the clock (well under a
+millisecond of this project's VM)."""
+SUSTAINED_GRACE_S = 30.0
+"""How long past its ``seconds`` :func:`sustained_speed` waits for a worker's windows."""
 
 
 def cpu_speed(runs: int = 7) -> dict[str, Any]:
@@ -69,6 +80,62 @@ def cpu_speed(runs: int = 7) -> dict[str, Any]:
     except OSError:
         pass
     return {"python_mips": round(SPEED_LOOP / best / 1e6, 2), "cpu_model": model}
+
+
+def _window_rates(seconds: float, window_s: float) -> list[float]:
+    """Python MIPS of :func:`cpu_speed`'s loop in each ``window_s`` window of ``seconds``
+    of one core kept busy (a worker of :func:`sustained_speed`)."""
+    rates: list[float] = []
+    end = time.perf_counter() + seconds
+    while (began := time.perf_counter()) < end:
+        done, kept, total = 0, [], 0
+        while (now := time.perf_counter()) - began < window_s:
+            for i in range(SUSTAINED_CHUNK):
+                total += i
+                if i % 7 == 0:
+                    kept.append(total)
+            done += SUSTAINED_CHUNK
+            kept.clear()
+        rates.append(done / (now - began) / 1e6)
+    return rates
+
+
+def sustained_speed(seconds: float = 3.0, window_s: float = 0.1, workers: int | None = None) -> dict[str, Any]:
+    """What the machine's cores deliver under full load: ``workers`` processes (default:
+    one per CPU, ``os.cpu_count()``), each running :func:`cpu_speed`'s loop for
+    ``seconds`` and timing it in windows of ``window_s`` seconds. Returns
+    ``sustained_mips_p50`` and ``sustained_mips_p10`` (Python MIPS per core, the median
+    and the tenth percentile over all windows of all workers, lower is slower),
+    ``sustained_windows``, ``sustained_workers`` and ``sustained_s``. Unlike
+    :func:`cpu_speed`'s best timing, its median falls when the VM's host gives the
+    machine less than its cores for seconds at a time, as it does under a benchmark's
+    load. Forks its workers (Linux). Raises ValueError when ``seconds`` or ``window_s``
+    is not positive, ``window_s`` exceeds ``seconds`` or ``workers`` < 1, and
+    RuntimeError when a worker sends nothing within :data:`SUSTAINED_GRACE_S` of the end."""
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if not seconds > 0 or not window_s > 0 or window_s > seconds or workers < 1:
+        raise ValueError(f"sustained_speed: needs 0 < window_s <= seconds and workers >= 1, "
+                         f"not seconds={seconds}, window_s={window_s}, workers={workers}")
+    context = multiprocessing.get_context("fork")  # a forked worker runs the loop as it is: nothing is pickled
+    pipes = [context.Pipe(duplex=False) for _ in range(workers)]
+    processes = [context.Process(target=lambda sender=sender: sender.send(_window_rates(seconds, window_s)),
+                                 daemon=True) for _, sender in pipes]
+    for process in processes:
+        process.start()
+    rates: list[float] = []
+    try:
+        for receiver, _ in pipes:
+            if not receiver.poll(seconds + SUSTAINED_GRACE_S):
+                raise RuntimeError(f"sustained_speed: a worker sent nothing within {seconds + SUSTAINED_GRACE_S:g} s")
+            rates.extend(receiver.recv())
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+    rates.sort()
+    return {"sustained_mips_p50": round(rates[len(rates) // 2], 2),
+            "sustained_mips_p10": round(rates[len(rates) // 10], 2),
+            "sustained_windows": len(rates), "sustained_workers": workers, "sustained_s": seconds}
 
 
 def _read() -> tuple[int, int] | None:

@@ -9,8 +9,11 @@ real-shaped ones, single steps beside batched ones, runc beside runsc). Writes
 
 With ``--run`` it first runs the benchmarks of :data:`SUITE` one after the other (each
 starts its own server; about 8 minutes on a quiet 2-core machine), then prints the
-table from what they saved; ``--run real_shapes,batch_step`` runs some of them. Run it on
-a quiet machine: every figure is wall-clock time.
+table from what they saved; ``--run real_shapes,batch_step`` runs some of them. Before
+each benchmark and after the last it loads every core for 3 s and records what they
+delivered (``hoststat.sustained_speed``: ``machine.sustained`` in ``report.json``), since
+this project's VM runs slower under load at some hours than at others. Run it on a quiet
+machine: every figure is wall-clock time.
 
 Usage: ``python benchmarks/report.py [--run [NAMES]] [--markdown]``.
 """
@@ -32,7 +35,7 @@ from rich.table import Table
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from hoststat import cpu_speed  # noqa: E402, I001 - benchmarks/ is not a package
+from hoststat import cpu_speed, sustained_speed  # noqa: E402, I001 - benchmarks/ is not a package
 
 RESULTS = HERE / "results"
 SUITE: dict[str, list[str]] = {
@@ -290,17 +293,33 @@ def collect() -> list[dict[str, Any]]:
     return rows
 
 
-def run_suite(names: list[str]) -> None:
+def _probe(before: str) -> dict[str, Any]:
+    """The machine's speed under full load (:func:`hoststat.sustained_speed`, 3 s) before
+    ``before`` (a benchmark's name, or "" for after the last), printed as it is taken."""
+    speed = {"before": before or None, **sustained_speed()}
+    print(f"== machine {'before ' + before if before else 'after the last'}: every core loaded for "
+          f"{speed['sustained_s']:g} s ran p50 {speed['sustained_mips_p50']:g}, "
+          f"p10 {speed['sustained_mips_p10']:g} Python MIPS", flush=True)
+    return speed
+
+
+def run_suite(names: list[str]) -> list[dict[str, Any]]:
     """Run the benchmarks ``names`` of :data:`SUITE` one after the other with this
-    interpreter (each saves its JSON); exits with the first one's status that fails."""
+    interpreter (each saves its JSON), the machine's speed under full load taken before
+    each and after the last (:func:`_probe`, 3 s each); returns those probes in order.
+    Exits with the first one's status that fails."""
+    probes = []
     for name in names:
         script, *arguments = SUITE[name]
+        probes.append(_probe(name))
         print(f"== {name}: {script} {' '.join(arguments)}", flush=True)
         started = time.monotonic()
         done = subprocess.run([sys.executable, str(HERE / script), *arguments], check=False)
         if done.returncode != 0:
             sys.exit(f"{script} failed with status {done.returncode}")
         print(f"== {name}: {time.monotonic() - started:.0f} s", flush=True)
+    probes.append(_probe(""))
+    return probes
 
 
 def _cell(met: bool | None) -> str:
@@ -313,14 +332,17 @@ def main() -> None:
     parser.add_argument("--run", nargs="?", const=",".join(SUITE), default=None, metavar="NAMES",
                         help=f"run these benchmarks first (comma-separated, of {', '.join(SUITE)}; default all)")
     args = parser.parse_args()
+    probes: list[dict[str, Any]] = []
     if args.run is not None:
         names = [name for name in args.run.split(",") if name]
         if not names or any(name not in SUITE for name in names):
             parser.error(f"--run takes names of {', '.join(SUITE)}")
-        run_suite(names)
+        probes = run_suite(names)
     rows = collect()
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                **cpu_speed()}
+    if probes:
+        machine["sustained"] = probes
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "report.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     if args.markdown:

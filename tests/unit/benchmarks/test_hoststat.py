@@ -1,9 +1,12 @@
 """The benchmarks' steal sampler (``benchmarks/hoststat.py``): which windows count as the
 VM's host taking the machine, which steps touch them, and that it reads this machine's
-/proc/stat for real; the CPU speed probe (the best of its runs, this machine's model)."""
+/proc/stat for real; the CPU speed probe (the best of its runs, this machine's model); the
+sustained speed probe (every core loaded, in windows; its refusals and a worker that never
+answers)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -95,3 +98,30 @@ def test_cpu_speed_needs_a_run() -> None:
     for runs in (0, -1):
         with pytest.raises(ValueError, match="runs"):
             hoststat.cpu_speed(runs=runs)
+
+
+def test_sustained_speed_loads_every_worker_for_its_windows() -> None:
+    speed = hoststat.sustained_speed(seconds=0.3, window_s=0.1, workers=2)
+    assert speed["sustained_workers"] == 2 and speed["sustained_s"] == 0.3
+    assert 4 <= speed["sustained_windows"] <= 8  # 3 windows per worker, the last one may spill over
+    assert 0 < speed["sustained_mips_p10"] <= speed["sustained_mips_p50"]
+    assert hoststat.sustained_speed(seconds=0.1, window_s=0.1)["sustained_workers"] == os.cpu_count()
+
+
+def test_sustained_speed_refuses_what_it_cannot_time() -> None:
+    for seconds, window_s, workers in ((0, 0.1, 1), (-1.0, 0.1, 1), (1.0, 0, 1), (0.1, 0.2, 1), (1.0, 0.1, 0),
+                                       (float("nan"), 0.1, 1)):
+        with pytest.raises(ValueError, match="sustained_speed"):
+            hoststat.sustained_speed(seconds=seconds, window_s=window_s, workers=workers)
+
+
+def test_sustained_speed_gives_up_on_a_worker_that_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def dies(seconds: float, window_s: float) -> list[float]:
+        raise SystemExit(3)  # a worker that ends without its windows (the fork inherits this patch)
+
+    monkeypatch.setattr(hoststat, "_window_rates", dies)
+    monkeypatch.setattr(hoststat, "SUSTAINED_GRACE_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="sent nothing"):
+        hoststat.sustained_speed(seconds=0.1, window_s=0.1, workers=2)
+    assert time.monotonic() - started < 5
