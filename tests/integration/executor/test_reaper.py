@@ -23,6 +23,7 @@ import docker.errors
 import pytest
 from sandpit.executor.docker import docker_pool, engine, owners
 from sandpit.executor.pool import SandboxPool
+from waiting import wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -45,18 +46,6 @@ def _exists(client, container_id: str) -> bool:
         client.containers.get(container_id)
     except docker.errors.NotFound:
         return False
-    return True
-
-
-def _gone_soon(client, container_id: str, timeout_s: float = 15.0) -> bool:
-    """True once ``container_id`` no longer exists, within ``timeout_s`` seconds. A reaper
-    that finds another process's reaper already removing a container (409, removal in
-    progress) leaves it to that removal, which can still be running when it returns."""
-    deadline = time.monotonic() + timeout_s
-    while _exists(client, container_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
     return True
 
 
@@ -110,7 +99,10 @@ def test_reap_on_start_removes_leftovers_of_dead_processes_only(docker_client, s
         assert noreap.driver.stats()["reaped"] == 0, "reap_on_start=False must not reap"
 
         with docker_pool(pool_settings("reap", pool_size=0, reap_on_start=True)):
-            assert [cid for cid in doomed if not _gone_soon(docker_client, cid)] == []
+            # another process's reaper may be removing one still (this reaper leaves a 409
+            # "removal in progress" to it), so each must be gone soon, not at once
+            wait_until(lambda: not any(_exists(docker_client, cid) for cid in doomed),
+                       f"removal of the dead owners' containers {doomed}", timeout_s=15.0, poll_s=0.1)
             assert _exists(docker_client, alive.id), "a live process's sandbox was reaped"
             assert _exists(docker_client, other_host.id), "another host's sandbox was reaped"
     finally:
