@@ -53,6 +53,17 @@ SUSTAINED_GRACE_S = 30.0
 """How long past its ``seconds`` :func:`sustained_speed` waits for a worker's windows."""
 
 
+def _speed_loop(iterations: int) -> None:
+    """The fixed pure-Python loop both speed probes time: ``iterations`` of an add, a
+    modulo and (every seventh) a list append."""
+    kept: list[int] = []
+    total = 0
+    for i in range(iterations):
+        total += i
+        if i % 7 == 0:
+            kept.append(total)
+
+
 def cpu_speed(runs: int = 7) -> dict[str, Any]:
     """One core's speed at Python now: ``python_mips``, millions of iterations per second
     of a fixed pure-Python loop (:data:`SPEED_LOOP` iterations of an add, a modulo and a
@@ -66,12 +77,7 @@ def cpu_speed(runs: int = 7) -> dict[str, Any]:
     best = float("inf")
     for _ in range(runs):
         began = time.perf_counter()
-        kept: list[int] = []
-        total = 0
-        for i in range(SPEED_LOOP):
-            total += i
-            if i % 7 == 0:
-                kept.append(total)
+        _speed_loop(SPEED_LOOP)
         best = min(best, time.perf_counter() - began)
     model = None
     try:
@@ -88,14 +94,10 @@ def _window_rates(seconds: float, window_s: float) -> list[float]:
     rates: list[float] = []
     end = time.perf_counter() + seconds
     while (began := time.perf_counter()) < end:
-        done, kept, total = 0, [], 0
+        done = 0
         while (now := time.perf_counter()) - began < window_s:
-            for i in range(SUSTAINED_CHUNK):
-                total += i
-                if i % 7 == 0:
-                    kept.append(total)
+            _speed_loop(SUSTAINED_CHUNK)
             done += SUSTAINED_CHUNK
-            kept.clear()
         rates.append(done / (now - began) / 1e6)
     return rates
 
