@@ -23,7 +23,6 @@ import docker.errors
 import pytest
 from sandpit.executor.docker import docker_pool, engine, owners
 from sandpit.executor.pool import SandboxPool
-from waiting import wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -101,8 +100,7 @@ def test_reap_on_start_removes_leftovers_of_dead_processes_only(docker_client, s
         with docker_pool(pool_settings("reap", pool_size=0, reap_on_start=True)):
             # another process's reaper may be removing one still (this reaper leaves a 409
             # "removal in progress" to it), so each must be gone soon, not at once
-            wait_until(lambda: not any(_exists(docker_client, cid) for cid in doomed),
-                       f"removal of the dead owners' containers {doomed}", timeout_s=15.0, poll_s=0.1)
+            _gone_within(docker_client, doomed, 15.0, [])
             assert _exists(docker_client, alive.id), "a live process's sandbox was reaped"
             assert _exists(docker_client, other_host.id), "another host's sandbox was reaped"
     finally:
