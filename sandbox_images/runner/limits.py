@@ -57,9 +57,6 @@ CHILD_SEND_TIMEOUT_S = 5.0
 DEFER_MAX_S = 0.25
 """Longest delay (seconds) of a spare's or template's start while calls are in flight:
 started right after a reply it would compete with that request for the CPU quota."""
-QUIET_S = 0.01
-"""Quiet (seconds: no event, no call in flight) that a spare's or template's start waits
-for before it begins (``pid1_loop.Loop.later``), within DEFER_MAX_S."""
 SESSION_STARTUP_S = 10.0
 """Time a newly spawned session process has to start (interpreter, limits, seccomp
 filter) and answer ``hello`` before the request queued behind it. Its own time limit

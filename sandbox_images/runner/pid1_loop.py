@@ -14,16 +14,10 @@ what they need here and never reach each other through the loop:
 * :meth:`Loop.after_child_exit` ``(action)``: run after a pass in which a child may have
   exited (reaping exited children: ``waitpid(-1)`` walks every child in the kernel, so a
   PID 1 holding hundreds of sessions does not pay it on every call);
-* :meth:`Loop.later` ``(action)``: run once nothing is busy (a fork ahead must not compete
-  with the request that made it necessary), at the latest DEFER_MAX_S seconds after it was
-  first asked for; an action asked for twice in one round runs once. With ``quiet=True``
-  (a spare's or a template's start: a Python start-up, tens of milliseconds of the
-  sandbox's CPU quota), only once the loop has also been quiet for QUIET_S: no event and
-  nothing busy. The host is still finishing the request that was just answered (a
-  create's write and HTTP reply) and its client's next request often follows within a
-  few milliseconds: a start that begins at once competes with both for the machine's
-  CPU, and one that a ``recycle`` would kill (a create's env deleted at once, its sandbox
-  emptied) is not started at all (``cancel_deferred``).
+* :meth:`Loop.later` ``(action)``: run once nothing is busy (a spare's or a template's
+  start, a Python start-up on the sandbox's CPU quota, must not compete with the request that made
+  it necessary), at the latest DEFER_MAX_S seconds after it was first asked for; an
+  action asked for twice in one round runs once.
 
 A round: deadlines checked; ``select`` for at most the shortest of the poll interval, the
 next deadline and the deferred actions' due time; the callbacks of what is readable (the
@@ -42,7 +36,7 @@ import signal
 import socket
 import time
 
-from .limits import DEFER_MAX_S, QUIET_S
+from .limits import DEFER_MAX_S
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -65,11 +59,8 @@ class Loop:
         self._child_exited = True
         """SIGCHLD arrived since the child-exit actions last ran (True at first: nothing
         has looked yet)."""
-        self.deferred: list[tuple[Callable[[], None], bool]] = []
-        """Actions waiting for a quiet moment, each with whether it waits for QUIET_S of
-        quiet (:meth:`later`)."""
-        self.last_event = 0.0
-        """When ``select`` last returned a readable event (monotonic seconds)."""
+        self.deferred: list[Callable[[], None]] = []
+        """Actions waiting for a quiet moment (:meth:`later`)."""
         self.deferred_due: float | None = None
         """When the deferred actions run even if something is busy (monotonic seconds)."""
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
@@ -110,13 +101,11 @@ class Loop:
         self._after_exit.append(action)
 
     # -- deferred actions ------------------------------------------------------------------
-    def later(self, action: Callable[[], None], quiet: bool = False) -> None:
-        """Run ``action`` once nothing is busy (with ``quiet``: once nothing has been busy
-        and no event has come for QUIET_S seconds), at the latest DEFER_MAX_S seconds from
-        the first action asked for since the last run; at most once per round (an action
-        asked for again while it waits keeps its first ``quiet``)."""
-        if all(waiting is not action for waiting, _ in self.deferred):
-            self.deferred.append((action, quiet))
+    def later(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once nothing is busy, at the latest DEFER_MAX_S seconds from the
+        first action asked for since the last run; at most once per round."""
+        if action not in self.deferred:
+            self.deferred.append(action)
         if self.deferred_due is None:
             self.deferred_due = time.monotonic() + DEFER_MAX_S
 
@@ -127,19 +116,9 @@ class Loop:
     def _run_deferred(self) -> None:
         if not self.deferred:
             return
-        now = time.monotonic()
-        if now < (self.deferred_due or 0.0):
-            if self.busy():
-                return
-            if now - self.last_event < QUIET_S:  # only those that need no quiet
-                actions = [action for action, quiet in self.deferred if not quiet]
-                if actions:
-                    self.deferred = [(action, quiet) for action, quiet in self.deferred if quiet]
-                    for action in actions:
-                        action()
-                return
-        actions = [action for action, _ in self.deferred]
-        self.deferred, self.deferred_due = [], None
+        if self.busy() and time.monotonic() < (self.deferred_due or 0.0):
+            return
+        actions, self.deferred, self.deferred_due = self.deferred, [], None
         for action in actions:
             action()
 
@@ -156,9 +135,8 @@ class Loop:
 
     def _next_wait(self) -> float:
         """Seconds ``select`` may wait: the poll interval, shortened to the nearest
-        deadline the checks report (they act on what is due first), to the deferred
-        actions' due time and, while one of them waits for quiet, to the end of QUIET_S
-        after the last event."""
+        deadline the checks report (they act on what is due first) and to the deferred
+        actions' due time."""
         now = time.monotonic()
         wait = self.poll_s
         for check in self._deadlines:
@@ -166,10 +144,7 @@ class Loop:
             if remaining is not None:
                 wait = min(wait, remaining)
         if self.deferred_due is not None:
-            wait = max(0.0, min(wait, self.deferred_due - now))
-            until_quiet = self.last_event + QUIET_S - now
-            if until_quiet > 0 and any(quiet for _, quiet in self.deferred):  # past it: busy ends with an event
-                wait = min(wait, until_quiet)
+            wait = max(0.0, min(wait, self.deferred_due - time.monotonic()))
         return wait
 
     def wake_on_child_exit(self) -> None:
@@ -189,8 +164,6 @@ class Loop:
         """Serve rounds (module docstring) until :meth:`stop`."""
         while self.running:
             events = self.sel.select(self._next_wait())
-            if events:
-                self.last_event = time.monotonic()
             for key, _ in events:
                 key.data(key.fileobj)
                 if self.stopped:

@@ -87,8 +87,7 @@ class Runner:
         op = msg.get("op")
         if op == "ping":
             self.host.reply({"id": rid, "status": "ok", "sessions": len(self.sessions.by_sid), "pid": os.getpid(),
-                             "templates": self.templates.stats(), "sweeps": dict(self.children.sweeps),
-                             "deferred": len(self.loop.deferred)})
+                             "templates": self.templates.stats(), "sweeps": dict(self.children.sweeps)})
         elif op == "recycle":
             self.recycle(rid)
         elif op == "calls":
