@@ -57,6 +57,11 @@ CHILD_SEND_TIMEOUT_S = 5.0
 DEFER_MAX_S = 0.25
 """Longest delay (seconds) of a spare's or template's start while calls are in flight:
 started right after a reply it would compete with that request for the CPU quota."""
+REPLACE_MAX = 2
+"""Times an open's process that died before it ever answered is replaced by another
+(``pid1_sessions.Sessions.child_failed``). Two, because a session that kills every other
+process of its sandbox kills the process forked ahead and the spare at once, and their
+exits may not be reaped yet when the next open takes them; the third is spawned."""
 SESSION_STARTUP_S = 10.0
 """Time a newly spawned session process has to start (interpreter, limits, seccomp
 filter) and answer ``hello`` before the request queued behind it. Its own time limit

@@ -33,7 +33,7 @@ import secrets
 import time
 
 from . import protocol
-from .limits import BROKEN_MAX_CHARS, JOB_EXIT_WAIT_S, SESSION_ID_MAX_CHARS, SESSION_STARTUP_S
+from .limits import BROKEN_MAX_CHARS, JOB_EXIT_WAIT_S, REPLACE_MAX, SESSION_ID_MAX_CHARS, SESSION_STARTUP_S
 from .pid1_children import Child, Output, await_exit, drain, oom_kills, read_once
 from .pid1_deadlines import Deadlines
 from .pid1_forks import Template
@@ -523,14 +523,13 @@ class Sessions:
         session.current = None
         template, session.forked_from = session.forked_from, None
         unproven = session.child is not None and (session.child.waited or not session.child.booted)
-        replace = bool(unproven and status == "crashed" and not not_started and item and not item.get("retried"))
+        replace = bool(unproven and status == "crashed" and not not_started and item
+                       and item.get("replaced", 0) < REPLACE_MAX)
         if item is not None and item.get("internal") == "init" and not session.opened and (template or replace):
-            # a process that died before it ever answered (a spare or one forked ahead, killed
-            # while it waited) is replaced once; one forked from a config template that went
-            # wrong: that template is not used again
+            # a process that never answered (a spare or one forked ahead, killed while it waited) is replaced
             if replace:
-                item["retried"] = True
-            elif template is not None:
+                item["replaced"] = item.get("replaced", 0) + 1
+            elif template is not None:  # a config template whose fork went wrong: not used again
                 self.templates.fail(template, f"a forked session failed ({status})")
             if session.child is not None:
                 self._drain(session, discard=True)

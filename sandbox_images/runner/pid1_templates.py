@@ -36,7 +36,7 @@ another session. The next open of that key takes it, so its path holds no fork: 
 channels made, no ``fork`` request, no two forks, no wait for the pid. The process was
 verified as above when it was forked; it is taken only while /proc still shows it PID 1's
 child, running or sleeping (not stopped by a session's signal), else killed and the
-session forked at once; one that dies before its first answer is replaced once
+session forked at once; one that dies before its first answer is replaced
 (``pid1_sessions.Sessions.child_failed``). Until taken it is the template's (never a stray; its process
 session holds only it), dies with its template (failure, eviction, ``recycle``) and is
 forgotten when it exits.
