@@ -62,6 +62,12 @@ REPLACE_MAX = 2
 (``pid1_sessions.Sessions.child_failed``). Two, because a session that kills every other
 process of its sandbox kills the process forked ahead and the spare at once, and their
 exits may not be reaped yet when the next open takes them; the third is spawned."""
+QUIET_S = 0.01
+"""Quiet (seconds: no event, no call in flight) that a spare's or an environment
+template's start waits for before it begins (``pid1_loop.Loop.later``)."""
+QUIET_MAX_S = 0.05
+"""Longest wait (seconds) for QUIET_S of quiet: after it such a start waits only for
+nothing to be in flight (back-to-back opens never leave 10 ms of quiet)."""
 SESSION_STARTUP_S = 10.0
 """Time a newly spawned session process has to start (interpreter, limits, seccomp
 filter) and answer ``hello`` before the request queued behind it. Its own time limit

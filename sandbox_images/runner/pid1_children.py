@@ -469,7 +469,7 @@ class Children:
         started once the loop is quiet (``Loop.later``). Raises OSError (pids limit)."""
         child = self.spare if self.spare is not None and self.spare.alive else self.spawn()
         self.spare = None
-        self.loop.later(self.ensure_spare)
+        self.loop.later(self.ensure_spare, quiet=True)
         return child
 
     def ensure_spare(self) -> None:

@@ -14,10 +14,17 @@ what they need here and never reach each other through the loop:
 * :meth:`Loop.after_child_exit` ``(action)``: run after a pass in which a child may have
   exited (reaping exited children: ``waitpid(-1)`` walks every child in the kernel, so a
   PID 1 holding hundreds of sessions does not pay it on every call);
-* :meth:`Loop.later` ``(action)``: run once nothing is busy (a spare's or a template's
-  start, a Python start-up on the sandbox's CPU quota, must not compete with the request that made
-  it necessary), at the latest DEFER_MAX_S seconds after it was first asked for; an
-  action asked for twice in one round runs once.
+* :meth:`Loop.later` ``(action)``: run once nothing is busy (a fork ahead must not compete
+  with the request that made it necessary), at the latest DEFER_MAX_S seconds after it was
+  first asked for; an action asked for twice in one round runs once. With ``quiet=True``
+  (a spare's or an environment template's start: a Python start-up, tens of milliseconds
+  of the sandbox's CPU quota), only once the loop has also been quiet for QUIET_S (no
+  event and nothing busy), or QUIET_MAX_S after it was asked for. The host is still
+  finishing the request that was just answered (a create's write and HTTP reply) and its
+  client's next request often follows within a few milliseconds: a start that begins at
+  once competes with both for the machine's CPU, and one that a ``recycle`` would kill (a
+  create's env deleted at once, its sandbox emptied) is not started at all
+  (``cancel_deferred``).
 
 A round: deadlines checked; ``select`` for at most the shortest of the poll interval, the
 next deadline and the deferred actions' due time; the callbacks of what is readable (the
@@ -36,7 +43,7 @@ import signal
 import socket
 import time
 
-from .limits import DEFER_MAX_S
+from .limits import DEFER_MAX_S, QUIET_MAX_S, QUIET_S
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,8 +66,11 @@ class Loop:
         self._child_exited = True
         """SIGCHLD arrived since the child-exit actions last ran (True at first: nothing
         has looked yet)."""
-        self.deferred: list[Callable[[], None]] = []
-        """Actions waiting for a quiet moment (:meth:`later`)."""
+        self.deferred: list[tuple[Callable[[], None], float | None]] = []
+        """Actions waiting for a quiet moment, each with the time until which it waits for
+        QUIET_S of quiet (monotonic seconds; None: it does not, :meth:`later`)."""
+        self.last_event = 0.0
+        """When ``select`` last returned a readable event (monotonic seconds)."""
         self.deferred_due: float | None = None
         """When the deferred actions run even if something is busy (monotonic seconds)."""
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
@@ -101,13 +111,17 @@ class Loop:
         self._after_exit.append(action)
 
     # -- deferred actions ------------------------------------------------------------------
-    def later(self, action: Callable[[], None]) -> None:
-        """Run ``action`` once nothing is busy, at the latest DEFER_MAX_S seconds from the
-        first action asked for since the last run; at most once per round."""
-        if action not in self.deferred:
-            self.deferred.append(action)
+    def later(self, action: Callable[[], None], quiet: bool = False) -> None:
+        """Run ``action`` once nothing is busy (with ``quiet``: once nothing has been busy
+        and no event has come for QUIET_S seconds, or QUIET_MAX_S seconds from now), at
+        the latest DEFER_MAX_S seconds from the first action asked for since the last run;
+        at most once per round (an action asked for again while it waits keeps its first
+        ``quiet``)."""
+        now = time.monotonic()
+        if all(waiting != action for waiting, _ in self.deferred):  # bound methods: equal, not identical
+            self.deferred.append((action, now + QUIET_MAX_S if quiet else None))
         if self.deferred_due is None:
-            self.deferred_due = time.monotonic() + DEFER_MAX_S
+            self.deferred_due = now + DEFER_MAX_S
 
     def cancel_deferred(self) -> None:
         """Forget every deferred action (``recycle``: what was wanted before is not now)."""
@@ -116,9 +130,24 @@ class Loop:
     def _run_deferred(self) -> None:
         if not self.deferred:
             return
-        if self.busy() and time.monotonic() < (self.deferred_due or 0.0):
+        now = time.monotonic()
+        if now < (self.deferred_due or 0.0):
+            if self.busy():
+                return
+            calm = now - self.last_event >= QUIET_S
+            waiting = [entry for entry in self.deferred
+                       if entry[1] is not None and not calm and now < entry[1]]
+            if len(waiting) == len(self.deferred):
+                return
+            actions = [action for action, until in self.deferred if (action, until) not in waiting]
+            self.deferred = waiting
+            if not waiting:
+                self.deferred_due = None
+            for action in actions:
+                action()
             return
-        actions, self.deferred, self.deferred_due = self.deferred, [], None
+        actions = [action for action, _ in self.deferred]
+        self.deferred, self.deferred_due = [], None
         for action in actions:
             action()
 
@@ -135,8 +164,9 @@ class Loop:
 
     def _next_wait(self) -> float:
         """Seconds ``select`` may wait: the poll interval, shortened to the nearest
-        deadline the checks report (they act on what is due first) and to the deferred
-        actions' due time."""
+        deadline the checks report (they act on what is due first), to the deferred
+        actions' due time and, while one of them waits for quiet, to the end of QUIET_S
+        after the last event or to its QUIET_MAX_S, whichever is still ahead."""
         now = time.monotonic()
         wait = self.poll_s
         for check in self._deadlines:
@@ -144,7 +174,12 @@ class Loop:
             if remaining is not None:
                 wait = min(wait, remaining)
         if self.deferred_due is not None:
-            wait = max(0.0, min(wait, self.deferred_due - time.monotonic()))
+            wait = max(0.0, min(wait, self.deferred_due - now))
+            limits = [until for _, until in self.deferred if until is not None]
+            if limits:  # only times still ahead: while busy, the end of the call is an event
+                for ahead in (self.last_event + QUIET_S - now, min(limits) - now):
+                    if ahead > 0:
+                        wait = min(wait, ahead)
         return wait
 
     def wake_on_child_exit(self) -> None:
@@ -164,6 +199,8 @@ class Loop:
         """Serve rounds (module docstring) until :meth:`stop`."""
         while self.running:
             events = self.sel.select(self._next_wait())
+            if events:
+                self.last_event = time.monotonic()
             for key, _ in events:
                 key.data(key.fileobj)
                 if self.stopped:

@@ -87,7 +87,8 @@ class Runner:
         op = msg.get("op")
         if op == "ping":
             self.host.reply({"id": rid, "status": "ok", "sessions": len(self.sessions.by_sid), "pid": os.getpid(),
-                             "templates": self.templates.stats(), "sweeps": dict(self.children.sweeps)})
+                             "templates": self.templates.stats(), "sweeps": dict(self.children.sweeps),
+                             "deferred": len(self.loop.deferred)})
         elif op == "recycle":
             self.recycle(rid)
         elif op == "calls":

@@ -166,9 +166,9 @@ class Sessions:
         self.by_sid[sid] = session
         session.queue.append({"internal": "init", "rid": rid, "snapshot": snapshot})
         self.pump(session)
-        key = session.key  # templates start after the open's reply (or DEFER_MAX_S)
-        self.loop.later(lambda: self.templates.want(key, spec))
-        if config is not None and config_hash is not None and not spec["describe_only"]:
+        key = session.key  # the environment's template starts once the loop is quiet after the reply
+        self.loop.later(lambda: self.templates.want(key, spec), quiet=True)
+        if config is not None and config_hash is not None and not spec["describe_only"]:  # wanted by opens now
             self.loop.later(lambda: self.templates.want_config(key, config_hash, config))
 
     def close(self, session: Session) -> None:

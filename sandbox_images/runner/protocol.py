@@ -46,12 +46,7 @@ from .wire import depth_exceeds
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping  # annotations only: never evaluated in the sandbox
-    from typing import (
-        Any,
-        Literal,
-        NotRequired,
-        TypedDict,
-    )
+    from typing import Any, Literal, NotRequired, TypedDict
 
     from .wire import CheckFields, Delta
 
@@ -262,13 +257,16 @@ if TYPE_CHECKING:
         ahead_taken: int
 
     class PingReply(Reply):
-        """Open sessions, PID 1's pid (1 in a sandbox), template counters, and how many
-        sweeps ended on the pids cgroup's count (``counted``) or listed /proc (``listed``)."""
+        """Open sessions, PID 1's pid (1 in a sandbox), template counters, how many
+        sweeps ended on the pids cgroup's count (``counted``) or listed /proc (``listed``),
+        and how many of PID 1's deferred starts wait for a quiet moment (``deferred``:
+        ``pid1_loop.Loop.later``)."""
 
         sessions: NotRequired[int]
         pid: NotRequired[int]
         templates: NotRequired[TemplateStats]
         sweeps: NotRequired[dict[str, int]]
+        deferred: NotRequired[int]
 
     class RecycleReply(Reply):
         """``clean`` False (with ``problems``, at most RECYCLE_MAX_PROBLEMS) when the

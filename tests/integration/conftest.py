@@ -222,6 +222,14 @@ def template_state(sandbox: Any) -> dict[str, Any]:
     return dict(sandbox.request("ping")["templates"])
 
 
+def deferred_actions(sandbox: Any) -> int:
+    """How many of the runner's deferred actions (a spare's, a template's or a fork
+    ahead's start) wait for a quiet moment in ``sandbox`` (the ``deferred`` field of its
+    ``ping`` reply); each ``ping`` is itself an event that the quiet waits out."""
+    assert isinstance(sandbox, Sandbox)
+    return int(sandbox.request("ping")["deferred"])
+
+
 OpenEnv = Callable[..., Session]
 
 
@@ -292,9 +300,9 @@ class Probe:
 
     def settled_processes(self, session: Session, quiet_s: float = 0.5, timeout_s: float = 15.0) -> list[list]:
         """:meth:`processes` once the set of pids stayed the same over ``quiet_s`` seconds:
-        the runner starts a spare or a template after the reply of an open, or within
-        ``limits.DEFER_MAX_S`` while calls are in flight, so right after an open the list
-        may still grow by one."""
+        the runner starts a spare or a template once its loop has been quiet for
+        ``limits.QUIET_S`` after the reply of an open, or within ``limits.DEFER_MAX_S``
+        while calls are in flight, so right after an open the list may still grow by one."""
         deadline = time.monotonic() + timeout_s
         seen = self.processes(session)
         while True:

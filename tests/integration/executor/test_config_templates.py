@@ -20,7 +20,7 @@ from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.configs import wire_config
 from sandpit.executor.pool.session import Session
 
-from ..conftest import FAST, TENANT, template_state
+from ..conftest import FAST, TENANT, deferred_actions, template_state
 
 pytestmark = pytest.mark.docker
 
@@ -93,12 +93,13 @@ def open_(pool: SandboxPool, sessions: list[Session], config: dict[str, Any], so
 
 
 def settle(sandbox: Any, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Wait until no template is loading (config templates are built in the background)."""
+    """Wait until no template is loading or waiting to start (config templates are built
+    in the background, once the runner's loop is quiet after the open's reply)."""
     deadline = time.monotonic() + timeout_s
     while True:
         state = template_state(sandbox)
-        if (state["loading"] == 0 and state["configs_loading"] == 0 and state["ready"] >= 1) \
-                or time.monotonic() > deadline:
+        if (state["loading"] == 0 and state["configs_loading"] == 0 and state["ready"] >= 1
+                and deferred_actions(sandbox) == 0) or time.monotonic() > deadline:
             return state
         time.sleep(0.1)
 

@@ -17,8 +17,9 @@ from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
 from sandpit.sandbox_images.runner.limits import FORK_AHEAD_DEFAULT
+from waiting import wait_until
 
-from ..conftest import template_state
+from ..conftest import deferred_actions, template_state
 from .test_templates import FORKABLE, identity, open_, other, wait_ready
 
 pytestmark = pytest.mark.docker
@@ -95,6 +96,8 @@ def test_a_process_forked_ahead_that_a_session_stopped_is_not_taken(ahead_pool, 
     first = open_(ahead_pool, opened, source=STOPPING, count=1)
     sandbox = first._sandbox
     wait_ready(sandbox)
+    # the spare starts once the runner is quiet: now, not after the fork ahead
+    wait_until(lambda: deferred_actions(sandbox) == 0, "the runner's deferred starts", timeout_s=20.0)
     second = open_(ahead_pool, opened, source=STOPPING, count=2)  # forked on its path; the next one ahead
     before = wait_for(sandbox, lambda s: s["ahead"] == 1)
     assert before["ahead"] == 1, before

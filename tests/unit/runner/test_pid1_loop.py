@@ -1,17 +1,22 @@
 """PID 1's event loop (``pid1_loop``) on real sockets in this process: callbacks of what is
 readable, deadlines that shorten the wait, deferred actions that wait while something is
-busy (but not past DEFER_MAX_S), after-round actions, and a stop that ends the round."""
+busy (but not past DEFER_MAX_S) and, for starts of processes, for QUIET_S without an event,
+after-round actions, and a stop that ends the round."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import threading
 import time
 
 import pytest
 from sandpit.sandbox_images.runner import limits
 from sandpit.sandbox_images.runner.pid1_loop import Loop
+
+SLACK_S = 0.002
+"""The loop notes an event's time just before its callback, which records it here."""
 
 
 @pytest.fixture
@@ -87,6 +92,88 @@ def test_deferred_actions_wait_while_busy_but_not_past_their_due_time() -> None:
     loop.later(action)
     loop.cancel_deferred()
     assert loop.deferred == [] and loop.deferred_due is None
+
+
+def test_quiet_actions_wait_for_quiet_after_the_last_event_others_do_not(pair) -> None:
+    """A spare's or a template's start (``quiet=True``) waits until no event came for
+    QUIET_S; a fork ahead (no ``quiet``) runs in the first round nothing is busy; events
+    that never stop delay a quiet start by QUIET_MAX_S, no longer; a recycle's
+    ``cancel_deferred`` drops a start still waiting."""
+    left, right = pair
+    loop = Loop(poll_s=0.5)
+    received: list[float] = []
+    loop.watch(right, lambda sock: (sock.recv(100), received.append(time.monotonic())))
+    ran: dict[str, float] = {}
+    stop_events = threading.Event()
+
+    def events(gap_s: float) -> None:  # another thread keeps the loop's socket readable
+        while not stop_events.is_set():
+            left.sendall(b"e")
+            time.sleep(gap_s)
+
+    sender = threading.Thread(target=events, args=(0.002,))
+    asked = time.monotonic()
+    loop.later(lambda: ran.setdefault("quiet", time.monotonic()), quiet=True)
+    loop.later(lambda: ran.setdefault("plain", time.monotonic()))
+    sender.start()
+    try:
+        loop.after_round(lambda: loop.stop() if "quiet" in ran else None)
+        loop.run()
+    finally:
+        stop_events.set()
+        sender.join()
+    assert ran["plain"] <= ran["quiet"] < asked + limits.DEFER_MAX_S + 5.0
+    last = max(t for t in received if t <= ran["quiet"])  # (a loaded machine may stall the sender)
+    assert ran["quiet"] - last >= limits.QUIET_S - SLACK_S or ran["quiet"] - asked >= limits.QUIET_MAX_S
+
+    loop.running, ran = True, {}
+    left.sendall(b"e")  # one event, then quiet
+    loop.later(lambda: ran.setdefault("quiet", time.monotonic()), quiet=True)
+    loop.after_round(lambda: loop.stop() if "quiet" in ran else None)
+    loop.run()
+    assert ran["quiet"] - received[-1] >= limits.QUIET_S - SLACK_S  # measured from the last event
+    assert ran["quiet"] - received[-1] < limits.DEFER_MAX_S + 5.0
+
+    loop.later(lambda: ran.setdefault("cancelled", time.monotonic()), quiet=True)
+    loop.cancel_deferred()
+    loop.running = True
+    run_rounds(loop, 2)
+    assert "cancelled" not in ran and loop.deferred == []
+
+
+def test_a_quiet_action_under_endless_events_runs_once_its_quiet_max_has_passed() -> None:
+    """Opens back to back never leave QUIET_S of quiet: a waiting start then runs at the
+    first round after QUIET_MAX_S, not at DEFER_MAX_S."""
+    loop = Loop(poll_s=0.5)
+    ran: list[float] = []
+    asked = time.monotonic()
+    loop.later(lambda: ran.append(time.monotonic()), quiet=True)
+    loop.last_event = time.monotonic()  # an event in this round
+    loop._run_deferred()
+    if not ran:  # (a test thread stalled past QUIET_MAX_S has run it already)
+        assert 0 < loop._next_wait() <= limits.QUIET_MAX_S  # select wakes for it
+    assert ran == [] or ran[0] - asked >= limits.QUIET_MAX_S
+    time.sleep(limits.QUIET_MAX_S)
+    loop.last_event = time.monotonic()  # and one in the round after QUIET_MAX_S
+    loop._run_deferred()
+    assert len(ran) == 1 and ran[0] - asked >= limits.QUIET_MAX_S
+    assert loop.deferred == [] and loop.deferred_due is None
+
+
+def test_a_quiet_action_waiting_behind_a_busy_call_does_not_spin_the_loop() -> None:
+    """While a call is in flight and its quiet time has passed, the loop waits for the
+    call's event (or the poll, or the due time), not in a busy loop of empty rounds."""
+    loop = Loop(poll_s=0.05)
+    loop.add_busy(lambda: True)
+    rounds = [0]
+    loop.after_round(lambda: rounds.__setitem__(0, rounds[0] + 1))
+    ran: list[float] = []
+    started = time.monotonic()
+    loop.later(lambda: ran.append(time.monotonic()), quiet=True)
+    loop.after_round(lambda: loop.stop() if ran else None)
+    loop.run()
+    assert ran and ran[0] - started >= limits.DEFER_MAX_S * 0.9
+    assert rounds[0] <= limits.DEFER_MAX_S / 0.05 + 3  # one round per poll, not thousands
 
 
 def test_a_stop_ends_the_round_after_the_current_callback(pair) -> None:
