@@ -131,23 +131,20 @@ class Loop:
         if not self.deferred:
             return
         now = time.monotonic()
-        if now < (self.deferred_due or 0.0):
-            if self.busy():
-                return
-            calm = now - self.last_event >= QUIET_S
-            waiting = [entry for entry in self.deferred
-                       if entry[1] is not None and not calm and now < entry[1]]
-            if len(waiting) == len(self.deferred):
-                return
-            actions = [action for action, until in self.deferred if (action, until) not in waiting]
-            self.deferred = waiting
-            if not waiting:
-                self.deferred_due = None
-            for action in actions:
-                action()
+        due = now >= (self.deferred_due or 0.0)
+        if not due and self.busy():
             return
-        actions = [action for action, _ in self.deferred]
-        self.deferred, self.deferred_due = [], None
+        quiet = now - self.last_event >= QUIET_S
+
+        def held(until: float | None) -> bool:  # still waiting for quiet (:meth:`later`)
+            return not due and not quiet and until is not None and now < until
+
+        actions = [action for action, until in self.deferred if not held(until)]
+        if not actions:
+            return
+        self.deferred = [entry for entry in self.deferred if held(entry[1])]
+        if not self.deferred:
+            self.deferred_due = None
         for action in actions:
             action()
 
@@ -175,9 +172,9 @@ class Loop:
                 wait = min(wait, remaining)
         if self.deferred_due is not None:
             wait = max(0.0, min(wait, self.deferred_due - now))
-            limits = [until for _, until in self.deferred if until is not None]
-            if limits:  # only times still ahead: while busy, the end of the call is an event
-                for ahead in (self.last_event + QUIET_S - now, min(limits) - now):
+            untils = [until for _, until in self.deferred if until is not None]
+            if untils:  # only times still ahead: while busy, the end of the call is an event
+                for ahead in (self.last_event + QUIET_S - now, min(untils) - now):
                     if ahead > 0:
                         wait = min(wait, ahead)
         return wait
