@@ -93,7 +93,11 @@ class ResourceProfile(BaseModel):
         next open (``pid1_forks.py``; 0 to FORK_AHEAD_MAX_PER_SANDBOX).
         ``cgroup_task_count``: the container's pids cgroup counts exactly the sandbox's
         tasks (runc), so a sweep that finds no more tasks than the runner follows skips
-        listing /proc (``pid1_children.Children.sweep``); off under runsc."""
+        listing /proc (``pid1_children.Children.sweep``); off under runsc.
+        ``spares_from_template``: with ``templates`` under runc, the runner starts the jobs
+        template at boot, forks its spares from it instead of starting Python for each,
+        and keeps it through recycles while it is clean (``pid1_templates.py``); off under
+        runsc, where a fork costs 5 to 100 ms of PID 1's time (the ptrace platform)."""
         return {
             "call_timeout_s": self.call_timeout_s,
             "session_memory_bytes": self.memory_mib * MiB,
@@ -108,6 +112,7 @@ class ResourceProfile(BaseModel):
             "session_startup_s": session_startup_s,
             "forks_ahead": forks_ahead,
             "cgroup_task_count": runtime == "runc",
+            "spares_from_template": templates and runtime == "runc",
         }
 
 

@@ -6,12 +6,12 @@ A file's name says which process its code runs in:
   imports only those before it in this list: ``pid1_cleanup`` (killing leftovers,
   proving the sandbox empty before reuse), ``pid1_loop`` (the event loop: selector,
   deadlines, deferred actions), ``pid1_host`` (the host channel), ``pid1_children`` (the
-  process table: spare, spawn, reap, sweep), ``pid1_templates`` (processes forked from
-  warm templates), ``pid1_replies`` (what PID 1 takes from a session process's replies),
-  ``pid1_groups`` (several sessions' calls in one frame each way), ``pid1_sessions``
-  (one environment instance per session) and
-  ``pid1_jobs`` (one-shot jobs: scripts and check batches), then ``pid1_runner`` (start-up,
-  host dispatch, recycle).
+  process table: spare, spawn, reap, sweep), ``pid1_configs`` (the cache of configs by
+  digest), ``pid1_templates`` (processes forked from warm templates), ``pid1_replies``
+  (what PID 1 takes from a session process's replies), ``pid1_groups`` (several
+  sessions' calls in one frame each way), ``pid1_sessions`` (one environment instance
+  per session) and ``pid1_jobs`` (one-shot jobs: scripts and check batches), then
+  ``pid1_runner`` (start-up, host dispatch, recycle).
 * ``child_*``: the processes where untrusted code runs (so everything they hold is within
   its reach): ``child_spare`` (where each starts: confined, then it becomes a session, a
   job or a template), ``child_session`` (one environment instance), ``child_instance``

@@ -35,10 +35,11 @@ forked process by Python itself (``os.register_at_fork``).
 The *jobs template* (request ``template {id, jobs: true}``, one per sandbox) is the same
 process without any environment: it executes no source at all, only imports the runner's
 own one-shot module (``child_oneshot.py``) and the modules restoring a state needs, then
-serves ``fork`` requests in the same way. Each forked process is a fresh job process (a
-check batch's zygote) that never served an environment and never ran untrusted code,
-exactly like a spare taking its first request, without the cost of starting Python (on
-the sandbox's CPU quota, per check batch).
+serves ``fork`` requests in the same way. Each forked process is a fresh process (a
+check batch's zygote, or PID 1's next spare) that never served an environment and never
+ran untrusted code, exactly like a spare taking its first request, without the cost of
+starting Python (on the sandbox's CPU quota). Once ready it blocks every signal that can
+be blocked (:data:`_UNBLOCK`), and its forks unblock them.
 
 Config templates (:func:`run_config_template`): a process forked from an environment's
 template receives ``config_template {id, config}`` and keeps an *instance*: it constructs
@@ -68,6 +69,7 @@ import builtins
 import gc
 import os
 import select
+import signal
 import socket
 import sys
 import time
@@ -293,8 +295,19 @@ def _run_jobs_template(sock: socket.socket, request_id: object, limits: dict[str
     flush_std()
     gc.collect()
     gc.freeze()
+    _UNBLOCK.append(signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals()))
     _send(sock, {"id": request_id, "status": "ok"})
     _serve_forks(sock, None, limits, become)
+
+
+_UNBLOCK: list[set[int | signal.Signals]] = []
+"""The signal mask the jobs template had before it blocked every signal that can be
+blocked, restored in each process it forks (:func:`_become_session`). The template may
+outlive a recycle (``pid1_templates``): blocked, a signal another process of the uid
+sends it (SIGINT, SIGTERM, SIGUSR1...) stays pending and never runs a handler or ends it
+halfway through a fork, so what the template is cannot be changed from outside; SIGKILL
+ends it and SIGSTOP holds it, and PID 1 sees both. A forked process starts with no
+pending signal (fork clears them)."""
 
 
 def module_fingerprint(cls: type) -> bytes | None:
@@ -454,7 +467,8 @@ def _extra_children() -> str | None:
 
 
 def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any], become: Become) -> NoReturn:
-    runner = os.getppid()
+    runner, me = os.getppid(), os.getpid()
+    _CHANNEL.append(sock)
     _prctl()  # loaded once here: each forked session would otherwise dlopen libc again (~0.4 ms)
     while True:
         try:
@@ -470,11 +484,18 @@ def _serve_forks(sock: socket.socket, cls: Any, limits: dict[str, Any], become: 
         except OSError:
             os._exit(0)
         finally:
-            for fd in fds:
+            for fd in fds if os.getpid() == me else ():  # a forked job ending (``_become_session``) closes none
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+
+
+_CHANNEL: list[socket.socket] = []
+"""The template's own channel to PID 1 (:func:`_serve_forks`), detached in each forked
+process (:func:`_become_session`): that process closed its descriptor, and the socket
+object must never close the number again, which by then may be one of the process's own
+files (an ``exec`` job ends through the interpreter's shutdown, which frees it)."""
 
 
 def _fork(fds: list[int], cls: Any, limits: dict[str, Any], runner: int, become: Become) -> int:
@@ -483,13 +504,14 @@ def _fork(fds: list[int], cls: Any, limits: dict[str, Any], runner: int, become:
     flush_std()
     intermediate = os.fork()
     if intermediate == 0:
+        me = os.getpid()
         try:
             os.close(read_end)
-            me = os.getpid()
             if os.fork() == 0:
                 _become_session(fds, write_end, cls, limits, me, runner, become)
         finally:
-            os._exit(0)
+            if os.getpid() == me:  # the intermediate; the session only leaves by an exec job's SystemExit
+                os._exit(0)
     os.close(write_end)
     try:
         ready, _, _ = select.select([read_end], [], [], TEMPLATE_FORK_TIMEOUT_S)
@@ -520,9 +542,14 @@ def _prctl() -> Any:
 def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any], parent: int,
                     runner: int, become: Become) -> NoReturn:
     """In the forked session: own process session, descriptors 0-3 only, death signal,
-    pid reported, then the session protocol with ``cls`` preloaded (None: a fresh job
-    process of the jobs template, whose first request is its one-shot job). Never returns."""
+    pid reported, then the session protocol with ``cls`` preloaded (None: a fresh process
+    of the jobs template, a check batch's zygote or a spare). Never returns, but for the
+    ``SystemExit`` that ends an ``exec`` job (``child_oneshot.run_job``), which passes up
+    to the interpreter's normal shutdown (``atexit`` handlers, threads joined, files
+    flushed) and its exit status, as in a spawned process."""
     try:
+        if _UNBLOCK:  # forked from the jobs template: signals as the template had them before
+            signal.pthread_sigmask(signal.SIG_SETMASK, _UNBLOCK[0])
         os.setsid()
         ctrl, out, err = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -536,6 +563,8 @@ def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any
                     os.close(fd)
                 except OSError:
                     pass
+        for channel in _CHANNEL:
+            channel.detach()
         deadline = time.monotonic() + TEMPLATE_REPARENT_S
         while os.getppid() == parent and time.monotonic() < deadline:
             time.sleep(0.0002)
@@ -554,5 +583,8 @@ def _become_session(fds: list[int], report: int, cls: Any, limits: dict[str, Any
         else:
             forked.preloaded = cls
         child_session.serve(forked, become)
-    finally:
-        os._exit(0)
+    except SystemExit:
+        raise  # an exec job's end (``child_oneshot.run_job``): the interpreter's shutdown, as when spawned
+    except BaseException:  # noqa: BLE001, S110 - the process ends here whatever happened
+        pass
+    os._exit(0)

@@ -60,8 +60,9 @@ started right after a reply it would compete with that request for the CPU quota
 REPLACE_MAX = 2
 """Times an open's process that died before it ever answered is replaced by another
 (``pid1_sessions.Sessions.child_failed``). Two, because a session that kills every other
-process of its sandbox kills the process forked ahead and the spare at once, and their
-exits may not be reaped yet when the next open takes them; the third is spawned."""
+process of its sandbox kills the process forked ahead and the spare at once (the jobs
+template too, whose fork then fails at once), and their exits may not be reaped yet when
+the next open takes them; the third is spawned."""
 QUIET_S = 0.01
 """Quiet (seconds: no event, no call in flight) that a spare's or an environment
 template's start waits for before it begins (``pid1_loop.Loop.later``)."""

@@ -403,6 +403,13 @@ class Children:
         self._followers: list[tuple[Callable[[], set[int]], Callable[[int, int], bool]]] = []
         self._settled: list[Callable[[], set[int]]] = []
         self._before_sweep: list[Callable[[], None]] = []
+        self.fork_spare: Callable[[], Child | None] = lambda: None
+        """A fresh process forked from the jobs template, or None (set by ``pid1_templates``):
+        tried before a spawn, which costs a Python start-up on the sandbox's CPU quota."""
+        self.code_ran = False
+        """Whether a request that may run untrusted code came since the start or the last
+        full recycle (set by ``pid1_runner``; ``pid1_templates`` keeps a jobs template
+        through recycles only when it was ready before any did)."""
         self.sessions_open: Callable[[], int] = lambda: 0
         """How many sessions are open (set by ``pid1_sessions``): a spare is kept only while
         one more would fit (``max_sessions``)."""
@@ -465,20 +472,23 @@ class Children:
                 time.sleep(0.005)
 
     def take(self) -> Child:
-        """A fresh process (the spare when it lives, else a spawned one); a new spare is
-        started once the loop is quiet (``Loop.later``). Raises OSError (pids limit)."""
-        child = self.spare if self.spare is not None and self.spare.alive else self.spawn()
+        """A fresh process (the spare when it lives, else one forked from the jobs template,
+        else a spawned one); a new spare is started once the loop is quiet (``Loop.later``).
+        Raises OSError (pids limit)."""
+        child = self.spare if self.spare is not None and self.spare.alive else None
         self.spare = None
+        child = child or self.fork_spare() or self.spawn()
         self.loop.later(self.ensure_spare, quiet=True)
         return child
 
     def ensure_spare(self) -> None:
-        """Start the spare unless there is one, spares are off (``spare_child``), or the
-        sandbox holds ``max_sessions`` sessions. The pids limit only skips it."""
+        """Start the spare (forked from the jobs template when it is ready, else spawned)
+        unless there is one, spares are off (``spare_child``), or the sandbox holds
+        ``max_sessions`` sessions. The pids limit only skips it."""
         if self.limits.get("spare_child", True) and (self.spare is None or not self.spare.alive):
             if self.sessions_open() < int(self.limits.get("max_sessions", 1)):
                 try:
-                    self.spare = Child(self.session_limits())
+                    self.spare = self.fork_spare() or Child(self.session_limits())
                 except OSError:  # pids limit reached: the spare is only an optimisation
                     self.spare = None
 
@@ -580,20 +590,3 @@ class Children:
             pid1_cleanup.remove(path)
         except OSError:
             self.leftovers.append(path)
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...),
-    or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
-
-
-def parent_of(pid: int) -> int | None:
-    """The parent pid of ``pid`` (/proc), or None when it is gone."""
-    fields = proc_stat(pid)
-    return int(fields[1]) if fields else None

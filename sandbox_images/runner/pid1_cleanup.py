@@ -212,18 +212,22 @@ def sweep(selected: Callable[[int, int], bool], deadline_s: float = SWEEP_DEADLI
         time.sleep(0.001)
 
 
-def kill_all(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
+def kill_all(deadline_s: float = SWEEP_DEADLINE_S, keep: int | None = None) -> bool:
     """``kill(-1, SIGKILL)`` from PID 1: every other process of the sandbox dies at once,
     then the passes of :func:`sweep` wait for them and reap every child. Only for a
-    sandbox with nothing left to keep (no session, no job, the spare forgotten).
+    sandbox with nothing left to keep (no session, no job, the spare forgotten) but,
+    with ``keep``, that one process (a child of PID 1 leading its own process session
+    and group: ``pid1_templates``' kept jobs template): then the passes of :func:`sweep`
+    kill every other process, process groups whole, as they do after every call.
     Returns False if a process was still alive after ``deadline_s`` seconds."""
     if os.getpid() != 1:
         return True  # not the sandbox's init (tests on the host): /proc is not ours
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass  # ESRCH: nothing else runs
-    done = sweep(lambda pid, sid: True, deadline_s)
+    if keep is None:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass  # ESRCH: nothing else runs
+    done = sweep(lambda pid, sid: pid != keep, deadline_s)
     while True:  # collect every exited child, tracked or not: none is tracked any more
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -400,11 +404,12 @@ def _named_sockets() -> list[str]:
     return problems
 
 
-def reset(work_root: str, workdirs: list[str], baseline: Baseline) -> list[str]:
-    """Make an idle sandbox as it was at start (see the module docstring). Call only
-    when no session and no job is left and the spare is forgotten. Returns the problems
-    found; an empty list means the sandbox is proven empty and may be reused."""
-    problems = [] if kill_all() else ["processes survived kill(-1)"]
+def reset(work_root: str, workdirs: list[str], baseline: Baseline, keep: int | None = None) -> list[str]:
+    """Make an idle sandbox as it was at start (see the module docstring), every process
+    but PID 1 and ``keep`` killed (:func:`kill_all`). Call only when no session and no
+    job is left and the spare is forgotten. Returns the problems found; an empty list
+    means the sandbox is proven empty and may be reused."""
+    problems = [] if kill_all(keep=keep) else ["processes survived kill(-1)"]
     return problems + empty_places(work_root, workdirs, baseline)
 
 
@@ -430,3 +435,20 @@ def empty_places(work_root: str, workdirs: list[str], baseline: Baseline) -> lis
     problems += [f"the runner's {name} changed: {baseline.settings.get(name)} -> {value}"
                  for name, value in now.items() if baseline.settings.get(name) != value]
     return problems
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, session...),
+    or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (/proc), or None when it is gone."""
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields else None

@@ -22,7 +22,8 @@ from .limits import (
     TEMPLATE_FORK_TIMEOUT_S,
     TEMPLATE_FRAME_MAX_BYTES,
 )
-from .pid1_children import Child, parent_of, proc_stat, stream
+from .pid1_children import Child, stream
+from .pid1_cleanup import parent_of, proc_stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ class Template:
         """A session process forked ahead of the next open (module docstring), or None."""
         self.forking: PendingFork | None = None
         """The ``fork`` sent and not answered yet (at most one at a time), or None."""
+        self.clean = False
+        """The jobs template: it was ready before any request that may run untrusted code
+        came since the start or the last full recycle (``pid1_templates``: kept through
+        recycles)."""
 
 
 class Forker:

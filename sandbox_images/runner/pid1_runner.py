@@ -91,7 +91,9 @@ class Runner:
                              "deferred": len(self.loop.deferred)})
         elif op == "recycle":
             self.recycle(rid)
-        elif op == "calls":
+            return
+        self.children.code_ran = True  # every other request may run untrusted code
+        if op == "calls":
             self.untouched = False
             handle_calls(self.grouping, self.sessions.handle, rid, msg)
         elif op in ("exec", "checks"):
@@ -107,6 +109,10 @@ class Runner:
         back to the warm pool. With no session and no job left: every process but PID 1
         is killed (the spares too, which lived beside the previous sessions), the writable
         places are emptied and proven empty (``pid1_cleanup.reset``), a fresh spare is started.
+        With ``spares_from_template`` the jobs template is kept when it is clean
+        (``Templates.keepable_jobs``: the reset's passes kill every other process), or a new
+        one is started and the answer waits until it is ready (or failed); the spare is then
+        forked from it once the loop is quiet.
         ``clean`` is False (with at most RECYCLE_MAX_PROBLEMS ``problems`` saying why) when
         anything could not be emptied or proven empty, when a session or job is still open,
         or when an earlier sweep failed: the host then destroys the sandbox instead of
@@ -133,26 +139,47 @@ class Runner:
                 self.sessions.recycle()
                 self.host.reply({"id": rid, "status": "ok", "clean": True, "problems": []})
                 return
-        self.children.kill_spare()
+        children = self.children
+        keep = None if children.tainted else self.templates.keepable_jobs()
+        children.kill_spare()
         self.jobs.kill_spare()
         self.loop.cancel_deferred()  # what was wanted before is not wanted now
-        had_jobs_template = self.templates.clear()
+        had_jobs_template = self.templates.clear(keep)
         self.sessions.recycle()  # session ids only need to be unique while the sandbox is in use
-        children = self.children
-        problems = list(children.tainted) + pid1_cleanup.reset(self.work_root, children.leftovers, self.baseline)
+        problems = list(children.tainted) + pid1_cleanup.reset(self.work_root, children.leftovers, self.baseline,
+                                                               keep=keep.child.pid if keep is not None else None)
         children.leftovers = []
         children.tainted = problems[:]
-        self.host.reply({"id": rid, "status": "ok", "clean": not problems, "problems": problems[:RECYCLE_MAX_PROBLEMS]})
+        children.code_ran = False  # every process that ran code is dead, proven by the reset
+
+        templates = self.templates
+
+        def answer() -> None:
+            self.host.reply({"id": rid, "status": "ok", "clean": not problems,
+                             "problems": problems[:RECYCLE_MAX_PROBLEMS]})
+
+        if templates.spares_from_jobs():  # the spare forks from the template: once the loop is quiet
+            if keep is None and not problems:  # a new one, answered once ready: before any code can run
+                templates.want_jobs()
+            templates.when_jobs_settled(answer)
+            self.loop.later(children.ensure_spare, quiet=True)
+            return
+        answer()
         children.ensure_spare()
         if had_jobs_template and not problems:  # a sandbox that served check batches serves more
-            self.templates.want_jobs()  # (fresh processes, started after the emptiness proof)
+            templates.want_jobs()  # (fresh processes, started after the emptiness proof)
 
     def run(self) -> None:
-        """Have children's exits wake the loop, start the spare, then serve until the host
-        closes the channel or breaks the protocol."""
+        """Have children's exits wake the loop, start the jobs template with
+        ``spares_from_template`` (``pid1_templates``: it forks the spares once ready, and
+        is kept through recycles when it was ready before the first request) and the
+        spare, then serve until the host closes the channel or breaks the protocol."""
         self.loop.wake_on_child_exit()
+        if self.templates.spares_from_jobs():
+            self.templates.want_jobs()
         self.children.ensure_spare()
         self.loop.run()
+
 
 
 def main() -> None:

@@ -35,11 +35,12 @@ import time
 from . import protocol
 from .limits import BROKEN_MAX_CHARS, JOB_EXIT_WAIT_S, REPLACE_MAX, SESSION_ID_MAX_CHARS, SESSION_STARTUP_S
 from .pid1_children import Child, Output, await_exit, drain, oom_kills, read_once
+from .pid1_configs import Configs
 from .pid1_deadlines import Deadlines
 from .pid1_forks import Template
 from .pid1_replies import call_reply, describe_reply, failure_text, state_of
 from .pid1_session_requests import QUEUED_OPS, open_request, snapshot_text
-from .pid1_templates import Configs, template_key
+from .pid1_templates import template_key
 from .pid1_verdicts import verdict
 from .wire import call_failure_observation
 
@@ -174,7 +175,7 @@ class Sessions:
     def close(self, session: Session) -> None:
         """End ``session``: its process killed, its queued requests answered ``fault``,
         leftovers swept (its process reaped first, so the sweep need not list /proc), its
-        work directory removed; its id cannot be opened again."""
+        work directory removed, a spare wanted; its id cannot be opened again."""
         child = session.child if session.child is not None and session.child.alive else None
         self._detach(session)
         if child is not None:  # not reaped yet: its pid is still its own
@@ -187,11 +188,11 @@ class Sessions:
         session.queue.clear()
         self.children.sweep()
         self.children.remove_workdir(session.workdir)
-        self.children.ensure_spare()
+        spare, forked = self.children.ensure_spare, self.templates.spares_from_jobs()
+        self.loop.later(spare, quiet=True) if forked else spare()  # forked once quiet: a recycle drops it
 
     def recycle(self) -> None:
-        """Forget what only matters while the sandbox is in use (closed ids, configs);
-        ``recycle`` calls it once no session is left."""
+        """Forget what only matters while the sandbox is in use (closed ids, configs): at ``recycle``."""
         self.configs.clear()
         self.closed.clear()
 

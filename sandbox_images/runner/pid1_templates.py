@@ -53,10 +53,15 @@ would cost a Python start-up on the sandbox's CPU quota per batch. In a sandbox 
 sessions, PID 1 forks the next batch's process from it ahead, after each batch
 (``Jobs.job_spare``, ``pid1_jobs``), so that batch's path holds no fork.
 When it is not ready or fails, the batch takes the spare.
+With ``spares_from_template`` (the host's choice under runc) it is started at boot too, the
+spares are forked from it (:meth:`Templates.fork_spare`; a Python start-up only while it is
+not ready), and a full recycle keeps it when :meth:`Templates.keepable_jobs` says it is
+clean; a recycle that keeps none starts a new one and answers once it is ready, before any
+code can run, so the next one keeps it.
 Config templates (an environment *instance* kept, keyed by the environment's key plus
 the SHA-256 of the exact ``init_config`` bytes):
 
-    the second open of a session of K with config H (sent by hash, :class:`Configs`) in
+    the second open of a session of K with config H (sent by hash, ``pid1_configs.Configs``) in
     this sandbox, K's template ready (a config opened once costs nothing more):
         a process is forked from K's template and sent ``config_template {config}``
         (``child_template.run_config_template``): it constructs the instance twice (once in
@@ -88,14 +93,13 @@ Making room (least recently used first, by count and by memory):
 
 from __future__ import annotations
 
-import base64
 import collections
 import hashlib
+import os
 import time
 
 from . import protocol
 from .limits import (
-    CONFIG_CACHE_MAX_BYTES,
     CONFIG_TEMPLATE_MAX_PER_SANDBOX,
     CONFIG_TEMPLATE_MEMORY_FRACTION,
     MAX_FRAME_BYTES,
@@ -105,6 +109,7 @@ from .limits import (
     TEMPLATE_REBUILDS,
 )
 from .pid1_children import Child, memory_over, private_bytes, read_once
+from .pid1_cleanup import proc_stat
 from .pid1_forks import JOBS_KEY, Forker, Template
 
 TYPE_CHECKING = False
@@ -127,51 +132,6 @@ def template_key(source: str, class_name: str) -> str:
 def config_template_key(key: str, config_hash: str) -> str:
     """The key of the config template of environment ``key`` and config ``config_hash``."""
     return f"{key}|{config_hash}"
-
-
-class Configs:
-    """``init_config`` JSON bytes by SHA-256 hex digest, least recently used out past
-    CONFIG_CACHE_MAX_BYTES (sessions keep their own reference to the bytes they use)."""
-
-    def __init__(self, max_bytes: int = CONFIG_CACHE_MAX_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.by_hash: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-        self.size = 0
-
-    def get(self, digest: str) -> bytes | None:
-        data = self.by_hash.get(digest)
-        if data is not None:
-            self.by_hash.move_to_end(digest)
-        return data
-
-    def put(self, digest: str, data: bytes) -> bool:
-        """Keep ``data`` under ``digest`` if it is its SHA-256 (False otherwise)."""
-        if hashlib.sha256(data).hexdigest() != digest:
-            return False
-        if digest not in self.by_hash and len(data) <= self.max_bytes:
-            self.by_hash[digest] = data
-            self.size += len(data)
-            while self.size > self.max_bytes:
-                _, old = self.by_hash.popitem(last=False)
-                self.size -= len(old)
-        return True
-
-    def resolve(self, digest: str, data_b64: object) -> bytes | None:
-        """The bytes of config ``digest`` after keeping ``data_b64`` (their base64, when not
-        None); None when they are not held. Raises ValueError when ``data_b64`` is not the
-        base64 of bytes whose SHA-256 is ``digest``."""
-        if data_b64 is not None:
-            try:
-                data = base64.b64decode(data_b64, validate=True)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                data = b""
-            if not self.put(digest, data):
-                raise ValueError("field 'config_b64' does not match 'config_hash'")
-        return self.get(digest)
-
-    def clear(self) -> None:
-        self.by_hash.clear()
-        self.size = 0
 
 
 class Templates:
@@ -207,6 +167,14 @@ class Templates:
         """Config template keys not built for want of room at their last try (``pid1_verdicts``)."""
         self.forker = Forker(loop, children, limits, self.by_key, self.fail)
         """Forks from the templates, ahead of opens or on their path (``pid1_forks``)."""
+        self.spares_forked = 0
+        """Spares forked from the jobs template since the last recycle (``fork_spare``)."""
+        self.jobs_kept = 0
+        """Full recycles that kept the jobs template, since the sandbox started."""
+        self.jobs_waiters: list[Callable[[], None]] = []
+        """Actions waiting for the loading jobs template to be ready or to fail
+        (:meth:`when_jobs_settled`)."""
+        children.fork_spare = self.fork_spare
         children.follow(self.pids, self._claim_exit, settled=self.ready_pids)
         loop.add_deadlines(self.check_deadlines)
 
@@ -217,6 +185,11 @@ class Templates:
     def jobs_enabled(self) -> bool:
         """The jobs template: on with ``templates``, in any sandbox."""
         return bool(self.limits.get("templates", False))
+
+    def spares_from_jobs(self) -> bool:
+        """The jobs template started at boot, forking the spares and kept through recycles
+        while clean: on with ``spares_from_template`` (the host sets it under runc)."""
+        return self.jobs_enabled() and bool(self.limits.get("spares_from_template", False))
 
     def pids(self) -> set[int]:
         """Pids of every template, loading or ready, and of the processes forked ahead."""
@@ -238,14 +211,20 @@ class Templates:
         return None
 
     def stats(self) -> TemplateStats:
-        """For ``ping``: templates ready/loading, sessions forked, fallbacks, failed keys;
+        """For ``ping``: environment templates ready/loading, sessions forked, fallbacks,
+        failed keys; the jobs template (``jobs``: none, loading, ready or clean, i.e. kept
+        through recycles), ``jobs_kept`` (full recycles that kept it since the start) and
+        ``spares_forked`` (spares forked from it since the last recycle);
         ``configs_lru``: the first 16 hex digits of each ready config template's config
         hash, least recently used first; ``ahead``: processes forked ahead and alive now,
         ``ahead_taken``: sessions that took one since the last recycle."""
         configs = [t for t in self.by_key.values() if t.config_hash is not None]
-        failed = [k for k in self.failed if "|" not in k]
-        return {"ready": sum(t.ready for t in self.by_key.values() if t.config_hash is None),
-                "loading": sum(not t.ready for t in self.by_key.values() if t.config_hash is None),
+        modules = [t for k, t in self.by_key.items() if t.config_hash is None and k != JOBS_KEY]
+        failed = [k for k in self.failed if "|" not in k and k != JOBS_KEY]
+        jobs = self.by_key.get(JOBS_KEY)
+        return {"ready": sum(t.ready for t in modules), "loading": sum(not t.ready for t in modules),
+                "jobs": "none" if jobs is None else "clean" if jobs.clean else "ready" if jobs.ready else "loading",
+                "jobs_kept": self.jobs_kept, "spares_forked": self.spares_forked,
                 "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(failed),
                 "reasons": sorted({self.failed[k] for k in failed})[:4],
                 "configs_ready": sum(t.ready for t in configs), "configs_loading": sum(not t.ready for t in configs),
@@ -271,6 +250,20 @@ class Templates:
         templates are off). Never raises."""
         if self.jobs_enabled() and JOBS_KEY not in self.by_key and not self.still_failed(JOBS_KEY):
             self._start(JOBS_KEY, {"jobs": True})
+
+    def when_jobs_settled(self, action: Callable[[], None]) -> None:
+        """Run ``action()`` once no jobs template is loading: now, or when the loading one
+        is ready or fails (its load deadline bounds the wait)."""
+        jobs = self.by_key.get(JOBS_KEY)
+        if jobs is None or jobs.ready:
+            action()
+        else:
+            self.jobs_waiters.append(action)
+
+    def _jobs_settled(self) -> None:
+        waiters, self.jobs_waiters = self.jobs_waiters, []
+        for action in waiters:
+            action()
 
     def _start(self, key: str, fields: dict[str, Any]) -> None:
         """Make a spare the template of ``key``: send it ``template {id, **fields}``."""
@@ -345,6 +338,9 @@ class Templates:
                     return
             template.ready = True
             template.deadline = None
+            template.clean = template.key == JOBS_KEY and not self.children.code_ran and self.spares_from_jobs()
+            if template.key == JOBS_KEY:
+                self._jobs_settled()
             template.child.sock.setblocking(False)  # read by the loop: see Forker._await (pid1_forks)
             self.children.sweep()  # whatever its import left running dies now
             if template.config_hash is None and template.key in self.pending:
@@ -386,6 +382,8 @@ class Templates:
             self.loop.unwatch(obj)
         child.kill()
         self.forker.close_pending(template)
+        if template.key == JOBS_KEY:
+            self._jobs_settled()
 
     def still_failed(self, key: str) -> bool:
         """Whether ``key``'s template failed and may not be built yet; a key whose rebuild
@@ -413,13 +411,40 @@ class Templates:
             self.fail(template, "exited")
         return True
 
-    def clear(self) -> bool:
+    def keepable_jobs(self) -> Template | None:
+        """The jobs template when a full recycle may keep it: ``clean`` (ready before any
+        request that may run untrusted code came since the start or the last full
+        recycle, so no such code existed between its spawn and the moment it became
+        non-dumpable: nothing could trace it), alive, PID 1's child, running or sleeping
+        (not stopped), no fork pending; else None. Kept, it is the same process as when
+        it became ready: other processes of the uid cannot trace it or read or write its
+        memory (non-dumpable; ``process_vm_*`` refused), change its limits or priority
+        (``child_confine``), reach its channel, or deliver it a signal but SIGKILL and
+        SIGSTOP (it blocks the rest: ``child_template``)."""
+        jobs = self.by_key.get(JOBS_KEY)
+        if jobs is None or not jobs.clean or not jobs.child.alive or jobs.forking is not None:
+            return None
+        if not self.spares_from_jobs():
+            return None
+        fields = proc_stat(jobs.child.pid)
+        if fields is None or fields[0] not in ("S", "R") or int(fields[1]) != os.getpid():
+            return None
+        return jobs
+
+    def clear(self, keep: Template | None = None) -> bool:
         """Forget every template, failed key and count (``recycle``: the templates are killed
-        with the rest). Returns whether a jobs template was among them (started or ready)."""
+        with the rest), but ``keep`` (:meth:`keepable_jobs`), whose process forked ahead is
+        killed. Returns whether a jobs template was among them (started or ready)."""
         had_jobs = JOBS_KEY in self.by_key
         for template in list(self.by_key.values()):
+            if template is keep:
+                self.forker.drop(template)
+                continue
             self.fail(template, "recycled")
         self.by_key.clear()
+        if keep is not None:
+            self.by_key[JOBS_KEY] = keep
+            self.jobs_kept += 1
         self.failed.clear()
         self.rebuild_at.clear()
         self.rebuilds.clear()
@@ -427,7 +452,7 @@ class Templates:
         self.config_opens.clear()
         self.no_room.clear()
         self.forker.clear()
-        self.forked = self.fallbacks = self.config_builds = self.config_evictions = 0
+        self.forked = self.fallbacks = self.config_builds = self.config_evictions = self.spares_forked = 0
         return had_jobs
 
     # -- config templates -------------------------------------------------------------------
@@ -527,6 +552,20 @@ class Templates:
         template.forks += 1
         self.forked += 1
         self.forker.want(template)
+        return child
+
+
+    def fork_spare(self) -> Child | None:
+        """A fresh process forked from the ready jobs template now (``Children.take`` and
+        ``ensure_spare``: instead of a Python start-up), or None: no ready jobs template,
+        or the fork failed (the template is then failed)."""
+        jobs = self.by_key.get(JOBS_KEY)
+        if jobs is None or not jobs.ready or not self.spares_from_jobs():
+            return None
+        child = self.forker.fork_now(jobs)
+        if child is not None:
+            self.spares_forked += 1
+            child.waited = True  # idle until taken: one that dies before it answers is replaced (pid1_sessions)
         return child
 
 

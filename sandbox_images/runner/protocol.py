@@ -242,6 +242,9 @@ if TYPE_CHECKING:
 
         ready: int
         loading: int
+        jobs: str
+        jobs_kept: int
+        spares_forked: int
         forked: int
         fallbacks: int
         failed: int
@@ -257,10 +260,9 @@ if TYPE_CHECKING:
         ahead_taken: int
 
     class PingReply(Reply):
-        """Open sessions, PID 1's pid (1 in a sandbox), template counters, how many
-        sweeps ended on the pids cgroup's count (``counted``) or listed /proc (``listed``),
-        and how many of PID 1's deferred starts wait for a quiet moment (``deferred``:
-        ``pid1_loop.Loop.later``)."""
+        """Open sessions, PID 1's pid (1 in a sandbox), template counters, how many sweeps
+        ended on the pids cgroup's count (``counted``) or listed /proc (``listed``), and how
+        many deferred starts wait for a quiet moment (``deferred``: ``pid1_loop.Loop.later``)."""
 
         sessions: NotRequired[int]
         pid: NotRequired[int]

@@ -332,7 +332,7 @@ def test_a_spawn_loop_times_out_every_time_and_the_sandbox_serves_on(open_env, p
     assert statuses == {"timeout": REPEATS}, statuses
     assert session.state()["counter"] == 1 + REPEATS
     running = [p for p in probe.processes(session) if p[1] != "Z"]
-    assert len(running) <= 4, running  # runner, the two sessions, maybe a spare
+    assert len(running) <= 4 + (runtime == "runc"), running  # runner, the two sessions, maybe a spare; runc: the jobs template
 
 
 @pytest.mark.parametrize("where", ["call", "init"])
@@ -406,7 +406,8 @@ def test_fork_bombs_leave_no_survivor_on_a_loaded_machine(request, probe, rt_poo
         assert listing.status == "ok", listing
         alive = [p for p in json.loads(listing.observation) if p[1] != "Z"]
         if session._session._sandbox is sandbox:
-            assert len(alive) <= 3, (round_, alive)  # runner, this session, maybe the spare
+            # runner, this session, maybe the spare; under runc the jobs template (it forks the spares)
+            assert len(alive) <= 3 + (runtime == "runc"), (round_, alive)
         else:  # moved (retired) or re-opened (lost) on the listing, or already on the bomb's
             # call (its sandbox was found retiring only after the previous round's last call)
             assert runtime == "runsc", (round_, result, listing)

@@ -158,7 +158,8 @@ result = grown
 def test_processes_outliving_their_call_are_killed(open_env, probe, kind) -> None:
     session = open_env(init_config={"counter": 3})
     before = {p[0] for p in probe.settled_processes(session)}
-    assert 2 <= len(before) <= 3, before  # the runner (PID 1), this session's process, maybe the spare
+    # the runner (PID 1), this session's process, maybe the spare, the jobs template (runc: it forks the spares)
+    assert 2 <= len(before) <= 4, before
     rounds = 4 if kind == "fork-hoppers" else 1  # a hopper escapes a single racy pass often
     for _ in range(rounds):
         stray = probe.run(session, STRAYS[kind])

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sandpit.executor.pool.configs import wire_config
 from sandpit.sandbox_images.runner import child_template, protocol
-from sandpit.sandbox_images.runner.pid1_templates import Configs
+from sandpit.sandbox_images.runner.pid1_configs import Configs
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
                     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),

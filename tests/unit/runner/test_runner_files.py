@@ -111,7 +111,7 @@ def _runner_imports(name: str) -> set[str]:
     return found & set(_stems())
 
 
-PID1_ORDER = [{"pid1_cleanup"}, {"pid1_loop", "pid1_deadlines"}, {"pid1_host"}, {"pid1_children"}, {"pid1_forks"}, {"pid1_templates"},
+PID1_ORDER = [{"pid1_cleanup"}, {"pid1_loop", "pid1_deadlines", "pid1_configs"}, {"pid1_host"}, {"pid1_children"}, {"pid1_forks"}, {"pid1_templates"},
               {"pid1_replies", "pid1_job_requests", "pid1_session_requests", "pid1_verdicts", "pid1_groups"},
               {"pid1_sessions", "pid1_jobs"},
               {"pid1_runner"}]
