@@ -452,3 +452,11 @@ def parent_of(pid: int) -> int | None:
     """The parent pid of ``pid`` (/proc), or None when it is gone."""
     fields = proc_stat(pid)
     return int(fields[1]) if fields else None
+
+
+def waiting_child(pid: int) -> bool:
+    """Whether /proc shows ``pid`` as this process's child, running or sleeping: not gone,
+    not dying, not stopped by a signal (a process PID 1 keeps for later must be all of that
+    when it is used)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] in ("S", "R") and int(fields[1]) == os.getpid()

@@ -23,7 +23,7 @@ from .limits import (
     TEMPLATE_FRAME_MAX_BYTES,
 )
 from .pid1_children import Child, stream
-from .pid1_cleanup import parent_of, proc_stat
+from .pid1_cleanup import parent_of, proc_stat, waiting_child
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -239,8 +239,7 @@ class Forker:
         child, template.ahead = template.ahead, None
         if child is None:
             return None
-        fields = proc_stat(child.pid) if child.alive else None
-        if fields is None or fields[0] not in ("S", "R") or int(fields[1]) != os.getpid():
+        if not child.alive or not waiting_child(child.pid):
             child.kill()
             return None
         self.taken += 1

@@ -181,7 +181,6 @@ class Runner:
         self.loop.run()
 
 
-
 def main() -> None:
     """PID 1's entry point (the image's boot line): read the token, apply the limits'
     defaults, make PID 1 non-dumpable and the reaper of its orphans, connect to the host,

@@ -95,7 +95,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import os
 import time
 
 from . import protocol
@@ -109,7 +108,7 @@ from .limits import (
     TEMPLATE_REBUILDS,
 )
 from .pid1_children import Child, memory_over, private_bytes, read_once
-from .pid1_cleanup import proc_stat
+from .pid1_cleanup import waiting_child
 from .pid1_forks import JOBS_KEY, Forker, Template
 
 TYPE_CHECKING = False
@@ -424,12 +423,7 @@ class Templates:
         jobs = self.by_key.get(JOBS_KEY)
         if jobs is None or not jobs.clean or not jobs.child.alive or jobs.forking is not None:
             return None
-        if not self.spares_from_jobs():
-            return None
-        fields = proc_stat(jobs.child.pid)
-        if fields is None or fields[0] not in ("S", "R") or int(fields[1]) != os.getpid():
-            return None
-        return jobs
+        return jobs if waiting_child(jobs.child.pid) else None
 
     def clear(self, keep: Template | None = None) -> bool:
         """Forget every template, failed key and count (``recycle``: the templates are killed
@@ -553,7 +547,6 @@ class Templates:
         self.forked += 1
         self.forker.want(template)
         return child
-
 
     def fork_spare(self) -> Child | None:
         """A fresh process forked from the ready jobs template now (``Children.take`` and

@@ -6,7 +6,6 @@ recycle builds a clean one before it answers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from sandpit.executor.docker import docker_pool
 from sandpit.executor.pool import SandboxPool
 from sandpit.executor.pool.session import Session
+from waiting import wait_until
 
 from ..conftest import FAST, TENANT, deferred_actions, template_state
 
@@ -65,14 +65,15 @@ def open_signaller(pool: SandboxPool) -> Session:
 
 def settled(sandbox: Any, timeout_s: float = 20.0) -> dict[str, Any]:
     """The sandbox's template counters once no deferred start waits and no jobs template loads."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    states: list[dict[str, Any]] = []
+
+    def done() -> bool:
         waiting = deferred_actions(sandbox)  # first: the counters read after it include what ran before
-        state = template_state(sandbox)
-        if state["jobs"] != "loading" and waiting == 0:
-            return state
-        assert time.monotonic() < deadline, (waiting, state)
-        time.sleep(0.05)
+        states.append(template_state(sandbox))
+        return waiting == 0 and states[-1]["jobs"] != "loading"
+
+    wait_until(done, "no deferred start and no jobs template loading", timeout_s=timeout_s, poll_s=0.05)
+    return states[-1]
 
 
 def cycle(pool: SandboxPool, signals: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
