@@ -475,6 +475,10 @@ def serve(session: Session, become: Become | None = None) -> None:
             return
         request_id = msg.get("id", "")
         op = msg.get("op")
+        if op == "rehearse":  # a spare forked ahead rehearses an open (child_spare.become): never answered
+            if become is not None and session.cls is None:
+                become(msg, session)
+            continue
         if become is not None and session.cls is None and op in HANDOVER_OPS:
             become(msg, session)  # what the process becomes never comes back here
         _reap_children()

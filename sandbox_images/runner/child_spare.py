@@ -15,16 +15,19 @@ are handed over (:func:`become`), never to come back:
                           template (``child_template.run_config_template``)
 
 Anything else (``hello``, ``init``) is served as a session. Processes forked from a
-template inherit all of this and are handed the same :func:`become`.
+template inherit all of this and are handed the same :func:`become`. A spare forked ahead
+from the jobs template is first sent ``rehearse`` (:func:`rehearse`), which it serves
+without an answer and stays a spare.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
 
-from . import child_session
+from . import child_instance, child_session
 from .child_codec import loads as _json_value
 from .limits import DEFAULT_SESSION_NOFILE
 
@@ -95,12 +98,57 @@ def warm_compiler() -> None:
     compile(WARM_UP_SOURCE, "<warm-up>", "exec")
 
 
+REHEARSAL_SOURCE = '''
+class Rehearsal:
+    """The runner's own class: what an open does, done once before the first open."""
+
+    def __init__(self, init_config: dict) -> None:
+        self.items = {k: list(v) for k, v in init_config.get("items", {}).items()}
+        self.count = 0
+
+    def add(self, key: str, value: str = "") -> str:
+        """Add one item."""
+        self.items.setdefault(key, []).append(value)
+        self.count += 1
+        return f"{key}: {len(self.items[key])}"
+'''
+"""Source :func:`rehearse` executes: the runner's own, with nothing imported."""
+
+
+def rehearse(limits: dict[str, Any]) -> None:
+    """Do once what an open does (execute a class's source as the environment's module,
+    construct it, encode its state, call a tool, encode the delta), with the runner's own
+    :data:`REHEARSAL_SOURCE`, then drop all of it. A spare forked from the jobs template
+    shares the template's memory until it writes to it, and an open writes a few hundred
+    of those pages (reference counts, the allocator's pools), each a copy-on-write fault:
+    measured in the image, a first open took a median of 212 minor faults in a forked
+    spare against 2 in a spawned one, about 0.7 ms. Rehearsed while the spare waits, they
+    are not on an open's path. Nothing is left behind: the module's names leave
+    ``sys.modules`` (an open registers its own), the objects are collected, and no
+    descriptor, thread or output is made. Never raises."""
+    scratch = child_session.Session(-1, limits)
+    try:
+        cls = child_instance.load_class(REHEARSAL_SOURCE, "Rehearsal")
+        scratch.instance = child_instance.instantiate(cls, {"items": {"a": ["x"]}, "count": 0}, scratch.retyped)
+        scratch.delta_json(full=True)
+        scratch.instance.add("b", "y")  # type: ignore[attr-defined]
+        scratch.delta_json()
+    except Exception:  # noqa: BLE001 - only the runner's own code ran: nothing to report
+        pass
+    finally:
+        for name in (child_instance.MODULE_NAME, *child_instance.LEGACY_MODULE_NAMES):
+            sys.modules.pop(name, None)
+        scratch.instance = scratch.cache = cls = None  # type: ignore[assignment]
+    gc.collect()
+
+
 def become(msg: dict[str, Any], session: child_session.Session) -> None:
     """Hand a process that holds no environment class over to what ``msg`` asks it to be
-    (module docstring); never returns then. Returns at once when ``msg`` does not fit this
-    process (``template`` to one holding a class preloaded by a template, ``config_template``
-    to one holding none, or an instance already): the request is then served as a session
-    request, and refused as an unknown op."""
+    (module docstring); never returns then, except for ``rehearse`` (:func:`rehearse`, in
+    a process holding nothing preloaded), after which it stays a spare. Returns at once when
+    ``msg`` does not fit this process (``template`` to one holding a class preloaded by a
+    template, ``config_template`` to one holding none, or an instance already): the request
+    is then served as a session request, and refused as an unknown op."""
     op = msg.get("op")
     if op in ("exec", "checks"):
         from . import child_oneshot
@@ -114,6 +162,8 @@ def become(msg: dict[str, Any], session: child_session.Session) -> None:
         from . import child_template
 
         child_template.run_config_template(msg, session, become)
+    elif op == "rehearse" and session.preloaded is None and session.preinstance is None:
+        rehearse(session.limits)
 
 
 def harden(limits: dict[str, Any]) -> None:

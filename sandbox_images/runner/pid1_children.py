@@ -403,9 +403,10 @@ class Children:
         self._followers: list[tuple[Callable[[], set[int]], Callable[[int, int], bool]]] = []
         self._settled: list[Callable[[], set[int]]] = []
         self._before_sweep: list[Callable[[], None]] = []
-        self.fork_spare: Callable[[], Child | None] = lambda: None
-        """A fresh process forked from the jobs template, or None (set by ``pid1_templates``):
-        tried before a spawn, which costs a Python start-up on the sandbox's CPU quota."""
+        self.fork_spare: Callable[[bool], Child | None] = lambda rehearse: None
+        """A fresh process forked from the jobs template (rehearsing an open when True: a
+        spare forked ahead), or None (set by ``pid1_templates``): tried before a spawn,
+        which costs a Python start-up on the sandbox's CPU quota."""
         self.code_ran = False
         """Whether a request that may run untrusted code came since the start or the last
         full recycle (set by ``pid1_runner``; ``pid1_templates`` keeps a jobs template
@@ -477,7 +478,7 @@ class Children:
         Raises OSError (pids limit)."""
         child = self.spare if self.spare is not None and self.spare.alive else None
         self.spare = None
-        child = child or self.fork_spare() or self.spawn()
+        child = child or self.fork_spare(False) or self.spawn()
         self.loop.later(self.ensure_spare, quiet=True)
         return child
 
@@ -488,7 +489,7 @@ class Children:
         if self.limits.get("spare_child", True) and (self.spare is None or not self.spare.alive):
             if self.sessions_open() < int(self.limits.get("max_sessions", 1)):
                 try:
-                    self.spare = self.fork_spare() or Child(self.session_limits())
+                    self.spare = self.fork_spare(True) or Child(self.session_limits())
                 except OSError:  # pids limit reached: the spare is only an optimisation
                     self.spare = None
 

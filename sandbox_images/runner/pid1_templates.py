@@ -166,8 +166,9 @@ class Templates:
         """Config template keys not built for want of room at their last try (``pid1_verdicts``)."""
         self.forker = Forker(loop, children, limits, self.by_key, self.fail)
         """Forks from the templates, ahead of opens or on their path (``pid1_forks``)."""
-        self.spares_forked = 0
-        """Spares forked from the jobs template since the last recycle (``fork_spare``)."""
+        self.spares_forked = self.spares_rehearsed = 0
+        """Spares forked from the jobs template since the last recycle, and of them those
+        sent ``rehearse`` (``fork_spare``)."""
         self.jobs_kept = 0
         """Full recycles that kept the jobs template, since the sandbox started."""
         self.jobs_waiters: list[Callable[[], None]] = []
@@ -212,8 +213,9 @@ class Templates:
     def stats(self) -> TemplateStats:
         """For ``ping``: environment templates ready/loading, sessions forked, fallbacks,
         failed keys; the jobs template (``jobs``: none, loading, ready or clean, i.e. kept
-        through recycles), ``jobs_kept`` (full recycles that kept it since the start) and
-        ``spares_forked`` (spares forked from it since the last recycle);
+        through recycles), ``jobs_kept`` (full recycles that kept it since the start),
+        ``spares_forked`` (spares forked from it since the last recycle) and
+        ``spares_rehearsed`` (of those, the ones forked ahead and sent ``rehearse``);
         ``configs_lru``: the first 16 hex digits of each ready config template's config
         hash, least recently used first; ``ahead``: processes forked ahead and alive now,
         ``ahead_taken``: sessions that took one since the last recycle."""
@@ -224,6 +226,7 @@ class Templates:
         return {"ready": sum(t.ready for t in modules), "loading": sum(not t.ready for t in modules),
                 "jobs": "none" if jobs is None else "clean" if jobs.clean else "ready" if jobs.ready else "loading",
                 "jobs_kept": self.jobs_kept, "spares_forked": self.spares_forked,
+                "spares_rehearsed": self.spares_rehearsed,
                 "forked": self.forked, "fallbacks": self.fallbacks, "failed": len(failed),
                 "reasons": sorted({self.failed[k] for k in failed})[:4],
                 "configs_ready": sum(t.ready for t in configs), "configs_loading": sum(not t.ready for t in configs),
@@ -447,6 +450,7 @@ class Templates:
         self.no_room.clear()
         self.forker.clear()
         self.forked = self.fallbacks = self.config_builds = self.config_evictions = self.spares_forked = 0
+        self.spares_rehearsed = 0
         return had_jobs
 
     # -- config templates -------------------------------------------------------------------
@@ -548,10 +552,14 @@ class Templates:
         self.forker.want(template)
         return child
 
-    def fork_spare(self) -> Child | None:
+    def fork_spare(self, rehearse: bool = False) -> Child | None:
         """A fresh process forked from the ready jobs template now (``Children.take`` and
         ``ensure_spare``: instead of a Python start-up), or None: no ready jobs template,
-        or the fork failed (the template is then failed)."""
+        or the fork failed (the template is then failed). ``rehearse`` (a spare forked
+        ahead, with no open waiting for it) sends it ``rehearse`` at once: it makes a
+        throwaway instance of the runner's own class (``child_spare.rehearse``), so that
+        the pages an open writes, shared with the template until then, are copied before
+        an open needs them. Counted in ``spares_rehearsed``."""
         jobs = self.by_key.get(JOBS_KEY)
         if jobs is None or not jobs.ready or not self.spares_from_jobs():
             return None
@@ -559,6 +567,12 @@ class Templates:
         if child is not None:
             self.spares_forked += 1
             child.waited = True  # idle until taken: one that dies before it answers is replaced (pid1_sessions)
+            try:  # no reply: the spare serves its first real request after it
+                if rehearse:
+                    child.send({"op": "rehearse", "id": ""})
+                    self.spares_rehearsed += 1
+            except (OSError, ValueError):
+                pass  # a spare that cannot take a frame fails its first request, and is replaced
         return child
 
 

@@ -245,6 +245,7 @@ if TYPE_CHECKING:
         jobs: str
         jobs_kept: int
         spares_forked: int
+        spares_rehearsed: int
         forked: int
         fallbacks: int
         failed: int
@@ -418,8 +419,7 @@ class FrameBuffer:
     ``feed(data)`` appends received bytes and returns the list of complete messages.
     ``max_frame`` is in bytes; a larger declared length raises :class:`ProtocolViolation`
     immediately, before the body is buffered; so does a body nested deeper than ``max_depth``
-    levels. The exception's ``messages`` are the valid frames of ``data`` before the bad one.
-    """
+    levels. The exception's ``messages`` are the valid frames of ``data`` before the bad one."""
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES, max_depth: int = MAX_FRAME_DEPTH) -> None:
         self.max_frame, self.max_depth = max_frame, max_depth

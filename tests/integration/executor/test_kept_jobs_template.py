@@ -2,7 +2,9 @@
 ``pid1_runner.Runner.recycle``): a jobs template that was ready before any untrusted code
 ran in the sandbox stays through every recycle and forks the sandbox's spares; signals a
 session sends it change nothing; one a session stopped or killed is not kept, and the
-recycle builds a clean one before it answers."""
+recycle builds a clean one before it answers. A spare forked from it ahead of an open
+rehearses an open with the runner's own class (``child_spare.rehearse``), and the
+environment that spare then constructs finds nothing of it."""
 
 from __future__ import annotations
 
@@ -46,6 +48,27 @@ class Signaller:
                     except OSError:
                         pass
         return str(sent)
+'''
+
+INSPECTOR = '''
+import gc
+import sys
+
+
+class Inspector:
+    """Looks for what a rehearsal could have left in its process."""
+
+    def __init__(self, init_config):
+        self.count = init_config.get("count", 0)
+
+    def leftovers(self) -> str:
+        classes = sorted({o.__name__ for o in gc.get_objects() if isinstance(o, type) and o.__name__ == "Rehearsal"})
+        instances = sum(type(o).__name__ == "Rehearsal" for o in gc.get_objects())
+        module = sys.modules.get("dynamic_env")
+        mine = module is not None and getattr(module, "Inspector", None) is Inspector
+        alias = sys.modules.get("sandpit_env") is module
+        names = sorted(n for n in vars(module) if not n.startswith("__")) if module is not None else []
+        return f"{classes}|{instances}|{mine}|{alias}|{names}"
 '''
 
 CATCHABLE = "SIGINT,SIGTERM,SIGHUP,SIGUSR1,SIGUSR2,SIGALRM,SIGQUIT,SIGABRT,SIGPIPE,SIGTSTP,SIGCONT,SIGCHLD"
@@ -135,3 +158,14 @@ def test_a_jobs_template_a_session_stopped_or_killed_is_replaced_by_a_clean_one(
     for _ in range(2):
         _, later = cycle(kept_pool)
         assert later["jobs"] == "clean", later
+
+
+def test_a_spare_forked_ahead_rehearses_and_its_environment_finds_nothing_of_it(kept_pool) -> None:
+    _, after = clean_cycle(kept_pool)  # the recycle forks the next spare ahead, from the kept template
+    assert after["spares_rehearsed"] >= 1 and after["spares_rehearsed"] <= after["spares_forked"], after
+    session = kept_pool.open_session(tenant=TENANT, source=INSPECTOR, class_name="Inspector",
+                                     init_config={"count": 1}, profile=kept_pool.profile(overrides=FAST))
+    try:  # the first open of this source since the recycle: the rehearsed spare constructs it
+        assert session.call("leftovers").observation == "[]|0|True|True|['Inspector', 'gc', 'sys']"
+    finally:
+        session.close()

@@ -224,3 +224,47 @@ def test_keyed_deltas_that_do_not_apply_are_refused(base, change) -> None:
     from sandpit.sandbox_images.runner.protocol import apply_keyed
 
     assert apply_keyed(base, change) is None
+
+
+def test_rehearse_is_handed_to_become_and_never_answered() -> None:
+    import socket
+
+    ours, theirs = socket.socketpair()
+    handed: list[str] = []
+    session = child.Session(theirs.fileno(), {})
+
+    def become(msg, held):  # type: ignore[no-untyped-def]
+        handed.append(msg["op"])
+
+    def frame(message: dict[str, object]) -> bytes:
+        body = json.dumps(message).encode()
+        return len(body).to_bytes(child.HEADER_SIZE, "big") + body
+
+    ours.sendall(frame({"op": "rehearse", "id": ""}) + frame({"op": "hello", "id": "h1"}))
+    ours.shutdown(socket.SHUT_WR)
+    child.serve(session, become)  # returns at the end of the stream
+    theirs.close()
+    replies = b""
+    while chunk := ours.recv(65536):
+        replies += chunk
+    ours.close()
+    assert handed == ["rehearse"]
+    size = int.from_bytes(replies[:child.HEADER_SIZE], "big")
+    assert json.loads(replies[child.HEADER_SIZE:child.HEADER_SIZE + size]) == {"id": "h1", "status": "ok"}
+    assert len(replies) == child.HEADER_SIZE + size  # one reply: the hello's
+
+
+def test_rehearse_to_a_session_holding_a_class_is_ignored() -> None:
+    import socket
+
+    ours, theirs = socket.socketpair()
+    session = child.Session(theirs.fileno(), {})
+    session.cls = type("Held", (), {})
+    handed: list[str] = []
+    body = json.dumps({"op": "rehearse", "id": ""}).encode()
+    ours.sendall(len(body).to_bytes(child.HEADER_SIZE, "big") + body)
+    ours.shutdown(socket.SHUT_WR)
+    child.serve(session, lambda msg, held: handed.append(msg["op"]))
+    theirs.close()
+    assert ours.recv(65536) == b"" and handed == []
+    ours.close()
