@@ -567,11 +567,11 @@ class Templates:
         if child is not None:
             self.spares_forked += 1
             child.waited = True  # idle until taken: one that dies before it answers is replaced (pid1_sessions)
+        if child is not None and rehearse:
             try:  # no reply: the spare serves its first real request after it
-                if rehearse:
-                    child.send({"op": "rehearse", "id": ""})
-                    self.spares_rehearsed += 1
-            except (OSError, ValueError):
+                child.send({"op": "rehearse", "id": ""})
+                self.spares_rehearsed += 1
+            except OSError:
                 pass  # a spare that cannot take a frame fails its first request, and is replaced
         return child
 
