@@ -4,8 +4,11 @@ so a test loads a script by its path (:func:`load`)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 """The repository's ``benchmarks/`` directory."""
@@ -21,3 +24,18 @@ def load(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def report_rows(report: ModuleType, results: Path, name: str, saved: dict[str, Any],
+                make_rows: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    """The rows one of ``report.py``'s row functions (``make_rows``, e.g.
+    ``report._batch_rows``) makes from ``saved`` written as ``<results>/<name>.json``, with
+    the loaded ``report`` module reading its results from ``results`` for the call."""
+    (results / f"{name}.json").write_text(json.dumps(saved))
+    before, report.RESULTS = report.RESULTS, results  # type: ignore[attr-defined]
+    try:
+        rows: list[dict[str, Any]] = []
+        make_rows(rows)
+        return rows
+    finally:
+        report.RESULTS = before  # type: ignore[attr-defined]

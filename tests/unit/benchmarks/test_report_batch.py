@@ -4,12 +4,10 @@ reached, and files saved before those figures existed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-from benchmark_modules import load
+from benchmark_modules import load, report_rows
 
 report = load("report")
 
@@ -26,16 +24,12 @@ SAVED: dict[str, Any] = {
 }
 
 
-def rows_of(saved: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    (tmp_path / "batch_step.json").write_text(json.dumps(saved))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    rows: list[dict[str, Any]] = []
-    report._batch_rows(rows)
-    return rows
+def rows_of(saved: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    return report_rows(report, tmp_path, "batch_step", saved, report._batch_rows)
 
 
-def test_the_rate_row_names_the_cpu_bound_and_the_share_reached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rate, ratio = rows_of(SAVED, tmp_path, monkeypatch)
+def test_the_rate_row_names_the_cpu_bound_and_the_share_reached(tmp_path: Path) -> None:
+    rate, ratio = rows_of(SAVED, tmp_path)
     assert (rate["measured"], rate["met"]) == (1745.0, False)
     assert "server 0.40 ms, sandboxes 0.45 ms" in rate["anchor"]
     assert "bounds the rate at 2353 env-steps/s (74% of it reached)" in rate["anchor"]
@@ -43,12 +37,11 @@ def test_the_rate_row_names_the_cpu_bound_and_the_share_reached(tmp_path: Path, 
     assert (ratio["measured"], ratio["met"]) == (3.29, True)
 
 
-def test_a_file_saved_before_the_bound_existed_still_makes_its_rows(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_saved_before_the_bound_existed_still_makes_its_rows(tmp_path: Path) -> None:
     old = {key: value for key, value in SAVED.items()
            if key not in ("cpu_bound_env_steps_per_s", "of_cpu_bound", "cpu_ms_per_env_step", "machine")}
     old["env_steps_per_s"] = {"batched": 3100.0, "single": 990.0}
-    rate, ratio = rows_of(old, tmp_path, monkeypatch)
+    rate, ratio = rows_of(old, tmp_path)
     assert (rate["measured"], rate["met"]) == (3100.0, True)
     assert "bounds" not in rate["anchor"] and "MIPS" not in rate["anchor"]
     assert ratio["met"] is True

@@ -5,12 +5,11 @@ step p99 is a detail row without a verdict, however low it is."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmark_modules import load
+from benchmark_modules import load, report_rows
 
 report = load("report")
 
@@ -26,18 +25,13 @@ def saved(envs: int, stepping: int, p99: float) -> dict[str, Any]:
     }
 
 
-def rows_of(data: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    (tmp_path / "density.json").write_text(json.dumps(data))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    rows: list[dict[str, Any]] = []
-    report._density_rows(rows)
-    return rows
+def rows_of(data: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    return report_rows(report, tmp_path, "density", data, report._density_rows)
 
 
 @pytest.mark.parametrize(("p99", "met"), [(28.9, True), (128.75, False), (50.0, True)])
-def test_a_run_of_the_targets_shape_is_judged(p99: float, met: bool, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    pss, resident, tail = rows_of(saved(10_000, 1_000, p99), tmp_path, monkeypatch)
+def test_a_run_of_the_targets_shape_is_judged(p99: float, met: bool, tmp_path: Path) -> None:
+    pss, resident, tail = rows_of(saved(10_000, 1_000, p99), tmp_path)
     assert (pss["measured"], pss["met"]) == (1.37, True)
     assert (resident["measured"], resident["met"]) == (10_000, True)
     assert "missing" not in resident["measure"]
@@ -46,9 +40,8 @@ def test_a_run_of_the_targets_shape_is_judged(p99: float, met: bool, tmp_path: P
 
 
 @pytest.mark.parametrize(("envs", "stepping"), [(1_000, 200), (10_000, 200), (2_000, 1_000)])
-def test_a_smaller_run_is_not_met_and_its_tail_has_no_verdict(envs: int, stepping: int, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    _, resident, tail = rows_of(saved(envs, stepping, 9.28), tmp_path, monkeypatch)
+def test_a_smaller_run_is_not_met_and_its_tail_has_no_verdict(envs: int, stepping: int, tmp_path: Path) -> None:
+    _, resident, tail = rows_of(saved(envs, stepping, 9.28), tmp_path)
     assert resident["met"] is False
     assert f"a run of {envs} envs, {stepping} stepping: the target's run of 10000 with 1000 stepping is missing" \
         in resident["measure"]
@@ -56,16 +49,15 @@ def test_a_smaller_run_is_not_met_and_its_tail_has_no_verdict(envs: int, steppin
     assert tail["measured"] == 9.28
 
 
-def test_a_run_that_restored_envs_is_not_met(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_that_restored_envs_is_not_met(tmp_path: Path) -> None:
     data = saved(10_000, 1_000, 30.0)
     data["api"]["restores_during_run"] = 3
-    _, resident, _ = rows_of(data, tmp_path, monkeypatch)
+    _, resident, _ = rows_of(data, tmp_path)
     assert resident["met"] is False and "(3 restores)" in resident["measure"]
 
 
-def test_a_file_without_an_api_run_gives_only_the_memory_row(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_without_an_api_run_gives_only_the_memory_row(tmp_path: Path) -> None:
     data = saved(10_000, 1_000, 30.0)
     del data["api"]
-    assert [row["measure"] for row in rows_of(data, tmp_path, monkeypatch)] == [
+    assert [row["measure"] for row in rows_of(data, tmp_path)] == [
         "PSS of an extra session (template fork)"]
