@@ -155,11 +155,11 @@ result = grown
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k == "fork-hoppers" else k
                                   for k in STRAYS])
-def test_processes_outliving_their_call_are_killed(open_env, probe, kind) -> None:
+def test_processes_outliving_their_call_are_killed(open_env, probe, pool, kind) -> None:
     session = open_env(init_config={"counter": 3})
     before = {p[0] for p in probe.settled_processes(session)}
-    # the runner (PID 1), this session's process, maybe the spare, the jobs template (runc: it forks the spares)
-    assert 2 <= len(before) <= 4, before
+    # the runner (PID 1), this session's process, maybe the spare; under runc the jobs template (it forks the spares)
+    assert 2 <= len(before) <= 3 + (pool.settings.runtime == "runc"), before
     rounds = 4 if kind == "fork-hoppers" else 1  # a hopper escapes a single racy pass often
     for _ in range(rounds):
         stray = probe.run(session, STRAYS[kind])

@@ -220,7 +220,7 @@ def test_a_sandbox_may_burst_its_unused_quota_but_keeps_its_cpu_share(open_env, 
 
 
 @pytest.mark.slow
-def test_fork_bomb_is_contained_and_the_sandbox_keeps_serving(open_env, probe, fast_profile) -> None:
+def test_fork_bomb_is_contained_and_the_sandbox_keeps_serving(open_env, probe, pool, fast_profile) -> None:
     session = open_env()
     session.call("bump", {"by": 3})
     sandbox = session._sandbox
@@ -277,7 +277,8 @@ def test_fork_bomb_is_contained_and_the_sandbox_keeps_serving(open_env, probe, f
         "result = json.dumps(out)")))
     assert survivors == [], f"bomb processes still running in the session's process session: {survivors}"
     alive = [p for p in probe.processes(session) if p[1] != "Z"]
-    assert [p[0] for p in alive][0] == 1 and 2 <= len(alive) <= 4, alive  # maybe the spare and the jobs template
+    # maybe the spare; under runc the jobs template (it forks the spares)
+    assert [p[0] for p in alive][0] == 1 and 2 <= len(alive) <= 3 + (pool.settings.runtime == "runc"), alive
 
 
 def test_no_network_but_loopback(open_env, probe) -> None:
