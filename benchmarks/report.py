@@ -5,7 +5,8 @@ its rows out) and prints one table: area, measure, target, measured, met or not,
 anchor each benchmark measured in the same run (the synthetic environment beside the
 real-shaped ones, single steps beside batched ones, runc beside runsc). Writes
 ``benchmarks/results/report.json`` and, with ``--markdown``, prints the table as Markdown
-(what ``docs/performance.md`` holds).
+(what ``docs/performance.md`` holds). Printing the table again without ``--run`` keeps
+the sitting's record of the machine in ``report.json`` (:func:`sitting_machine`).
 
 With ``--run`` it first runs the benchmarks of :data:`SUITE` one after the other (each
 starts its own server; about 8 minutes on a quiet 2-core machine), then prints the
@@ -337,6 +338,27 @@ def run_suite(names: list[str]) -> list[dict[str, Any]]:
     return probes
 
 
+def sitting_machine(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``report.json`` says of the machine: after ``--run`` (``probes``, the speed
+    under full load taken around each benchmark), the machine now with those probes
+    (``machine.sustained``); without it, the record of the sitting that saved the
+    figures, read from ``report.json`` as it is, since no benchmark ran now and the
+    machine's speed at this hour says nothing of them. A missing, unreadable or
+    malformed ``report.json`` gives the machine now, without probes."""
+    if not probes:
+        try:
+            saved = json.loads((RESULTS / "report.json").read_text()).get("machine")
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        if isinstance(saved, dict) and "python_mips" in saved:
+            return saved
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+               **cpu_speed()}
+    if probes:
+        machine["sustained"] = probes
+    return machine
+
+
 def _cell(met: bool | None) -> str:
     return "" if met is None else ("yes" if met else "no")
 
@@ -354,10 +376,7 @@ def main() -> None:
             parser.error(f"--run takes names of {', '.join(SUITE)}")
         probes = run_suite(names)
     rows = collect()
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-               **cpu_speed()}
-    if probes:
-        machine["sustained"] = probes
+    machine = sitting_machine(probes)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "report.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
     if args.markdown:
