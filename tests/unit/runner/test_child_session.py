@@ -8,12 +8,13 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import socket
 import threading
 
 import pytest
 from sandpit.executor.results import check_encoded
 from sandpit.sandbox_images.runner import child_session as child
-from sandpit.sandbox_images.runner import limits, wire
+from sandpit.sandbox_images.runner import limits, protocol, wire
 from sandpit.sandbox_images.runner.protocol import ProtocolViolation
 
 
@@ -226,45 +227,35 @@ def test_keyed_deltas_that_do_not_apply_are_refused(base, change) -> None:
     assert apply_keyed(base, change) is None
 
 
-def test_rehearse_is_handed_to_become_and_never_answered() -> None:
-    import socket
-
+def _served(messages: list[dict[str, object]], become: child.Become, held: type | None = None) -> tuple[list[dict], int]:
+    """What ``child.serve`` answers to ``messages`` (one frame each, then the end of the
+    stream) in a session holding class ``held``, handed ``become``: the reply frames in
+    order, and the bytes left after them that make no frame."""
     ours, theirs = socket.socketpair()
-    handed: list[str] = []
     session = child.Session(theirs.fileno(), {})
-
-    def become(msg, held):  # type: ignore[no-untyped-def]
-        handed.append(msg["op"])
-
-    def frame(message: dict[str, object]) -> bytes:
-        body = json.dumps(message).encode()
-        return len(body).to_bytes(child.HEADER_SIZE, "big") + body
-
-    ours.sendall(frame({"op": "rehearse", "id": ""}) + frame({"op": "hello", "id": "h1"}))
+    session.cls = held
+    ours.sendall(b"".join(protocol.encode(message) for message in messages))
     ours.shutdown(socket.SHUT_WR)
     child.serve(session, become)  # returns at the end of the stream
     theirs.close()
-    replies = b""
+    received = b""
     while chunk := ours.recv(65536):
-        replies += chunk
+        received += chunk
     ours.close()
+    frames = protocol.FrameBuffer()
+    return frames.feed(received), frames.pending
+
+
+def test_rehearse_is_handed_to_become_and_never_answered() -> None:
+    handed: list[str] = []
+    replies, pending = _served([{"op": "rehearse", "id": ""}, {"op": "hello", "id": "h1"}],
+                               lambda msg, held: handed.append(msg["op"]))
     assert handed == ["rehearse"]
-    size = int.from_bytes(replies[:child.HEADER_SIZE], "big")
-    assert json.loads(replies[child.HEADER_SIZE:child.HEADER_SIZE + size]) == {"id": "h1", "status": "ok"}
-    assert len(replies) == child.HEADER_SIZE + size  # one reply: the hello's
+    assert replies == [{"id": "h1", "status": "ok"}] and pending == 0  # one reply: the hello's
 
 
 def test_rehearse_to_a_session_holding_a_class_is_ignored() -> None:
-    import socket
-
-    ours, theirs = socket.socketpair()
-    session = child.Session(theirs.fileno(), {})
-    session.cls = type("Held", (), {})
     handed: list[str] = []
-    body = json.dumps({"op": "rehearse", "id": ""}).encode()
-    ours.sendall(len(body).to_bytes(child.HEADER_SIZE, "big") + body)
-    ours.shutdown(socket.SHUT_WR)
-    child.serve(session, lambda msg, held: handed.append(msg["op"]))
-    theirs.close()
-    assert ours.recv(65536) == b"" and handed == []
-    ours.close()
+    replies, pending = _served([{"op": "rehearse", "id": ""}], lambda msg, held: handed.append(msg["op"]),
+                               held=type("Held", (), {}))
+    assert replies == [] and pending == 0 and handed == []
