@@ -43,6 +43,7 @@ from sandpit.sandbox_images.runner import protocol
 from sandpit.sandbox_images.runner.limits import CHANNEL_WATCH_S, MAX_FRAME_DEPTH
 
 from ..errors import SandboxLost
+from .state_text import JsonText
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +132,15 @@ class RunnerChannel:
         when called (what :meth:`request` returns or raises; ``timeout_s`` counts from
         now), so a caller can send to several sandboxes before it waits for any. Raises
         ValueError / TypeError (``fields`` not JSON-encodable) and SandboxLost (the
-        connection is dead) at once."""
+        connection is dead) at once. A field given as a :class:`.state_text.JsonText`
+        (megabytes of base64) is spliced into the frame as it is."""
         request_id = next(self._ids)
-        frame = protocol.encode({"id": request_id, "op": op, **fields})
+        raw: dict[str, bytes] = {name: value for name, value in fields.items() if type(value) is JsonText}
+        if raw:
+            message = {name: value for name, value in fields.items() if type(value) is not JsonText}
+            frame = protocol.encode_raw({"id": request_id, "op": op, **message}, raw)
+        else:
+            frame = protocol.encode({"id": request_id, "op": op, **fields})
         waiting = _Waiter()
         with self._state_lock:
             if self._dead is not None:

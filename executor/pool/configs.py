@@ -17,7 +17,6 @@ known by its digest instead of being sent again.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import threading
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ from ..results import (
     check_retyped,
 )
 from .placement import SessionSpec
-from .state_text import state_b64
+from .state_text import JsonText, b64_member, state_b64
 
 if TYPE_CHECKING:
     from .warm import PooledSandbox
@@ -121,7 +120,7 @@ def config_key(spec: SessionSpec) -> tuple[str, str, str] | None:
             spec.config_hash)
 
 
-def snapshot_field(snapshot: dict[str, EncodedValue]) -> str | None:
+def snapshot_field(snapshot: dict[str, EncodedValue]) -> JsonText | None:
     """The ``open`` request's ``snapshot_b64`` of ``snapshot`` (encoded attributes): the
     base64 of its JSON text (:func:`.state_text.state_b64`), which the runner forwards to the
     session's process unparsed and does not send back; None for an empty one. Raises
@@ -134,7 +133,7 @@ def snapshot_field(snapshot: dict[str, EncodedValue]) -> str | None:
         raise ArgumentError(f"snapshot is not JSON-encodable: {str(exc)[:200]}") from None
 
 
-def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot_b64: str | None,
+def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot_b64: JsonText | None,
               fields: dict[str, Any]) -> dict[str, Any]:
     """The runner's reply to ``open``. A config with wire bytes goes by hash when the
     sandbox was sent it before, else as base64 bytes with the hash; a ``missing_config``
@@ -155,7 +154,7 @@ def send_open(sandbox: PooledSandbox, spec: SessionSpec, snapshot_b64: str | Non
             return reply
         sandbox.configs.discard(spec.config_hash)
     reply = request("open", config_hash=spec.config_hash,
-                    config_b64=base64.b64encode(spec.config_json).decode("ascii"), **common)
+                    config_b64=b64_member(spec.config_json), **common)
     if reply.get("status") != "fault":
         sandbox.configs.add(spec.config_hash)
     return reply

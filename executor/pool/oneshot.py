@@ -8,7 +8,6 @@ loss's status (``crashed``, ``oom``, ``timeout``), never an exception.
 
 from __future__ import annotations
 
-import base64
 import collections
 import secrets
 import threading
@@ -21,6 +20,7 @@ from ..errors import SandboxLost
 from ..profiles import ResourceProfile
 from ..results import CheckResult, ExecResult
 from . import jobs
+from .state_text import b64_member
 from .warm import PooledSandbox
 
 if TYPE_CHECKING:
@@ -92,8 +92,7 @@ def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_text: bytes,
         reply = sandbox.handle.request(
             "checks", timeout_s=budget_s + grace_s + 5.0, time_limit_s=timeout_s,
             checks=[{"check_func": c["check_func"]} for c in checks],
-            initial_state_b64=base64.b64encode(initial_text).decode("ascii"),
-            final_state_b64=base64.b64encode(final_text).decode("ascii"), source=source)
+            initial_state_b64=b64_member(initial_text), final_state_b64=b64_member(final_text), source=source)
     except SandboxLost as exc:
         slot.lost(sandbox)
         failures[exc.status] += 1

@@ -1,9 +1,15 @@
 """The JSON text of a state as the host sends it into a sandbox: a check batch's two
 states (``jobs.check_state``), a restore's snapshot (``session.Session.restore``) and an
-open's (``configs.snapshot_field``), these two as base64 (:func:`state_b64`). The runner forwards the text to a process that
-parses it with the standard library, so any text that parses to the same values will
-do; this one is orjson's where orjson writes the values exactly (about six times faster
-than ``json.dumps`` on a 1.5 MB state), else ``protocol.snapshot_text``'s.
+open's (``configs.snapshot_field``), each as base64 in the runner's frame
+(:func:`b64_member`). The runner forwards the text to a process that parses it with the
+standard library, so any text that parses to the same values will do; this one is
+orjson's where orjson writes the values exactly (about six times faster than
+``json.dumps`` on a 1.5 MB state), else ``protocol.snapshot_text``'s.
+
+A frame member holding such base64 is a :class:`JsonText`, which the channel splices into
+the request's frame as it is (``protocol.encode_raw``) instead of having ``json.dumps``
+scan megabytes of base64 for characters to escape: the frame's bytes are the same but
+for the order of its members.
 """
 
 from __future__ import annotations
@@ -40,7 +46,25 @@ def state_text(state: dict[str, Any]) -> bytes:
     return text
 
 
-def state_b64(state: dict[str, Any]) -> str:
-    """:func:`state_text` of ``state`` as base64 text: a snapshot field of the runner's
-    ``open`` and ``restore`` (``snapshot_b64``). Raises as :func:`state_text`."""
-    return base64.b64encode(state_text(state)).decode("ascii")
+class JsonText(bytes):
+    """The UTF-8 text of one JSON value, given as a request field to
+    ``channel.RunnerChannel.submit``, which splices it into the frame without encoding it
+    again (``protocol.encode_raw``). Whoever makes one vouches that it is well-formed
+    JSON: only :func:`b64_member` does, and base64 between quotes is a JSON string with
+    nothing to escape."""
+
+    __slots__ = ()
+
+
+def b64_member(text: bytes) -> JsonText:
+    """``text`` (bytes) as the JSON string of its standard, padded base64: a frame member
+    such as ``snapshot_b64``, ``config_b64`` or a check batch's ``initial_state_b64``,
+    equal to what ``json.dumps`` writes for ``base64.b64encode(text).decode()``."""
+    return JsonText(b'"' + base64.b64encode(text) + b'"')
+
+
+def state_b64(state: dict[str, Any]) -> JsonText:
+    """:func:`state_text` of ``state`` as a base64 frame member (:func:`b64_member`): a
+    snapshot field of the runner's ``open`` and ``restore`` (``snapshot_b64``). Raises as
+    :func:`state_text`."""
+    return b64_member(state_text(state))

@@ -10,6 +10,7 @@ that waits on."""
 
 from __future__ import annotations
 
+import base64
 import random
 import socket
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from sandpit.executor.errors import SandboxLost
 from sandpit.executor.pool.channel import RunnerChannel
+from sandpit.executor.pool.state_text import b64_member
 from sandpit.sandbox_images.runner import protocol
 
 MAX_FRAME = 1 << 20
@@ -420,3 +422,15 @@ def test_a_spinning_wait_sees_a_lost_runner(pair: tuple[RunnerChannel, socket.so
     assert time.monotonic() - started < 5
     with pytest.raises(SandboxLost):
         lost()
+
+
+def test_a_json_text_field_is_spliced_into_the_frame_as_it_is(pair: tuple[RunnerChannel, socket.socket]) -> None:
+    channel, runner = pair
+    reply = channel.submit("restore", 5, session="s", snapshot_b64=b64_member(b'{"a":["j",1]}'), seed=None)
+    request = read_request(runner)
+    assert request == {"id": request["id"], "op": "restore", "session": "s", "seed": None,
+                       "snapshot_b64": base64.b64encode(b'{"a":["j",1]}').decode("ascii")}
+    runner.sendall(protocol.encode({"id": request["id"], "status": "ok"}))
+    assert reply()["status"] == "ok"
+    with pytest.raises(TypeError):  # bytes that are not a JsonText are refused as before
+        channel.submit("restore", 5, snapshot_b64=b'"e30="')

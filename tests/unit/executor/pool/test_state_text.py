@@ -5,6 +5,7 @@ values JSON cannot carry."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from sandpit.executor.pool.state_text import state_text
+from sandpit.executor.pool.state_text import JsonText, b64_member, state_b64, state_text
 from sandpit.sandbox_images.runner import protocol
 
 SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
@@ -55,3 +56,19 @@ def test_values_json_has_no_form_for_are_refused(value: object) -> None:
 def test_values_that_are_not_json_text_are_refused(value: object, error: type[Exception]) -> None:
     with pytest.raises(error):
         state_text({"value": value})
+
+
+@pytest.mark.parametrize("data", [b"", b"{}", b"\x00\xff" * 1000, "é{\"a\":1}".encode()])
+def test_a_base64_member_is_what_json_writes_for_the_base64_text(data: bytes) -> None:
+    member = b64_member(data)
+    assert type(member) is JsonText
+    assert member == json.dumps(base64.b64encode(data).decode("ascii")).encode("ascii")
+
+
+def test_a_frame_with_spliced_members_parses_to_the_same_message() -> None:
+    state = state_text({"a": ["j", {"k": [1, "x\"y", None]}]})
+    plain = {"id": 7, "op": "restore", "session": "s", "snapshot_b64": base64.b64encode(state).decode("ascii")}
+    spliced = protocol.encode_raw({k: v for k, v in plain.items() if k != "snapshot_b64"},
+                                  {"snapshot_b64": state_b64({"a": ["j", {"k": [1, "x\"y", None]}]})})
+    assert protocol.FrameBuffer(1 << 20).feed(spliced) == [plain]
+    assert len(spliced) == len(protocol.encode(plain))
