@@ -56,6 +56,8 @@ def test_check_requests_are_validated() -> None:
     (b'{"a":["j",{"$set":[1]}]}', True), (b'{"a":["j",{"\\u0024set":[1]}]}', True),
     (b'{"a":["j","$5"]}', True), (b'{"a":["j","\\"$"]}', True),  # a string that only might hold a tag
     (b'{"a":["j","price $5"]}', False), (b'{"a":["j",{"k$":"u0024"}]}', False), (b'{"a":["j",null]}', False),
+    (b'{"a":["j","a\\\\b \\n"]}', False), (b'{"a":["j","\\\\u0024"]}', True),  # escapes; the second only looks like a $'s
+    (b'{"a":["j","\\u0024 and $"]}', True), (b'{"a":["j","no dollar"]}', False),
 ])
 def test_states_whose_text_holds_no_tag_are_named(text: bytes, tagged: bool) -> None:
     request = {"checks": [{"check_func": "def check_func(s): return True"}],
