@@ -55,6 +55,7 @@ from sandpit.executor import (
     HostInfo,
     KeyedSessions,
     OpenedState,
+    PreparedState,
     ProfileError,
     ProfileOverrides,
     ResourceProfile,
@@ -70,6 +71,7 @@ from sandpit.executor import (
     call_many,
     encode_json_state,
     is_truncated,
+    prepare_state,
     render_entry,
     start_call,
 )
@@ -97,7 +99,7 @@ __all__ = [
     "ArgumentError", "BackendName", "CHECKS_PER_JOB", "CHECK_SOURCE_MAX_BYTES", "CallResult", "CallRules", "CheckResult", "CodeFailed",
     "ExecResult", "OpenedState", "ProfileOverrides", "ResourceProfile",
     "SandboxCapacity", "SandboxError", "SandboxRefused", "SandboxSession", "SandboxUnavailable", "Sandboxes",
-    "SessionClosedError", "SessionLostError", "SharedConfig", "Snapshot", "StateDelta", "encode_json_state", "is_truncated",
+    "SessionClosedError", "SessionLostError", "SharedConfig", "Snapshot", "StateDelta", "PreparedState", "encode_json_state", "is_truncated", "prepare_state",
     "render_entry", "resolved_changes", "translate",
 ]
 
@@ -433,10 +435,10 @@ class Sandboxes:
         with self.slot(tenant), self.translated():
             return self.executor.describe(tenant=tenant, source=source, class_name=class_name)
 
-    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, list[Any]],
-                   final_state: dict[str, list[Any]], profile: ResourceProfile | None = None,
-                   source: str | None = None) -> list[CheckResult]:
-        """Check functions on two encoded states, each in a fresh process, in one slot.
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]],
+                   initial_state: dict[str, list[Any]] | PreparedState, final_state: dict[str, list[Any]] | PreparedState,
+                   profile: ResourceProfile | None = None, source: str | None = None) -> list[CheckResult]:
+        """Check functions on two encoded (or prepared) states, each in a fresh process, in one slot.
         Raises ValueError (a check over the caps), QuotaExceeded, a SandboxError."""
         with self.slot(tenant), self.translated():
             return self.executor.run_checks(tenant=tenant, checks=checks, initial_state=initial_state,

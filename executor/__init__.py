@@ -48,7 +48,7 @@ from .errors import (
 from .interface import Affinity, Cluster, Executor, ExecutorSession, HostInfo, KeyedSessions
 from .pool.configs import SharedConfig
 from .pool.grouped import call_many, start_call
-from .pool.jobs import encode_json_state
+from .pool.jobs import PreparedState, encode_json_state, prepare_state
 from .pool.session import StartedCall
 from .profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from .recovering import RecoveringSession
@@ -78,9 +78,9 @@ __all__ = [
     "EXECUTOR_CONFIG", "Affinity", "ArgumentError", "BackendConfig", "BackendName", "BackendSettings", "CallResult", "CallRules",
     "CapacityError", "CheckResult", "Cluster", "Construction", "DockerUnavailable", "ExecResult", "Executor", "ExecutorConfig",
     "ExecutorError", "ExecutorSession", "ExecutorSettings", "HostDraining", "HostInfo", "ImageError",
-    "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "ProfileError", "ProfileOverrides",
+    "ImageSettings", "KeyedSessions", "LinkRefused", "LocalConfig", "OpenedState", "PreparedState", "ProfileError", "ProfileOverrides",
     "RayConfig", "RecoveringSession", "call_many", "start_call", "StartedCall", "ResourceProfile", "SandboxLost", "SandboxStartError", "SessionClosed", "SessionError",
-    "SessionLost", "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state",
+    "SessionLost", "SessionOpenError", "SharedConfig", "Snapshot", "StateDelta", "ToolSchemaError", "configured", "encode_json_state", "prepare_state",
     "get_backend_settings", "get_executor", "get_image_settings", "get_settings", "is_truncated", "render_entry",
     "resolve_profile",
 ]

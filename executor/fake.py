@@ -422,8 +422,8 @@ class FakeExecutor:
         self._raise_injected("describe")
         return self._env(class_name).describe()
 
-    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
-                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any] | jobs.PreparedState,
+                   final_state: dict[str, Any] | jobs.PreparedState, profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
         """One :class:`CheckResult` per check, from its scripted verdict (the check's source
         is never run). Raises ArgumentError as the pool does, LookupError for a check with no
@@ -434,7 +434,7 @@ class FakeExecutor:
         if not checks:
             return []
         self._raise_injected("run_checks")
-        initial, final = render_state(initial_state), render_state(final_state)
+        initial, final = render_state(jobs.unprepared(initial_state)), render_state(jobs.unprepared(final_state))
         return [self._check(check, initial, final, timeout_s) for check in checks]
 
     def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,

@@ -31,10 +31,13 @@ that status, never an exception.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, Protocol, Required, TypedDict, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Required, TypedDict, runtime_checkable
 
 from .profiles import ProfileOverrides, ResourceProfile
 from .results import CallResult, CallRules, CheckResult, EncodedValue, ExecResult, OpenedState, Snapshot
+
+if TYPE_CHECKING:
+    from .pool.jobs import PreparedState
 
 
 @runtime_checkable
@@ -131,10 +134,13 @@ class Executor(Protocol):
         """Tool schemas of a class, without instantiating it."""
         ...
 
-    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
-                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any] | PreparedState,
+                   final_state: dict[str, Any] | PreparedState, profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
-        """Check functions on two encoded states, each check in a fresh process."""
+        """Check functions on two states, each check in a fresh process. A state is an
+        encoded state (attribute name -> ``[kind, data]``) or a
+        :class:`sandpit.executor.pool.jobs.PreparedState` (its text, validated once, for
+        a state sent with many batches)."""
         ...
 
     def execute(self, *, tenant: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,

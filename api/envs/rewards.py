@@ -66,9 +66,9 @@ class Rewards:
         with self.db.read() as db:
             scenario = db.get(models.Scenario, scenario_id)
             environment = db.get(models.Environment, environment_id)
-            initial = load_state(db, initial_root) if initial_root else None
-        if scenario is None or environment is None or initial is None or not scenario.checklist_with_func:
-            return 0.0, [] if scenario is not None else None
+            if scenario is None or environment is None or not initial_root or not scenario.checklist_with_func:
+                return 0.0, [] if scenario is not None else None
+            initial = self.checks.prepared(initial_root, lambda: load_state(db, initial_root))
         outcomes = self.checks.on_states(tenant, list(scenario.checklist_with_func), initial, final,
                                          environment.source_code, objects=scenario.check_objects)
         return episode_reward([o.passed for o in outcomes]), outcomes
@@ -111,14 +111,18 @@ class Rewards:
             environment = db.get(models.Environment, row.environment_id)
             if first is None or head is None or environment is None:
                 raise NotFound(f"env {env_id!r} has no stored state")
-            initial = load_state(db, first.state_root)
-            entry = self.live.get(env_id)  # the live head, when it is this one: no second load
-            live_head = (entry is not None and entry.episode == row.episode and entry.step == row.step
-                         and entry.cache.root == head.state_root)
-            final = entry.cache if live_head and entry is not None else load_state(db, head.state_root)
             episode, step = row.episode, row.step
-        results = self.checks.on_states(ctx.tenant, specs, initial, final, environment.source_code,
-                                        objects=check_objects)
+            results: list[CheckOutcome] = []
+            if specs:  # texts by root (Checks.prepared); the live head, when it is this one: no load
+                initial = self.checks.prepared(first.state_root, lambda: load_state(db, first.state_root))
+                entry = self.live.get(env_id)
+                live_head = (entry is not None and entry.episode == row.episode and entry.step == row.step
+                             and entry.cache.root == head.state_root)
+                final = (entry.cache if live_head and entry is not None
+                         else self.checks.prepared(head.state_root, lambda: load_state(db, head.state_root)))
+        if specs:
+            results = self.checks.on_states(ctx.tenant, specs, initial, final, environment.source_code,
+                                            objects=check_objects)
         passed = sum(1 for r in results if r.passed)
         reward = episode_reward([r.passed for r in results])
         evaluation = models.Evaluation(id=new_id("evl"), env_id=env_id, episode=episode, step=step, reward=reward,

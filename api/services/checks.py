@@ -16,16 +16,39 @@ consecutive jobs of at most that many checks, each on the same two states, and t
 results are concatenated in order: a check's verdict depends only on its source and the
 states, so the reward is the one a single job would give. Each job holds its own slot
 and has its own time budget (per-check timeout times its checks, plus slack).
+
+A stored state goes to the sandbox as its JSON text (``sandpit.executor.pool.jobs``'s
+:class:`~sandpit.executor.pool.jobs.PreparedState`), which is a function of the state's
+root hash alone (the store is content-addressed). The texts are kept by root, the most
+recently used first, up to :data:`STATE_TEXTS_BYTES` in all: an episode's initial state
+is the same for every evaluation and every end-of-episode reward of every episode started
+from one config, and its text is then neither loaded from the store nor encoded again.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
+
+from cachetools import LRUCache
 
 from ..db.store import StateCache
 from ..errors import InvalidRequest
-from ..sandboxes import CHECKS_PER_JOB, CheckResult, ResourceProfile, Sandboxes, encode_json_state
+from ..sandboxes import (
+    CHECKS_PER_JOB,
+    CheckResult,
+    PreparedState,
+    ResourceProfile,
+    Sandboxes,
+    encode_json_state,
+    prepare_state,
+)
 from ..schemas.scenarios import CheckOutcome
+
+STATE_TEXTS_BYTES = 64 * 1024 * 1024
+"""Bytes of state texts kept by root (module docstring): a 1.5 MB state's text takes
+1.5 MB, where its loaded and decoded form takes tens of megabytes."""
 
 
 def _outcomes(results: list[CheckResult]) -> list[CheckOutcome]:
@@ -36,25 +59,59 @@ def _outcomes(results: list[CheckResult]) -> list[CheckOutcome]:
 class Checks:
     """Runs check functions through the sandboxes (each run holds a slot)."""
 
-    def __init__(self, sandboxes: Sandboxes) -> None:
+    def __init__(self, sandboxes: Sandboxes, texts_bytes: int = STATE_TEXTS_BYTES) -> None:
         self.sandboxes = sandboxes
+        self._texts: LRUCache[str, PreparedState] = LRUCache(texts_bytes, getsizeof=lambda p: len(p.text))
+        self._lock = threading.Lock()
+        self.text_hits = 0
+        """Stored states whose text was kept (not loaded nor encoded again), since start."""
+        self.text_misses = 0
+        """Stored states encoded for checks (and kept when they fit), since start."""
 
-    def on_states(self, tenant: str, checks: list[dict[str, Any]], initial: StateCache, final: StateCache,
-                  source: str | None, profile: ResourceProfile | None = None,
+    def prepared(self, root: str, load: Callable[[], StateCache]) -> PreparedState:
+        """The text of the stored state with root hash ``root`` for check batches: kept
+        by root (module docstring), else ``load()`` (a :class:`StateCache` of that root,
+        e.g. ``load_state(db, root)`` or an env's live head) encoded and kept. Raises
+        InvalidRequest (the state is over the sandbox's state cap or not JSON) and what
+        ``load`` raises."""
+        with self._lock:
+            kept = self._texts.get(root) if root else None
+            if kept is not None:
+                self.text_hits += 1
+                return kept
+            self.text_misses += 1
+        try:
+            text = prepare_state(load().encoded(), "the state")
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), field="checks") from None
+        if root and len(text.text) <= self._texts.maxsize:
+            with self._lock:
+                self._texts[root] = text
+        return text
+
+    def on_states(self, tenant: str, checks: list[dict[str, Any]], initial: StateCache | PreparedState,
+                  final: StateCache | PreparedState, source: str | None, profile: ResourceProfile | None = None,
                   objects: str | None = None) -> list[CheckOutcome]:
         """Checks on two stored states, restored in a sandbox, in jobs of at most
-        ``CHECKS_PER_JOB`` (module docstring). Objects of the environment's classes are
-        stand-ins (no environment code runs where the verdict is computed) unless
-        ``objects`` is ``environment``: only then is the environment's ``source`` sent, to
-        be loaded so its classes unpickle as themselves (a scenario's ``check_objects``).
-        Raises InvalidRequest (a check over the caps), NoCapacity, QuotaExceeded."""
+        ``CHECKS_PER_JOB`` (module docstring). A state is a :class:`StateCache` (its text
+        comes from :meth:`prepared`, by its root) or a text :meth:`prepared` gave.
+        Objects of the environment's classes are stand-ins (no environment code runs
+        where the verdict is computed) unless ``objects`` is ``environment``: only then
+        is the environment's ``source`` sent, to be loaded so its classes unpickle as
+        themselves (a scenario's ``check_objects``). Raises InvalidRequest (a check or a
+        state over the caps), NoCapacity, QuotaExceeded."""
         if not checks:
             return []
         source = source if objects == "environment" else None
-        return _outcomes(self._batched(tenant, checks, initial.encoded(), final.encoded(), profile, source))
+        return _outcomes(self._batched(tenant, checks, self._text(initial), self._text(final), profile, source))
 
-    def _batched(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, list[Any]],
-                 final: dict[str, list[Any]], profile: ResourceProfile | None,
+    def _text(self, state: StateCache | PreparedState) -> PreparedState:
+        if isinstance(state, PreparedState):
+            return state
+        return self.prepared(state.root, lambda: state)
+
+    def _batched(self, tenant: str, checks: list[dict[str, Any]], initial: dict[str, list[Any]] | PreparedState,
+                 final: dict[str, list[Any]] | PreparedState, profile: ResourceProfile | None,
                  source: str | None) -> list[CheckResult]:
         """``run_checks`` over consecutive slices of at most ``CHECKS_PER_JOB`` checks,
         results concatenated in order. Raises InvalidRequest (a check over the caps: the

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from sandpit.sandbox_images.runner import limits, wire
 
 from ..errors import ArgumentError, SessionError
@@ -120,6 +121,55 @@ def encode_json_state(state: dict[str, Any]) -> dict[str, list[Any]]:
     return {name: ["j", value] for name, value in state.items()}
 
 
+@dataclass(frozen=True)
+class PreparedState:
+    """A state for check batches, validated and encoded once (:func:`prepare_state`): its
+    JSON text as the runner gets it (:func:`check_state`). A caller that sends one state
+    with many batches passes this instead of the encoded state, and the encoding is not
+    done again per batch: an episode's initial state is the same for every evaluation of
+    every episode started from one config (``sandpit.api.services.checks`` keeps them by
+    state root). Constructing one checks the text's size cap and outer braces; only
+    :func:`prepare_state` checks the rest.
+
+    Raises:
+        ArgumentError: ``text`` is not bytes of a JSON object's text on its face (``{``
+            to ``}``) of at most ``MAX_STATE_BYTES``.
+    """
+
+    text: bytes
+
+    def __post_init__(self) -> None:
+        if (type(self.text) is not bytes or len(self.text) > limits.MAX_STATE_BYTES
+                or not self.text.startswith(b"{") or not self.text.endswith(b"}")):
+            raise ArgumentError(f"a prepared state is the JSON text of an object of at most "
+                                f"{limits.MAX_STATE_BYTES} bytes")
+
+    def encoded(self) -> dict[str, Any]:
+        """The encoded state again (attribute name -> ``[kind, data]``, pickles without
+        their renderings): what an executor that does not send texts takes (the Ray
+        backend's link, the fake executor). Raises ArgumentError (not JSON)."""
+        try:
+            value = orjson.loads(self.text)
+        except orjson.JSONDecodeError as exc:
+            raise ArgumentError(f"a prepared state is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ArgumentError("a prepared state must be a JSON object")
+        return value
+
+
+def unprepared(state: Any) -> Any:
+    """``state`` as given, or a :class:`PreparedState`'s encoded state again (its text
+    parsed): for an executor that takes JSON values, not texts (the Ray backend's link,
+    the fake executor). Raises ArgumentError as :meth:`PreparedState.encoded`."""
+    return state.encoded() if isinstance(state, PreparedState) else state
+
+
+def prepare_state(state: object, name: str = "state") -> PreparedState:
+    """``state`` (an encoded state, as :func:`check_state` takes) validated and encoded
+    for any number of check batches. Raises ArgumentError as :func:`check_state`."""
+    return PreparedState(check_state(state, name))
+
+
 def check_state(state: object, name: str) -> bytes:
     """A state for the checks: an *encoded* state (attribute name -> ``["j", value]`` |
     ``["p", base64]`` | ``["u", rendering]``, the executor's state encoding, see
@@ -127,7 +177,10 @@ def check_state(state: object, name: str) -> bytes:
     as UTF-8) in at most ``MAX_STATE_BYTES``. Returns that JSON text as the runner gets it
     (compact UTF-8, without the renderings of pickled values: the check's process
     restores the pickle itself, and the rendering would only add to the frame). Pickles
-    are restored to real objects in the check's process. Raises ArgumentError."""
+    are restored to real objects in the check's process; a :class:`PreparedState` gives
+    its text as it is. Raises ArgumentError."""
+    if type(state) is PreparedState:
+        return state.text
     if not isinstance(state, dict):
         raise ArgumentError(f"{name} must be an object (attribute name -> encoded value)")
     for key, entry in state.items():

@@ -206,8 +206,8 @@ class SandboxPool:
         finally:
             session.close()
 
-    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
-                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any] | jobs.PreparedState,
+                   final_state: dict[str, Any] | jobs.PreparedState, profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
         """EnvScaler rule-based reward: run every check function against a pair of states
         in a sandbox of ``tenant``, each check in a fresh process of its own.
@@ -232,9 +232,9 @@ class SandboxPool:
         Args:
             checks: ``[{"check_item": str, "check_func": str}]`` (ScenGenerator's
                 ``checklist_with_func``), at most 256, each source at most 64 KiB.
-            initial_state, final_state: encoded states (attribute name -> ``["j", value]``
-                | ``["p", base64 pickle]`` | ``["u", rendering]``; :func:`jobs.encode_json_state`
-                turns a plain JSON state into one), at most 16 MiB of JSON each.
+            initial_state, final_state: encoded states (name -> ``["j", value]`` | ``["p",
+                base64 pickle]`` | ``["u", rendering]``; :func:`jobs.encode_json_state` makes one
+                of plain JSON) or :class:`jobs.PreparedState` texts, at most 16 MiB of JSON each.
             profile: limits of the sandbox and of the check processes (default profile).
             per_check_timeout_s: wall-clock limit per check, seconds; default
                 ``min(5, profile.call_timeout_s)``; at most ``profile.call_timeout_s``.

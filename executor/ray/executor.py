@@ -16,6 +16,7 @@ from sandpit.sandbox_images.runner.limits import LINK_RETRY_AFTER_S
 
 from ..errors import DockerUnavailable, ExecutorError, HostDraining, LinkRefused, SandboxLost
 from ..interface import Affinity, HostInfo
+from ..pool.jobs import PreparedState, unprepared
 from ..profiles import ProfileOverrides, ResourceProfile, resolve_profile
 from ..results import CheckResult, ExecResult, OpenedState, check_retyped
 from ..settings import ExecutorSettings, ImageSettings, get_image_settings, get_settings
@@ -433,12 +434,14 @@ class RayExecutor:
             "profile": profile.model_dump(mode="json") if profile else None})
         return schemas
 
-    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any],
-                   final_state: dict[str, Any], profile: ResourceProfile | None = None,
+    def run_checks(self, *, tenant: str, checks: list[dict[str, Any]], initial_state: dict[str, Any] | PreparedState,
+                   final_state: dict[str, Any] | PreparedState, profile: ResourceProfile | None = None,
                    per_check_timeout_s: float | None = None, source: str | None = None) -> list[CheckResult]:
-        """Check functions on two encoded states, on any host."""
+        """Check functions on two encoded states (a :class:`..pool.jobs.PreparedState`
+        goes over the link as its encoded state again), on any host."""
         results = self._on_any_host("pool_call", "run_checks", {
-            "tenant": tenant, "checks": checks, "initial_state": initial_state, "final_state": final_state,
+            "tenant": tenant, "checks": checks, "initial_state": unprepared(initial_state),
+            "final_state": unprepared(final_state),
             "profile": profile.model_dump(mode="json") if profile else None,
             "per_check_timeout_s": per_check_timeout_s, "source": source})
         return [CheckResult.model_validate(r) for r in results]

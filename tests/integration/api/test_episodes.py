@@ -156,6 +156,37 @@ def test_one_state_for_every_reader_and_real_objects_for_checks(api: httpx.Clien
         assert api.delete(f"/v1/envs/{doomed}").status_code == 204
 
 
+def test_evaluations_of_envs_sharing_a_start_judge_each_envs_own_states(api: httpx.Client, ledger_id: str) -> None:
+    """Envs of one config start from one stored state, whose text the server keeps by
+    root for every evaluation: each env's checks still see its own final state, and an
+    env's next episode its own steps."""
+    config = {"balance": 5}
+    checks = [
+        {"check_item": "balance 10", "check_func": "def check_func(final_state):\n"
+                                                  "    return final_state['balance'] == 10\n"},
+        {"check_item": "started at 5, untagged", "check_func":
+            "def check_func(final_state):\n"
+            "    return initial_state['balance'] == 5 and initial_state['tags'] == set()\n"},
+        {"check_item": "tagged vip", "check_func": "def check_func(final_state):\n"
+                                                  "    return 'vip' in final_state['tags']\n"},
+    ]
+    first, second = (_ok(api.post("/v1/envs", json={"environment_id": ledger_id, "init_config": config}), 201)["id"]
+                     for _ in range(2))
+    _step(api, first, {"name": "deposit", "arguments": {"amount": 5}})
+    _step(api, first, {"name": "tag", "arguments": {"label": "vip"}})
+    _step(api, second, {"name": "deposit", "arguments": {"amount": 1}})
+    for _ in range(2):
+        for env_id, expected in ((first, [True, True, True]), (second, [False, True, False])):
+            evaluation = _ok(api.post(f"/v1/envs/{env_id}/evaluate", json={"checks": checks}))
+            assert [r["passed"] for r in evaluation["results"]] == expected, evaluation
+    _ok(api.post(f"/v1/envs/{first}/reset", json={}))
+    _step(api, first, {"name": "deposit", "arguments": {"amount": 5}})
+    evaluation = _ok(api.post(f"/v1/envs/{first}/evaluate", json={"checks": checks}))
+    assert [r["passed"] for r in evaluation["results"]] == [True, True, False], evaluation
+    for doomed in (first, second):
+        assert api.delete(f"/v1/envs/{doomed}").status_code == 204
+
+
 def test_arguments_go_to_python_as_given(api: httpx.Client, ledger_id: str) -> None:
     env_id = _ok(api.post("/v1/envs", json={"environment_id": ledger_id}), 201)["id"]
     mismatch = _step(api, env_id, {"name": "deposit", "arguments": {"amount": "5"}})

@@ -229,6 +229,7 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
     Ray; a stranger with a wrong token or without the host's certificate is refused; a link that breaks mid-call fails that
     call with SandboxLost while the host stays live, and the env then re-attaches on the
     same host with its state."""
+    from sandpit.executor import prepare_state
     from sandpit.executor.errors import LinkRefused, SandboxLost
     from sandpit.executor.ray import RayExecutor
     from sandpit.executor.ray.link import HostLink, self_signed
@@ -247,6 +248,12 @@ def test_session_requests_take_the_host_link_and_a_broken_link_loses_nothing(
             assert a.model_dump(exclude={"duration_ms", "tool_ms"}) == b.model_dump(exclude={"duration_ms", "tool_ms"})
         assert linked.call("nap", {"seconds": "x"}).status == plain.call("nap", {"seconds": "x"}).status
         assert linked.state() == plain.state()
+        prepared = prepare_state({"count": ["j", 5]})  # a state's text goes over Ray as its encoded state
+        check = {"check_item": "grew", "check_func": "def check_func(final_state):\n"
+                                                   "    return final_state['count'] > initial_state['count']\n"}
+        for final, passed in (({"count": ["j", 6]}, True), (prepared, False)):
+            results = through_ray.run_checks(tenant="links", checks=[check], initial_state=prepared, final_state=final)
+            assert [r.passed for r in results] == [passed], results
         host = linked.host
         assert host in direct._links and not through_ray._links
         refused_before = direct.ask(host, "info")["links_refused"]  # a Ray call (not a link method)

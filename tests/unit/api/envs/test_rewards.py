@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from env_calls import CHECK_COUNT, ME, step
 from sandpit.api.app import Services
@@ -11,7 +13,9 @@ from sandpit.api.schemas.envs import (
 )
 from sandpit.api.schemas.evaluations import EvaluateRequest
 from sandpit.api.schemas.scenarios import CheckSpec
+from sandpit.api.services.checks import Checks
 from sandpit.executor.fake import FakeExecutor
+from sandpit.sandbox_images.runner import limits
 
 
 def test_evaluate_runs_the_scenarios_checks_on_the_current_state(services: Services, scenario_id: str) -> None:
@@ -38,3 +42,60 @@ def test_evaluate_remembers_passing_check_sources_and_names_a_refused_one(servic
     assert caught.value.field == "checks.1.check_func"
     with pytest.raises(InvalidRequest):  # a refused source is never remembered
         services.rewards.evaluate(ME, env.id, EvaluateRequest(checks=[refused]))
+
+
+def test_state_texts_are_kept_by_root_and_give_the_same_verdicts(services: Services, scenario_id: str) -> None:
+    checks = services.checks
+    env = services.envs.create(ME, EnvCreate(scenario_id=scenario_id)).public
+    step(services, env.id, "bump", by=2)
+    first = services.rewards.evaluate(ME, env.id, None)
+    hits, misses = checks.text_hits, checks.text_misses
+    again = services.rewards.evaluate(ME, env.id, None)  # both states by root: nothing loaded or encoded
+    assert (checks.text_hits - hits, checks.text_misses - misses) == (2, 0)
+    assert [r.passed for r in again.results] == [r.passed for r in first.results] == [True, True]
+    step(services, env.id, "bump", by=1)  # a new final state: its text is new, the initial one is kept
+    hits, misses = checks.text_hits, checks.text_misses
+    assert services.rewards.evaluate(ME, env.id, None).passed == 0  # count 4, two bumps
+    assert (checks.text_hits - hits, checks.text_misses - misses) == (1, 1)
+    services.episodes.reset(ME, env.id, None)  # the next episode starts from the same state: same root
+    step(services, env.id, "bump", by=2)
+    hits = checks.text_hits
+    assert services.rewards.evaluate(ME, env.id, None).reward == 1.0
+    assert checks.text_hits - hits >= 1
+
+
+def test_a_state_text_cache_too_small_for_a_state_keeps_nothing_and_loses_nothing(
+        services: Services, scenario_id: str) -> None:
+    services.checks = services.rewards.checks = Checks(services.sandboxes, texts_bytes=8)
+    env = services.envs.create(ME, EnvCreate(scenario_id=scenario_id)).public
+    step(services, env.id, "bump", by=2)
+    for _ in range(2):
+        assert services.rewards.evaluate(ME, env.id, None).reward == 1.0
+    assert (services.checks.text_hits, services.checks.text_misses) == (0, 4)
+
+
+class _State:
+    """A loaded state as :meth:`Checks.prepared` reads it (its encoded attributes)."""
+
+    def __init__(self, encoded: dict[str, Any]) -> None:
+        self._encoded = encoded
+
+    def encoded(self) -> dict[str, Any]:
+        return self._encoded
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"big": ["j", "x" * limits.MAX_STATE_BYTES]}, "has .* bytes of JSON"),
+    ({"a": ["j", float("nan")]}, "not JSON-encodable"),
+    ({"a": ["j", "\udc80"]}, "not JSON-encodable"),
+    ({"a": 5}, "is not an encoded value"),
+])
+def test_a_state_the_sandbox_cannot_take_is_a_clear_error_and_is_not_kept(
+        services: Services, state: dict[str, Any], message: str) -> None:
+    for _ in range(2):
+        with pytest.raises(InvalidRequest, match=message) as caught:
+            services.checks.prepared("root-of-a-bad-state", lambda: _State(state))  # noqa: B023
+        assert caught.value.field == "checks"
+    assert services.checks.text_hits == 0
+    good = services.checks.prepared("root-of-a-good-state", lambda: _State({"a": ["j", 1]}))
+    assert services.checks.prepared("root-of-a-good-state", lambda: _State({})) is good  # by root, not loaded

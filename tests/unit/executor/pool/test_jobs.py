@@ -142,3 +142,34 @@ def test_lost_sandbox_results() -> None:
     assert jobs.lost_exec("crashed", "gone", 5.0).model_dump() == {
         "status": "crashed", "exit_code": None, "stdout": "", "stderr": "", "stdout_truncated": False,
         "stderr_truncated": False, "duration_ms": 5.0, "error": "gone"}
+
+
+def test_a_prepared_state_is_sent_as_the_text_it_was_prepared_with() -> None:
+    initial = {"d": ["j", {"é": [1, 2.5, None]}], "o": ["p", "gAN9cQAu", {"$object": {"type": "Big"}}]}
+    final = {"n": ["j", 3]}
+    prepared = jobs.prepare_state(initial, "initial_state")
+    _, initial_text, final_text = jobs.check_checks([CHECK], prepared, jobs.prepare_state(final), PROFILE, None)
+    assert (initial_text, final_text) == jobs.check_checks([CHECK], initial, final, PROFILE, None)[1:]
+    assert prepared.encoded() == {"d": ["j", {"é": [1, 2.5, None]}], "o": ["p", "gAN9cQAu"]}  # as sent
+    with pytest.raises(ValueError, match="initial_state has"):
+        jobs.prepare_state({"big": ["j", "x" * limits.MAX_STATE_BYTES]}, "initial_state")
+    with pytest.raises(ValueError, match=r"state\['a'\] is not an encoded value"):
+        jobs.prepare_state({"a": 1})
+
+
+@pytest.mark.parametrize("text", [
+    b"", b"[1]", b'"x"', b"{", "{}", bytearray(b"{}"), None, b"{" + b" " * limits.MAX_STATE_BYTES + b"}",
+])
+def test_a_prepared_state_must_be_an_objects_text_within_the_cap(text: object) -> None:
+    with pytest.raises(ValueError, match="JSON text of an object"):
+        jobs.PreparedState(text)  # type: ignore[arg-type]
+
+
+def test_a_prepared_state_that_is_not_json_says_so_when_read_back() -> None:
+    for text, message in [(b"{nope}", "not JSON"), (b"{}", None)]:
+        state = jobs.PreparedState(text)
+        if message is None:
+            assert state.encoded() == {}
+            continue
+        with pytest.raises(ValueError, match=message):
+            state.encoded()
