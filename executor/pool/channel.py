@@ -37,9 +37,10 @@ import select
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from sandpit.sandbox_images.runner import protocol
+from sandpit.sandbox_images.runner.attached import encode_attached
 from sandpit.sandbox_images.runner.limits import CHANNEL_WATCH_S, MAX_FRAME_DEPTH
 
 from ..errors import SandboxLost
@@ -133,10 +134,15 @@ class RunnerChannel:
         now), so a caller can send to several sandboxes before it waits for any. Raises
         ValueError / TypeError (``fields`` not JSON-encodable) and SandboxLost (the
         connection is dead) at once. A field given as a :class:`.state_text.JsonText`
-        (megabytes of base64) is spliced into the frame as it is."""
+        (megabytes of base64) is spliced into the frame as it is; a field ``attached``
+        (a list of bytes) goes after the frame's JSON as its attachments (the runner's
+        ``attached.py``: only requests whose handler reads them may carry them)."""
         request_id = next(self._ids)
         raw: dict[str, bytes] = {name: value for name, value in fields.items() if type(value) is JsonText}
-        if raw:
+        attached = fields.pop("attached", None)
+        if attached is not None:
+            frame = encode_attached({"id": request_id, "op": op, **fields}, cast("list[bytes]", attached))
+        elif raw:
             message = {name: value for name, value in fields.items() if type(value) is not JsonText}
             frame = protocol.encode_raw({"id": request_id, "op": op, **message}, raw)
         else:

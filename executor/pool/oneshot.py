@@ -20,7 +20,6 @@ from ..errors import SandboxLost
 from ..profiles import ResourceProfile
 from ..results import CheckResult, ExecResult
 from . import jobs
-from .state_text import b64_member
 from .warm import PooledSandbox
 
 if TYPE_CHECKING:
@@ -81,7 +80,7 @@ def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_text: bytes,
                failures: collections.Counter[str]) -> tuple[list[CheckResult], int]:
     """One ``checks`` batch in ``slot``'s sandbox on two states' JSON texts
     (``jobs.check_state``: the runner forwards them to the checks' process unparsed, as
-    base64 in its frame: ``protocol.ChecksRequest``), each check at most ``timeout_s`` seconds
+    the two attachments of its frame: ``protocol.ChecksRequest``), each check at most ``timeout_s`` seconds
     and the batch ``timeout_s * len(checks) + BATCH_SLACK_S + grace_s + 5``. Returns one
     result per check and how many fresh processes the batch needed beyond the first;
     every check reports the loss's status when the sandbox dies (counted in ``failures``).
@@ -92,7 +91,7 @@ def run_checks(slot: JobSlot, checks: list[dict[str, Any]], initial_text: bytes,
         reply = sandbox.handle.request(
             "checks", timeout_s=budget_s + grace_s + 5.0, time_limit_s=timeout_s,
             checks=[{"check_func": c["check_func"]} for c in checks],
-            initial_state_b64=b64_member(initial_text), final_state_b64=b64_member(final_text), source=source)
+            attached=[initial_text, final_text], source=source)
     except SandboxLost as exc:
         slot.lost(sandbox)
         failures[exc.status] += 1

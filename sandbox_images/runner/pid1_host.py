@@ -20,6 +20,7 @@ import sys
 import time
 
 from . import protocol
+from .attached import HostFrameBuffer
 from .limits import TOKEN_MAX_CHARS
 
 TYPE_CHECKING = False
@@ -91,7 +92,7 @@ class Host:
                  handle: Callable[[Any], None]) -> None:
         self.sock = sock
         self.loop = loop
-        self.frames = protocol.FrameBuffer(max_request_bytes)
+        self.frames = HostFrameBuffer(max_request_bytes)
         self.handle = handle
         loop.watch(sock, self._readable)
 

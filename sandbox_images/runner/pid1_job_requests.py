@@ -4,11 +4,11 @@ the caps of ``limits.py``; a check's result read from a job process's frame; the
 of a check PID 1 reports itself. Malformed requests raise ValueError (the runner answers
 ``fault``).
 
-A ``checks`` request carries its two states as the base64 of their JSON text
-(``initial_state_b64``, ``final_state_b64``), which PID 1 forwards to the zygote as
-those bytes, spliced into its frame (``protocol.encode_raw``) without parsing them: a
-1.5 MB state costs PID 1 a base64 decode instead of a depth check, a parse and an
-encode. The zygote parses them and checks their shape (``child_restore.decode_state``).
+A ``checks`` request carries its two states' JSON texts as the two attachments of its
+frame (``attached.py``; or as base64, ``initial_state_b64`` and ``final_state_b64``),
+which PID 1 forwards to the zygote as those bytes, spliced into its frame
+(``protocol.encode_raw``) without parsing them: a 1.5 MB state costs PID 1 neither a
+depth check, a parse and an encode nor (attached) a base64 decode. The zygote parses them and checks their shape (``child_restore.decode_state``).
 PID 1 also names the states whose text holds no rendering's tag (no string that begins
 with ``$``: neither ``"$`` nor the escape ``\\u0024`` occurs in it), whose values the
 zygote then takes as parsed instead of walking them for tags (``untagged``).
@@ -55,13 +55,26 @@ def checks_request(msg: ChecksRequest) -> tuple[dict[str, Any], dict[str, bytes]
             raise ValueError(f"checks[{index}].check_func must be a string of at most "
                              f"{MAX_CHECK_SOURCE_BYTES} bytes")
         sources.append(source)
-    states = {name: state_text_field(msg, f"{name}_b64") for name in ("initial_state", "final_state")}
+    states = _states(msg)
     env_source = msg.get("source")
     if env_source is not None and (not isinstance(env_source, str)
                                    or len(env_source.encode("utf-8", "replace")) > MAX_CODE_BYTES):
         raise ValueError(f"field 'source' must be a string of at most {MAX_CODE_BYTES} bytes")
     untagged = [name for name, data in states.items() if _untagged(data)]
     return {"checks": sources, "source": env_source, "untagged": untagged}, states
+
+
+def _states(msg: ChecksRequest) -> dict[str, bytes]:
+    """The two states' JSON texts: the frame's two attachments (``attached.py``), each a
+    JSON object's text on its face (``{`` to ``}``), else ``initial_state_b64`` and
+    ``final_state_b64`` (``wire.state_text_field``). Raises ValueError."""
+    attached = msg.get("attached")
+    if attached is None:
+        return {name: state_text_field(msg, f"{name}_b64") for name in ("initial_state", "final_state")}
+    if (type(attached) is not list or len(attached) != 2
+            or not all(type(text) is bytes and text.startswith(b"{") and text.endswith(b"}") for text in attached)):
+        raise ValueError("a checks request's attachments must be the JSON texts of its two states")
+    return {"initial_state": attached[0], "final_state": attached[1]}
 
 
 def _untagged(data: bytes) -> bool:

@@ -139,14 +139,15 @@ if TYPE_CHECKING:
         time_limit_s: NotRequired[float]
 
     class ChecksRequest(Request):
-        """Run each check on two encoded states (base64 of their JSON text, which PID 1
-        forwards unparsed: ``pid1_job_requests``), each in a fresh process, at most
-        ``time_limit_s`` s each; ``source`` only for ``check_objects: environment``."""
+        """Run each check on two encoded states (their JSON texts as the frame's two
+        ``attached`` byte strings, ``attached.py``, or as base64, which PID 1 forwards unparsed), each in
+        a fresh process, at most ``time_limit_s`` s each; ``source`` only for ``check_objects: environment``."""
 
         op: Literal["checks"]
         checks: list[CheckSource]
-        initial_state_b64: str
-        final_state_b64: str
+        attached: NotRequired[list[bytes]]
+        initial_state_b64: NotRequired[str]
+        final_state_b64: NotRequired[str]
         source: NotRequired[str | None]
         time_limit_s: NotRequired[float]
 

@@ -1,5 +1,6 @@
 """States the host sends into a sandbox on the real engine: a ``checks`` request's two
-states and a ``restore``'s snapshot travel as the base64 of their JSON text, which PID 1
+states (as its frame's attachments, or as base64) and a ``restore``'s snapshot (as the
+base64 of its JSON text) travel as the host's text, which PID 1
 forwards to the process without parsing it (``runner/pid1_job_requests.py``,
 ``runner/pid1_sessions.py``). Checks and sessions get exactly the host's values,
 whatever the text holds, and frames the host should never send are refused, reported
@@ -75,6 +76,24 @@ def test_frames_the_host_never_sends_are_refused(sandbox) -> None:
     ]:
         reply = send(sandbox, [check("return True")], initial, final)
         assert reply["status"] == "fault" and f"'{field}'" in reply["message"], reply
+    assert_evaluates(sandbox)
+
+
+def test_states_attached_to_the_frame_reach_the_checks_exactly_and_bad_attachments_are_refused(sandbox) -> None:
+    """How the pool sends a batch's states (the frame's two attachments, ``runner/attached.py``)."""
+    def attached(sources: list[str], parts: list[Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = sandbox.handle.request("checks", timeout_s=30.0, time_limit_s=5.0,
+                                                       checks=[{"check_func": s} for s in sources], attached=parts)
+        return reply
+
+    text = json.dumps(encode_json_state(AWKWARD), ensure_ascii=False).encode()
+    before = json.dumps(encode_json_state({"balance": 80})).encode()
+    reply = attached([check(f"return final_state == {AWKWARD!r} and initial_state == {{'balance': 80}}")],
+                     [before, text])
+    assert [(r["status"], r["passed"], r["error"]) for r in reply["results"]] == [("ok", True, None)], reply
+    for parts in ([before], [before, text, text], [before, b"[1]"], [b"", before], [before, b'"{}"']):
+        reply = attached([check("return True")], parts)
+        assert reply["status"] == "fault" and "attachments" in reply["message"], reply
     assert_evaluates(sandbox)
 
 

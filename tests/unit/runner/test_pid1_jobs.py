@@ -81,3 +81,15 @@ def test_check_result_frames_are_validated_and_capped() -> None:
                 frame(passed=1), frame(duration_ms=-1), frame(duration_ms=float("inf")), frame(duration_ms="1"),
                 frame(result=5), frame(error=["x"]), frame(traceback={})]:
         assert requests.check_result_at(bad, 2) is None, bad
+
+
+def test_check_requests_take_their_states_from_the_frames_attachments() -> None:
+    state = b'{"a":["j",{"x":"\\"[{"}]}'
+    request = {"checks": [{"check_func": "def check_func(s): return True"}], "attached": [b"{}", state]}
+    fields, states = requests.checks_request(request)
+    assert states == {"initial_state": b"{}", "final_state": state}
+    assert fields["untagged"] == ["initial_state", "final_state"]
+    for attached in ([b"{}"], [b"{}", state, state], [b"{}", b"[]"], [b"{}", b""], [b"{}", "{}"], [1, 2], "{}{}",
+                     [b"{}", b'{"a":1} ']):
+        with pytest.raises(ValueError, match="attachments"):
+            requests.checks_request({**request, "attached": attached})
