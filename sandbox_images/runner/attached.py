@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 
+from .limits import MAX_ATTACHMENTS
 from .protocol import HEADER, FrameBuffer, ProtocolViolation, decode_payload
 
 TYPE_CHECKING = False
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 
 ATTACHED = 1 << 31
 """The top bit of a frame's size header: the frame has attachments."""
-MAX_ATTACHMENTS = 8
-"""Most attachments one frame may carry."""
 
 
 def encode_attached(message: Mapping[str, Any], attachments: Sequence[bytes]) -> bytes:

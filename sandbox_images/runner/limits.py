@@ -24,6 +24,8 @@ MAX_FRAME_BYTES = 64 * MiB
 (state snapshots are the largest); bigger kills the sender's side."""
 MAX_FRAME_DEPTH = 200
 """Deepest nesting of arrays/objects accepted in a frame."""
+MAX_ATTACHMENTS = 8
+"""Most byte strings one frame from the host may carry after its JSON (``attached.py``)."""
 HELLO_MAX_BYTES = 4096
 """Largest hello frame the host accepts from a starting runner."""
 JOB_MAX_FRAME_BYTES = 1 * MiB

@@ -139,9 +139,8 @@ if TYPE_CHECKING:
         time_limit_s: NotRequired[float]
 
     class ChecksRequest(Request):
-        """Run each check on two encoded states (their JSON texts as the frame's two
-        ``attached`` byte strings, ``attached.py``, or as base64, which PID 1 forwards unparsed), each in
-        a fresh process, at most ``time_limit_s`` s each; ``source`` only for ``check_objects: environment``."""
+        """Run each check on two encoded states (JSON texts PID 1 forwards unparsed: ``attached.py``, or base64),
+        each in a fresh process, at most ``time_limit_s`` s each; ``source`` only for ``check_objects: environment``."""
 
         op: Literal["checks"]
         checks: list[CheckSource]

@@ -8,7 +8,8 @@ import json
 
 import pytest
 from sandpit.sandbox_images.runner import limits, protocol
-from sandpit.sandbox_images.runner.attached import ATTACHED, MAX_ATTACHMENTS, HostFrameBuffer, encode_attached
+from sandpit.sandbox_images.runner.attached import ATTACHED, HostFrameBuffer, encode_attached
+from sandpit.sandbox_images.runner.limits import MAX_ATTACHMENTS
 
 STATES = [b'{"a":["j",{"k":"\\"[{"}]}', b"{}"]
 

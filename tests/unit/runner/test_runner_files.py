@@ -1,8 +1,9 @@
 """The runner's files: named by the process they run in, none shadowing the standard
 library, one file list for the image, an entry point that follows the names, and the
 rules of the package's imports: PID 1's and the children's modules never import each
-other, PID 1's parts import one way, no cycle, and the host imports only protocol, limits
-and wire of the runner."""
+other, PID 1's parts import one way, no cycle, and the host imports only the shared
+modules of the runner (protocol, limits, wire and attached: the frames with attachments
+the host writes and PID 1 reads)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sandpit.executor.docker import engine
 from sandpit.sandbox_images import DEFINITION_DIR, NATIVE_FILES, RUNNER_FILES
 
 RUNNER_DIR = Path(DEFINITION_DIR) / "runner"
-SHARED = {"protocol", "limits", "wire"}
+SHARED = {"protocol", "limits", "wire", "attached"}
 PACKAGE = "sandpit_runner"
 """The runner's package name in the image (``/opt/sandpit/sandpit_runner``)."""
 
@@ -118,7 +119,7 @@ PID1_ORDER = [{"pid1_cleanup"}, {"pid1_loop", "pid1_deadlines", "pid1_configs"},
 """PID 1's parts, each importing only parts of the tiers before its own (sessions and jobs
 are peers: neither imports the other)."""
 HOST_DIRS = ("executor", "api", "cli", "client", "importers", "synthesis")
-HOST_MAY_IMPORT = {"protocol", "limits", "wire"}
+HOST_MAY_IMPORT = SHARED
 
 
 def test_pid1_and_child_modules_never_import_each_other() -> None:
