@@ -100,6 +100,12 @@ class Metrics:
                                      "Env instances made at create and reset, by path (template: forked from a "
                                      "config template; constructed) and reason (why constructed; none for template)",
                                      ["path", "reason"], registry=self.registry)
+        texts = Counter("sandpit_check_state_texts_total",
+                        "Stored states sent to check functions, by whether their text was kept by root hash "
+                        "(kept) or loaded from the store or the live head and encoded (made)",
+                        ["result"], registry=self.registry)
+        self.check_state_texts = {result: texts.labels(result) for result in ("kept", "made")}
+        """``sandpit_check_state_texts_total`` by ``result`` (:mod:`sandpit.api.services.checks`)."""
         self.evaluation_episodes = Counter("sandpit_evaluation_episodes_total",
                                            "Evaluation episodes finished, by mode and status",
                                            ["mode", "status"], registry=self.registry)

@@ -23,6 +23,7 @@ root hash alone (the store is content-addressed). The texts are kept by root, th
 recently used first, up to :data:`STATE_TEXTS_BYTES` in all: an episode's initial state
 is the same for every evaluation and every end-of-episode reward of every episode started
 from one config, and its text is then neither loaded from the store nor encoded again.
+``/metrics`` counts both outcomes (``sandpit_check_state_texts_total{result="kept"|"made"}``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from cachetools import LRUCache
 
 from ..db.store import StateCache
 from ..errors import InvalidRequest
+from ..metrics import Metrics
 from ..sandboxes import (
     CHECKS_PER_JOB,
     CheckResult,
@@ -59,8 +61,9 @@ def _outcomes(results: list[CheckResult]) -> list[CheckOutcome]:
 class Checks:
     """Runs check functions through the sandboxes (each run holds a slot)."""
 
-    def __init__(self, sandboxes: Sandboxes, texts_bytes: int = STATE_TEXTS_BYTES) -> None:
+    def __init__(self, sandboxes: Sandboxes, texts_bytes: int = STATE_TEXTS_BYTES, metrics: Metrics | None = None) -> None:
         self.sandboxes = sandboxes
+        self.metrics = metrics  # sandpit_check_state_texts_total, when given
         self._texts: LRUCache[str, PreparedState] = LRUCache(texts_bytes, getsizeof=lambda p: len(p.text))
         self._lock = threading.Lock()
         self.text_hits = 0
@@ -78,8 +81,12 @@ class Checks:
             kept = self._texts.get(root) if root else None
             if kept is not None:
                 self.text_hits += 1
-                return kept
-            self.text_misses += 1
+            else:
+                self.text_misses += 1
+        if self.metrics is not None:
+            self.metrics.check_state_texts["kept" if kept is not None else "made"].inc()
+        if kept is not None:
+            return kept
         try:
             text = prepare_state(load().encoded(), "the state")
         except ValueError as exc:

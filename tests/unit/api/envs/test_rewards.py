@@ -62,6 +62,9 @@ def test_state_texts_are_kept_by_root_and_give_the_same_verdicts(services: Servi
     hits = checks.text_hits
     assert services.rewards.evaluate(ME, env.id, None).reward == 1.0
     assert checks.text_hits - hits >= 1
+    exposition = services.metrics.render().decode()
+    assert f'sandpit_check_state_texts_total{{result="kept"}} {float(checks.text_hits)}' in exposition
+    assert f'sandpit_check_state_texts_total{{result="made"}} {float(checks.text_misses)}' in exposition
 
 
 def test_a_state_text_cache_too_small_for_a_state_keeps_nothing_and_loses_nothing(
