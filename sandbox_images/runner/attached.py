@@ -73,25 +73,9 @@ class HostFrameBuffer(FrameBuffer):
     """PID 1's reader of the host's frames: ``protocol.FrameBuffer`` that also takes
     frames with attachments (module docstring), within the same ``max_frame`` bytes."""
 
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        """Append ``data``; return the complete messages. Raises ProtocolViolation (its
-        ``messages``: the valid ones before the bad frame) as ``FrameBuffer.feed``."""
-        self._buf += data
-        messages: list[dict[str, Any]] = []
-        try:
-            while len(self._buf) >= HEADER.size:
-                (header,) = HEADER.unpack_from(self._buf, 0)
-                length = header & ~ATTACHED
-                if length > self.max_frame:
-                    raise ProtocolViolation(f"frame of {length} bytes exceeds the {self.max_frame}-byte limit")
-                end = HEADER.size + length
-                if len(self._buf) < end:
-                    break
-                payload = bytes(self._buf[HEADER.size:end])
-                del self._buf[:end]
-                messages.append(_split(payload, self.max_depth) if header & ATTACHED
-                                else decode_payload(payload, self.max_depth))
-        except ProtocolViolation as exc:
-            exc.messages = messages
-            raise
-        return messages
+    size_bits = ~ATTACHED & 0xFFFFFFFF
+
+    def decode(self, header: int, payload: bytes) -> dict[str, Any]:
+        """The message of one frame's ``payload``, its attachments under ``attached``
+        when ``header`` has the :data:`ATTACHED` flag. Raises ProtocolViolation."""
+        return _split(payload, self.max_depth) if header & ATTACHED else super().decode(header, payload)

@@ -8,7 +8,8 @@ A ``checks`` request carries its two states' JSON texts as the two attachments o
 frame (``attached.py``; or as base64, ``initial_state_b64`` and ``final_state_b64``),
 which PID 1 forwards to the zygote as those bytes, spliced into its frame
 (``protocol.encode_raw``) without parsing them: a 1.5 MB state costs PID 1 neither a
-depth check, a parse and an encode nor (attached) a base64 decode. The zygote parses them and checks their shape (``child_restore.decode_state``).
+depth check, a parse and an encode nor (attached) a base64 decode. The zygote parses
+them and checks their shape (``child_restore.decode_state``).
 PID 1 also names the states whose text holds no rendering's tag (no string that begins
 with ``$``: neither ``"$`` nor the escape ``\\u0024`` occurs in it), whose values the
 zygote then takes as parsed instead of walking them for tags (``untagged``).

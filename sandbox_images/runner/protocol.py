@@ -374,8 +374,7 @@ def encode(message: Mapping[str, Any], errors: str = "strict") -> bytes:
     surrogate (which UTF-8 cannot carry) raises ``UnicodeEncodeError`` (a ValueError),
     or becomes ``?`` with ``errors="replace"`` (what the runner uses: a session's text
     must never stop PID 1)."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    data = body.encode("utf-8", errors)
+    data = json.dumps(message, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8", errors)
     return HEADER.pack(len(data)) + data
 
 
@@ -421,26 +420,31 @@ class FrameBuffer:
     immediately, before the body is buffered; so does a body nested deeper than ``max_depth``
     levels. The exception's ``messages`` are the valid frames of ``data`` before the bad one."""
 
+    size_bits = 0xFFFFFFFF  # a header's bits that give the size (``attached.HostFrameBuffer``: not its flag)
+
     def __init__(self, max_frame: int = MAX_FRAME_BYTES, max_depth: int = MAX_FRAME_DEPTH) -> None:
         self.max_frame, self.max_depth = max_frame, max_depth
         self._buf = bytearray()
+
+    def decode(self, header: int, payload: bytes) -> dict[str, Any]:
+        """The message of one frame's ``payload`` (``header``: its size header as read)."""
+        return decode_payload(payload, self.max_depth)
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._buf += data
         messages: list[dict[str, Any]] = []
         try:
             while len(self._buf) >= HEADER.size:
-                (length,) = HEADER.unpack_from(self._buf, 0)
+                (header,) = HEADER.unpack_from(self._buf, 0)
+                length = header & self.size_bits
                 if length > self.max_frame:
-                    raise ProtocolViolation(
-                        f"frame of {length} bytes exceeds the {self.max_frame}-byte limit"
-                    )
+                    raise ProtocolViolation(f"frame of {length} bytes exceeds the {self.max_frame}-byte limit")
                 end = HEADER.size + length
                 if len(self._buf) < end:
                     break
                 payload = bytes(self._buf[HEADER.size:end])
                 del self._buf[:end]
-                messages.append(decode_payload(payload, self.max_depth))
+                messages.append(self.decode(header, payload))
         except ProtocolViolation as exc:
             exc.messages = messages
             raise
@@ -454,8 +458,7 @@ class FrameBuffer:
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly ``n`` bytes from a blocking socket; raises ``EOFError`` on close."""
-    chunks = []
-    remaining = n
+    chunks, remaining = [], n
     while remaining:
         chunk = sock.recv(min(remaining, 1 << 20))
         if not chunk:
@@ -491,9 +494,7 @@ def apply_keyed(base: object, change: object) -> list[Any] | None:
       ``["r", path, n, items]`` (keep the list's first ``n`` items, then append ``items``).
       ``path`` is at most MAX_PATH_LENGTH dict keys (str) and list indexes (int, in range).
     """
-    if not (isinstance(base, list) and len(base) == 2 and base[0] == "j"):
-        return None
-    if not isinstance(change, dict):
+    if not (isinstance(base, list) and len(base) == 2 and base[0] == "j") or not isinstance(change, dict):
         return None
     if change.get("v") == 2:
         ops = change.get("ops")
@@ -508,8 +509,7 @@ def apply_keyed(base: object, change: object) -> list[Any] | None:
     sets, dels = change.get("set"), change.get("del")
     if not isinstance(sets, dict) or not isinstance(dels, list) or not all(isinstance(k, str) for k in dels):
         return None
-    merged = dict(base[1])
-    merged.update(sets)
+    merged = {**base[1], **sets}
     for key in dels:
         merged.pop(key, None)
     return ["j", merged]
