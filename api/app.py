@@ -344,7 +344,7 @@ def build(settings: ApiSettings, db: Database, executor: Executor, warm_target: 
                           running_limit=lambda tenant: tenants.quotas(tenant).max_running_calls)
     quotas = QuotaService(partial(count_open_envs, db), settings)
     live = LiveEnvs(metrics)
-    checks = Checks(sandboxes, metrics=metrics)
+    checks = Checks(sandboxes, metrics)
     environments = EnvironmentService(settings, db, sandboxes, quotas, tenants)
     configs, toolsets = EnvConfigs(settings, db), ToolSets()
     sessions = Sessions(settings, db, sandboxes, live, configs, toolsets)

@@ -61,15 +61,11 @@ def _outcomes(results: list[CheckResult]) -> list[CheckOutcome]:
 class Checks:
     """Runs check functions through the sandboxes (each run holds a slot)."""
 
-    def __init__(self, sandboxes: Sandboxes, texts_bytes: int = STATE_TEXTS_BYTES, metrics: Metrics | None = None) -> None:
+    def __init__(self, sandboxes: Sandboxes, metrics: Metrics, texts_bytes: int = STATE_TEXTS_BYTES) -> None:
         self.sandboxes = sandboxes
-        self.metrics = metrics  # sandpit_check_state_texts_total, when given
+        self.metrics = metrics  # sandpit_check_state_texts_total counts the texts kept and made
         self._texts: LRUCache[str, PreparedState] = LRUCache(texts_bytes, getsizeof=lambda p: len(p.text))
         self._lock = threading.Lock()
-        self.text_hits = 0
-        """Stored states whose text was kept (not loaded nor encoded again), since start."""
-        self.text_misses = 0
-        """Stored states encoded for checks (and kept when they fit), since start."""
 
     def prepared(self, root: str, load: Callable[[], StateCache]) -> PreparedState:
         """The text of the stored state with root hash ``root`` for check batches: kept
@@ -79,12 +75,7 @@ class Checks:
         ``load`` raises."""
         with self._lock:
             kept = self._texts.get(root) if root else None
-            if kept is not None:
-                self.text_hits += 1
-            else:
-                self.text_misses += 1
-        if self.metrics is not None:
-            self.metrics.check_state_texts["kept" if kept is not None else "made"].inc()
+        self.metrics.check_state_texts["kept" if kept is not None else "made"].inc()
         if kept is not None:
             return kept
         try:

@@ -44,37 +44,44 @@ def test_evaluate_remembers_passing_check_sources_and_names_a_refused_one(servic
         services.rewards.evaluate(ME, env.id, EvaluateRequest(checks=[refused]))
 
 
+def texts(services: Services) -> tuple[int, int]:
+    """``sandpit_check_state_texts_total`` so far: (kept, made)."""
+    sample = services.metrics.registry.get_sample_value
+    kept, made = (int(sample("sandpit_check_state_texts_total", {"result": result}) or 0) for result in ("kept", "made"))
+    return kept, made
+
+
 def test_state_texts_are_kept_by_root_and_give_the_same_verdicts(services: Services, scenario_id: str) -> None:
-    checks = services.checks
     env = services.envs.create(ME, EnvCreate(scenario_id=scenario_id)).public
     step(services, env.id, "bump", by=2)
     first = services.rewards.evaluate(ME, env.id, None)
-    hits, misses = checks.text_hits, checks.text_misses
+    hits, misses = texts(services)
     again = services.rewards.evaluate(ME, env.id, None)  # both states by root: nothing loaded or encoded
-    assert (checks.text_hits - hits, checks.text_misses - misses) == (2, 0)
+    assert (texts(services)[0] - hits, texts(services)[1] - misses) == (2, 0)
     assert [r.passed for r in again.results] == [r.passed for r in first.results] == [True, True]
     step(services, env.id, "bump", by=1)  # a new final state: its text is new, the initial one is kept
-    hits, misses = checks.text_hits, checks.text_misses
+    hits, misses = texts(services)
     assert services.rewards.evaluate(ME, env.id, None).passed == 0  # count 4, two bumps
-    assert (checks.text_hits - hits, checks.text_misses - misses) == (1, 1)
+    assert (texts(services)[0] - hits, texts(services)[1] - misses) == (1, 1)
     services.episodes.reset(ME, env.id, None)  # the next episode starts from the same state: same root
     step(services, env.id, "bump", by=2)
-    hits = checks.text_hits
+    hits = texts(services)[0]
     assert services.rewards.evaluate(ME, env.id, None).reward == 1.0
-    assert checks.text_hits - hits >= 1
+    assert texts(services)[0] - hits >= 1
     exposition = services.metrics.render().decode()
-    assert f'sandpit_check_state_texts_total{{result="kept"}} {float(checks.text_hits)}' in exposition
-    assert f'sandpit_check_state_texts_total{{result="made"}} {float(checks.text_misses)}' in exposition
+    assert f'sandpit_check_state_texts_total{{result="kept"}} {float(texts(services)[0])}' in exposition
+    assert f'sandpit_check_state_texts_total{{result="made"}} {float(texts(services)[1])}' in exposition
 
 
 def test_a_state_text_cache_too_small_for_a_state_keeps_nothing_and_loses_nothing(
         services: Services, scenario_id: str) -> None:
-    services.checks = services.rewards.checks = Checks(services.sandboxes, texts_bytes=8)
+    services.checks = services.rewards.checks = Checks(services.sandboxes, services.metrics, texts_bytes=8)
     env = services.envs.create(ME, EnvCreate(scenario_id=scenario_id)).public
     step(services, env.id, "bump", by=2)
+    before = texts(services)
     for _ in range(2):
         assert services.rewards.evaluate(ME, env.id, None).reward == 1.0
-    assert (services.checks.text_hits, services.checks.text_misses) == (0, 4)
+    assert (texts(services)[0] - before[0], texts(services)[1] - before[1]) == (0, 4)
 
 
 class _State:
@@ -99,6 +106,6 @@ def test_a_state_the_sandbox_cannot_take_is_a_clear_error_and_is_not_kept(
         with pytest.raises(InvalidRequest, match=message) as caught:
             services.checks.prepared("root-of-a-bad-state", lambda: _State(state))  # noqa: B023
         assert caught.value.field == "checks"
-    assert services.checks.text_hits == 0
+    assert texts(services)[0] == 0
     good = services.checks.prepared("root-of-a-good-state", lambda: _State({"a": ["j", 1]}))
     assert services.checks.prepared("root-of-a-good-state", lambda: _State({})) is good  # by root, not loaded
